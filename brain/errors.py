@@ -1,0 +1,57 @@
+"""The brain's exception hierarchy (layer: brain). One root, subclasses that carry fields.
+
+Messages name the file, the task or tool, the field, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class BrainError(Exception):
+    """Root of every error the brain raises on purpose."""
+
+
+class ConfigError(BrainError):
+    """A configuration value or file is wrong."""
+
+
+class InvalidFile(BrainError):
+    """A tree or registry file cannot be read or parsed (YAML/JSON syntax, not a mapping)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(f"{path}: {problem}")
+
+
+class InvalidTaskTree(BrainError):
+    """A task tree fails validation. ``problems`` lists every finding, one line each."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        listing = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{path}: invalid task tree ({len(problems)} problem(s)):\n{listing}")
+
+
+class InvalidRegistry(BrainError):
+    """A tool registry file fails validation."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        listing = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{path}: invalid tool registry ({len(problems)} problem(s)):\n{listing}")
+
+
+class StackNotRunning(BrainError):
+    """No Vancetope stack (Redis + brain + workers) answers at the configured address."""
+
+
+class StoreError(BrainError):
+    """The durable store failed or was given something it cannot hold."""
+
+
+class TreeNotFound(BrainError):
+    def __init__(self, tree_id: str) -> None:
+        self.tree_id = tree_id
+        super().__init__(f"no task tree with id {tree_id!r} in the store (see `vancetope status`)")

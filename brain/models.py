@@ -1,0 +1,231 @@
+"""Models of the brain's vocabulary (layer: brain, pure).
+
+Tool specs and the registry (seed 000 §3), task trees (§6), and the records the
+store keeps. Field-level checks live here; whole-tree checks (cycles, references,
+argument schemas) live in ``brain.validation``.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workers.contracts import ErrorInfo, ToolType
+
+_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_ID_RE = re.compile(_ID)
+
+
+class Location(StrEnum):
+    SERVER = "server"
+    CLIENT = "client"
+    BOTH = "both"
+
+
+class Side(StrEnum):
+    SERVER = "server"
+    CLIENT = "client"
+
+
+class OfflineStrategy(StrEnum):
+    BLOCK = "block"
+    SKIP = "skip"
+    FALLBACK = "fallback"
+    QUEUE = "queue"
+
+
+class ExecutionTarget(StrEnum):
+    AUTO = "auto"
+    SERVER = "server"
+    CLIENT = "client"
+    ANY = "any"
+
+
+class SessionKind(StrEnum):
+    INTERACTIVE = "interactive"
+    AUTONOMOUS = "autonomous"
+
+
+class ToolSpec(BaseModel):
+    """One tool of the registry (seed 000 §3).
+
+    ``location: prefer_server|prefer_client`` is accepted and normalised to
+    ``both`` + ``prefer``, so code downstream only ever sees three locations.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_ID)
+    location: Location
+    type: ToolType = ToolType.BUILT_IN
+    mcp_server: str | None = None
+    prefer: Side | None = None
+    offline_strategy: OfflineStrategy | None = None
+    fallback_tool: str | None = None
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    timeout_s: float | None = Field(default=None, gt=0)
+    # How long a call may wait parked for a client before it expires (issue: client path).
+    max_wait_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise_prefer_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("location") in ("prefer_server", "prefer_client"):
+            side = data["location"].removeprefix("prefer_")
+            if data.get("prefer") not in (None, side):
+                raise ValueError(
+                    f"location {data['location']!r} contradicts prefer {data['prefer']!r}; drop one"
+                )
+            data = {**data, "location": "both", "prefer": side}
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> ToolSpec:
+        if self.type is ToolType.MCP and not self.mcp_server:
+            raise ValueError("type 'mcp' needs mcp_server (the server's name in mcpServers)")
+        if self.prefer is not None and self.location is not Location.BOTH:
+            raise ValueError(f"prefer only applies to location 'both', not {self.location.value!r}")
+        if self.offline_strategy is OfflineStrategy.FALLBACK and not (
+            self.fallback_tool or self.location is Location.BOTH
+        ):
+            raise ValueError("offline_strategy 'fallback' needs fallback_tool (or location 'both')")
+        return self
+
+    @property
+    def preferred_side(self) -> Side:
+        """For ``both``: the side named by ``prefer`` (server when unset: it is the robust one)."""
+        return self.prefer or Side.SERVER
+
+
+class RegistryFile(BaseModel):
+    """The tool registry file: ``tools:`` as in seed 000 §3, plus think-process engines."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tools: list[ToolSpec] = Field(default_factory=list)
+
+
+class TaskSpec(BaseModel):
+    """One task of a tree (seed 000 §6).
+
+    ``tool`` is the call this task makes, ``args`` its arguments; a string arg
+    ``"${tasks.<id>.result}"`` (optionally ``.result.<path>``) is replaced by an
+    upstream task's result. ``tools`` is the task's declared toolset (defaults
+    to ``[tool]``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=_ID)
+    goal: str = ""
+    tool: str = Field(min_length=1)
+    args: dict[str, Any] = Field(default_factory=dict)
+    tools: list[str] = Field(default_factory=list)
+    depends_on: list[str] = Field(default_factory=list)
+    execution_target: ExecutionTarget = ExecutionTarget.AUTO
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("tools lists a tool twice")
+        return v
+
+    @property
+    def toolset(self) -> list[str]:
+        return self.tools or [self.tool]
+
+
+class TaskTree(BaseModel):
+    """A task tree file: an id, an optional goal, and its tasks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=_ID)
+    goal: str = ""
+    tasks: list[TaskSpec] = Field(min_length=1)
+
+    def task(self, task_id: str) -> TaskSpec:
+        for t in self.tasks:
+            if t.id == task_id:
+                return t
+        raise KeyError(task_id)
+
+
+# --- records kept by the store ---------------------------------------------------
+
+
+class TaskState(StrEnum):
+    PENDING = "pending"  # waiting for its dependencies
+    QUEUED_SERVER = "queued_server"
+    QUEUED_CLIENT = "queued_client"
+    RUNNING = "running"
+    BLOCKED = "blocked"
+    PENDING_CLIENT = "pending_client"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    EXPIRED = "expired"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL
+
+    @property
+    def is_queued(self) -> bool:
+        return self in (TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING)
+
+
+_FINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.EXPIRED})
+
+
+class TreeStatus(StrEnum):
+    RUNNING = "running"
+    DONE = "done"  # every task done
+    FAILED = "failed"  # ended with at least one task not done
+
+
+class TaskRecord(BaseModel):
+    """The durable record of one task. ``run_id`` changes with every dispatch attempt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tree_id: str
+    task_id: str
+    tool: str
+    state: TaskState = TaskState.PENDING
+    run_id: str | None = None
+    attempt: int = 0
+    route: str = ""  # human-readable route summary, e.g. "server" or "client:alice"
+    reason: str = ""  # why it is in this state (blocked_reason, skip reason, ...)
+    result: Any = None
+    error: ErrorInfo | None = None
+    worker: str = ""
+    queued_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    updated_at: float = 0.0
+
+
+class TreeRecord(BaseModel):
+    """The durable record of one submitted tree."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tree_id: str
+    tree: TaskTree
+    session: SessionKind = SessionKind.AUTONOMOUS
+    client_id: str | None = None
+    user: str | None = None
+    status: TreeStatus = TreeStatus.RUNNING
+    submitted_at: float
+    finished_at: float | None = None
+
+
+def is_valid_id(value: str) -> bool:
+    return bool(_ID_RE.match(value))

@@ -1,0 +1,147 @@
+"""Wire contracts shared by the brain, the server pool and the client agent.
+
+Layer: workers (imported by everyone, imports nothing of ours but errors).
+One job: queue names, task names, Redis key names and the message envelopes
+that cross Celery. Nothing else may build these strings by hand.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --- queues -----------------------------------------------------------------
+
+SERVER_QUEUE = "server"
+BRAIN_QUEUE = "brain"
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def client_queue(client_id: str) -> str:
+    """The Celery queue a client agent consumes: ``client.<client_id>``."""
+    if not _CLIENT_ID.match(client_id):
+        raise ValueError(f"invalid client id {client_id!r}: use letters, digits, '_', '.', '-' (max 64)")
+    return f"client.{client_id}"
+
+
+def client_keyprefix(client_id: str) -> str:
+    """kombu ``global_keyprefix`` of one client's connection (RELIABILITY.md)."""
+    client_queue(client_id)  # validates
+    return f"c:{client_id}:"
+
+
+# --- Celery task names ----------------------------------------------------
+
+RUN_TOOL_TASK = "vancetope.run_tool"
+RECORD_RESULT_TASK = "vancetope.record_result"
+
+# --- Redis keys (hot state lives under vt:) ----------------------------------
+
+KEY_NS = "vt:"
+
+
+def key_registry() -> str:
+    """JSON snapshot of the brain's server-side registry (tools + MCP failures)."""
+    return f"{KEY_NS}registry"
+
+
+def key_tree_progress(tree_id: str) -> str:
+    """Hash: task state -> count, for progress displays."""
+    return f"{KEY_NS}tree:{tree_id}:progress"
+
+
+def channel_tree_events(tree_id: str) -> str:
+    """Pub/sub channel the brain publishes to when a tree changes (a wake-up, not a record)."""
+    return f"{KEY_NS}tree:{tree_id}:events"
+
+
+def key_deliveries(run_id: str) -> str:
+    """Counter of how often one task run was delivered to a worker (poison-task guard)."""
+    return f"{KEY_NS}run:{run_id}:deliveries"
+
+
+# --- envelopes ----------------------------------------------------------------
+
+
+class ToolType(StrEnum):
+    MCP = "mcp"
+    NATIVE = "native"
+    BUILT_IN = "built_in"
+
+
+class ToolCall(BaseModel):
+    """One tool call, the body of a ``vancetope.run_tool`` job.
+
+    ``run_id`` identifies one attempt of one task; it is also the Celery task id.
+    Secrets are never here: workers resolve them by name at call time.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=128)
+    tree_id: str = Field(min_length=1, max_length=128)
+    task_id: str = Field(min_length=1, max_length=128)
+    tool: str = Field(min_length=1, max_length=200)
+    tool_type: ToolType
+    mcp_server: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = Field(gt=0, le=24 * 3600)
+    max_result_bytes: int = Field(gt=0)
+    max_deliveries: int = Field(default=3, ge=1)
+    # Set on client routes; the brain accepts a result only from this client.
+    client_id: str | None = None
+
+
+class ErrorInfo(BaseModel):
+    """An error as data: it crosses Celery as ``{type, message, data}``, never as a pickle."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResult(BaseModel):
+    """Outcome of one tool call, the body of a ``vancetope.record_result`` job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    tree_id: str
+    task_id: str
+    tool: str
+    ok: bool
+    value: Any = None
+    error: ErrorInfo | None = None
+    worker: str = ""
+    started_at: float
+    finished_at: float
+    # Who executed it: None for the server pool, else the client id.
+    client_id: str | None = None
+
+
+class ToolDescriptor(BaseModel):
+    """What an executor knows of one tool it can run: announced by a client agent,
+    discovered from an MCP server with ``list_tools``, or declared by a built-in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    type: ToolType
+    mcp_server: str | None = None
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class MCPServerFailure(BaseModel):
+    """An MCP server that could not be started or listed, with the tail of its stderr."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    server: str
+    message: str
+    stderr_tail: str = ""
