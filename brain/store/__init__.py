@@ -1,0 +1,11 @@
+"""The durable store (layer: brain, store). One job: keep the record of every tree and task.
+
+``open_store(url)`` picks a backend: a SQLite file (embedded default) or MongoDB.
+Callers depend on the ``Store`` protocol only.
+"""
+
+from brain.store.base import ANY, Store, open_store
+from brain.store.mongo import MongoStore
+from brain.store.sqlite import SQLiteStore
+
+__all__ = ["ANY", "MongoStore", "SQLiteStore", "Store", "open_store"]

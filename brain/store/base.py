@@ -1,0 +1,187 @@
+"""The store contract (layer: brain, store). One job: say what the durable record offers.
+
+DESIGN decisions 2 and 6: the store is the record of every tree and task, and every
+state change goes through a compare-and-set (``transition``) so a redelivered job
+never completes a task twice. Two backends implement this protocol: a SQLite file
+(the embedded default) and MongoDB (production). ``open_store`` picks one by URL.
+
+Times are float unix seconds passed in by the caller; no backend reads the clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection
+from typing import Any, Final, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from brain.errors import StoreError
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+
+DEFAULT_MONGO_DATABASE: Final = "vancetope"
+
+_ACCEPTED_URLS: Final = (
+    "sqlite:///relative/path.db, sqlite:////absolute/path.db, a file path ending in .db, "
+    "mongodb://host[:port]/database or mongodb+srv://host/database"
+)
+
+# A task's key; transition() takes these as its own arguments, so they are never changes.
+_IDENTITY_FIELDS: Final = frozenset({"tree_id", "task_id"})
+
+
+class _Any(enum.Enum):
+    """Type of ``ANY``; an enum member so type checkers can tell it from ``str | None``."""
+
+    ANY = "ANY"
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY: Final = _Any.ANY
+"""``transition(expect_run_id=ANY)``: do not compare the run id (``None`` means "is null")."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The narrow contract every backend keeps; the contract tests are its specification."""
+
+    def put_tree(self, tree: TreeRecord, tasks: list[TaskRecord]) -> None:
+        """Record a new tree and its tasks (kept in this order); a known tree id is a StoreError."""
+        ...
+
+    def get_tree(self, tree_id: str) -> TreeRecord | None: ...
+
+    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
+        """Newest ``submitted_at`` first."""
+        ...
+
+    def finish_tree(self, tree_id: str, status: TreeStatus, finished_at: float) -> bool:
+        """Set a final status if the tree is still running; True only for the call that did."""
+        ...
+
+    def get_task(self, tree_id: str, task_id: str) -> TaskRecord | None: ...
+
+    def get_tasks(self, tree_id: str) -> list[TaskRecord]:
+        """The tree's tasks in ``put_tree`` order."""
+        ...
+
+    def transition(
+        self,
+        tree_id: str,
+        task_id: str,
+        *,
+        from_states: Collection[TaskState],
+        expect_run_id: str | None | _Any = ANY,
+        **changes: Any,
+    ) -> TaskRecord | None:
+        """Compare-and-set: apply ``changes`` only if the state is in ``from_states`` and
+        (unless ``expect_run_id`` is ANY) the run id equals it. The updated record, or None."""
+        ...
+
+    def tasks_in_states(
+        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+    ) -> list[TaskRecord]:
+        """Tasks of every tree in ``states`` (optionally ``updated_at < updated_before``), stalest first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- helpers shared by the backends ------------------------------------------------
+
+
+def duplicate_tree_error(tree_id: str) -> StoreError:
+    return StoreError(f"tree {tree_id!r} already exists in the store; give the run a new id")
+
+
+def check_new_tree(tree: TreeRecord, tasks: list[TaskRecord]) -> None:
+    """Refuse a tree whose tasks are not its own, before anything is written.
+
+    MongoDB writes the tree and its tasks as separate documents, so a bad task
+    found half-way would leave a partial tree behind; checking first keeps both
+    backends all-or-nothing for every mistake a caller can make.
+    """
+    seen: set[str] = set()
+    for task in tasks:
+        if task.tree_id != tree.tree_id:
+            raise StoreError(
+                f"task {task.task_id!r} has tree_id {task.tree_id!r} but is stored with tree "
+                f"{tree.tree_id!r}; build task records from the tree being stored"
+            )
+        if task.task_id in seen:
+            raise StoreError(f"tree {tree.tree_id!r} lists task {task.task_id!r} twice")
+        seen.add(task.task_id)
+
+
+def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
+    status = TreeStatus(status)
+    if status is TreeStatus.RUNNING:
+        raise StoreError(f"finish_tree({tree_id!r}) needs a final status (done or failed), not running")
+    return status
+
+
+def state_values(states: Collection[TaskState]) -> list[str]:
+    return [TaskState(s).value for s in states]
+
+
+def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``transition`` changes against TaskRecord; return them as JSON-compatible values.
+
+    Validation runs before the write so a bad value (``state="done!"``) is refused
+    instead of being stored and breaking every later read of the record.
+    """
+    where = f"transition of task {task_id!r} in tree {tree_id!r}"
+    unknown = sorted(set(changes) - (set(TaskRecord.model_fields) - _IDENTITY_FIELDS))
+    if unknown:
+        known = ", ".join(sorted(set(TaskRecord.model_fields) - _IDENTITY_FIELDS))
+        raise StoreError(f"{where}: unknown TaskRecord field(s) {unknown}; known fields: {known}")
+    try:
+        probe = TaskRecord.model_validate({"tree_id": tree_id, "task_id": task_id, "tool": "-", **changes})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise StoreError(f"{where}: invalid value(s): {problems}") from exc
+    return probe.model_dump(mode="json", include=set(changes))
+
+
+# --- opening a store by URL ----------------------------------------------------------
+
+
+def _redacted(url: str) -> str:
+    # A mistyped mongodb URL may carry a password; error messages end up in logs.
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+    return url
+
+
+def open_store(url: str) -> Store:
+    """Open the store named by ``url`` (see ``_ACCEPTED_URLS``; ``Settings.store`` builds one).
+
+    ``sqlite:///`` follows the SQLAlchemy convention: three slashes then a relative
+    path, four slashes for an absolute one (``sqlite:///`` + ``/abs/path.db``).
+    """
+    if url.startswith("sqlite:"):
+        rest = url.removeprefix("sqlite:")
+        path = rest.removeprefix("///") if rest.startswith("///") else ""
+        if not path or path in (":memory:", "/:memory:"):
+            raise StoreError(
+                f"store URL {_redacted(url)!r} names no database file "
+                f"(an in-memory database cannot be shared by processes); accepted forms: {_ACCEPTED_URLS}"
+            )
+        from brain.store.sqlite import SQLiteStore
+
+        return SQLiteStore(path)
+    if url.startswith(("mongodb://", "mongodb+srv://")):
+        database = urlsplit(url).path.lstrip("/") or DEFAULT_MONGO_DATABASE
+        from brain.store.mongo import MongoStore
+
+        return MongoStore(url, database=database)
+    if "://" not in url and url.endswith(".db"):
+        from brain.store.sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    raise StoreError(f"unsupported store URL {_redacted(url)!r}; accepted forms: {_ACCEPTED_URLS}")

@@ -1,0 +1,197 @@
+"""The MongoDB store (layer: brain, store). One job: keep the record in MongoDB via pymongo.
+
+The production store (DESIGN decision 2). Collections ``trees`` and ``tasks``, one
+document per record; every compare-and-set is one ``find_one_and_update`` whose
+filter carries the expected state and run id, so the server decides who wins.
+
+Free-form payloads (a tree's definition, a task's ``result`` and ``error``) are kept
+as JSON text: tool output and tool arguments may hold keys MongoDB refuses or
+mangles (``$schema``, ``a.b``) and integers BSON cannot hold; the fields queries
+need stay native.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from typing import Any, Final
+
+import pymongo
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo.errors import DuplicateKeyError, PyMongoError
+
+from brain.errors import StoreError
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.store.base import (
+    ANY,
+    DEFAULT_MONGO_DATABASE,
+    _Any,
+    check_final_status,
+    check_new_tree,
+    duplicate_tree_error,
+    state_values,
+    task_changes,
+)
+
+_TREE_OPAQUE: Final = frozenset({"tree"})
+_TASK_OPAQUE: Final = frozenset({"result", "error"})
+# Stripped on read: ``_id`` is Mongo's, ``ord`` keeps put_tree order (natural order is not promised).
+_HIDDEN: Final = {"_id": 0, "ord": 0}
+
+
+def _encode(doc: dict[str, Any], opaque: frozenset[str]) -> dict[str, Any]:
+    return {k: json.dumps(v) if k in opaque else v for k, v in doc.items()}
+
+
+def _decode(doc: dict[str, Any], opaque: frozenset[str]) -> dict[str, Any]:
+    return {k: json.loads(v) if k in opaque else v for k, v in doc.items() if k not in _HIDDEN}
+
+
+def _task(doc: dict[str, Any]) -> TaskRecord:
+    return TaskRecord.model_validate(_decode(doc, _TASK_OPAQUE))
+
+
+def _tree(doc: dict[str, Any]) -> TreeRecord:
+    return TreeRecord.model_validate(_decode(doc, _TREE_OPAQUE))
+
+
+class MongoStore:
+    """``Store`` on MongoDB. Pass ``url`` (the store opens and owns a client) or ``client``
+    (e.g. ``mongomock.MongoClient()``; the caller keeps ownership and closes it)."""
+
+    def __init__(
+        self, url: str | None = None, *, client: Any = None, database: str = DEFAULT_MONGO_DATABASE
+    ) -> None:
+        if (url is None) == (client is None):
+            raise StoreError("MongoStore needs exactly one of url (mongodb://...) or client")
+        with self._errors("connect"):
+            self._owns_client = client is None
+            self._client = pymongo.MongoClient(url) if client is None else client
+            self._db = self._client[database]
+            self._trees = self._db["trees"]
+            self._tasks = self._db["tasks"]
+            # create_index is idempotent; the unique ones are what make duplicates impossible.
+            self._trees.create_index([("tree_id", ASCENDING)], unique=True)
+            self._trees.create_index([("submitted_at", DESCENDING)])
+            self._tasks.create_index([("tree_id", ASCENDING), ("task_id", ASCENDING)], unique=True)
+            self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
+            self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
+        self.database = database
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except PyMongoError as exc:
+            raise StoreError(f"MongoDB store: {what} failed: {exc}") from exc
+
+    def close(self) -> None:
+        if self._owns_client:
+            self._client.close()
+
+    # --- trees ----------------------------------------------------------------------
+
+    def put_tree(self, tree: TreeRecord, tasks: list[TaskRecord]) -> None:
+        check_new_tree(tree, tasks)
+        # Not one transaction (that needs a replica set): the tree goes first so its unique
+        # index refuses a duplicate before any task is written under that id.
+        with self._errors(f"put_tree({tree.tree_id!r})"):
+            try:
+                self._trees.insert_one(_encode(tree.model_dump(mode="json"), _TREE_OPAQUE))
+            except DuplicateKeyError as exc:
+                raise duplicate_tree_error(tree.tree_id) from exc
+            if tasks:
+                self._tasks.insert_many(
+                    [
+                        {**_encode(t.model_dump(mode="json"), _TASK_OPAQUE), "ord": i}
+                        for i, t in enumerate(tasks)
+                    ],
+                    ordered=True,
+                )
+
+    def get_tree(self, tree_id: str) -> TreeRecord | None:
+        with self._errors(f"get_tree({tree_id!r})"):
+            doc = self._trees.find_one({"tree_id": tree_id}, _HIDDEN)
+        return None if doc is None else _tree(doc)
+
+    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
+        if limit <= 0:
+            return []
+        with self._errors("list_trees"):
+            docs = list(
+                self._trees.find({}, _HIDDEN)
+                .sort([("submitted_at", DESCENDING), ("_id", DESCENDING)])
+                .limit(limit)
+            )
+        return [_tree(d) for d in docs]
+
+    def finish_tree(self, tree_id: str, status: TreeStatus, finished_at: float) -> bool:
+        status = check_final_status(tree_id, status)
+        with self._errors(f"finish_tree({tree_id!r})"):
+            res = self._trees.update_one(
+                {"tree_id": tree_id, "status": TreeStatus.RUNNING.value},
+                {"$set": {"status": status.value, "finished_at": finished_at}},
+            )
+        return res.modified_count == 1
+
+    # --- tasks ----------------------------------------------------------------------
+
+    def get_task(self, tree_id: str, task_id: str) -> TaskRecord | None:
+        with self._errors(f"get_task({tree_id!r}, {task_id!r})"):
+            doc = self._tasks.find_one({"tree_id": tree_id, "task_id": task_id}, _HIDDEN)
+        return None if doc is None else _task(doc)
+
+    def get_tasks(self, tree_id: str) -> list[TaskRecord]:
+        with self._errors(f"get_tasks({tree_id!r})"):
+            docs = list(self._tasks.find({"tree_id": tree_id}, _HIDDEN).sort("ord", ASCENDING))
+        return [_task(d) for d in docs]
+
+    def transition(
+        self,
+        tree_id: str,
+        task_id: str,
+        *,
+        from_states: Collection[TaskState],
+        expect_run_id: str | None | _Any = ANY,
+        **changes: Any,
+    ) -> TaskRecord | None:
+        values = task_changes(tree_id, task_id, changes)
+        states = state_values(from_states)
+        if not states:
+            return None
+        query: dict[str, Any] = {"tree_id": tree_id, "task_id": task_id, "state": {"$in": states}}
+        if expect_run_id is not ANY:
+            # run_id is always written (null included), so {"run_id": None} means "is null" here.
+            query["run_id"] = expect_run_id
+        with self._errors(f"transition of task {task_id!r} in tree {tree_id!r}"):
+            if not values:  # MongoDB refuses an empty $set; with nothing to change it is a read
+                doc = self._tasks.find_one(query, _HIDDEN)
+            else:
+                doc = self._tasks.find_one_and_update(
+                    query,
+                    {"$set": _encode(values, _TASK_OPAQUE)},
+                    # No projection: mongomock then re-reads with the (now stale) filter and
+                    # returns None; _decode drops the hidden fields instead.
+                    return_document=ReturnDocument.AFTER,
+                )
+        return None if doc is None else _task(doc)
+
+    def tasks_in_states(
+        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+    ) -> list[TaskRecord]:
+        values = state_values(states)
+        if not values or limit <= 0:  # MongoDB reads limit 0 as "no limit"
+            return []
+        query: dict[str, Any] = {"state": {"$in": values}}
+        if updated_before is not None:
+            query["updated_at"] = {"$lt": updated_before}
+        with self._errors("tasks_in_states"):
+            cursor = self._tasks.find(query, _HIDDEN).sort(
+                [("updated_at", ASCENDING), ("tree_id", ASCENDING), ("ord", ASCENDING)]
+            )
+            docs = list(cursor.limit(limit))
+        return [_task(d) for d in docs]
+
+    def __repr__(self) -> str:
+        return f"MongoStore(database={self.database!r})"

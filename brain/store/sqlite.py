@@ -1,0 +1,282 @@
+"""The SQLite store (layer: brain, store). One job: keep the record in one file, safely shared.
+
+The embedded default (DESIGN decision 2). The CLI and the brain worker open the same
+file from different processes, so: WAL (readers never block the writer), a busy
+timeout (writers queue instead of failing), one connection per thread, and every
+compare-and-set is a single ``UPDATE ... WHERE`` whose row count says who won.
+
+Each row holds the whole record as JSON (``doc``) plus the columns queries need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from os import PathLike
+from pathlib import Path
+from typing import Any, Final
+
+from brain.errors import StoreError
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.store.base import (
+    ANY,
+    _Any,
+    check_final_status,
+    check_new_tree,
+    duplicate_tree_error,
+    state_values,
+    task_changes,
+)
+
+BUSY_TIMEOUT_S: Final = 10.0
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS trees (
+    seq          INTEGER PRIMARY KEY,
+    tree_id      TEXT NOT NULL UNIQUE,
+    status       TEXT NOT NULL,
+    submitted_at REAL NOT NULL,
+    doc          TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trees_by_submitted ON trees (submitted_at, seq);
+CREATE TABLE IF NOT EXISTS tasks (
+    seq        INTEGER PRIMARY KEY,
+    tree_id    TEXT NOT NULL,
+    task_id    TEXT NOT NULL,
+    state      TEXT NOT NULL,
+    run_id     TEXT,
+    updated_at REAL NOT NULL,
+    doc        TEXT NOT NULL,
+    UNIQUE (tree_id, task_id)
+);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, updated_at);
+"""
+
+# Columns mirrored from the JSON doc, so the WHERE clauses and indexes can see them.
+_TASK_COLUMNS: Final = ("state", "run_id", "updated_at")
+
+
+class SQLiteStore:
+    """``Store`` on a SQLite file; safe for several threads and processes at once."""
+
+    def __init__(self, path: str | PathLike[str]) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._pid = os.getpid()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the directory of store file {self.path}: {exc}") from exc
+        with self._errors("open"):
+            self._create_schema()
+
+    # --- connections ---------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
+        if self._pid != os.getpid():
+            # Forked (e.g. a prefork pool): a SQLite connection must not cross fork(), and
+            # closing the parent's copies here could release the parent's file locks, so
+            # they are abandoned, not closed, and this process opens its own.
+            with self._lock:
+                self._local, self._conns, self._pid = threading.local(), [], os.getpid()
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        # isolation_level=None: no implicit transactions; BEGIN IMMEDIATE where we need one.
+        # check_same_thread=False only so close() may close other threads' connections.
+        conn = sqlite3.connect(
+            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        with self._lock:
+            if self._closed:
+                conn.close()
+                raise StoreError(f"store {self.path} is closed")
+            self._conns.append(conn)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self._local.conn = conn
+        return conn
+
+    def _create_schema(self) -> None:
+        conn = self._conn()
+        # Switching a new file to WAL needs an exclusive lock; when several processes open
+        # a new file together it can still report "locked" despite the busy timeout.
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL")
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        with self._tx() as c:
+            version = c.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"store file {self.path} has schema version {version}, newer than this "
+                    f"vancetope understands ({SCHEMA_VERSION}); upgrade vancetope"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+            c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        # IMMEDIATE takes the write lock up front, so a transaction that reads and then
+        # writes cannot fail half-way with SQLITE_BUSY when another writer got there first.
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"store {self.path}: {what} failed: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        if self._pid != os.getpid():
+            return  # inherited across fork(): the parent's to close (see _conn)
+        for conn in conns:
+            conn.close()
+
+    # --- trees ----------------------------------------------------------------------
+
+    def put_tree(self, tree: TreeRecord, tasks: list[TaskRecord]) -> None:
+        check_new_tree(tree, tasks)
+        with self._errors(f"put_tree({tree.tree_id!r})"), self._tx() as c:
+            try:
+                c.execute(
+                    "INSERT INTO trees (tree_id, status, submitted_at, doc) VALUES (?, ?, ?, ?)",
+                    (tree.tree_id, tree.status.value, tree.submitted_at, tree.model_dump_json()),
+                )
+            except sqlite3.IntegrityError as exc:
+                raise duplicate_tree_error(tree.tree_id) from exc
+            c.executemany(
+                "INSERT INTO tasks (tree_id, task_id, state, run_id, updated_at, doc) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (t.tree_id, t.task_id, t.state.value, t.run_id, t.updated_at, t.model_dump_json())
+                    for t in tasks
+                ],
+            )
+
+    def get_tree(self, tree_id: str) -> TreeRecord | None:
+        with self._errors(f"get_tree({tree_id!r})"):
+            row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()
+        return None if row is None else TreeRecord.model_validate_json(row[0])
+
+    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
+        if limit <= 0:
+            return []
+        with self._errors("list_trees"):
+            rows = (
+                self._conn()
+                .execute("SELECT doc FROM trees ORDER BY submitted_at DESC, seq DESC LIMIT ?", (limit,))
+                .fetchall()
+            )
+        return [TreeRecord.model_validate_json(r[0]) for r in rows]
+
+    def finish_tree(self, tree_id: str, status: TreeStatus, finished_at: float) -> bool:
+        status = check_final_status(tree_id, status)
+        with self._errors(f"finish_tree({tree_id!r})"):
+            cur = self._conn().execute(
+                "UPDATE trees SET status = ?, doc = json_set(doc, '$.status', ?, '$.finished_at', ?) "
+                "WHERE tree_id = ? AND status = ?",
+                (status.value, status.value, finished_at, tree_id, TreeStatus.RUNNING.value),
+            )
+        return cur.rowcount == 1
+
+    # --- tasks ----------------------------------------------------------------------
+
+    def get_task(self, tree_id: str, task_id: str) -> TaskRecord | None:
+        with self._errors(f"get_task({tree_id!r}, {task_id!r})"):
+            row = (
+                self._conn()
+                .execute("SELECT doc FROM tasks WHERE tree_id = ? AND task_id = ?", (tree_id, task_id))
+                .fetchone()
+            )
+        return None if row is None else TaskRecord.model_validate_json(row[0])
+
+    def get_tasks(self, tree_id: str) -> list[TaskRecord]:
+        with self._errors(f"get_tasks({tree_id!r})"):
+            rows = (
+                self._conn()
+                .execute("SELECT doc FROM tasks WHERE tree_id = ? ORDER BY seq", (tree_id,))
+                .fetchall()
+            )
+        return [TaskRecord.model_validate_json(r[0]) for r in rows]
+
+    def transition(
+        self,
+        tree_id: str,
+        task_id: str,
+        *,
+        from_states: Collection[TaskState],
+        expect_run_id: str | None | _Any = ANY,
+        **changes: Any,
+    ) -> TaskRecord | None:
+        values = task_changes(tree_id, task_id, changes)
+        states = state_values(from_states)
+        if not states:
+            return None
+        # One statement: the check and the write are atomic, and RETURNING hands back the
+        # row this call wrote (no second read that another writer could slip in front of).
+        sets = ["doc = json_set(doc" + ", ?, json(?)" * len(values) + ")"] if values else ["seq = seq"]
+        params: list[Any] = []
+        for name, value in values.items():
+            params += [f"$.{name}", json.dumps(value)]
+        for name in _TASK_COLUMNS:
+            if name in values:
+                sets.append(f"{name} = ?")
+                params.append(values[name])
+        where = f"tree_id = ? AND task_id = ? AND state IN ({', '.join('?' * len(states))})"
+        params += [tree_id, task_id, *states]
+        if expect_run_id is not ANY:
+            where += " AND run_id IS ?"  # IS: NULL-safe, so expect_run_id=None means "is null"
+            params.append(expect_run_id)
+        sql = f"UPDATE tasks SET {', '.join(sets)} WHERE {where} RETURNING doc"
+        with self._errors(f"transition of task {task_id!r} in tree {tree_id!r}"):
+            rows = self._conn().execute(sql, params).fetchall()  # fetchall: finish the statement
+        return TaskRecord.model_validate_json(rows[0][0]) if rows else None
+
+    def tasks_in_states(
+        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+    ) -> list[TaskRecord]:
+        values = state_values(states)
+        if not values or limit <= 0:  # SQLite reads a negative LIMIT as "all"
+            return []
+        sql = f"SELECT doc FROM tasks WHERE state IN ({', '.join('?' * len(values))})"
+        params: list[Any] = list(values)
+        if updated_before is not None:
+            sql += " AND updated_at < ?"
+            params.append(updated_before)
+        sql += " ORDER BY updated_at, seq LIMIT ?"
+        params.append(limit)
+        with self._errors("tasks_in_states"):
+            rows = self._conn().execute(sql, params).fetchall()
+        return [TaskRecord.model_validate_json(r[0]) for r in rows]
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"

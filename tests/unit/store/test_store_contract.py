@@ -1,0 +1,393 @@
+"""Contract tests of the store (layer: brain, store): one suite, every backend.
+
+Runs against SQLite always, against mongomock always (it checks the pymongo query
+shapes, not a server), and against a real MongoDB when VANCETOPE_TEST_MONGO_URL is set.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mongomock
+import pymongo
+import pytest
+
+from brain.errors import StoreError
+from brain.models import SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.store import ANY, MongoStore, SQLiteStore, Store, open_store
+from workers.contracts import ErrorInfo
+
+MONGO_URL = os.environ.get("VANCETOPE_TEST_MONGO_URL")
+MONGOMOCK = "mongomock-checks-query-shapes-not-a-server"
+S = TaskState
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        MONGOMOCK,
+        pytest.param(
+            "mongodb",
+            marks=pytest.mark.skipif(
+                not MONGO_URL, reason="real MongoDB: set VANCETOPE_TEST_MONGO_URL (compose.yaml starts one)"
+            ),
+        ),
+    ]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        s: Store = SQLiteStore(tmp_path / "store.db")
+        yield s
+        s.close()
+    elif request.param == MONGOMOCK:
+        client = mongomock.MongoClient()
+        yield MongoStore(client=client)
+        client.close()
+    else:
+        client = pymongo.MongoClient(MONGO_URL)
+        database = f"vancetope_test_{uuid.uuid4().hex[:12]}"
+        try:
+            yield MongoStore(client=client, database=database)
+        finally:
+            client.drop_database(database)
+            client.close()
+
+
+def make_tree(
+    tree_id: str = "t1", task_ids: tuple[str, ...] = ("a", "b", "c"), submitted_at: float = 100.0
+) -> tuple[TreeRecord, list[TaskRecord]]:
+    # Arguments hold keys MongoDB cannot take as field names and an int BSON cannot hold.
+    tree = TaskTree.model_validate(
+        {
+            "id": tree_id,
+            "goal": "contract",
+            "tasks": [
+                {"id": tid, "tool": "echo", "args": {"$schema": "x", "a.b": [1, {"n": 2**70}]}}
+                for tid in task_ids
+            ],
+        }
+    )
+    record = TreeRecord(
+        tree_id=tree_id, tree=tree, session=SessionKind.INTERACTIVE, submitted_at=submitted_at
+    )
+    tasks = [
+        TaskRecord(tree_id=tree_id, task_id=tid, tool="echo", updated_at=submitted_at) for tid in task_ids
+    ]
+    return record, tasks
+
+
+def put(store: Store, tree_id: str = "t1", **kw: Any) -> tuple[TreeRecord, list[TaskRecord]]:
+    record, tasks = make_tree(tree_id, **kw)
+    store.put_tree(record, tasks)
+    return record, tasks
+
+
+# --- trees ------------------------------------------------------------------------------
+
+
+def test_put_then_get_returns_equal_records_with_nested_tree_and_error(store: Store) -> None:
+    record, tasks = make_tree()
+    tasks[1] = tasks[1].model_copy(
+        update={
+            "state": S.FAILED,
+            "run_id": "r9",
+            "error": ErrorInfo(type="ToolError", message="boom", data={"$code": 7, "a.b": None}),
+            "result": {"rows": [1, 2.5, "x", None, {"k": True}], "big": 2**70},
+            "finished_at": 101.5,
+        }
+    )
+    store.put_tree(record, tasks)
+    assert store.get_tree("t1") == record
+    assert store.get_task("t1", "b") == tasks[1]
+    assert store.get_tasks("t1") == tasks
+
+
+def test_missing_tree_and_task_read_as_none(store: Store) -> None:
+    assert store.get_tree("nope") is None
+    assert store.get_task("nope", "a") is None
+    assert store.get_tasks("nope") == []
+
+
+def test_putting_a_known_tree_id_again_is_refused_and_writes_nothing(store: Store) -> None:
+    put(store)
+    record, tasks = make_tree(task_ids=("x",))
+    with pytest.raises(StoreError) as err:
+        store.put_tree(record, tasks)
+    assert str(err.value) == "tree 't1' already exists in the store; give the run a new id"
+    assert [t.task_id for t in store.get_tasks("t1")] == ["a", "b", "c"]
+
+
+def test_put_tree_refuses_tasks_of_another_tree_or_twice_the_same_task(store: Store) -> None:
+    record, tasks = make_tree()
+    with pytest.raises(StoreError, match="has tree_id 'other'"):
+        store.put_tree(record, [*tasks, tasks[0].model_copy(update={"tree_id": "other", "task_id": "z"})])
+    with pytest.raises(StoreError, match="lists task 'a' twice"):
+        store.put_tree(record, [*tasks, tasks[0]])
+    assert store.get_tree("t1") is None
+
+
+def test_get_tasks_keeps_put_tree_order(store: Store) -> None:
+    put(store, task_ids=("zeta", "alpha", "mid", "beta"))
+    assert [t.task_id for t in store.get_tasks("t1")] == ["zeta", "alpha", "mid", "beta"]
+
+
+def test_list_trees_is_newest_first_and_honours_limit(store: Store) -> None:
+    for tree_id, at in [("old", 10.0), ("new", 30.0), ("middle", 20.0)]:
+        put(store, tree_id, submitted_at=at)
+    assert [t.tree_id for t in store.list_trees()] == ["new", "middle", "old"]
+    assert [t.tree_id for t in store.list_trees(limit=2)] == ["new", "middle"]
+    assert store.list_trees(limit=0) == []
+
+
+def test_finish_tree_changes_a_running_tree_only_once(store: Store) -> None:
+    put(store)
+    assert store.finish_tree("t1", TreeStatus.DONE, 200.0) is True
+    assert store.finish_tree("t1", TreeStatus.FAILED, 300.0) is False
+    tree = store.get_tree("t1")
+    assert tree is not None and (tree.status, tree.finished_at) == (TreeStatus.DONE, 200.0)
+    assert store.finish_tree("missing", TreeStatus.DONE, 1.0) is False
+
+
+def test_finish_tree_refuses_running_as_a_final_status(store: Store) -> None:
+    put(store)
+    with pytest.raises(StoreError, match="needs a final status"):
+        store.finish_tree("t1", TreeStatus.RUNNING, 1.0)
+
+
+# --- transitions ------------------------------------------------------------------------------
+
+
+def test_transition_applies_changes_when_state_matches(store: Store) -> None:
+    put(store)
+    got = store.transition(
+        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", attempt=1,
+        route="server", queued_at=150.0, updated_at=150.0,
+    )  # fmt: skip
+    assert got is not None
+    assert (got.state, got.run_id, got.attempt, got.route, got.queued_at, got.updated_at) == (
+        S.QUEUED_SERVER, "r1", 1, "server", 150.0, 150.0,
+    )  # fmt: skip
+    assert store.get_task("t1", "a") == got
+
+
+def test_transition_does_nothing_when_state_does_not_match(store: Store) -> None:
+    put(store)
+    assert store.transition("t1", "a", from_states={S.RUNNING, S.QUEUED_SERVER}, state=S.DONE) is None
+    assert store.transition("t1", "a", from_states=(), state=S.DONE) is None
+    assert store.transition("t1", "nope", from_states={S.PENDING}, state=S.DONE) is None
+    task = store.get_task("t1", "a")
+    assert task is not None and task.state is S.PENDING
+
+
+def test_transition_compares_run_id(store: Store) -> None:
+    put(store)
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r2")
+    assert (
+        store.transition("t1", "a", from_states={S.QUEUED_SERVER}, expect_run_id="r1", state=S.DONE) is None
+    )
+    done = store.transition(
+        "t1", "a", from_states={S.QUEUED_SERVER}, expect_run_id="r2", state=S.DONE, result={"ok": 1}
+    )
+    assert done is not None and done.state is S.DONE and done.result == {"ok": 1}
+
+
+def test_transition_with_expect_run_id_none_matches_only_a_null_run_id(store: Store) -> None:
+    put(store)
+    assert store.transition("t1", "a", from_states={S.PENDING}, expect_run_id=None, run_id="r1") is not None
+    assert store.transition("t1", "a", from_states={S.PENDING}, expect_run_id=None, run_id="r2") is None
+    got = store.transition("t1", "a", from_states={S.PENDING}, expect_run_id=ANY, run_id=None)
+    assert got is not None and got.run_id is None
+
+
+def test_transition_stores_models_and_enums_as_json_and_reads_them_back(store: Store) -> None:
+    put(store)
+    error = ErrorInfo(type="Timeout", message="took too long", data={"after_s": 60, "$x": [2**70]})
+    got = store.transition("t1", "c", from_states={S.PENDING}, state=S.FAILED, error=error, result=None)
+    assert got is not None and got.error == error and got.state is S.FAILED
+    assert store.get_task("t1", "c") == got
+    assert store.tasks_in_states({S.FAILED}) == [got]
+
+
+def test_transition_refuses_unknown_fields_and_bad_values(store: Store) -> None:
+    put(store)
+    with pytest.raises(StoreError, match=r"unknown TaskRecord field\(s\) \['colour'\]"):
+        store.transition("t1", "a", from_states={S.PENDING}, colour="red")
+    with pytest.raises(StoreError, match="invalid value"):
+        store.transition("t1", "a", from_states={S.PENDING}, state="finished!")
+    assert store.get_task("t1", "a") == make_tree()[1][0]
+
+
+def test_transition_without_changes_only_checks(store: Store) -> None:
+    put(store)
+    assert store.transition("t1", "a", from_states={S.PENDING}) == make_tree()[1][0]
+    assert store.transition("t1", "a", from_states={S.DONE}) is None
+
+
+def test_tasks_in_states_spans_trees_and_filters_on_updated_before(store: Store) -> None:
+    put(store, "t1")
+    put(store, "t2", task_ids=("x", "y"))
+    store.transition("t1", "b", from_states={S.PENDING}, state=S.QUEUED_SERVER, updated_at=50.0)
+    store.transition("t2", "y", from_states={S.PENDING}, state=S.QUEUED_CLIENT, updated_at=40.0)
+    store.transition("t2", "x", from_states={S.PENDING}, state=S.QUEUED_SERVER, updated_at=500.0)
+    queued = {S.QUEUED_SERVER, S.QUEUED_CLIENT}
+    assert [(t.tree_id, t.task_id) for t in store.tasks_in_states(queued)] == [
+        ("t2", "y"), ("t1", "b"), ("t2", "x"),
+    ]  # fmt: skip
+    assert [t.task_id for t in store.tasks_in_states(queued, updated_before=50.0)] == ["y"]
+    assert [t.task_id for t in store.tasks_in_states(queued, limit=1)] == ["y"]
+    assert [t.task_id for t in store.tasks_in_states({S.PENDING})] == ["a", "c"]
+    assert store.tasks_in_states([]) == []
+
+
+def test_transition_applies_only_once_under_concurrency_in_threads(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    if MONGOMOCK in request.node.callspec.id:
+        pytest.skip("mongomock is not a server: it promises nothing about concurrent writers")
+    put(store)
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1")
+    n = 12
+    barrier = threading.Barrier(n)
+    wins: list[bool] = []
+
+    def finish() -> None:
+        barrier.wait()
+        got = store.transition(
+            "t1", "a", from_states={S.QUEUED_SERVER}, expect_run_id="r1", state=S.DONE, updated_at=9.0
+        )
+        wins.append(got is not None)
+
+    threads = [threading.Thread(target=finish) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(wins) == [False] * (n - 1) + [True]
+
+
+# --- SQLite only ------------------------------------------------------------------------------
+
+
+def _finish_in_another_process(path: str, barrier: Any, results: Any) -> None:
+    store = SQLiteStore(path)
+    try:
+        barrier.wait()
+        got = store.transition(
+            "t1",
+            "a",
+            from_states={S.QUEUED_SERVER},
+            expect_run_id="r1",
+            state=S.DONE,
+            worker=str(os.getpid()),
+        )
+        results.put(got is not None)
+    finally:
+        store.close()
+
+
+def test_sqlite_transition_applies_only_once_across_processes(tmp_path: Path) -> None:
+    path = str(tmp_path / "shared" / "store.db")
+    store = SQLiteStore(path)
+    put(store)
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1")
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_finish_in_another_process, args=(path, barrier, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    wins = sorted(results.get(timeout=30) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    results.close()
+    results.join_thread()
+    assert [p.exitcode for p in procs] == [0] * n
+    assert wins == [False] * (n - 1) + [True]
+    task = store.get_task("t1", "a")
+    assert task is not None and task.state is S.DONE and task.worker in {str(p.pid) for p in procs}
+    store.close()
+
+
+def test_sqlite_data_persists_across_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "store.db"
+    first = SQLiteStore(path)
+    record, _ = put(first)
+    first.transition("t1", "a", from_states={S.PENDING}, state=S.DONE, result=[1, 2])
+    first.close()
+    second = SQLiteStore(path)
+    assert second.get_tree("t1") == record
+    got = second.get_task("t1", "a")
+    assert got is not None and got.state is S.DONE and got.result == [1, 2]
+    second.close()
+
+
+def test_sqlite_refuses_use_after_close(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    store.close()
+    with pytest.raises(StoreError, match="is closed"):
+        store.get_tree("t1")
+
+
+# --- open_store ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["sqlite-relative", "sqlite-absolute", "bare-path"])
+def test_open_store_accepts_sqlite_url_forms(
+    form: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url, expected = {
+        "sqlite-relative": ("sqlite:///rel/x.db", tmp_path / "rel" / "x.db"),
+        "sqlite-absolute": (f"sqlite:///{tmp_path / 'abs.db'}", tmp_path / "abs.db"),
+        "bare-path": (str(tmp_path / "bare.db"), tmp_path / "bare.db"),
+    }[form]
+    store = open_store(url)
+    try:
+        assert isinstance(store, SQLiteStore) and isinstance(store, Store)
+        assert store.path.resolve() == expected and expected.is_file()
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "database"),
+    [("mongodb://localhost:1/", "vancetope"), ("mongodb://u:p@h1:1,h2:1/prod?replicaSet=rs", "prod")],
+)
+def test_open_store_accepts_mongodb_urls_and_takes_the_database_from_the_path(
+    url: str, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the parsing is under test: a real MongoStore would wait for a server to make indexes.
+    calls: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        "brain.store.mongo.MongoStore", lambda url, *, database: calls.append((url, database))
+    )
+    open_store(url)
+    assert calls == [(url, database)]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://u:secret@h/db", "sqlite://", "sqlite:///", "sqlite:///:memory:", "notes.txt", "redis://x"],
+)
+def test_open_store_names_the_url_and_the_accepted_forms_for_a_bad_url(url: str) -> None:
+    with pytest.raises(StoreError) as err:
+        open_store(url)
+    message = str(err.value)
+    assert "sqlite:///relative/path.db, sqlite:////absolute/path.db, a file path ending in .db" in message
+    assert "mongodb://host[:port]/database" in message
+    assert "secret" not in message
+    if url == "postgres://u:secret@h/db":
+        assert message.startswith("unsupported store URL 'postgres://u:***@h/db'; accepted forms: ")
+    elif url == "notes.txt":
+        assert message.startswith("unsupported store URL 'notes.txt'")
+
+
+def test_mongo_store_needs_exactly_one_of_url_and_client() -> None:
+    with pytest.raises(StoreError, match="exactly one of url"):
+        MongoStore()
