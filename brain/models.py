@@ -74,6 +74,9 @@ class ToolSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _normalise_prefer_shorthand(cls, data: Any) -> Any:
+        # Seed 000 §3 writes MCP tools as just `mcp_server: jira-mcp`, with no type.
+        if isinstance(data, dict) and data.get("mcp_server") and "type" not in data:
+            data = {**data, "type": ToolType.MCP.value}
         if isinstance(data, dict) and data.get("location") in ("prefer_server", "prefer_client"):
             side = data["location"].removeprefix("prefer_")
             if data.get("prefer") not in (None, side):

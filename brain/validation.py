@@ -1,0 +1,444 @@
+"""Whole-tree validation and argument references (layer: brain, pure).
+
+One job: decide whether a parsed task tree can run, and fill in the references
+between its tasks. Field-level checks already happened in ``brain.models``; here
+are the checks that need the whole tree or the registry: duplicate ids, unknown
+or cyclic dependencies, references to tasks outside ``depends_on``, arguments
+against the tool's input_schema, execution_target against the tool's location.
+
+References: a string argument ``${tasks.<id>.result}`` or ``${tasks.<id>.result.a.0}``
+is replaced by (a part of) an upstream task's result. The task must be named
+directly in ``depends_on``; reaching it transitively is not enough, because the
+reference is also the reader's only hint of which result flows where.
+
+Unknown tools are not problems (the task fails at run time, or a client may
+announce the tool): ``unknown_tools`` reports them as warnings. Pass the active
+registry (server tools merged with announced client tools) to avoid false warnings.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import re
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, ValidationError
+from referencing.exceptions import Unresolvable
+
+from brain.errors import BrainError, InvalidTaskTree
+from brain.models import ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
+
+# Ids may contain dots, so the id part is lazy and the regex backtracks to the ".result".
+_REF = re.compile(r"\$\{tasks\.(?P<task>[A-Za-z0-9][A-Za-z0-9_.:-]*?)\.result(?P<path>(?:\.[^.}]+)*)\}")
+_REF_START = "${tasks."
+
+# Schema keywords whose verdict on a container does not depend on the values inside it,
+# so they are still checked above an argument that holds a (not yet known) reference.
+_SHAPE_KEYWORDS = frozenset(
+    [
+        "type",
+        "required",
+        "additionalProperties",
+        "propertyNames",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "minItems",
+        "maxItems",
+    ]
+)
+
+_Path = tuple[str | int, ...]
+
+
+class UnresolvedReference(BrainError):
+    """A ``${tasks.<id>.result...}`` reference names a result, or a part of one, that does not exist."""
+
+    def __init__(self, task_ref: str, path: str, detail: str = "") -> None:
+        self.task_ref = task_ref
+        self.path = path
+        self.detail = detail
+        ref = "${tasks." + task_ref + ".result" + (f".{path}" if path else "") + "}"
+        super().__init__(f"cannot resolve {ref}: {detail or f'task {task_ref!r} has no result at {path!r}'}")
+
+
+# --- whole-tree validation ----------------------------------------------------------
+
+
+def validate_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: str) -> list[str]:
+    """Every problem of ``tree``, one line each, naming the task and the field; [] when valid.
+
+    ``source`` (the file) is not repeated in the lines: ``check_tree`` puts it in front.
+    """
+    del source  # part of the signature so both entry points read alike
+    ids = {t.id for t in tree.tasks}
+    problems = [*_duplicate_ids(tree), *_dependency_problems(tree, ids), *_cycles(tree, ids)]
+    validators: dict[str, Draft202012Validator | str] = {}
+    for task in tree.tasks:
+        problems += _task_problems(task, ids, registry, validators)
+    return problems
+
+
+def check_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: str) -> None:
+    """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid."""
+    problems = validate_tree(tree, registry, source=source)
+    if problems:
+        raise InvalidTaskTree(source, problems)
+
+
+def unknown_tools(tree: TaskTree, registry: Mapping[str, ToolSpec]) -> list[str]:
+    """Warnings for tools the registry does not know (not errors: see the module docstring)."""
+    warnings = []
+    for task in tree.tasks:
+        if task.tool not in registry:
+            warnings.append(
+                f"task {task.id!r}: tool {task.tool!r} is not in the registry; the task will fail at run time"
+            )
+        for name in task.tools:
+            if name != task.tool and name not in registry:
+                warnings.append(f"task {task.id!r}: tools lists {name!r}, which is not in the registry")
+    return warnings
+
+
+def topological_order(tree: TaskTree) -> list[str]:
+    """Task ids, dependencies first; among tasks ready at the same time, file order.
+
+    The tree must be valid (``check_tree``); raises ValueError otherwise.
+    """
+    position = {t.id: i for i, t in enumerate(tree.tasks)}
+    if len(position) != len(tree.tasks):
+        raise ValueError(f"tree {tree.id!r} has duplicate task ids; validate it first")
+    waiting = {t.id: set(t.depends_on) for t in tree.tasks}
+    dependents: dict[str, list[str]] = {t.id: [] for t in tree.tasks}
+    for task in tree.tasks:
+        for dep in set(task.depends_on) & dependents.keys():
+            dependents[dep].append(task.id)
+    ready = [position[tid] for tid, deps in waiting.items() if not deps]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        tid = tree.tasks[heapq.heappop(ready)].id
+        order.append(tid)
+        for dependent in dependents[tid]:
+            waiting[dependent].discard(tid)
+            if not waiting[dependent]:
+                heapq.heappush(ready, position[dependent])
+    if len(order) != len(tree.tasks):
+        placed = set(order)
+        stuck = [t.id for t in tree.tasks if t.id not in placed]
+        raise ValueError(f"tree {tree.id!r}: tasks {stuck} can never run (cycle or unknown dependency)")
+    return order
+
+
+def _duplicate_ids(tree: TaskTree) -> list[str]:
+    seen: dict[str, list[int]] = {}
+    for number, task in enumerate(tree.tasks, start=1):
+        seen.setdefault(task.id, []).append(number)
+    return [
+        f"task {tid!r}: id is used by more than one task (tasks {_numbers(numbers)})"
+        for tid, numbers in seen.items()
+        if len(numbers) > 1
+    ]
+
+
+def _numbers(numbers: list[int]) -> str:
+    marked = [f"#{n}" for n in numbers]
+    return ", ".join(marked[:-1]) + " and " + marked[-1]
+
+
+def _dependency_problems(tree: TaskTree, ids: set[str]) -> list[str]:
+    problems = []
+    for task in tree.tasks:
+        for dep in task.depends_on:
+            if dep == task.id:
+                problems.append(f"task {task.id!r}: depends_on names the task itself")
+            elif dep not in ids:
+                problems.append(f"task {task.id!r}: depends_on names unknown task {dep!r}")
+    return problems
+
+
+# --- cycles ---------------------------------------------------------------------------
+
+
+def _cycles(tree: TaskTree, ids: set[str]) -> list[str]:
+    """One ``dependency cycle: a -> b -> a`` line per tangle; ``a -> b`` reads "a depends on b".
+
+    Self-dependencies are reported by ``_dependency_problems``; with duplicate ids the
+    first task of that id stands for it.
+    """
+    graph: dict[str, list[str]] = {}
+    for task in tree.tasks:
+        graph.setdefault(task.id, [d for d in dict.fromkeys(task.depends_on) if d in ids and d != task.id])
+    order = {tid: i for i, tid in enumerate(graph)}
+    found = []
+    for component in _strongly_connected(graph, list(order)):
+        if len(component) > 1:
+            start = min(component, key=order.__getitem__)
+            cycle = _shortest_cycle(start, graph, set(component))
+            found.append((order[start], "dependency cycle: " + " -> ".join(cycle)))
+    return [line for _, line in sorted(found)]
+
+
+def _strongly_connected(graph: dict[str, list[str]], order: list[str]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative so a long chain of tasks cannot exhaust the stack."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def enter(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+
+    for root in order:
+        if root in index:
+            continue
+        enter(root)
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(graph[root]))]
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    enter(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    components.append(_pop_component(node, stack, on_stack))
+    return components
+
+
+def _pop_component(node: str, stack: list[str], on_stack: set[str]) -> list[str]:
+    component = []
+    while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.append(member)
+        if member == node:
+            return component
+
+
+def _shortest_cycle(start: str, graph: dict[str, list[str]], members: set[str]) -> list[str]:
+    previous: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for nxt in graph[node]:
+            if nxt == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                return [*reversed(path), start]
+            if nxt in members and nxt not in previous:
+                previous[nxt] = node
+                queue.append(nxt)
+    raise AssertionError(f"{start!r} is in a strongly connected component but on no cycle")
+
+
+# --- per task -----------------------------------------------------------------------
+
+
+def _task_problems(
+    task: TaskSpec,
+    ids: set[str],
+    registry: Mapping[str, ToolSpec],
+    validators: dict[str, Draft202012Validator | str],
+) -> list[str]:
+    problems = []
+    if task.tools and task.tool not in task.tools:
+        problems.append(f"task {task.id!r}: tool {task.tool!r} is not in its tools list {task.tools}")
+    problems += _reference_problems(task, ids)
+    spec = registry.get(task.tool)
+    if spec is not None:
+        problems += _schema_problems(task, spec, validators)
+    problems += _target_problems(task, registry)
+    return problems
+
+
+def _strings(value: Any, path: _Path = ()) -> Iterator[tuple[_Path, str]]:
+    """Every string inside ``value`` (dict values, list items), with its path."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _strings(item, (*path, i))
+
+
+def _scan(text: str) -> tuple[list[str], list[str]]:
+    """The task ids referenced in ``text``, and the malformed ``${tasks.`` snippets."""
+    tasks, malformed = [], []
+    start = text.find(_REF_START)
+    while start != -1:
+        match = _REF.match(text, start)
+        if match is None:
+            end = text.find("}", start)
+            malformed.append(text[start : end + 1] if end != -1 else text[start:])
+            start = text.find(_REF_START, start + len(_REF_START))
+        else:
+            tasks.append(match["task"])
+            start = text.find(_REF_START, match.end())
+    return tasks, malformed
+
+
+def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
+    problems = []
+    for path, text in _strings(task.args):
+        where = f"task {task.id!r}: {_format_path(path)}"
+        referenced, malformed = _scan(text)
+        for ref in dict.fromkeys(referenced):
+            if ref not in ids:
+                problems.append(f"{where}: references unknown task {ref!r}")
+            elif ref not in task.depends_on:
+                problems.append(f"{where}: references task {ref!r}, which is not in depends_on")
+        for snippet in malformed:
+            problems.append(
+                f"{where}: malformed reference {snippet!r}: "
+                "write ${tasks.<id>.result} or ${tasks.<id>.result.<path>}"
+            )
+    return problems
+
+
+def _format_path(path: _Path, root: str = "args") -> str:
+    """``("a", 0, "b")`` → ``args.a[0].b``: how problems name a place inside the arguments."""
+    out = root
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _schema_problems(
+    task: TaskSpec, spec: ToolSpec, validators: dict[str, Draft202012Validator | str]
+) -> list[str]:
+    validator = _validator(spec, validators)
+    if isinstance(validator, str):
+        return [f"task {task.id!r}: tool {spec.name!r} has an invalid input_schema: {validator}"]
+    opaque = [path for path, text in _strings(task.args) if _REF_START in text]
+    try:
+        errors = list(validator.iter_errors(task.args))
+    except Unresolvable as exc:
+        return [f"task {task.id!r}: tool {spec.name!r} has an input_schema with an unresolvable $ref: {exc}"]
+    kept = [e for e in errors if not _depends_on_reference(e, opaque)]
+    kept.sort(key=lambda e: (tuple(str(p) for p in e.absolute_path), e.message))
+    return [f"task {task.id!r}: {_format_path(tuple(e.absolute_path))}: {e.message}" for e in kept]
+
+
+def _validator(spec: ToolSpec, cache: dict[str, Draft202012Validator | str]) -> Draft202012Validator | str:
+    """A validator for the tool's schema, or the schema's own problem as a string."""
+    if spec.name not in cache:
+        try:
+            Draft202012Validator.check_schema(spec.input_schema)
+            cache[spec.name] = Draft202012Validator(spec.input_schema)
+        except SchemaError as exc:
+            cache[spec.name] = exc.message
+    return cache[spec.name]
+
+
+def _depends_on_reference(error: ValidationError, opaque: list[_Path]) -> bool:
+    """True when the error may only be the placeholder string standing in for a result."""
+    at = tuple(error.absolute_path)
+    for ref in opaque:
+        if at[: len(ref)] == ref:
+            return True
+        if ref[: len(at)] == at and error.validator not in _SHAPE_KEYWORDS:
+            return True
+    return False
+
+
+def _target_problems(task: TaskSpec, registry: Mapping[str, ToolSpec]) -> list[str]:
+    target = task.execution_target
+    if target not in (ExecutionTarget.SERVER, ExecutionTarget.CLIENT):
+        return []
+    problems = []
+    for name in dict.fromkeys([task.tool, *task.tools]):
+        spec = registry.get(name)
+        if spec is None:
+            continue
+        if target is ExecutionTarget.CLIENT and spec.location is Location.SERVER:
+            problems.append(
+                f"task {task.id!r}: execution_target is 'client' but tool {name!r} runs only on the server"
+            )
+        if target is ExecutionTarget.SERVER and spec.location is Location.CLIENT:
+            problems.append(
+                f"task {task.id!r}: execution_target is 'server' but tool {name!r} runs only on a client"
+            )
+    return problems
+
+
+# --- resolving references -----------------------------------------------------------
+
+
+def resolve_args(args: dict[str, Any], results: Mapping[str, Any]) -> dict[str, Any]:
+    """``args`` with every reference replaced by upstream results (``results``: task id → result).
+
+    A string that is exactly one reference becomes the referenced value, of any JSON
+    type; references inside longer strings are interpolated (JSON text for non-strings).
+    Raises ``UnresolvedReference`` when a referenced task or path does not exist.
+    """
+    return {key: _resolve(value, results) for key, value in args.items()}
+
+
+def _resolve(value: Any, results: Mapping[str, Any]) -> Any:
+    if isinstance(value, str):
+        return _resolve_text(value, results)
+    if isinstance(value, dict):
+        return {key: _resolve(item, results) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve(item, results) for item in value]
+    return value
+
+
+def _resolve_text(text: str, results: Mapping[str, Any]) -> Any:
+    if _REF_START not in text:
+        return text
+    whole = _REF.fullmatch(text)
+    if whole is not None:
+        return _lookup(whole["task"], whole["path"], results)
+    return _REF.sub(lambda m: _as_text(_lookup(m["task"], m["path"], results)), text)
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _lookup(task: str, dotted: str, results: Mapping[str, Any]) -> Any:
+    path = dotted.removeprefix(".")
+    if task not in results:
+        raise UnresolvedReference(task, path, f"task {task!r} has no result (yet)")
+    value = results[task]
+    walked = "result"
+    for segment in path.split(".") if path else []:
+        value = _step(value, segment, task, path, walked)
+        walked += f".{segment}"
+    return value
+
+
+def _step(value: Any, segment: str, task: str, path: str, walked: str) -> Any:
+    where = f"the {walked} of task {task!r}"
+    if isinstance(value, dict):
+        if segment in value:
+            return value[segment]
+        raise UnresolvedReference(task, path, f"{where} has no key {segment!r}")
+    if isinstance(value, list):
+        if not segment.isdigit():
+            raise UnresolvedReference(task, path, f"{where} is a list; {segment!r} is not an index")
+        if int(segment) >= len(value):
+            raise UnresolvedReference(
+                task, path, f"{where} has no index {segment} (it has {len(value)} item(s))"
+            )
+        return value[int(segment)]
+    raise UnresolvedReference(task, path, f"{where} is {type(value).__name__}, not an object or a list")
