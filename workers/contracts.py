@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 # --- queues -----------------------------------------------------------------
 
@@ -56,6 +56,11 @@ def key_tree_progress(tree_id: str) -> str:
 def channel_tree_events(tree_id: str) -> str:
     """Pub/sub channel the brain publishes to when a tree changes (a wake-up, not a record)."""
     return f"{KEY_NS}tree:{tree_id}:events"
+
+
+def key_tree_running(tree_id: str) -> str:
+    """Hash: task id -> ``{run_id, worker, started_at}`` while a worker runs it (hot state only)."""
+    return f"{KEY_NS}tree:{tree_id}:running"
 
 
 def key_deliveries(run_id: str) -> str:
@@ -145,3 +150,77 @@ class MCPServerFailure(BaseModel):
     server: str
     message: str
     stderr_tail: str = ""
+
+
+# --- client agent <-> brain ----------------------------------------------------------
+#
+# A client agent's connection carries kombu's global_keyprefix ``c:<id>:`` and (in
+# production) a Redis ACL confined to ``c:<id>:*``; every key below is relative to that
+# prefix. The agent writes them through its prefix; the brain uses ``client_key``.
+
+CLIENT_OUTBOX = "outbox"  # list: ClientMessage JSON, LPUSH by the agent, popped by the brain
+CLIENT_HEARTBEAT = "heartbeat"  # string: the agent's session id, with a TTL
+CLIENT_ACK = "ack"  # string: the brain's AnnouncementAck JSON for the latest announcement
+CLIENT_CANCELLED = "cancelled"  # set: run ids the agent must not start
+CLIENT_DELIVERIES = "deliveries"  # hash: run id -> delivery count (poison-task guard)
+
+MAX_ANNOUNCEMENT_BYTES = 256 * 1024
+MAX_ANNOUNCED_TOOLS = 500
+
+
+def client_key(client_id: str, name: str) -> str:
+    """The full Redis key of one of a client's keys, as the brain (no prefix) sees it."""
+    return client_keyprefix(client_id) + name
+
+
+class ClientType(StrEnum):
+    DESKTOP = "desktop"
+    CLI = "cli"
+
+
+class ClientConnected(BaseModel):
+    """Seed 000 §5: sent on connect and whenever the agent's tools change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["client_connected"] = "client_connected"
+    client_id: str
+    session_id: str = Field(min_length=1, max_length=128)
+    client_type: ClientType = ClientType.DESKTOP
+    available_tools: list[ToolDescriptor] = Field(default_factory=list, max_length=MAX_ANNOUNCED_TOOLS)
+    sent_at: float
+
+
+class ClientDisconnected(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["client_disconnected"] = "client_disconnected"
+    client_id: str
+    session_id: str
+    reason: str = "graceful shutdown"
+    sent_at: float
+
+
+class ClientToolResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_result"] = "tool_result"
+    client_id: str
+    result: ToolResult
+
+
+ClientMessage = Annotated[
+    ClientConnected | ClientDisconnected | ClientToolResult, Field(discriminator="type")
+]
+CLIENT_MESSAGE = TypeAdapter(ClientMessage)
+
+
+class AnnouncementAck(BaseModel):
+    """The brain's answer to an announcement, written to the client's ``ack`` key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session_id: str
+    accepted: bool
+    reason: str = ""
+    tools: int = 0

@@ -1,0 +1,172 @@
+"""workers.execute: every outcome is a ToolResult; built-ins and real MCP servers."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.unit.workers.helpers import DEMO_SERVER, make_config, stdio
+from workers.contracts import ToolCall, ToolResult, ToolType
+from workers.execute import execute
+from workers.mcp_clients import MCPClientManager
+from workers.tools import builtin
+from workers.tools.builtin import BuiltinTool
+
+
+def call(tool: str, tool_type: ToolType = ToolType.BUILT_IN, **overrides: Any) -> ToolCall:
+    fields: dict[str, Any] = {
+        "run_id": "r1",
+        "tree_id": "t1",
+        "task_id": "k1",
+        "tool": tool,
+        "tool_type": tool_type,
+        "args": {},
+        "timeout_s": 10,
+        "max_result_bytes": 10_000,
+    }
+    return ToolCall(**(fields | overrides))
+
+
+def failed(result: ToolResult) -> tuple[str, str]:
+    assert not result.ok and result.value is None and result.error is not None
+    return result.error.type, result.error.message
+
+
+def test_builtin_ok_fills_the_result() -> None:
+    ticks = itertools.count(100)
+    result = execute(
+        call("echo", args={"value": [1, "two"]}), mcp=None, worker="w1", clock=lambda: next(ticks)
+    )
+    assert result.ok and result.value == [1, "two"] and result.error is None
+    assert (result.run_id, result.tree_id, result.task_id, result.tool) == ("r1", "t1", "k1", "echo")
+    assert (result.worker, result.started_at, result.finished_at, result.client_id) == ("w1", 100, 101, None)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "message"),
+    [
+        ("echo", {}, "invalid arguments for tool 'echo': value: 'value' is a required property"),
+        (
+            "echo",
+            {"value": 1, "extra": 2},
+            "invalid arguments for tool 'echo': extra: Additional properties are not allowed",
+        ),
+        (
+            "sleep",
+            {"seconds": "5"},
+            "invalid arguments for tool 'sleep': seconds: '5' is not of type 'number'",
+        ),
+        (
+            "text_transform",
+            {"text": "x", "op": "shout"},
+            "invalid arguments for tool 'text_transform': op: 'shout' is not one of",
+        ),
+        (
+            "http_get",
+            {"url": "ftp://h/"},
+            "invalid arguments for tool 'http_get': url: 'ftp://h/' does not match",
+        ),
+    ],
+)
+def test_bad_args_are_invalid_arguments(tool: str, args: dict[str, Any], message: str) -> None:
+    kind, text = failed(execute(call(tool, args=args), mcp=None, worker="w"))
+    assert kind == "InvalidArguments" and text.startswith(message)
+
+
+def test_builtin_timeout_stops_the_sleep_thread() -> None:
+    started = time.monotonic()
+    result = execute(call("sleep", args={"seconds": 30}, timeout_s=0.2), mcp=None, worker="w")
+    assert failed(result) == ("ToolTimeout", "tool 'sleep' did not answer within 0.2s")
+    assert time.monotonic() - started < 2
+    deadline = time.monotonic() + 5
+    while any(t.name == "builtin:sleep" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the cancelled sleep thread is still running"
+        time.sleep(0.02)
+
+
+def test_result_cap() -> None:
+    result = execute(call("echo", args={"value": "x" * 100}, max_result_bytes=50), mcp=None, worker="w")
+    assert failed(result) == (
+        "ResultTooLarge",
+        (
+            "result of tool 'echo' is 102 bytes, over the cap of 50 bytes "
+            "(raise max_result_bytes / VANCETOPE_MAX_RESULT_BYTES, or return less)"
+        ),
+    )
+    assert result.error is not None and result.error.data == {"tool": "echo", "size": 102, "cap": 50}
+
+
+def test_unserialisable_and_unexpected_failures(monkeypatch: pytest.MonkeyPatch) -> None:
+    echo = builtin.BUILTINS["echo"].descriptor
+    monkeypatch.setitem(builtin.BUILTINS, "echo", BuiltinTool(echo, lambda args, ctx: {1, 2}))
+    kind, text = failed(execute(call("echo", args={"value": 1}), mcp=None, worker="w"))
+    assert kind == "ToolFailed" and text.startswith("result of tool 'echo' is not JSON-serialisable")
+    monkeypatch.setitem(builtin.BUILTINS, "echo", BuiltinTool(echo, lambda args, ctx: 1 / 0))
+    assert failed(execute(call("echo", args={"value": 1}), mcp=None, worker="w")) == (
+        "ZeroDivisionError",
+        "division by zero",
+    )
+
+
+def test_unknown_builtin_native_and_mcp_without_manager() -> None:
+    assert failed(execute(call("nope"), mcp=None, worker="w"))[1].startswith(
+        "no built-in tool 'nope' on the server (built-ins: echo, http_get"
+    )
+    assert failed(execute(call("screenshot", ToolType.NATIVE), mcp=None, worker="w")) == (
+        "ToolNotFound",
+        "native tool 'screenshot' runs only on a client agent, not on the server",
+    )
+    assert failed(execute(call("add", ToolType.MCP, mcp_server="demo"), mcp=None, worker="w")) == (
+        "ToolNotFound",
+        "MCP tool 'add' needs server 'demo', but this worker has no MCP config",
+    )
+
+
+def test_mcp_call_through_execute(manager: MCPClientManager) -> None:
+    result = execute(
+        call("add", ToolType.MCP, mcp_server="demo", args={"a": 1, "b": 2}), mcp=manager, worker="w"
+    )
+    assert result.ok and result.value == 3
+
+
+def test_mcp_args_are_validated_even_on_the_first_call_of_a_process() -> None:
+    fresh = MCPClientManager(make_config({"demo": stdio(DEMO_SERVER)}))
+    try:
+        assert fresh.input_schema("demo", "add") is None  # nothing listed yet
+        bad = call("add", ToolType.MCP, mcp_server="demo", args={"a": "x", "b": 2})
+        result = execute(bad, mcp=fresh, worker="w")
+        assert failed(result) == (
+            "InvalidArguments",
+            "invalid arguments for tool 'add': a: 'x' is not of type 'integer'",
+        )
+        assert result.error is not None and result.error.data == {"tool": "add", "field": "a"}
+        missing = execute(call("add", ToolType.MCP, mcp_server="demo", args={"b": 2}), mcp=fresh, worker="w")
+        assert failed(missing)[1] == "invalid arguments for tool 'add': a: 'a' is a required property"
+    finally:
+        fresh.close()
+
+
+def test_mcp_failures_become_results(manager: MCPClientManager) -> None:
+    big = execute(
+        call("big", ToolType.MCP, mcp_server="demo", args={"n": 500}, max_result_bytes=100),
+        mcp=manager,
+        worker="w",
+    )
+    assert failed(big)[1].startswith("result of tool 'big' is 502 bytes, over the cap of 100 bytes")
+    slow = execute(
+        call("slow", ToolType.MCP, mcp_server="demo", args={"seconds": 5}, timeout_s=0.2),
+        mcp=manager,
+        worker="w",
+    )
+    assert failed(slow) == ("ToolTimeout", "tool 'slow' on MCP server 'demo' did not answer within 0.2s")
+    crash = execute(call("x", ToolType.MCP, mcp_server="crash"), mcp=manager, worker="w")
+    kind, text = failed(crash)
+    assert kind == "MCPServerUnavailable" and "demo crash: missing API token" in text
+    boom = execute(
+        call("fail", ToolType.MCP, mcp_server="demo", args={"msg": "boom"}), mcp=manager, worker="w"
+    )
+    assert failed(boom)[0] == "ToolFailed" and "boom" in failed(boom)[1]

@@ -1,0 +1,66 @@
+"""The one Celery app (layer: workers).
+
+Settings from RELIABILITY.md: late ack, reject on worker lost, prefetch 1, hard
+time limit below the visibility timeout, JSON only. There is no result backend:
+results travel to the brain as ``vancetope.record_result`` jobs on queue ``brain``
+(PERFORMANCE.md: awaiting thousands of AsyncResults on the Redis backend stalls).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+
+from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def celery_config(broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None) -> dict[str, Any]:
+    transport: dict[str, Any] = {"visibility_timeout": visibility_timeout_s}
+    if keyprefix:
+        transport["global_keyprefix"] = keyprefix
+    return {
+        "broker_url": broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A hard limit must end a run before kombu re-delivers it to another worker.
+        "task_time_limit": max(visibility_timeout_s - 60, 5),
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "result_serializer": "json",
+        "result_extended": False,
+        "task_track_started": True,
+        "task_default_queue": SERVER_QUEUE,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_hijack_root_logger": False,
+        "broker_pool_limit": 10,
+    }
+
+
+def make_app(broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None) -> Celery:
+    app = Celery("vancetope", set_as_current=False)
+    app.conf.update(celery_config(broker_url, visibility_timeout_s=visibility_timeout_s, keyprefix=keyprefix))
+    return app
+
+
+def _app_from_env() -> Celery:
+    return make_app(
+        os.environ.get("VANCETOPE_REDIS_URL") or DEFAULT_REDIS_URL,
+        visibility_timeout_s=int(os.environ.get("VANCETOPE_VISIBILITY_TIMEOUT_S") or 3600),
+    )
+
+
+app = _app_from_env()
+
+__all__ = ["app", "make_app", "celery_config", "BRAIN_QUEUE", "SERVER_QUEUE"]

@@ -1,0 +1,183 @@
+"""Run one tool call on the server pool (layer: workers).
+
+One job: turn a ``ToolCall`` into a ``ToolResult`` - validate the arguments,
+dispatch by tool type (built-in or MCP), enforce the call's timeout and result
+cap - without ever raising for a tool problem: every failure becomes
+``ToolResult(ok=False, error=...)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jsonschema import exceptions as schema_errors
+from jsonschema import validators
+
+from workers.contracts import ErrorInfo, ToolCall, ToolResult, ToolType
+from workers.errors import (
+    InvalidArguments,
+    ResultTooLarge,
+    ToolFailed,
+    ToolNotFound,
+    ToolTimeout,
+    WorkerError,
+)
+from workers.mcp_clients import MCPClientManager
+from workers.tools.builtin import BUILTINS, BuiltinContext, BuiltinTool
+
+
+def execute(
+    call: ToolCall,
+    *,
+    mcp: MCPClientManager | None,
+    worker: str,
+    clock: Callable[[], float] = time.time,
+) -> ToolResult:
+    """Run ``call`` and report its outcome; raises only for bugs in this function itself."""
+    started = clock()
+    value: Any = None
+    error: ErrorInfo | None = None
+    try:
+        value = _dispatch(call, mcp)
+        _check_size(call, value)
+    except WorkerError as exc:
+        error = exc.to_info()
+    except Exception as exc:  # noqa: BLE001 - a tool's surprise is a result, not a crash
+        error = ErrorInfo(type=type(exc).__name__, message=str(exc))
+    return ToolResult(
+        run_id=call.run_id,
+        tree_id=call.tree_id,
+        task_id=call.task_id,
+        tool=call.tool,
+        ok=error is None,
+        value=None if error else value,
+        error=error,
+        worker=worker,
+        started_at=started,
+        finished_at=clock(),
+    )
+
+
+def _dispatch(call: ToolCall, mcp: MCPClientManager | None) -> Any:
+    if call.tool_type is ToolType.BUILT_IN:
+        tool = BUILTINS.get(call.tool)
+        if tool is None:
+            raise ToolNotFound(
+                f"no built-in tool {call.tool!r} on the server (built-ins: {', '.join(sorted(BUILTINS))})",
+                tool=call.tool,
+            )
+        validate_args(call.tool, tool.descriptor.input_schema, call.args)
+        return _run_builtin(tool, call.args, call.timeout_s)
+    if call.tool_type is ToolType.MCP:
+        return _run_mcp(call, mcp)
+    raise ToolNotFound(
+        f"native tool {call.tool!r} runs only on a client agent, not on the server", tool=call.tool
+    )
+
+
+def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> Any:
+    if not call.mcp_server:
+        raise ToolNotFound(f"MCP tool {call.tool!r} names no mcp_server", tool=call.tool)
+    if mcp is None:
+        raise ToolNotFound(
+            f"MCP tool {call.tool!r} needs server {call.mcp_server!r}, but this worker has no MCP config",
+            tool=call.tool,
+            server=call.mcp_server,
+        )
+    schema = mcp.input_schema(call.mcp_server, call.tool)
+    if schema is None:
+        # A fresh worker process has listed nothing yet; starting the server lists its tools,
+        # so the first call is validated like every later one.
+        mcp.connect(call.mcp_server)
+        schema = mcp.input_schema(call.mcp_server, call.tool)
+    if schema is not None:
+        validate_args(call.tool, schema, call.args)
+    return mcp.call_tool(call.mcp_server, call.tool, call.args, timeout=call.timeout_s)
+
+
+def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any:
+    """Run in a daemon thread so the timeout holds even for a tool that blocks."""
+    name = tool.descriptor.name
+    ctx = BuiltinContext(deadline=time.monotonic() + timeout)
+    outcome: dict[str, Any] = {}
+    finished = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = tool.run(args, ctx)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the waiting thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    threading.Thread(target=target, name=f"builtin:{name}", daemon=True).start()
+    if not finished.wait(timeout):
+        ctx.cancel.set()  # cooperative tools (sleep) stop now; others end on their own deadline
+        raise ToolTimeout(f"tool {name!r} did not answer within {timeout:g}s", tool=name)
+    error = outcome.get("error")
+    if isinstance(error, Exception):
+        raise error
+    if error is not None:  # SystemExit and friends must not end the worker from a tool's thread
+        raise ToolFailed(f"tool {name!r} raised {type(error).__name__}: {error}", tool=name)
+    return outcome["value"]
+
+
+def validate_args(tool: str, schema: dict[str, Any], args: dict[str, Any]) -> None:
+    """InvalidArguments naming the tool and the field; a schema that is itself invalid is not enforced."""
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if validator is None:
+        return
+    error = schema_errors.best_match(validator.iter_errors(args))
+    if error is None:
+        return
+    field = _field_of(error)
+    raise InvalidArguments(
+        f"invalid arguments for tool {tool!r}: {field}: {error.message}", tool=tool, field=field
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    # Keyed by the schema's text: building a validator (and checking the schema) per call is the slow part.
+    schema = json.loads(schema_json)
+    cls = validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except schema_errors.SchemaError:
+        return None  # the tool's own problem; the tool can still judge its arguments
+    return cls(schema)
+
+
+def _field_of(error: schema_errors.ValidationError) -> str:
+    path = [str(part) for part in error.absolute_path]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [name for name in error.validator_value if name not in error.instance]
+        path.extend(missing[:1])
+    elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        path.extend(sorted(set(error.instance) - allowed)[:1])
+    return ".".join(path) or "(arguments)"
+
+
+def _check_size(call: ToolCall, value: Any) -> None:
+    try:
+        # Compact UTF-8 JSON: what the result costs on the wire and in the store.
+        data = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ToolFailed(
+            f"result of tool {call.tool!r} is not JSON-serialisable: {exc}", tool=call.tool
+        ) from exc
+    n, cap = len(data), call.max_result_bytes
+    if n > cap:
+        raise ResultTooLarge(
+            f"result of tool {call.tool!r} is {n} bytes, over the cap of {cap} bytes "
+            "(raise max_result_bytes / VANCETOPE_MAX_RESULT_BYTES, or return less)",
+            tool=call.tool,
+            size=n,
+            cap=cap,
+        )

@@ -1,0 +1,490 @@
+"""MCP client sessions kept open for the life of a worker process (layer: workers).
+
+One job: give synchronous callers (Celery worker threads) ``list_tools``,
+``discover`` and ``call_tool`` on the configured MCP servers, reusing one live
+session per server instead of spawning a server per call (spawn + initialize
+costs ~1 s, a call on a live session ~2 ms).
+
+All MCP traffic runs on one private asyncio loop in a background thread. Each
+server's session is entered and exited by its own long-lived task, because an
+anyio context (the SDK's task groups) must be exited by the task that entered it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import fcntl
+import logging
+import math
+import os
+import tempfile
+import threading
+from collections.abc import Coroutine
+from contextlib import AsyncExitStack
+from typing import IO, Any, TypeVar
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
+
+from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
+from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
+from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+DEFAULT_START_TIMEOUT_S = 30.0
+# The SDK's stdio shutdown is bounded (2 s grace + 2 s TERM + 2 s KILL); wait a bit more.
+_CLOSE_GRACE_S = 8.0
+# Safety net around every cross-thread wait; the loop-side code enforces the real timeouts.
+_SLACK_S = 5.0
+_LIST_PAGE_CAP = 50
+_TAIL_SEP = "; last stderr lines:\n"
+_TAIL_READ_BYTES = 64 * 1024
+# A chatty server logging to stderr for weeks must not fill the disk.
+_STDERR_MAX_BYTES = 1 << 20
+# Failures that mean the connection is gone, not that the call was bad.
+_CONNECTION_LOST = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    OSError,
+    httpx2.HTTPError,
+)
+
+
+class _StderrLog:
+    """An unlinked temp file a stdio server writes its stderr into, so errors can quote its tail."""
+
+    def __init__(self) -> None:
+        # Closed by the session that owns it, not by a with-block.
+        self.file: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8", prefix="vancetope-mcp-")  # noqa: SIM115
+        fd = self.file.fileno()
+        # O_APPEND: the child always writes at the end, so trimming from here is safe.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+
+    def tail(self, lines: int) -> str:
+        if self.file.closed:
+            return ""
+        fd = self.file.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - _TAIL_READ_BYTES)
+        rows = os.pread(fd, size - start, start).decode("utf-8", "replace").splitlines()
+        rows = rows[1:] if start else rows  # the first row may be cut
+        kept = [row.rstrip() for row in rows if row.strip()]
+        return "\n".join(kept[-lines:])
+
+    def trim(self) -> None:
+        fd = -1 if self.file.closed else self.file.fileno()
+        if fd >= 0 and (size := os.fstat(fd).st_size) > _STDERR_MAX_BYTES:
+            keep = os.pread(fd, _TAIL_READ_BYTES, size - _TAIL_READ_BYTES)
+            os.ftruncate(fd, 0)
+            os.write(fd, keep)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _Session:
+    """One server's connection, entered and exited by its own long-lived owner task."""
+
+    def __init__(self, name: str, spec: MCPServerSpec) -> None:
+        self.name = name
+        self.spec = spec
+        self.stderr = _StderrLog() if isinstance(spec, StdioServerSpec) else None
+        self.client: Client | None = None
+        self.broken = False
+        self._stop = asyncio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.client is not None and not self.broken
+
+    async def open(self, timeout: float) -> None:
+        """Start the owner task and wait until the session is initialized (or failed)."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._own(ready, timeout), name=f"mcp-session:{self.name}")
+        # shield: a cancelled caller must not cancel the future the owner settles.
+        await asyncio.shield(ready)
+
+    async def _own(self, ready: asyncio.Future[None], timeout: float) -> None:
+        try:
+            # One scope for the whole life: its deadline bounds startup, then is lifted.
+            with anyio.CancelScope(deadline=anyio.current_time() + timeout) as scope:
+                self._scope = scope
+                async with AsyncExitStack() as stack:
+                    transport = await self._transport(stack)
+                    self.client = await stack.enter_async_context(Client(transport))
+                    scope.deadline = math.inf
+                    _settle(ready)
+                    await self._stop.wait()
+            if scope.cancelled_caught:
+                _settle(ready, TimeoutError(f"it did not finish initializing within {timeout:g}s"))
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting caller
+            if ready.done():
+                logger.debug("MCP session %r ended with %r", self.name, exc)
+            _settle(ready, exc)
+        finally:
+            self.client = None
+            self.broken = True
+            _settle(ready, RuntimeError("the session ended before it was ready"))
+
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        spec = self.spec
+        if isinstance(spec, StdioServerSpec):
+            assert self.stderr is not None
+            params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
+            return stdio_client(params, errlog=self.stderr.file)
+        http = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        await stack.enter_async_context(http)
+        return streamable_http_client(spec.url, http_client=http)
+
+    def tail(self, lines: int) -> str:
+        return self.stderr.tail(lines) if self.stderr is not None else ""
+
+    def mark_broken(self) -> None:
+        """Stop using this session; its owner task unwinds (and reaps the process) in the background."""
+        self.broken = True
+        self._stop.set()
+
+    async def close(self, grace: float) -> None:
+        self.mark_broken()
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=grace)
+            if not task.done() and self._scope is not None:
+                self._scope.cancel()
+                await asyncio.wait({task}, timeout=grace)
+        if self.stderr is not None:
+            self.stderr.close()
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None = None) -> None:
+    if not future.done():
+        future.set_result(None) if exc is None else future.set_exception(exc)
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line reason, looking inside the SDK's exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(dict.fromkeys(_describe(inner) for inner in exc.exceptions))
+    if isinstance(exc, MCPError) and exc.code == CONNECTION_CLOSED:
+        return "it exited or closed the connection"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"command not found: {exc.filename}"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _tool_value(result: CallToolResult) -> Any:
+    """structured_content (a lone ``{"result": x}`` unwrapped to x), else the text."""
+    structured = result.structured_content
+    if structured is not None:
+        if isinstance(structured, dict) and set(structured) == {"result"}:
+            return structured["result"]
+        return structured
+    if _text(result) or not result.content:
+        return _text(result)
+    # No text at all (images, resources): keep the blocks rather than return "".
+    return [block.model_dump(mode="json", exclude_none=True) for block in result.content]
+
+
+def _text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+class MCPClientManager:
+    """Live MCP sessions for one process. Thread-safe; create one per process (see ``get_manager``)."""
+
+    def __init__(
+        self,
+        config: MCPConfig,
+        *,
+        stderr_tail_lines: int = 20,
+        start_timeout: float = DEFAULT_START_TIMEOUT_S,
+    ) -> None:
+        self.config = config
+        self._tail_lines = stderr_tail_lines
+        self._start_timeout = start_timeout
+        self._pid = os.getpid()
+        # Touched only on the loop thread:
+        self._sessions: dict[str, _Session] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        # Written on the loop thread, read by callers:
+        self._tools: dict[str, dict[str, ToolDescriptor]] = {}
+        self._tools_lock = threading.Lock()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vancetope-mcp-loop", daemon=True)
+        self._thread.start()
+
+    # --- public sync API ---------------------------------------------------------
+
+    def list_tools(self, server: str, timeout: float) -> list[ToolDescriptor]:
+        """The server's tools; starts the server if needed (start and listing each bounded by timeout)."""
+        self._spec(server)
+        return self._submit(self._list_tools(server, timeout), 2 * timeout)
+
+    def discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:
+        """Every server's tools, listed concurrently; a failing server is reported, not raised."""
+        return self._submit(self._discover(timeout), 2 * timeout)
+
+    def call_tool(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
+        """Call one tool; ``timeout`` bounds the call, the manager's start_timeout bounds a (re)start."""
+        self._spec(server)
+        return self._submit(self._call(server, tool, args, timeout), self._start_timeout + 2 * timeout)
+
+    def connect(self, server: str) -> None:
+        """Start the server now if it is not running (bounded by start_timeout), which also lists its tools."""
+        self._spec(server)
+        self._submit(self._session(server, self._start_timeout), self._start_timeout)
+
+    def input_schema(self, server: str, tool: str) -> dict[str, Any] | None:
+        """The tool's input schema if this process has listed the server's tools, else None."""
+        with self._tools_lock:
+            descriptor = self._tools.get(server, {}).get(tool)
+        return None if descriptor is None else descriptor.input_schema
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop every session and server process, then the loop thread. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if os.getpid() != self._pid:
+            return  # a forked copy: the sessions and thread belong to the parent
+        if self._thread.is_alive():
+            future = asyncio.run_coroutine_threadsafe(self._close_all(), self._loop)
+            try:
+                future.result(timeout)
+            except Exception:
+                logger.warning("closing MCP sessions did not finish cleanly", exc_info=True)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    # --- plumbing ------------------------------------------------------------------
+
+    def _spec(self, server: str) -> MCPServerSpec:
+        spec = self.config.servers.get(server)
+        if spec is None:
+            known = ", ".join(sorted(self.config.servers)) or "none"
+            raise ToolNotFound(
+                f"no MCP server named {server!r} in {self.config.source} (configured: {known})", server=server
+            )
+        return spec
+
+    def _submit(self, coro: Coroutine[Any, Any, _T], budget: float) -> _T:
+        if self._closed or os.getpid() != self._pid:
+            coro.close()
+            raise MCPServerUnavailable("the MCP client manager is closed", server="", stderr_tail="")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(budget + _SLACK_S)
+        except concurrent.futures.CancelledError:
+            closed = "the MCP client manager closed during the call"
+            raise MCPServerUnavailable(closed, server="", stderr_tail="") from None
+        except TimeoutError:
+            if future.done():
+                raise
+            future.cancel()
+            raise ToolTimeout(f"the MCP client loop did not answer within {budget + _SLACK_S:g}s") from None
+
+    async def _session(self, server: str, start_timeout: float) -> _Session:
+        """The live session, (re)starting the server once if there is none or it died."""
+        current = self._sessions.get(server)
+        if current is not None and current.usable:
+            return current
+        async with self._locks.setdefault(server, asyncio.Lock()):
+            current = self._sessions.get(server)
+            if current is not None and current.usable:
+                return current
+            if current is not None:
+                await current.close(_CLOSE_GRACE_S)
+            fresh = self._sessions[server] = _Session(server, self._spec(server))
+            try:
+                await fresh.open(start_timeout)
+            except Exception as exc:  # noqa: BLE001 - every start failure means the same to callers
+                raise self._unavailable(fresh, "could not start", exc) from None
+            with contextlib.suppress(WorkerError):
+                await self._list(fresh, start_timeout)  # for argument validation; not essential
+            return fresh
+
+    def _unavailable(self, session: _Session, what: str, exc: BaseException) -> MCPServerUnavailable:
+        tail = session.tail(self._tail_lines)
+        summary = f"MCP server {session.name!r} ({session.spec.describe()}) {what}: {_describe(exc)}"
+        message = f"{summary}{_TAIL_SEP}{tail}" if tail else summary
+        return MCPServerUnavailable(message, server=session.name, stderr_tail=tail)
+
+    async def _list(self, session: _Session, timeout: float) -> list[ToolDescriptor]:
+        client = session.client
+        if client is None:
+            raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
+        tools: list[Any] = []
+        cursor: str | None = None
+        try:
+            with anyio.fail_after(timeout):
+                for _ in range(_LIST_PAGE_CAP):
+                    page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except TimeoutError:
+            raise ToolTimeout(
+                f"MCP server {session.name!r} did not list its tools within {timeout:g}s"
+            ) from None
+        except Exception as exc:
+            raise self._call_error(session, "tools/list", exc) from exc
+        descriptors = [
+            ToolDescriptor(
+                name=t.name, type=ToolType.MCP, mcp_server=session.name,
+                description=t.description or "", input_schema=t.input_schema or {"type": "object"},
+            )
+            for t in tools
+        ]  # fmt: skip
+        with self._tools_lock:
+            self._tools[session.name] = {d.name: d for d in descriptors}
+        return descriptors
+
+    def _call_error(self, session: _Session, tool: str, exc: Exception) -> WorkerError:
+        lost = (
+            exc.code == CONNECTION_CLOSED if isinstance(exc, MCPError) else isinstance(exc, _CONNECTION_LOST)
+        )
+        if lost:
+            session.mark_broken()
+            return self._unavailable(session, "died or dropped the connection", exc)
+        if isinstance(exc, MCPError):
+            return ToolFailed(exc.message, server=session.name, tool=tool, code=exc.code)
+        return ToolFailed(_describe(exc), server=session.name, tool=tool)
+
+    async def _list_tools(self, server: str, timeout: float) -> list[ToolDescriptor]:
+        session = await self._session(server, timeout)
+        return await self._list(session, timeout)
+
+    async def _discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:
+        names = list(self.config.servers)
+        outcomes = await asyncio.gather(
+            *(self._list_tools(n, timeout) for n in names), return_exceptions=True
+        )
+        tools: list[ToolDescriptor] = []
+        failures: list[MCPServerFailure] = []
+        for name, outcome in zip(names, outcomes, strict=True):
+            if isinstance(outcome, list):
+                tools.extend(outcome)
+            elif isinstance(outcome, WorkerError):
+                # The tail has its own field; keep the message to the one-line summary.
+                summary = outcome.message.split(_TAIL_SEP, 1)[0]
+                tail = outcome.data.get("stderr_tail", "")
+                failures.append(MCPServerFailure(server=name, message=summary, stderr_tail=tail))
+            elif isinstance(outcome, Exception):
+                failures.append(MCPServerFailure(server=name, message=_describe(outcome)))
+            else:
+                raise outcome
+        return tools, failures
+
+    async def _call(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
+        session = await self._session(server, self._start_timeout)
+        await self._require_tool(session, tool, timeout)
+        client = session.client
+        if client is None:
+            raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
+        try:
+            with anyio.fail_after(timeout):
+                result = await client.call_tool(tool, args)
+        except TimeoutError:
+            raise ToolTimeout(
+                f"tool {tool!r} on MCP server {server!r} did not answer within {timeout:g}s",
+                server=server,
+                tool=tool,
+            ) from None
+        except Exception as exc:
+            raise self._call_error(session, tool, exc) from exc
+        finally:
+            if session.stderr is not None:
+                session.stderr.trim()
+        if result.is_error:
+            message = _text(result) or "the tool reported an error without a message"
+            raise ToolFailed(message, server=server, tool=tool)
+        return _tool_value(result)
+
+    async def _require_tool(self, session: _Session, tool: str, timeout: float) -> None:
+        """ToolNotFound when the listing lacks the tool, after one refresh (the listing may be stale)."""
+        with self._tools_lock:
+            known = self._tools.get(session.name)
+        if known is None or tool in known:
+            return
+        names = {d.name for d in await self._list(session, timeout)}
+        if tool not in names:
+            raise ToolNotFound(
+                f"MCP server {session.name!r} has no tool {tool!r} (it has: {', '.join(sorted(names)) or 'none'})",
+                server=session.name,
+                tool=tool,
+            )
+
+    async def _close_all(self) -> None:
+        sessions = list(self._sessions.values())
+        self._sessions.clear()
+        await asyncio.gather(*(s.close(_CLOSE_GRACE_S) for s in sessions))
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        if others:
+            await asyncio.wait(others, timeout=_SLACK_S)
+        await self._loop.shutdown_asyncgens()
+
+
+# --- one manager per process -------------------------------------------------------
+
+_managers: dict[tuple[int, str], MCPClientManager] = {}
+_managers_lock = threading.Lock()
+# Managers inherited over fork: never used or closed here, only kept from the GC.
+_inherited: list[MCPClientManager] = []
+
+
+def get_manager(config_path: str | None) -> MCPClientManager | None:
+    """This process's manager for ``config_path`` (None: no MCP servers).
+
+    Keyed by pid: a Celery prefork child gets its own manager (its own loop
+    thread and server subprocesses) on first use, never the parent's.
+    """
+    if not config_path:
+        return None
+    key = (os.getpid(), os.path.abspath(config_path))
+    with _managers_lock:
+        manager = _managers.get(key)
+        if manager is None:
+            manager = _managers[key] = MCPClientManager(load_mcp_config(config_path))
+        return manager
+
+
+def _close_own_managers() -> None:
+    pid = os.getpid()
+    with _managers_lock:
+        own = [m for (owner, _), m in _managers.items() if owner == pid]
+    for manager in own:
+        manager.close()
+
+
+def _after_fork_in_child() -> None:
+    global _managers_lock
+    # The parent's lock may have been held by another thread at fork time.
+    _managers_lock = threading.Lock()
+    _inherited.extend(_managers.values())
+    _managers.clear()
+
+
+atexit.register(_close_own_managers)
+os.register_at_fork(after_in_child=_after_fork_in_child)

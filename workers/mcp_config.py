@@ -1,0 +1,170 @@
+"""The ``mcpServers`` configuration file (layer: workers).
+
+One job: read the de-facto ``{"mcpServers": {name: {...}}}`` JSON format (as used
+by Claude Desktop, Cursor, VS Code) into typed, validated server specs, with
+error messages that name the file, the server and the problem. ``${VAR}`` in
+``env`` and ``headers`` values is expanded from the process environment at load
+time, so secrets stay out of the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.errors import WorkerError
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_STDIO_TYPES = ("stdio",)
+_HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
+
+
+class MCPConfigError(WorkerError):
+    """The MCP configuration file cannot be used; the message names the file and the problem."""
+
+
+class StdioServerSpec(BaseModel):
+    """A server started as a subprocess and spoken to over stdin/stdout."""
+
+    # Other tools' keys (disabled, autoApprove, ...) are ignored, not rejected,
+    # so a file copied from another MCP client still loads.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["stdio"] = "stdio"
+    command: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+    def describe(self) -> str:
+        """The command line, for error messages."""
+        return shlex.join([self.command, *self.args])
+
+
+class HttpServerSpec(BaseModel):
+    """A server reached over streamable HTTP."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    type: Literal["http"] = "http"
+    url: str = Field(pattern=r"^[hH][tT][tT][pP][sS]?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    def describe(self) -> str:
+        return self.url
+
+
+MCPServerSpec = StdioServerSpec | HttpServerSpec
+
+
+class MCPConfig(BaseModel):
+    """All configured MCP servers, by name, and the file they came from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = "<memory>"
+    servers: dict[str, MCPServerSpec] = Field(default_factory=dict)
+
+
+def load_mcp_config(path: str | os.PathLike[str]) -> MCPConfig:
+    """Read and validate an ``mcpServers`` JSON file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MCPConfigError(f"{source}: cannot read the MCP config: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise MCPConfigError(f"{source}: the MCP config is not UTF-8 text ({exc.reason})") from exc
+    return parse_mcp_config(text, source)
+
+
+def parse_mcp_config(text: str, source: str, environ: Mapping[str, str] | None = None) -> MCPConfig:
+    """Validate ``mcpServers`` JSON text; ``source`` names it in error messages."""
+    env = os.environ if environ is None else environ
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MCPConfigError(
+            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(doc, dict):
+        raise MCPConfigError(f'{source}: the top level must be a JSON object with an "mcpServers" key')
+    if "mcpServers" not in doc:
+        raise MCPConfigError(f'{source}: missing the "mcpServers" object')
+    entries = doc["mcpServers"]
+    if not isinstance(entries, dict):
+        raise MCPConfigError(f'{source}: "mcpServers" must be an object mapping server names to settings')
+    servers = {name: _parse_server(source, name, entry, env) for name, entry in entries.items()}
+    return MCPConfig(source=source, servers=servers)
+
+
+def _parse_server(source: str, name: str, entry: Any, env: Mapping[str, str]) -> MCPServerSpec:
+    where = f"{source}: server {name!r}"
+    if not name.strip():
+        raise MCPConfigError(f"{source}: a server name must not be empty")
+    if not isinstance(entry, dict):
+        raise MCPConfigError(f"{where}: settings must be an object")
+    kind = _server_kind(where, entry)
+    fields = dict(entry)
+    fields["type"] = kind
+    for key in ("env", "headers"):
+        if isinstance(fields.get(key), dict):
+            fields[key] = _expand_values(where, key, fields[key], env)
+    model: type[StdioServerSpec | HttpServerSpec] = StdioServerSpec if kind == "stdio" else HttpServerSpec
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise MCPConfigError(f"{where}: {_first_problem(exc)}") from exc
+
+
+def _server_kind(where: str, entry: dict[str, Any]) -> Literal["stdio", "http"]:
+    has_command, has_url = "command" in entry, "url" in entry
+    if has_command and has_url:
+        raise MCPConfigError(f'{where}: has both "command" and "url"; give "command" (stdio) or "url" (http)')
+    declared = entry.get("type")
+    if declared is not None and declared not in _STDIO_TYPES + _HTTP_TYPES:
+        raise MCPConfigError(
+            f'{where}: unsupported type {declared!r} (use "stdio", "http" or "streamable-http")'
+        )
+    if not has_command and not has_url:
+        raise MCPConfigError(f'{where}: has neither "command" (stdio) nor "url" (http)')
+    kind: Literal["stdio", "http"] = "stdio" if has_command else "http"
+    if declared is not None and (declared in _STDIO_TYPES) != (kind == "stdio"):
+        needed = "command" if declared in _STDIO_TYPES else "url"
+        raise MCPConfigError(f'{where}: type {declared!r} needs "{needed}"')
+    return kind
+
+
+def _expand_values(where: str, key: str, values: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Replace every ``${VAR}`` in string values; a missing VAR is an error naming it."""
+
+    def expand(name: str, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # left for the model to reject with its own message
+
+        def lookup(match: re.Match[str]) -> str:
+            var = match.group(1)
+            if var not in env:
+                raise MCPConfigError(
+                    f"{where}: {key} {name!r} refers to ${{{var}}}, but {var} is not set in the environment"
+                )
+            return env[var]
+
+        return _VAR.sub(lookup, value)
+
+    return {name: expand(name, value) for name, value in values.items()}
+
+
+def _first_problem(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "string_pattern_mismatch" and loc == "url":
+        return f"url {err['input']!r} must start with http:// or https://"
+    return f"{loc}: {err['msg']}" if loc else str(err["msg"])

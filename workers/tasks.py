@@ -1,0 +1,112 @@
+"""The Celery task that runs one tool call (layer: workers). It holds no logic:
+decode the ``ToolCall``, count the delivery, execute, send the ``ToolResult`` to the brain.
+
+A worker killed mid-call leaves the message unacked (late ack + reject on worker
+lost), so the call is delivered again; the delivery counter in Redis turns a task
+that keeps killing its worker into a clear ``PoisonTask`` failure instead of a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery, Task
+from pydantic import ValidationError
+
+from workers.contracts import (
+    BRAIN_QUEUE,
+    RECORD_RESULT_TASK,
+    RUN_TOOL_TASK,
+    ErrorInfo,
+    ToolCall,
+    ToolResult,
+    key_deliveries,
+    key_tree_running,
+)
+from workers.errors import PoisonTask
+from workers.execute import execute
+from workers.mcp_clients import get_manager
+
+log = logging.getLogger("vancetope.worker")
+
+_DELIVERY_TTL_S = 7 * 24 * 3600
+
+
+class _HotState:
+    """Per-process Redis client for the worker's own hot-state keys (delivery counts, running marks)."""
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._client: redis.Redis | None = None
+        self._pid = 0
+        opts = app.conf.broker_transport_options or {}
+        self.prefix: str = opts.get("global_keyprefix", "") or ""
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None or self._pid != os.getpid():
+            self._client = redis.Redis.from_url(self._app.conf.broker_url)
+            self._pid = os.getpid()
+        return self._client
+
+    def count_delivery(self, run_id: str) -> int:
+        key = self.prefix + key_deliveries(run_id)
+        pipe = self.client.pipeline()
+        pipe.incr(key)
+        pipe.expire(key, _DELIVERY_TTL_S)
+        return int(pipe.execute()[0])
+
+    def mark_running(self, call: ToolCall, worker: str, started_at: float) -> None:
+        mark = json.dumps({"run_id": call.run_id, "worker": worker, "started_at": started_at})
+        self.client.hset(self.prefix + key_tree_running(call.tree_id), call.task_id, mark)
+
+
+def register(app: Celery) -> Task:
+    """Register ``vancetope.run_tool`` on ``app`` and return it."""
+    hot = _HotState(app)
+
+    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    def run_tool(self: Task, payload: Any) -> dict[str, Any]:
+        worker = self.request.hostname or "worker"
+        call = _decode(payload, worker)
+        if call is None:
+            return {"ok": False, "error": "malformed tool call (see worker log)"}
+        started = time.time()
+        deliveries = hot.count_delivery(call.run_id)
+        if deliveries > call.max_deliveries:
+            err = PoisonTask(
+                f"task {call.task_id!r} (tool {call.tool!r}) was delivered {deliveries} times: its worker "
+                f"died each time; gave up after {call.max_deliveries}. Check the tool for crashes or memory use.",
+                deliveries=deliveries,
+            )
+            result = _failure(call, err.to_info(), worker, started)
+        else:
+            hot.mark_running(call, worker, started)
+            mcp = get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
+            result = execute(call, mcp=mcp, worker=worker)
+        app.send_task(RECORD_RESULT_TASK, args=[result.model_dump(mode="json")], queue=BRAIN_QUEUE)
+        return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
+
+    return run_tool
+
+
+def _decode(payload: Any, worker: str) -> ToolCall | None:
+    try:
+        return ToolCall.model_validate(payload)
+    except ValidationError as exc:
+        # Nothing to report to: without valid ids no task can be failed. The brain's
+        # reconciler re-sends the real task if this message was a damaged copy of one.
+        log.error("worker %s dropped a message that is not a valid tool call: %s", worker, exc)
+        return None
+
+
+def _failure(call: ToolCall, error: ErrorInfo, worker: str, started: float) -> ToolResult:
+    return ToolResult(
+        run_id=call.run_id, tree_id=call.tree_id, task_id=call.task_id, tool=call.tool, ok=False,
+        error=error, worker=worker, started_at=started, finished_at=time.time(), client_id=call.client_id,
+    )
