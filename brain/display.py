@@ -1,0 +1,80 @@
+"""How trees and tasks look in the terminal (layer: brain, presentation). Pure: records in,
+rich renderables out."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from brain.models import TaskRecord, TaskState, TreeRecord
+
+STATE_STYLE = {
+    "pending": "dim", "queued_server": "cyan", "queued_client": "cyan", "running": "bold yellow",
+    "blocked": "magenta", "pending_client": "magenta", "done": "green", "failed": "bold red",
+    "skipped": "yellow", "expired": "red",
+}
+
+
+def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> str:
+    """The store's state, or ``running`` when a worker has marked this very run as started."""
+    mark = running.get(rec.task_id)
+    if rec.state.is_queued and mark and mark.get("run_id") == rec.run_id:
+        return TaskState.RUNNING.value
+    return rec.state.value
+
+
+def summarize(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def duration(rec: TaskRecord) -> str:
+    if rec.started_at and rec.finished_at:
+        return f"{rec.finished_at - rec.started_at:.2f}s"
+    return ""
+
+
+def task_table(tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]) -> Table:
+    table = Table(title=f"tree {tree.tree_id} — {tree.status.value}", title_justify="left")
+    for col in ("task", "tool", "state", "route", "duration", "result / reason"):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        state = shown_state(rec, running)
+        if rec.state is TaskState.DONE:
+            detail = summarize(rec.result)
+        elif rec.error is not None:
+            detail = rec.error.message
+        else:
+            detail = rec.reason
+        table.add_row(rec.task_id, rec.tool, Text(state, style=STATE_STYLE.get(state, "")), rec.route,
+                      duration(rec), detail)
+    return table
+
+
+def progress(tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]) -> Group:
+    counts = Counter(shown_state(r, running) for r in records)
+    final = sum(1 for r in records if r.state.is_final)
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    bar = ProgressBar(total=len(records), completed=final, width=40)
+    return Group(Text(f"{tree.tree_id}: {final}/{len(records)} final — {parts}"), bar,
+                 task_table(tree, records, running))
+
+
+def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]]) -> Table:
+    table = Table(title="task trees (newest first)", title_justify="left")
+    for col in ("tree", "status", "session", "tasks", "submitted"):
+        table.add_column(col)
+    for t in trees:
+        c = counts.get(t.tree_id, Counter())
+        table.add_row(t.tree_id, t.status.value, t.session.value, ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
+                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)))
+    return table

@@ -1,0 +1,56 @@
+"""The brain's server-side registry (layer: brain, glue around pure merging).
+
+Built-ins + tools discovered from the brain's ``mcpServers`` (location ``server``)
++ the registry file, merged by ``brain.treefile.merge_registry``. The snapshot is
+published in Redis so the CLI validates trees against what the brain really has.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from brain.config import Settings
+from brain.errors import ConfigError
+from brain.models import Location, ToolSpec
+from brain.treefile import load_registry, merge_registry, spec_from_descriptor
+from workers.contracts import MCPServerFailure
+from workers.mcp_clients import MCPClientManager
+from workers.mcp_config import load_mcp_config
+from workers.tools.builtin import builtin_descriptors
+
+DISCOVERY_TIMEOUT_S = 30.0
+
+
+class RegistrySnapshot(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
+
+    def failure_hint(self) -> str:
+        """A sentence naming MCP servers that failed to start, for 'Tool unknown' errors."""
+        if not self.mcp_failures:
+            return ""
+        names = ", ".join(f"{f.server!r} ({f.message})" for f in self.mcp_failures)
+        return f"; note: MCP server(s) failed to start: {names}"
+
+
+def build_registry(settings: Settings) -> RegistrySnapshot:
+    """Discover and merge every server-side source of tools. Spawns the MCP servers once."""
+    builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
+    discovered: dict[str, ToolSpec] = {}
+    failures: list[MCPServerFailure] = []
+    if settings.mcp_config:
+        manager = MCPClientManager(load_mcp_config(str(settings.mcp_config)))
+        try:
+            descriptors, failures = manager.discover(timeout=DISCOVERY_TIMEOUT_S)
+        finally:
+            manager.close()
+        for d in descriptors:
+            try:
+                discovered[d.name] = spec_from_descriptor(d, Location.SERVER)
+            except ConfigError as exc:
+                # One badly named tool must not take the rest of its server down with it.
+                failures.append(MCPServerFailure(server=d.mcp_server or "?", message=f"tool {d.name!r} skipped: {exc}"))
+    declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
+    return RegistrySnapshot(tools=merge_registry(builtins, discovered, declared), mcp_failures=failures)

