@@ -63,6 +63,12 @@ def key_tree_running(tree_id: str) -> str:
     return f"{KEY_NS}tree:{tree_id}:running"
 
 
+def key_cancelled() -> str:
+    """Set of run ids no worker may start (cancel survives offline workers: they check it).
+    Under a client's connection prefix this is that client's own set."""
+    return f"{KEY_NS}cancelled"
+
+
 def key_deliveries(run_id: str) -> str:
     """Counter of how often one task run was delivered to a worker (poison-task guard)."""
     return f"{KEY_NS}run:{run_id}:deliveries"
@@ -161,8 +167,6 @@ class MCPServerFailure(BaseModel):
 CLIENT_OUTBOX = "outbox"  # list: ClientMessage JSON, LPUSH by the agent, popped by the brain
 CLIENT_HEARTBEAT = "heartbeat"  # string: the agent's session id, with a TTL
 CLIENT_ACK = "ack"  # string: the brain's AnnouncementAck JSON for the latest announcement
-CLIENT_CANCELLED = "cancelled"  # set: run ids the agent must not start
-CLIENT_DELIVERIES = "deliveries"  # hash: run id -> delivery count (poison-task guard)
 
 MAX_ANNOUNCEMENT_BYTES = 256 * 1024
 MAX_ANNOUNCED_TOOLS = 500

@@ -12,7 +12,7 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jsonschema import exceptions as schema_errors
@@ -36,14 +36,20 @@ def execute(
     *,
     mcp: MCPClientManager | None,
     worker: str,
+    native: Mapping[str, BuiltinTool] | None = None,
+    client_id: str | None = None,
     clock: Callable[[], float] = time.time,
 ) -> ToolResult:
-    """Run ``call`` and report its outcome; raises only for bugs in this function itself."""
+    """Run ``call`` and report its outcome; raises only for bugs in this function itself.
+
+    ``native`` holds the native tools of a client agent (same shape as built-ins);
+    ``client_id`` marks the result as executed by that client.
+    """
     started = clock()
     value: Any = None
     error: ErrorInfo | None = None
     try:
-        value = _dispatch(call, mcp)
+        value = _dispatch(call, mcp, native)
         _check_size(call, value)
     except WorkerError as exc:
         error = exc.to_info()
@@ -60,10 +66,11 @@ def execute(
         worker=worker,
         started_at=started,
         finished_at=clock(),
+        client_id=client_id,
     )
 
 
-def _dispatch(call: ToolCall, mcp: MCPClientManager | None) -> Any:
+def _dispatch(call: ToolCall, mcp: MCPClientManager | None, native: Mapping[str, BuiltinTool] | None) -> Any:
     if call.tool_type is ToolType.BUILT_IN:
         tool = BUILTINS.get(call.tool)
         if tool is None:
@@ -75,6 +82,15 @@ def _dispatch(call: ToolCall, mcp: MCPClientManager | None) -> Any:
         return _run_builtin(tool, call.args, call.timeout_s)
     if call.tool_type is ToolType.MCP:
         return _run_mcp(call, mcp)
+    if native is not None:
+        tool = native.get(call.tool)
+        if tool is None:
+            raise ToolNotFound(
+                f"this client agent has no native tool {call.tool!r} (it has: {', '.join(sorted(native))})",
+                tool=call.tool,
+            )
+        validate_args(call.tool, tool.descriptor.input_schema, call.args)
+        return _run_builtin(tool, call.args, call.timeout_s)
     raise ToolNotFound(
         f"native tool {call.tool!r} runs only on a client agent, not on the server", tool=call.tool
     )

@@ -1,9 +1,13 @@
 """The Celery task that runs one tool call (layer: workers). It holds no logic:
-decode the ``ToolCall``, count the delivery, execute, send the ``ToolResult`` to the brain.
+decode the ``ToolCall``, check it was not cancelled, count the delivery, execute,
+hand the ``ToolResult`` to a sink (the server pool sends it to queue ``brain``; a
+client agent pushes it to its own outbox).
 
 A worker killed mid-call leaves the message unacked (late ack + reject on worker
 lost), so the call is delivered again; the delivery counter in Redis turns a task
 that keeps killing its worker into a clear ``PoisonTask`` failure instead of a loop.
+All keys carry the connection's ``global_keyprefix``, so a client agent only ever
+touches its own.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -25,20 +30,24 @@ from workers.contracts import (
     ErrorInfo,
     ToolCall,
     ToolResult,
+    key_cancelled,
     key_deliveries,
     key_tree_running,
 )
 from workers.errors import PoisonTask
 from workers.execute import execute
-from workers.mcp_clients import get_manager
+from workers.mcp_clients import MCPClientManager, get_manager
+from workers.tools.builtin import BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
 
 _DELIVERY_TTL_S = 7 * 24 * 3600
 
+ResultSink = Callable[[ToolResult], None]
 
-class _HotState:
-    """Per-process Redis client for the worker's own hot-state keys (delivery counts, running marks)."""
+
+class HotState:
+    """Per-process Redis client for a worker's own hot-state keys (under its key prefix)."""
 
     def __init__(self, app: Celery) -> None:
         self._app = app
@@ -54,6 +63,9 @@ class _HotState:
             self._pid = os.getpid()
         return self._client
 
+    def is_cancelled(self, run_id: str) -> bool:
+        return bool(self.client.sismember(self.prefix + key_cancelled(), run_id))
+
     def count_delivery(self, run_id: str) -> int:
         key = self.prefix + key_deliveries(run_id)
         pipe = self.client.pipeline()
@@ -66,16 +78,36 @@ class _HotState:
         self.client.hset(self.prefix + key_tree_running(call.tree_id), call.task_id, mark)
 
 
-def register(app: Celery) -> Task:
-    """Register ``vancetope.run_tool`` on ``app`` and return it."""
-    hot = _HotState(app)
+def register(
+    app: Celery,
+    *,
+    sink: ResultSink | None = None,
+    mcp: Callable[[], MCPClientManager | None] | None = None,
+    native: Mapping[str, BuiltinTool] | None = None,
+    client_id: str | None = None,
+) -> Task:
+    """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
+    to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools."""
+    hot = HotState(app)
+
+    def to_brain(result: ToolResult) -> None:
+        app.send_task(RECORD_RESULT_TASK, args=[result.model_dump(mode="json")], queue=BRAIN_QUEUE)
+
+    def server_mcp() -> MCPClientManager | None:
+        return get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
+
+    deliver = sink or to_brain
+    mcp_manager = mcp or server_mcp
 
     @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
     def run_tool(self: Task, payload: Any) -> dict[str, Any]:
         worker = self.request.hostname or "worker"
-        call = _decode(payload, worker)
+        call = _decode(payload, worker, client_id)
         if call is None:
             return {"ok": False, "error": "malformed tool call (see worker log)"}
+        if hot.is_cancelled(call.run_id):
+            log.info("run %s of task %s was cancelled; not starting it", call.run_id, call.task_id)
+            return {"ok": False, "cancelled": True, "task": call.task_id}
         started = time.time()
         deliveries = hot.count_delivery(call.run_id)
         if deliveries > call.max_deliveries:
@@ -84,29 +116,48 @@ def register(app: Celery) -> Task:
                 f"died each time; gave up after {call.max_deliveries}. Check the tool for crashes or memory use.",
                 deliveries=deliveries,
             )
-            result = _failure(call, err.to_info(), worker, started)
+            result = _failure(call, err.to_info(), worker, started, client_id)
         else:
             hot.mark_running(call, worker, started)
-            mcp = get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
-            result = execute(call, mcp=mcp, worker=worker)
-        app.send_task(RECORD_RESULT_TASK, args=[result.model_dump(mode="json")], queue=BRAIN_QUEUE)
+            result = _run(call, mcp_manager, native, worker, client_id, started)
+        deliver(result)
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
     return run_tool
 
 
-def _decode(payload: Any, worker: str) -> ToolCall | None:
+def _run(
+    call: ToolCall,
+    mcp: Callable[[], MCPClientManager | None],
+    native: Mapping[str, BuiltinTool] | None,
+    worker: str,
+    client_id: str | None,
+    started: float,
+) -> ToolResult:
     try:
-        return ToolCall.model_validate(payload)
+        manager = mcp()
+    except Exception as exc:  # noqa: BLE001 - a broken MCP config fails the call, not the worker
+        return _failure(call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id)
+    return execute(call, mcp=manager, worker=worker, native=native, client_id=client_id)
+
+
+def _decode(payload: Any, worker: str, client_id: str | None) -> ToolCall | None:
+    try:
+        call = ToolCall.model_validate(payload)
     except ValidationError as exc:
         # Nothing to report to: without valid ids no task can be failed. The brain's
         # reconciler re-sends the real task if this message was a damaged copy of one.
         log.error("worker %s dropped a message that is not a valid tool call: %s", worker, exc)
         return None
+    if client_id is not None and call.client_id != client_id:
+        log.error("worker %s dropped run %s: it was routed to client %r, not to this one",
+                  worker, call.run_id, call.client_id)
+        return None
+    return call
 
 
-def _failure(call: ToolCall, error: ErrorInfo, worker: str, started: float) -> ToolResult:
+def _failure(call: ToolCall, error: ErrorInfo, worker: str, started: float, client_id: str | None) -> ToolResult:
     return ToolResult(
         run_id=call.run_id, tree_id=call.tree_id, task_id=call.task_id, tool=call.tool, ok=False,
-        error=error, worker=worker, started_at=started, finished_at=time.time(), client_id=call.client_id,
+        error=error, worker=worker, started_at=started, finished_at=time.time(), client_id=client_id,
     )
