@@ -28,7 +28,7 @@ from brain.errors import BrainError, ConfigError, InvalidFile, InvalidRegistry, 
 from brain.models import SessionKind, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
-from brain.service import Brain, run_reconciler, start_brain
+from brain.service import Brain
 from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
@@ -286,4 +286,4 @@ def main() -> None:
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-__all__ = ["main", "cli", "start_brain", "run_reconciler"]
+__all__ = ["main", "cli"]

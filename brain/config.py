@@ -37,6 +37,12 @@ class Settings(BaseModel):
     max_deliveries: int = Field(default=3, ge=1)
     # kombu re-delivers unacked messages after this; the task hard limit stays below it.
     visibility_timeout_s: int = Field(default=3600, ge=10)
+    # How long a blocked / pending-client task may wait for a client (per tool: max_wait_s).
+    max_wait_s: float | None = Field(default=None, gt=0)
+    # Client agent started by the embedded stack (None: none).
+    agent_config: Path | None = None
+    # The user an autonomous run acts for: its client tools may run on that user's clients.
+    user: str | None = None
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     # A queued task must be this old before the reconciler may call it lost.
     reconcile_grace_s: float = Field(default=10.0, ge=0)
@@ -73,7 +79,7 @@ def load_settings(
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
-            if key in ("data_dir", "registry", "mcp_config") and isinstance(value, str):
+            if key in ("data_dir", "registry", "mcp_config", "agent_config") and isinstance(value, str):
                 value = str((cwd / value).resolve())
             values[key] = value
     for name in Settings.model_fields:

@@ -1,14 +1,18 @@
-"""Route -> Celery message (layer: brain, Celery glue). One job: publish a ``ToolCall``.
+"""ToolCall -> Celery message (layer: brain, Celery glue). One job: publish a call on
+the queue its route names.
 
-The Celery task id is the run id, so Flower, the reconciler and the store all
-name one attempt the same way.
+The Celery task id is the run id, so Flower, the reconciler and the store all name
+one attempt the same way. A call for a client goes through a connection carrying
+that client's key prefix (DESIGN.md decision 7), so it lands in ``c:<id>:client.<id>``
+where only that client's agent can read it.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from workers.contracts import RUN_TOOL_TASK, ToolCall
+from workers.app import make_app
+from workers.contracts import RUN_TOOL_TASK, SERVER_QUEUE, ToolCall, client_keyprefix, client_queue
 
 # Margins over the tool's own timeout: the executor answers first; these only stop a
 # worker child that hangs past it (the hard limit kills it, the message is re-delivered).
@@ -19,10 +23,26 @@ _HARD_MARGIN_S = 30.0
 class Publisher:
     def __init__(self, app: Celery) -> None:
         self.app = app
+        self._client_apps: dict[str, Celery] = {}
 
-    def send(self, call: ToolCall, queue: str) -> None:
-        limit_cap = float(self.app.conf.task_time_limit or 3600)
-        self.app.send_task(
+    def app_for(self, client_id: str | None) -> Celery:
+        if client_id is None:
+            return self.app
+        app = self._client_apps.get(client_id)
+        if app is None:
+            opts = self.app.conf.broker_transport_options or {}
+            app = self._client_apps[client_id] = make_app(
+                self.app.conf.broker_url,
+                visibility_timeout_s=int(opts.get("visibility_timeout", 3600)),
+                keyprefix=client_keyprefix(client_id),
+            )
+        return app
+
+    def send(self, call: ToolCall) -> None:
+        app = self.app_for(call.client_id)
+        queue = SERVER_QUEUE if call.client_id is None else client_queue(call.client_id)
+        limit_cap = float(app.conf.task_time_limit or 3600)
+        app.send_task(
             RUN_TOOL_TASK,
             args=[call.model_dump(mode="json")],
             task_id=call.run_id,

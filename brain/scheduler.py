@@ -4,7 +4,8 @@ Each task is its own Celery job (DESIGN.md decision 3). The store is the record:
 every state change is a compare-and-set on (state, run_id), so a redelivered job,
 a late result or two brains advancing the same tree never complete a task or
 dispatch a dependent twice. Decisions come from ``transitions.plan`` and
-``routing.decide_route``; this module only applies them.
+``routing.decide_route``; this module only applies them. What happens when clients
+come and go lives in ``brain.clientwork``.
 """
 
 from __future__ import annotations
@@ -13,35 +14,47 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from brain.config import Settings
 from brain.dispatch import Publisher
 from brain.hotstate import HotState
 from brain.models import (
+    Location,
     SessionKind,
     TaskRecord,
     TaskSpec,
     TaskState,
     TaskTree,
+    ToolSpec,
     TreeRecord,
     TreeStatus,
 )
+from brain.parked import ParkedRef, ParkedWork, owner_of
+from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route
 from brain.store import Store
 from brain.transitions import plan, tree_status
+from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, ToolCall, ToolResult
+from workers.contracts import ErrorInfo, ToolCall, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
 IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
+PARKED = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
+NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int) -> str:
     return f"{tree_id}.{task_id}.{attempt}.{uuid.uuid4().hex[:12]}"
+
+
+def client_route(client_id: str) -> str:
+    """The route summary recorded for a task sent to a client; results must come from it."""
+    return f"client:{client_id}"
 
 
 class Scheduler:
@@ -60,6 +73,8 @@ class Scheduler:
         self.registry = registry
         self.settings = settings
         self.clock = clock
+        self.presence = PresenceBook(hot.r)
+        self.parked = ParkedWork(hot.r)
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -73,6 +88,9 @@ class Scheduler:
     ) -> TreeRecord:
         """Record the tree and its tasks, then dispatch what is ready. ``tree_id`` names this run."""
         now = self.clock()
+        if client_id and not user:
+            enrollment = self.presence.enrollment(client_id)
+            user = enrollment.user if enrollment else None
         run_tree_id = tree_id or f"{tree.id}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = TreeRecord(
             tree_id=run_tree_id, tree=tree, session=session, client_id=client_id, user=user, submitted_at=now
@@ -90,14 +108,15 @@ class Scheduler:
         tree_rec = self.store.get_tree(tree_id)
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
             return tree_rec.status if tree_rec else None
+        presence = self._presence(tree_rec)
         while True:
-            records = self._records(tree_id)
+            records = self.records(tree_id)
             step = plan(tree_rec.tree, records)
             changed = False
             for task_id, why in step.skip:
-                changed |= self._finish_without_run(records[task_id], TaskState.SKIPPED, why)
+                changed |= self.finish_without_run(records[task_id], TaskState.SKIPPED, why, {TaskState.PENDING})
             for task_id in step.ready:
-                changed |= self._start(tree_rec, tree_rec.tree.task(task_id), records)
+                changed |= self.start(tree_rec, records[task_id], records, presence, {TaskState.PENDING})
             if not changed:
                 break
         status = tree_status(records)
@@ -106,94 +125,144 @@ class Scheduler:
         self.hot.notify(tree_id)
         return status
 
-    def _records(self, tree_id: str) -> dict[str, TaskRecord]:
+    def records(self, tree_id: str) -> dict[str, TaskRecord]:
         return {r.task_id: r for r in self.store.get_tasks(tree_id)}
 
-    def _start(self, tree_rec: TreeRecord, spec: TaskSpec, records: dict[str, TaskRecord]) -> bool:
-        route = decide_route(
-            RouteRequest(tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session),
-            self.registry.tools,
-            self._presence(tree_rec),
-        )
-        rec = records[spec.id]
-        if route.kind is RouteKind.SERVER:
-            return self._dispatch_server(tree_rec, spec, rec, route, records)
+    def _presence(self, tree_rec: TreeRecord) -> Presence:
+        return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+
+    def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
+        req = RouteRequest(tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session)
+        return decide_route(req, self.registry.tools, presence)
+
+    def start(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        records: dict[str, TaskRecord],
+        presence: Presence,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool:
+        """Route one task and act on the route. ``from_states`` guards the compare-and-set."""
+        spec = tree_rec.tree.task(rec.task_id)
+        route = self.route(tree_rec, spec, presence)
+        if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
+            return self._dispatch(tree_rec, spec, rec, route, records, from_states)
         if route.kind is RouteKind.FAIL:
             hint = self.registry.failure_hint() if route.reason.startswith("Tool unknown") else ""
             error = ErrorInfo(type="RouteFailed", message=f"task {spec.id!r}: {route.reason}{hint}",
                               data={"task": spec.id, "tool": spec.tool})
-            return self._finish_without_run(rec, TaskState.FAILED, route.reason, error=error)
+            return self.finish_without_run(rec, TaskState.FAILED, route.reason, from_states, error=error)
         if route.kind is RouteKind.SKIP:
-            return self._finish_without_run(rec, TaskState.SKIPPED, route.reason)
-        # Client routes, blocked and pending-client parking come with the client path.
-        parked = TaskState.BLOCKED if route.kind is RouteKind.BLOCKED else TaskState.PENDING_CLIENT
-        return self._transition(rec, {TaskState.PENDING}, state=parked, reason=route.reason, route=route.kind.value)
+            return self.finish_without_run(rec, TaskState.SKIPPED, route.reason, from_states)
+        state = TaskState.BLOCKED if route.kind is RouteKind.BLOCKED else TaskState.PENDING_CLIENT
+        return self.park(tree_rec, rec, state, route.reason, from_states, parked_at)
 
-    def _presence(self, tree_rec: TreeRecord) -> Presence:
-        return Presence(session_client=tree_rec.client_id, user=tree_rec.user)
+    def park(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool:
+        """Record the task as waiting, then list it for its owner. The store is written first:
+        a crash between the two leaves a parked task the reconciler lists again."""
+        now = self.clock()
+        parked_at = parked_at or now
+        moved = self.store.transition(
+            rec.tree_id, rec.task_id, from_states=from_states, expect_run_id=rec.run_id, state=state,
+            reason=reason, route=state.value, queued_at=parked_at, updated_at=now,
+        )
+        if moved is None:
+            return False
+        owner = owner_of(tree_rec.user, tree_rec.client_id)
+        self.parked.park(ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner, parked_at=parked_at))
+        return True
 
-    def _dispatch_server(
-        self, tree_rec: TreeRecord, spec: TaskSpec, rec: TaskRecord, route: Route, records: dict[str, TaskRecord]
+    def _dispatch(
+        self,
+        tree_rec: TreeRecord,
+        spec: TaskSpec,
+        rec: TaskRecord,
+        route: Route,
+        records: dict[str, TaskRecord],
+        from_states: Collection[TaskState],
     ) -> bool:
         try:
             args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
         except UnresolvedReference as exc:
             error = ErrorInfo(type="UnresolvedReference", message=f"task {spec.id!r}: {exc}", data={"task": spec.id})
-            return self._finish_without_run(rec, TaskState.FAILED, str(exc), error=error)
+            return self.finish_without_run(rec, TaskState.FAILED, str(exc), from_states, error=error)
+        tool = self.tool_spec(route.tool, route.client_id)
+        assert tool is not None, f"router chose {route.tool!r}, which neither the registry nor the client has"
         attempt = rec.attempt + 1
-        run_id = new_run_id(tree_rec.tree_id, spec.id, attempt)
-        summary = "server" if route.fell_back_from is None else f"server (fallback from {route.fell_back_from})"
+        to_client = route.kind is RouteKind.CLIENT
+        summary = client_route(route.client_id or "") if to_client else "server"
+        if route.fell_back_from is not None:
+            summary += f" (fallback from {route.fell_back_from})"
         now = self.clock()
         moved = self.store.transition(
-            rec.tree_id, rec.task_id, from_states={TaskState.PENDING}, expect_run_id=rec.run_id,
-            state=TaskState.QUEUED_SERVER, run_id=run_id, attempt=attempt, route=summary,
+            rec.tree_id, rec.task_id, from_states=from_states, expect_run_id=rec.run_id,
+            state=TaskState.QUEUED_CLIENT if to_client else TaskState.QUEUED_SERVER,
+            run_id=new_run_id(tree_rec.tree_id, spec.id, attempt), attempt=attempt, route=summary,
             reason=route.reason, tool=route.tool, queued_at=now, updated_at=now,
         )
         if moved is None:
             return False
-        self._publish(self._call(spec, moved, args))
+        self.publish(self.call(spec, moved, tool, args, route.client_id if to_client else None))
         return True
 
-    def _call(self, spec: TaskSpec, rec: TaskRecord, args: dict[str, Any]) -> ToolCall:
-        tool = self.registry.tools[rec.tool]
+    def tool_spec(self, tool: str, client_id: str | None) -> ToolSpec | None:
+        """How to call ``tool``: its registry spec, or for a tool only a client announced,
+        that client's announcement."""
+        spec = self.registry.tools.get(tool)
+        if spec is not None or client_id is None:
+            return spec
+        session = self.presence.session(client_id)
+        descriptor = session.tool(tool) if session else None
+        return spec_from_descriptor(descriptor, Location.CLIENT) if descriptor else None
+
+    def call(self, spec: TaskSpec, rec: TaskRecord, tool: ToolSpec, args: dict[str, Any],
+             client_id: str | None) -> ToolCall:
         return ToolCall(
             run_id=rec.run_id or "", tree_id=rec.tree_id, task_id=rec.task_id, tool=tool.name,
             tool_type=tool.type, mcp_server=tool.mcp_server, args=args,
             timeout_s=spec.timeout_s or tool.timeout_s or self.settings.default_timeout_s,
             max_result_bytes=self.settings.max_result_bytes, max_deliveries=self.settings.max_deliveries,
+            client_id=client_id,
         )
 
-    def _publish(self, call: ToolCall) -> None:
+    def publish(self, call: ToolCall) -> None:
         try:
-            self.publisher.send(call, SERVER_QUEUE)
+            self.publisher.send(call)
         except Exception:  # noqa: BLE001 - the store already says queued; the reconciler re-sends
             log.exception("could not publish task %s (run %s); the reconciler will re-send it",
                           call.task_id, call.run_id)
 
-    def _finish_without_run(
-        self, rec: TaskRecord, state: TaskState, reason: str, error: ErrorInfo | None = None
+    def finish_without_run(
+        self,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        error: ErrorInfo | None = None,
     ) -> bool:
         now = self.clock()
-        return self._transition(rec, {TaskState.PENDING}, state=state, reason=reason, error=error,
-                                finished_at=now)
-
-    def _transition(self, rec: TaskRecord, from_states: set[TaskState], **changes: Any) -> bool:
-        changes.setdefault("updated_at", self.clock())
-        return self.store.transition(rec.tree_id, rec.task_id, from_states=from_states, **changes) is not None
+        return self.store.transition(
+            rec.tree_id, rec.task_id, from_states=from_states, state=state, reason=reason, error=error,
+            finished_at=now, updated_at=now,
+        ) is not None
 
     # --- results ------------------------------------------------------------------------
-    def on_result(self, result: ToolResult) -> bool:
-        """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing."""
-        ok, value, error = result.ok, result.value, result.error
-        size = len(json.dumps(value, default=str)) if ok else 0
-        if size > self.settings.max_result_bytes:
-            ok, value = False, None
-            error = ErrorInfo(
-                type="ResultTooLarge",
-                message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
-                f"{self.settings.max_result_bytes} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
-                data={"task": result.task_id, "tool": result.tool, "size": size},
-            )
+    def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
+        """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
+        a client's result counts only for a task routed to that very client."""
+        if not self._accepts(result, from_client):
+            return False
+        ok, value, error = self._capped(result)
         recorded = self.store.transition(
             result.tree_id, result.task_id, from_states=IN_FLIGHT, expect_run_id=result.run_id,
             state=TaskState.DONE if ok else TaskState.FAILED, result=value, error=error,
@@ -204,46 +273,30 @@ class Scheduler:
             log.info("ignored result of run %s (task %s): not the task's current run, or already recorded",
                      result.run_id, result.task_id)
             return False
-        self.hot.clear_running(result.tree_id, result.task_id, result.run_id)
+        self.hot.clear_running(result.tree_id, result.task_id, result.run_id, from_client)
         self.advance(result.tree_id)
         return True
 
-    # --- reconcile -------------------------------------------------------------------------
-    def reconcile(self) -> list[str]:
-        """Re-send queued tasks that no queue holds; advance trees left with stale pending tasks.
-
-        Returns the task ids re-sent. A re-send gets a new run id, so if the old message
-        was only late, its result is ignored rather than recorded twice.
-        """
-        cutoff = self.clock() - self.settings.reconcile_grace_s
-        resent: list[str] = []
-        stale = self.store.tasks_in_states({TaskState.QUEUED_SERVER}, updated_before=cutoff)
-        if stale:
-            held = self.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE])
-            for rec in stale:
-                if rec.run_id not in held and self._resend(rec):
-                    resent.append(rec.task_id)
-        for tree_id in {r.tree_id for r in self.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)}:
-            self.advance(tree_id)
-        return resent
-
-    def _resend(self, rec: TaskRecord) -> bool:
-        tree_rec = self.store.get_tree(rec.tree_id)
-        if tree_rec is None:
+    def _accepts(self, result: ToolResult, from_client: str | None) -> bool:
+        if from_client is None:
+            return result.client_id is None
+        rec = self.store.get_task(result.tree_id, result.task_id)
+        if result.client_id != from_client or rec is None or not rec.route.startswith(client_route(from_client)):
+            log.warning("refused a result for task %s of tree %s from client %r: not routed to that client",
+                        result.task_id, result.tree_id, from_client)
             return False
-        attempt = rec.attempt + 1
-        now = self.clock()
-        moved = self.store.transition(
-            rec.tree_id, rec.task_id, from_states={TaskState.QUEUED_SERVER}, expect_run_id=rec.run_id,
-            run_id=new_run_id(rec.tree_id, rec.task_id, attempt), attempt=attempt, queued_at=now, updated_at=now,
-        )
-        if moved is None:
-            return False
-        spec = tree_rec.tree.task(rec.task_id)
-        records = self._records(rec.tree_id)
-        args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
-        log.warning("task %s of tree %s was queued but no queue held run %s: re-sent as run %s",
-                    rec.task_id, rec.tree_id, rec.run_id, moved.run_id)
-        self._publish(self._call(spec, moved, args))
-        self.hot.notify(rec.tree_id)
         return True
+
+    def _capped(self, result: ToolResult) -> tuple[bool, Any, ErrorInfo | None]:
+        """Check the size again here: a client agent's cap is its own promise, not ours."""
+        if not result.ok:
+            return False, None, result.error
+        size = len(json.dumps(result.value, default=str))
+        if size <= self.settings.max_result_bytes:
+            return True, result.value, None
+        return False, None, ErrorInfo(
+            type="ResultTooLarge",
+            message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
+            f"{self.settings.max_result_bytes} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
+            data={"task": result.task_id, "tool": result.tool, "size": size},
+        )

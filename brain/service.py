@@ -9,13 +9,16 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.dispatch import Publisher
 from brain.errors import StackNotRunning
 from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot, build_registry
+from brain.relay import Relay
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
+from brain.sweeps import Sweeps
 from workers.app import make_app
 
 log = logging.getLogger("vancetope.brain")
@@ -28,6 +31,8 @@ class Brain:
     store: Store
     hot: HotState
     scheduler: Scheduler
+    clients: ClientWork
+    sweeps: Sweeps
 
     @classmethod
     def connect(cls, settings: Settings, redis_url: str, registry: RegistrySnapshot | None = None) -> Brain:
@@ -45,7 +50,9 @@ class Brain:
             registry = RegistrySnapshot.model_validate(snapshot)
         store = open_store(settings.store)
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
-        return cls(settings=settings, app=app, store=store, hot=hot, scheduler=scheduler)
+        clients = ClientWork(scheduler)
+        return cls(settings=settings, app=app, store=store, hot=hot, scheduler=scheduler, clients=clients,
+                   sweeps=Sweeps(scheduler, clients))
 
     def publish_registry(self) -> None:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
@@ -65,13 +72,18 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
     return brain
 
 
+def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread]:
+    """The brain's own threads: the client relay and the reconciler, until ``stop`` is set."""
+    return [Relay(brain.scheduler, brain.clients).run(stop), run_reconciler(brain, stop)]
+
+
 def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
     """Sweep every ``reconcile_interval_s`` until ``stop`` is set."""
 
     def loop() -> None:
         while not stop.wait(brain.settings.reconcile_interval_s):
             try:
-                resent = brain.scheduler.reconcile()
+                resent = brain.sweeps.run_once()
                 if resent:
                     log.warning("reconciler re-sent %d lost task(s): %s", len(resent), ", ".join(resent))
             except Exception:  # noqa: BLE001 - a sweep that fails must not stop later sweeps

@@ -14,7 +14,7 @@ from celery.signals import worker_ready, worker_shutdown
 from pydantic import ValidationError
 
 from brain.config import load_settings
-from brain.service import Brain, run_reconciler, start_brain
+from brain.service import Brain, run_background, start_brain
 from workers.app import app
 from workers.contracts import RECORD_RESULT_TASK, ToolResult
 
@@ -43,7 +43,7 @@ def record_result(payload: Any) -> bool:
 @worker_ready.connect
 def _on_ready(**_: Any) -> None:
     brain = get_brain()
-    run_reconciler(brain, _stop)
+    run_background(brain, _stop)
     log.info("brain ready: %d tools in the registry", len(brain.scheduler.registry.tools))
 
 

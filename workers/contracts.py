@@ -63,6 +63,27 @@ def key_tree_running(tree_id: str) -> str:
     return f"{KEY_NS}tree:{tree_id}:running"
 
 
+def key_enrolled_clients() -> str:
+    """Hash: client id -> ``{user, enrolled_at}``; only enrolled clients are listened to."""
+    return f"{KEY_NS}clients"
+
+
+def key_presence() -> str:
+    """Hash: client id -> the accepted announcement of a connected client (its session)."""
+    return f"{KEY_NS}presence"
+
+
+def key_parked(owner: str) -> str:
+    """List of ``{tree_id, task_id}`` waiting for a client, in order. ``owner`` is
+    ``user:<name>`` or ``client:<id>``: whose connect may requeue them."""
+    return f"{KEY_NS}parked:{owner}"
+
+
+def key_requeueing(client_id: str) -> str:
+    """List: parked refs taken atomically for one client's connect, until each is placed."""
+    return f"{KEY_NS}requeueing:{client_id}"
+
+
 def key_cancelled() -> str:
     """Set of run ids no worker may start (cancel survives offline workers: they check it).
     Under a client's connection prefix this is that client's own set."""

@@ -124,7 +124,7 @@ def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(sta
     a = brain.store.get_task(rec.tree_id, "a")
     call = ToolCall(run_id=a.run_id, tree_id=rec.tree_id, task_id="a", tool="echo", tool_type=ToolType.BUILT_IN,
                     args={"value": "x"}, timeout_s=10, max_result_bytes=1000)
-    brain.scheduler.publisher.send(call, SERVER_QUEUE)  # the duplicate
+    brain.scheduler.publisher.send(call)  # the duplicate
     assert brain.hot.r.llen(SERVER_QUEUE) == 2
     stack.start_service("server-pool")
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE

@@ -1,0 +1,113 @@
+"""Clients coming and going (layer: brain, glue around the scheduler).
+
+Connect: accept the announcement into the active registry, then requeue the work
+parked for that client and its user, oldest first. Disconnect (graceful, or a
+missed heartbeat): pull that client's unstarted calls back out of its queue as
+pending_client, and let calls it was running follow their offline strategy; both
+run again on a later connect. Every move is a compare-and-set on the task, and
+the Redis side answers whether *we* took a message, so nothing runs in two
+places or disappears.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from brain.models import TaskState
+from brain.presence import ClientSession, check_announcement
+from brain.scheduler import PARKED, Scheduler, client_route
+from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
+
+log = logging.getLogger("vancetope.brain")
+
+
+class ClientWork:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    # --- connect -------------------------------------------------------------------------
+    def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
+        """Check and record an announcement (``owner``: whose outbox it came through), ack it,
+        and requeue parked work when accepted."""
+        refusal = check_announcement(msg, owner, self.s.presence.enrollment(owner))
+        if refusal is not None:
+            log.warning("refused announcement of client %r (session %s): %s", owner, msg.session_id, refusal)
+            ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal)
+        else:
+            enrollment = self.s.presence.enrollment(owner)
+            assert enrollment is not None
+            self.s.presence.connect(msg, enrollment, self.s.clock())
+            log.info("client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools))
+            ack = AnnouncementAck(session_id=msg.session_id, accepted=True, tools=len(msg.available_tools))
+        self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
+        if ack.accepted:
+            self.requeue(owner)
+        return ack
+
+    def requeue(self, client_id: str) -> int:
+        """Route every parked task this client may take again, in the order they were parked."""
+        session = self.s.presence.session(client_id)
+        if session is None:
+            return 0
+        owners = [f"client:{client_id}", f"user:{session.user}"]
+        placed = 0
+        touched: set[str] = set()
+        for raw, ref in self.s.parked.take_for(client_id, owners):
+            rec = self.s.store.get_task(ref.tree_id, ref.task_id)
+            tree_rec = self.s.store.get_tree(ref.tree_id)
+            if rec is not None and tree_rec is not None and rec.state in PARKED:
+                records = self.s.records(ref.tree_id)
+                presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                if self.s.start(tree_rec, rec, records, presence, {rec.state}, parked_at=ref.parked_at):
+                    placed += 1
+                    touched.add(ref.tree_id)
+            # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
+            self.s.parked.placed(client_id, raw)
+        for tree_id in touched:
+            self.s.advance(tree_id)
+        if placed:
+            log.info("requeued %d parked task(s) for client %s", placed, client_id)
+        return placed
+
+    # --- disconnect ----------------------------------------------------------------------
+    def on_disconnected(self, client_id: str, session_id: str | None, why: str) -> int:
+        """Forget the session and take back its unfinished calls. Returns how many were taken."""
+        session = self.s.presence.disconnect(client_id, session_id)
+        if session is None:
+            return 0
+        log.warning("client %s disconnected: %s", client_id, why)
+        return self._take_back(session)
+
+    def _take_back(self, session: ClientSession) -> int:
+        cid = session.client_id
+        route = client_route(cid)
+        mine = [r for r in self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}) if r.route.startswith(route)]
+        taken = 0
+        touched: set[str] = set()
+        for rec in mine:
+            where = self.s.hot.take_client_run(cid, rec.run_id or "")
+            if where is None:
+                continue  # the agent had taken or finished it; its result is on the way
+            self.s.hot.cancel_runs([rec.run_id or ""], cid)
+            tree_rec = self.s.store.get_tree(rec.tree_id)
+            if tree_rec is None:
+                continue
+            if where == "queued":
+                # Never started: it keeps its place and waits for a client (seed: pending-client).
+                reason = f"Queued for Client: {rec.tool} (client {cid} went offline before starting it)"
+                moved = self.s.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, {TaskState.QUEUED_CLIENT},
+                                    parked_at=rec.queued_at)
+            else:
+                presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                moved = self.s.start(tree_rec, rec, self.s.records(rec.tree_id), presence,
+                                     {TaskState.QUEUED_CLIENT}, parked_at=rec.queued_at)
+            if moved:
+                taken += 1
+                touched.add(rec.tree_id)
+        for tree_id in touched:
+            self.s.advance(tree_id)
+        return taken
+
+    def sweep_heartbeats(self) -> None:
+        for session in self.s.presence.silent():
+            self.on_disconnected(session.client_id, session.session_id, "missed heartbeat")

@@ -1,0 +1,128 @@
+"""Who is connected, with which tools (layer: brain, Redis glue).
+
+Enrolled clients (``vt:clients``) are the only ones the brain listens to; a client's
+announcement is checked here (``check_announcement``, pure) and, once accepted,
+kept in ``vt:presence`` until a graceful disconnect or a missed heartbeat.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+from brain.routing import ClientView, Presence
+from workers.contracts import (
+    CLIENT_HEARTBEAT,
+    MAX_ANNOUNCED_TOOLS,
+    ClientConnected,
+    ClientType,
+    ToolDescriptor,
+    client_key,
+    key_enrolled_clients,
+    key_presence,
+)
+
+
+class Enrollment(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str
+    user: str
+    enrolled_at: float
+
+
+class ClientSession(BaseModel):
+    """A connected client: its accepted announcement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str
+    user: str
+    session_id: str
+    client_type: ClientType
+    tools: list[ToolDescriptor] = Field(default_factory=list)
+    connected_at: float
+
+    def tool(self, name: str) -> ToolDescriptor | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:
+    """Why an announcement is refused, or None. Pure: the relay logs and acks the answer."""
+    if enrollment is None:
+        return f"client {owner!r} is not enrolled; run `vancetope clients enroll {owner} --user NAME` on the brain"
+    if msg.client_id != owner:
+        return f"announcement names client {msg.client_id!r} but came through {owner!r}'s outbox"
+    if len(msg.available_tools) > MAX_ANNOUNCED_TOOLS:
+        return f"{len(msg.available_tools)} tools announced; at most {MAX_ANNOUNCED_TOOLS}"
+    names = [t.name for t in msg.available_tools]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        return f"tools announced twice: {', '.join(dupes)}"
+    return None
+
+
+class PresenceBook:
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    # enrollment ---------------------------------------------------------------------
+    def enroll(self, client_id: str, user: str, now: float | None = None) -> Enrollment:
+        client_key(client_id, "")  # validates the id
+        enrollment = Enrollment(client_id=client_id, user=user, enrolled_at=now or time.time())
+        self.r.hset(key_enrolled_clients(), client_id, enrollment.model_dump_json())
+        return enrollment
+
+    def enrolled(self) -> dict[str, Enrollment]:
+        raw = self.r.hgetall(key_enrolled_clients())
+        return {k.decode(): Enrollment.model_validate_json(v) for k, v in raw.items()}
+
+    def enrollment(self, client_id: str) -> Enrollment | None:
+        raw = self.r.hget(key_enrolled_clients(), client_id)
+        return Enrollment.model_validate_json(raw) if raw else None
+
+    # sessions -------------------------------------------------------------------------
+    def connect(self, msg: ClientConnected, enrollment: Enrollment, now: float) -> ClientSession:
+        session = ClientSession(
+            client_id=msg.client_id, user=enrollment.user, session_id=msg.session_id,
+            client_type=msg.client_type, tools=msg.available_tools, connected_at=now,
+        )
+        self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
+        return session
+
+    def disconnect(self, client_id: str, session_id: str | None = None) -> ClientSession | None:
+        """Forget a client's session (only that session, when ``session_id`` is given)."""
+        current = self.session(client_id)
+        if current is None or (session_id is not None and current.session_id != session_id):
+            return None
+        self.r.hdel(key_presence(), client_id)
+        return current
+
+    def session(self, client_id: str) -> ClientSession | None:
+        raw = self.r.hget(key_presence(), client_id)
+        return ClientSession.model_validate_json(raw) if raw else None
+
+    def sessions(self) -> dict[str, ClientSession]:
+        raw = self.r.hgetall(key_presence())
+        return {k.decode(): ClientSession.model_validate_json(v) for k, v in raw.items()}
+
+    def silent(self) -> list[ClientSession]:
+        """Connected clients whose heartbeat key expired or belongs to another session."""
+        sessions = list(self.sessions().values())
+        if not sessions:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for s in sessions:
+            pipe.get(client_key(s.client_id, CLIENT_HEARTBEAT))
+        beats = pipe.execute()
+        return [s for s, beat in zip(sessions, beats, strict=True)
+                if beat is None or beat.decode() != s.session_id]
+
+    def view(self, user: str | None, session_client: str | None) -> Presence:
+        clients = tuple(
+            ClientView(client_id=s.client_id, user=s.user, tools=frozenset(t.name for t in s.tools))
+            for s in self.sessions().values()
+        )
+        return Presence(session_client=session_client, user=user, clients=clients)

@@ -1,0 +1,167 @@
+"""Periodic repairs and user cancels (layer: brain, glue around the scheduler).
+
+The store is the record (DESIGN.md decision 6); these sweeps make Redis agree with it:
+re-send queued work no queue holds, expire work parked past its ``max_wait``,
+re-list parked tasks a crash left unlisted, and advance trees a crash left idle.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from brain.models import TaskRecord, TaskState, TreeRecord
+from brain.clientwork import ClientWork
+from brain.parked import ParkedRef, owner_of
+from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
+from brain.validation import resolve_args
+from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue, key_parked, key_requeueing
+
+log = logging.getLogger("vancetope.brain")
+
+
+class Sweeps:
+    def __init__(self, scheduler: Scheduler, clients: ClientWork) -> None:
+        self.s = scheduler
+        self.clients = clients
+
+    def run_once(self) -> list[str]:
+        """One full sweep. Returns the ids of tasks re-sent."""
+        resent = self.resend_lost()
+        self.expire_parked()
+        self.relist_parked()
+        self.finish_requeues()
+        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
+        for tree_id in {r.tree_id for r in self.s.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)}:
+            self.s.advance(tree_id)
+        return resent
+
+    # --- lost messages -----------------------------------------------------------------
+    def resend_lost(self) -> list[str]:
+        """Queued tasks no queue, worker or outbox holds get a new run id and are sent again,
+        so a late original is ignored rather than recorded twice."""
+        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
+        stale = self.s.store.tasks_in_states({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT},
+                                             updated_before=cutoff)
+        held: dict[str | None, set[str]] = {}
+        resent: list[str] = []
+        for rec in stale:
+            cid = _client_of(rec)
+            if cid not in held:
+                held[cid] = (self.s.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE]) if cid is None
+                             else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid))
+            if rec.run_id not in held[cid] and self._resend(rec, cid):
+                resent.append(rec.task_id)
+        return resent
+
+    def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
+        tree_rec = self.s.store.get_tree(rec.tree_id)
+        if tree_rec is None:
+            return False
+        if rec.attempt >= self.s.settings.max_deliveries + 2:
+            error = ErrorInfo(type="LostTooOften", data={"task": rec.task_id, "tool": rec.tool},
+                              message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
+                              "between the brain and its worker; gave up. Check the worker logs.")
+            return self.s.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error)
+        if client_id is not None and self.s.presence.session(client_id) is None:
+            # Its client is gone: treat it like work taken back on disconnect.
+            reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
+            return self.s.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at)
+        attempt = rec.attempt + 1
+        now = self.s.clock()
+        moved = self.s.store.transition(
+            rec.tree_id, rec.task_id, from_states={rec.state}, expect_run_id=rec.run_id,
+            run_id=new_run_id(rec.tree_id, rec.task_id, attempt), attempt=attempt, queued_at=now, updated_at=now,
+        )
+        if moved is None:
+            return False
+        spec = tree_rec.tree.task(rec.task_id)
+        records = self.s.records(rec.tree_id)
+        args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
+        tool = self.s.tool_spec(moved.tool, client_id)
+        if tool is None:
+            return self.s.finish_without_run(moved, TaskState.FAILED, f"Tool unknown: {moved.tool}", {moved.state})
+        log.warning("task %s of tree %s was queued but nothing held run %s: re-sent as run %s",
+                    rec.task_id, rec.tree_id, rec.run_id, moved.run_id)
+        self.s.publish(self.s.call(spec, moved, tool, args, client_id))
+        self.s.hot.notify(rec.tree_id)
+        return True
+
+    # --- parked work ----------------------------------------------------------------------
+    def expire_parked(self) -> list[str]:
+        """Parked past ``max_wait_s`` (tool's, else the default): a clear final state."""
+        now = self.s.clock()
+        expired: list[str] = []
+        for rec in self.s.store.tasks_in_states(PARKED):
+            spec = self.s.registry.tools.get(rec.tool)
+            max_wait = (spec.max_wait_s if spec else None) or self.s.settings.max_wait_s
+            if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
+                continue
+            reason = (f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
+                      f"(max_wait_s {max_wait:g})")
+            if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+                expired.append(rec.task_id)
+                self.s.advance(rec.tree_id)
+        return expired
+
+    def relist_parked(self) -> int:
+        """Parked tasks that no parked or requeueing list names (a crash between the store
+        write and the list push) are listed again; then clients get their requeue."""
+        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
+        parked = self.s.store.tasks_in_states(PARKED, updated_before=cutoff)
+        if not parked:
+            return 0
+        listed = self._listed_refs()
+        relisted = 0
+        for rec in parked:
+            if (rec.tree_id, rec.task_id) in listed:
+                continue
+            tree_rec = self.s.store.get_tree(rec.tree_id)
+            if tree_rec is not None and self._relist(tree_rec, rec):
+                relisted += 1
+        return relisted
+
+    def _relist(self, tree_rec: TreeRecord, rec: TaskRecord) -> bool:
+        owner = owner_of(tree_rec.user, tree_rec.client_id)
+        self.s.parked.park(ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner,
+                                     parked_at=rec.queued_at or self.s.clock()))
+        return True
+
+    def _listed_refs(self) -> set[tuple[str, str]]:
+        r = self.s.hot.r
+        refs: set[tuple[str, str]] = set()
+        for pattern in (key_parked("*"), key_requeueing("*")):
+            for key in r.scan_iter(match=pattern, count=500):
+                for raw in r.lrange(key, 0, -1):
+                    ref = ParkedRef.model_validate_json(raw)
+                    refs.add((ref.tree_id, ref.task_id))
+        return refs
+
+    def finish_requeues(self) -> None:
+        """Finish requeues a crash interrupted, for clients still connected."""
+        for cid in self.s.parked.requeueing_clients():
+            if self.s.presence.session(cid) is not None:
+                self.clients.requeue(cid)
+
+    # --- cancel ----------------------------------------------------------------------------
+    def cancel(self, tree_id: str, task_id: str | None = None) -> list[str]:
+        """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled);
+        runs in flight are added to the cancelled set their worker checks before starting,
+        which an offline client reads when it comes back."""
+        cancelled: list[str] = []
+        for rec in self.s.store.get_tasks(tree_id):
+            if task_id is not None and rec.task_id != task_id:
+                continue
+            if rec.state not in NOT_FINAL:
+                continue
+            if self.s.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
+                cancelled.append(rec.task_id)
+                if rec.run_id:
+                    self.s.hot.cancel_runs([rec.run_id], _client_of(rec))
+        self.s.advance(tree_id)
+        return cancelled
+
+
+def _client_of(rec: TaskRecord) -> str | None:
+    if rec.route.startswith("client:"):
+        return rec.route.split(":", 1)[1].split(" ", 1)[0]
+    return None

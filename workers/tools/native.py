@@ -1,0 +1,304 @@
+"""Native tools of a client agent (layer: workers).
+
+One job: the tools a client agent runs without any MCP server (seed 000 §2: file
+read/write, directory listing, git status, shell execution), each a ``BuiltinTool`` of
+type ``native`` with a JSON input schema, confined to a ``Sandbox`` of root folders.
+
+Every path is resolved with realpath (symlinks followed) and must land inside one root,
+so ``..`` and symlinks pointing out of a root are refused. Failures raise ``ToolFailed``
+subclasses, which ``workers.execute`` turns into failed results with these messages.
+``shell_execute`` only confines its working directory: the command itself runs with
+the user's rights, which is why it is off unless the agent's config turns it on.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from workers.contracts import ToolDescriptor, ToolType
+from workers.errors import ToolFailed, ToolTimeout
+from workers.tools.builtin import BuiltinContext, BuiltinTool
+
+DEFAULT_MAX_READ_BYTES = 1_000_000
+MAX_LIST_ENTRIES = 10_000
+SHELL_OUTPUT_CAP = 64 * 1024
+SHELL_DISABLED = (
+    "shell_execute is disabled on this client agent; set shell_enabled = true in its config to allow it"
+)
+
+
+class SandboxViolation(ToolFailed):
+    """A path outside every sandbox root (after resolving ``..`` and symlinks)."""
+
+
+class Sandbox:
+    """Root folders a native tool may touch; relative paths are taken from the first root."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]]) -> None:
+        self.roots: tuple[Path, ...] = tuple(Path(os.path.realpath(root)) for root in roots)
+
+    def describe(self) -> str:
+        return "[" + ", ".join(str(root) for root in self.roots) + "]"
+
+    def resolve(self, tool: str, path: str) -> Path:
+        """The real path of ``path``, or SandboxViolation naming the tool, the path and the roots."""
+        given = Path(path).expanduser()
+        if not given.is_absolute():
+            if not self.roots:
+                raise self._violation(tool, path, None)
+            given = self.roots[0] / given
+        real = Path(os.path.realpath(given))
+        if not any(real == root or real.is_relative_to(root) for root in self.roots):
+            raise self._violation(tool, path, real)
+        return real
+
+    def _violation(self, tool: str, path: str, real: Path | None) -> SandboxViolation:
+        message = f"{tool}: path {path!r} is outside the sandbox roots {self.describe()}"
+        if real is not None and str(real) != os.path.normpath(path):
+            message += f" (it resolves to {str(real)!r})"
+        return SandboxViolation(message, tool=tool, path=path, roots=[str(r) for r in self.roots])
+
+
+def _descriptor(name: str, description: str, properties: dict[str, Any], required: list[str]) -> ToolDescriptor:
+    schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    return ToolDescriptor(name=name, type=ToolType.NATIVE, description=description, input_schema=schema)
+
+
+def _fail(tool: str, path: str, exc: OSError) -> ToolFailed:
+    reason = exc.strerror or str(exc)
+    return ToolFailed(f"{tool}: {path!r}: {reason}", tool=tool, path=path)
+
+
+# --- read_local_file / write_local_file / list_directory ------------------------------------
+
+
+def _read_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
+    tool, path = "read_local_file", args["path"]
+    real = sandbox.resolve(tool, path)
+    max_bytes = int(args.get("max_bytes", DEFAULT_MAX_READ_BYTES))
+    if real.is_dir():
+        raise ToolFailed(f"{tool}: {path!r} is a directory; use list_directory", tool=tool, path=path)
+    try:
+        # O_NOFOLLOW: a symlink swapped in after the check must not be followed out of the sandbox.
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as handle:
+            size = os.fstat(fd).st_size
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise _fail(tool, path, exc) from exc
+    body = data[:max_bytes]
+    value: dict[str, Any] = {"path": str(real), "size": size, "truncated": len(data) > max_bytes}
+    try:
+        value.update(encoding="utf-8", content=body.decode("utf-8"))
+    except UnicodeDecodeError:
+        value.update(encoding="base64", content=base64.b64encode(body).decode("ascii"))
+    return value
+
+
+def _write_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
+    tool, path = "write_local_file", args["path"]
+    real = sandbox.resolve(tool, path)
+    data = args["content"].encode("utf-8")
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise _fail(tool, path, exc) from exc
+    return {"path": str(real), "bytes": len(data)}
+
+
+def _list_directory(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
+    tool, path = "list_directory", args["path"]
+    real = sandbox.resolve(tool, path)
+    try:
+        with os.scandir(real) as scan:
+            entries = sorted(scan, key=lambda entry: entry.name)
+    except NotADirectoryError:
+        raise ToolFailed(f"{tool}: {path!r} is not a directory", tool=tool, path=path) from None
+    except OSError as exc:
+        raise _fail(tool, path, exc) from exc
+    listed = [_entry(entry) for entry in entries[:MAX_LIST_ENTRIES]]
+    return {"path": str(real), "entries": listed, "truncated": len(entries) > MAX_LIST_ENTRIES}
+
+
+def _entry(entry: os.DirEntry[str]) -> dict[str, Any]:
+    if entry.is_symlink():
+        kind = "symlink"
+    elif entry.is_dir():
+        kind = "dir"
+    elif entry.is_file():
+        kind = "file"
+    else:
+        kind = "other"
+    try:
+        size = entry.stat(follow_symlinks=False).st_size if kind == "file" else None
+    except OSError:
+        size = None
+    return {"name": entry.name, "type": kind, "size": size}
+
+
+# --- git_status ----------------------------------------------------------------------------------
+
+
+def _git_status(sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext) -> dict[str, Any]:
+    tool, path = "git_status", args["path"]
+    real = sandbox.resolve(tool, path)
+    if not real.is_dir():
+        raise ToolFailed(f"{tool}: {path!r} is not a directory", tool=tool, path=path)
+    root = next(r for r in sandbox.roots if real == r or real.is_relative_to(r))
+    env = {
+        **os.environ,
+        # Git must not find a repository above the sandbox root and report on it.
+        "GIT_CEILING_DIRECTORIES": str(root.parent),
+        "GIT_OPTIONAL_LOCKS": "0",
+        "LC_ALL": "C",
+    }
+    # core.fsmonitor names a program git would run: a repository's config must not run code here.
+    argv = ["git", "-c", "core.fsmonitor=false", "status", "--porcelain=v1", "-b"]
+    proc = _run_bounded(tool, argv, real, env, min(timeout_s, ctx.remaining()), shell=False)
+    if proc.returncode != 0:
+        err = proc.stderr.decode("utf-8", "replace").strip()
+        if "not a git repository" in err:
+            raise ToolFailed(f"{tool}: {path!r} is not inside a git repository", tool=tool, path=path)
+        raise ToolFailed(f"{tool}: git status failed in {path!r} (exit {proc.returncode}): {err}", tool=tool)
+    return _parse_porcelain(str(real), proc.stdout.decode("utf-8", "replace"))
+
+
+def _parse_porcelain(path: str, output: str) -> dict[str, Any]:
+    lines = output.splitlines()
+    branch = lines[0][3:] if lines and lines[0].startswith("## ") else ""
+    entries = [{"status": line[:2], "path": line[3:]} for line in lines if line and not line.startswith("## ")]
+    return {"path": path, "branch": branch, "entries": entries, "clean": not entries}
+
+
+# --- shell_execute -------------------------------------------------------------------------------
+
+
+def _shell_execute(sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext) -> dict[str, Any]:
+    tool = "shell_execute"
+    if "cwd" in args:
+        cwd = sandbox.resolve(tool, args["cwd"])
+    elif sandbox.roots:
+        cwd = sandbox.roots[0]
+    else:
+        raise ToolFailed(f"{tool}: this client agent has no sandbox roots to run in", tool=tool)
+    timeout = min(float(args.get("timeout_s", timeout_s)), ctx.remaining())
+    proc = _run_bounded(tool, args["command"], cwd, dict(os.environ), timeout, shell=True)
+    out, err = proc.stdout, proc.stderr
+    return {
+        "exit_code": proc.returncode,
+        "stdout": out[:SHELL_OUTPUT_CAP].decode("utf-8", "replace"),
+        "stderr": err[:SHELL_OUTPUT_CAP].decode("utf-8", "replace"),
+        "truncated": len(out) > SHELL_OUTPUT_CAP or len(err) > SHELL_OUTPUT_CAP,
+        "cwd": str(cwd),
+    }
+
+
+def _shell_disabled(args: dict[str, Any], ctx: BuiltinContext) -> Any:
+    raise ToolFailed(SHELL_DISABLED, tool="shell_execute")
+
+
+def _run_bounded(
+    tool: str, argv: str | list[str], cwd: Path, env: dict[str, str], timeout: float, *, shell: bool
+) -> subprocess.CompletedProcess[bytes]:
+    """Run in its own process group so a timeout kills the command and everything it started."""
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        raise ToolFailed(f"{tool}: cannot start {argv!r}: {exc.strerror or exc}", tool=tool) from exc
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 0.001))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise ToolTimeout(f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+# --- table -------------------------------------------------------------------------------------------
+
+_PATH = {"type": "string", "minLength": 1, "description": "absolute, or relative to the first sandbox root"}
+
+
+def native_tools(sandbox: Sandbox, shell_enabled: bool, default_timeout_s: float = 30.0) -> dict[str, BuiltinTool]:
+    """Every native tool, by name. With ``shell_enabled`` false, ``shell_execute`` is a stub that
+    fails with ``SHELL_DISABLED`` (the caller decides whether to announce it)."""
+
+    def shell(args: dict[str, Any], ctx: BuiltinContext) -> Any:
+        return _shell_execute(sandbox, default_timeout_s, args, ctx)
+
+    tools = [
+        BuiltinTool(
+            _descriptor(
+                "read_local_file",
+                "Read a file inside the client's sandbox roots; returns {path, size, encoding "
+                "(utf-8|base64), content, truncated}.",
+                {"path": _PATH, "max_bytes": {"type": "integer", "minimum": 1, "maximum": 100_000_000}},
+                ["path"],
+            ),
+            lambda args, ctx: _read_local_file(sandbox, args),
+        ),
+        BuiltinTool(
+            _descriptor(
+                "write_local_file",
+                "Write UTF-8 text to a file inside the client's sandbox roots (parents are created); "
+                "returns {path, bytes}.",
+                {"path": _PATH, "content": {"type": "string"}},
+                ["path", "content"],
+            ),
+            lambda args, ctx: _write_local_file(sandbox, args),
+        ),
+        BuiltinTool(
+            _descriptor(
+                "list_directory",
+                "List a directory inside the client's sandbox roots; returns {path, entries: "
+                "[{name, type, size}], truncated}.",
+                {"path": _PATH},
+                ["path"],
+            ),
+            lambda args, ctx: _list_directory(sandbox, args),
+        ),
+        BuiltinTool(
+            _descriptor(
+                "git_status",
+                "`git status --porcelain=v1 -b` of a repository inside the client's sandbox roots; "
+                "returns {path, branch, entries: [{status, path}], clean}.",
+                {"path": _PATH},
+                ["path"],
+            ),
+            lambda args, ctx: _git_status(sandbox, default_timeout_s, args, ctx),
+        ),
+        BuiltinTool(
+            _descriptor(
+                "shell_execute",
+                "Run a shell command on the client (working directory inside the sandbox roots; the "
+                "command has the user's rights); returns {exit_code, stdout, stderr, truncated, cwd}.",
+                {
+                    "command": {"type": "string", "minLength": 1},
+                    "cwd": _PATH,
+                    "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 86_400},
+                },
+                ["command"],
+            ),
+            shell if shell_enabled else _shell_disabled,
+        ),
+    ]
+    return {tool.descriptor.name: tool for tool in tools}
