@@ -23,9 +23,9 @@ from rich.live import Live
 from rich.table import Table
 
 from brain.config import Settings, load_settings
-from brain.display import progress, task_table, trees_table
+from brain.display import clients_table, progress, task_table, trees_table
 from brain.errors import BrainError, ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree, StackNotRunning
-from brain.models import SessionKind, TreeStatus
+from brain.models import SessionKind, TaskRecord, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
 from brain.service import Brain
@@ -85,24 +85,31 @@ def _fail(message: str, code: int) -> None:
 @click.option("--client", "client_id", help="Interactive session bound to this client agent.")
 @click.option("--autonomous/--interactive", default=None,
               help="Session kind (default: interactive with --client, else autonomous).")
+@click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
+@click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
 @click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds.")
 @click.pass_obj
 def run(settings: Settings, tree_file: Path, client_id: str | None, autonomous: bool | None,
-        timeout: float | None) -> None:
+        user: str | None, no_agent: bool, timeout: float | None) -> None:
     """Run TREE_FILE to the end with a live progress display, then print every task.
 
     Uses a stack started by `vancetope up` (or VANCETOPE_REDIS_URL); without one it
-    starts the embedded stack for the length of the run. Exits 0 only if every task is done.
+    starts the embedded stack — with its local client agent unless --no-agent — for the
+    length of the run. Tasks waiting for an offline client show as blocked or
+    pending_client and run when it connects. Exits 0 only if every task is done.
     """
     tree = _load_tree_or_exit(tree_file)
     session = SessionKind.AUTONOMOUS if (autonomous or (autonomous is None and not client_id)) \
         else SessionKind.INTERACTIVE
+    if no_agent:
+        settings = settings.model_copy(update={"agent_config": None})
     try:
         with _stack(settings) as url:
             brain = Brain.connect(settings, url)
             try:
                 _validate_or_exit(tree, brain.scheduler.registry, tree_file)
-                record = brain.scheduler.submit(tree, session=session, client_id=client_id)
+                record = brain.scheduler.submit(tree, session=session, client_id=client_id,
+                                                user=user or settings.user)
                 status = _watch(brain, record.tree_id, timeout)
             finally:
                 brain.close()
@@ -138,7 +145,7 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
                 tree_rec = brain.store.get_tree(tree_id)
                 assert tree_rec is not None
                 records = brain.store.get_tasks(tree_id)
-                running = brain.hot.running(tree_id)
+                running = brain.hot.running(tree_id, _clients_of(records))
                 live.update(progress(tree_rec, records, running))
                 if tree_rec.status is not TreeStatus.RUNNING:
                     break
@@ -152,10 +159,15 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
         pubsub.close()
     tree_rec = brain.store.get_tree(tree_id)
     assert tree_rec is not None
-    console.print(task_table(tree_rec, brain.store.get_tasks(tree_id), brain.hot.running(tree_id)))
+    records = brain.store.get_tasks(tree_id)
+    console.print(task_table(tree_rec, records, brain.hot.running(tree_id, _clients_of(records))))
     if tree_rec.status is TreeStatus.RUNNING:
         return None
     return tree_rec.status
+
+
+def _clients_of(records: list[TaskRecord]) -> set[str]:
+    return {r.route.split(":", 1)[1].split(" ")[0] for r in records if r.route.startswith("client:")}
 
 
 @cli.command()
@@ -216,9 +228,12 @@ def status(settings: Settings, tree_id: str | None) -> None:
 
 @cli.command()
 @click.option("--flower", is_flag=True, help="Also start Flower on 127.0.0.1:5555.")
+@click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
 @click.pass_obj
-def up(settings: Settings, flower: bool) -> None:
+def up(settings: Settings, flower: bool, no_agent: bool) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`."""
+    if no_agent:
+        settings = settings.model_copy(update={"agent_config": None})
     stack = EmbeddedStack(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -253,6 +268,65 @@ def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
     stack.services.append(Service("flower", argv, proc, log_path))
+
+
+@contextlib.contextmanager
+def _running_brain(settings: Settings) -> Iterator[Brain]:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        _fail("no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK)
+    assert url is not None
+    try:
+        brain = Brain.connect(settings, url)
+    except StackNotRunning as exc:
+        _fail(str(exc), EXIT_STACK)
+        raise
+    try:
+        yield brain
+    finally:
+        brain.close()
+
+
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def clients(ctx: click.Context) -> None:
+    """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with _running_brain(ctx.obj) as brain:
+        book = brain.scheduler.presence
+        console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
+
+
+@clients.command("enroll")
+@click.argument("client_id")
+@click.option("--user", required=True, help="The user this client belongs to.")
+@click.pass_obj
+def clients_enroll(settings: Settings, client_id: str, user: str) -> None:
+    """Allow CLIENT_ID (a client agent of USER) to connect and take that user's client work."""
+    with _running_brain(settings) as brain:
+        try:
+            brain.scheduler.presence.enroll(client_id, user)
+        except ValueError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+    console.print(f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}")
+
+
+@cli.command()
+@click.argument("tree_id")
+@click.argument("task_id", required=False)
+@click.pass_obj
+def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
+    """Cancel TREE_ID (or only its TASK_ID): unfinished tasks end as skipped (cancelled by user).
+
+    Parked work is cancelled too; a run already sent to an offline client is never started
+    when that client comes back.
+    """
+    with _running_brain(settings) as brain:
+        if brain.store.get_tree(tree_id) is None:
+            _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
+        done = brain.sweeps.cancel(tree_id, task_id)
+    console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")
 
 
 @cli.command()

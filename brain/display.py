@@ -78,3 +78,17 @@ def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]])
         table.add_row(t.tree_id, t.status.value, t.session.value, ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
                       time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)))
     return table
+
+
+def clients_table(enrolled: Mapping[str, Any], sessions: Mapping[str, Any], waiting: Mapping[str, int]) -> Table:
+    """Enrolled clients, their sessions and tools, and the parked work each could take."""
+    table = Table(title="client agents", title_justify="left")
+    for col in ("client", "user", "state", "type", "tools", "waiting for it"):
+        table.add_column(col, overflow="fold")
+    for cid, enrollment in sorted(enrolled.items()):
+        session = sessions.get(cid)
+        tools = ", ".join(sorted(t.name for t in session.tools)) if session else ""
+        wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
+        table.add_row(cid, enrollment.user, Text("connected", style="green") if session else Text("offline", style="dim"),
+                      session.client_type.value if session else "", tools, str(wait) if wait else "")
+    return table

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,9 @@ import redis
 from brain.config import Settings
 from brain.errors import StackNotRunning
 from brain.hotstate import HotState
+from brain.presence import PresenceBook
 from brain.redis_server import RedisServer
+from workers.contracts import key_registry
 
 STACK_FILE = "stack.json"
 
@@ -41,11 +44,22 @@ def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
 
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
-    return [
+    services = [
         ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo")),
         ("server-pool", celery_argv("workers.server_worker", "server", "server@%h",
                                     "-c", str(settings.server_concurrency))),
     ]
+    if settings.agent_config:
+        services.append(("client-agent", [sys.executable, "-m", "client_agent", "run",
+                                          "--config", str(settings.agent_config)]))
+    return services
+
+
+def agent_identity(agent_config: Path) -> tuple[str, str]:
+    """(client_id, user) of a client agent config, read as plain TOML: the brain never
+    imports the agent package (DESIGN.md: brain -> workers <- client_agent)."""
+    table = tomllib.loads(agent_config.read_text()).get("agent", {})
+    return str(table["client_id"]), str(table["user"])
 
 
 @dataclass
@@ -65,7 +79,12 @@ class EmbeddedStack:
         data = self.settings.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         self.redis = RedisServer(data / "redis").start()
-        HotState.from_url(self.redis.url).r.delete("vt:registry")  # a stale snapshot is not readiness
+        hot = HotState.from_url(self.redis.url)
+        hot.r.delete(key_registry())  # a stale snapshot is not readiness
+        if self.settings.agent_config and (self.only is None or "client-agent" in self.only):
+            client_id, user = agent_identity(self.settings.agent_config)
+            PresenceBook(hot.r).enroll(client_id, user)
+        hot.close()
         for name, _ in service_argvs(self.settings):
             if self.only is None or name in self.only:
                 self.start_service(name)
@@ -143,6 +162,7 @@ def stack_env(settings: Settings, redis_url: str) -> dict[str, str]:
     MCP servers installed beside Vancetope (e.g. ``mcp-server-time``) are found by name."""
     bin_dir = os.path.dirname(sys.executable)
     return {**os.environ, **settings.to_env(), "VANCETOPE_REDIS_URL": redis_url,
+            "VANCETOPE_AGENT_BROKER_URL": redis_url,
             "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
 
 

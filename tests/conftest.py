@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from brain.config import Settings, load_settings
 from brain.models import TaskTree, TreeRecord, TreeStatus
+from brain.redis_server import RedisServer
 from brain.service import Brain
 from brain.stack import EmbeddedStack
 
@@ -116,3 +118,34 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
 
 def tree(data: dict[str, Any]) -> TaskTree:
     return TaskTree.model_validate(data)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def brain_on_redis(tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Brain]:
+    """A brain wired to a real Redis and a SQLite store, with no workers: for tests that
+    drive the scheduler directly and read what it published."""
+    from brain.registry import RegistrySnapshot
+    from brain.treefile import load_registry, merge_registry, spec_from_descriptor
+    from brain.models import Location
+    from workers.tools.builtin import builtin_descriptors
+
+    builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
+    registry = RegistrySnapshot(tools=merge_registry(builtins, load_registry(EXAMPLES / "registry.yaml")))
+    brain = Brain.connect(make_settings(tmp_path), redis_server.url, registry)
+    yield brain
+    brain.close()

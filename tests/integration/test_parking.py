@@ -1,0 +1,233 @@
+"""Blocked and pending-client work in a real Redis: parking, requeue on connect, take-back
+on disconnect, expiry, cancel, and what the brain refuses from clients.
+
+The brain runs in-process here (no Celery worker): the test plays the client agent by
+writing to its outbox the way the agent does, and reads the client's queue the way
+kombu stores it. The real agent subprocess is exercised in test_client_path.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from brain.models import SessionKind, TaskState
+from brain.relay import Relay
+from brain.service import Brain
+from tests.conftest import tree
+from workers.contracts import (
+    CLIENT_ACK,
+    CLIENT_HEARTBEAT,
+    CLIENT_OUTBOX,
+    SERVER_QUEUE,
+    AnnouncementAck,
+    ClientConnected,
+    ClientToolResult,
+    ToolDescriptor,
+    ToolResult,
+    ToolType,
+    client_key,
+    client_queue,
+    key_cancelled,
+)
+
+pytestmark = pytest.mark.integration
+
+READ = ToolDescriptor(name="read_local_file", type=ToolType.NATIVE,
+                      input_schema={"type": "object", "properties": {"path": {"type": "string"}}})
+LIST = ToolDescriptor(name="list_directory", type=ToolType.NATIVE)
+
+
+def connected(client_id: str, session: str = "s1", tools: tuple[ToolDescriptor, ...] = (READ, LIST)) -> bytes:
+    return ClientConnected(client_id=client_id, session_id=session, available_tools=list(tools),
+                           sent_at=time.time()).model_dump_json().encode()
+
+
+def connect(brain: Brain, client_id: str, session: str = "s1") -> AnnouncementAck:
+    brain.hot.r.set(client_key(client_id, CLIENT_HEARTBEAT), session, ex=60)
+    Relay(brain.scheduler, brain.clients).handle(client_id, connected(client_id, session))
+    return AnnouncementAck.model_validate_json(brain.hot.r.get(client_key(client_id, CLIENT_ACK)))
+
+
+def queued_task_ids(brain: Brain, client_id: str) -> list[str]:
+    """Task ids in the client's queue, in the order the agent will take them (kombu pops the tail)."""
+    raw = brain.hot.r.lrange(client_key(client_id, client_queue(client_id)), 0, -1)
+    return [json.loads(m)["headers"]["id"].split(".")[-3] for m in reversed(raw)]
+
+
+def reads(n: int, tree_id: str = "t") -> dict:
+    return {"id": tree_id, "tasks": [{"id": f"r{i}", "tool": "read_local_file", "args": {"path": f"f{i}"}}
+                                     for i in range(n)]}
+
+
+def states(brain: Brain, tree_id: str) -> dict[str, TaskState]:
+    return {t.task_id: t.state for t in brain.store.get_tasks(tree_id)}
+
+
+def test_client_tool_blocks_in_an_interactive_session_while_server_tasks_go_on(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree({"id": "mix", "tasks": [
+        {"id": "read", "tool": "read_local_file", "args": {"path": "notes.txt"}},
+        {"id": "shout", "tool": "text_transform", "args": {"op": "upper", "text": "hi"}},
+    ]}), session=SessionKind.INTERACTIVE, client_id="laptop")
+    read = brain.store.get_task(rec.tree_id, "read")
+    assert read.state is TaskState.BLOCKED
+    assert read.reason == "Waiting for Client for Tool: read_local_file"
+    assert brain.store.get_task(rec.tree_id, "shout").state is TaskState.QUEUED_SERVER
+    assert brain.hot.r.llen(SERVER_QUEUE) == 1
+
+
+def test_client_tool_is_pending_client_in_an_autonomous_session(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.AUTONOMOUS, user="ada")
+    task = brain.store.get_task(rec.tree_id, "r0")
+    assert task.state is TaskState.PENDING_CLIENT
+    assert task.reason.startswith("Queued for Client: read_local_file")
+
+
+def test_connect_requeues_parked_tasks_in_order_on_the_clients_own_queue(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree(reads(5)), user="ada")
+    assert set(states(brain, rec.tree_id).values()) == {TaskState.PENDING_CLIENT}
+    ack = connect(brain, "laptop")
+    assert ack.accepted and ack.tools == 2
+    assert set(states(brain, rec.tree_id).values()) == {TaskState.QUEUED_CLIENT}
+    assert queued_task_ids(brain, "laptop") == ["r0", "r1", "r2", "r3", "r4"]
+    assert brain.hot.r.llen(SERVER_QUEUE) == 0
+    assert all(t.route == "client:laptop" for t in brain.store.get_tasks(rec.tree_id))
+
+
+def test_work_goes_to_another_client_of_the_same_user_never_to_another_users(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    for cid, user in (("desk", "ada"), ("cli", "ada"), ("bobs", "bob")):
+        brain.scheduler.presence.enroll(cid, user)
+    connect(brain, "bobs")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="desk")
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.BLOCKED  # bob's client is not ada's
+    connect(brain, "cli")  # ada's other client
+    assert brain.store.get_task(rec.tree_id, "r0").route == "client:cli"
+    assert queued_task_ids(brain, "cli") == ["r0"] and queued_task_ids(brain, "bobs") == []
+
+
+def test_disconnect_takes_back_unstarted_calls_as_pending_client_and_running_ones_by_strategy(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(2)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    # Play kombu: the agent reserved r0 (moved to its unacked hash) and then vanished.
+    qkey = client_key("laptop", client_queue("laptop"))
+    raw = brain.hot.r.rpop(qkey)
+    brain.hot.r.hset(client_key("laptop", "unacked"), "tag1", json.dumps([json.loads(raw), "", "x"]))
+    r0_run = brain.store.get_task(rec.tree_id, "r0").run_id
+    brain.clients.on_disconnected("laptop", "s1", "test")
+    assert states(brain, rec.tree_id) == {"r0": TaskState.BLOCKED, "r1": TaskState.PENDING_CLIENT}
+    assert brain.hot.r.llen(qkey) == 0 and brain.hot.r.hlen(client_key("laptop", "unacked")) == 0
+    assert brain.hot.r.sismember(client_key("laptop", key_cancelled()), r0_run)
+    connect(brain, "laptop", session="s2")
+    assert sorted(queued_task_ids(brain, "laptop")) == ["r0", "r1"]
+    r0 = brain.store.get_task(rec.tree_id, "r0")
+    assert r0.attempt == 2 and r0.run_id != r0_run
+    # the old run's late result is ignored; the new one is recorded once
+    late = ToolResult(run_id=r0_run, tree_id=rec.tree_id, task_id="r0", tool="read_local_file", ok=True,
+                      value="old", client_id="laptop", started_at=0, finished_at=0)
+    assert brain.scheduler.on_result(late, from_client="laptop") is False
+    fresh = late.model_copy(update={"run_id": r0.run_id, "value": "new"})
+    assert brain.scheduler.on_result(fresh, from_client="laptop") is True
+    assert brain.scheduler.on_result(fresh, from_client="laptop") is False
+    assert brain.store.get_task(rec.tree_id, "r0").result == "new"
+
+
+def test_concurrent_connects_and_disconnects_never_lose_or_duplicate_a_task(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree(reads(40)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    errors: list[BaseException] = []
+
+    def flap(n: int) -> None:
+        try:
+            for i in range(15):
+                connect(brain, "laptop", session=f"s{n}-{i}")
+                brain.clients.on_disconnected("laptop", None, "flap")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=flap, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    connect(brain, "laptop", session="final")
+    brain.clients.requeue("laptop")
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert {t.state for t in tasks} == {TaskState.QUEUED_CLIENT}
+    queue = queued_task_ids(brain, "laptop")
+    assert sorted(queue) == sorted(t.task_id for t in tasks)  # each exactly once
+    # and each message carries the run id the store expects
+    raw = brain.hot.r.lrange(client_key("laptop", client_queue("laptop")), 0, -1)
+    assert {json.loads(m)["headers"]["id"] for m in raw} == {t.run_id for t in tasks}
+
+
+def test_parked_work_past_max_wait_expires_with_a_clear_reason(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(tree(reads(1)), user="ada")
+    brain.scheduler.settings = brain.scheduler.settings.model_copy(update={"max_wait_s": 0.01})
+    time.sleep(0.05)  # the wait being measured, not a readiness wait
+    assert brain.sweeps.expire_parked() == ["r0"]
+    task = brain.store.get_task(rec.tree_id, "r0")
+    assert task.state is TaskState.EXPIRED
+    assert "for a client with tool 'read_local_file' (max_wait_s 0.01)" in task.reason
+    assert brain.store.get_tree(rec.tree_id).status.value == "failed"
+
+
+def test_a_cancelled_parked_task_never_runs_after_reconnect(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree(reads(2)), user="ada")
+    assert brain.sweeps.cancel(rec.tree_id, "r0") == ["r0"]
+    connect(brain, "laptop")
+    assert queued_task_ids(brain, "laptop") == ["r1"]
+    r0 = brain.store.get_task(rec.tree_id, "r0")
+    assert (r0.state, r0.reason) == (TaskState.SKIPPED, "cancelled by user")
+
+
+def test_relay_refuses_bad_announcements_with_a_reason_the_agent_can_read(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    relay = Relay(brain.scheduler, brain.clients)
+
+    def ack(cid: str) -> AnnouncementAck:
+        return AnnouncementAck.model_validate_json(brain.hot.r.get(client_key(cid, CLIENT_ACK)))
+
+    relay.handle("stranger", connected("stranger"))
+    assert not ack("stranger").accepted
+    assert "not enrolled; run `vancetope clients enroll stranger --user NAME`" in ack("stranger").reason
+    brain.scheduler.presence.enroll("laptop", "ada")
+    relay.handle("laptop", connected("mallory"))  # claims another id through its own outbox
+    assert ack("laptop").reason == "announcement names client 'mallory' but came through 'laptop''s outbox"
+    relay.handle("laptop", b'{"type": "client_connected", "session_id": "s9", "client_id": 7}')
+    assert ack("laptop").session_id == "s9" and ack("laptop").reason.startswith("malformed announcement: ")
+    relay.handle("laptop", b"x" * (relay.max_bytes + 1))  # oversized: dropped
+    relay.handle("laptop", b"not json")  # dropped, nothing to ack
+    assert brain.scheduler.presence.sessions() == {}
+
+
+def test_a_result_from_a_client_the_task_was_not_routed_to_is_refused(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    for cid in ("laptop", "other"):
+        brain.scheduler.presence.enroll(cid, "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    task = brain.store.get_task(rec.tree_id, "r0")
+    forged = ToolResult(run_id=task.run_id, tree_id=rec.tree_id, task_id="r0", tool="read_local_file", ok=True,
+                        value="forged", client_id="other", started_at=0, finished_at=0)
+    brain.hot.r.lpush(client_key("other", CLIENT_OUTBOX),
+                      ClientToolResult(client_id="other", result=forged).model_dump_json())
+    assert Relay(brain.scheduler, brain.clients).poll_once(["other"])
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
