@@ -65,7 +65,9 @@ class Sandbox:
         return SandboxViolation(message, tool=tool, path=path, roots=[str(r) for r in self.roots])
 
 
-def _descriptor(name: str, description: str, properties: dict[str, Any], required: list[str]) -> ToolDescriptor:
+def _descriptor(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> ToolDescriptor:
     schema = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
     return ToolDescriptor(name=name, type=ToolType.NATIVE, description=description, input_schema=schema)
 
@@ -148,7 +150,9 @@ def _entry(entry: os.DirEntry[str]) -> dict[str, Any]:
 # --- git_status ----------------------------------------------------------------------------------
 
 
-def _git_status(sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext) -> dict[str, Any]:
+def _git_status(
+    sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext
+) -> dict[str, Any]:
     tool, path = "git_status", args["path"]
     real = sandbox.resolve(tool, path)
     if not real.is_dir():
@@ -175,14 +179,18 @@ def _git_status(sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: B
 def _parse_porcelain(path: str, output: str) -> dict[str, Any]:
     lines = output.splitlines()
     branch = lines[0][3:] if lines and lines[0].startswith("## ") else ""
-    entries = [{"status": line[:2], "path": line[3:]} for line in lines if line and not line.startswith("## ")]
+    entries = [
+        {"status": line[:2], "path": line[3:]} for line in lines if line and not line.startswith("## ")
+    ]
     return {"path": path, "branch": branch, "entries": entries, "clean": not entries}
 
 
 # --- shell_execute -------------------------------------------------------------------------------
 
 
-def _shell_execute(sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext) -> dict[str, Any]:
+def _shell_execute(
+    sandbox: Sandbox, timeout_s: float, args: dict[str, Any], ctx: BuiltinContext
+) -> dict[str, Any]:
     tool = "shell_execute"
     if "cwd" in args:
         cwd = sandbox.resolve(tool, args["cwd"])
@@ -221,7 +229,9 @@ def _run_bounded(
         out, err = proc.communicate(timeout=max(timeout, 0.001))
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        raise ToolTimeout(f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool) from None
+        raise ToolTimeout(
+            f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
+        ) from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
@@ -238,7 +248,9 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 _PATH = {"type": "string", "minLength": 1, "description": "absolute, or relative to the first sandbox root"}
 
 
-def native_tools(sandbox: Sandbox, shell_enabled: bool, default_timeout_s: float = 30.0) -> dict[str, BuiltinTool]:
+def native_tools(
+    sandbox: Sandbox, shell_enabled: bool, default_timeout_s: float = 30.0
+) -> dict[str, BuiltinTool]:
     """Every native tool, by name. With ``shell_enabled`` false, ``shell_execute`` is a stub that
     fails with ``SHELL_DISABLED`` (the caller decides whether to announce it)."""
 

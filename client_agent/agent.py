@@ -1,0 +1,236 @@
+"""One client agent process (layer: client_agent).
+
+One job: compose the pieces - policy and native tools, the user's MCP servers, the
+announcer and heartbeat, the Celery worker on the client's own queue - and run them
+until SIGTERM/SIGINT. Tool calls run through ``workers.tasks.register``, the same task
+as on the server pool; results go to this client's outbox as ``ClientToolResult``.
+
+Shutdown order: stop consuming (running tasks finish), say ``ClientDisconnected``,
+delete the heartbeat, then stop the MCP servers (tasks needed them until the end).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import uuid
+
+import redis
+
+from client_agent.announce import Announcer, Heartbeat, encode_announcement
+from client_agent.channel import AgentChannel, connect_redis
+from client_agent.config import AgentConfig
+from client_agent.errors import AgentError, AnnouncementTooLarge
+from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
+from client_agent.policy import Policy
+from client_agent.worker import install_signal_handlers, make_agent_app, make_worker
+from workers.contracts import ClientDisconnected, ClientToolResult, ToolDescriptor, ToolResult, client_queue
+from workers.mcp_clients import MCPClientManager
+from workers.tasks import register
+
+log = logging.getLogger("vancetope.agent")
+
+_JOIN_S = 5.0
+_GOODBYE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+
+
+def new_session_id() -> str:
+    return f"sess_{uuid.uuid4().hex}"
+
+
+class Agent:
+    """A client agent: ``run()`` blocks until a signal, then shuts down cleanly."""
+
+    def __init__(self, config: AgentConfig, session_id: str | None = None) -> None:
+        self.config = config
+        self.session_id = session_id or new_session_id()
+        self.policy = Policy.from_config(config)
+        self.native = self.policy.native()
+        self._mcp = MCPTools()
+        self._mcp_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stop_reason = "graceful shutdown"
+        self._closed = False
+        self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
+        self.app = make_agent_app(config)
+        register(
+            self.app, sink=self.deliver, mcp=self.mcp_manager, native=self.native, client_id=config.client_id
+        )
+        self.announcer = Announcer(
+            self.channel, self.session_id, self.announcement, self._stop, config.ack_timeout_s
+        )
+        self._threads: list[threading.Thread] = []
+
+    # --- what the agent offers ----------------------------------------------------------
+
+    def available_tools(self) -> list[ToolDescriptor]:
+        with self._mcp_lock:
+            mcp_tools = list(self._mcp.tools)
+        return self.policy.announced_native() + mcp_tools
+
+    def announcement(self) -> str:
+        body, stripped = self._encode(self.available_tools())
+        if stripped:
+            log.warning("the announcement was too large; tool descriptions were left out")
+        return body
+
+    def _encode(self, tools: list[ToolDescriptor]) -> tuple[str, bool]:
+        cfg = self.config
+        return encode_announcement(cfg.client_id, self.session_id, cfg.client_type, tools, time.time())
+
+    def mcp_manager(self) -> MCPClientManager | None:
+        with self._mcp_lock:
+            return self._mcp.manager
+
+    def load_mcp(self) -> MCPTools:
+        return load_mcp_tools(self.config.mcp_json, self.policy, self.native, self.config.default_timeout_s)
+
+    def reload_mcp(self) -> None:
+        """mcp.json changed: start the new servers, check the new set can be announced, swap, announce."""
+        log.info("%s changed; reloading the MCP servers", self.config.mcp_json)
+        fresh = self.load_mcp()
+        try:
+            self._encode(self.policy.announced_native() + fresh.tools)
+        except AnnouncementTooLarge as exc:
+            log.error("keeping the previous MCP servers: %s", exc)
+            fresh.close()
+            return
+        with self._mcp_lock:
+            # A reload that finishes after shutdown must not leave its servers running.
+            closing = self._closed
+            if not closing:
+                old, self._mcp = self._mcp, fresh
+        if closing:
+            fresh.close()
+            return
+        log.info("reloaded mcp.json: %s; announcing again", tool_changes(old.tools, fresh.tools))
+        self.announcer.request()
+        old.close()
+
+    # --- results ---------------------------------------------------------------------------
+
+    def deliver(self, result: ToolResult) -> None:
+        """The run_tool sink: the result goes to this client's outbox for the brain."""
+        log.info("%s", describe_result(result))
+        self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Blocking: serve until SIGTERM/SIGINT; the exit code (0 after a graceful stop)."""
+        install_signal_handlers(self._on_signal)
+        try:
+            self.start()
+            return self._consume()
+        except BaseException as exc:
+            self._stop_reason = f"agent error: {type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.shutdown()
+
+    def start(self) -> None:
+        """Discover tools and start the announcer, heartbeat and mcp.json watcher (not the worker)."""
+        cfg = self.config
+        log.info(
+            "client agent %s (user %s, session %s) starting; broker %s, queue %s",
+            cfg.client_id,
+            cfg.user,
+            self.session_id,
+            redact_url(cfg.broker_url),
+            client_queue(cfg.client_id),
+        )
+        mcp = self.load_mcp()
+        with self._mcp_lock:
+            self._mcp = mcp
+        tools = self.available_tools()
+        self.announcement()  # fail loudly now if the tools cannot be announced at all
+        log.info("announcing %d tools: %s", len(tools), ", ".join(t.name for t in tools))
+        heartbeat = Heartbeat(
+            self.channel, self.session_id, cfg.heartbeat_interval_s, cfg.heartbeat_ttl_s, self._stop
+        )
+        self._threads = [heartbeat, self.announcer]
+        if cfg.mcp_json is not None:
+            self._threads.append(FileWatcher(cfg.mcp_json, self.reload_mcp, self._stop))
+        for thread in self._threads:
+            thread.start()
+        self.announcer.request()
+
+    def _consume(self) -> int:
+        if self._stop.is_set():
+            return 0
+        worker = make_worker(self.app, self.config, self.config.log_level)
+        log.info("consuming queue %s as %s", client_queue(self.config.client_id), worker.hostname)
+        worker.start()
+        log.info("stopped consuming (%s)", self._stop_reason)
+        code = worker.exitcode
+        return 0 if code is None else int(code)
+
+    def _on_signal(self, signum: int) -> None:
+        if not self._stop.is_set():
+            self._stop_reason = f"shutdown ({signal.Signals(signum).name})"
+        self._stop.set()
+
+    def shutdown(self) -> None:
+        """Idempotent: stop the threads, say goodbye, drop the heartbeat, stop the MCP servers."""
+        self._stop.set()
+        with self._mcp_lock:
+            if self._closed:
+                return
+            self._closed = True
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(_JOIN_S)
+        if self._threads:  # only an agent that said hello says goodbye
+            self._say_goodbye()
+        with self._mcp_lock:
+            mcp, self._mcp = self._mcp, MCPTools()
+        mcp.close()
+        self.channel.client.close()
+        log.info("client agent %s stopped (%s)", self.config.client_id, self._stop_reason)
+
+    def _say_goodbye(self) -> None:
+        goodbye = ClientDisconnected(
+            client_id=self.config.client_id,
+            session_id=self.session_id,
+            reason=self._stop_reason,
+            sent_at=time.time(),
+        )
+        try:
+            self.channel.send(goodbye, retry_delays=_GOODBYE_RETRY_DELAYS_S)
+            self.channel.clear_heartbeat()
+        except (AgentError, redis.RedisError) as exc:
+            log.warning("could not say goodbye to the brain (%s); it will notice the heartbeat expire", exc)
+        else:
+            log.info("said goodbye to the brain (session %s)", self.session_id)
+
+
+def describe_result(result: ToolResult) -> str:
+    """One log line per tool run."""
+    head = f"ran {result.tool} for task {result.task_id} (run {result.run_id})"
+    took = result.finished_at - result.started_at
+    if result.ok or result.error is None:
+        return f"{head}: ok in {took:.2f}s"
+    return f"{head}: failed in {took:.2f}s: {result.error.type}: {result.error.message}"
+
+
+def tool_changes(old: list[ToolDescriptor], new: list[ToolDescriptor]) -> str:
+    """'added a, b; removed c' (or 'same tools'), for the reload log."""
+    before, after = {t.name for t in old}, {t.name for t in new}
+    parts = []
+    if added := sorted(after - before):
+        parts.append(f"added {', '.join(added)}")
+    if removed := sorted(before - after):
+        parts.append(f"removed {', '.join(removed)}")
+    return "; ".join(parts) or f"same {len(after)} MCP tools"
+
+
+def redact_url(url: str) -> str:
+    """The broker URL without its password, for logs."""
+    head, sep, tail = url.partition("@")
+    if not sep or "//" not in head:
+        return url
+    scheme, _, userinfo = head.partition("//")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}//{user}:***@{tail}" if ":" in userinfo else url

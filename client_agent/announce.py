@@ -1,0 +1,216 @@
+"""Telling the brain this agent is here (layer: client_agent).
+
+One job: the presence side of the protocol. ``encode_announcement`` (pure) builds the
+``ClientConnected`` JSON within the brain's size cap; the ``Announcer`` thread pushes it
+on connect and whenever the tools change, waits (bounded) for the brain's
+``AnnouncementAck`` and retries with exponential backoff until one is accepted; the
+``Heartbeat`` thread keeps ``heartbeat`` alive with a TTL, so an agent that dies
+without saying goodbye disappears on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from client_agent.channel import AgentChannel
+from client_agent.errors import AnnouncementTooLarge
+from workers.contracts import (
+    MAX_ANNOUNCED_TOOLS,
+    MAX_ANNOUNCEMENT_BYTES,
+    AnnouncementAck,
+    ClientConnected,
+    ClientType,
+    ToolDescriptor,
+)
+
+log = logging.getLogger("vancetope.agent.announce")
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 30.0
+_ACK_POLL_S = 0.1
+
+
+def retry_delay(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): base, 2*base, 4*base, ... capped."""
+    return float(min(cap, base * 2.0 ** min(attempt, 32)))
+
+
+def encode_announcement(
+    client_id: str,
+    session_id: str,
+    client_type: ClientType,
+    tools: Sequence[ToolDescriptor],
+    sent_at: float,
+    max_bytes: int = MAX_ANNOUNCEMENT_BYTES,
+) -> tuple[str, bool]:
+    """The ``ClientConnected`` JSON and whether descriptions had to be dropped to fit ``max_bytes``.
+
+    Descriptions go first (tool descriptions, then those inside input schemas): the brain can
+    route without them, not without names and schemas. Still too big: AnnouncementTooLarge.
+    """
+    if len(tools) > MAX_ANNOUNCED_TOOLS:
+        raise AnnouncementTooLarge(
+            f"{len(tools)} tools to announce, over the brain's limit of {MAX_ANNOUNCED_TOOLS}; "
+            "narrow allowed_tools in the agent config or remove servers from mcp.json"
+        )
+    attempts = (list(tools), [_without_descriptions(t, schema=False) for t in tools],
+                [_without_descriptions(t, schema=True) for t in tools])  # fmt: skip
+    for stripped, candidate in enumerate(attempts):
+        message = ClientConnected(
+            client_id=client_id, session_id=session_id, client_type=client_type,
+            available_tools=candidate, sent_at=sent_at,
+        )  # fmt: skip
+        body = message.model_dump_json()
+        if len(body.encode("utf-8")) <= max_bytes:
+            return body, stripped > 0
+    raise AnnouncementTooLarge(_too_large(tools, len(body.encode("utf-8")), max_bytes))
+
+
+def _without_descriptions(tool: ToolDescriptor, *, schema: bool) -> ToolDescriptor:
+    update: dict[str, Any] = {"description": ""}
+    if schema:
+        update["input_schema"] = _strip(tool.input_schema)
+    return tool.model_copy(update=update)
+
+
+def _strip(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip(v) for k, v in node.items() if not (k == "description" and isinstance(v, str))}
+    if isinstance(node, list):
+        return [_strip(item) for item in node]
+    return node
+
+
+def _too_large(tools: Sequence[ToolDescriptor], size: int, cap: int) -> str:
+    biggest = sorted(tools, key=lambda t: len(t.model_dump_json()), reverse=True)[:3]
+    named = ", ".join(f"{t.name} ({len(t.model_dump_json())} bytes)" for t in biggest)
+    return (
+        f"the announcement of {len(tools)} tools is {size} bytes even without descriptions, over the "
+        f"brain's cap of {cap} bytes (largest: {named}); narrow allowed_tools or mcp.json"
+    )
+
+
+class Announcer(threading.Thread):
+    """Pushes ``ClientConnected`` when asked, until the brain accepts it (backoff capped at 30 s)."""
+
+    def __init__(
+        self,
+        channel: AgentChannel,
+        session_id: str,
+        build: Callable[[], str],
+        stop: threading.Event,
+        ack_timeout_s: float,
+        backoff: Callable[[int], float] = retry_delay,
+    ) -> None:
+        super().__init__(name="vancetope-announcer", daemon=True)
+        self.channel = channel
+        self.session_id = session_id
+        self.build = build
+        self.stop = stop
+        self.ack_timeout_s = ack_timeout_s
+        self.backoff = backoff
+        self._wanted = threading.Event()
+        self.accepted = threading.Event()
+
+    def request(self) -> None:
+        """Announce (again) as soon as possible: the tools changed or the agent just started."""
+        self.accepted.clear()
+        self._wanted.set()
+
+    def run(self) -> None:
+        attempt = 0
+        while not self.stop.is_set():
+            if not self._wanted.wait(0.2):
+                continue
+            self._wanted.clear()
+            if self._announce_once():
+                attempt = 0
+                continue
+            delay = self.backoff(attempt)
+            attempt += 1
+            log.info("announcing again in %gs", delay)
+            self._pause(delay)
+            self._wanted.set()  # the retry, or the newer tool set that cut the pause short
+
+    def _pause(self, delay: float) -> None:
+        """Wait up to ``delay``; a stop or a new request (tools changed) ends it early."""
+        deadline = time.monotonic() + delay
+        while not self.stop.is_set() and not self._wanted.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.stop.wait(min(0.2, left))
+
+    def _announce_once(self) -> bool:
+        """True when done (accepted, or nothing to retry); False to retry after a backoff."""
+        try:
+            body = self.build()
+        except AnnouncementTooLarge as exc:
+            log.error("cannot announce: %s", exc)
+            return True  # nothing to retry until the tools change
+        try:
+            self.channel.announce(body)
+            ack = self._wait_for_ack(self.session_id)
+        except redis.RedisError as exc:
+            log.warning("announcing failed: cannot reach the broker (%s)", exc)
+            return False
+        except Exception:
+            # A dead announcer thread would leave the brain without this agent's tools for good.
+            log.exception("announcing failed unexpectedly")
+            return False
+        return self._judge(ack)
+
+    def _wait_for_ack(self, session_id: str) -> AnnouncementAck | None:
+        deadline = time.monotonic() + self.ack_timeout_s
+        while time.monotonic() < deadline and not self.stop.is_set():
+            ack = self.channel.read_ack()
+            if ack is not None and ack.session_id == session_id:
+                return ack
+            self.stop.wait(_ACK_POLL_S)
+        return None
+
+    def _judge(self, ack: AnnouncementAck | None) -> bool:
+        if ack is None:
+            if not self.stop.is_set():
+                log.warning("the brain did not acknowledge the announcement within %gs", self.ack_timeout_s)
+            return self.stop.is_set()
+        if not ack.accepted:
+            log.warning("the brain rejected the announcement: %s", ack.reason or "(no reason given)")
+            return False
+        log.info("the brain accepted the announcement (%d tools registered)", ack.tools)
+        self.accepted.set()
+        return True
+
+
+class Heartbeat(threading.Thread):
+    """``SET heartbeat <session_id> PX ttl`` every interval; the brain reads a missing key as gone."""
+
+    def __init__(
+        self, channel: AgentChannel, session_id: str, interval_s: float, ttl_s: float, stop: threading.Event
+    ) -> None:
+        super().__init__(name="vancetope-heartbeat", daemon=True)
+        self.channel = channel
+        self.session_id = session_id
+        self.interval_s = interval_s
+        self.ttl_s = ttl_s
+        self.stop = stop
+
+    def run(self) -> None:
+        failing = False
+        while not self.stop.is_set():
+            try:
+                self.channel.beat(self.session_id, self.ttl_s)
+                if failing:
+                    log.info("heartbeat restored")
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the heartbeat thread must outlive any one failure
+                if not failing:  # once per outage, not every two seconds
+                    log.warning("heartbeat failed: %s (retrying every %gs)", exc, self.interval_s)
+                failing = True
+            self.stop.wait(self.interval_s)

@@ -1,0 +1,82 @@
+"""The client agent's own keys on the broker (layer: client_agent).
+
+One job: the agent's side of the client <-> brain protocol in Redis, and nothing
+beyond it. Every key is ``client_keyprefix(client_id) + name`` from
+``workers.contracts``; no KEYS/SCAN, no pub/sub, no unprefixed key, so a Redis ACL
+``~c:<id>:*`` is all this agent needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+from pydantic import BaseModel, ValidationError
+
+from client_agent.errors import BrokerUnavailable
+from workers.contracts import CLIENT_ACK, CLIENT_HEARTBEAT, CLIENT_OUTBOX, AnnouncementAck, client_keyprefix
+
+log = logging.getLogger("vancetope.agent.channel")
+
+# A result must survive a short network blip; past this, the task fails and the brain's
+# reconciler owns it.
+SEND_RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def connect_redis(broker_url: str) -> redis.Redis:
+    """A redis-py client for the agent's own keys; timeouts so no call hangs on a dead network."""
+    return redis.Redis.from_url(
+        broker_url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=15
+    )
+
+
+class AgentChannel:
+    """Outbox, acknowledgement and heartbeat of one client, under its key prefix."""
+
+    def __init__(self, client: redis.Redis, client_id: str) -> None:
+        self.client = client
+        self.client_id = client_id
+        self.prefix = client_keyprefix(client_id)
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def send(self, message: BaseModel, retry_delays: tuple[float, ...] = SEND_RETRY_DELAYS_S) -> None:
+        """LPUSH a message to the outbox, retrying a lost connection a bounded number of times."""
+        body = message.model_dump_json()
+        for delay in (*retry_delays, None):
+            try:
+                self.client.lpush(self.key(CLIENT_OUTBOX), body)
+                return
+            except redis.RedisError as exc:
+                if delay is None:
+                    raise BrokerUnavailable(
+                        f"could not write to the outbox {self.key(CLIENT_OUTBOX)!r}: {exc}"
+                    ) from exc
+                log.warning("writing to the outbox failed (%s); retrying in %gs", exc, delay)
+                time.sleep(delay)
+
+    def announce(self, body: str) -> None:
+        """Clear the previous ack and push the announcement in one transaction, so an ack read
+        afterwards answers this announcement (or a later one), never an older one."""
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(self.key(CLIENT_ACK))
+        pipe.lpush(self.key(CLIENT_OUTBOX), body)
+        pipe.execute()
+
+    def read_ack(self) -> AnnouncementAck | None:
+        raw = self.client.get(self.key(CLIENT_ACK))
+        if raw is None:
+            return None
+        try:
+            return AnnouncementAck.model_validate_json(raw)
+        except ValidationError as exc:
+            log.error("ignoring an acknowledgement that is not an AnnouncementAck: %s", exc)
+            return None
+
+    def beat(self, session_id: str, ttl_s: float) -> None:
+        self.client.set(self.key(CLIENT_HEARTBEAT), session_id, px=max(1, int(ttl_s * 1000)))
+
+    def clear_heartbeat(self) -> None:
+        self.client.delete(self.key(CLIENT_HEARTBEAT))

@@ -1,0 +1,198 @@
+"""The client agent's settings (layer: client_agent).
+
+One job: read the ``[agent]`` table of a TOML file, then ``VANCETOPE_AGENT_<NAME>``
+environment overrides, into a frozen ``AgentConfig``. Paths in the file are relative to
+the file (not to wherever the agent is started); paths in the environment are relative
+to the current directory. Every error names the file (or variable) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from client_agent.errors import AgentConfigError
+from workers.contracts import ClientType, client_queue
+
+ENV_PREFIX = "VANCETOPE_AGENT_"
+TABLE = "agent"
+_PATH_FIELDS = ("data_dir", "mcp_json")
+_LIST_FIELDS = ("sandbox_roots", "allowed_tools")
+
+
+class WorkerPool(StrEnum):
+    THREADS = "threads"
+    SOLO = "solo"
+
+
+class AgentConfig(BaseModel):
+    """Everything one client agent needs; read once and passed down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str
+    user: str = Field(min_length=1)
+    client_type: ClientType = ClientType.DESKTOP
+    broker_url: str
+    # Reserved for the agent's own state (enrollment credentials); nothing is written there yet.
+    data_dir: Path = Path(".vancetope-agent")
+    sandbox_roots: tuple[Path, ...] = ()
+    mcp_json: Path | None = None
+    shell_enabled: bool = False
+    # None: every tool; else glob patterns matched against "name" and "mcp_server/name".
+    allowed_tools: tuple[str, ...] | None = None
+    concurrency: int = Field(default=2, ge=1, le=64)
+    pool: WorkerPool = WorkerPool.THREADS
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    heartbeat_ttl_s: float = Field(default=6.0, gt=0)
+    # Bounds local steps that have no bound of their own: MCP server start and listing,
+    # git_status, shell_execute without timeout_s.
+    default_timeout_s: float = Field(default=30.0, gt=0)
+    ack_timeout_s: float = Field(default=10.0, gt=0)
+    log_level: str = "INFO"
+
+    @field_validator("client_id")
+    @classmethod
+    def _valid_client_id(cls, value: str) -> str:
+        client_queue(value)  # raises ValueError with the rule
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {value!r}")
+        return value.upper()
+
+    @field_validator("broker_url")
+    @classmethod
+    def _valid_broker_url(cls, value: str) -> str:
+        return check_broker_url(value)
+
+    @field_validator("sandbox_roots")
+    @classmethod
+    def _roots_are_directories(cls, roots: tuple[Path, ...]) -> tuple[Path, ...]:
+        for root in roots:
+            if not root.is_dir():
+                raise ValueError(f"{str(root)!r} is not an existing directory")
+        return roots
+
+    @field_validator("heartbeat_ttl_s")
+    @classmethod
+    def _ttl_outlives_interval(cls, ttl: float, info: ValidationInfo) -> float:
+        # A TTL at or below the interval lets the key expire between two beats: the brain
+        # would see this agent flap offline while it is fine.
+        interval = info.data.get("heartbeat_interval_s")
+        if interval is not None and ttl <= interval:
+            raise ValueError(f"must be greater than heartbeat_interval_s ({interval:g}), got {ttl:g}")
+        return ttl
+
+    @field_validator("data_dir", "mcp_json", "sandbox_roots", mode="before")
+    @classmethod
+    def _absolute(cls, value: Any) -> Any:
+        # Paths from the environment are relative to the current directory; fix them now,
+        # not at first use after some chdir.
+        if isinstance(value, str):
+            return Path(value).expanduser().absolute()
+        if isinstance(value, list | tuple):
+            return [Path(v).expanduser().absolute() if isinstance(v, str) else v for v in value]
+        return value
+
+
+def check_broker_url(url: str) -> str:
+    """Only Redis; ``rediss://`` must check certificates (RELIABILITY.md: by default it silently does not)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise ValueError(f"must be a redis:// or rediss:// URL with a host, got {url!r}")
+    if parts.scheme == "rediss":
+        reqs = parse_qs(parts.query).get("ssl_cert_reqs", [""])[0].lower()
+        if reqs not in ("required", "cert_required"):
+            raise ValueError(
+                "a rediss:// URL must end with ?ssl_cert_reqs=required so the certificate is checked"
+            )
+    return url
+
+
+def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> AgentConfig:
+    """The ``[agent]`` table of ``path``, then ``VANCETOPE_AGENT_*`` from ``environ`` (default os.environ)."""
+    env = os.environ if environ is None else environ
+    file = Path(path)
+    values, sources = _file_values(file)
+    for name, (raw, var) in _env_values(env).items():
+        values[name] = raw
+        sources[name] = f"{var} (environment)"
+    values.setdefault("data_dir", str(file.resolve().parent / ".vancetope-agent"))
+    try:
+        return AgentConfig.model_validate(values)
+    except ValidationError as exc:
+        raise _config_error(exc, sources, str(file)) from exc
+
+
+def _file_values(file: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    source = str(file)
+    try:
+        doc = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AgentConfigError(source, "", f"cannot read the agent config: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise AgentConfigError(source, "", f"not valid TOML: {exc}") from exc
+    table = doc.get(TABLE)
+    if not isinstance(table, dict):
+        raise AgentConfigError(source, "", f"missing the [{TABLE}] table")
+    base = file.resolve().parent
+    values = {name: _relative_to(base, name, value) for name, value in table.items()}
+    return values, {name: f"{source}: [{TABLE}]" for name in table}
+
+
+def _relative_to(base: Path, name: str, value: Any) -> Any:
+    if name in _PATH_FIELDS and isinstance(value, str):
+        return str(base / Path(value).expanduser())
+    if name == "sandbox_roots" and isinstance(value, list):
+        return [str(base / Path(v).expanduser()) if isinstance(v, str) else v for v in value]
+    return value
+
+
+def _env_values(env: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    found: dict[str, tuple[Any, str]] = {}
+    for name in AgentConfig.model_fields:
+        var = ENV_PREFIX + name.upper()
+        raw = env.get(var)
+        if raw in (None, ""):
+            continue
+        found[name] = (_parse_list(var, raw) if name in _LIST_FIELDS else raw, var)
+    return found
+
+
+def _parse_list(var: str, raw: str) -> list[Any]:
+    """A JSON list, or comma-separated values."""
+    if raw.lstrip().startswith("["):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise AgentConfigError(f"{var} (environment)", "", f"not a JSON list: {exc.msg}") from exc
+        if not isinstance(value, list):
+            raise AgentConfigError(f"{var} (environment)", "", "must be a JSON list")
+        return value
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _config_error(exc: ValidationError, sources: Mapping[str, str], default_source: str) -> AgentConfigError:
+    err = exc.errors()[0]
+    loc = [str(part) for part in err["loc"]]
+    field = loc[0] if loc else ""
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(AgentConfig.model_fields)
+        message = f"unknown field (known fields: {known})"
+    elif err["type"] == "missing":
+        message = "is required"
+    source = sources.get(field, f"{default_source}: [{TABLE}]")
+    return AgentConfigError(source, ".".join(loc) or "(config)", message)

@@ -1,0 +1,54 @@
+"""Errors of the client agent (layer: client_agent).
+
+One job: name every way the agent can fail. ``AgentError`` is the root; a failure
+that happens while a tool runs also derives from ``workers.errors.ToolFailed`` so the
+executor turns it into a failed ``ToolResult`` with this message and fields, and the
+brain sees a tool failure, not a crashed worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workers.errors import ToolFailed
+
+
+class AgentError(Exception):
+    """Root of every error the client agent raises."""
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data = data
+
+
+class AgentConfigError(AgentError):
+    """The agent's config cannot be used; the message names the file (or env var) and the field."""
+
+    def __init__(self, source: str, field: str, problem: str) -> None:
+        where = f"{source}: {field}" if field else source
+        super().__init__(f"{where}: {problem}", source=source, field=field)
+        self.source = source
+        self.field = field
+
+
+class AnnouncementTooLarge(AgentError):
+    """The tool announcement does not fit the brain's limits even without descriptions."""
+
+
+class PolicyViolation(AgentError, ToolFailed):
+    """A call the local policy refuses (a tool outside ``allowed_tools``, an unannounced MCP tool).
+
+    Derives from ``ToolFailed`` so a refused call is a failed result, not a worker crash.
+    """
+
+    def __init__(self, tool: str, path: str | None, why: str) -> None:
+        message = f"{tool}: {why}" if path is None else f"{tool}: path {path!r}: {why}"
+        ToolFailed.__init__(self, message, tool=tool, path=path, why=why)
+        self.tool = tool
+        self.path = path
+        self.why = why
+
+
+class BrokerUnavailable(AgentError):
+    """The agent could not write to its broker after bounded retries."""

@@ -1,0 +1,203 @@
+"""The user's ``mcp.json`` on a workstation (layer: client_agent).
+
+One job: turn the user's ``mcpServers`` file into running MCP servers and the list of
+their tools this agent offers, and notice when the file changes. A bad file, a command
+that does not exist or a server that dies on start never stops the agent: it is
+reported (with the server's stderr tail) and the rest is offered.
+
+Name clashes: a native tool wins over an MCP tool of the same name; between MCP servers
+the first in file order wins. Only the (server, tool) pairs that were offered can be
+called (``GuardedMCPManager``), so a shadowed or refused tool is not reachable either.
+Relative paths inside the file (a stdio server's ``cwd``, its arguments) are taken from
+the file's folder: stdio servers without a ``cwd`` start there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client_agent.errors import PolicyViolation
+from client_agent.policy import Policy
+from workers.contracts import MCPServerFailure, ToolDescriptor
+from workers.errors import WorkerError
+from workers.mcp_clients import MCPClientManager
+from workers.mcp_config import MCPConfig, StdioServerSpec, load_mcp_config
+
+log = logging.getLogger("vancetope.agent.mcp")
+
+Pair = tuple[str, str]
+
+
+class GuardedMCPManager(MCPClientManager):
+    """An MCP client manager that runs only the (server, tool) pairs this agent announced."""
+
+    def __init__(self, config: MCPConfig, *, start_timeout: float) -> None:
+        super().__init__(config, start_timeout=start_timeout)
+        self._permitted: frozenset[Pair] = frozenset()
+        self._refused: dict[Pair, str] = {}
+
+    def permit(self, pairs: Iterable[Pair], refused: Mapping[Pair, str]) -> None:
+        self._permitted = frozenset(pairs)
+        self._refused = dict(refused)
+
+    def connect(self, server: str) -> None:
+        if not any(name == server for name, _ in self._permitted):
+            why = (
+                "MCP server is not running on this client agent "
+                "(it failed to start, or all its tools were left out)"
+            )
+            raise PolicyViolation(server, None, why)
+        super().connect(server)
+
+    def call_tool(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
+        if (server, tool) not in self._permitted:
+            why = self._refused.get(
+                (server, tool), f"is not offered by MCP server {server!r} on this client agent"
+            )
+            raise PolicyViolation(tool, None, why)
+        return super().call_tool(server, tool, args, timeout)
+
+
+@dataclass
+class MCPTools:
+    """The outcome of loading ``mcp.json``: the running servers and what they offer."""
+
+    manager: GuardedMCPManager | None = None
+    tools: list[ToolDescriptor] = field(default_factory=list)
+    failures: list[MCPServerFailure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Pure outcome of ``merge_tools``: what is offered, and why the rest is not."""
+
+    offered: list[ToolDescriptor]
+    refused: dict[Pair, str]
+    notes: list[str]
+
+
+def merge_tools(native: Iterable[str], discovered: Iterable[ToolDescriptor], policy: Policy) -> Merged:
+    """Native names win; then the first MCP server (in file order) to offer a name; then the policy."""
+    owner: dict[str, str] = {name: "the native tool" for name in native}
+    offered: list[ToolDescriptor] = []
+    refused: dict[Pair, str] = {}
+    notes: list[str] = []
+    for tool in discovered:
+        server = tool.mcp_server or "?"
+        if tool.name in owner:
+            why = f"is shadowed by {owner[tool.name]} of the same name"
+            refused[(server, tool.name)] = f"tool of MCP server {server!r} {why}"
+            notes.append(f"MCP tool {tool.name!r} of server {server!r} {why}; it is not offered")
+        elif not policy.allows(tool):
+            refused[(server, tool.name)] = str(policy.refusal(tool.name, server).why)
+        else:
+            owner[tool.name] = f"MCP server {server!r}"
+            offered.append(tool)
+    return Merged(offered, refused, notes)
+
+
+def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], timeout: float) -> MCPTools:
+    """Start the servers of ``path`` and list their tools; failures are reported, never raised."""
+    if path is None:
+        return MCPTools()
+    try:
+        config = localize(load_mcp_config(path), path.parent)
+    except WorkerError as exc:
+        failure = MCPServerFailure(server=path.name, message=exc.message)
+        log.error("MCP config %s cannot be used, offering no MCP tools: %s", path, exc.message)
+        return MCPTools(failures=[failure])
+    manager = GuardedMCPManager(config, start_timeout=timeout)
+    discovered, failures = manager.discover(timeout)
+    merged = merge_tools(native, discovered, policy)
+    manager.permit(((t.mcp_server or "", t.name) for t in merged.offered), merged.refused)
+    for failure in failures:
+        log.error("MCP server %r failed: %s%s", failure.server, failure.message, _tail(failure.stderr_tail))
+    for note in merged.notes:
+        log.warning("%s", note)
+    return MCPTools(manager, merged.offered, failures, merged.notes)
+
+
+def localize(config: MCPConfig, base: Path) -> MCPConfig:
+    """Stdio servers start in the file's folder (unless they say otherwise), and a command that is
+    not on PATH is looked up beside this interpreter (a venv's ``bin`` is often not on PATH)."""
+    servers = {
+        name: spec.model_copy(update={"cwd": _cwd(spec, base), "command": _command(spec.command)})
+        if isinstance(spec, StdioServerSpec)
+        else spec
+        for name, spec in config.servers.items()
+    }
+    return MCPConfig(source=config.source, servers=servers)
+
+
+def _cwd(spec: StdioServerSpec, base: Path) -> str:
+    return str(base / spec.cwd) if spec.cwd else str(base)
+
+
+def _command(command: str) -> str:
+    if os.sep in command or shutil.which(command):
+        return command
+    beside = Path(sys.executable).parent / command
+    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else command
+
+
+def _tail(stderr_tail: str) -> str:
+    return "; last stderr lines:\n" + stderr_tail if stderr_tail else ""
+
+
+# --- watching the file ------------------------------------------------------------------------
+
+Signature = tuple[int, int, int] | None
+
+
+def signature(path: Path) -> Signature:
+    """What changes when the file is edited, replaced or removed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class FileWatcher(threading.Thread):
+    """Polls a file and calls ``on_change`` once an edit has settled (a thread, not inotify:
+    the same on every platform, and a second of delay does not matter here)."""
+
+    def __init__(
+        self, path: Path, on_change: Callable[[], None], stop: threading.Event, interval_s: float = 1.0
+    ):
+        super().__init__(name="vancetope-mcp-json-watch", daemon=True)
+        self.path = path
+        self.on_change = on_change
+        self.stop = stop
+        self.interval_s = interval_s
+
+    def run(self) -> None:
+        last = signature(self.path)
+        while not self.stop.wait(self.interval_s):
+            current = signature(self.path)
+            if current == last or not self._settled(current):
+                continue
+            last = signature(self.path)
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("reloading %s failed; keeping the previous MCP servers", self.path)
+
+    def _settled(self, seen: Signature) -> bool:
+        # An editor may still be writing: wait a moment and require the same signature.
+        time.sleep(min(0.2, self.interval_s))
+        return signature(self.path) == seen

@@ -1,0 +1,181 @@
+"""client_agent.announce and .channel: announcement size rules (pure), and the announcer and
+heartbeat against a real redis-server, with the test playing the brain."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from client_agent.announce import Announcer, Heartbeat, encode_announcement, retry_delay
+from client_agent.channel import AgentChannel
+from client_agent.errors import AnnouncementTooLarge
+from workers.contracts import (
+    CLIENT_ACK,
+    CLIENT_HEARTBEAT,
+    CLIENT_MESSAGE,
+    CLIENT_OUTBOX,
+    MAX_ANNOUNCED_TOOLS,
+    AnnouncementAck,
+    ClientConnected,
+    ClientType,
+    ToolDescriptor,
+    ToolType,
+    client_key,
+)
+
+CID = "laptop"
+
+
+def tool(name: str, description: str = "", schema_note: str = "") -> ToolDescriptor:
+    schema = {"type": "object", "properties": {"path": {"type": "string", "description": schema_note}}}
+    return ToolDescriptor(name=name, type=ToolType.NATIVE, description=description, input_schema=schema)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "delay"), [(0, 1.0), (1, 2.0), (2, 4.0), (4, 16.0), (5, 30.0), (500, 30.0)]
+)
+def test_retry_delay_doubles_up_to_the_cap(attempt: int, delay: float) -> None:
+    assert retry_delay(attempt) == delay
+
+
+def test_small_announcement_keeps_descriptions() -> None:
+    body, stripped = encode_announcement(CID, "s1", ClientType.CLI, [tool("a", "reads")], sent_at=1.0)
+    message = ClientConnected.model_validate_json(body)
+    assert not stripped and message.available_tools[0].description == "reads"
+    assert (message.client_id, message.session_id, message.client_type, message.sent_at) == (
+        CID, "s1", ClientType.CLI, 1.0
+    )  # fmt: skip
+
+
+def test_descriptions_are_dropped_first_when_over_the_cap() -> None:
+    tools = [tool(f"t{i}", "x" * 500, schema_note="y" * 100) for i in range(10)]
+    body, stripped = encode_announcement(CID, "s1", ClientType.DESKTOP, tools, 1.0, max_bytes=4000)
+    message = ClientConnected.model_validate_json(body)
+    assert stripped and len(body) <= 4000
+    assert all(t.description == "" for t in message.available_tools)
+    assert message.available_tools[0].input_schema["properties"]["path"] == {
+        "type": "string",
+        "description": "y" * 100,
+    }
+
+
+def test_schema_descriptions_go_next() -> None:
+    tools = [tool(f"t{i}", "x" * 500, schema_note="y" * 300) for i in range(10)]
+    body, stripped = encode_announcement(CID, "s1", ClientType.DESKTOP, tools, 1.0, max_bytes=2000)
+    message = ClientConnected.model_validate_json(body)
+    assert stripped and message.available_tools[0].input_schema["properties"]["path"] == {"type": "string"}
+
+
+def test_too_large_even_without_descriptions_fails_loudly() -> None:
+    with pytest.raises(AnnouncementTooLarge) as info:
+        encode_announcement(
+            CID, "s1", ClientType.DESKTOP, [tool(f"tool_{i}") for i in range(50)], 1.0, max_bytes=500
+        )
+    assert "the announcement of 50 tools is" in str(info.value)
+    assert "over the brain's cap of 500 bytes (largest: tool_" in str(info.value)
+
+
+def test_too_many_tools_fails_loudly() -> None:
+    with pytest.raises(AnnouncementTooLarge, match=f"over the brain's limit of {MAX_ANNOUNCED_TOOLS}"):
+        encode_announcement(
+            CID, "s1", ClientType.DESKTOP, [tool(f"t{i}") for i in range(MAX_ANNOUNCED_TOOLS + 1)], 1.0
+        )
+
+
+# --- against a real redis-server -----------------------------------------------------------------
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def pop(r: redis.Redis, timeout: float = 10.0) -> object:
+    item = r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=timeout)
+    assert item is not None, f"nothing in the outbox within {timeout}s"
+    return CLIENT_MESSAGE.validate_json(item[1])
+
+
+def ack(r: redis.Redis, session_id: str, accepted: bool, reason: str = "") -> None:
+    body = AnnouncementAck(session_id=session_id, accepted=accepted, reason=reason, tools=1).model_dump_json()
+    r.set(client_key(CID, CLIENT_ACK), body)
+
+
+def start_announcer(redis_url: str, stop: threading.Event, ack_timeout_s: float = 5.0) -> Announcer:
+    channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
+
+    def build() -> str:
+        return encode_announcement(CID, "s1", ClientType.DESKTOP, [tool("read_local_file")], time.time())[0]
+
+    announcer = Announcer(channel, "s1", build, stop, ack_timeout_s, backoff=lambda attempt: 0.2)
+    announcer.start()
+    announcer.request()
+    return announcer
+
+
+def test_announcer_stops_once_the_brain_accepts(
+    redis_url: str, r: redis.Redis, stop: threading.Event
+) -> None:
+    announcer = start_announcer(redis_url, stop)
+    message = pop(r)
+    assert isinstance(message, ClientConnected) and message.session_id == "s1"
+    ack(r, "s1", accepted=True)
+    assert announcer.accepted.wait(5)
+    assert r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=1) is None
+
+
+def test_announcer_retries_after_a_rejection_and_after_silence(
+    redis_url: str, r: redis.Redis, stop: threading.Event
+) -> None:
+    announcer = start_announcer(redis_url, stop, ack_timeout_s=0.5)
+    assert isinstance(pop(r), ClientConnected)
+    ack(r, "s1", accepted=False, reason="registry is full")
+    assert isinstance(pop(r), ClientConnected)  # rejected: announced again
+    # The retry cleared the old (rejected) ack; nobody answers now, so it tries once more.
+    assert isinstance(pop(r), ClientConnected)
+    ack(r, "s1", accepted=True)
+    assert announcer.accepted.wait(5)
+
+
+def test_ack_for_another_session_is_not_taken(redis_url: str, r: redis.Redis, stop: threading.Event) -> None:
+    announcer = start_announcer(redis_url, stop, ack_timeout_s=0.5)
+    pop(r)
+    ack(r, "an-older-session", accepted=True)
+    assert not announcer.accepted.wait(0.3)
+    pop(r)  # no matching ack within the timeout: announced again
+
+
+def test_heartbeat_holds_the_session_with_a_ttl(
+    redis_url: str, r: redis.Redis, stop: threading.Event
+) -> None:
+    channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
+    Heartbeat(channel, "s1", interval_s=0.1, ttl_s=0.6, stop=stop).start()
+    key = client_key(CID, CLIENT_HEARTBEAT)
+    deadline = time.monotonic() + 5
+    while r.get(key) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.get(key) == b"s1" and 0 < r.pttl(key) <= 600
+    stop.set()
+    # Without beats the TTL runs out: what the brain reads as "gone".
+    deadline = time.monotonic() + 5
+    while r.exists(key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not r.exists(key)
+
+
+def test_channel_uses_only_keys_under_its_prefix(redis_url: str, r: redis.Redis) -> None:
+    channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
+    channel.announce(json.dumps({"x": 1}))
+    channel.beat("s1", 5)
+    channel.clear_heartbeat()
+    assert channel.read_ack() is None
+    r.set(client_key(CID, CLIENT_ACK), "not json")
+    assert channel.read_ack() is None
+    assert all(key.startswith(b"c:laptop:") for key in r.keys("*"))

@@ -1,0 +1,138 @@
+"""client_agent.mcp_json: the user's mcp.json with real MCP servers; broken ones never stop the agent."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client_agent.errors import PolicyViolation
+from client_agent.mcp_json import FileWatcher, load_mcp_tools, localize, merge_tools
+from client_agent.policy import Policy
+from tests.conftest import FIXTURES
+from workers.contracts import ToolDescriptor, ToolType
+from workers.mcp_config import StdioServerSpec, parse_mcp_config
+from workers.tools.native import Sandbox
+
+DEMO = {"command": sys.executable, "args": [str(FIXTURES / "mcp_demo_server.py")]}
+CRASH = {"command": sys.executable, "args": [str(FIXTURES / "mcp_crash_server.py")]}
+NATIVE = ["read_local_file", "git_status"]
+
+
+def mcp_tool(name: str, server: str) -> ToolDescriptor:
+    return ToolDescriptor(name=name, type=ToolType.MCP, mcp_server=server)
+
+
+def write(path: Path, servers: dict[str, Any]) -> Path:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return path
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Policy:
+    return Policy(Sandbox([tmp_path]))
+
+
+def test_merge_native_wins_then_first_server_then_policy(tmp_path: Path) -> None:
+    discovered = [
+        mcp_tool("git_status", "git"), mcp_tool("git_log", "git"),
+        mcp_tool("git_log", "mirror"), mcp_tool("secret", "mirror"),
+    ]  # fmt: skip
+    policy = Policy(Sandbox([tmp_path]), allowed_tools=("git_*",))
+    merged = merge_tools(NATIVE, discovered, policy)
+    assert [(t.mcp_server, t.name) for t in merged.offered] == [("git", "git_log")]
+    assert merged.refused == {
+        ("git", "git_status"): "tool of MCP server 'git' is shadowed by the native tool of the same name",
+        ("mirror", "git_log"): "tool of MCP server 'mirror' is shadowed by MCP server 'git' of the same name",
+        ("mirror", "secret"): "tool of MCP server 'mirror' is not allowed on this client agent "
+        "(allowed_tools: [git_*])",
+    }
+    assert merged.notes == [
+        "MCP tool 'git_status' of server 'git' is shadowed by the native tool of the same name; it is not offered",
+        "MCP tool 'git_log' of server 'mirror' is shadowed by MCP server 'git' of the same name; it is not offered",
+    ]
+
+
+def test_broken_servers_are_reported_and_the_rest_is_offered(tmp_path: Path, policy: Policy) -> None:
+    path = write(tmp_path / "mcp.json", {
+        "demo": DEMO, "missing": {"command": "no-such-mcp-server-xyz"}, "crash": CRASH, "second": DEMO,
+    })  # fmt: skip
+    mcp = load_mcp_tools(path, policy, NATIVE, timeout=20)
+    try:
+        assert {t.name for t in mcp.tools} == {"add", "fail", "slow", "big", "pid", "die"}
+        assert {t.mcp_server for t in mcp.tools} == {"demo"}  # "second" is shadowed by the first
+        failures = {f.server: f for f in mcp.failures}
+        assert set(failures) == {"missing", "crash"}
+        assert "command not found: no-such-mcp-server-xyz" in failures["missing"].message
+        assert "demo crash: missing API token" in failures["crash"].stderr_tail
+        assert mcp.manager is not None
+        assert mcp.manager.call_tool("demo", "add", {"a": 2, "b": 3}, timeout=10) == 5
+        with pytest.raises(PolicyViolation) as info:
+            mcp.manager.call_tool("second", "add", {"a": 2, "b": 3}, timeout=10)
+        assert (
+            str(info.value)
+            == "add: tool of MCP server 'second' is shadowed by MCP server 'demo' of the same name"
+        )
+        with pytest.raises(PolicyViolation, match="crash: MCP server is not running on this client agent"):
+            mcp.manager.connect("crash")
+    finally:
+        mcp.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("{not json", "not valid JSON: "),
+        ('{"servers": {}}', 'missing the "mcpServers" object'),
+    ],
+)
+def test_a_bad_file_is_one_failure_and_no_tools(
+    tmp_path: Path, policy: Policy, text: str, fragment: str
+) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(text)
+    mcp = load_mcp_tools(path, policy, NATIVE, timeout=5)
+    assert mcp.tools == [] and mcp.manager is None
+    assert [f.server for f in mcp.failures] == ["mcp.json"]
+    assert str(path) in mcp.failures[0].message and fragment in mcp.failures[0].message
+
+
+def test_a_missing_file_is_a_failure_not_a_crash(tmp_path: Path, policy: Policy) -> None:
+    mcp = load_mcp_tools(tmp_path / "absent.json", policy, NATIVE, timeout=5)
+    assert "cannot read the MCP config" in mcp.failures[0].message
+
+
+def test_stdio_servers_start_in_the_files_folder_and_find_commands_beside_python(tmp_path: Path) -> None:
+    config = parse_mcp_config(json.dumps({"mcpServers": {
+        "git": {"command": "mcp-server-git", "args": ["--repository", "sandbox"]},
+        "pinned": {"command": "/bin/true", "cwd": "sub"},
+    }}), "mcp.json")  # fmt: skip
+    servers = localize(config, tmp_path).servers
+    git, pinned = servers["git"], servers["pinned"]
+    assert isinstance(git, StdioServerSpec) and isinstance(pinned, StdioServerSpec)
+    assert git.cwd == str(tmp_path) and pinned.cwd == str(tmp_path / "sub")
+    assert Path(git.command).name == "mcp-server-git" and Path(git.command).exists()
+    assert pinned.command == "/bin/true"
+
+
+def test_watcher_calls_back_once_per_settled_change(tmp_path: Path) -> None:
+    path = write(tmp_path / "mcp.json", {})
+    changed = threading.Event()
+    stop = threading.Event()
+    watcher = FileWatcher(path, changed.set, stop, interval_s=0.1)
+    watcher.start()
+    try:
+        assert not changed.wait(0.4)
+        write(path, {"demo": DEMO})
+        assert changed.wait(5), "the watcher did not notice the edit"
+        changed.clear()
+        path.unlink()
+        assert changed.wait(5), "the watcher did not notice the removal"
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert not watcher.is_alive()
