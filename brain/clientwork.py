@@ -75,6 +75,8 @@ class ClientWork:
         session = self.s.presence.disconnect(client_id, session_id)
         if session is None:
             return 0
+        # An agent that is in fact still alive sees its ack gone and announces again.
+        self.s.hot.r.delete(client_key(client_id, CLIENT_ACK))
         log.warning("client %s disconnected: %s", client_id, why)
         return self._take_back(session)
 

@@ -189,10 +189,21 @@ class Announcer(threading.Thread):
 
 
 class Heartbeat(threading.Thread):
-    """``SET heartbeat <session_id> PX ttl`` every interval; the brain reads a missing key as gone."""
+    """``SET heartbeat <session_id> PX ttl`` every interval; the brain reads a missing key as gone.
+
+    The brain deletes the ack when it drops this agent (say, a beat arrived too late): seeing
+    the ack gone after it was accepted, the heartbeat asks the announcer to announce again,
+    or the agent would stay alive but never be sent work.
+    """
 
     def __init__(
-        self, channel: AgentChannel, session_id: str, interval_s: float, ttl_s: float, stop: threading.Event
+        self,
+        channel: AgentChannel,
+        session_id: str,
+        interval_s: float,
+        ttl_s: float,
+        stop: threading.Event,
+        announcer: Announcer | None = None,
     ) -> None:
         super().__init__(name="vancetope-heartbeat", daemon=True)
         self.channel = channel
@@ -200,12 +211,21 @@ class Heartbeat(threading.Thread):
         self.interval_s = interval_s
         self.ttl_s = ttl_s
         self.stop = stop
+        self.announcer = announcer
+
+    def _check_remembered(self) -> None:
+        if self.announcer is None or not self.announcer.accepted.is_set():
+            return
+        if self.channel.read_ack() is None:
+            log.warning("the brain dropped this agent (its ack is gone); announcing again")
+            self.announcer.request()
 
     def run(self) -> None:
         failing = False
         while not self.stop.is_set():
             try:
                 self.channel.beat(self.session_id, self.ttl_s)
+                self._check_remembered()
                 if failing:
                     log.info("heartbeat restored")
                 failing = False

@@ -129,3 +129,14 @@ def test_an_agent_killed_mid_task_has_the_task_blocked_then_run_again_once_after
     assert "finished" in str(slow.result)
     assert brain.store.get_task(rec.tree_id, "after").attempt == 1
     assert marker.read_text().count("run") == 2  # killed once, ran again once
+
+
+def test_an_agent_the_brain_dropped_while_alive_announces_itself_again(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
+    stack = stack_factory(agent_config=make_agent(tmp_path))
+    brain = brain_factory(stack)
+    first = wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
+    brain.clients.on_disconnected("laptop", first.session_id, "a heartbeat arrived too late")
+    back = wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=30, what="the agent to come back")
+    assert back.session_id == first.session_id and back.connected_at > first.connected_at
