@@ -58,8 +58,11 @@ def cli(ctx: click.Context, data_dir: Path | None, registry: Path | None, mcp_co
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
+NO_AGENT = ("brain", "server-pool")
+
+
 @contextlib.contextmanager
-def _stack(settings: Settings, *, quiet: bool = False) -> Iterator[str]:
+def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -> Iterator[str]:
     """Yield a Redis URL with a brain behind it: configured, running, or started here."""
     url = settings.redis_url or running_stack_url(settings)
     if url:
@@ -67,7 +70,7 @@ def _stack(settings: Settings, *, quiet: bool = False) -> Iterator[str]:
         return
     if not quiet:
         err.print(f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]")
-    stack = EmbeddedStack(settings)
+    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     try:
         stack.start()
         yield stack.redis_url
@@ -101,10 +104,8 @@ def run(settings: Settings, tree_file: Path, client_id: str | None, autonomous: 
     tree = _load_tree_or_exit(tree_file)
     session = SessionKind.AUTONOMOUS if (autonomous or (autonomous is None and not client_id)) \
         else SessionKind.INTERACTIVE
-    if no_agent:
-        settings = settings.model_copy(update={"agent_config": None})
     try:
-        with _stack(settings) as url:
+        with _stack(settings, no_agent=no_agent) as url:
             brain = Brain.connect(settings, url)
             try:
                 _validate_or_exit(tree, brain.scheduler.registry, tree_file)
@@ -186,6 +187,9 @@ def explain(settings: Settings, tree_file: Path) -> None:
                                           session=SessionKind.AUTONOMOUS), registry.tools, Presence())
         table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
     console.print(table)
+    for failure in registry.mcp_failures:
+        err.print(f"[yellow]warning:[/] MCP server {failure.server!r} failed to start: {failure.message}",
+                  highlight=False)
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
 
 
@@ -232,9 +236,7 @@ def status(settings: Settings, tree_id: str | None) -> None:
 @click.pass_obj
 def up(settings: Settings, flower: bool, no_agent: bool) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`."""
-    if no_agent:
-        settings = settings.model_copy(update={"agent_config": None})
-    stack = EmbeddedStack(settings)
+    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -354,6 +356,10 @@ def _exec(settings: Settings, service: str) -> None:
 
 
 def main() -> None:
+    # MCP servers installed beside Vancetope (mcp-server-time, ...) are found by name even when
+    # its virtualenv is not activated: the same rule the stack's processes get (stack_env).
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     try:
         cli()
     except BrainError as exc:

@@ -81,19 +81,21 @@ class EmbeddedStack:
         self.redis = RedisServer(data / "redis").start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry())  # a stale snapshot is not readiness
-        if self.settings.agent_config and (self.only is None or "client-agent" in self.only):
+        if self.settings.agent_config:
+            # Enrolled even when not started (--no-agent), so it may connect later by hand.
             client_id, user = agent_identity(self.settings.agent_config)
             PresenceBook(hot.r).enroll(client_id, user)
         hot.close()
         for name, _ in service_argvs(self.settings):
             if self.only is None or name in self.only:
                 self.start_service(name)
+        if self.only is None or "brain" in self.only:
+            self.wait_ready(ready_timeout)
+        # Written once the brain answers, so `vancetope run` never finds a stack that is not ready.
         (data / STACK_FILE).write_text(json.dumps({
             "redis_url": self.redis.url, "pid": os.getpid(), "started_at": time.time(),
             "services": {s.name: s.process.pid for s in self.services if s.process},
         }))
-        if self.only is None or "brain" in self.only:
-            self.wait_ready(ready_timeout)
         return self
 
     def start_service(self, name: str) -> Service:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -115,7 +116,8 @@ def test_stdio_servers_start_in_the_files_folder_and_find_commands_beside_python
     git, pinned = servers["git"], servers["pinned"]
     assert isinstance(git, StdioServerSpec) and isinstance(pinned, StdioServerSpec)
     assert git.cwd == str(tmp_path) and pinned.cwd == str(tmp_path / "sub")
-    assert Path(git.command).name == "mcp-server-git" and Path(git.command).exists()
+    # a bare name found on PATH stays bare; otherwise it is found beside this Python
+    assert Path(git.command).name == "mcp-server-git" and shutil.which(git.command)
     assert pinned.command == "/bin/true"
 
 

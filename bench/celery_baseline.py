@@ -1,0 +1,77 @@
+"""The plain-Celery baseline: a Celery app with two trivial tasks, nothing of Vancetope.
+
+The worker runs as ``celery -A bench.celery_baseline worker -Q bench -P prefork -c 2``
+(the same pool as Vancetope's server pool, ``server_concurrency = 2``) on the same
+redis-server as the Vancetope run it is compared with.
+
+Completion is counted with ``INCR`` on a Redis key the producer polls, not with the
+result backend: PERFORMANCE.md shows thousands of ``AsyncResult.get()`` on the Redis
+backend stall the producer on its pub/sub backlog, which would measure that trap,
+not Celery.
+
+The reliability settings match Vancetope's (late ack, prefetch 1, JSON, no result
+backend) so the comparison measures Vancetope's own work - the brain round trip and the
+store - and not a different delivery guarantee. Task events stay off (Celery's default;
+Vancetope's workers run with ``-E``, which is part of its cost).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+from celery import Celery
+
+QUEUE = "bench"
+NOOP_TASK = "bench.noop"
+HOP_TASK = "bench.hop"
+
+_clients: dict[int, redis.Redis] = {}
+
+
+def make_app(broker_url: str) -> Celery:
+    app = Celery("bench-baseline", set_as_current=False)
+    app.conf.update(
+        broker_url=broker_url,
+        broker_connection_retry_on_startup=True,
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=QUEUE,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+def _redis() -> redis.Redis:
+    # One client per process: a prefork child must not share the parent's socket.
+    pid = os.getpid()
+    client = _clients.get(pid)
+    if client is None:
+        client = _clients[pid] = redis.Redis.from_url(app.conf.broker_url)
+    return client
+
+
+app = make_app(os.environ.get("BENCH_REDIS_URL") or "redis://127.0.0.1:6379/0")
+
+
+@app.task(name=NOOP_TASK)
+def noop(counter_key: str, value: Any) -> Any:
+    """The baseline of one ``echo`` task: return the value, count the completion."""
+    _redis().incr(counter_key)
+    return value
+
+
+@app.task(name=HOP_TASK)
+def hop(counter_key: str, index: int, length: int, value: Any) -> Any:
+    """One link of a chain: its completion sends the next link, the last one counts."""
+    if index + 1 < length:
+        app.send_task(HOP_TASK, args=[counter_key, index + 1, length, value], queue=QUEUE)
+    else:
+        _redis().incr(counter_key)
+    return value

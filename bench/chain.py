@@ -1,0 +1,70 @@
+"""Chain latency: M dependent tasks one after the other, per-hop milliseconds.
+
+Baseline: plain Celery where each task's completion sends the next one from inside
+the worker (``bench.hop`` calls ``send_task`` for link i+1; the last link ``INCR``s a
+counter the producer polls every 5 ms). No client ``delay().get()`` loop: the worker-
+side hand-off is the cheapest plain-Celery chain and needs no result backend.
+
+Vancetope: one tree of M ``echo`` tasks, task i ``depends_on`` task i-1 and takes its
+result as its argument (``${tasks.t<i-1>.result}``). Each hop is: server worker runs
+the echo -> ``record_result`` job on queue ``brain`` -> the brain records it (compare-
+and-set), re-plans the tree and publishes the next ``run_tool`` job. So a Vancetope hop
+is two Celery messages and a store round trip where the baseline's is one message.
+
+Per-hop = total / M; each side runs the chain ``reps`` times and reports the median.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Row, redis_only_stack
+from bench.rigs import baseline_on, echo_tree, vancetope_on
+
+NAME = "chain"
+
+
+def run(quick: bool = False) -> list[Row]:
+    m = 20 if quick else 50
+    reps = 2 if quick else 3
+    timeout = 60.0
+    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, redis_only_stack(Path(tmp)) as stack:
+        base_hops: list[float] = []
+        with baseline_on(stack) as base:
+            for _ in range(reps):
+                key = base.new_counter()
+                started = time.perf_counter()
+                base.send_hop(key, m, "v")
+                base.wait_count(key, 1, timeout)
+                base_hops.append((time.perf_counter() - started) / m)
+        vt_hops: list[float] = []
+        with vancetope_on(stack) as vt:
+            for _ in range(reps):
+                _, _, elapsed = vt.run_tree(echo_tree("chain", m, chained=True), timeout)
+                vt_hops.append(elapsed / m)
+    base_ms = statistics.median(base_hops) * 1000
+    vt_ms = statistics.median(vt_hops) * 1000
+    return [
+        Row(
+            benchmark=f"{NAME} ({m} dependent tasks)",
+            metric="ms per hop",
+            baseline=base_ms,
+            vancetope=vt_ms,
+            kind="latency",
+            baseline_label="plain Celery, task sends the next",
+            notes=(f"median of {reps} chains; baseline hops {_span(base_hops)} ms, "
+                   f"Vancetope {_span(vt_hops)} ms"),
+        )
+    ]
+
+
+def _span(hops: list[float]) -> str:
+    return f"{min(hops) * 1000:.2f}–{max(hops) * 1000:.2f}"
+
+
+if __name__ == "__main__":
+    for row in run(quick=True):
+        print(row, f"ratio {row.ratio:.2f} ({row.ratio_formula})")

@@ -1,0 +1,165 @@
+"""Requeue: moving K parked client tasks to a connecting client, and what other clients feel.
+
+When a client connects, the brain moves every ref parked for it (``user:<name>`` and
+``client:<id>`` lists) into that client's ``requeueing`` list, then reads and orders
+them. Vancetope does the move with ``brain.parked.ParkedWork.take_for``: a Lua script
+moving 1,000 refs per EVAL (chunked so no single EVAL blocks Redis for long).
+
+Baseline: the naive way on the same Redis - a Python loop of ``LPOP`` + ``RPUSH``, one
+round trip each - followed by the very same read/parse/sort, so only the move differs.
+
+Both run ``rounds`` times alternately on freshly filled lists (filling is pipelined
+and not timed). A separate process PINGs Redis every ~1 ms throughout
+(bench/pinger.py); the worst PING overlapping each side's moves is what any other
+client (workers, the CLI) would have waited at most meanwhile.
+
+The redis-server is the stack's kind: AOF everysec (PERFORMANCE.md: AOF makes bulk
+moves 1.2-2.2x slower than without).
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from bench.common import BenchError, Child, Row, child_env, percentile
+from brain.parked import ParkedRef, ParkedWork
+from brain.redis_server import RedisServer
+from workers.contracts import key_parked, key_requeueing
+
+NAME = "requeue"
+CLIENT_ID = "alice-laptop"
+OWNERS = ["user:alice", f"client:{CLIENT_ID}"]
+Window = tuple[float, float]
+
+
+def fill(r: redis.Redis, k: int) -> None:
+    """Park ``k`` refs, alternating between the two owners, pipelined (setup, not timed)."""
+    pipe = r.pipeline(transaction=False)
+    now = time.time()
+    for i in range(k):
+        owner = OWNERS[i % 2]
+        ref = ParkedRef(tree_id=f"tree-{i // 100}", task_id=f"t{i}", owner=owner, parked_at=now + i * 1e-3)
+        pipe.rpush(key_parked(owner), ref.model_dump_json())
+        if len(pipe) >= 1000:
+            pipe.execute()
+    pipe.execute()
+
+
+def naive_take(r: redis.Redis, client_id: str, owners: list[str]) -> list[tuple[bytes, ParkedRef]]:
+    """The baseline: one LPOP and one RPUSH per ref, then the same read as ``take_for``."""
+    dest = key_requeueing(client_id)
+    for owner in owners:
+        src = key_parked(owner)
+        while (item := r.lpop(src)) is not None:
+            r.rpush(dest, item)
+    raw = r.lrange(dest, 0, -1)
+    refs = [(item, ParkedRef.model_validate_json(item)) for item in raw]
+    return sorted(refs, key=lambda pair: pair[1].parked_at)
+
+
+def reset(r: redis.Redis) -> None:
+    r.delete(key_requeueing(CLIENT_ID), *(key_parked(o) for o in OWNERS))
+
+
+def start_pinger(url: str, timeout: float = 30.0) -> Child:
+    pinger = Child.start("pinger", [sys.executable, "-m", "bench.pinger", url], child_env(),
+                         stdout=subprocess.PIPE)
+    assert pinger.process.stdout is not None
+    ready, _, _ = select.select([pinger.process.stdout], [], [], timeout)
+    line = pinger.process.stdout.readline() if ready else b""
+    if line.strip() != b"ready":
+        pinger.stop()
+        raise BenchError(f"the pinger did not start within {timeout:g}s (said {line!r})")
+    return pinger
+
+
+def stop_pinger(pinger: Child, timeout: float = 30.0) -> list[tuple[float, float]]:
+    pinger.process.terminate()
+    try:
+        out, _ = pinger.process.communicate(timeout=timeout)
+    finally:
+        pinger.stop()
+    return [(float(s), float(d)) for s, d in json.loads(out or b"[]")]
+
+
+def worst_ping(samples: list[tuple[float, float]], windows: list[Window]) -> float:
+    """The slowest PING whose flight overlapped any of ``windows`` (seconds)."""
+    hits = [d for s, d in samples if any(s < end and s + d > start for start, end in windows)]
+    if not hits:
+        raise BenchError("no PING overlapped the measured moves; the pinger did not run")
+    return max(hits)
+
+
+def run(quick: bool = False) -> list[Row]:
+    k = 1000 if quick else 5000
+    rounds = 2 if quick else 3
+    base_s: list[float] = []
+    vt_s: list[float] = []
+    windows: dict[str, list[Window]] = {"baseline": [], "vancetope": []}
+    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp:
+        server = RedisServer(Path(tmp) / "redis", appendonly=True).start()
+        r = redis.Redis.from_url(server.url)
+        pinger: Child | None = None
+        try:
+            parked = ParkedWork(r)
+            pinger = start_pinger(server.url)
+            for _ in range(rounds):
+                for side in ("baseline", "vancetope"):
+                    reset(r)
+                    fill(r, k)
+                    time.sleep(0.05)  # let the pinger see an idle Redis between moves
+                    started, t0 = time.monotonic(), time.perf_counter()
+                    refs = (naive_take(r, CLIENT_ID, OWNERS) if side == "baseline"
+                            else parked.take_for(CLIENT_ID, OWNERS))
+                    elapsed = time.perf_counter() - t0
+                    windows[side].append((started, time.monotonic()))
+                    if len(refs) != k:
+                        raise BenchError(f"{side} moved {len(refs)} refs, expected {k}")
+                    (base_s if side == "baseline" else vt_s).append(elapsed)
+            samples = stop_pinger(pinger)
+            pinger = None
+        finally:
+            if pinger is not None:
+                pinger.stop()
+            r.close()
+            server.stop()
+    base_med, vt_med = statistics.median(base_s), statistics.median(vt_s)
+    idle = [d for s, d in samples if not any(s < e and s + d > b for b, e in windows["baseline"] + windows["vancetope"])]
+    idle_p50 = percentile(idle, 50) * 1000 if idle else float("nan")
+    base_ping = worst_ping(samples, windows["baseline"]) * 1000
+    vt_ping = worst_ping(samples, windows["vancetope"]) * 1000
+    return [
+        Row(
+            benchmark=f"{NAME} ({k:,} parked refs)",
+            metric="refs/s",
+            baseline=k / base_med,
+            vancetope=k / vt_med,
+            kind="throughput",
+            baseline_label="Python LPOP+RPUSH loop",
+            notes=(f"median of {rounds}: {base_med * 1000:.0f} ms vs {vt_med * 1000:.0f} ms, both incl. the "
+                   "same LRANGE+parse+sort; Vancetope = ParkedWork.take_for (Lua, 1,000/EVAL)"),
+        ),
+        Row(
+            benchmark=f"{NAME}: another client's worst PING",
+            metric="ms",
+            baseline=base_ping,
+            vancetope=vt_ping,
+            kind="latency",
+            baseline_label="during the loop",
+            notes=f"pinger process every ~1 ms; idle PING p50 {idle_p50:.2f} ms",
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    for row in run(quick=True):
+        print(row, f"ratio {row.ratio:.2f} ({row.ratio_formula})")

@@ -1,0 +1,115 @@
+"""Run every benchmark and print one table of ratios against baselines measured in this run.
+
+    python bench/run.py [--quick] [--only NAME ...]
+
+Ratios always read "Vancetope's cost in units of the baseline's" (> 1: Vancetope is
+slower): latency rows are vancetope/baseline, throughput rows baseline/vancetope.
+Nothing is compared with a fixed threshold - a slow machine changes both columns.
+Exit status: 0 when every benchmark produced its numbers, 1 if one crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+# `python bench/run.py` puts bench/ itself on sys.path; the benchmarks import as bench.*.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from bench import chain, mcp_call, requeue, throughput  # noqa: E402
+from bench.common import Row, environment, scrub_vancetope_env  # noqa: E402
+
+BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
+    "throughput": throughput.run,
+    "chain": chain.run,
+    "requeue": requeue.run,
+    "mcp": mcp_call.run,
+}
+
+
+def fmt(value: float) -> str:
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if value >= 1000:
+        return f"{value:,.0f}"
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def fmt_ratio(ratio: float) -> str:
+    return f"{ratio:.3f}×" if ratio < 0.1 else f"{ratio:.2f}×"
+
+
+def table(rows: list[Row], title: str) -> Table:
+    t = Table(title=title, title_justify="left", show_lines=False)
+    t.add_column("benchmark", style="bold")
+    t.add_column("baseline", justify="right")
+    t.add_column("vancetope", justify="right")
+    t.add_column("unit")
+    t.add_column("ratio", justify="right")
+    t.add_column("notes", overflow="fold")
+    for row in rows:
+        t.add_row(
+            row.benchmark,
+            f"{fmt(row.baseline)}\n[dim]{row.baseline_label}[/dim]",
+            fmt(row.vancetope),
+            row.metric,
+            f"{fmt_ratio(row.ratio)}\n[dim]{row.ratio_formula}[/dim]",
+            row.notes,
+        )
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs (about a third of the time)")
+    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help=f"run only these: {', '.join(BENCHMARKS)}")
+    args = parser.parse_args(argv)
+    scrub_vancetope_env()
+    console = Console(width=max(Console().width, 140))
+
+    env = environment()
+    console.print("[bold]machine / versions[/bold]: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    started = time.monotonic()
+    rows: list[Row] = []
+    crashed: list[str] = []
+    for name, bench in BENCHMARKS.items():
+        if args.only and name not in args.only:
+            continue
+        t0 = time.monotonic()
+        with console.status(f"running {name}{' (quick)' if args.quick else ''} ..."):
+            try:
+                got = bench(args.quick)
+            except Exception:  # noqa: BLE001 - report it, run the others, exit 1 at the end
+                crashed.append(name)
+                console.print(f"[red]{name} crashed[/red]:\n{traceback.format_exc()}")
+                continue
+        rows.extend(got)
+        console.print(f"{name}: done in {time.monotonic() - t0:.1f}s")
+
+    title = (f"Vancetope vs baselines measured in this run ({'quick' if args.quick else 'full'}, "
+             f"{time.strftime('%Y-%m-%d %H:%M')}, {time.monotonic() - started:.0f}s) — "
+             "ratio > 1: Vancetope slower")
+    console.print(table(rows, title))
+    if crashed:
+        console.print(f"[red]crashed: {', '.join(crashed)}[/red]")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

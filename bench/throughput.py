@@ -1,0 +1,61 @@
+"""Throughput: N independent no-op tasks, plain Celery vs one Vancetope tree of N ``echo`` tasks.
+
+Baseline: the producer sends N ``bench.noop`` jobs with ``send_task`` (what
+``apply_async`` does underneath) to a prefork ``-c 2`` worker; each job ``INCR``s a
+counter that the producer polls every 5 ms. Time: first send -> counter == N.
+
+Vancetope: ``Brain.connect(...).scheduler.submit(tree)`` of one tree with N independent
+``echo`` tasks against the embedded stack (brain worker ``-P solo`` + server pool
+prefork ``-c 2``). Time: submit() called -> the store says the tree is done. This
+includes everything Vancetope adds per task: a store row and a compare-and-set at
+dispatch, the worker's hot-state writes, the ``record_result`` job to the brain, the
+brain's compare-and-set and its re-plan of the tree.
+
+Both sides run on the same redis-server (AOF everysec, as the stack starts it), one
+after the other, the other side's workers not running.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from bench.common import Row, redis_only_stack
+from bench.rigs import baseline_on, echo_tree, vancetope_on
+
+NAME = "throughput"
+
+
+def run(quick: bool = False) -> list[Row]:
+    n = 100 if quick else 500
+    # Generous but bounded: even 10 tasks/s would finish 500 tasks in time.
+    timeout = max(60.0, n / 10)
+    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, redis_only_stack(Path(tmp)) as stack:
+        with baseline_on(stack) as base:
+            key = base.new_counter()
+            started = time.perf_counter()
+            for i in range(n):
+                base.send_noop(key, f"v{i}")
+            sent = time.perf_counter() - started
+            base.wait_count(key, n, timeout)
+            base_s = time.perf_counter() - started
+        with vancetope_on(stack) as vt:
+            _, submit_s, vt_s = vt.run_tree(echo_tree("throughput", n, chained=False), timeout)
+    return [
+        Row(
+            benchmark=f"{NAME} ({n} independent tasks)",
+            metric="tasks/s",
+            baseline=n / base_s,
+            vancetope=n / vt_s,
+            kind="throughput",
+            baseline_label="plain Celery, prefork -c 2",
+            notes=(f"end to end {base_s:.2f}s vs {vt_s:.2f}s; sending alone: baseline {sent:.2f}s "
+                   f"({n / sent:.0f}/s), Vancetope submit() {submit_s:.2f}s ({n / submit_s:.0f}/s)"),
+        )
+    ]
+
+
+if __name__ == "__main__":
+    for row in run(quick=True):
+        print(row, f"ratio {row.ratio:.2f} ({row.ratio_formula})")

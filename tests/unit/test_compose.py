@@ -1,0 +1,46 @@
+"""compose.yaml names only commands that exist, and only settings the code reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from brain.cli import cli
+from brain.config import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def scripts() -> dict[str, str]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module() -> None:
+    for name, service in compose()["services"].items():
+        command = service.get("command")
+        if command is None or "image" in service:
+            continue
+        program = command[0]
+        if program == "vancetope":
+            assert "vancetope" in scripts()
+            assert command[1] in cli.commands, f"{name}: `vancetope {command[1]}` is not a subcommand"
+        elif program == "celery":
+            module = command[command.index("-A") + 1]
+            assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
+        else:
+            raise AssertionError(f"{name}: unexpected program {program!r}")
+
+
+def test_compose_environment_uses_the_settings_names() -> None:
+    known = {ENV_PREFIX + field.upper() for field in Settings.model_fields}
+    for name, service in compose()["services"].items():
+        for var in (service.get("environment") or {}):
+            if var.startswith(ENV_PREFIX):
+                assert var in known, f"{name}: {var} is not a setting"
