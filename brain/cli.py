@@ -128,7 +128,7 @@ def _load_tree_or_exit(path: Path):  # type: ignore[no-untyped-def]
 
 def _validate_or_exit(tree, registry: RegistrySnapshot, path: Path) -> None:  # type: ignore[no-untyped-def]
     try:
-        check_tree(tree, registry.tools, source=str(path))
+        check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
     except InvalidTaskTree as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in unknown_tools(tree, registry.tools):
@@ -183,8 +183,9 @@ def explain(settings: Settings, tree_file: Path) -> None:
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
     for spec in tree.tasks:
+        engine = registry.engines.get(tree.engine) if tree.engine else None
         route = decide_route(RouteRequest(tool=spec.tool, execution_target=spec.execution_target,
-                                          session=SessionKind.AUTONOMOUS), registry.tools, Presence())
+                                          session=SessionKind.AUTONOMOUS, engine=engine), registry.tools, Presence())
         table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
     console.print(table)
     for failure in registry.mcp_failures:

@@ -145,12 +145,14 @@ class TaskSpec(BaseModel):
 
 
 class TaskTree(BaseModel):
-    """A task tree file: an id, an optional goal, and its tasks."""
+    """A task tree file: an id, an optional goal, the think-process engine whose toolset
+    bounds it (seed 000 §8; defined in the registry file), and its tasks."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(pattern=_ID)
     goal: str = ""
+    engine: str | None = None
     tasks: list[TaskSpec] = Field(min_length=1)
 
     def task(self, task_id: str) -> TaskSpec:

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from brain.config import Settings
 from brain.errors import ConfigError
 from brain.models import Location, ToolSpec
-from brain.treefile import load_registry, merge_registry, spec_from_descriptor
+from brain.routing import Engine
+from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from workers.contracts import MCPServerFailure
 from workers.mcp_clients import MCPClientManager
 from workers.mcp_config import load_mcp_config
@@ -25,6 +26,7 @@ class RegistrySnapshot(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
+    engines: dict[str, Engine] = Field(default_factory=dict)
     mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
 
     def failure_hint(self) -> str:
@@ -53,4 +55,6 @@ def build_registry(settings: Settings) -> RegistrySnapshot:
                 # One badly named tool must not take the rest of its server down with it.
                 failures.append(MCPServerFailure(server=d.mcp_server or "?", message=f"tool {d.name!r} skipped: {exc}"))
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
-    return RegistrySnapshot(tools=merge_registry(builtins, discovered, declared), mcp_failures=failures)
+    engines = load_engines(settings.registry) if settings.registry else {}
+    return RegistrySnapshot(tools=merge_registry(builtins, discovered, declared), engines=engines,
+                            mcp_failures=failures)

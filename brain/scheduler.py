@@ -132,7 +132,9 @@ class Scheduler:
         return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
 
     def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
-        req = RouteRequest(tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session)
+        engine = self.registry.engines.get(tree_rec.tree.engine) if tree_rec.tree.engine else None
+        req = RouteRequest(tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session,
+                           engine=engine)
         return decide_route(req, self.registry.tools, presence)
 
     def start(

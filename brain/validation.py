@@ -31,6 +31,7 @@ from referencing.exceptions import Unresolvable
 
 from brain.errors import BrainError, InvalidTaskTree
 from brain.models import ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
+from brain.routing import Engine
 
 # Ids may contain dots, so the id part is lazy and the regex backtracks to the ".result".
 _REF = re.compile(r"\$\{tasks\.(?P<task>[A-Za-z0-9][A-Za-z0-9_.:-]*?)\.result(?P<path>(?:\.[^.}]+)*)\}")
@@ -83,11 +84,29 @@ def validate_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: s
     return problems
 
 
-def check_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: str) -> None:
+def check_tree(
+    tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: str, engines: Mapping[str, Engine] | None = None
+) -> None:
     """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid."""
     problems = validate_tree(tree, registry, source=source)
+    if engines is not None:
+        problems += engine_problems(tree, engines)
     if problems:
         raise InvalidTaskTree(source, problems)
+
+
+def engine_problems(tree: TaskTree, engines: Mapping[str, Engine]) -> list[str]:
+    """A tree run under a think-process engine may call only that engine's tools (seed 000 §8)."""
+    if tree.engine is None:
+        return []
+    engine = engines.get(tree.engine)
+    if engine is None:
+        known = ", ".join(sorted(engines)) or "none are defined"
+        return [f"engine: {tree.engine!r} is not an engine of the registry ({known})"]
+    return [
+        f"task {task.id!r}: tool {tool!r} is not allowed by engine {engine.id!r}"
+        for task in tree.tasks for tool in task.toolset if not engine.allows(tool)
+    ]
 
 
 def unknown_tools(tree: TaskTree, registry: Mapping[str, ToolSpec]) -> list[str]:

@@ -46,9 +46,11 @@ def connected(client_id: str, session: str = "s1", tools: tuple[ToolDescriptor, 
                            sent_at=time.time()).model_dump_json().encode()
 
 
-def connect(brain: Brain, client_id: str, session: str = "s1") -> AnnouncementAck:
+def connect(brain: Brain, client_id: str, session: str = "s1", read_ack: bool = True) -> AnnouncementAck | None:
     brain.hot.r.set(client_key(client_id, CLIENT_HEARTBEAT), session, ex=60)
     Relay(brain.scheduler, brain.clients).handle(client_id, connected(client_id, session))
+    if not read_ack:  # another thread's disconnect may already have deleted it
+        return None
     return AnnouncementAck.model_validate_json(brain.hot.r.get(client_key(client_id, CLIENT_ACK)))
 
 
@@ -153,7 +155,7 @@ def test_concurrent_connects_and_disconnects_never_lose_or_duplicate_a_task(brai
     def flap(n: int) -> None:
         try:
             for i in range(15):
-                connect(brain, "laptop", session=f"s{n}-{i}")
+                connect(brain, "laptop", session=f"s{n}-{i}", read_ack=False)
                 brain.clients.on_disconnected("laptop", None, "flap")
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -231,3 +233,17 @@ def test_a_result_from_a_client_the_task_was_not_routed_to_is_refused(brain_on_r
                       ClientToolResult(client_id="other", result=forged).model_dump_json())
     assert Relay(brain.scheduler, brain.clients).poll_once(["other"])
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
+
+
+def test_under_an_engine_with_auto_fallback_an_offline_client_tool_fails_only_if_not_allowed(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(tree({"id": "eng", "engine": "eng_literature_review", "tasks": [
+        {"id": "allowed", "tool": "read_local_file", "args": {"path": "x"}},
+        {"id": "refused", "tool": "shell_execute", "args": {"command": "ls"}},
+    ]}), user="ada")
+    assert brain.store.get_task(rec.tree_id, "allowed").state is TaskState.PENDING_CLIENT
+    refused = brain.store.get_task(rec.tree_id, "refused")
+    assert refused.state is TaskState.FAILED
+    assert refused.reason == "tool 'shell_execute' is not allowed by engine 'eng_literature_review'"
