@@ -41,6 +41,8 @@ class ClientWork:
             ack = AnnouncementAck(session_id=msg.session_id, accepted=True, tools=len(msg.available_tools))
         self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
         if ack.accepted:
+            if self.s.events is not None:
+                self.s.events.online(owner)
             self.requeue(owner)
         return ack
 
@@ -78,6 +80,8 @@ class ClientWork:
         # An agent that is in fact still alive sees its ack gone and announces again.
         self.s.hot.r.delete(client_key(client_id, CLIENT_ACK))
         log.warning("client %s disconnected: %s", client_id, why)
+        if self.s.events is not None:
+            self.s.events.offline(client_id)
         return self._take_back(session)
 
     def _take_back(self, session: ClientSession) -> int:
@@ -111,5 +115,10 @@ class ClientWork:
         return taken
 
     def sweep_heartbeats(self) -> None:
-        for session in self.s.presence.silent():
-            self.on_disconnected(session.client_id, session.session_id, "missed heartbeat")
+        """Drop clients whose heartbeat stopped; tell Flower the others are alive."""
+        silent = {s.client_id for s in self.s.presence.silent()}
+        for session in self.s.presence.sessions().values():
+            if session.client_id in silent:
+                self.on_disconnected(session.client_id, session.session_id, "missed heartbeat")
+            elif self.s.events is not None:
+                self.s.events.heartbeat(session.client_id)

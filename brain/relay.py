@@ -16,6 +16,7 @@ import time
 from pydantic import ValidationError
 
 from brain.clientwork import ClientWork
+from brain.events import HEARTBEAT_S
 from brain.scheduler import Scheduler
 from workers.contracts import (
     CLIENT_ACK,
@@ -93,7 +94,7 @@ class Relay:
                     now = time.monotonic()
                     if now - refreshed > 2.0:
                         enrolled, refreshed = sorted(self.s.presence.enrolled()), now
-                    if now - beat_checked > 1.0:
+                    if now - beat_checked > HEARTBEAT_S / 2:
                         self.clients.sweep_heartbeats()
                         beat_checked = now
                     if not self.poll_once(enrolled) and not enrolled:

@@ -19,6 +19,7 @@ from typing import Any
 
 from brain.config import Settings
 from brain.dispatch import Publisher
+from brain.events import ClientEvents
 from brain.hotstate import HotState
 from brain.models import (
     Location,
@@ -75,6 +76,7 @@ class Scheduler:
         self.clock = clock
         self.presence = PresenceBook(hot.r)
         self.parked = ParkedWork(hot.r)
+        self.events: ClientEvents | None = None  # Flower's view of client agents, when wired
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -243,6 +245,9 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - the store already says queued; the reconciler re-sends
             log.exception("could not publish task %s (run %s); the reconciler will re-send it",
                           call.task_id, call.run_id)
+            return
+        if self.events is not None:
+            self.events.task_sent(call)
 
     def finish_without_run(
         self,
@@ -276,6 +281,8 @@ class Scheduler:
                      result.run_id, result.task_id)
             return False
         self.hot.clear_running(result.tree_id, result.task_id, result.run_id, from_client)
+        if self.events is not None:
+            self.events.task_done(result)
         self.advance(result.tree_id)
         return True
 

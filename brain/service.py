@@ -12,6 +12,7 @@ from celery import Celery
 from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.dispatch import Publisher
+from brain.events import ClientEvents
 from brain.errors import StackNotRunning
 from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot, build_registry
@@ -50,6 +51,7 @@ class Brain:
             registry = RegistrySnapshot.model_validate(snapshot)
         store = open_store(settings.store)
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
+        scheduler.events = ClientEvents(app)
         clients = ClientWork(scheduler)
         return cls(settings=settings, app=app, store=store, hot=hot, scheduler=scheduler, clients=clients,
                    sweeps=Sweeps(scheduler, clients))
@@ -58,6 +60,8 @@ class Brain:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
 
     def close(self) -> None:
+        if self.scheduler.events is not None:
+            self.scheduler.events.close()
         self.store.close()
         self.hot.close()
 

@@ -1,0 +1,93 @@
+"""Client agents in Flower (layer: brain, Celery glue).
+
+Client agents run with events off (they could otherwise read every worker's events
+on the shared channel, DESIGN.md decision 7), so the brain speaks for them: it sends
+worker-online / heartbeat / offline under ``client-agent@<id>`` and the task events of
+the calls it routes to them. Flower then lists each agent beside the server workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.events import EventDispatcher
+
+from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolResult
+
+log = logging.getLogger("vancetope.brain")
+
+HEARTBEAT_S = 2.0
+
+
+def agent_hostname(client_id: str) -> str:
+    return f"client-agent@{client_id}"
+
+
+class ClientEvents:
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._dispatchers: dict[str, EventDispatcher] = {}
+
+    def _dispatcher(self, client_id: str) -> EventDispatcher:
+        d = self._dispatchers.get(client_id)
+        if d is None:
+            if self._conn is None:
+                self._conn = self.app.connection_for_write()
+            d = self._dispatchers[client_id] = self.app.events.Dispatcher(
+                self._conn, hostname=agent_hostname(client_id), enabled=True, buffer_while_offline=False,
+            )
+        return d
+
+    def _send(self, client_id: str, event: str, **fields: Any) -> None:
+        # Events are for watching, not for correctness: a failed send is logged, never raised.
+        try:
+            with self._lock:
+                self._dispatcher(client_id).send(event, **fields)
+        except Exception:  # noqa: BLE001
+            log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
+
+    def _worker_fields(self) -> dict[str, Any]:
+        return {"freq": HEARTBEAT_S, "sw_ident": "vancetope-agent", "sw_ver": "0.1", "sw_sys": platform.system()}
+
+    def online(self, client_id: str) -> None:
+        self._send(client_id, "worker-online", **self._worker_fields())
+
+    def heartbeat(self, client_id: str, active: int = 0) -> None:
+        self._send(client_id, "worker-heartbeat", active=active, processed=0, **self._worker_fields())
+
+    def offline(self, client_id: str) -> None:
+        self._send(client_id, "worker-offline", **self._worker_fields())
+
+    def task_sent(self, call: ToolCall) -> None:
+        if call.client_id is None:
+            return
+        self._send(call.client_id, "task-received", uuid=call.run_id, name=RUN_TOOL_TASK,
+                   args=repr([call.tool, call.task_id]), kwargs="{}", retries=0, eta=None,
+                   root_id=call.run_id, parent_id=None)
+
+    def task_done(self, result: ToolResult) -> None:
+        if result.client_id is None:
+            return
+        self._send(result.client_id, "task-started", uuid=result.run_id, timestamp=result.started_at)
+        runtime = max(result.finished_at - result.started_at, 0.0)
+        if result.ok:
+            self._send(result.client_id, "task-succeeded", uuid=result.run_id, runtime=runtime,
+                       result=repr({"ok": True, "tool": result.tool, "task": result.task_id}))
+        else:
+            message = result.error.message if result.error else "failed"
+            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=message, traceback="")
+
+    def close(self) -> None:
+        with self._lock:
+            for d in self._dispatchers.values():
+                d.close()
+            self._dispatchers.clear()
+            if self._conn is not None:
+                self._conn.release()
+                self._conn = None
