@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench.common import Row, redis_only_stack
 from bench.rigs import baseline_on, echo_tree, vancetope_on
+from brain.models import TaskRecord
 
 NAME = "chain"
 
@@ -41,10 +42,12 @@ def run(quick: bool = False) -> list[Row]:
                 base.wait_count(key, 1, timeout)
                 base_hops.append((time.perf_counter() - started) / m)
         vt_hops: list[float] = []
+        phases: list[dict[str, float]] = []
         with vancetope_on(stack) as vt:
             for _ in range(reps):
-                _, _, elapsed = vt.run_tree(echo_tree("chain", m, chained=True), timeout)
+                rec, _, elapsed = vt.run_tree(echo_tree("chain", m, chained=True), timeout)
                 vt_hops.append(elapsed / m)
+                phases.append(hop_phases(vt.brain.store.get_tasks(rec.tree_id)))
     base_ms = statistics.median(base_hops) * 1000
     vt_ms = statistics.median(vt_hops) * 1000
     return [
@@ -56,9 +59,35 @@ def run(quick: bool = False) -> list[Row]:
             kind="latency",
             baseline_label="plain Celery, task sends the next",
             notes=(f"median of {reps} chains; baseline hops {_span(base_hops)} ms, "
-                   f"Vancetope {_span(vt_hops)} ms"),
+                   f"Vancetope {_span(vt_hops)} ms. Vancetope hop, median ms: "
+                   + ", ".join(f"{k} {statistics.median(p[k] for p in phases):.1f}" for k in PHASES)),
         )
     ]
+
+
+PHASES = ("queued->started", "run", "finished->next queued")
+
+
+def hop_phases(records: list[TaskRecord]) -> dict[str, float]:
+    """Where a Vancetope hop's time goes, from the timestamps the store keeps (median ms):
+
+    - queued->started: the brain's store write, ``send_task``, Redis, the worker's
+      pickup, its pre-checks (cancelled? delivery count, running mark);
+    - run: the echo itself inside ``execute`` (argument schema check included);
+    - finished->next queued: the result message to queue ``brain``, the brain's
+      compare-and-set, re-reading and re-planning the tree, the next task's write.
+    """
+    by_id = {r.task_id: r for r in records}
+    chain = [by_id[f"t{i}"] for i in range(len(by_id))]
+    samples: dict[str, list[float]] = {k: [] for k in PHASES}
+    for prev, cur in zip([None, *chain], chain, strict=False):
+        if cur.queued_at is None or cur.started_at is None or cur.finished_at is None:
+            continue
+        samples["queued->started"].append(cur.started_at - cur.queued_at)
+        samples["run"].append(cur.finished_at - cur.started_at)
+        if prev is not None and prev.finished_at is not None:
+            samples["finished->next queued"].append(cur.queued_at - prev.finished_at)
+    return {k: statistics.median(v) * 1000 for k, v in samples.items() if v}
 
 
 def _span(hops: list[float]) -> str:

@@ -130,7 +130,11 @@ class TaskSpec(BaseModel):
     tools: list[str] = Field(default_factory=list)
     depends_on: list[str] = Field(default_factory=list)
     execution_target: ExecutionTarget = ExecutionTarget.AUTO
+    # How long one started call may run (overrides the tool's timeout_s).
     timeout_s: float | None = Field(default=None, gt=0)
+    # How long the whole task may take, from first leaving `pending` to a final state,
+    # waiting for a client and retries included (Temporal's schedule-to-close).
+    max_total_s: float | None = Field(default=None, gt=0)
 
     @field_validator("tools")
     @classmethod
@@ -153,6 +157,8 @@ class TaskTree(BaseModel):
     id: str = Field(pattern=_ID)
     goal: str = ""
     engine: str | None = None
+    # How long this tree's tasks may wait parked for a client (over the tool's max_wait_s).
+    max_wait_s: float | None = Field(default=None, gt=0)
     tasks: list[TaskSpec] = Field(min_length=1)
 
     def task(self, task_id: str) -> TaskSpec:
@@ -211,7 +217,8 @@ class TaskRecord(BaseModel):
     result: Any = None
     error: ErrorInfo | None = None
     worker: str = ""
-    queued_at: float | None = None
+    queued_at: float | None = None  # this attempt's dispatch, or when it was parked
+    first_queued_at: float | None = None  # when the task first left `pending` (max_total_s)
     started_at: float | None = None
     finished_at: float | None = None
     updated_at: float = 0.0

@@ -179,6 +179,7 @@ class Scheduler:
         moved = self.store.transition(
             rec.tree_id, rec.task_id, from_states=from_states, expect_run_id=rec.run_id, state=state,
             reason=reason, route=state.value, queued_at=parked_at, updated_at=now,
+            first_queued_at=rec.first_queued_at or parked_at,
         )
         if moved is None:
             return False
@@ -213,6 +214,7 @@ class Scheduler:
             state=TaskState.QUEUED_CLIENT if to_client else TaskState.QUEUED_SERVER,
             run_id=new_run_id(tree_rec.tree_id, spec.id, attempt), attempt=attempt, route=summary,
             reason=route.reason, tool=route.tool, queued_at=now, updated_at=now,
+            first_queued_at=rec.first_queued_at or now,
         )
         if moved is None:
             return False

@@ -28,6 +28,7 @@ class Sweeps:
         """One full sweep. Returns the ids of tasks re-sent."""
         resent = self.resend_lost()
         self.expire_parked()
+        self.expire_overdue()
         self.relist_parked()
         self.finish_requeues()
         cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
@@ -88,17 +89,40 @@ class Sweeps:
 
     # --- parked work ----------------------------------------------------------------------
     def expire_parked(self) -> list[str]:
-        """Parked past ``max_wait_s`` (tool's, else the default): a clear final state."""
+        """Parked past ``max_wait_s`` (the tree's, else the tool's, else the default): a clear final state."""
         now = self.s.clock()
         expired: list[str] = []
+        trees: dict[str, TreeRecord | None] = {}
         for rec in self.s.store.tasks_in_states(PARKED):
             spec = self.s.registry.tools.get(rec.tool)
-            max_wait = (spec.max_wait_s if spec else None) or self.s.settings.max_wait_s
+            tree_rec = trees.setdefault(rec.tree_id, self.s.store.get_tree(rec.tree_id))
+            max_wait = ((tree_rec.tree.max_wait_s if tree_rec else None) or (spec.max_wait_s if spec else None)
+                        or self.s.settings.max_wait_s)
             if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
                 continue
             reason = (f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
                       f"(max_wait_s {max_wait:g})")
             if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+                expired.append(rec.task_id)
+                self.s.advance(rec.tree_id)
+        return expired
+
+    def expire_overdue(self) -> list[str]:
+        """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight
+        is cancelled so a worker that has not started it never will."""
+        now = self.s.clock()
+        expired: list[str] = []
+        for rec in self.s.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING}):
+            tree_rec = self.s.store.get_tree(rec.tree_id)
+            if tree_rec is None or rec.first_queued_at is None:
+                continue
+            limit = tree_rec.tree.task(rec.task_id).max_total_s
+            if limit is None or now - rec.first_queued_at < limit:
+                continue
+            reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"
+            if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+                if rec.run_id:
+                    self.s.hot.cancel_runs([rec.run_id], _client_of(rec))
                 expired.append(rec.task_id)
                 self.s.advance(rec.tree_id)
         return expired

@@ -247,3 +247,27 @@ def test_under_an_engine_with_auto_fallback_an_offline_client_tool_fails_only_if
     refused = brain.store.get_task(rec.tree_id, "refused")
     assert refused.state is TaskState.FAILED
     assert refused.reason == "tool 'shell_execute' is not allowed by engine 'eng_literature_review'"
+
+
+def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancelled(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree({"id": "total", "tasks": [
+        {"id": "r", "tool": "read_local_file", "args": {"path": "x"}, "max_total_s": 0.01}]}),
+        session=SessionKind.INTERACTIVE, client_id="laptop")
+    run_id = brain.store.get_task(rec.tree_id, "r").run_id
+    time.sleep(0.05)  # the time being measured, not a readiness wait
+    assert brain.sweeps.expire_overdue() == ["r"]
+    task = brain.store.get_task(rec.tree_id, "r")
+    assert task.state is TaskState.EXPIRED
+    assert task.reason == "expired: not finished within max_total_s 0.01 (state was queued_client)"
+    assert brain.hot.r.sismember(client_key("laptop", key_cancelled()), run_id)
+
+
+def test_a_trees_max_wait_overrides_the_default(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(tree({**reads(1), "max_wait_s": 0.01}), user="ada")
+    time.sleep(0.05)  # the time being measured
+    assert brain.sweeps.expire_parked() == ["r0"]
+    assert "(max_wait_s 0.01)" in brain.store.get_task(rec.tree_id, "r0").reason
