@@ -24,7 +24,14 @@ from rich.table import Table
 
 from brain.config import Settings, load_settings
 from brain.display import clients_table, progress, task_table, trees_table
-from brain.errors import BrainError, ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree, StackNotRunning
+from brain.errors import (
+    BrainError,
+    ConfigError,
+    InvalidFile,
+    InvalidRegistry,
+    InvalidTaskTree,
+    StackNotRunning,
+)
 from brain.models import SessionKind, TaskRecord, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
@@ -42,16 +49,25 @@ EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data-dir", type=click.Path(path_type=Path), help="State directory (default .vancetope).")
-@click.option("--registry", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="Tool registry YAML (default from vancetope.toml / VANCETOPE_REGISTRY).")
-@click.option("--mcp-config", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="The brain's server-side mcpServers JSON (VANCETOPE_MCP_CONFIG).")
+@click.option(
+    "--registry",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Tool registry YAML (default from vancetope.toml / VANCETOPE_REGISTRY).",
+)
+@click.option(
+    "--mcp-config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The brain's server-side mcpServers JSON (VANCETOPE_MCP_CONFIG).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log what the brain does.")
 @click.pass_context
-def cli(ctx: click.Context, data_dir: Path | None, registry: Path | None, mcp_config: Path | None,
-        verbose: bool) -> None:
+def cli(
+    ctx: click.Context, data_dir: Path | None, registry: Path | None, mcp_config: Path | None, verbose: bool
+) -> None:
     """Vancetope: run task trees whose tool calls go to a server worker pool or a client agent."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         ctx.obj = load_settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
     except ConfigError as exc:
@@ -69,7 +85,9 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         yield url
         return
     if not quiet:
-        err.print(f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]")
+        err.print(
+            f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
+        )
     stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     try:
         stack.start()
@@ -86,14 +104,24 @@ def _fail(message: str, code: int) -> None:
 @cli.command()
 @click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--client", "client_id", help="Interactive session bound to this client agent.")
-@click.option("--autonomous/--interactive", default=None,
-              help="Session kind (default: interactive with --client, else autonomous).")
+@click.option(
+    "--autonomous/--interactive",
+    default=None,
+    help="Session kind (default: interactive with --client, else autonomous).",
+)
 @click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
 @click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
 @click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds.")
 @click.pass_obj
-def run(settings: Settings, tree_file: Path, client_id: str | None, autonomous: bool | None,
-        user: str | None, no_agent: bool, timeout: float | None) -> None:
+def run(
+    settings: Settings,
+    tree_file: Path,
+    client_id: str | None,
+    autonomous: bool | None,
+    user: str | None,
+    no_agent: bool,
+    timeout: float | None,
+) -> None:
     """Run TREE_FILE to the end with a live progress display, then print every task.
 
     Uses a stack started by `vancetope up` (or VANCETOPE_REDIS_URL); without one it
@@ -102,15 +130,19 @@ def run(settings: Settings, tree_file: Path, client_id: str | None, autonomous: 
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
     tree = _load_tree_or_exit(tree_file)
-    session = SessionKind.AUTONOMOUS if (autonomous or (autonomous is None and not client_id)) \
+    session = (
+        SessionKind.AUTONOMOUS
+        if (autonomous or (autonomous is None and not client_id))
         else SessionKind.INTERACTIVE
+    )
     try:
         with _stack(settings, no_agent=no_agent) as url:
             brain = Brain.connect(settings, url)
             try:
                 _validate_or_exit(tree, brain.scheduler.registry, tree_file)
-                record = brain.scheduler.submit(tree, session=session, client_id=client_id,
-                                                user=user or settings.user)
+                record = brain.scheduler.submit(
+                    tree, session=session, client_id=client_id, user=user or settings.user
+                )
                 status = _watch(brain, record.tree_id, timeout)
             finally:
                 brain.close()
@@ -151,7 +183,9 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
                 if tree_rec.status is not TreeStatus.RUNNING:
                     break
                 if deadline and time.monotonic() > deadline:
-                    err.print(f"[yellow]still running after {timeout:g}s; see `vancetope status {tree_id}`[/]")
+                    err.print(
+                        f"[yellow]still running after {timeout:g}s; see `vancetope status {tree_id}`[/]"
+                    )
                     break
                 pubsub.get_message(timeout=0.5)
     except KeyboardInterrupt:
@@ -184,13 +218,23 @@ def explain(settings: Settings, tree_file: Path) -> None:
         table.add_column(col, overflow="fold")
     for spec in tree.tasks:
         engine = registry.engines.get(tree.engine) if tree.engine else None
-        route = decide_route(RouteRequest(tool=spec.tool, execution_target=spec.execution_target,
-                                          session=SessionKind.AUTONOMOUS, engine=engine), registry.tools, Presence())
+        route = decide_route(
+            RouteRequest(
+                tool=spec.tool,
+                execution_target=spec.execution_target,
+                session=SessionKind.AUTONOMOUS,
+                engine=engine,
+            ),
+            registry.tools,
+            Presence(),
+        )
         table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
     console.print(table)
     for failure in registry.mcp_failures:
-        err.print(f"[yellow]warning:[/] MCP server {failure.server!r} failed to start: {failure.message}",
-                  highlight=False)
+        err.print(
+            f"[yellow]warning:[/] MCP server {failure.server!r} failed to start: {failure.message}",
+            highlight=False,
+        )
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
 
 
@@ -244,8 +288,10 @@ def up(settings: Settings, flower: bool, no_agent: bool) -> None:
         stack.start()
         if flower:
             _start_flower(stack, settings)
-        console.print(f"[green]stack up[/]: redis {stack.redis_url}, data in {settings.data_dir}, "
-                      f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.")
+        console.print(
+            f"[green]stack up[/]: redis {stack.redis_url}, data in {settings.data_dir}, "
+            f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop."
+        )
         while not stop.wait(1.0):
             for s in stack.services:
                 if s.process is not None and s.process.poll() is not None:
@@ -264,12 +310,22 @@ def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
 
     from brain.stack import Service
 
-    argv = [sys.executable, "-m", "celery", "-A", "workers.server_worker", "flower",
-            "--address=127.0.0.1", "--port=5555"]
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.server_worker",
+        "flower",
+        "--address=127.0.0.1",
+        "--port=5555",
+    ]
     env = {**stack_env(settings, stack.redis_url), "FLOWER_UNAUTHENTICATED_API": "true"}
     log_path = settings.data_dir / "logs" / "flower.log"
     with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
     stack.services.append(Service("flower", argv, proc, log_path))
 
 
@@ -277,7 +333,9 @@ def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
 def _running_brain(settings: Settings) -> Iterator[Brain]:
     url = settings.redis_url or running_stack_url(settings)
     if not url:
-        _fail("no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK)
+        _fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
     assert url is not None
     try:
         brain = Brain.connect(settings, url)
@@ -312,7 +370,9 @@ def clients_enroll(settings: Settings, client_id: str, user: str) -> None:
             brain.scheduler.presence.enroll(client_id, user)
         except ValueError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
-    console.print(f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}")
+    console.print(
+        f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}"
+    )
 
 
 @cli.command()
@@ -337,7 +397,9 @@ def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
 def brain(settings: Settings) -> None:
     """Run the brain (result consumer + reconciler) against VANCETOPE_REDIS_URL, in the foreground."""
     if not settings.redis_url:
-        _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the brain alone", EXIT_BAD_INPUT)
+        _fail(
+            "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the brain alone", EXIT_BAD_INPUT
+        )
     _exec(settings, "brain")
 
 
@@ -367,4 +429,4 @@ def main() -> None:
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-__all__ = ["main", "cli"]
+__all__ = ["cli", "main"]

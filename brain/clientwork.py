@@ -37,7 +37,9 @@ class ClientWork:
             enrollment = self.s.presence.enrollment(owner)
             assert enrollment is not None
             self.s.presence.connect(msg, enrollment, self.s.clock())
-            log.info("client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools))
+            log.info(
+                "client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools)
+            )
             ack = AnnouncementAck(session_id=msg.session_id, accepted=True, tools=len(msg.available_tools))
         self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
         if ack.accepted:
@@ -87,7 +89,9 @@ class ClientWork:
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
         route = client_route(cid)
-        mine = [r for r in self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}) if r.route.startswith(route)]
+        mine = [
+            r for r in self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}) if r.route.startswith(route)
+        ]
         taken = 0
         touched: set[str] = set()
         for rec in mine:
@@ -101,12 +105,24 @@ class ClientWork:
             if where == "queued":
                 # Never started: it keeps its place and waits for a client (seed: pending-client).
                 reason = f"Queued for Client: {rec.tool} (client {cid} went offline before starting it)"
-                moved = self.s.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, {TaskState.QUEUED_CLIENT},
-                                    parked_at=rec.queued_at)
+                moved = self.s.park(
+                    tree_rec,
+                    rec,
+                    TaskState.PENDING_CLIENT,
+                    reason,
+                    {TaskState.QUEUED_CLIENT},
+                    parked_at=rec.queued_at,
+                )
             else:
                 presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
-                moved = self.s.start(tree_rec, rec, self.s.records(rec.tree_id), presence,
-                                     {TaskState.QUEUED_CLIENT}, parked_at=rec.queued_at)
+                moved = self.s.start(
+                    tree_rec,
+                    rec,
+                    self.s.records(rec.tree_id),
+                    presence,
+                    {TaskState.QUEUED_CLIENT},
+                    parked_at=rec.queued_at,
+                )
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)

@@ -91,4 +91,6 @@ def load_settings(
         return Settings.model_validate(values)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)) from exc
+        raise ConfigError(
+            "invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)
+        ) from exc

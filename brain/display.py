@@ -17,9 +17,16 @@ from rich.text import Text
 from brain.models import TaskRecord, TaskState, TreeRecord
 
 STATE_STYLE = {
-    "pending": "dim", "queued_server": "cyan", "queued_client": "cyan", "running": "bold yellow",
-    "blocked": "magenta", "pending_client": "magenta", "done": "green", "failed": "bold red",
-    "skipped": "yellow", "expired": "red",
+    "pending": "dim",
+    "queued_server": "cyan",
+    "queued_client": "cyan",
+    "running": "bold yellow",
+    "blocked": "magenta",
+    "pending_client": "magenta",
+    "done": "green",
+    "failed": "bold red",
+    "skipped": "yellow",
+    "expired": "red",
 }
 
 
@@ -43,7 +50,9 @@ def duration(rec: TaskRecord) -> str:
     return ""
 
 
-def task_table(tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]) -> Table:
+def task_table(
+    tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]
+) -> Table:
     table = Table(title=f"tree {tree.tree_id} — {tree.status.value}", title_justify="left")
     for col in ("task", "tool", "state", "route", "duration", "result / reason"):
         table.add_column(col, overflow="fold")
@@ -55,18 +64,29 @@ def task_table(tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping
             detail = rec.error.message
         else:
             detail = rec.reason
-        table.add_row(rec.task_id, rec.tool, Text(state, style=STATE_STYLE.get(state, "")), rec.route,
-                      duration(rec), detail)
+        table.add_row(
+            rec.task_id,
+            rec.tool,
+            Text(state, style=STATE_STYLE.get(state, "")),
+            rec.route,
+            duration(rec),
+            detail,
+        )
     return table
 
 
-def progress(tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]) -> Group:
+def progress(
+    tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]
+) -> Group:
     counts = Counter(shown_state(r, running) for r in records)
     final = sum(1 for r in records if r.state.is_final)
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     bar = ProgressBar(total=len(records), completed=final, width=40)
-    return Group(Text(f"{tree.tree_id}: {final}/{len(records)} final — {parts}"), bar,
-                 task_table(tree, records, running))
+    return Group(
+        Text(f"{tree.tree_id}: {final}/{len(records)} final — {parts}"),
+        bar,
+        task_table(tree, records, running),
+    )
 
 
 def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]]) -> Table:
@@ -75,12 +95,19 @@ def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]])
         table.add_column(col)
     for t in trees:
         c = counts.get(t.tree_id, Counter())
-        table.add_row(t.tree_id, t.status.value, t.session.value, ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
-                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)))
+        table.add_row(
+            t.tree_id,
+            t.status.value,
+            t.session.value,
+            ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)),
+        )
     return table
 
 
-def clients_table(enrolled: Mapping[str, Any], sessions: Mapping[str, Any], waiting: Mapping[str, int]) -> Table:
+def clients_table(
+    enrolled: Mapping[str, Any], sessions: Mapping[str, Any], waiting: Mapping[str, int]
+) -> Table:
     """Enrolled clients, their sessions and tools, and the parked work each could take."""
     table = Table(title="client agents", title_justify="left")
     for col in ("client", "user", "state", "type", "tools", "waiting for it"):
@@ -89,6 +116,12 @@ def clients_table(enrolled: Mapping[str, Any], sessions: Mapping[str, Any], wait
         session = sessions.get(cid)
         tools = ", ".join(sorted(t.name for t in session.tools)) if session else ""
         wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
-        table.add_row(cid, enrollment.user, Text("connected", style="green") if session else Text("offline", style="dim"),
-                      session.client_type.value if session else "", tools, str(wait) if wait else "")
+        table.add_row(
+            cid,
+            enrollment.user,
+            Text("connected", style="green") if session else Text("offline", style="dim"),
+            session.client_type.value if session else "",
+            tools,
+            str(wait) if wait else "",
+        )
     return table

@@ -40,7 +40,10 @@ class ClientEvents:
             if self._conn is None:
                 self._conn = self.app.connection_for_write()
             d = self._dispatchers[client_id] = self.app.events.Dispatcher(
-                self._conn, hostname=agent_hostname(client_id), enabled=True, buffer_while_offline=False,
+                self._conn,
+                hostname=agent_hostname(client_id),
+                enabled=True,
+                buffer_while_offline=False,
             )
         return d
 
@@ -49,11 +52,16 @@ class ClientEvents:
         try:
             with self._lock:
                 self._dispatcher(client_id).send(event, **fields)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
 
     def _worker_fields(self) -> dict[str, Any]:
-        return {"freq": HEARTBEAT_S, "sw_ident": "vancetope-agent", "sw_ver": "0.1", "sw_sys": platform.system()}
+        return {
+            "freq": HEARTBEAT_S,
+            "sw_ident": "vancetope-agent",
+            "sw_ver": "0.1",
+            "sw_sys": platform.system(),
+        }
 
     def online(self, client_id: str) -> None:
         self._send(client_id, "worker-online", **self._worker_fields())
@@ -67,9 +75,18 @@ class ClientEvents:
     def task_sent(self, call: ToolCall) -> None:
         if call.client_id is None:
             return
-        self._send(call.client_id, "task-received", uuid=call.run_id, name=RUN_TOOL_TASK,
-                   args=repr([call.tool, call.task_id]), kwargs="{}", retries=0, eta=None,
-                   root_id=call.run_id, parent_id=None)
+        self._send(
+            call.client_id,
+            "task-received",
+            uuid=call.run_id,
+            name=RUN_TOOL_TASK,
+            args=repr([call.tool, call.task_id]),
+            kwargs="{}",
+            retries=0,
+            eta=None,
+            root_id=call.run_id,
+            parent_id=None,
+        )
 
     def task_done(self, result: ToolResult) -> None:
         if result.client_id is None:
@@ -77,8 +94,13 @@ class ClientEvents:
         self._send(result.client_id, "task-started", uuid=result.run_id, timestamp=result.started_at)
         runtime = max(result.finished_at - result.started_at, 0.0)
         if result.ok:
-            self._send(result.client_id, "task-succeeded", uuid=result.run_id, runtime=runtime,
-                       result=repr({"ok": True, "tool": result.tool, "task": result.task_id}))
+            self._send(
+                result.client_id,
+                "task-succeeded",
+                uuid=result.run_id,
+                runtime=runtime,
+                result=repr({"ok": True, "tool": result.tool, "task": result.task_id}),
+            )
         else:
             message = result.error.message if result.error else "failed"
             self._send(result.client_id, "task-failed", uuid=result.run_id, exception=message, traceback="")

@@ -17,9 +17,9 @@ import redis
 from workers.contracts import (
     CLIENT_OUTBOX,
     RECORD_RESULT_TASK,
-    client_queue,
     channel_tree_events,
     client_key,
+    client_queue,
     key_cancelled,
     key_registry,
     key_tree_running,
@@ -29,6 +29,15 @@ from workers.contracts import (
 # with delivery times in the sorted set beside it.
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
+
+
+def as_bytes(value: bytes | str) -> bytes:
+    """redis-py is typed ``bytes | str``; our clients never decode, so values are bytes."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def as_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class HotState:
@@ -115,10 +124,10 @@ class HotState:
         queue_key = client_key(client_id, client_queue(client_id))
         for raw in self.r.lrange(queue_key, 0, -1):
             if run_id in _task_id(raw):
-                return "queued" if self.r.lrem(queue_key, 1, raw) else None
+                return "queued" if self.r.lrem(queue_key, 1, as_text(raw)) else None
         unacked = client_key(client_id, KOMBU_UNACKED)
         for tag, raw in self.r.hgetall(unacked).items():
-            if run_id in _unacked_task_id(raw):
+            if run_id in _unacked_task_id(as_bytes(raw)):
                 if self.r.hdel(unacked, tag):
                     self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), tag)
                     return "running"

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import redis
 from pydantic import BaseModel, ConfigDict
 
+from brain.hotstate import as_bytes, as_text
 from workers.contracts import KEY_NS, key_parked, key_requeueing
 
 # Chunks keep each EVAL short: one script over 100k refs would stall Redis for
@@ -67,21 +68,21 @@ class ParkedWork:
         while int(self._move(keys=keys, args=[CHUNK])) > 0:
             pass
         raw = self.r.lrange(key_requeueing(client_id), 0, -1)
-        refs = [(item, ParkedRef.model_validate_json(item)) for item in raw]
+        refs = [(as_bytes(item), ParkedRef.model_validate_json(item)) for item in raw]
         return sorted(refs, key=lambda pair: pair[1].parked_at)
 
     def placed(self, client_id: str, raw: bytes) -> None:
         """A ref taken by ``take_for`` has been dispatched or re-parked: drop it."""
-        self.r.lrem(key_requeueing(client_id), 1, raw)
+        self.r.lrem(key_requeueing(client_id), 1, as_text(raw))
 
     def waiting(self) -> dict[str, int]:
         """Owner -> number of refs parked for it (for `vancetope clients`)."""
         prefix = key_parked("")
         counts: dict[str, int] = {}
         for key in self.r.scan_iter(match=f"{prefix}*", count=500):
-            counts[key.decode()[len(prefix):]] = int(self.r.llen(key))
+            counts[key.decode()[len(prefix) :]] = int(self.r.llen(key))
         return counts
 
     def requeueing_clients(self) -> list[str]:
         prefix = f"{KEY_NS}requeueing:"
-        return [k.decode()[len(prefix):] for k in self.r.scan_iter(match=f"{prefix}*", count=500)]
+        return [k.decode()[len(prefix) :] for k in self.r.scan_iter(match=f"{prefix}*", count=500)]

@@ -12,6 +12,7 @@ import time
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
+from brain.hotstate import as_text
 from brain.routing import ClientView, Presence
 from workers.contracts import (
     CLIENT_HEARTBEAT,
@@ -77,7 +78,7 @@ class PresenceBook:
 
     def enrolled(self) -> dict[str, Enrollment]:
         raw = self.r.hgetall(key_enrolled_clients())
-        return {k.decode(): Enrollment.model_validate_json(v) for k, v in raw.items()}
+        return {as_text(k): Enrollment.model_validate_json(v) for k, v in raw.items()}
 
     def enrollment(self, client_id: str) -> Enrollment | None:
         raw = self.r.hget(key_enrolled_clients(), client_id)
@@ -86,8 +87,12 @@ class PresenceBook:
     # sessions -------------------------------------------------------------------------
     def connect(self, msg: ClientConnected, enrollment: Enrollment, now: float) -> ClientSession:
         session = ClientSession(
-            client_id=msg.client_id, user=enrollment.user, session_id=msg.session_id,
-            client_type=msg.client_type, tools=msg.available_tools, connected_at=now,
+            client_id=msg.client_id,
+            user=enrollment.user,
+            session_id=msg.session_id,
+            client_type=msg.client_type,
+            tools=msg.available_tools,
+            connected_at=now,
         )
         self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
         return session
@@ -106,7 +111,7 @@ class PresenceBook:
 
     def sessions(self) -> dict[str, ClientSession]:
         raw = self.r.hgetall(key_presence())
-        return {k.decode(): ClientSession.model_validate_json(v) for k, v in raw.items()}
+        return {as_text(k): ClientSession.model_validate_json(v) for k, v in raw.items()}
 
     def silent(self) -> list[ClientSession]:
         """Connected clients whose heartbeat key expired or belongs to another session."""
@@ -117,8 +122,11 @@ class PresenceBook:
         for s in sessions:
             pipe.get(client_key(s.client_id, CLIENT_HEARTBEAT))
         beats = pipe.execute()
-        return [s for s, beat in zip(sessions, beats, strict=True)
-                if beat is None or beat.decode() != s.session_id]
+        return [
+            s
+            for s, beat in zip(sessions, beats, strict=True)
+            if beat is None or beat.decode() != s.session_id
+        ]
 
     def view(self, user: str | None, session_client: str | None) -> Presence:
         clients = tuple(

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -61,21 +62,31 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 15.0) -> RedisServer:
+    def start(self, timeout: float = 15.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         args = [
             find_redis_server(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir.resolve()),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--no-appendfsync-on-rewrite", "no",
-            "--maxmemory-policy", "noeviction",
-            "--save", "",
-            "--daemonize", "no",
-            "--logfile", str((self.data_dir / "redis.log").resolve()),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir.resolve()),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--no-appendfsync-on-rewrite",
+            "no",
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str((self.data_dir / "redis.log").resolve()),
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready(timeout)
@@ -87,7 +98,9 @@ class RedisServer:
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    err = (self.process.stderr.read() if self.process.stderr else b"").decode(errors="replace")
+                    err = (self.process.stderr.read() if self.process.stderr else b"").decode(
+                        errors="replace"
+                    )
                     raise RedisServerError(
                         f"redis-server exited with code {self.process.returncode}: {err.strip()[-500:]}"
                     )
@@ -115,7 +128,7 @@ class RedisServer:
             if proc.stderr:
                 proc.stderr.close()
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

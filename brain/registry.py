@@ -53,8 +53,11 @@ def build_registry(settings: Settings) -> RegistrySnapshot:
                 discovered[d.name] = spec_from_descriptor(d, Location.SERVER)
             except ConfigError as exc:
                 # One badly named tool must not take the rest of its server down with it.
-                failures.append(MCPServerFailure(server=d.mcp_server or "?", message=f"tool {d.name!r} skipped: {exc}"))
+                failures.append(
+                    MCPServerFailure(server=d.mcp_server or "?", message=f"tool {d.name!r} skipped: {exc}")
+                )
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
     engines = load_engines(settings.registry) if settings.registry else {}
-    return RegistrySnapshot(tools=merge_registry(builtins, discovered, declared), engines=engines,
-                            mcp_failures=failures)
+    return RegistrySnapshot(
+        tools=merge_registry(builtins, discovered, declared), engines=engines, mcp_failures=failures
+    )

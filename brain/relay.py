@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from brain.clientwork import ClientWork
 from brain.events import HEARTBEAT_S
+from brain.hotstate import as_bytes, as_text
 from brain.scheduler import Scheduler
 from workers.contracts import (
     CLIENT_ACK,
@@ -46,8 +47,12 @@ class Relay:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
         a lost result is re-sent by the reconciler, a refused announcement is acked as refused."""
         if len(raw) > self.max_bytes:
-            log.warning("dropped a %d-byte message from client %r: over the %d-byte limit", len(raw), owner,
-                        self.max_bytes)
+            log.warning(
+                "dropped a %d-byte message from client %r: over the %d-byte limit",
+                len(raw),
+                owner,
+                self.max_bytes,
+            )
             self._refuse_if_announcement(owner, raw, f"message of {len(raw)} bytes is over {self.max_bytes}")
             return
         try:
@@ -70,7 +75,11 @@ class Relay:
             data = json.loads(raw)
         except ValueError:
             return
-        if isinstance(data, dict) and data.get("type") == "client_connected" and isinstance(data.get("session_id"), str):
+        if (
+            isinstance(data, dict)
+            and data.get("type") == "client_connected"
+            and isinstance(data.get("session_id"), str)
+        ):
             ack = AnnouncementAck(session_id=data["session_id"][:128], accepted=False, reason=reason)
             self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
 
@@ -82,7 +91,7 @@ class Relay:
         if item is None:
             return False
         key, raw = item
-        self.handle(keys[key.decode()], raw)
+        self.handle(keys[as_text(key)], as_bytes(raw))
         return True
 
     def run(self, stop: threading.Event) -> threading.Thread:
@@ -99,7 +108,7 @@ class Relay:
                         beat_checked = now
                     if not self.poll_once(enrolled) and not enrolled:
                         stop.wait(POP_TIMEOUT_S)
-                except Exception:  # noqa: BLE001 - one bad message must not stop the relay
+                except Exception:
                     log.exception("client relay step failed")
                     stop.wait(0.5)
 

@@ -116,7 +116,9 @@ class Scheduler:
             step = plan(tree_rec.tree, records)
             changed = False
             for task_id, why in step.skip:
-                changed |= self.finish_without_run(records[task_id], TaskState.SKIPPED, why, {TaskState.PENDING})
+                changed |= self.finish_without_run(
+                    records[task_id], TaskState.SKIPPED, why, {TaskState.PENDING}
+                )
             for task_id in step.ready:
                 changed |= self.start(tree_rec, records[task_id], records, presence, {TaskState.PENDING})
             if not changed:
@@ -135,8 +137,9 @@ class Scheduler:
 
     def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
         engine = self.registry.engines.get(tree_rec.tree.engine) if tree_rec.tree.engine else None
-        req = RouteRequest(tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session,
-                           engine=engine)
+        req = RouteRequest(
+            tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session, engine=engine
+        )
         return decide_route(req, self.registry.tools, presence)
 
     def start(
@@ -155,8 +158,11 @@ class Scheduler:
             return self._dispatch(tree_rec, spec, rec, route, records, from_states)
         if route.kind is RouteKind.FAIL:
             hint = self.registry.failure_hint() if route.reason.startswith("Tool unknown") else ""
-            error = ErrorInfo(type="RouteFailed", message=f"task {spec.id!r}: {route.reason}{hint}",
-                              data={"task": spec.id, "tool": spec.tool})
+            error = ErrorInfo(
+                type="RouteFailed",
+                message=f"task {spec.id!r}: {route.reason}{hint}",
+                data={"task": spec.id, "tool": spec.tool},
+            )
             return self.finish_without_run(rec, TaskState.FAILED, route.reason, from_states, error=error)
         if route.kind is RouteKind.SKIP:
             return self.finish_without_run(rec, TaskState.SKIPPED, route.reason, from_states)
@@ -177,14 +183,23 @@ class Scheduler:
         now = self.clock()
         parked_at = parked_at or now
         moved = self.store.transition(
-            rec.tree_id, rec.task_id, from_states=from_states, expect_run_id=rec.run_id, state=state,
-            reason=reason, route=state.value, queued_at=parked_at, updated_at=now,
+            rec.tree_id,
+            rec.task_id,
+            from_states=from_states,
+            expect_run_id=rec.run_id,
+            state=state,
+            reason=reason,
+            route=state.value,
+            queued_at=parked_at,
+            updated_at=now,
             first_queued_at=rec.first_queued_at or parked_at,
         )
         if moved is None:
             return False
         owner = owner_of(tree_rec.user, tree_rec.client_id)
-        self.parked.park(ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner, parked_at=parked_at))
+        self.parked.park(
+            ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner, parked_at=parked_at)
+        )
         return True
 
     def _dispatch(
@@ -199,7 +214,9 @@ class Scheduler:
         try:
             args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
         except UnresolvedReference as exc:
-            error = ErrorInfo(type="UnresolvedReference", message=f"task {spec.id!r}: {exc}", data={"task": spec.id})
+            error = ErrorInfo(
+                type="UnresolvedReference", message=f"task {spec.id!r}: {exc}", data={"task": spec.id}
+            )
             return self.finish_without_run(rec, TaskState.FAILED, str(exc), from_states, error=error)
         tool = self.tool_spec(route.tool, route.client_id)
         assert tool is not None, f"router chose {route.tool!r}, which neither the registry nor the client has"
@@ -210,10 +227,18 @@ class Scheduler:
             summary += f" (fallback from {route.fell_back_from})"
         now = self.clock()
         moved = self.store.transition(
-            rec.tree_id, rec.task_id, from_states=from_states, expect_run_id=rec.run_id,
+            rec.tree_id,
+            rec.task_id,
+            from_states=from_states,
+            expect_run_id=rec.run_id,
             state=TaskState.QUEUED_CLIENT if to_client else TaskState.QUEUED_SERVER,
-            run_id=new_run_id(tree_rec.tree_id, spec.id, attempt), attempt=attempt, route=summary,
-            reason=route.reason, tool=route.tool, queued_at=now, updated_at=now,
+            run_id=new_run_id(tree_rec.tree_id, spec.id, attempt),
+            attempt=attempt,
+            route=summary,
+            reason=route.reason,
+            tool=route.tool,
+            queued_at=now,
+            updated_at=now,
             first_queued_at=rec.first_queued_at or now,
         )
         if moved is None:
@@ -231,22 +256,32 @@ class Scheduler:
         descriptor = session.tool(tool) if session else None
         return spec_from_descriptor(descriptor, Location.CLIENT) if descriptor else None
 
-    def call(self, spec: TaskSpec, rec: TaskRecord, tool: ToolSpec, args: dict[str, Any],
-             client_id: str | None) -> ToolCall:
+    def call(
+        self, spec: TaskSpec, rec: TaskRecord, tool: ToolSpec, args: dict[str, Any], client_id: str | None
+    ) -> ToolCall:
         return ToolCall(
-            run_id=rec.run_id or "", tree_id=rec.tree_id, task_id=rec.task_id, tool=tool.name,
-            tool_type=tool.type, mcp_server=tool.mcp_server, args=args,
+            run_id=rec.run_id or "",
+            tree_id=rec.tree_id,
+            task_id=rec.task_id,
+            tool=tool.name,
+            tool_type=tool.type,
+            mcp_server=tool.mcp_server,
+            args=args,
             timeout_s=spec.timeout_s or tool.timeout_s or self.settings.default_timeout_s,
-            max_result_bytes=self.settings.max_result_bytes, max_deliveries=self.settings.max_deliveries,
+            max_result_bytes=self.settings.max_result_bytes,
+            max_deliveries=self.settings.max_deliveries,
             client_id=client_id,
         )
 
     def publish(self, call: ToolCall) -> None:
         try:
             self.publisher.send(call)
-        except Exception:  # noqa: BLE001 - the store already says queued; the reconciler re-sends
-            log.exception("could not publish task %s (run %s); the reconciler will re-send it",
-                          call.task_id, call.run_id)
+        except Exception:
+            log.exception(
+                "could not publish task %s (run %s); the reconciler will re-send it",
+                call.task_id,
+                call.run_id,
+            )
             return
         if self.events is not None:
             self.events.task_sent(call)
@@ -260,10 +295,19 @@ class Scheduler:
         error: ErrorInfo | None = None,
     ) -> bool:
         now = self.clock()
-        return self.store.transition(
-            rec.tree_id, rec.task_id, from_states=from_states, state=state, reason=reason, error=error,
-            finished_at=now, updated_at=now,
-        ) is not None
+        return (
+            self.store.transition(
+                rec.tree_id,
+                rec.task_id,
+                from_states=from_states,
+                state=state,
+                reason=reason,
+                error=error,
+                finished_at=now,
+                updated_at=now,
+            )
+            is not None
+        )
 
     # --- results ------------------------------------------------------------------------
     def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
@@ -273,14 +317,25 @@ class Scheduler:
             return False
         ok, value, error = self._capped(result)
         recorded = self.store.transition(
-            result.tree_id, result.task_id, from_states=IN_FLIGHT, expect_run_id=result.run_id,
-            state=TaskState.DONE if ok else TaskState.FAILED, result=value, error=error,
-            reason="" if ok else (error.message if error else "failed"), worker=result.worker,
-            started_at=result.started_at, finished_at=result.finished_at, updated_at=self.clock(),
+            result.tree_id,
+            result.task_id,
+            from_states=IN_FLIGHT,
+            expect_run_id=result.run_id,
+            state=TaskState.DONE if ok else TaskState.FAILED,
+            result=value,
+            error=error,
+            reason="" if ok else (error.message if error else "failed"),
+            worker=result.worker,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            updated_at=self.clock(),
         )
         if recorded is None:
-            log.info("ignored result of run %s (task %s): not the task's current run, or already recorded",
-                     result.run_id, result.task_id)
+            log.info(
+                "ignored result of run %s (task %s): not the task's current run, or already recorded",
+                result.run_id,
+                result.task_id,
+            )
             return False
         self.hot.clear_running(result.tree_id, result.task_id, result.run_id, from_client)
         if self.events is not None:
@@ -292,9 +347,17 @@ class Scheduler:
         if from_client is None:
             return result.client_id is None
         rec = self.store.get_task(result.tree_id, result.task_id)
-        if result.client_id != from_client or rec is None or not rec.route.startswith(client_route(from_client)):
-            log.warning("refused a result for task %s of tree %s from client %r: not routed to that client",
-                        result.task_id, result.tree_id, from_client)
+        if (
+            result.client_id != from_client
+            or rec is None
+            or not rec.route.startswith(client_route(from_client))
+        ):
+            log.warning(
+                "refused a result for task %s of tree %s from client %r: not routed to that client",
+                result.task_id,
+                result.tree_id,
+                from_client,
+            )
             return False
         return True
 
@@ -305,9 +368,13 @@ class Scheduler:
         size = len(json.dumps(result.value, default=str))
         if size <= self.settings.max_result_bytes:
             return True, result.value, None
-        return False, None, ErrorInfo(
-            type="ResultTooLarge",
-            message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
-            f"{self.settings.max_result_bytes} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
-            data={"task": result.task_id, "tool": result.tool, "size": size},
+        return (
+            False,
+            None,
+            ErrorInfo(
+                type="ResultTooLarge",
+                message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
+                f"{self.settings.max_result_bytes} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
+                data={"task": result.task_id, "tool": result.tool, "size": size},
+            ),
         )

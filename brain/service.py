@@ -12,8 +12,8 @@ from celery import Celery
 from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.dispatch import Publisher
-from brain.events import ClientEvents
 from brain.errors import StackNotRunning
+from brain.events import ClientEvents
 from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot, build_registry
 from brain.relay import Relay
@@ -53,8 +53,15 @@ class Brain:
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
         scheduler.events = ClientEvents(app)
         clients = ClientWork(scheduler)
-        return cls(settings=settings, app=app, store=store, hot=hot, scheduler=scheduler, clients=clients,
-                   sweeps=Sweeps(scheduler, clients))
+        return cls(
+            settings=settings,
+            app=app,
+            store=store,
+            hot=hot,
+            scheduler=scheduler,
+            clients=clients,
+            sweeps=Sweeps(scheduler, clients),
+        )
 
     def publish_registry(self) -> None:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
@@ -70,7 +77,9 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
     """The brain process: discover server tools, publish the registry snapshot."""
     registry = build_registry(settings)
     for failure in registry.mcp_failures:
-        log.error("MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail)
+        log.error(
+            "MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail
+        )
     brain = Brain.connect(settings, redis_url, registry)
     brain.publish_registry()
     return brain
@@ -90,7 +99,7 @@ def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
                 resent = brain.sweeps.run_once()
                 if resent:
                     log.warning("reconciler re-sent %d lost task(s): %s", len(resent), ", ".join(resent))
-            except Exception:  # noqa: BLE001 - a sweep that fails must not stop later sweeps
+            except Exception:
                 log.exception("reconcile sweep failed at %s", time.strftime("%X"))
 
     thread = threading.Thread(target=loop, name="vancetope-reconciler", daemon=True)

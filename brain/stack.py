@@ -16,6 +16,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import redis
 
@@ -38,20 +39,42 @@ class Service:
 
 
 def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", module, "worker", "-Q", queue, "-n", node,
-            "--loglevel", "INFO", "-E", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        module,
+        "worker",
+        "-Q",
+        queue,
+        "-n",
+        node,
+        "--loglevel",
+        "INFO",
+        "-E",
+        *extra,
+    ]
 
 
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
         ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo")),
-        ("server-pool", celery_argv("workers.server_worker", "server", "server@%h",
-                                    "-c", str(settings.server_concurrency))),
+        (
+            "server-pool",
+            celery_argv(
+                "workers.server_worker", "server", "server@%h", "-c", str(settings.server_concurrency)
+            ),
+        ),
     ]
     if settings.agent_config:
-        services.append(("client-agent", [sys.executable, "-m", "client_agent", "run",
-                                          "--config", str(settings.agent_config)]))
+        services.append(
+            (
+                "client-agent",
+                [sys.executable, "-m", "client_agent", "run", "--config", str(settings.agent_config)],
+            )
+        )
     return services
 
 
@@ -75,7 +98,7 @@ class EmbeddedStack:
         assert self.redis is not None
         return self.redis.url
 
-    def start(self, ready_timeout: float = 120.0) -> EmbeddedStack:
+    def start(self, ready_timeout: float = 120.0) -> Self:
         data = self.settings.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         self.redis = RedisServer(data / "redis").start()
@@ -92,18 +115,29 @@ class EmbeddedStack:
         if self.only is None or "brain" in self.only:
             self.wait_ready(ready_timeout)
         # Written once the brain answers, so `vancetope run` never finds a stack that is not ready.
-        (data / STACK_FILE).write_text(json.dumps({
-            "redis_url": self.redis.url, "pid": os.getpid(), "started_at": time.time(),
-            "services": {s.name: s.process.pid for s in self.services if s.process},
-        }))
+        (data / STACK_FILE).write_text(
+            json.dumps(
+                {
+                    "redis_url": self.redis.url,
+                    "pid": os.getpid(),
+                    "started_at": time.time(),
+                    "services": {s.name: s.process.pid for s in self.services if s.process},
+                }
+            )
+        )
         return self
 
     def start_service(self, name: str) -> Service:
         argv = dict(service_argvs(self.settings))[name]
         log_path = self.settings.data_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
-            proc = subprocess.Popen(argv, env=stack_env(self.settings, self.redis_url), stdout=log_file,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=stack_env(self.settings, self.redis_url),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         service = Service(name, argv, proc, log_path)
         self.services.append(service)
         return service
@@ -127,12 +161,16 @@ class EmbeddedStack:
                     return
                 for s in self.services:
                     if s.process is not None and s.process.poll() is not None:
-                        raise StackNotRunning(f"{s.name} exited with code {s.process.returncode}; "
-                                              f"see {s.log_path}:\n{tail(s.log_path)}")
+                        raise StackNotRunning(
+                            f"{s.name} exited with code {s.process.returncode}; "
+                            f"see {s.log_path}:\n{tail(s.log_path)}"
+                        )
                 time.sleep(0.1)
         finally:
             hot.close()
-        raise StackNotRunning(f"the brain did not become ready within {timeout:g}s; see {self.settings.data_dir}/logs")
+        raise StackNotRunning(
+            f"the brain did not become ready within {timeout:g}s; see {self.settings.data_dir}/logs"
+        )
 
     def stop(self, timeout: float = 20.0) -> None:
         for s in self.services:
@@ -152,7 +190,7 @@ class EmbeddedStack:
             self.redis.stop()
         (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
 
-    def __enter__(self) -> EmbeddedStack:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -163,9 +201,13 @@ def stack_env(settings: Settings, redis_url: str) -> dict[str, str]:
     """Environment of the stack's processes. The interpreter's bin dir goes first on PATH so
     MCP servers installed beside Vancetope (e.g. ``mcp-server-time``) are found by name."""
     bin_dir = os.path.dirname(sys.executable)
-    return {**os.environ, **settings.to_env(), "VANCETOPE_REDIS_URL": redis_url,
-            "VANCETOPE_AGENT_BROKER_URL": redis_url,
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    return {
+        **os.environ,
+        **settings.to_env(),
+        "VANCETOPE_REDIS_URL": redis_url,
+        "VANCETOPE_AGENT_BROKER_URL": redis_url,
+        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    }
 
 
 def running_stack_url(settings: Settings) -> str | None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from brain.models import TaskRecord, TaskState, TreeRecord
 from brain.clientwork import ClientWork
+from brain.models import TaskRecord, TaskState, TreeRecord
 from brain.parked import ParkedRef, owner_of
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
 from brain.validation import resolve_args
@@ -32,7 +32,9 @@ class Sweeps:
         self.relist_parked()
         self.finish_requeues()
         cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
-        for tree_id in {r.tree_id for r in self.s.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)}:
+        for tree_id in {
+            r.tree_id for r in self.s.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)
+        }:
             self.s.advance(tree_id)
         return resent
 
@@ -41,15 +43,19 @@ class Sweeps:
         """Queued tasks no queue, worker or outbox holds get a new run id and are sent again,
         so a late original is ignored rather than recorded twice."""
         cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
-        stale = self.s.store.tasks_in_states({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT},
-                                             updated_before=cutoff)
+        stale = self.s.store.tasks_in_states(
+            {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT}, updated_before=cutoff
+        )
         held: dict[str | None, set[str]] = {}
         resent: list[str] = []
         for rec in stale:
             cid = _client_of(rec)
             if cid not in held:
-                held[cid] = (self.s.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE]) if cid is None
-                             else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid))
+                held[cid] = (
+                    self.s.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE])
+                    if cid is None
+                    else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid)
+                )
             if rec.run_id not in held[cid] and self._resend(rec, cid):
                 resent.append(rec.task_id)
         return resent
@@ -59,19 +65,30 @@ class Sweeps:
         if tree_rec is None:
             return False
         if rec.attempt >= self.s.settings.max_deliveries + 2:
-            error = ErrorInfo(type="LostTooOften", data={"task": rec.task_id, "tool": rec.tool},
-                              message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
-                              "between the brain and its worker; gave up. Check the worker logs.")
+            error = ErrorInfo(
+                type="LostTooOften",
+                data={"task": rec.task_id, "tool": rec.tool},
+                message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
+                "between the brain and its worker; gave up. Check the worker logs.",
+            )
             return self.s.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error)
         if client_id is not None and self.s.presence.session(client_id) is None:
             # Its client is gone: treat it like work taken back on disconnect.
             reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
-            return self.s.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at)
+            return self.s.park(
+                tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
+            )
         attempt = rec.attempt + 1
         now = self.s.clock()
         moved = self.s.store.transition(
-            rec.tree_id, rec.task_id, from_states={rec.state}, expect_run_id=rec.run_id,
-            run_id=new_run_id(rec.tree_id, rec.task_id, attempt), attempt=attempt, queued_at=now, updated_at=now,
+            rec.tree_id,
+            rec.task_id,
+            from_states={rec.state},
+            expect_run_id=rec.run_id,
+            run_id=new_run_id(rec.tree_id, rec.task_id, attempt),
+            attempt=attempt,
+            queued_at=now,
+            updated_at=now,
         )
         if moved is None:
             return False
@@ -80,9 +97,16 @@ class Sweeps:
         args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
         tool = self.s.tool_spec(moved.tool, client_id)
         if tool is None:
-            return self.s.finish_without_run(moved, TaskState.FAILED, f"Tool unknown: {moved.tool}", {moved.state})
-        log.warning("task %s of tree %s was queued but nothing held run %s: re-sent as run %s",
-                    rec.task_id, rec.tree_id, rec.run_id, moved.run_id)
+            return self.s.finish_without_run(
+                moved, TaskState.FAILED, f"Tool unknown: {moved.tool}", {moved.state}
+            )
+        log.warning(
+            "task %s of tree %s was queued but nothing held run %s: re-sent as run %s",
+            rec.task_id,
+            rec.tree_id,
+            rec.run_id,
+            moved.run_id,
+        )
         self.s.publish(self.s.call(spec, moved, tool, args, client_id))
         self.s.hot.notify(rec.tree_id)
         return True
@@ -96,12 +120,17 @@ class Sweeps:
         for rec in self.s.store.tasks_in_states(PARKED):
             spec = self.s.registry.tools.get(rec.tool)
             tree_rec = trees.setdefault(rec.tree_id, self.s.store.get_tree(rec.tree_id))
-            max_wait = ((tree_rec.tree.max_wait_s if tree_rec else None) or (spec.max_wait_s if spec else None)
-                        or self.s.settings.max_wait_s)
+            max_wait = (
+                (tree_rec.tree.max_wait_s if tree_rec else None)
+                or (spec.max_wait_s if spec else None)
+                or self.s.settings.max_wait_s
+            )
             if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
                 continue
-            reason = (f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
-                      f"(max_wait_s {max_wait:g})")
+            reason = (
+                f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
+                f"(max_wait_s {max_wait:g})"
+            )
             if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
                 expired.append(rec.task_id)
                 self.s.advance(rec.tree_id)
@@ -146,8 +175,14 @@ class Sweeps:
 
     def _relist(self, tree_rec: TreeRecord, rec: TaskRecord) -> bool:
         owner = owner_of(tree_rec.user, tree_rec.client_id)
-        self.s.parked.park(ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner,
-                                     parked_at=rec.queued_at or self.s.clock()))
+        self.s.parked.park(
+            ParkedRef(
+                tree_id=rec.tree_id,
+                task_id=rec.task_id,
+                owner=owner,
+                parked_at=rec.queued_at or self.s.clock(),
+            )
+        )
         return True
 
     def _listed_refs(self) -> set[tuple[str, str]]:

@@ -274,8 +274,9 @@ def _error_lines(exc: ValidationError, items: Any, prefix: tuple[str, ...], noun
     for error in exc.errors():
         loc = tuple(error["loc"])
         who = ""
-        if loc[: len(prefix)] == prefix and len(loc) > len(prefix) and isinstance(loc[len(prefix)], int):
-            who = _label(items, loc[len(prefix)], noun, key)
+        index = loc[len(prefix)] if loc[: len(prefix)] == prefix and len(loc) > len(prefix) else None
+        if isinstance(index, int):
+            who = _label(items, index, noun, key)
             loc = loc[len(prefix) + 1 :]
         line = ": ".join(part for part in (who, _format_loc(loc), _message(error, loc)) if part)
         if line not in lines:

@@ -85,7 +85,11 @@ def validate_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: s
 
 
 def check_tree(
-    tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: str, engines: Mapping[str, Engine] | None = None
+    tree: TaskTree,
+    registry: Mapping[str, ToolSpec],
+    *,
+    source: str,
+    engines: Mapping[str, Engine] | None = None,
 ) -> None:
     """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid."""
     problems = validate_tree(tree, registry, source=source)
@@ -105,7 +109,9 @@ def engine_problems(tree: TaskTree, engines: Mapping[str, Engine]) -> list[str]:
         return [f"engine: {tree.engine!r} is not an engine of the registry ({known})"]
     return [
         f"task {task.id!r}: tool {tool!r} is not allowed by engine {engine.id!r}"
-        for task in tree.tasks for tool in task.toolset if not engine.allows(tool)
+        for task in tree.tasks
+        for tool in task.toolset
+        if not engine.allows(tool)
     ]
 
 

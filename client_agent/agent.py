@@ -148,7 +148,11 @@ class Agent:
         self.announcement()  # fail loudly now if the tools cannot be announced at all
         log.info("announcing %d tools: %s", len(tools), ", ".join(t.name for t in tools))
         heartbeat = Heartbeat(
-            self.channel, self.session_id, cfg.heartbeat_interval_s, cfg.heartbeat_ttl_s, self._stop,
+            self.channel,
+            self.session_id,
+            cfg.heartbeat_interval_s,
+            cfg.heartbeat_ttl_s,
+            self._stop,
             announcer=self.announcer,
         )
         self._threads = [heartbeat, self.announcer]

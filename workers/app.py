@@ -18,7 +18,9 @@ from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-def celery_config(broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None) -> dict[str, Any]:
+def celery_config(
+    broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None
+) -> dict[str, Any]:
     transport: dict[str, Any] = {"visibility_timeout": visibility_timeout_s}
     if keyprefix:
         transport["global_keyprefix"] = keyprefix
@@ -63,4 +65,4 @@ def _app_from_env() -> Celery:
 
 app = _app_from_env()
 
-__all__ = ["app", "make_app", "celery_config", "BRAIN_QUEUE", "SERVER_QUEUE"]
+__all__ = ["BRAIN_QUEUE", "SERVER_QUEUE", "app", "celery_config", "make_app"]

@@ -24,7 +24,7 @@ import tempfile
 import threading
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TextIO, TypeVar, cast
 
 import anyio
 import httpx2
@@ -144,7 +144,7 @@ class _Session:
         if isinstance(spec, StdioServerSpec):
             assert self.stderr is not None
             params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
-            return stdio_client(params, errlog=self.stderr.file)
+            return stdio_client(params, errlog=cast(TextIO, self.stderr.file))
         http = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
         await stack.enter_async_context(http)
         return streamable_http_client(spec.url, http_client=http)

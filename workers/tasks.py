@@ -137,7 +137,9 @@ def _run(
     try:
         manager = mcp()
     except Exception as exc:  # noqa: BLE001 - a broken MCP config fails the call, not the worker
-        return _failure(call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id)
+        return _failure(
+            call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id
+        )
     return execute(call, mcp=manager, worker=worker, native=native, client_id=client_id)
 
 
@@ -150,14 +152,28 @@ def _decode(payload: Any, worker: str, client_id: str | None) -> ToolCall | None
         log.error("worker %s dropped a message that is not a valid tool call: %s", worker, exc)
         return None
     if client_id is not None and call.client_id != client_id:
-        log.error("worker %s dropped run %s: it was routed to client %r, not to this one",
-                  worker, call.run_id, call.client_id)
+        log.error(
+            "worker %s dropped run %s: it was routed to client %r, not to this one",
+            worker,
+            call.run_id,
+            call.client_id,
+        )
         return None
     return call
 
 
-def _failure(call: ToolCall, error: ErrorInfo, worker: str, started: float, client_id: str | None) -> ToolResult:
+def _failure(
+    call: ToolCall, error: ErrorInfo, worker: str, started: float, client_id: str | None
+) -> ToolResult:
     return ToolResult(
-        run_id=call.run_id, tree_id=call.tree_id, task_id=call.task_id, tool=call.tool, ok=False,
-        error=error, worker=worker, started_at=started, finished_at=time.time(), client_id=client_id,
+        run_id=call.run_id,
+        tree_id=call.tree_id,
+        task_id=call.task_id,
+        tool=call.tool,
+        ok=False,
+        error=error,
+        worker=worker,
+        started_at=started,
+        finished_at=time.time(),
+        client_id=client_id,
     )

@@ -17,10 +17,18 @@ from tests.conftest import EXAMPLES, ROOT, wait_until
 pytestmark = pytest.mark.integration
 
 
-def vancetope(*args: str, data: Path, timeout: float = 120, env: dict[str, str] | None = None,
-              ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "brain", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+def vancetope(
+    *args: str,
+    data: Path,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+        [sys.executable, "-m", "brain", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250", **(env or {})},
     )
 
@@ -36,8 +44,9 @@ def test_malformed_yaml_is_refused_with_its_line_and_column_before_anything_star
 
 def test_an_invalid_tree_is_refused_naming_the_task_and_the_problem(tmp_path: Path) -> None:
     cycle = tmp_path / "cycle.yaml"
-    cycle.write_text("id: t\ntasks:\n  - {id: a, tool: echo, depends_on: [b]}\n"
-                     "  - {id: b, tool: echo, depends_on: [a]}\n")
+    cycle.write_text(
+        "id: t\ntasks:\n  - {id: a, tool: echo, depends_on: [b]}\n  - {id: b, tool: echo, depends_on: [a]}\n"
+    )
     proc = vancetope("run", str(cycle), data=tmp_path / "data")
     assert proc.returncode == 2
     assert f"error: {cycle}: invalid task tree (1 problem(s)):" in proc.stderr
@@ -61,17 +70,23 @@ def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Pat
 def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:
-        up = subprocess.Popen([sys.executable, "-m", "brain", "up", "--no-agent"], cwd=ROOT,
-                              env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
-                              stdout=up_log, stderr=subprocess.STDOUT, start_new_session=True)
+        up = subprocess.Popen(
+            [sys.executable, "-m", "brain", "up", "--no-agent"],
+            cwd=ROOT,
+            env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
+            stdout=up_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     agent: subprocess.Popen[str] | None = None
     try:
         stack_file = data / "stack.json"
         wait_until(stack_file.exists, timeout=90, what="`vancetope up` to write stack.json")
         url = json.loads(stack_file.read_text())["redis_url"]
         # The laptop is offline: its work parks, the server part finishes.
-        run = vancetope("run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "10",
-                        data=data)
+        run = vancetope(
+            "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "10", data=data
+        )
         assert run.returncode == 1, run.stdout + run.stderr
         tree_id = re.search(r"tree (offline-client-\S+)", run.stdout).group(1)
         assert re.search(r"read_notes .*blocked .*Waiting for Client for Tool: read_local_file", run.stdout)
@@ -83,8 +98,9 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         assert re.search(r"laptop .*demo .*offline .*2", clients.stdout), clients.stdout
 
         # a second run of the same tree, cancelled while parked: it must never run
-        again = vancetope("run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "3",
-                          data=data)
+        again = vancetope(
+            "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "3", data=data
+        )
         cancelled_id = re.search(r"tree (offline-client-\S+)", again.stdout).group(1)
         cancel = vancetope("cancel", cancelled_id, data=data)
         assert cancel.returncode == 0, cancel.stderr
@@ -92,11 +108,17 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
 
         agent = subprocess.Popen(
             [sys.executable, "-m", "client_agent", "run", "--config", str(EXAMPLES / "agent" / "agent.toml")],
-            cwd=ROOT, env={**os.environ, "VANCETOPE_AGENT_BROKER_URL": url},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            cwd=ROOT,
+            env={**os.environ, "VANCETOPE_AGENT_BROKER_URL": url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        wait_until(lambda: "— done" in vancetope("status", tree_id, data=data).stdout, timeout=90,
-                   what="the parked tasks to run once the agent connected")
+        wait_until(
+            lambda: "— done" in vancetope("status", tree_id, data=data).stdout,
+            timeout=90,
+            what="the parked tasks to run once the agent connected",
+        )
         status = vancetope("status", tree_id, data=data).stdout
         assert re.search(r"read_notes .*done .*client:laptop", status)
         assert "connected" in vancetope("clients", data=data).stdout

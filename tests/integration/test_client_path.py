@@ -7,6 +7,7 @@ that nothing was lost or recorded twice.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,10 +31,8 @@ def make_agent(tmp_path: Path, *, shell: bool = False) -> Path:
     subprocess.run([*git, "add", "notes.txt"], check=True)
     subprocess.run([*git, "commit", "-qm", "first note"], check=True)
     bin_dir = os.path.dirname(sys.executable)
-    (tmp_path / "mcp.json").write_text(
-        '{"mcpServers": {"git": {"command": "%s", "args": ["--repository", "%s"]}}}'
-        % (os.path.join(bin_dir, "mcp-server-git"), sandbox)
-    )
+    git_server = {"command": os.path.join(bin_dir, "mcp-server-git"), "args": ["--repository", str(sandbox)]}
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"git": git_server}}))
     config = tmp_path / "agent.toml"
     config.write_text(
         "[agent]\n"
@@ -56,21 +55,42 @@ def test_offline_client_work_waits_then_runs_in_order_when_the_agent_starts(
     stack = stack_factory(services=("brain", "server-pool"), agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
     brain.scheduler.presence.enroll("laptop", "ada")
-    rec = brain.scheduler.submit(tree({
-        "id": "offline",
-        "tasks": [
-            {"id": "server_side", "tool": "text_transform", "args": {"op": "upper", "text": "go"}},
-            {"id": "read_notes", "tool": "read_local_file", "args": {"path": "notes.txt"}},
-            {"id": "list_sandbox", "tool": "list_directory", "args": {"path": "."}},
-            {"id": "summary", "tool": "text_transform", "depends_on": ["server_side", "read_notes"],
-             "args": {"op": "template", "text": "{a} {b}",
-                      "values": {"a": "${tasks.server_side.result}", "b": "${tasks.read_notes.result.content}"}}},
-        ],
-    }), session=SessionKind.INTERACTIVE, client_id="laptop")
-    wait_until(lambda: brain.store.get_task(rec.tree_id, "server_side").state is TaskState.DONE, what="server task")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "offline",
+                "tasks": [
+                    {"id": "server_side", "tool": "text_transform", "args": {"op": "upper", "text": "go"}},
+                    {"id": "read_notes", "tool": "read_local_file", "args": {"path": "notes.txt"}},
+                    {"id": "list_sandbox", "tool": "list_directory", "args": {"path": "."}},
+                    {
+                        "id": "summary",
+                        "tool": "text_transform",
+                        "depends_on": ["server_side", "read_notes"],
+                        "args": {
+                            "op": "template",
+                            "text": "{a} {b}",
+                            "values": {
+                                "a": "${tasks.server_side.result}",
+                                "b": "${tasks.read_notes.result.content}",
+                            },
+                        },
+                    },
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_until(
+        lambda: brain.store.get_task(rec.tree_id, "server_side").state is TaskState.DONE, what="server task"
+    )
     now = states(brain, rec.tree_id)
     assert now["read_notes"] is TaskState.BLOCKED
-    assert brain.store.get_task(rec.tree_id, "read_notes").reason == "Waiting for Client for Tool: read_local_file"
+    assert (
+        brain.store.get_task(rec.tree_id, "read_notes").reason
+        == "Waiting for Client for Tool: read_local_file"
+    )
     assert now["list_sandbox"] is TaskState.PENDING_CLIENT  # registry: offline_strategy queue
     assert now["summary"] is TaskState.PENDING
 
@@ -82,14 +102,22 @@ def test_offline_client_work_waits_then_runs_in_order_when_the_agent_starts(
     assert tasks["read_notes"].queued_at <= tasks["list_sandbox"].queued_at  # requeued in parking order
 
 
-def test_a_tool_of_the_users_own_mcp_server_runs_on_the_client(tmp_path: Path, stack_factory, brain_factory) -> None:
+def test_a_tool_of_the_users_own_mcp_server_runs_on_the_client(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
     stack = stack_factory(agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
     wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
-    rec = brain.scheduler.submit(tree({
-        "id": "git",
-        "tasks": [{"id": "log", "tool": "git_log", "args": {"repo_path": str(tmp_path / "sandbox")}}],
-    }), session=SessionKind.INTERACTIVE, client_id="laptop")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "git",
+                "tasks": [{"id": "log", "tool": "git_log", "args": {"repo_path": str(tmp_path / "sandbox")}}],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
     assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
     log = brain.store.get_task(rec.tree_id, "log")
     assert log.route == "client:laptop" and "first note" in str(log.result)
@@ -104,21 +132,37 @@ def test_an_agent_killed_mid_task_has_the_task_blocked_then_run_again_once_after
     brain = brain_factory(stack)
     wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
     marker = tmp_path / "sandbox" / "runs.txt"
-    rec = brain.scheduler.submit(tree({
-        "id": "vanish",
-        "tasks": [
-            {"id": "slow", "tool": "shell_execute", "timeout_s": 30,
-             "args": {"command": f"echo run >> {marker}; sleep 4; echo finished"}},
-            {"id": "after", "tool": "echo", "depends_on": ["slow"], "args": {"value": "${tasks.slow.result}"}},
-        ],
-    }), session=SessionKind.INTERACTIVE, client_id="laptop")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "vanish",
+                "tasks": [
+                    {
+                        "id": "slow",
+                        "tool": "shell_execute",
+                        "timeout_s": 30,
+                        "args": {"command": f"echo run >> {marker}; sleep 4; echo finished"},
+                    },
+                    {
+                        "id": "after",
+                        "tool": "echo",
+                        "depends_on": ["slow"],
+                        "args": {"value": "${tasks.slow.result}"},
+                    },
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
     wait_until(lambda: marker.exists(), timeout=60, what="the shell command to start")
     first = brain.store.get_task(rec.tree_id, "slow")
     agent = stack.service("client-agent").process
     os.killpg(agent.pid, signal.SIGKILL)  # no goodbye: only the heartbeat tells
     agent.wait(10)
     blocked = wait_until(
-        lambda: (t := brain.store.get_task(rec.tree_id, "slow")).state is TaskState.BLOCKED and t, timeout=30,
+        lambda: (t := brain.store.get_task(rec.tree_id, "slow")).state is TaskState.BLOCKED and t,
+        timeout=30,
         what="the task to be blocked after the missed heartbeat",
     )
     assert blocked.reason == "Waiting for Client for Tool: shell_execute"
@@ -136,7 +180,11 @@ def test_an_agent_the_brain_dropped_while_alive_announces_itself_again(
 ) -> None:
     stack = stack_factory(agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
-    first = wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
+    first = wait_until(
+        lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement"
+    )
     brain.clients.on_disconnected("laptop", first.session_id, "a heartbeat arrived too late")
-    back = wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=30, what="the agent to come back")
+    back = wait_until(
+        lambda: brain.scheduler.presence.session("laptop"), timeout=30, what="the agent to come back"
+    )
     assert back.session_id == first.session_id and back.connected_at > first.connected_at

@@ -37,8 +37,20 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     env = {**os.environ, "VANCETOPE_REDIS_URL": redis_server.url, "FLOWER_UNAUTHENTICATED_API": "true"}
     with open(tmp_path / "flower.log", "w") as log:
         flower = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.server_worker", "flower",
-             "--address=127.0.0.1", f"--port={port}"], env=env, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.server_worker",
+                "flower",
+                "--address=127.0.0.1",
+                f"--port={port}",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         base = f"http://127.0.0.1:{port}/api"
         brain = brain_on_redis
@@ -49,19 +61,36 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             # Flower subscribes to events a moment after it starts: keep the heartbeats coming.
             brain.clients.sweep_heartbeats()
             page = get_json(f"http://127.0.0.1:{port}/workers?json=1") or {}
-            return any(w.get("hostname") == "client-agent@laptop" and w.get("status")
-                       for w in page.get("data", []))
+            return any(
+                w.get("hostname") == "client-agent@laptop" and w.get("status") for w in page.get("data", [])
+            )
 
         wait_until(agent_listed, timeout=60, what="Flower's worker list to show client-agent@laptop")
-        rec = brain.scheduler.submit(tree({"id": "fl", "tasks": [
-            {"id": "read", "tool": "read_local_file", "args": {"path": "a"}}]}),
-            session=SessionKind.INTERACTIVE, client_id="laptop")
+        rec = brain.scheduler.submit(
+            tree({"id": "fl", "tasks": [{"id": "read", "tool": "read_local_file", "args": {"path": "a"}}]}),
+            session=SessionKind.INTERACTIVE,
+            client_id="laptop",
+        )
         task = brain.store.get_task(rec.tree_id, "read")
-        brain.scheduler.on_result(ToolResult(
-            run_id=task.run_id, tree_id=rec.tree_id, task_id="read", tool="read_local_file", ok=True, value="x",
-            client_id="laptop", started_at=time.time() - 0.1, finished_at=time.time()), from_client="laptop")
-        wait_until(lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "SUCCESS",
-                   timeout=30, what="Flower to show the client's task as succeeded")
+        brain.scheduler.on_result(
+            ToolResult(
+                run_id=task.run_id,
+                tree_id=rec.tree_id,
+                task_id="read",
+                tool="read_local_file",
+                ok=True,
+                value="x",
+                client_id="laptop",
+                started_at=time.time() - 0.1,
+                finished_at=time.time(),
+            ),
+            from_client="laptop",
+        )
+        wait_until(
+            lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "SUCCESS",
+            timeout=30,
+            what="Flower to show the client's task as succeeded",
+        )
         tasks = get_json(f"{base}/tasks") or {}
         assert tasks[task.run_id]["state"] == "SUCCESS"
         assert tasks[task.run_id]["worker"] == "client-agent@laptop"

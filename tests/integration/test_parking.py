@@ -36,17 +36,27 @@ from workers.contracts import (
 
 pytestmark = pytest.mark.integration
 
-READ = ToolDescriptor(name="read_local_file", type=ToolType.NATIVE,
-                      input_schema={"type": "object", "properties": {"path": {"type": "string"}}})
+READ = ToolDescriptor(
+    name="read_local_file",
+    type=ToolType.NATIVE,
+    input_schema={"type": "object", "properties": {"path": {"type": "string"}}},
+)
 LIST = ToolDescriptor(name="list_directory", type=ToolType.NATIVE)
 
 
 def connected(client_id: str, session: str = "s1", tools: tuple[ToolDescriptor, ...] = (READ, LIST)) -> bytes:
-    return ClientConnected(client_id=client_id, session_id=session, available_tools=list(tools),
-                           sent_at=time.time()).model_dump_json().encode()
+    return (
+        ClientConnected(
+            client_id=client_id, session_id=session, available_tools=list(tools), sent_at=time.time()
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
-def connect(brain: Brain, client_id: str, session: str = "s1", read_ack: bool = True) -> AnnouncementAck | None:
+def connect(
+    brain: Brain, client_id: str, session: str = "s1", read_ack: bool = True
+) -> AnnouncementAck | None:
     brain.hot.r.set(client_key(client_id, CLIENT_HEARTBEAT), session, ex=60)
     Relay(brain.scheduler, brain.clients).handle(client_id, connected(client_id, session))
     if not read_ack:  # another thread's disconnect may already have deleted it
@@ -61,8 +71,10 @@ def queued_task_ids(brain: Brain, client_id: str) -> list[str]:
 
 
 def reads(n: int, tree_id: str = "t") -> dict:
-    return {"id": tree_id, "tasks": [{"id": f"r{i}", "tool": "read_local_file", "args": {"path": f"f{i}"}}
-                                     for i in range(n)]}
+    return {
+        "id": tree_id,
+        "tasks": [{"id": f"r{i}", "tool": "read_local_file", "args": {"path": f"f{i}"}} for i in range(n)],
+    }
 
 
 def states(brain: Brain, tree_id: str) -> dict[str, TaskState]:
@@ -72,10 +84,19 @@ def states(brain: Brain, tree_id: str) -> dict[str, TaskState]:
 def test_client_tool_blocks_in_an_interactive_session_while_server_tasks_go_on(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     brain.scheduler.presence.enroll("laptop", "ada")
-    rec = brain.scheduler.submit(tree({"id": "mix", "tasks": [
-        {"id": "read", "tool": "read_local_file", "args": {"path": "notes.txt"}},
-        {"id": "shout", "tool": "text_transform", "args": {"op": "upper", "text": "hi"}},
-    ]}), session=SessionKind.INTERACTIVE, client_id="laptop")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "mix",
+                "tasks": [
+                    {"id": "read", "tool": "read_local_file", "args": {"path": "notes.txt"}},
+                    {"id": "shout", "tool": "text_transform", "args": {"op": "upper", "text": "hi"}},
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
     read = brain.store.get_task(rec.tree_id, "read")
     assert read.state is TaskState.BLOCKED
     assert read.reason == "Waiting for Client for Tool: read_local_file"
@@ -137,8 +158,17 @@ def test_disconnect_takes_back_unstarted_calls_as_pending_client_and_running_one
     r0 = brain.store.get_task(rec.tree_id, "r0")
     assert r0.attempt == 2 and r0.run_id != r0_run
     # the old run's late result is ignored; the new one is recorded once
-    late = ToolResult(run_id=r0_run, tree_id=rec.tree_id, task_id="r0", tool="read_local_file", ok=True,
-                      value="old", client_id="laptop", started_at=0, finished_at=0)
+    late = ToolResult(
+        run_id=r0_run,
+        tree_id=rec.tree_id,
+        task_id="r0",
+        tool="read_local_file",
+        ok=True,
+        value="old",
+        client_id="laptop",
+        started_at=0,
+        finished_at=0,
+    )
     assert brain.scheduler.on_result(late, from_client="laptop") is False
     fresh = late.model_copy(update={"run_id": r0.run_id, "value": "new"})
     assert brain.scheduler.on_result(fresh, from_client="laptop") is True
@@ -227,10 +257,21 @@ def test_a_result_from_a_client_the_task_was_not_routed_to_is_refused(brain_on_r
     connect(brain, "laptop")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
     task = brain.store.get_task(rec.tree_id, "r0")
-    forged = ToolResult(run_id=task.run_id, tree_id=rec.tree_id, task_id="r0", tool="read_local_file", ok=True,
-                        value="forged", client_id="other", started_at=0, finished_at=0)
-    brain.hot.r.lpush(client_key("other", CLIENT_OUTBOX),
-                      ClientToolResult(client_id="other", result=forged).model_dump_json())
+    forged = ToolResult(
+        run_id=task.run_id,
+        tree_id=rec.tree_id,
+        task_id="r0",
+        tool="read_local_file",
+        ok=True,
+        value="forged",
+        client_id="other",
+        started_at=0,
+        finished_at=0,
+    )
+    brain.hot.r.lpush(
+        client_key("other", CLIENT_OUTBOX),
+        ClientToolResult(client_id="other", result=forged).model_dump_json(),
+    )
     assert Relay(brain.scheduler, brain.clients).poll_once(["other"])
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
 
@@ -239,23 +280,41 @@ def test_under_an_engine_with_auto_fallback_an_offline_client_tool_fails_only_if
     brain_on_redis: Brain,
 ) -> None:
     brain = brain_on_redis
-    rec = brain.scheduler.submit(tree({"id": "eng", "engine": "eng_literature_review", "tasks": [
-        {"id": "allowed", "tool": "read_local_file", "args": {"path": "x"}},
-        {"id": "refused", "tool": "shell_execute", "args": {"command": "ls"}},
-    ]}), user="ada")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "eng",
+                "engine": "eng_literature_review",
+                "tasks": [
+                    {"id": "allowed", "tool": "read_local_file", "args": {"path": "x"}},
+                    {"id": "refused", "tool": "shell_execute", "args": {"command": "ls"}},
+                ],
+            }
+        ),
+        user="ada",
+    )
     assert brain.store.get_task(rec.tree_id, "allowed").state is TaskState.PENDING_CLIENT
     refused = brain.store.get_task(rec.tree_id, "refused")
     assert refused.state is TaskState.FAILED
     assert refused.reason == "tool 'shell_execute' is not allowed by engine 'eng_literature_review'"
 
 
-def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancelled(brain_on_redis: Brain) -> None:
+def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancelled(
+    brain_on_redis: Brain,
+) -> None:
     brain = brain_on_redis
     brain.scheduler.presence.enroll("laptop", "ada")
     connect(brain, "laptop")
-    rec = brain.scheduler.submit(tree({"id": "total", "tasks": [
-        {"id": "r", "tool": "read_local_file", "args": {"path": "x"}, "max_total_s": 0.01}]}),
-        session=SessionKind.INTERACTIVE, client_id="laptop")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "total",
+                "tasks": [{"id": "r", "tool": "read_local_file", "args": {"path": "x"}, "max_total_s": 0.01}],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
     run_id = brain.store.get_task(rec.tree_id, "r").run_id
     time.sleep(0.05)  # the time being measured, not a readiness wait
     assert brain.sweeps.expire_overdue() == ["r"]

@@ -22,7 +22,6 @@ from tests.conftest import (
     FIXTURES,
     ROOT,
     demo_server,
-    time_server,
     tree,
     wait_for_tree,
     wait_until,
@@ -35,9 +34,13 @@ pytestmark = pytest.mark.integration
 
 def test_readme_first_command_runs_the_night_batch_on_the_embedded_stack(tmp_path: Path) -> None:
     env = {**os.environ, "VANCETOPE_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "200"}
-    proc = subprocess.run(
+    proc = subprocess.run(  # noqa: PLW1510 - the exit code is asserted below, with the output
         [sys.executable, "-m", "brain", "run", str(EXAMPLES / "night-batch.yaml")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for task in ("utc_now", "tokyo", "new_york", "offices", "headline", "shout"):
@@ -46,18 +49,28 @@ def test_readme_first_command_runs_the_night_batch_on_the_embedded_stack(tmp_pat
     assert "failed" not in proc.stdout
 
 
-def test_results_flow_between_tasks_through_a_real_third_party_mcp_server(stack_factory, brain_factory) -> None:
+def test_results_flow_between_tasks_through_a_real_third_party_mcp_server(
+    stack_factory, brain_factory
+) -> None:
     stack = stack_factory()
     brain = brain_factory(stack)
-    rec = brain.scheduler.submit(tree({
-        "id": "flow",
-        "tasks": [
-            {"id": "now", "tool": "get_current_time", "args": {"timezone": "Europe/Berlin"}},
-            {"id": "tz", "tool": "text_transform", "depends_on": ["now"],
-             "args": {"op": "upper", "text": "${tasks.now.result.timezone}"}},
-            {"id": "sum", "tool": "add", "args": {"a": 2, "b": 40}},
-        ],
-    }))
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "flow",
+                "tasks": [
+                    {"id": "now", "tool": "get_current_time", "args": {"timezone": "Europe/Berlin"}},
+                    {
+                        "id": "tz",
+                        "tool": "text_transform",
+                        "depends_on": ["now"],
+                        "args": {"op": "upper", "text": "${tasks.now.result.timezone}"},
+                    },
+                    {"id": "sum", "tool": "add", "args": {"a": 2, "b": 40}},
+                ],
+            }
+        )
+    )
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert tasks["tz"].result == "EUROPE/BERLIN"
@@ -68,10 +81,13 @@ def test_results_flow_between_tasks_through_a_real_third_party_mcp_server(stack_
 def test_bad_tools_fail_their_task_with_the_tool_message_and_the_rest_still_runs(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:
-    mcp = write_mcp_config(tmp_path / "mcp.json", {
-        "demo": demo_server(),
-        "broken": {"command": sys.executable, "args": [str(FIXTURES / "mcp_crash_server.py")]},
-    })
+    mcp = write_mcp_config(
+        tmp_path / "mcp.json",
+        {
+            "demo": demo_server(),
+            "broken": {"command": sys.executable, "args": [str(FIXTURES / "mcp_crash_server.py")]},
+        },
+    )
     registry = tmp_path / "registry.yaml"
     registry.write_text(
         "tools:\n"
@@ -80,18 +96,22 @@ def test_bad_tools_fail_their_task_with_the_tool_message_and_the_rest_still_runs
     )
     stack = stack_factory(mcp_config=mcp, registry=registry, max_result_bytes=10_000)
     brain = brain_factory(stack)
-    rec = brain.scheduler.submit(tree({
-        "id": "bad",
-        "tasks": [
-            {"id": "raises", "tool": "fail", "args": {"msg": "quota exceeded for project X"}},
-            {"id": "hangs", "tool": "slow", "args": {"seconds": 30}},
-            {"id": "huge", "tool": "big", "args": {"n": 50_000}},
-            {"id": "unknown", "tool": "no_such_tool"},
-            {"id": "server_down", "tool": "jira_create_issue", "args": {"summary": "x"}},
-            {"id": "fine", "tool": "add", "args": {"a": 1, "b": 1}},
-            {"id": "after_fail", "tool": "echo", "depends_on": ["raises"], "args": {"value": 1}},
-        ],
-    }))
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "bad",
+                "tasks": [
+                    {"id": "raises", "tool": "fail", "args": {"msg": "quota exceeded for project X"}},
+                    {"id": "hangs", "tool": "slow", "args": {"seconds": 30}},
+                    {"id": "huge", "tool": "big", "args": {"n": 50_000}},
+                    {"id": "unknown", "tool": "no_such_tool"},
+                    {"id": "server_down", "tool": "jira_create_issue", "args": {"summary": "x"}},
+                    {"id": "fine", "tool": "add", "args": {"a": 1, "b": 1}},
+                    {"id": "after_fail", "tool": "echo", "depends_on": ["raises"], "args": {"value": 1}},
+                ],
+            }
+        )
+    )
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.FAILED
     t = {x.task_id: x for x in brain.store.get_tasks(rec.tree_id)}
     assert t["fine"].state is TaskState.DONE and t["fine"].result == 2
@@ -111,19 +131,33 @@ def test_bad_tools_fail_their_task_with_the_tool_message_and_the_rest_still_runs
     assert all(x.attempt <= 1 for x in t.values())
 
 
-def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(stack_factory, brain_factory) -> None:
+def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(
+    stack_factory, brain_factory
+) -> None:
     stack = stack_factory(services=("brain",))  # no pool yet: both copies wait in the queue
     brain = brain_factory(stack)
-    rec = brain.scheduler.submit(tree({
-        "id": "twice",
-        "tasks": [
-            {"id": "a", "tool": "echo", "args": {"value": "x"}},
-            {"id": "b", "tool": "echo", "depends_on": ["a"], "args": {"value": "${tasks.a.result}"}},
-        ],
-    }))
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "twice",
+                "tasks": [
+                    {"id": "a", "tool": "echo", "args": {"value": "x"}},
+                    {"id": "b", "tool": "echo", "depends_on": ["a"], "args": {"value": "${tasks.a.result}"}},
+                ],
+            }
+        )
+    )
     a = brain.store.get_task(rec.tree_id, "a")
-    call = ToolCall(run_id=a.run_id, tree_id=rec.tree_id, task_id="a", tool="echo", tool_type=ToolType.BUILT_IN,
-                    args={"value": "x"}, timeout_s=10, max_result_bytes=1000)
+    call = ToolCall(
+        run_id=a.run_id,
+        tree_id=rec.tree_id,
+        task_id="a",
+        tool="echo",
+        tool_type=ToolType.BUILT_IN,
+        args={"value": "x"},
+        timeout_s=10,
+        max_result_bytes=1000,
+    )
     brain.scheduler.publisher.send(call)  # the duplicate
     assert brain.hot.r.llen(SERVER_QUEUE) == 2
     stack.start_service("server-pool")
@@ -135,22 +169,36 @@ def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(sta
     wait_until(lambda: int(brain.hot.r.get(key_deliveries(a.run_id)) or 0) == 2, what="second delivery")
     from workers.contracts import ToolResult
 
-    late = ToolResult(run_id=a.run_id, tree_id=rec.tree_id, task_id="a", tool="echo", ok=True, value="late",
-                      started_at=time.time(), finished_at=time.time())
+    late = ToolResult(
+        run_id=a.run_id,
+        tree_id=rec.tree_id,
+        task_id="a",
+        tool="echo",
+        ok=True,
+        value="late",
+        started_at=time.time(),
+        finished_at=time.time(),
+    )
     assert brain.scheduler.on_result(late) is False
     assert brain.store.get_task(rec.tree_id, "a").result == "x"
 
 
-def test_reconciler_resends_a_task_deleted_from_redis_behind_the_brains_back(stack_factory, brain_factory) -> None:
+def test_reconciler_resends_a_task_deleted_from_redis_behind_the_brains_back(
+    stack_factory, brain_factory
+) -> None:
     stack = stack_factory(services=("brain",))
     brain = brain_factory(stack)
-    rec = brain.scheduler.submit(tree({
-        "id": "lost",
-        "tasks": [
-            {"id": "a", "tool": "echo", "args": {"value": 1}},
-            {"id": "b", "tool": "echo", "depends_on": ["a"], "args": {"value": 2}},
-        ],
-    }))
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "lost",
+                "tasks": [
+                    {"id": "a", "tool": "echo", "args": {"value": 1}},
+                    {"id": "b", "tool": "echo", "depends_on": ["a"], "args": {"value": 2}},
+                ],
+            }
+        )
+    )
     first_run = brain.store.get_task(rec.tree_id, "a").run_id
     assert brain.hot.r.delete(SERVER_QUEUE) == 1  # the message is gone; the store still says queued
     stack.start_service("server-pool")
@@ -165,13 +213,21 @@ def test_a_worker_killed_mid_task_has_its_task_redelivered_and_recorded_once(
 ) -> None:
     stack = stack_factory(server_concurrency=1)
     brain = brain_factory(stack)
-    rec = brain.scheduler.submit(tree({
-        "id": "killed",
-        "tasks": [{"id": "long", "tool": "sleep", "args": {"seconds": 3}}],
-    }))
-    run_id = wait_until(lambda: brain.hot.running(rec.tree_id).get("long", {}).get("run_id"), what="task start")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "killed",
+                "tasks": [{"id": "long", "tool": "sleep", "args": {"seconds": 3}}],
+            }
+        )
+    )
+    run_id = wait_until(
+        lambda: brain.hot.running(rec.tree_id).get("long", {}).get("run_id"), what="task start"
+    )
     pool = stack.service("server-pool").process
-    children = subprocess.run(["pgrep", "-P", str(pool.pid)], capture_output=True, text=True).stdout.split()
+    children = subprocess.run(
+        ["pgrep", "-P", str(pool.pid)], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert children, "the prefork pool has a child process"
     for pid in children:
         os.kill(int(pid), signal.SIGKILL)

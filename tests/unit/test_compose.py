@@ -41,6 +41,6 @@ def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module
 def test_compose_environment_uses_the_settings_names() -> None:
     known = {ENV_PREFIX + field.upper() for field in Settings.model_fields}
     for name, service in compose()["services"].items():
-        for var in (service.get("environment") or {}):
+        for var in service.get("environment") or {}:
             if var.startswith(ENV_PREFIX):
                 assert var in known, f"{name}: {var} is not a setting"

@@ -9,12 +9,19 @@ from brain.models import TaskTree
 from brain.routing import Engine
 from brain.validation import check_tree, engine_problems
 
-ENGINES = {"review": Engine(id="review", server=("web_search",), client=("read_local_file",), auto_fallback=True)}
+ENGINES = {
+    "review": Engine(id="review", server=("web_search",), client=("read_local_file",), auto_fallback=True)
+}
 
 
 def tree(engine: str | None, *tools: str) -> TaskTree:
-    return TaskTree.model_validate({"id": "t", "engine": engine,
-                                    "tasks": [{"id": f"t{i}", "tool": tool} for i, tool in enumerate(tools)]})
+    return TaskTree.model_validate(
+        {
+            "id": "t",
+            "engine": engine,
+            "tasks": [{"id": f"t{i}", "tool": tool} for i, tool in enumerate(tools)],
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -25,8 +32,12 @@ def tree(engine: str | None, *tools: str) -> TaskTree:
         ("review", ["shell_execute"], ["task 't0': tool 'shell_execute' is not allowed by engine 'review'"]),
         ("nope", ["web_search"], ["engine: 'nope' is not an engine of the registry (review)"]),
     ],
-    ids=["no engine allows any tool", "the engine's own tools are allowed", "another tool is refused",
-         "an unknown engine is refused"],
+    ids=[
+        "no engine allows any tool",
+        "the engine's own tools are allowed",
+        "another tool is refused",
+        "an unknown engine is refused",
+    ],
 )
 def test_engine_problems(engine: str | None, tools: list[str], problems: list[str]) -> None:
     assert engine_problems(tree(engine, *tools), ENGINES) == problems
