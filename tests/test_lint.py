@@ -1,0 +1,24 @@
+"""The house style is part of the suite: ruff clean everywhere, mypy clean on the packages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, check=False,
+                          timeout=600)
+
+
+def test_ruff_finds_nothing() -> None:
+    proc = run("ruff", "check", "brain", "workers", "client_agent", "tests", "bench")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_finds_nothing_in_the_three_packages() -> None:
+    proc = run("mypy", "brain", "workers", "client_agent")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
