@@ -72,8 +72,13 @@ def percentile(samples: Sequence[float], pct: float) -> float:
     return ordered[rank - 1]
 
 
-def wait_until(predicate: Callable[[], _T], timeout: float, what: str, interval: float = 0.01,
-               on_timeout: Callable[[], str] | None = None) -> _T:
+def wait_until(
+    predicate: Callable[[], _T],
+    timeout: float,
+    what: str,
+    interval: float = 0.01,
+    on_timeout: Callable[[], str] | None = None,
+) -> _T:
     """Poll ``predicate`` until it returns something truthy; BenchError after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -82,7 +87,9 @@ def wait_until(predicate: Callable[[], _T], timeout: float, what: str, interval:
             return value
         if time.monotonic() > deadline:
             detail = on_timeout() if on_timeout else ""
-            raise BenchError(f"timed out after {timeout:g}s waiting for {what}" + (f"\n{detail}" if detail else ""))
+            raise BenchError(
+                f"timed out after {timeout:g}s waiting for {what}" + (f"\n{detail}" if detail else "")
+            )
         time.sleep(interval)
 
 
@@ -103,9 +110,9 @@ def bench_settings(root: Path, **overrides: Any) -> Settings:
 
 @contextlib.contextmanager
 def redis_only_stack(root: Path) -> Iterator[EmbeddedStack]:
-    """An EmbeddedStack with only its redis-server running; start the brain and the server
-    pool later with :func:`start_vancetope`, so a baseline can use the very same Redis first
-    without Vancetope's idle workers around. Everything is stopped on the way out."""
+    """An EmbeddedStack with only its redis-server running; the brain and the server pool
+    are started by :func:`start_vancetope`, after the baseline's worker is up and warm on
+    the very same Redis. Everything the stack started is stopped on the way out."""
     stack = EmbeddedStack(bench_settings(root), only=())
     try:
         # The stack's children inherit the cwd; the checkout's vancetope.toml (MCP servers,
@@ -145,16 +152,28 @@ class Child:
     log_path: Path | None = None
 
     @classmethod
-    def start(cls, name: str, argv: list[str], env: dict[str, str], log_path: Path | None = None,
-              stdout: int | None = None) -> Child:
+    def start(
+        cls,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        log_path: Path | None = None,
+        stdout: int | None = None,
+    ) -> Child:
         out: Any = stdout
         log_file = None
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log_file = out = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
         try:
-            proc = subprocess.Popen(argv, env=env, cwd=str(ROOT), stdout=out,
-                                    stderr=subprocess.STDOUT if log_path else None, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=str(ROOT),
+                stdout=out,
+                stderr=subprocess.STDOUT if log_path else None,
+                start_new_session=True,
+            )
         finally:
             if log_file is not None:
                 log_file.close()
@@ -184,7 +203,9 @@ def redis_server_version() -> str:
     from brain.redis_server import find_redis_server
 
     try:
-        out = subprocess.run([find_redis_server(), "--version"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            [find_redis_server(), "--version"], check=False, capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({exc})"
     # "Redis server v=6.2.14 sha=... malloc=... bits=64 build=..."

@@ -38,7 +38,9 @@ def time_server_config(path: Path) -> MCPConfig:
     exe = shutil.which("mcp-server-time", path=os.pathsep.join([str(BIN_DIR), os.environ.get("PATH", "")]))
     if exe is None:
         raise BenchError("mcp-server-time is not installed (pip install mcp-server-time)")
-    path.write_text(json.dumps({"mcpServers": {SERVER: {"command": exe, "args": ["--local-timezone", "UTC"]}}}))
+    path.write_text(
+        json.dumps({"mcpServers": {SERVER: {"command": exe, "args": ["--local-timezone", "UTC"]}}})
+    )
     return load_mcp_config(path)
 
 
@@ -86,17 +88,23 @@ def run(quick: bool = False) -> list[Row]:
     for pct in (50, 99):
         base_ms = percentile(spawned, pct) * 1000
         vt_ms = percentile(kept, pct) * 1000
-        rows.append(Row(
-            benchmark=f"{NAME} p{pct} ({TOOL})",
-            metric="ms",
-            baseline=base_ms,
-            vancetope=vt_ms,
-            kind="latency",
-            baseline_label="spawn server per call",
-            notes=(f"kept-alive: {calls} calls, one spawn+init {first_spawn * 1000:.0f} ms; "
-                   f"spawn-per-call: {spawns} calls, close {statistics.median(closes) * 1000:.0f} ms each "
-                   "(not timed)") if pct == 50 else f"p99 of {spawns} spawns = the slowest",
-        ))
+        rows.append(
+            Row(
+                benchmark=f"{NAME} p{pct} ({TOOL})",
+                metric="ms",
+                baseline=base_ms,
+                vancetope=vt_ms,
+                kind="latency",
+                baseline_label="spawn server per call",
+                notes=(
+                    f"kept-alive: {calls} calls, one spawn+init {first_spawn * 1000:.0f} ms; "
+                    f"spawn-per-call: {spawns} calls, close {statistics.median(closes) * 1000:.0f} ms each "
+                    "(not timed)"
+                )
+                if pct == 50
+                else f"p99 of {spawns} spawns = the slowest",
+            )
+        )
     return rows
 
 

@@ -71,8 +71,9 @@ def reset(r: redis.Redis) -> None:
 
 
 def start_pinger(url: str, timeout: float = 30.0) -> Child:
-    pinger = Child.start("pinger", [sys.executable, "-m", "bench.pinger", url], child_env(),
-                         stdout=subprocess.PIPE)
+    pinger = Child.start(
+        "pinger", [sys.executable, "-m", "bench.pinger", url], child_env(), stdout=subprocess.PIPE
+    )
     assert pinger.process.stdout is not None
     ready, _, _ = select.select([pinger.process.stdout], [], [], timeout)
     line = pinger.process.stdout.readline() if ready else b""
@@ -118,8 +119,11 @@ def run(quick: bool = False) -> list[Row]:
                     fill(r, k)
                     time.sleep(0.05)  # let the pinger see an idle Redis between moves
                     started, t0 = time.monotonic(), time.perf_counter()
-                    refs = (naive_take(r, CLIENT_ID, OWNERS) if side == "baseline"
-                            else parked.take_for(CLIENT_ID, OWNERS))
+                    refs = (
+                        naive_take(r, CLIENT_ID, OWNERS)
+                        if side == "baseline"
+                        else parked.take_for(CLIENT_ID, OWNERS)
+                    )
                     elapsed = time.perf_counter() - t0
                     windows[side].append((started, time.monotonic()))
                     if len(refs) != k:
@@ -133,7 +137,11 @@ def run(quick: bool = False) -> list[Row]:
             r.close()
             server.stop()
     base_med, vt_med = statistics.median(base_s), statistics.median(vt_s)
-    idle = [d for s, d in samples if not any(s < e and s + d > b for b, e in windows["baseline"] + windows["vancetope"])]
+    idle = [
+        d
+        for s, d in samples
+        if not any(s < e and s + d > b for b, e in windows["baseline"] + windows["vancetope"])
+    ]
     idle_p50 = percentile(idle, 50) * 1000 if idle else float("nan")
     base_ping = worst_ping(samples, windows["baseline"]) * 1000
     vt_ping = worst_ping(samples, windows["vancetope"]) * 1000
@@ -145,8 +153,10 @@ def run(quick: bool = False) -> list[Row]:
             vancetope=k / vt_med,
             kind="throughput",
             baseline_label="Python LPOP+RPUSH loop",
-            notes=(f"median of {rounds}: {base_med * 1000:.0f} ms vs {vt_med * 1000:.0f} ms, both incl. the "
-                   "same LRANGE+parse+sort; Vancetope = ParkedWork.take_for (Lua, 1,000/EVAL)"),
+            notes=(
+                f"median of {rounds}: {base_med * 1000:.0f} ms vs {vt_med * 1000:.0f} ms, both incl. the "
+                "same LRANGE+parse+sort; Vancetope = ParkedWork.take_for (Lua, 1,000/EVAL)"
+            ),
         ),
         Row(
             benchmark=f"{NAME}: another client's worst PING",

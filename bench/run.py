@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import time
 import traceback
@@ -23,11 +24,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from bench import chain, mcp_call, requeue, throughput  # noqa: E402
-from bench.common import Row, environment, scrub_vancetope_env  # noqa: E402
+from bench import chain, mcp_call, requeue, throughput
+from bench.common import Row, environment, scrub_vancetope_env
 
 BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "throughput": throughput.run,
@@ -54,33 +55,50 @@ def fmt_ratio(ratio: float) -> str:
 
 
 def table(rows: list[Row], title: str) -> Table:
-    t = Table(title=title, title_justify="left", show_lines=False)
-    t.add_column("benchmark", style="bold")
+    t = Table(title=title, title_justify="left", caption=RATIO_LEGEND, caption_justify="left")
+    t.add_column("benchmark", style="bold", max_width=28)
+    t.add_column("unit")
     t.add_column("baseline", justify="right")
     t.add_column("vancetope", justify="right")
-    t.add_column("unit")
     t.add_column("ratio", justify="right")
-    t.add_column("notes", overflow="fold")
+    t.add_column("baseline is / notes", overflow="fold")
     for row in rows:
         t.add_row(
             row.benchmark,
-            f"{fmt(row.baseline)}\n[dim]{row.baseline_label}[/dim]",
-            fmt(row.vancetope),
             row.metric,
-            f"{fmt_ratio(row.ratio)}\n[dim]{row.ratio_formula}[/dim]",
-            row.notes,
+            fmt(row.baseline),
+            fmt(row.vancetope),
+            f"{fmt_ratio(row.ratio)} [dim]{row.ratio_formula}[/dim]",
+            f"[italic]{row.baseline_label}[/italic]. {row.notes}",
         )
     return t
 
 
+RATIO_LEGEND = (
+    "ratio: latency rows vancetope/baseline (vt/base), throughput rows baseline/vancetope (base/vt); "
+    "either way > 1 means Vancetope costs more than the baseline, < 1 less."
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="smaller runs (about a third of the time)")
-    parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), metavar="NAME",
-                        help=f"run only these: {', '.join(BENCHMARKS)}")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only these: {', '.join(BENCHMARKS)}",
+    )
     args = parser.parse_args(argv)
+    # SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C does, so every benchmark's
+    # finally block stops its workers and redis-server instead of leaving them behind.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     scrub_vancetope_env()
-    console = Console(width=max(Console().width, 140))
+    # Wide enough for the notes even when piped (rich would assume 80 columns).
+    console = Console(width=max(Console().width, 150))
 
     env = environment()
     console.print("[bold]machine / versions[/bold]: " + ", ".join(f"{k} {v}" for k, v in env.items()))
@@ -101,14 +119,20 @@ def main(argv: list[str] | None = None) -> int:
         rows.extend(got)
         console.print(f"{name}: done in {time.monotonic() - t0:.1f}s")
 
-    title = (f"Vancetope vs baselines measured in this run ({'quick' if args.quick else 'full'}, "
-             f"{time.strftime('%Y-%m-%d %H:%M')}, {time.monotonic() - started:.0f}s) — "
-             "ratio > 1: Vancetope slower")
+    title = (
+        f"Vancetope vs baselines measured in this run ({'quick' if args.quick else 'full'}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {time.monotonic() - started:.0f}s) — "
+        "ratio > 1: Vancetope slower"
+    )
     console.print(table(rows, title))
     if crashed:
         console.print(f"[red]crashed: {', '.join(crashed)}[/red]")
         return 1
     return 0
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
