@@ -60,9 +60,8 @@ class ClientWork:
             rec = self.s.store.get_task(ref.tree_id, ref.task_id)
             tree_rec = self.s.store.get_tree(ref.tree_id)
             if rec is not None and tree_rec is not None and rec.state in PARKED:
-                records = self.s.records(ref.tree_id)
                 presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
-                if self.s.start(tree_rec, rec, records, presence, {rec.state}, parked_at=ref.parked_at):
+                if self.s.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
                     placed += 1
                     touched.add(ref.tree_id)
             # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
@@ -118,7 +117,6 @@ class ClientWork:
                 moved = self.s.start(
                     tree_rec,
                     rec,
-                    self.s.records(rec.tree_id),
                     presence,
                     {TaskState.QUEUED_CLIENT},
                     parked_at=rec.queued_at,

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from brain.config import Settings
@@ -47,6 +47,7 @@ log = logging.getLogger("vancetope.brain")
 IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
 PARKED = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
 NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
+_TREE_CACHE = 256
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int) -> str:
@@ -77,6 +78,7 @@ class Scheduler:
         self.presence = PresenceBook(hot.r)
         self.parked = ParkedWork(hot.r)
         self.events: ClientEvents | None = None  # Flower's view of client agents, when wired
+        self._trees: dict[str, TreeRecord] = {}
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -106,31 +108,54 @@ class Scheduler:
 
     # --- advance -------------------------------------------------------------------
     def advance(self, tree_id: str) -> TreeStatus | None:
-        """Skip what cannot run, dispatch what is ready, finish the tree when all is final."""
-        tree_rec = self.store.get_tree(tree_id)
+        """Skip what cannot run, dispatch what is ready, finish the tree when all is final.
+
+        Runs after every result, so it reads task *states* only (one indexed query) and the
+        tree spec from a cache; whole records are read just for the tasks it moves.
+        """
+        tree_rec = self.tree(tree_id)
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
             return tree_rec.status if tree_rec else None
-        presence = self._presence(tree_rec)
+        presence: Presence | None = None
         while True:
-            records = self.records(tree_id)
-            step = plan(tree_rec.tree, records)
+            states = self.store.task_states(tree_id)
+            step = plan(tree_rec.tree, states)
             changed = False
             for task_id, why in step.skip:
-                changed |= self.finish_without_run(
-                    records[task_id], TaskState.SKIPPED, why, {TaskState.PENDING}
+                rec = self.store.get_task(tree_id, task_id)
+                changed |= rec is not None and self.finish_without_run(
+                    rec, TaskState.SKIPPED, why, {TaskState.PENDING}
                 )
             for task_id in step.ready:
-                changed |= self.start(tree_rec, records[task_id], records, presence, {TaskState.PENDING})
+                presence = presence or self._presence(tree_rec)
+                rec = self.store.get_task(tree_id, task_id)
+                changed |= rec is not None and self.start(tree_rec, rec, presence, {TaskState.PENDING})
             if not changed:
                 break
-        status = tree_status(records)
+        status = tree_status(states)
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
             log.info("tree %s finished: %s", tree_id, status.value)
+            self._trees.pop(tree_id, None)
         self.hot.notify(tree_id)
         return status
 
-    def records(self, tree_id: str) -> dict[str, TaskRecord]:
-        return {r.task_id: r for r in self.store.get_tasks(tree_id)}
+    def tree(self, tree_id: str) -> TreeRecord | None:
+        """The tree's record; a running tree's is cached (its spec never changes, and a stale
+        status is harmless: every write is a compare-and-set)."""
+        cached = self._trees.get(tree_id)
+        if cached is not None:
+            return cached
+        rec = self.store.get_tree(tree_id)
+        if rec is not None and rec.status is TreeStatus.RUNNING:
+            if len(self._trees) >= _TREE_CACHE:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[tree_id] = rec
+        return rec
+
+    def results(self, tree_id: str, task_ids: Iterable[str]) -> dict[str, Any]:
+        """Upstream results for resolving ``${tasks.<id>.result}`` references."""
+        found = {t: self.store.get_task(tree_id, t) for t in task_ids}
+        return {t: rec.result for t, rec in found.items() if rec is not None}
 
     def _presence(self, tree_rec: TreeRecord) -> Presence:
         return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
@@ -146,7 +171,6 @@ class Scheduler:
         self,
         tree_rec: TreeRecord,
         rec: TaskRecord,
-        records: dict[str, TaskRecord],
         presence: Presence,
         from_states: Collection[TaskState],
         parked_at: float | None = None,
@@ -155,7 +179,7 @@ class Scheduler:
         spec = tree_rec.tree.task(rec.task_id)
         route = self.route(tree_rec, spec, presence)
         if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
-            return self._dispatch(tree_rec, spec, rec, route, records, from_states)
+            return self._dispatch(tree_rec, spec, rec, route, from_states)
         if route.kind is RouteKind.FAIL:
             hint = self.registry.failure_hint() if route.reason.startswith("Tool unknown") else ""
             error = ErrorInfo(
@@ -208,11 +232,10 @@ class Scheduler:
         spec: TaskSpec,
         rec: TaskRecord,
         route: Route,
-        records: dict[str, TaskRecord],
         from_states: Collection[TaskState],
     ) -> bool:
         try:
-            args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
+            args = resolve_args(spec.args, self.results(tree_rec.tree_id, spec.depends_on))
         except UnresolvedReference as exc:
             error = ErrorInfo(
                 type="UnresolvedReference", message=f"task {spec.id!r}: {exc}", data={"task": spec.id}

@@ -93,8 +93,7 @@ class Sweeps:
         if moved is None:
             return False
         spec = tree_rec.tree.task(rec.task_id)
-        records = self.s.records(rec.tree_id)
-        args = resolve_args(spec.args, {d: records[d].result for d in spec.depends_on})
+        args = resolve_args(spec.args, self.s.results(rec.tree_id, spec.depends_on))
         tool = self.s.tool_spec(moved.tool, client_id)
         if tool is None:
             return self.s.finish_without_run(

@@ -68,6 +68,11 @@ class Store(Protocol):
         """The tree's tasks in ``put_tree`` order."""
         ...
 
+    def task_states(self, tree_id: str) -> dict[str, TaskState]:
+        """Task id -> state for the whole tree, without reading whole records: advancing a tree
+        after each result needs only these, and a big tree's records cost O(N) to parse."""
+        ...
+
     def transition(
         self,
         tree_id: str,

@@ -147,6 +147,11 @@ class MongoStore:
             docs = list(self._tasks.find({"tree_id": tree_id}, _HIDDEN).sort("ord", ASCENDING))
         return [_task(d) for d in docs]
 
+    def task_states(self, tree_id: str) -> dict[str, TaskState]:
+        with self._errors(f"task_states({tree_id!r})"):
+            docs = self._tasks.find({"tree_id": tree_id}, {"_id": 0, "task_id": 1, "state": 1})
+            return {d["task_id"]: TaskState(d["state"]) for d in docs}
+
     def transition(
         self,
         tree_id: str,

@@ -228,6 +228,15 @@ class SQLiteStore:
             )
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
 
+    def task_states(self, tree_id: str) -> dict[str, TaskState]:
+        with self._errors(f"task_states({tree_id!r})"):
+            rows = (
+                self._conn()
+                .execute("SELECT task_id, state FROM tasks WHERE tree_id = ?", (tree_id,))
+                .fetchall()
+            )
+        return {task_id: TaskState(state) for task_id, state in rows}
+
     def transition(
         self,
         tree_id: str,

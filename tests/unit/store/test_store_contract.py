@@ -137,6 +137,14 @@ def test_get_tasks_keeps_put_tree_order(store: Store) -> None:
     assert [t.task_id for t in store.get_tasks("t1")] == ["zeta", "alpha", "mid", "beta"]
 
 
+def test_task_states_reads_every_tasks_state_and_follows_transitions(store: Store) -> None:
+    store.put_tree(*make_tree())
+    assert store.task_states("t1") == {"a": TaskState.PENDING, "b": TaskState.PENDING, "c": TaskState.PENDING}
+    store.transition("t1", "b", from_states={TaskState.PENDING}, state=TaskState.DONE)
+    assert store.task_states("t1")["b"] is TaskState.DONE
+    assert store.task_states("nope") == {}
+
+
 def test_list_trees_is_newest_first_and_honours_limit(store: Store) -> None:
     for tree_id, at in [("old", 10.0), ("new", 30.0), ("middle", 20.0)]:
         put(store, tree_id, submitted_at=at)
