@@ -88,9 +88,9 @@ class ClientWork:
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
         route = client_route(cid)
-        mine = [
-            r for r in self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}) if r.route.startswith(route)
-        ]
+        # Every call sent to this client must be looked at, not the first thousand.
+        queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
+        mine = [r for r in queued if r.route.startswith(route)]
         taken = 0
         touched: set[str] = set()
         for rec in mine:

@@ -53,7 +53,7 @@ class Relay:
                 owner,
                 self.max_bytes,
             )
-            self._refuse_if_announcement(owner, raw, f"message of {len(raw)} bytes is over {self.max_bytes}")
+            # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
             return
         try:
             msg = CLIENT_MESSAGE.validate_json(raw)

@@ -71,7 +71,9 @@ class Sweeps:
                 message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
                 "between the brain and its worker; gave up. Check the worker logs.",
             )
-            return self.s.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error)
+            failed = self.s.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error)
+            self.s.advance(rec.tree_id)
+            return failed
         if client_id is not None and self.s.presence.session(client_id) is None:
             # Its client is gone: treat it like work taken back on disconnect.
             reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
