@@ -242,7 +242,10 @@ class Scheduler:
             )
             return self.finish_without_run(rec, TaskState.FAILED, str(exc), from_states, error=error)
         tool = self.tool_spec(route.tool, route.client_id)
-        assert tool is not None, f"router chose {route.tool!r}, which neither the registry nor the client has"
+        if tool is None:
+            # Only a client announced this tool, and it left between routing and here.
+            reason = f"Queued for Client: {route.tool} (client {route.client_id} left while it was being sent)"
+            return self.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, from_states)
         attempt = rec.attempt + 1
         to_client = route.kind is RouteKind.CLIENT
         summary = client_route(route.client_id or "") if to_client else "server"
