@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
 from brain.models import Location, RegistryFile, TaskTree, ToolSpec
 from brain.routing import Engine
-from brain.validation import check_tree
+from brain.validation import check_tree, numbered
 from workers.contracts import ToolDescriptor
 
 _ENGINES = TypeAdapter(list[Engine])
@@ -145,15 +145,10 @@ def _duplicates(raw: Any, noun: str, key: str) -> list[str]:
         if isinstance(item, dict) and isinstance(item.get(key), str):
             numbers.setdefault(item[key], []).append(number)
     return [
-        f"{noun} {name!r}: {key} is used by more than one {noun} ({noun}s {_numbers(found)})"
+        f"{noun} {name!r}: {key} is used by more than one {noun} ({noun}s {numbered(found)})"
         for name, found in numbers.items()
         if len(found) > 1
     ]
-
-
-def _numbers(numbers: list[int]) -> str:
-    marked = [f"#{n}" for n in numbers]
-    return ", ".join(marked[:-1]) + " and " + marked[-1]
 
 
 # --- registry layers (pure) -----------------------------------------------------------

@@ -164,13 +164,14 @@ def _duplicate_ids(tree: TaskTree) -> list[str]:
     for number, task in enumerate(tree.tasks, start=1):
         seen.setdefault(task.id, []).append(number)
     return [
-        f"task {tid!r}: id is used by more than one task (tasks {_numbers(numbers)})"
+        f"task {tid!r}: id is used by more than one task (tasks {numbered(numbers)})"
         for tid, numbers in seen.items()
         if len(numbers) > 1
     ]
 
 
-def _numbers(numbers: list[int]) -> str:
+def numbered(numbers: list[int]) -> str:
+    """``#2, #4 and #7``: which entries of a file clash."""
     marked = [f"#{n}" for n in numbers]
     return ", ".join(marked[:-1]) + " and " + marked[-1]
 
