@@ -32,7 +32,7 @@ from brain.errors import (
     InvalidTaskTree,
     StackNotRunning,
 )
-from brain.models import SessionKind, TaskRecord, TreeStatus
+from brain.models import Location, SessionKind, TaskRecord, TaskTree, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
 from brain.service import Brain
@@ -140,9 +140,13 @@ def run(
             brain = Brain.connect(settings, url)
             try:
                 _validate_or_exit(tree, brain.scheduler.registry, tree_file)
-                record = brain.scheduler.submit(
-                    tree, session=session, client_id=client_id, user=user or settings.user
-                )
+                run_user = user or settings.user
+                if not client_id and not run_user and _uses_client_tools(tree, brain.scheduler.registry):
+                    err.print(
+                        "[yellow]warning:[/] no --client and no --user: this run's client tools can only "
+                        "wait, since no client may take them (set `user` in vancetope.toml or pass --user)"
+                    )
+                record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
                 status = _watch(brain, record.tree_id, timeout)
             finally:
                 brain.close()
@@ -199,6 +203,15 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
     if tree_rec.status is TreeStatus.RUNNING:
         return None
     return tree_rec.status
+
+
+def _uses_client_tools(tree: TaskTree, registry: RegistrySnapshot) -> bool:
+    known = registry.tools
+    return any(
+        t not in known or known[t].location is not Location.SERVER
+        for task in tree.tasks
+        for t in task.toolset
+    )
 
 
 def _clients_of(records: list[TaskRecord]) -> set[str]:
