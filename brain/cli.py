@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -96,7 +97,7 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         stack.stop()
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     sys.exit(code)
 
@@ -155,14 +156,14 @@ def run(
     sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
 
 
-def _load_tree_or_exit(path: Path):  # type: ignore[no-untyped-def]
+def _load_tree_or_exit(path: Path) -> TaskTree:
     try:
         return load_tree(path)
     except (InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _validate_or_exit(tree, registry: RegistrySnapshot, path: Path) -> None:  # type: ignore[no-untyped-def]
+def _validate_or_exit(tree: TaskTree, registry: RegistrySnapshot, path: Path) -> None:
     try:
         check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
     except InvalidTaskTree as exc:
