@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -37,7 +38,8 @@ from brain.models import Location, SessionKind, TaskRecord, TaskTree, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
 from brain.service import Brain
-from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
+from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env
+from brain.store import open_store
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from workers.contracts import channel_tree_events
@@ -263,7 +265,6 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
         return build_registry(settings)
     except (InvalidRegistry, InvalidFile) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
-        raise
 
 
 @cli.command()
@@ -271,8 +272,6 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
 @click.pass_obj
 def status(settings: Settings, tree_id: str | None) -> None:
     """Show recent task trees, or every task of TREE_ID with its state, route and result."""
-    from brain.store import open_store
-
     store = open_store(settings.store)
     try:
         if tree_id is None:
@@ -283,7 +282,6 @@ def status(settings: Settings, tree_id: str | None) -> None:
         tree_rec = store.get_tree(tree_id)
         if tree_rec is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
-            return
         console.print(task_table(tree_rec, store.get_tasks(tree_id), {}))
     finally:
         store.close()
@@ -320,10 +318,6 @@ def up(settings: Settings, flower: bool, no_agent: bool) -> None:
 
 
 def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
-    import subprocess
-
-    from brain.stack import Service
-
     argv = [
         sys.executable,
         "-m",
@@ -350,12 +344,10 @@ def _running_brain(settings: Settings) -> Iterator[Brain]:
         _fail(
             "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
         )
-    assert url is not None
     try:
         brain = Brain.connect(settings, url)
     except StackNotRunning as exc:
         _fail(str(exc), EXIT_STACK)
-        raise
     try:
         yield brain
     finally:

@@ -244,7 +244,9 @@ class Scheduler:
         tool = self.tool_spec(route.tool, route.client_id)
         if tool is None:
             # Only a client announced this tool, and it left between routing and here.
-            reason = f"Queued for Client: {route.tool} (client {route.client_id} left while it was being sent)"
+            reason = (
+                f"Queued for Client: {route.tool} (client {route.client_id} left while it was being sent)"
+            )
             return self.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, from_states)
         attempt = rec.attempt + 1
         to_client = route.kind is RouteKind.CLIENT
