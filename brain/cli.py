@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -174,6 +174,19 @@ def _validate_or_exit(tree: TaskTree, registry: RegistrySnapshot, path: Path) ->
         err.print(f"[yellow]warning:[/] {warning}{registry.failure_hint()}", highlight=False)
 
 
+REDRAW_EVERY_S = 0.2
+
+
+def _wait_for_events(pubsub: Any) -> None:
+    """Wait for a wake-up, then let a burst of them coalesce: a big tree sends one per result,
+    and redrawing on each would spend the cores the workers need."""
+    if pubsub.get_message(timeout=0.5) is None:
+        return
+    settle = time.monotonic() + REDRAW_EVERY_S
+    while time.monotonic() < settle:
+        pubsub.get_message(timeout=max(settle - time.monotonic(), 0.0))
+
+
 def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | None:
     """Redraw on every tree event (pub/sub is only a wake-up; the store is read each time)."""
     pubsub = brain.hot.r.pubsub(ignore_subscribe_messages=True)
@@ -194,7 +207,7 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
                         f"[yellow]still running after {timeout:g}s; see `vancetope status {tree_id}`[/]"
                     )
                     break
-                pubsub.get_message(timeout=0.5)
+                _wait_for_events(pubsub)
     except KeyboardInterrupt:
         err.print(f"[yellow]stopped watching; the tree goes on: `vancetope status {tree_id}`[/]")
     finally:

@@ -58,7 +58,7 @@ class ClientWork:
         touched: set[str] = set()
         for raw, ref in self.s.parked.take_for(client_id, owners):
             rec = self.s.store.get_task(ref.tree_id, ref.task_id)
-            tree_rec = self.s.store.get_tree(ref.tree_id)
+            tree_rec = self.s.tree(ref.tree_id)
             if rec is not None and tree_rec is not None and rec.state in PARKED:
                 presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
                 if self.s.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
@@ -98,7 +98,7 @@ class ClientWork:
             if where is None:
                 continue  # the agent had taken or finished it; its result is on the way
             self.s.hot.cancel_runs([rec.run_id or ""], cid)
-            tree_rec = self.s.store.get_tree(rec.tree_id)
+            tree_rec = self.s.tree(rec.tree_id)
             if tree_rec is None:
                 continue
             if where == "queued":

@@ -61,7 +61,7 @@ class Sweeps:
         return resent
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
-        tree_rec = self.s.store.get_tree(rec.tree_id)
+        tree_rec = self.s.tree(rec.tree_id)
         if tree_rec is None:
             return False
         if rec.attempt >= self.s.settings.max_deliveries + 2:
@@ -117,10 +117,9 @@ class Sweeps:
         """Parked past ``max_wait_s`` (the tree's, else the tool's, else the default): a clear final state."""
         now = self.s.clock()
         expired: list[str] = []
-        trees: dict[str, TreeRecord | None] = {}
         for rec in self.s.store.tasks_in_states(PARKED):
             spec = self.s.registry.tools.get(rec.tool)
-            tree_rec = trees.setdefault(rec.tree_id, self.s.store.get_tree(rec.tree_id))
+            tree_rec = self.s.tree(rec.tree_id)
             max_wait = (
                 (tree_rec.tree.max_wait_s if tree_rec else None)
                 or (spec.max_wait_s if spec else None)
@@ -143,7 +142,7 @@ class Sweeps:
         now = self.s.clock()
         expired: list[str] = []
         for rec in self.s.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING}):
-            tree_rec = self.s.store.get_tree(rec.tree_id)
+            tree_rec = self.s.tree(rec.tree_id)  # cached: this loop sees every unfinished task
             if tree_rec is None or rec.first_queued_at is None:
                 continue
             limit = tree_rec.tree.task(rec.task_id).max_total_s
@@ -169,7 +168,7 @@ class Sweeps:
         for rec in parked:
             if (rec.tree_id, rec.task_id) in listed:
                 continue
-            tree_rec = self.s.store.get_tree(rec.tree_id)
+            tree_rec = self.s.tree(rec.tree_id)
             if tree_rec is not None and self._relist(tree_rec, rec):
                 relisted += 1
         return relisted
