@@ -9,6 +9,8 @@ where only that client's agent can read it.
 
 from __future__ import annotations
 
+import threading
+
 from celery import Celery
 
 from workers.app import make_app
@@ -24,19 +26,29 @@ class Publisher:
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._client_apps: dict[str, Celery] = {}
+        # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
+        self._lock = threading.Lock()
 
     def app_for(self, client_id: str | None) -> Celery:
         if client_id is None:
             return self.app
-        app = self._client_apps.get(client_id)
-        if app is None:
-            opts = self.app.conf.broker_transport_options or {}
-            app = self._client_apps[client_id] = make_app(
-                self.app.conf.broker_url,
-                visibility_timeout_s=int(opts.get("visibility_timeout", 3600)),
-                keyprefix=client_keyprefix(client_id),
-            )
-        return app
+        with self._lock:
+            app = self._client_apps.get(client_id)
+            if app is None:
+                opts = self.app.conf.broker_transport_options or {}
+                app = self._client_apps[client_id] = make_app(
+                    self.app.conf.broker_url,
+                    visibility_timeout_s=int(opts.get("visibility_timeout", 3600)),
+                    keyprefix=client_keyprefix(client_id),
+                )
+            return app
+
+    def close(self) -> None:
+        """Release the per-client connection pools (the main app is the caller's)."""
+        with self._lock:
+            for app in self._client_apps.values():
+                app.close()
+            self._client_apps.clear()
 
     def send(self, call: ToolCall) -> None:
         app = self.app_for(call.client_id)

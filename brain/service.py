@@ -69,6 +69,8 @@ class Brain:
     def close(self) -> None:
         if self.scheduler.events is not None:
             self.scheduler.events.close()
+        self.scheduler.publisher.close()
+        self.app.close()
         self.store.close()
         self.hot.close()
 
