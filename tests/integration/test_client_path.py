@@ -18,6 +18,14 @@ import pytest
 
 from brain.models import SessionKind, TaskState, TreeStatus
 from tests.conftest import tree, wait_for_tree, wait_until
+from workers.contracts import (
+    CLIENT_HEARTBEAT,
+    CLIENT_OUTBOX,
+    ClientConnected,
+    ToolDescriptor,
+    ToolType,
+    client_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -188,3 +196,48 @@ def test_an_agent_the_brain_dropped_while_alive_announces_itself_again(
         lambda: brain.scheduler.presence.session("laptop"), timeout=30, what="the agent to come back"
     )
     assert back.session_id == first.session_id and back.connected_at > first.connected_at
+
+
+def test_a_call_cancelled_while_waiting_in_an_offline_clients_queue_never_runs_when_it_returns(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
+    stack = stack_factory(services=("brain", "server-pool"), agent_config=make_agent(tmp_path))
+    brain = brain_factory(stack)
+    # The brain believes laptop is connected (as just before a crash): the call goes to its queue.
+    brain.hot.r.set(client_key("laptop", CLIENT_HEARTBEAT), "before-crash", ex=120)
+    brain.hot.r.lpush(
+        client_key("laptop", CLIENT_OUTBOX),
+        ClientConnected(
+            client_id="laptop",
+            session_id="before-crash",
+            sent_at=0,
+            available_tools=[ToolDescriptor(name="write_local_file", type=ToolType.NATIVE)],
+        ).model_dump_json(),
+    )
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), what="the brain to accept the session")
+    marker = tmp_path / "sandbox" / "must-not-exist.txt"
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "cancel",
+                "tasks": [
+                    {"id": "w", "tool": "write_local_file", "args": {"path": str(marker), "content": "ran"}}
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    assert brain.store.get_task(rec.tree_id, "w").state is TaskState.QUEUED_CLIENT
+    assert brain.sweeps.cancel(rec.tree_id) == ["w"]
+
+    stack.start_service("client-agent")  # the real agent comes back and drains its queue
+    log = stack.service("client-agent").log_path
+    wait_until(
+        lambda: "was cancelled; not starting it" in log.read_text(),
+        timeout=60,
+        what="the agent to skip the cancelled run",
+    )
+    assert not marker.exists()
+    task = brain.store.get_task(rec.tree_id, "w")
+    assert (task.state, task.reason, task.result) == (TaskState.SKIPPED, "cancelled by user", None)
