@@ -7,7 +7,6 @@ argument schemas) live in ``brain.validation``.
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Any
 
@@ -16,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from workers.contracts import ErrorInfo, ToolType
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-_ID_RE = re.compile(_ID)
 
 
 class Location(StrEnum):
@@ -105,7 +103,8 @@ class ToolSpec(BaseModel):
 
 
 class RegistryFile(BaseModel):
-    """The tool registry file: ``tools:`` as in seed 000 §3, plus think-process engines."""
+    """The ``tools:`` list of a registry file (seed 000 §3). Its ``engines:`` are parsed by
+    ``brain.treefile``, which removes them before validating against this model."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -237,7 +236,3 @@ class TreeRecord(BaseModel):
     status: TreeStatus = TreeStatus.RUNNING
     submitted_at: float
     finished_at: float | None = None
-
-
-def is_valid_id(value: str) -> bool:
-    return bool(_ID_RE.match(value))

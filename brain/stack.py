@@ -145,12 +145,6 @@ class EmbeddedStack:
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name and s.process and s.process.poll() is None)
 
-    def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-        s = self.service(name)
-        assert s.process is not None
-        os.killpg(s.process.pid, sig)
-        s.process.wait(timeout)
-
     def wait_ready(self, timeout: float) -> None:
         """Ready once the brain has published its registry (it discovered its MCP servers)."""
         hot = HotState.from_url(self.redis_url)

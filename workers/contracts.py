@@ -48,11 +48,6 @@ def key_registry() -> str:
     return f"{KEY_NS}registry"
 
 
-def key_tree_progress(tree_id: str) -> str:
-    """Hash: task state -> count, for progress displays."""
-    return f"{KEY_NS}tree:{tree_id}:progress"
-
-
 def channel_tree_events(tree_id: str) -> str:
     """Pub/sub channel the brain publishes to when a tree changes (a wake-up, not a record)."""
     return f"{KEY_NS}tree:{tree_id}:events"
