@@ -37,6 +37,7 @@ from brain.errors import (
 from brain.models import Location, SessionKind, TaskRecord, TaskTree, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
+from brain.scheduler import routed_client
 from brain.service import Brain
 from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
@@ -231,7 +232,7 @@ def _uses_client_tools(tree: TaskTree, registry: RegistrySnapshot) -> bool:
 
 
 def _clients_of(records: list[TaskRecord]) -> set[str]:
-    return {r.route.split(":", 1)[1].split(" ")[0] for r in records if r.route.startswith("client:")}
+    return {cid for r in records if (cid := routed_client(r)) is not None}
 
 
 @cli.command()

@@ -15,7 +15,7 @@ import logging
 
 from brain.models import TaskState
 from brain.presence import ClientSession, check_announcement
-from brain.scheduler import PARKED, Scheduler, client_route
+from brain.scheduler import PARKED, Scheduler, routed_client
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
@@ -29,13 +29,12 @@ class ClientWork:
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
         """Check and record an announcement (``owner``: whose outbox it came through), ack it,
         and requeue parked work when accepted."""
-        refusal = check_announcement(msg, owner, self.s.presence.enrollment(owner))
-        if refusal is not None:
+        enrollment = self.s.presence.enrollment(owner)
+        refusal = check_announcement(msg, owner, enrollment)
+        if refusal is not None or enrollment is None:
             log.warning("refused announcement of client %r (session %s): %s", owner, msg.session_id, refusal)
-            ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal)
+            ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal or "not enrolled")
         else:
-            enrollment = self.s.presence.enrollment(owner)
-            assert enrollment is not None
             self.s.presence.connect(msg, enrollment, self.s.clock())
             log.info(
                 "client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools)
@@ -87,10 +86,9 @@ class ClientWork:
 
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
-        route = client_route(cid)
         # Every call sent to this client must be looked at, not the first thousand.
         queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
-        mine = [r for r in queued if r.route.startswith(route)]
+        mine = [r for r in queued if routed_client(r) == cid]
         taken = 0
         touched: set[str] = set()
         for rec in mine:

@@ -59,6 +59,13 @@ def client_route(client_id: str) -> str:
     return f"client:{client_id}"
 
 
+def routed_client(rec: TaskRecord) -> str | None:
+    """The client a task was sent to, read back from its route summary (see ``client_route``)."""
+    if not rec.route.startswith("client:"):
+        return None
+    return rec.route.removeprefix("client:").split(" ", 1)[0]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -378,7 +385,7 @@ class Scheduler:
         if (
             result.client_id != from_client
             or rec is None
-            or not rec.route.startswith(client_route(from_client))
+            or routed_client(rec) != from_client
         ):
             log.warning(
                 "refused a result for task %s of tree %s from client %r: not routed to that client",

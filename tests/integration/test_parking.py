@@ -330,3 +330,31 @@ def test_a_trees_max_wait_overrides_the_default(brain_on_redis: Brain) -> None:
     time.sleep(0.05)  # the time being measured
     assert brain.sweeps.expire_parked() == ["r0"]
     assert "(max_wait_s 0.01)" in brain.store.get_task(rec.tree_id, "r0").reason
+
+
+def test_a_client_whose_id_prefixes_another_neither_completes_nor_takes_back_its_work(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    for cid in ("laptop", "lap"):
+        brain.scheduler.presence.enroll(cid, "ada")
+    connect(brain, "laptop")
+    connect(brain, "lap", session="s-lap")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    task = brain.store.get_task(rec.tree_id, "r0")
+    assert task.route == "client:laptop"
+    forged = ToolResult(
+        run_id=task.run_id,
+        tree_id=rec.tree_id,
+        task_id="r0",
+        tool="read_local_file",
+        ok=True,
+        value="forged",
+        client_id="lap",
+        started_at=0,
+        finished_at=0,
+    )
+    assert brain.scheduler.on_result(forged, from_client="lap") is False
+    brain.clients.on_disconnected("lap", "s-lap", "test")
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
+    assert queued_task_ids(brain, "laptop") == ["r0"]
