@@ -37,12 +37,16 @@ class RegistrySnapshot(BaseModel):
         return f"; note: MCP server(s) failed to start: {names}"
 
 
-def build_registry(settings: Settings) -> RegistrySnapshot:
-    """Discover and merge every server-side source of tools. Spawns the MCP servers once."""
+def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnapshot:
+    """Discover and merge every server-side source of tools. Spawns the MCP servers once.
+
+    ``discover=False`` skips the MCP servers: built-ins and the registry file only, cheap
+    enough to check a tree before anything is started (its MCP tools are then unknown).
+    """
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
     discovered: dict[str, ToolSpec] = {}
     failures: list[MCPServerFailure] = []
-    if settings.mcp_config:
+    if settings.mcp_config and discover:
         manager = MCPClientManager(load_mcp_config(str(settings.mcp_config)))
         try:
             descriptors, failures = manager.discover(timeout=DISCOVERY_TIMEOUT_S)
