@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -34,21 +35,25 @@ from brain.errors import (
     InvalidTaskTree,
     StackNotRunning,
 )
-from brain.models import Location, SessionKind, TaskRecord, TaskTree, TreeStatus
+from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
-from brain.routing import Presence, RouteRequest, decide_route
+from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.scheduler import routed_client
 from brain.service import Brain
-from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env
+from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env, tail
 from brain.store import open_store
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
-from workers.contracts import channel_tree_events
+from workers.contracts import MCPServerFailure, channel_tree_events
 
 console = Console()
 err = Console(stderr=True)
 
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
+STDERR_LINES_SHOWN = 12
+FLOWER_PORT = 5555
+# Services whose exit is reported but does not stop the stack.
+OPTIONAL_SERVICES = ("flower",)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -134,21 +139,28 @@ def run(
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
     tree = _load_tree_or_exit(tree_file)
+    # Before anything starts: a tree that cannot run must not cost a stack start-up.
+    _check_before_start(tree, settings, tree_file)
     session = (
         SessionKind.AUTONOMOUS
         if (autonomous or (autonomous is None and not client_id))
         else SessionKind.INTERACTIVE
     )
+    run_user = user or settings.user
     try:
         with _stack(settings, no_agent=no_agent) as url:
             brain = Brain.connect(settings, url)
             try:
-                _validate_or_exit(tree, brain.scheduler.registry, tree_file)
-                run_user = user or settings.user
-                if not client_id and not run_user and _uses_client_tools(tree, brain.scheduler.registry):
+                registry = brain.scheduler.registry
+                presence = brain.scheduler.presence.view(run_user, client_id)
+                _validate_or_exit(tree, registry, tree_file, client_tools(presence))
+                waiting = _tasks_waiting_for_a_client(tree, registry) if not (client_id or run_user) else []
+                if waiting:
                     err.print(
-                        "[yellow]warning:[/] no --client and no --user: this run's client tools can only "
-                        "wait, since no client may take them (set `user` in vancetope.toml or pass --user)"
+                        f"[yellow]warning:[/] no --client and no --user: task(s) {', '.join(waiting)} can "
+                        "only wait, since no client may take them (set `user` in vancetope.toml or "
+                        "pass --user)",
+                        highlight=False,
                     )
                 record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
                 status = _watch(brain, record.tree_id, timeout)
@@ -166,13 +178,33 @@ def _load_tree_or_exit(path: Path) -> TaskTree:
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _validate_or_exit(tree: TaskTree, registry: RegistrySnapshot, path: Path) -> None:
+def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
+    """Refuse a tree that is invalid against what is known without starting anything: the
+    built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
+    try:
+        declared = build_registry(settings, discover=False)
+        check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
+    except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _validate_or_exit(
+    tree: TaskTree, registry: RegistrySnapshot, path: Path, announced: frozenset[str] = frozenset()
+) -> None:
+    """``announced``: tools the run's connected clients offer, so they are not called unknown."""
     try:
         check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
     except InvalidTaskTree as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
-    for warning in unknown_tools(tree, registry.tools):
-        err.print(f"[yellow]warning:[/] {warning}{registry.failure_hint()}", highlight=False)
+    for warning in unknown_tools(tree, registry.tools.keys() | announced):
+        err.print(f"[yellow]warning:[/] {warning}{_failed_servers(registry)}", highlight=False)
+
+
+def _failed_servers(registry: RegistrySnapshot) -> str:
+    if not registry.mcp_failures:
+        return ""
+    names = ", ".join(repr(f.server) for f in registry.mcp_failures)
+    return f" (MCP server(s) {names} failed to start, so their tools are missing)"
 
 
 REDRAW_EVERY_S = 0.2
@@ -222,13 +254,32 @@ def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | No
     return tree_rec.status
 
 
-def _uses_client_tools(tree: TaskTree, registry: RegistrySnapshot) -> bool:
-    known = registry.tools
-    return any(
-        t not in known or known[t].location is not Location.SERVER
-        for task in tree.tasks
-        for t in task.toolset
-    )
+def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple[TaskSpec, Route]]:
+    """Each task's route in an autonomous session with no client connected (what explain shows)."""
+    engine = registry.engines.get(tree.engine) if tree.engine else None
+    return [
+        (
+            spec,
+            decide_route(
+                RouteRequest(
+                    tool=spec.tool,
+                    execution_target=spec.execution_target,
+                    session=SessionKind.AUTONOMOUS,
+                    engine=engine,
+                ),
+                registry.tools,
+                Presence(),
+            ),
+        )
+        for spec in tree.tasks
+    ]
+
+
+def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> list[str]:
+    """Tasks the router parks for a client when none may take them: the router's own verdict,
+    so server tools, fallbacks and skips never trigger the warning."""
+    parked = (RouteKind.BLOCKED, RouteKind.PENDING_CLIENT)
+    return [spec.id for spec, route in _autonomous_routes(tree, registry) if route.kind in parked]
 
 
 def _clients_of(records: list[TaskRecord]) -> set[str]:
@@ -239,33 +290,44 @@ def _clients_of(records: list[TaskRecord]) -> set[str]:
 @click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.pass_obj
 def explain(settings: Settings, tree_file: Path) -> None:
-    """Validate TREE_FILE and show, per task, the route the router would choose and why. Runs nothing."""
+    """Validate TREE_FILE and show, per task, the route the router would choose and why. Runs nothing.
+
+    Exits 2 if the tree is invalid, 1 if it is valid but some task would fail as things
+    stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
+    """
     tree = _load_tree_or_exit(tree_file)
     registry = _registry_for_explain(settings)
+    for failure in registry.mcp_failures:
+        err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)
     _validate_or_exit(tree, registry, tree_file)
-    table = Table(title=f"{tree_file}: {len(tree.tasks)} task(s), valid", title_justify="left")
+    routes = _autonomous_routes(tree, registry)
+    failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
+    verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"
+    table = Table(title=f"{tree_file}: {len(tree.tasks)} task(s), {verdict}", title_justify="left")
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
-    for spec in tree.tasks:
-        engine = registry.engines.get(tree.engine) if tree.engine else None
-        route = decide_route(
-            RouteRequest(
-                tool=spec.tool,
-                execution_target=spec.execution_target,
-                session=SessionKind.AUTONOMOUS,
-                engine=engine,
-            ),
-            registry.tools,
-            Presence(),
-        )
+    for spec, route in routes:
         table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
     console.print(table)
-    for failure in registry.mcp_failures:
-        err.print(
-            f"[yellow]warning:[/] MCP server {failure.server!r} failed to start: {failure.message}",
-            highlight=False,
-        )
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
+    if failing:
+        missing = sorted({spec.tool for spec, route in failing if route.reason.startswith("Tool unknown")})
+        if missing:
+            err.print(
+                f"[red]missing tools:[/] {', '.join(missing)}: not in the registry"
+                f"{_failed_servers(registry)}; a client that announces them could still run them",
+                highlight=False,
+            )
+        sys.exit(EXIT_TREE_FAILED)
+
+
+def _describe_failure(failure: MCPServerFailure) -> str:
+    """The server, its command (in the message) and the last lines it wrote to stderr."""
+    text = f"MCP server {failure.server!r} failed to start: {failure.message}"
+    if failure.stderr_tail:
+        tail = failure.stderr_tail.splitlines()[-STDERR_LINES_SHOWN:]
+        text += "\n  its stderr ended with:\n" + "\n".join(f"    {line}" for line in tail)
+    return text
 
 
 def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
@@ -302,27 +364,44 @@ def status(settings: Settings, tree_id: str | None) -> None:
 
 
 @cli.command()
-@click.option("--flower", is_flag=True, help="Also start Flower on 127.0.0.1:5555.")
+@click.option("--flower", is_flag=True, help=f"Also start Flower on 127.0.0.1:{FLOWER_PORT}.")
+@click.option(
+    "--flower-port",
+    type=click.IntRange(1, 65535),
+    help=f"Start Flower on this port of 127.0.0.1 (implies --flower; default {FLOWER_PORT}).",
+)
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
 @click.pass_obj
-def up(settings: Settings, flower: bool, no_agent: bool) -> None:
-    """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`."""
+def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
+    """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
+
+    Flower is optional: if it cannot start or exits, the stack says why and keeps running.
+    """
     stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stack.start()
-        if flower:
-            _start_flower(stack, settings)
+        if flower or flower_port is not None:
+            _start_flower(stack, settings, flower_port or FLOWER_PORT)
         console.print(
             f"[green]stack up[/]: redis {stack.redis_url}, data in {settings.data_dir}, "
             f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop."
         )
         while not stop.wait(1.0):
-            for s in stack.services:
-                if s.process is not None and s.process.poll() is not None:
-                    err.print(f"[red]{s.name} exited ({s.process.returncode}); stopping[/]")
-                    stop.set()
+            for s in list(stack.services):
+                if s.process is None or s.process.poll() is None:
+                    continue
+                if s.name in OPTIONAL_SERVICES:
+                    err.print(
+                        f"[yellow]{s.name} exited ({s.process.returncode}); the rest of the stack keeps "
+                        f"running. {s.log_path} ends with:[/]\n{tail(s.log_path, 5)}",
+                        highlight=False,
+                    )
+                    stack.services.remove(s)
+                    continue
+                err.print(f"[red]{s.name} exited ({s.process.returncode}); stopping[/]")
+                stop.set()
     except KeyboardInterrupt:
         pass
     except StackNotRunning as exc:
@@ -331,7 +410,14 @@ def up(settings: Settings, flower: bool, no_agent: bool) -> None:
         stack.stop()
 
 
-def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
+def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
+    if not _port_free(port):
+        err.print(
+            f"[yellow]flower not started: 127.0.0.1:{port} is already in use (another Flower or "
+            "program); pick a free port with --flower-port. The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
     argv = [
         sys.executable,
         "-m",
@@ -340,7 +426,7 @@ def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
         "workers.server_worker",
         "flower",
         "--address=127.0.0.1",
-        "--port=5555",
+        f"--port={port}",
     ]
     env = {**stack_env(settings, stack.redis_url), "FLOWER_UNAUTHENTICATED_API": "true"}
     log_path = settings.data_dir / "logs" / "flower.log"
@@ -349,6 +435,16 @@ def _start_flower(stack: EmbeddedStack, settings: Settings) -> None:
             argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
         )
     stack.services.append(Service("flower", argv, proc, log_path))
+    console.print(f"flower: http://127.0.0.1:{port}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager

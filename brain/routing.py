@@ -379,3 +379,10 @@ def _no_alternative(call: _Call, absent: str) -> str:
     if fallback_tool not in call.registry:
         return f"{head} and its fallback_tool {fallback_tool!r} is not in the registry"
     return f"{head} and its fallback_tool {fallback_tool!r} does not run on the server (location client)"
+
+
+def client_tools(presence: Presence) -> frozenset[str]:
+    """Every tool a client this session may use has announced (the router picks among these)."""
+    own = _session_client(presence)
+    reachable = ([own] if own is not None else []) + _same_user_clients(presence)
+    return frozenset(name for client in reachable for name in client.tools)

@@ -382,11 +382,7 @@ class Scheduler:
         if from_client is None:
             return result.client_id is None
         rec = self.store.get_task(result.tree_id, result.task_id)
-        if (
-            result.client_id != from_client
-            or rec is None
-            or routed_client(rec) != from_client
-        ):
+        if result.client_id != from_client or rec is None or routed_client(rec) != from_client:
             log.warning(
                 "refused a result for task %s of tree %s from client %r: not routed to that client",
                 result.task_id,

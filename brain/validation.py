@@ -22,7 +22,7 @@ import heapq
 import json
 import re
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Container, Iterator, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -115,16 +115,18 @@ def engine_problems(tree: TaskTree, engines: Mapping[str, Engine]) -> list[str]:
     ]
 
 
-def unknown_tools(tree: TaskTree, registry: Mapping[str, ToolSpec]) -> list[str]:
-    """Warnings for tools the registry does not know (not errors: see the module docstring)."""
+def unknown_tools(tree: TaskTree, known: Container[str]) -> list[str]:
+    """Warnings for tools neither the registry nor a reachable client knows (not errors: see
+    the module docstring). ``known``: registry names plus tools the run's clients announced."""
     warnings = []
     for task in tree.tasks:
-        if task.tool not in registry:
+        if task.tool not in known:
             warnings.append(
-                f"task {task.id!r}: tool {task.tool!r} is not in the registry; the task will fail at run time"
+                f"task {task.id!r}: tool {task.tool!r} is not in the registry and no connected client "
+                "of this run announces it; the task will fail at run time"
             )
         for name in task.tools:
-            if name != task.tool and name not in registry:
+            if name != task.tool and name not in known:
                 warnings.append(f"task {task.id!r}: tools lists {name!r}, which is not in the registry")
     return warnings
 

@@ -253,9 +253,17 @@ def test_unknown_tools_are_warnings() -> None:
     t = tree({"id": "x", "tool": "nope", "tools": ["nope", "also_nope", "echo"]})
     assert validate_tree(t, REGISTRY, source="tree.yaml") == []
     assert unknown_tools(t, REGISTRY) == [
-        "task 'x': tool 'nope' is not in the registry; the task will fail at run time",
+        (
+            "task 'x': tool 'nope' is not in the registry and no connected client of this run announces "
+            "it; the task will fail at run time"
+        ),
         "task 'x': tools lists 'also_nope', which is not in the registry",
     ]
+
+
+def test_a_tool_a_reachable_client_announces_is_not_unknown() -> None:
+    t = tree({"id": "x", "tool": "git_log", "tools": ["git_log", "echo"]})
+    assert unknown_tools(t, set(REGISTRY) | {"git_log"}) == []
 
 
 def test_check_tree_raises_with_every_problem() -> None:

@@ -1,0 +1,119 @@
+"""A new user's first ten minutes (issue 6), each as it was tried: real CLI subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_until
+from tests.integration.test_cli import vancetope
+
+pytestmark = pytest.mark.integration
+
+
+def flat(text: str) -> str:
+    """Output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_an_invalid_tree_is_refused_before_the_embedded_stack_starts(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    bad_args = write(
+        tmp_path / "bad.yaml", "id: t\ntasks:\n  - {id: a, tool: sleep, args: {seconds: soon}}\n"
+    )
+    proc = vancetope("run", str(bad_args), data=data)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "task 'a'" in proc.stderr and "seconds" in proc.stderr
+    assert "starting the embedded stack" not in proc.stderr
+    # Nothing was started: the stack makes its log and Redis folders first thing.
+    assert not (data / "logs").exists() and not (data / "redis").exists()
+
+
+def test_explain_shows_a_server_that_cannot_start_with_its_command_stderr_and_the_missing_tools(
+    tmp_path: Path,
+) -> None:
+    missing_script = tmp_path / "gone" / "weather_server.py"
+    config = {"mcpServers": {"weather": {"command": sys.executable, "args": [str(missing_script)]}}}
+    mcp = write(tmp_path / "server-mcp.json", json.dumps(config))
+    tree = write(
+        tmp_path / "t.yaml",
+        "id: t\ntasks:\n  - {id: now, tool: echo, args: {value: 1}}\n  - {id: rain, tool: forecast}\n",
+    )
+    proc = vancetope("--mcp-config", str(mcp), "explain", str(tree), data=tmp_path / "data")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out, err = flat(proc.stdout), flat(proc.stderr)
+    assert "valid, but 1 task(s) will fail" in out
+    assert "MCP server 'weather' failed to start" in err
+    assert str(missing_script) in err  # the command, so the user sees what was run
+    assert "No such file or directory" in err  # the server's own stderr
+    assert "missing tools: forecast" in err and "'weather' failed to start" in err
+
+
+def test_explain_of_a_runnable_tree_exits_zero_even_when_an_unused_server_fails(tmp_path: Path) -> None:
+    config = {"mcpServers": {"weather": {"command": sys.executable, "args": [str(tmp_path / "gone.py")]}}}
+    mcp = write(tmp_path / "server-mcp.json", json.dumps(config))
+    tree = write(tmp_path / "t.yaml", "id: t\ntasks:\n  - {id: now, tool: echo, args: {value: 1}}\n")
+    proc = vancetope("--mcp-config", str(mcp), "explain", str(tree), data=tmp_path / "data")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 task(s), valid" in flat(proc.stdout)
+    assert "MCP server 'weather' failed to start" in flat(proc.stderr)
+
+
+def test_a_tool_the_stacks_agent_announces_is_not_called_unknown(tmp_path: Path) -> None:
+    tree = write(
+        tmp_path / "git.yaml",
+        "id: g\ntasks:\n  - {id: branches, tool: git_branch, args: {repo_path: ., branch_type: local}}\n",
+    )
+    with_agent = vancetope("run", str(tree), "--timeout", "60", data=tmp_path / "data")
+    assert "git_branch" in with_agent.stdout, with_agent.stdout + with_agent.stderr
+    assert "is not in the registry" not in flat(with_agent.stderr)
+    # Without the agent nobody announces it: then the warning is true, and shown.
+    without = vancetope("run", str(tree), "--no-agent", "--timeout", "60", data=tmp_path / "data2")
+    assert "tool 'git_branch' is not in the registry" in flat(without.stderr), without.stderr
+    assert without.returncode == 1
+
+
+def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with open(tmp_path / "up.log", "w") as up_log:
+            up = subprocess.Popen(
+                [sys.executable, "-m", "brain", "up", "--no-agent", "--flower-port", str(port)],
+                cwd=ROOT,
+                env={**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250"},
+                stdout=up_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            wait_until(
+                lambda: "stack up" in (tmp_path / "up.log").read_text(), timeout=90, what="the stack to be up"
+            )
+            log = (tmp_path / "up.log").read_text()
+            assert f"flower not started: 127.0.0.1:{port} is already in use" in log
+            assert "--flower-port" in log
+            # The rest of the stack serves: a tree runs on it.
+            tree = write(tmp_path / "t.yaml", "id: t\ntasks:\n  - {id: a, tool: echo, args: {value: 1}}\n")
+            run = vancetope("run", str(tree), "--timeout", "60", data=data)
+            assert run.returncode == 0, run.stdout + run.stderr
+            assert up.poll() is None
+        finally:
+            if up.poll() is None:
+                os.killpg(up.pid, signal.SIGINT)
+                up.wait(60)
+    assert "stopping" not in (tmp_path / "up.log").read_text()
