@@ -29,6 +29,7 @@ from client_agent.worker import install_signal_handlers, make_agent_app, make_wo
 from workers.contracts import ClientDisconnected, ClientToolResult, ToolDescriptor, ToolResult, client_queue
 from workers.mcp_clients import MCPClientManager
 from workers.tasks import register
+from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.agent")
 
@@ -229,13 +230,3 @@ def tool_changes(old: list[ToolDescriptor], new: list[ToolDescriptor]) -> str:
     if removed := sorted(before - after):
         parts.append(f"removed {', '.join(removed)}")
     return "; ".join(parts) or f"same {len(after)} MCP tools"
-
-
-def redact_url(url: str) -> str:
-    """The broker URL without its password, for logs."""
-    head, sep, tail = url.partition("@")
-    if not sep or "//" not in head:
-        return url
-    scheme, _, userinfo = head.partition("//")
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}//{user}:***@{tail}" if ":" in userinfo else url

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from brain.errors import StoreError
-from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
+from workers.urls import redact_url
 
 DEFAULT_MONGO_DATABASE: Final = "vancetope"
 
@@ -92,6 +93,22 @@ class Store(Protocol):
         """Tasks of every tree in ``states`` (optionally ``updated_at < updated_before``), stalest first."""
         ...
 
+    # --- enrollments (the record of which client agents may connect, and as whom) ---
+
+    def put_enrollment(self, enrollment: Enrollment) -> None:
+        """Insert or replace the enrollment of ``enrollment.client_id``."""
+        ...
+
+    def get_enrollment(self, client_id: str) -> Enrollment | None: ...
+
+    def list_enrollments(self) -> list[Enrollment]:
+        """Every enrollment, by client id."""
+        ...
+
+    def delete_enrollment(self, client_id: str) -> bool:
+        """Forget an enrollment; True if there was one."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -154,15 +171,6 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
 # --- opening a store by URL ----------------------------------------------------------
 
 
-def _redacted(url: str) -> str:
-    # A mistyped mongodb URL may carry a password; error messages end up in logs.
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return parts._replace(netloc=netloc).geturl()
-    return url
-
-
 def open_store(url: str) -> Store:
     """Open the store named by ``url`` (see ``_ACCEPTED_URLS``; ``Settings.store`` builds one).
 
@@ -174,7 +182,7 @@ def open_store(url: str) -> Store:
         path = rest.removeprefix("///") if rest.startswith("///") else ""
         if not path or path in (":memory:", "/:memory:"):
             raise StoreError(
-                f"store URL {_redacted(url)!r} names no database file "
+                f"store URL {redact_url(url)!r} names no database file "
                 f"(an in-memory database cannot be shared by processes); accepted forms: {_ACCEPTED_URLS}"
             )
         from brain.store.sqlite import SQLiteStore
@@ -189,4 +197,4 @@ def open_store(url: str) -> Store:
         from brain.store.sqlite import SQLiteStore
 
         return SQLiteStore(url)
-    raise StoreError(f"unsupported store URL {_redacted(url)!r}; accepted forms: {_ACCEPTED_URLS}")
+    raise StoreError(f"unsupported store URL {redact_url(url)!r}; accepted forms: {_ACCEPTED_URLS}")

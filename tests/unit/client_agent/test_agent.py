@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from client_agent.agent import describe_result, redact_url, tool_changes
+from client_agent.agent import describe_result, tool_changes
 from client_agent.worker import worker_hostname
 from workers.contracts import ErrorInfo, ToolDescriptor, ToolResult, ToolType
+from workers.urls import redact_url
 
 
 def result(ok: bool) -> ToolResult:
