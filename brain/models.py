@@ -236,3 +236,17 @@ class TreeRecord(BaseModel):
     status: TreeStatus = TreeStatus.RUNNING
     submitted_at: float
     finished_at: float | None = None
+
+
+class Enrollment(BaseModel):
+    """A client agent allowed to connect: the store's record (DESIGN decision 7). Clients cannot
+    write it; Redis holds only what the brain derives from it (the client's ACL user)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str
+    user: str
+    enrolled_at: float
+    # SHA-256 (hex) of the client's broker secret: enough to (re)create its Redis ACL user
+    # (ACL SETUSER ... #<hash>), never the secret itself. Empty: no credential issued.
+    secret_sha256: str = ""

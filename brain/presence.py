@@ -1,6 +1,7 @@
 """Who is connected, with which tools (layer: brain, Redis glue).
 
-Enrolled clients (``vt:clients``) are the only ones the brain listens to; a client's
+Enrolled clients (the store's record: clients cannot write it, and it survives a Redis
+flush) are the only ones the brain listens to; a client's
 announcement is checked here (``check_announcement``, pure) and, once accepted,
 kept in ``vt:presence`` until a graceful disconnect or a missed heartbeat.
 """
@@ -13,7 +14,9 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.hotstate import as_text
+from brain.models import Enrollment
 from brain.routing import ClientView, Presence
+from brain.store import Store
 from workers.contracts import (
     CLIENT_HEARTBEAT,
     MAX_ANNOUNCED_TOOLS,
@@ -21,17 +24,8 @@ from workers.contracts import (
     ClientType,
     ToolDescriptor,
     client_key,
-    key_enrolled_clients,
     key_presence,
 )
-
-
-class Enrollment(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    client_id: str
-    user: str
-    enrolled_at: float
 
 
 class ClientSession(BaseModel):
@@ -66,23 +60,29 @@ def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment 
 
 
 class PresenceBook:
-    def __init__(self, r: redis.Redis) -> None:
+    """Who may connect (the store's enrollments) and who is connected (sessions in Redis)."""
+
+    def __init__(self, r: redis.Redis, store: Store) -> None:
         self.r = r
+        self.store = store
 
     # enrollment ---------------------------------------------------------------------
-    def enroll(self, client_id: str, user: str, now: float | None = None) -> Enrollment:
+    def enroll(
+        self, client_id: str, user: str, now: float | None = None, secret_sha256: str = ""
+    ) -> Enrollment:
+        """Record that ``client_id`` belongs to ``user`` (re-enrolling replaces the record)."""
         client_key(client_id, "")  # validates the id
-        enrollment = Enrollment(client_id=client_id, user=user, enrolled_at=now or time.time())
-        self.r.hset(key_enrolled_clients(), client_id, enrollment.model_dump_json())
+        enrollment = Enrollment(
+            client_id=client_id, user=user, enrolled_at=now or time.time(), secret_sha256=secret_sha256
+        )
+        self.store.put_enrollment(enrollment)
         return enrollment
 
     def enrolled(self) -> dict[str, Enrollment]:
-        raw = self.r.hgetall(key_enrolled_clients())
-        return {as_text(k): Enrollment.model_validate_json(v) for k, v in raw.items()}
+        return {e.client_id: e for e in self.store.list_enrollments()}
 
     def enrollment(self, client_id: str) -> Enrollment | None:
-        raw = self.r.hget(key_enrolled_clients(), client_id)
-        return Enrollment.model_validate_json(raw) if raw else None
+        return self.store.get_enrollment(client_id)
 
     # sessions -------------------------------------------------------------------------
     def connect(self, msg: ClientConnected, enrollment: Enrollment, now: float) -> ClientSession:

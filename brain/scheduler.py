@@ -82,7 +82,7 @@ class Scheduler:
         self.registry = registry
         self.settings = settings
         self.clock = clock
-        self.presence = PresenceBook(hot.r)
+        self.presence = PresenceBook(hot.r, store)
         self.parked = ParkedWork(hot.r)
         self.events: ClientEvents | None = None  # Flower's view of client agents, when wired
         self._trees: dict[str, TreeRecord] = {}

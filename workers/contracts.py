@@ -58,11 +58,6 @@ def key_tree_running(tree_id: str) -> str:
     return f"{KEY_NS}tree:{tree_id}:running"
 
 
-def key_enrolled_clients() -> str:
-    """Hash: client id -> ``{user, enrolled_at}``; only enrolled clients are listened to."""
-    return f"{KEY_NS}clients"
-
-
 def key_presence() -> str:
     """Hash: client id -> the accepted announcement of a connected client (its session)."""
     return f"{KEY_NS}presence"

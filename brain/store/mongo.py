@@ -22,7 +22,7 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from brain.errors import StoreError
-from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
@@ -77,6 +77,8 @@ class MongoStore:
             self._tasks.create_index([("tree_id", ASCENDING), ("task_id", ASCENDING)], unique=True)
             self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
             self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
+            self._enrollments = self._db["enrollments"]
+            self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
         self.database = database
 
     @contextmanager
@@ -197,6 +199,28 @@ class MongoStore:
             )
             docs = list(cursor.limit(limit))
         return [_task(d) for d in docs]
+
+    # --- enrollments ------------------------------------------------------------------
+
+    def put_enrollment(self, enrollment: Enrollment) -> None:
+        with self._errors(f"put_enrollment({enrollment.client_id!r})"):
+            self._enrollments.replace_one(
+                {"client_id": enrollment.client_id}, enrollment.model_dump(mode="json"), upsert=True
+            )
+
+    def get_enrollment(self, client_id: str) -> Enrollment | None:
+        with self._errors(f"get_enrollment({client_id!r})"):
+            doc = self._enrollments.find_one({"client_id": client_id}, _HIDDEN)
+        return None if doc is None else Enrollment.model_validate(doc)
+
+    def list_enrollments(self) -> list[Enrollment]:
+        with self._errors("list_enrollments"):
+            docs = list(self._enrollments.find({}, _HIDDEN).sort([("client_id", ASCENDING)]))
+        return [Enrollment.model_validate(d) for d in docs]
+
+    def delete_enrollment(self, client_id: str) -> bool:
+        with self._errors(f"delete_enrollment({client_id!r})"):
+            return self._enrollments.delete_one({"client_id": client_id}).deleted_count == 1
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from brain.errors import StoreError
-from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     _Any,
@@ -56,6 +56,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     UNIQUE (tree_id, task_id)
 );
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, updated_at);
+CREATE TABLE IF NOT EXISTS enrollments (
+    client_id TEXT PRIMARY KEY,
+    doc       TEXT NOT NULL
+);
 """
 
 # Columns mirrored from the JSON doc, so the WHERE clauses and indexes can see them.
@@ -286,6 +290,35 @@ class SQLiteStore:
         with self._errors("tasks_in_states"):
             rows = self._conn().execute(sql, params).fetchall()
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
+
+    # --- enrollments ------------------------------------------------------------------
+
+    def put_enrollment(self, enrollment: Enrollment) -> None:
+        with self._errors(f"put_enrollment({enrollment.client_id!r})"):
+            self._conn().execute(
+                "INSERT INTO enrollments (client_id, doc) VALUES (?, ?) "
+                "ON CONFLICT (client_id) DO UPDATE SET doc = excluded.doc",
+                (enrollment.client_id, enrollment.model_dump_json()),
+            )
+
+    def get_enrollment(self, client_id: str) -> Enrollment | None:
+        with self._errors(f"get_enrollment({client_id!r})"):
+            row = (
+                self._conn()
+                .execute("SELECT doc FROM enrollments WHERE client_id = ?", (client_id,))
+                .fetchone()
+            )
+        return None if row is None else Enrollment.model_validate_json(row[0])
+
+    def list_enrollments(self) -> list[Enrollment]:
+        with self._errors("list_enrollments"):
+            rows = self._conn().execute("SELECT doc FROM enrollments ORDER BY client_id").fetchall()
+        return [Enrollment.model_validate_json(r[0]) for r in rows]
+
+    def delete_enrollment(self, client_id: str) -> bool:
+        with self._errors(f"delete_enrollment({client_id!r})"):
+            cur = self._conn().execute("DELETE FROM enrollments WHERE client_id = ?", (client_id,))
+        return cur.rowcount == 1
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"

@@ -19,7 +19,7 @@ import pymongo
 import pytest
 
 from brain.errors import StoreError
-from brain.models import SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.models import Enrollment, SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.store import ANY, MongoStore, SQLiteStore, Store, open_store
 from workers.contracts import ErrorInfo
 
@@ -399,3 +399,21 @@ def test_open_store_names_the_url_and_the_accepted_forms_for_a_bad_url(url: str)
 def test_mongo_store_needs_exactly_one_of_url_and_client() -> None:
     with pytest.raises(StoreError, match="exactly one of url"):
         MongoStore()
+
+
+# --- enrollments -------------------------------------------------------------------------
+
+
+def test_an_enrollment_is_stored_replaced_listed_and_deleted(store: Store) -> None:
+    first = Enrollment(client_id="laptop", user="ada", enrolled_at=1.0, secret_sha256="a" * 64)
+    store.put_enrollment(first)
+    store.put_enrollment(Enrollment(client_id="desk", user="bob", enrolled_at=2.0))
+    assert store.get_enrollment("laptop") == first
+    again = first.model_copy(update={"secret_sha256": "b" * 64, "enrolled_at": 3.0})
+    store.put_enrollment(again)  # re-enrolling replaces: the old secret stops counting
+    assert store.get_enrollment("laptop") == again
+    assert [e.client_id for e in store.list_enrollments()] == ["desk", "laptop"]
+    assert store.delete_enrollment("laptop") is True
+    assert store.delete_enrollment("laptop") is False
+    assert store.get_enrollment("laptop") is None
+    assert [e.client_id for e in store.list_enrollments()] == ["desk"]
