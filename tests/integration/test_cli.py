@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -82,7 +81,17 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
     try:
         stack_file = data / "stack.json"
         wait_until(stack_file.exists, timeout=90, what="`vancetope up` to write stack.json")
-        url = json.loads(stack_file.read_text())["redis_url"]
+        admin_secret = (data / "redis" / "admin.secret").read_text().strip()
+        assert admin_secret not in stack_file.read_text()
+        # The laptop gets a credential of its own, printed as the one line the agent needs.
+        enrolled = vancetope("clients", "enroll", "laptop", "--user", "demo", data=data)
+        assert enrolled.returncode == 0, enrolled.stderr
+        line = enrolled.stdout.strip()
+        assert re.fullmatch(r"VANCETOPE_AGENT_BROKER_URL=redis://vtc-laptop:\S+@127\.0\.0\.1:\d+/0", line), (
+            line
+        )
+        url = line.split("=", 1)[1]
+        assert admin_secret not in url
         # The laptop is offline: its work parks, the server part finishes.
         run = vancetope(
             "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "10", data=data
@@ -131,5 +140,6 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
                 os.killpg(proc.pid, signal.SIGINT)
                 proc.wait(60)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
-    assert "stack up" in (tmp_path / "up.log").read_text()
+    up_output = (tmp_path / "up.log").read_text()
+    assert "stack up" in up_output and admin_secret not in up_output
     assert not (data / "stack.json").exists()

@@ -137,3 +137,49 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
 def test_rediss_url_with_certificate_checks_is_accepted(tmp_path: Path) -> None:
     env = {"VANCETOPE_AGENT_BROKER_URL": "rediss://h:6380/0?ssl_cert_reqs=required"}
     assert load_config(write(tmp_path, MINIMAL), environ=env).broker_url.startswith("rediss://")
+
+
+# --- credential_file: the line `vancetope clients enroll --output` writes -------------------
+
+OWN_URL = "redis://vtc-laptop:s3cret@broker.example:6379/0"
+
+
+def credential(
+    tmp_path: Path, mode: int = 0o600, text: str = f"VANCETOPE_AGENT_BROKER_URL={OWN_URL}\n"
+) -> Path:
+    path = tmp_path / "laptop.credential"
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_the_credential_file_gives_the_broker_url_relative_to_the_config(tmp_path: Path) -> None:
+    credential(tmp_path)
+    config = load_config(write(tmp_path, MINIMAL + 'credential_file = "laptop.credential"\n'), environ={})
+    assert config.broker_url == OWN_URL
+
+
+def test_the_environment_url_still_wins_over_the_credential_file(tmp_path: Path) -> None:
+    credential(tmp_path)
+    env_url = "redis://vtc-laptop:other@broker.example:6379/0"
+    config = load_config(
+        write(tmp_path, MINIMAL + 'credential_file = "laptop.credential"\n'),
+        environ={"VANCETOPE_AGENT_BROKER_URL": env_url},
+    )
+    assert config.broker_url == env_url
+
+
+@pytest.mark.parametrize(
+    ("mode", "text", "fragment"),
+    [
+        (0o644, f"VANCETOPE_AGENT_BROKER_URL={OWN_URL}\n", "is readable by others (mode 644); run chmod 600"),
+        (0o600, "nothing useful\n", "has no VANCETOPE_AGENT_BROKER_URL=<url> line"),
+    ],
+)
+def test_a_credential_file_others_can_read_or_without_the_line_is_refused(
+    tmp_path: Path, mode: int, text: str, fragment: str
+) -> None:
+    credential(tmp_path, mode, text)
+    with pytest.raises(AgentConfigError) as caught:
+        load_config(write(tmp_path, MINIMAL + 'credential_file = "laptop.credential"\n'), environ={})
+    assert "credential_file" in str(caught.value) and fragment in str(caught.value)

@@ -1,0 +1,119 @@
+"""Per-client Redis credentials (layer: brain; pure rules, then the Redis glue).
+
+DESIGN decision 7: each client agent connects as its own Redis ACL user, confined to
+its own keys ``c:<id>:*``, no pub/sub channel, and only the commands the agent uses.
+The store holds the enrollment and the SHA-256 of the client's secret; the ACL user is
+derived from it (``ACL SETUSER ... #<sha256>``), so a Redis restart or flush loses
+nothing the brain cannot put back (``AclUsers.sync``), and the secret itself is never
+stored anywhere but on the workstation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Iterable
+
+import redis
+
+from brain.hotstate import as_text
+from brain.models import Enrollment
+from workers.contracts import client_keyprefix
+
+log = logging.getLogger("vancetope.brain.acl")
+
+CLIENT_USER_PREFIX = "vtc-"
+
+# Exactly what a client agent sends (its kombu/Celery worker on the c:<id>: prefix, its
+# outbox/ack/heartbeat channel, the run_tool task's cancel and running marks), found by
+# running the agent as this user with ACL LOG watched. AUTH/HELLO are always allowed.
+CLIENT_COMMANDS: tuple[str, ...] = (
+    # kombu Redis transport: queues, the unacked hash/zset and its mutex, bindings
+    "brpop", "lpush", "rpush", "lpop", "rpop", "llen", "lrange", "lrem",
+    "zadd", "zrem", "zrange", "zrangebyscore", "zrevrangebyscore", "zscore", "zcard",
+    "hset", "hget", "hdel", "hgetall", "hlen", "hmget",
+    "sadd", "srem", "smembers", "sismember",
+    "set", "get", "setnx", "del", "exists", "expire", "pexpire", "incrby",
+    "multi", "exec", "discard", "watch", "unwatch",
+    "eval", "evalsha", "script|load", "script|exists",
+    # connection housekeeping by redis-py and kombu
+    "ping", "select", "info", "time", "client|setname", "client|setinfo", "echo",
+)  # fmt: skip
+
+
+def client_username(client_id: str) -> str:
+    client_keyprefix(client_id)  # validates the id
+    return CLIENT_USER_PREFIX + client_id
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def secret_sha256(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def client_acl_rules(enrollment: Enrollment) -> list[str]:
+    """The ACL SETUSER rules of one client: its keys only, no channels, the agent's commands.
+
+    ``reset`` first, so re-enrolling replaces the old secret and nothing granted before survives.
+    """
+    if not enrollment.secret_sha256:
+        raise ValueError(f"client {enrollment.client_id!r} has no credential to provision")
+    return [
+        "reset",
+        "on",
+        f"#{enrollment.secret_sha256}",
+        f"~{client_keyprefix(enrollment.client_id)}*",
+        "resetchannels",
+        "-@all",
+        *(f"+{command}" for command in CLIENT_COMMANDS),
+    ]
+
+
+class AclUsers:
+    """The client ACL users on one Redis, kept equal to the store's enrollments."""
+
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+
+    def provision(self, enrollment: Enrollment) -> None:
+        self.r.execute_command(
+            "ACL", "SETUSER", client_username(enrollment.client_id), *client_acl_rules(enrollment)
+        )
+        self._save()
+
+    def revoke(self, client_id: str) -> bool:
+        """Delete the client's ACL user, which also closes its open connections (a disabled user's
+        connections would stay open: RELIABILITY.md)."""
+        deleted = bool(self.r.execute_command("ACL", "DELUSER", client_username(client_id)))
+        self._save()
+        return deleted
+
+    def client_users(self) -> set[str]:
+        return {
+            name[len(CLIENT_USER_PREFIX) :]
+            for name in map(as_text, self.r.execute_command("ACL", "USERS"))
+            if name.startswith(CLIENT_USER_PREFIX)
+        }
+
+    def sync(self, enrollments: Iterable[Enrollment]) -> None:
+        """Create the ACL users the store says should exist and delete the rest (after a Redis
+        restart without an ACL file, or a revocation whose DELUSER did not reach Redis)."""
+        wanted = {e.client_id: e for e in enrollments if e.secret_sha256}
+        present = self.client_users()
+        for client_id in sorted(wanted.keys() - present):
+            log.info("restoring the Redis ACL user of enrolled client %r", client_id)
+            self.provision(wanted[client_id])
+        for client_id in sorted(present - wanted.keys()):
+            log.warning("deleting the Redis ACL user of client %r: it is not enrolled", client_id)
+            self.revoke(client_id)
+
+    def _save(self) -> None:
+        # The store is the record; the ACL file (when Redis has one) only spares a re-sync.
+        try:
+            self.r.execute_command("ACL", "SAVE")
+        except redis.ResponseError as exc:
+            log.debug("ACL SAVE: %s (the brain restores client users from the store)", exc)
