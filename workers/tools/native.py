@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import stat
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from workers.contracts import ToolDescriptor, ToolType
-from workers.errors import ToolFailed, ToolTimeout
+from workers.errors import ToolFailed
+from workers.tools import safe_git
 from workers.tools.builtin import BuiltinContext, BuiltinTool
+from workers.tools.process import minimal_env, run_bounded
 
 DEFAULT_MAX_READ_BYTES = 1_000_000
 MAX_LIST_ENTRIES = 10_000
@@ -248,23 +248,22 @@ def _git_status(
     real = sandbox.resolve(tool, path)
     if not real.is_dir():
         raise ToolFailed(f"{tool}: {path!r} is not a directory", tool=tool, path=path)
-    root = next(r for r in sandbox.roots if real == r or real.is_relative_to(r))
-    env = {
-        **os.environ,
-        # Git must not find a repository above the sandbox root and report on it.
-        "GIT_CEILING_DIRECTORIES": str(root.parent),
-        "GIT_OPTIONAL_LOCKS": "0",
-        "LC_ALL": "C",
-    }
-    # core.fsmonitor names a program git would run: a repository's config must not run code here.
-    argv = ["git", "-c", "core.fsmonitor=false", "status", "--porcelain=v1", "-b"]
-    proc = _run_bounded(tool, argv, real, env, min(timeout_s, ctx.remaining()), shell=False)
-    if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip()
+    base, ceiling = minimal_env(os.environ), sandbox.root_of(real).parent
+
+    def git(argv: tuple[str, ...], pairs: list[tuple[str, str]]) -> tuple[int, str, bytes]:
+        env = safe_git.git_env(base, ceiling, pairs)
+        proc = run_bounded(tool, ["git", *argv], real, env, min(timeout_s, ctx.remaining()), shell=False)
+        return proc.returncode, proc.stderr.decode("utf-8", "replace").strip(), proc.stdout
+
+    # Reading config runs nothing; it tells us which program-naming keys to override.
+    code, err, out = git(safe_git.CONFIG_LIST_ARGS, list(safe_git.ALWAYS))
+    if code == 0:
+        code, err, out = git(safe_git.STATUS_ARGS, safe_git.overrides(safe_git.parse_names(out)))
+    if code != 0:
         if "not a git repository" in err:
             raise ToolFailed(f"{tool}: {path!r} is not inside a git repository", tool=tool, path=path)
-        raise ToolFailed(f"{tool}: git status failed in {path!r} (exit {proc.returncode}): {err}", tool=tool)
-    return _parse_porcelain(str(real), proc.stdout.decode("utf-8", "replace"))
+        raise ToolFailed(f"{tool}: git status failed in {path!r} (exit {code}): {err}", tool=tool, path=path)
+    return _parse_porcelain(str(real), out.decode("utf-8", "replace"))
 
 
 def _parse_porcelain(path: str, output: str) -> dict[str, Any]:
@@ -290,7 +289,7 @@ def _shell_execute(
     else:
         raise ToolFailed(f"{tool}: this client agent has no sandbox roots to run in", tool=tool)
     timeout = min(float(args.get("timeout_s", timeout_s)), ctx.remaining())
-    proc = _run_bounded(tool, args["command"], cwd, dict(os.environ), timeout, shell=True)
+    proc = run_bounded(tool, args["command"], cwd, minimal_env(os.environ), timeout, shell=True)
     out, err = proc.stdout, proc.stderr
     return {
         "exit_code": proc.returncode,
@@ -303,35 +302,6 @@ def _shell_execute(
 
 def _shell_disabled(args: dict[str, Any], ctx: BuiltinContext) -> Any:
     raise ToolFailed(SHELL_DISABLED, tool="shell_execute")
-
-
-def _run_bounded(
-    tool: str, argv: str | list[str], cwd: Path, env: dict[str, str], timeout: float, *, shell: bool
-) -> subprocess.CompletedProcess[bytes]:
-    """Run in its own process group so a timeout kills the command and everything it started."""
-    try:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-    except OSError as exc:
-        raise ToolFailed(f"{tool}: cannot start {argv!r}: {exc.strerror or exc}", tool=tool) from exc
-    try:
-        out, err = proc.communicate(timeout=max(timeout, 0.001))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise ToolTimeout(
-            f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
-        ) from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate()
 
 
 # --- table -------------------------------------------------------------------------------------------

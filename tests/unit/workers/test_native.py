@@ -321,3 +321,17 @@ def test_file_tools_refuse_devices_even_inside_a_sandbox_root(tool: str, path: s
         f"{tool}: {path!r} is a character device; file tools read and write regular files only",
     )
 
+
+# --- the environment of commands ----------------------------------------------------------------------
+
+
+def test_shell_execute_does_not_show_the_agents_own_variables(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VANCETOPE_AGENT_BROKER_URL", "redis://laptop:s3cret@broker:6379/0")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planted")
+    result = run(tree, "shell_execute", {"command": "env"}, shell=True)
+    assert result.ok, result.error
+    assert "VANCETOPE_" not in result.value["stdout"] and "s3cret" not in result.value["stdout"]
+    assert "AWS_SECRET_ACCESS_KEY" not in result.value["stdout"]
+    assert "PATH=" in result.value["stdout"]
