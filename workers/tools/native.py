@@ -258,7 +258,15 @@ def _git_status(
     # Reading config runs nothing; it tells us which program-naming keys to override.
     code, err, out = git(safe_git.CONFIG_LIST_ARGS, list(safe_git.ALWAYS))
     if code == 0:
-        code, err, out = git(safe_git.STATUS_ARGS, safe_git.overrides(safe_git.parse_names(out)))
+        names = safe_git.parse_names(out)
+        if not safe_git.honours_overrides(names):
+            raise ToolFailed(
+                f"{tool}: the git on this workstation ignores GIT_CONFIG_COUNT (git 2.31 or newer needed), "
+                "so a repository's config could make it run programs; upgrade git to use git_status",
+                tool=tool,
+                path=path,
+            )
+        code, err, out = git(safe_git.STATUS_ARGS, safe_git.overrides(names))
     if code != 0:
         if "not a git repository" in err:
             raise ToolFailed(f"{tool}: {path!r} is not inside a git repository", tool=tool, path=path)

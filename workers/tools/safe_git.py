@@ -18,6 +18,8 @@ user already runs):
    passed as ``GIT_CONFIG_KEY_<n>``/``GIT_CONFIG_VALUE_<n>`` (command-line config wins
    over repository config, and, unlike ``-c key=value``, a subsection holding ``=``
    cannot confuse it), plus hooks off, fsmonitor off, no pager, no submodules.
+   A git that ignores ``GIT_CONFIG_COUNT`` (before 2.31) is caught in step 2 (the
+   overrides it was given are missing from the list) and not run further.
 
 The decision (which keys, which values, which environment) is pure and table-tested.
 """
@@ -68,6 +70,12 @@ def overrides(names: Iterable[str]) -> list[tuple[str, str]]:
             seen.add(name.lower())
             pairs.append((name, NEUTRAL.get(name.lower(), "")))
     return pairs
+
+
+def honours_overrides(names: Iterable[str]) -> bool:
+    """Whether git listed the ``ALWAYS`` overrides it was given: git before 2.31 ignores
+    ``GIT_CONFIG_COUNT``, and would then run what the repository's config names."""
+    return "core.hookspath" in {name.lower() for name in names}
 
 
 def parse_names(output: bytes) -> list[str]:

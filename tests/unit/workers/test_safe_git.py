@@ -15,7 +15,7 @@ import pytest
 from workers.contracts import ToolCall, ToolResult, ToolType
 from workers.execute import execute
 from workers.tools.native import Sandbox, native_tools
-from workers.tools.safe_git import ALWAYS, git_env, overrides, parse_names, runs_a_program
+from workers.tools.safe_git import ALWAYS, git_env, honours_overrides, overrides, parse_names, runs_a_program
 
 
 @pytest.mark.parametrize(
@@ -67,6 +67,11 @@ def test_git_env_reads_no_user_or_system_config_and_passes_overrides_as_separate
     assert (env["GIT_CONFIG_COUNT"], env["GIT_CONFIG_KEY_1"], env["GIT_CONFIG_VALUE_1"]) == (
         "2", "filter.a=b.clean", ""
     )  # fmt: skip
+
+
+def test_a_git_that_did_not_list_the_always_overrides_is_not_trusted() -> None:
+    assert honours_overrides(["core.bare", "core.fsmonitor", "core.hooksPath"])
+    assert not honours_overrides(["core.bare", "filter.x.clean"])
 
 
 def test_parse_names_splits_nul_terminated_keys_even_with_newlines_in_them() -> None:
