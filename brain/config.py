@@ -12,9 +12,10 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from workers.tools.netguard import HttpAllow
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
@@ -49,6 +50,18 @@ class Settings(BaseModel):
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     # A queued task must be this old before the reconciler may call it lost.
     reconcile_grace_s: float = Field(default=10.0, ge=0)
+    # Internal targets http_get may reach anyway: host names and addresses/CIDRs
+    # (env: comma-separated). Loopback, private, link-local and metadata are refused otherwise.
+    http_allow: tuple[str, ...] = ()
+
+    @field_validator("http_allow", mode="before")
+    @classmethod
+    def _split_http_allow(cls, value: object) -> object:
+        entries = value.split(",") if isinstance(value, str) else value
+        if isinstance(entries, (list, tuple)):
+            entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
+            HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
+        return entries
 
     @property
     def store(self) -> str:
@@ -62,7 +75,9 @@ class Settings(BaseModel):
         """The settings as ``VANCETOPE_*`` variables for child processes."""
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
-            if value is not None:
+            if isinstance(value, tuple):
+                env[ENV_PREFIX + name.upper()] = ",".join(value)
+            elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)
         return env
 

@@ -25,7 +25,9 @@ Decision order (every step leaves its explanation in ``Route.reason``):
    in interactive and ``queue`` in autonomous sessions. When the call is pinned to
    the client (``execution_target: client``, or an engine without ``auto_fallback``),
    running on the server is not allowed: a ``fallback`` strategy (configured or the
-   ``both`` default) gives way to the session default.
+   ``both`` default) gives way to the session default. An engine binds fallbacks too:
+   a ``fallback_tool`` the engine does not allow is never called; with no other server
+   alternative the session default applies, and the reason says why.
 
 Usable clients: the session's own client first; else connected clients of the
 same user, in client_id order; never another user's client. Without a known user,
@@ -316,21 +318,32 @@ def _offline(call: _Call) -> Route:
         alternative = _server_alternative(call)
         if alternative is not None:
             return _fallback_route(call, alternative, f" (engine {engine.id!r} auto_fallback)")
-    strategy = _strategy(call)
-    tool, absent = call.tool, _absence(call)
+    strategy, tool, absent = _strategy(call), call.tool, _absence(call)
+    barred = _engine_bars_fallback(call)
+    if strategy is OfflineStrategy.FALLBACK and barred and _server_alternative(call) is None:
+        strategy = _session_default(call)  # as when pinned: waiting is the only honest option
+    note = f"; not falling back: {barred}" if barred else ""
     if strategy is OfflineStrategy.BLOCK:
-        reason = f"Waiting for Client for Tool: {tool}"
+        reason = f"Waiting for Client for Tool: {tool}{note}"
         return Route(kind=RouteKind.BLOCKED, tool=tool, reason=reason, strategy=strategy)
     if strategy is OfflineStrategy.QUEUE:
-        reason = f"Queued for Client: {tool} ({absent})"
+        reason = f"Queued for Client: {tool} ({absent}){note}"
         return Route(kind=RouteKind.PENDING_CLIENT, tool=tool, reason=reason, strategy=strategy)
     if strategy is OfflineStrategy.SKIP:
-        reason = f"Skipped: {absent} for Tool: {tool}"
+        reason = f"Skipped: {absent} for Tool: {tool}{note}"
         return Route(kind=RouteKind.SKIP, tool=tool, reason=reason, strategy=strategy)
     alternative = _server_alternative(call)
     if alternative is None:
         raise _Refusal(_no_alternative(call, absent))
     return _fallback_route(call, alternative, "")
+
+
+def _engine_bars_fallback(call: _Call) -> str | None:
+    """Words for why the engine forbids the tool's fallback_tool; None when it does not."""
+    engine, spec = call.req.engine, call.spec
+    if engine is None or spec is None or spec.fallback_tool is None or engine.allows(spec.fallback_tool):
+        return None
+    return f"fallback_tool {spec.fallback_tool!r} is not allowed by engine {engine.id!r}"
 
 
 def _strategy(call: _Call) -> OfflineStrategy:
@@ -341,9 +354,11 @@ def _strategy(call: _Call) -> OfflineStrategy:
         return configured
     if call.may_fall_back and call.spec is not None and call.spec.location is Location.BOTH:
         return OfflineStrategy.FALLBACK
-    if call.req.session is SessionKind.INTERACTIVE:
-        return OfflineStrategy.BLOCK
-    return OfflineStrategy.QUEUE
+    return _session_default(call)
+
+
+def _session_default(call: _Call) -> OfflineStrategy:
+    return OfflineStrategy.BLOCK if call.req.session is SessionKind.INTERACTIVE else OfflineStrategy.QUEUE
 
 
 def _server_alternative(call: _Call) -> str | None:
@@ -351,8 +366,9 @@ def _server_alternative(call: _Call) -> str | None:
     spec = call.spec
     if spec is None:
         return None
-    if spec.fallback_tool is not None and _runs_on_server(call.registry.get(spec.fallback_tool)):
-        return spec.fallback_tool
+    fallback = spec.fallback_tool
+    if fallback is not None and _runs_on_server(call.registry.get(fallback)) and not _engine_bars_fallback(call):
+        return fallback
     return call.tool if _runs_on_server(spec) else None
 
 

@@ -94,25 +94,37 @@ def check_tree(
     """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid."""
     problems = validate_tree(tree, registry, source=source)
     if engines is not None:
-        problems += engine_problems(tree, engines)
+        problems += engine_problems(tree, engines, registry)
     if problems:
         raise InvalidTaskTree(source, problems)
 
 
-def engine_problems(tree: TaskTree, engines: Mapping[str, Engine]) -> list[str]:
-    """A tree run under a think-process engine may call only that engine's tools (seed 000 §8)."""
+def engine_problems(
+    tree: TaskTree, engines: Mapping[str, Engine], registry: Mapping[str, ToolSpec] | None = None
+) -> list[str]:
+    """A tree run under a think-process engine may call only that engine's tools (seed 000 §8),
+    including the ``fallback_tool`` a tool of the registry would fall back to."""
     if tree.engine is None:
         return []
     engine = engines.get(tree.engine)
     if engine is None:
         known = ", ".join(sorted(engines)) or "none are defined"
         return [f"engine: {tree.engine!r} is not an engine of the registry ({known})"]
-    return [
-        f"task {task.id!r}: tool {tool!r} is not allowed by engine {engine.id!r}"
-        for task in tree.tasks
-        for tool in task.toolset
-        if not engine.allows(tool)
-    ]
+    problems = []
+    for task in tree.tasks:
+        for tool in task.toolset:
+            if not engine.allows(tool):
+                problems.append(f"task {task.id!r}: tool {tool!r} is not allowed by engine {engine.id!r}")
+                continue
+            spec = (registry or {}).get(tool)
+            fallback = spec.fallback_tool if spec is not None else None
+            if fallback is not None and not engine.allows(fallback):
+                problems.append(
+                    f"task {task.id!r}: tool {tool!r} falls back to fallback_tool {fallback!r}, which engine "
+                    f"{engine.id!r} does not allow; list {fallback!r} under the engine's server tools "
+                    f"or remove the fallback_tool"
+                )
+    return problems
 
 
 def unknown_tools(tree: TaskTree, known: Container[str]) -> list[str]:

@@ -39,17 +39,19 @@ def execute(
     native: Mapping[str, BuiltinTool] | None = None,
     client_id: str | None = None,
     clock: Callable[[], float] = time.time,
+    builtins: Mapping[str, BuiltinTool] = BUILTINS,
 ) -> ToolResult:
     """Run ``call`` and report its outcome; raises only for bugs in this function itself.
 
     ``native`` holds the native tools of a client agent (same shape as built-ins);
-    ``client_id`` marks the result as executed by that client.
+    ``client_id`` marks the result as executed by that client; ``builtins`` are the
+    built-ins as this worker's settings made them (``builtin_tools``).
     """
     started = clock()
     value: Any = None
     error: ErrorInfo | None = None
     try:
-        value = _dispatch(call, mcp, native)
+        value = _dispatch(call, mcp, native, builtins)
         _check_size(call, value)
     except WorkerError as exc:
         error = exc.to_info()
@@ -70,12 +72,17 @@ def execute(
     )
 
 
-def _dispatch(call: ToolCall, mcp: MCPClientManager | None, native: Mapping[str, BuiltinTool] | None) -> Any:
+def _dispatch(
+    call: ToolCall,
+    mcp: MCPClientManager | None,
+    native: Mapping[str, BuiltinTool] | None,
+    builtins: Mapping[str, BuiltinTool],
+) -> Any:
     if call.tool_type is ToolType.BUILT_IN:
-        tool = BUILTINS.get(call.tool)
+        tool = builtins.get(call.tool)
         if tool is None:
             raise ToolNotFound(
-                f"no built-in tool {call.tool!r} on the server (built-ins: {', '.join(sorted(BUILTINS))})",
+                f"no built-in tool {call.tool!r} on the server (built-ins: {', '.join(sorted(builtins))})",
                 tool=call.tool,
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)

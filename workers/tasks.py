@@ -37,7 +37,7 @@ from workers.contracts import (
 from workers.errors import PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
-from workers.tools.builtin import BuiltinTool
+from workers.tools.builtin import BUILTINS, BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
 
@@ -85,9 +85,11 @@ def register(
     mcp: Callable[[], MCPClientManager | None] | None = None,
     native: Mapping[str, BuiltinTool] | None = None,
     client_id: str | None = None,
+    builtins: Mapping[str, BuiltinTool] = BUILTINS,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
-    to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools."""
+    to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
+    ``builtins`` as ``builtin_tools`` made them from the worker's settings."""
     hot = HotState(app)
 
     def to_brain(result: ToolResult) -> None:
@@ -119,7 +121,7 @@ def register(
             result = _failure(call, err.to_info(), worker, started, client_id)
         else:
             hot.mark_running(call, worker, started)
-            result = _run(call, mcp_manager, native, worker, client_id, started)
+            result = _run(call, mcp_manager, native, builtins, worker, client_id, started)
         deliver(result)
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
@@ -130,6 +132,7 @@ def _run(
     call: ToolCall,
     mcp: Callable[[], MCPClientManager | None],
     native: Mapping[str, BuiltinTool] | None,
+    builtins: Mapping[str, BuiltinTool],
     worker: str,
     client_id: str | None,
     started: float,
@@ -140,7 +143,7 @@ def _run(
         return _failure(
             call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id
         )
-    return execute(call, mcp=manager, worker=worker, native=native, client_id=client_id)
+    return execute(call, mcp=manager, worker=worker, native=native, client_id=client_id, builtins=builtins)
 
 
 def _decode(payload: Any, worker: str, client_id: str | None) -> ToolCall | None:

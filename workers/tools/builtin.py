@@ -2,27 +2,26 @@
 
 One job: the tools every server worker has without any MCP server, each a
 ``ToolDescriptor`` (type ``built_in``, JSON input schema) plus a synchronous
-implementation. They work offline except ``http_get``. Implementations raise
+implementation. They work offline except ``http_get``, which reaches only public
+addresses unless the server's ``http_allow`` setting admits a target (``builtin_tools``
+takes it; ``BUILTINS`` is the table without any). Implementations raise
 ``ToolFailed`` for failures they anticipate; ``workers.execute`` runs them in a
 thread, enforces the call's timeout and sets ``ctx.cancel`` when it gives up.
 """
 
 from __future__ import annotations
 
-import email.message
-import ipaddress
 import string
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from workers.contracts import ToolDescriptor, ToolType
-from workers.errors import InvalidArguments, ToolFailed
+from workers.errors import ToolFailed
+from workers.tools.http_get import http_get
+from workers.tools.netguard import ALLOW_NONE, HttpAllow
 
 
 @dataclass(frozen=True)
@@ -129,57 +128,7 @@ def _keep_keys(value: Any, keys: list[str]) -> Any:
     raise ToolFailed(f"json_transform: keys needs an object or a list of objects, got {type(value).__name__}")
 
 
-# --- http_get -------------------------------------------------------------------------------
-
-_HEADERS_KEPT = ("content-type", "content-length", "last-modified", "etag", "location")
-_BODY_HEAD = 500
-
-
-def _http_get(args: dict[str, Any], ctx: BuiltinContext) -> Any:
-    url = args["url"]
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidArguments(
-            f"http_get: url must be an http:// or https:// URL with a host, got {url!r}", field="url"
-        )
-    timeout = max(0.001, min(float(args.get("timeout_s", 10.0)), ctx.remaining()))
-    max_bytes = int(args.get("max_bytes", 1_000_000))
-    request = urllib.request.Request(url, headers={"User-Agent": "vancetope-http_get/1"})
-    try:
-        with _opener(parts.hostname).open(request, timeout=timeout) as response:
-            body = response.read(max_bytes + 1)
-            return _http_value(response.status, response.headers, body, max_bytes)
-    except urllib.error.HTTPError as exc:
-        head = exc.read(_BODY_HEAD).decode("utf-8", "replace")
-        raise ToolFailed(
-            f"http_get: {url} answered HTTP {exc.code} {exc.reason}: {head}", status=exc.code
-        ) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ToolFailed(f"http_get: {url} failed: {reason}") from exc
-
-
-def _opener(host: str) -> urllib.request.OpenerDirector:
-    """No proxy for loopback hosts (a proxy cannot reach our 127.0.0.1); the environment's otherwise."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    return (
-        urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        if loopback
-        else urllib.request.build_opener()
-    )
-
-
-def _http_value(status: int, headers: email.message.Message, body: bytes, max_bytes: int) -> dict[str, Any]:
-    charset = headers.get_content_charset() or "utf-8"
-    try:
-        text = body[:max_bytes].decode(charset, "replace")
-    except LookupError:
-        text = body[:max_bytes].decode("utf-8", "replace")
-    kept = {name: headers[name] for name in _HEADERS_KEPT if headers.get(name) is not None}
-    return {"status": status, "headers": kept, "text": text, "truncated": len(body) > max_bytes}
+# --- http_get: workers.tools.http_get (judged by workers.tools.netguard) -------------------------
 
 
 # --- sleep, echo ----------------------------------------------------------------------------------
@@ -198,9 +147,17 @@ def _echo(args: dict[str, Any], ctx: BuiltinContext) -> Any:
 
 # --- table ------------------------------------------------------------------------------------------
 
-BUILTINS: dict[str, BuiltinTool] = {
-    tool.descriptor.name: tool
-    for tool in (
+def builtin_tools(http_allow: HttpAllow = ALLOW_NONE) -> dict[str, BuiltinTool]:
+    """Every built-in, by name; ``http_get`` may reach the internal targets ``http_allow`` admits."""
+
+    def get(args: dict[str, Any], ctx: BuiltinContext) -> Any:
+        return http_get(args, ctx.remaining(), http_allow)
+
+    return {tool.descriptor.name: tool for tool in _tools(get)}
+
+
+def _tools(http_get_run: Callable[[dict[str, Any], BuiltinContext], Any]) -> tuple[BuiltinTool, ...]:
+    return (
         BuiltinTool(
             _descriptor(
                 "text_transform",
@@ -240,7 +197,7 @@ BUILTINS: dict[str, BuiltinTool] = {
                 },
                 ["url"],
             ),
-            _http_get,
+            http_get_run,
         ),
         BuiltinTool(
             _descriptor(
@@ -258,7 +215,9 @@ BUILTINS: dict[str, BuiltinTool] = {
             _echo,
         ),
     )
-}
+
+
+BUILTINS: dict[str, BuiltinTool] = builtin_tools()
 
 
 def builtin_descriptors() -> list[ToolDescriptor]:

@@ -9,21 +9,28 @@ so ``..`` and symlinks pointing out of a root are refused. Failures raise ``Tool
 subclasses, which ``workers.execute`` turns into failed results with these messages.
 ``shell_execute`` only confines its working directory: the command itself runs with
 the user's rights, which is why it is off unless the agent's config turns it on.
+
+A tree may be hostile. So file tools read and write regular files only (a FIFO must
+not hang a call, a device must not be touched), ``write_local_file`` refuses
+repository control files (``.git/``, ``.gitattributes``, ... : writing them is how a
+tree makes git run its programs), commands see a minimal environment (never the
+agent's ``VANCETOPE_*`` variables) and git runs through ``safe_git``.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import signal
-import subprocess
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from workers.contracts import ToolDescriptor, ToolType
-from workers.errors import ToolFailed, ToolTimeout
+from workers.errors import ToolFailed
+from workers.tools import safe_git
 from workers.tools.builtin import BuiltinContext, BuiltinTool
+from workers.tools.process import minimal_env, run_bounded
 
 DEFAULT_MAX_READ_BYTES = 1_000_000
 MAX_LIST_ENTRIES = 10_000
@@ -33,8 +40,32 @@ SHELL_DISABLED = (
 )
 
 
+# Path components a tree may not write under: version-control metadata, and files that
+# configure what git runs (filter drivers, submodules) or how it reads the repository.
+CONTROL_DIRS = frozenset({".git", ".hg", ".svn", ".bzr", "_darcs"})
+CONTROL_FILES = frozenset({".gitattributes", ".gitmodules", ".gitconfig", ".lfsconfig", ".hgrc"})
+
+
 class SandboxViolation(ToolFailed):
     """A path outside every sandbox root (after resolving ``..`` and symlinks)."""
+
+
+class ControlFileRefused(ToolFailed):
+    """A write to a repository control file (``.git/...``, ``.gitattributes``, ...)."""
+
+
+class NotARegularFile(ToolFailed):
+    """A FIFO, socket or device where a file tool needs a regular file."""
+
+
+def control_part(real: Path, root: Path) -> str | None:
+    """The first component of ``real`` below ``root`` that is repository control data, if any.
+    Compared case-insensitively: on macOS and Windows ``.GIT/config`` is ``.git/config``."""
+    for part in real.relative_to(root).parts:
+        folded = part.casefold()
+        if folded in CONTROL_DIRS or folded in CONTROL_FILES:
+            return part
+    return None
 
 
 class Sandbox:
@@ -42,6 +73,10 @@ class Sandbox:
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]]) -> None:
         self.roots: tuple[Path, ...] = tuple(Path(os.path.realpath(root)) for root in roots)
+
+    def root_of(self, real: Path) -> Path:
+        """The root ``real`` (a path from ``resolve``) lies in."""
+        return next(root for root in self.roots if real == root or real.is_relative_to(root))
 
     def describe(self) -> str:
         return "[" + ", ".join(str(root) for root in self.roots) + "]"
@@ -86,11 +121,13 @@ def _read_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
     max_bytes = int(args.get("max_bytes", DEFAULT_MAX_READ_BYTES))
     if real.is_dir():
         raise ToolFailed(f"{tool}: {path!r} is a directory; use list_directory", tool=tool, path=path)
+    _require_regular(tool, path, real)
     try:
         # O_NOFOLLOW: a symlink swapped in after the check must not be followed out of the sandbox.
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO swapped in after the check must not hang the call (fstat refuses it).
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with open(fd, "rb") as handle:
-            size = os.fstat(fd).st_size
+            size = _regular_size(tool, path, fd)
             data = handle.read(max_bytes + 1)
     except OSError as exc:
         raise _fail(tool, path, exc) from exc
@@ -103,18 +140,72 @@ def _read_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _require_regular(tool: str, path: str, real: Path) -> None:
+    """Refuse an existing non-regular file before opening it (opening a device can act)."""
+    try:
+        mode = os.lstat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _fail(tool, path, exc) from exc
+    if not stat.S_ISREG(mode):
+        raise _not_regular(tool, path, mode)
+
+
+def _regular_size(tool: str, path: str, fd: int) -> int:
+    """The size of the open file, or NotARegularFile if something else was swapped in."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(tool, path, info.st_mode)
+    return info.st_size
+
+
+def _not_regular(tool: str, path: str, mode: int) -> NotARegularFile:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return NotARegularFile(
+        f"{tool}: {path!r} is {kind}; file tools read and write regular files only", tool=tool, path=path
+    )
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symlink",
+}
+
+
 def _write_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
     tool, path = "write_local_file", args["path"]
     real = sandbox.resolve(tool, path)
+    _refuse_control_file(sandbox, tool, path, real)
+    _require_regular(tool, path, real)
     data = args["content"].encode("utf-8")
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        # No O_TRUNC before fstat has shown a regular file; O_NONBLOCK so a FIFO cannot hang the open.
+        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         with os.fdopen(fd, "wb") as handle:
+            _regular_size(tool, path, fd)
+            os.ftruncate(fd, 0)
             handle.write(data)
     except OSError as exc:
         raise _fail(tool, path, exc) from exc
     return {"path": str(real), "bytes": len(data)}
+
+
+def _refuse_control_file(sandbox: Sandbox, tool: str, path: str, real: Path) -> None:
+    part = control_part(real, sandbox.root_of(real))
+    if part is not None:
+        raise ControlFileRefused(
+            f"{tool}: refusing to write {path!r}: {part!r} is repository control data (git/hg config, "
+            "hooks, attributes), and writing it could make the next git command run a program; "
+            "change it yourself outside Vancetope if you mean to",
+            tool=tool,
+            path=path,
+        )
 
 
 def _list_directory(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
@@ -157,23 +248,30 @@ def _git_status(
     real = sandbox.resolve(tool, path)
     if not real.is_dir():
         raise ToolFailed(f"{tool}: {path!r} is not a directory", tool=tool, path=path)
-    root = next(r for r in sandbox.roots if real == r or real.is_relative_to(r))
-    env = {
-        **os.environ,
-        # Git must not find a repository above the sandbox root and report on it.
-        "GIT_CEILING_DIRECTORIES": str(root.parent),
-        "GIT_OPTIONAL_LOCKS": "0",
-        "LC_ALL": "C",
-    }
-    # core.fsmonitor names a program git would run: a repository's config must not run code here.
-    argv = ["git", "-c", "core.fsmonitor=false", "status", "--porcelain=v1", "-b"]
-    proc = _run_bounded(tool, argv, real, env, min(timeout_s, ctx.remaining()), shell=False)
-    if proc.returncode != 0:
-        err = proc.stderr.decode("utf-8", "replace").strip()
+    base, ceiling = minimal_env(os.environ), sandbox.root_of(real).parent
+
+    def git(argv: tuple[str, ...], pairs: list[tuple[str, str]]) -> tuple[int, str, bytes]:
+        env = safe_git.git_env(base, ceiling, pairs)
+        proc = run_bounded(tool, ["git", *argv], real, env, min(timeout_s, ctx.remaining()), shell=False)
+        return proc.returncode, proc.stderr.decode("utf-8", "replace").strip(), proc.stdout
+
+    # Reading config runs nothing; it tells us which program-naming keys to override.
+    code, err, out = git(safe_git.CONFIG_LIST_ARGS, list(safe_git.ALWAYS))
+    if code == 0:
+        names = safe_git.parse_names(out)
+        if not safe_git.honours_overrides(names):
+            raise ToolFailed(
+                f"{tool}: the git on this workstation ignores GIT_CONFIG_COUNT (git 2.31 or newer needed), "
+                "so a repository's config could make it run programs; upgrade git to use git_status",
+                tool=tool,
+                path=path,
+            )
+        code, err, out = git(safe_git.STATUS_ARGS, safe_git.overrides(names))
+    if code != 0:
         if "not a git repository" in err:
             raise ToolFailed(f"{tool}: {path!r} is not inside a git repository", tool=tool, path=path)
-        raise ToolFailed(f"{tool}: git status failed in {path!r} (exit {proc.returncode}): {err}", tool=tool)
-    return _parse_porcelain(str(real), proc.stdout.decode("utf-8", "replace"))
+        raise ToolFailed(f"{tool}: git status failed in {path!r} (exit {code}): {err}", tool=tool, path=path)
+    return _parse_porcelain(str(real), out.decode("utf-8", "replace"))
 
 
 def _parse_porcelain(path: str, output: str) -> dict[str, Any]:
@@ -199,7 +297,7 @@ def _shell_execute(
     else:
         raise ToolFailed(f"{tool}: this client agent has no sandbox roots to run in", tool=tool)
     timeout = min(float(args.get("timeout_s", timeout_s)), ctx.remaining())
-    proc = _run_bounded(tool, args["command"], cwd, dict(os.environ), timeout, shell=True)
+    proc = run_bounded(tool, args["command"], cwd, minimal_env(os.environ), timeout, shell=True)
     out, err = proc.stdout, proc.stderr
     return {
         "exit_code": proc.returncode,
@@ -212,35 +310,6 @@ def _shell_execute(
 
 def _shell_disabled(args: dict[str, Any], ctx: BuiltinContext) -> Any:
     raise ToolFailed(SHELL_DISABLED, tool="shell_execute")
-
-
-def _run_bounded(
-    tool: str, argv: str | list[str], cwd: Path, env: dict[str, str], timeout: float, *, shell: bool
-) -> subprocess.CompletedProcess[bytes]:
-    """Run in its own process group so a timeout kills the command and everything it started."""
-    try:
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-    except OSError as exc:
-        raise ToolFailed(f"{tool}: cannot start {argv!r}: {exc.strerror or exc}", tool=tool) from exc
-    try:
-        out, err = proc.communicate(timeout=max(timeout, 0.001))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise ToolTimeout(
-            f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
-        ) from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate()
 
 
 # --- table -------------------------------------------------------------------------------------------

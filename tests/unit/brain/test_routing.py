@@ -107,6 +107,9 @@ _ENGINE_CLIENT = [
 ]
 ENGINE = Engine(id="eng_review", server=_ENGINE_SERVER, client=_ENGINE_CLIENT)
 ENGINE_AUTO = Engine(id="eng_auto", server=_ENGINE_SERVER, client=_ENGINE_CLIENT, auto_fallback=True)
+# Allows local_with_alt and notes_fallback but not their fallback_tool notes_server.
+ENGINE_STRICT = Engine(id="eng_strict", server=["web_search"], client=_ENGINE_CLIENT, auto_fallback=True)
+BARRED = "not falling back: fallback_tool 'notes_server' is not allowed by engine 'eng_strict'"
 
 LAPTOP_RUNS = "client 'alice-laptop' (this session's client) runs it"
 
@@ -409,6 +412,21 @@ TABLE = [
         "engine auto_fallback is not used when the task targets the client",
         "local_with_alt", NOBODY, BLOCKED, "Waiting for Client for Tool: local_with_alt",
         engine=ENGINE_AUTO, target=CLIENT_T, session=INTERACTIVE,
+    ),
+    row(
+        "engine auto_fallback never calls a fallback_tool the engine does not allow",
+        "local_with_alt", NOBODY, BLOCKED, f"Waiting for Client for Tool: local_with_alt; {BARRED}",
+        engine=ENGINE_STRICT, session=INTERACTIVE,
+    ),
+    row(
+        "strategy fallback gives way to the session default when the engine does not allow the fallback_tool",
+        "notes_fallback", NOBODY, PENDING, f"Queued for Client: notes_fallback (no client connected); {BARRED}",
+        engine=ENGINE_STRICT,
+    ),
+    row(
+        "an engine that does not allow the fallback_tool still lets a connected client run the tool",
+        "notes_fallback", OWN, CLIENT, f"engine 'eng_strict' lists tool 'notes_fallback' under client: {LAPTOP_RUNS}",
+        engine=ENGINE_STRICT, client_id="alice-laptop",
     ),
     row(
         "an engine listing a client-only tool under server fails",

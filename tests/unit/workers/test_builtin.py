@@ -1,4 +1,5 @@
-"""workers.tools.builtin: each built-in, table-driven, plus http_get against a loopback server."""
+"""workers.tools.builtin: each built-in, table-driven, plus http_get against a loopback server
+(refused unless allow-listed, as every internal address is)."""
 
 from __future__ import annotations
 
@@ -6,18 +7,28 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from jsonschema import validators
 
-from workers.contracts import ToolType
+from workers.contracts import ToolCall, ToolType
 from workers.errors import InvalidArguments, ToolFailed
-from workers.tools.builtin import BUILTINS, BuiltinContext, builtin_descriptors
+from workers.execute import execute
+from workers.tools.builtin import BUILTINS, BuiltinContext, builtin_descriptors, builtin_tools
+from workers.tools.http_get import DestinationRefused
+from workers.tools.netguard import HttpAllow
+
+LOOPBACK_ALLOWED = builtin_tools(HttpAllow.parse(["127.0.0.1"]))
 
 
 def run(tool: str, **args: Any) -> Any:
     return BUILTINS[tool].run(args, BuiltinContext())
+
+
+def get_allowed(**args: Any) -> Any:
+    """http_get on a server whose http_allow admits 127.0.0.1 (where the test server listens)."""
+    return LOOPBACK_ALLOWED["http_get"].run(args, BuiltinContext())
 
 
 def test_descriptors_are_built_in_with_valid_schemas() -> None:
@@ -111,8 +122,24 @@ def test_sleep_stops_when_cancelled() -> None:
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
+    seen: ClassVar[list[str]] = []  # every request line's path, proxied ones included
+
     def do_GET(self) -> None:
-        if self.path == "/missing":
+        self.seen.append(self.path)
+        port = self.server.server_address[1]
+        redirects = {
+            "/redirect": "/hello",
+            "/loop": "/loop",
+            "/to-ipv6-loopback": f"http://[::1]:{port}/hello",
+            "/to-metadata": "http://169.254.169.254/latest/meta-data/iam/",
+            "/to-file": "file:///etc/passwd",
+        }
+        if self.path in redirects:
+            self.send_response(302)
+            self.send_header("Location", redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/missing":
             self._answer(404, b"no such page here")
         elif self.path == "/big":
             self._answer(200, b"y" * 5000)
@@ -143,20 +170,20 @@ def loopback() -> Iterator[str]:
         thread.join(5)
 
 
-def test_http_get_ok(loopback: str) -> None:
-    value = run("http_get", url=f"{loopback}/hello")
+def test_http_get_ok_when_the_target_is_allow_listed(loopback: str) -> None:
+    value = get_allowed(url=f"{loopback}/hello")
     assert value["status"] == 200 and value["text"] == "héllo" and value["truncated"] is False
     assert value["headers"]["content-type"] == "text/plain; charset=utf-8"
 
 
 def test_http_get_truncates_at_max_bytes(loopback: str) -> None:
-    value = run("http_get", url=f"{loopback}/big", max_bytes=100)
+    value = get_allowed(url=f"{loopback}/big", max_bytes=100)
     assert value["text"] == "y" * 100 and value["truncated"] is True
 
 
 def test_http_get_non_2xx_fails_with_status_and_body(loopback: str) -> None:
     with pytest.raises(ToolFailed) as info:
-        run("http_get", url=f"{loopback}/missing")
+        get_allowed(url=f"{loopback}/missing")
     assert "answered HTTP 404" in info.value.message and "no such page here" in info.value.message
     assert info.value.data == {"status": 404}
 
@@ -164,5 +191,69 @@ def test_http_get_non_2xx_fails_with_status_and_body(loopback: str) -> None:
 def test_http_get_refuses_other_schemes_and_reports_refusals() -> None:
     with pytest.raises(InvalidArguments, match="must be an http:// or https:// URL"):
         run("http_get", url="file:///etc/passwd")
-    with pytest.raises(ToolFailed, match="http://127.0.0.1:9/ failed"):
-        run("http_get", url="http://127.0.0.1:9/", timeout_s=2)
+    with pytest.raises(ToolFailed, match=r"http://127.0.0.1:9/ failed: .*refused"):
+        get_allowed(url="http://127.0.0.1:9/", timeout_s=2)
+
+
+def test_http_get_refuses_a_loopback_server_by_default_naming_the_setting(loopback: str) -> None:
+    before = len(_Handler.seen)
+    with pytest.raises(DestinationRefused) as info:
+        run("http_get", url=f"{loopback}/hello")
+    assert info.value.message.startswith(
+        f"http_get: refusing {loopback}/hello: 127.0.0.1 is a loopback address. Server tools may not reach"
+    )
+    assert "http_allow setting (VANCETOPE_HTTP_ALLOW" in info.value.message
+    assert len(_Handler.seen) == before, "the refused request reached the server"
+
+
+def test_http_get_judges_the_addresses_a_name_resolves_to(loopback: str) -> None:
+    port = loopback.rsplit(":", 1)[1]
+    with pytest.raises(DestinationRefused, match=r"'localhost' resolves to (127\.0\.0\.1|::1), a loopback"):
+        run("http_get", url=f"http://localhost:{port}/hello")
+
+
+def test_http_get_follows_a_redirect_to_an_allowed_target(loopback: str) -> None:
+    assert get_allowed(url=f"{loopback}/redirect")["text"] == "héllo"
+
+
+@pytest.mark.parametrize(
+    ("path", "refusal"),
+    [
+        ("/to-ipv6-loopback", "::1 is a loopback address"),
+        ("/to-metadata", "169.254.169.254 is a cloud metadata address"),
+    ],
+)
+def test_http_get_judges_every_redirect_again(loopback: str, path: str, refusal: str) -> None:
+    with pytest.raises(DestinationRefused, match=refusal):
+        get_allowed(url=f"{loopback}{path}")
+
+
+def test_http_get_gives_up_on_a_redirect_loop_and_on_a_redirect_to_another_scheme(loopback: str) -> None:
+    with pytest.raises(ToolFailed, match="redirected more than 5 times"):
+        get_allowed(url=f"{loopback}/loop")
+    with pytest.raises(ToolFailed, match="a redirect led to 'file:///etc/passwd'"):
+        get_allowed(url=f"{loopback}/to-file")
+
+
+def test_http_get_does_not_let_an_environment_proxy_reach_an_internal_address(
+    loopback: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy would fetch the URL on our behalf from wherever it sits; the URL's address is judged anyway.
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.setenv(name, loopback)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    before = len(_Handler.seen)
+    with pytest.raises(DestinationRefused, match="10.20.30.40 is a private address"):
+        run("http_get", url="http://10.20.30.40/admin", timeout_s=2)
+    assert len(_Handler.seen) == before, "the request went through the proxy"
+
+
+def test_execute_runs_the_built_ins_a_worker_was_given(loopback: str) -> None:
+    call = ToolCall(
+        run_id="r1", tree_id="t1", task_id="k1", tool="http_get", tool_type=ToolType.BUILT_IN,
+        args={"url": f"{loopback}/hello"}, timeout_s=10, max_result_bytes=1_000_000,
+    )  # fmt: skip
+    assert execute(call, mcp=None, worker="w", builtins=LOOPBACK_ALLOWED).ok
+    refused = execute(call, mcp=None, worker="w")
+    assert refused.error is not None and refused.error.type == "DestinationRefused"

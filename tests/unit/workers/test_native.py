@@ -4,6 +4,8 @@ so every failure is checked as the result the brain receives."""
 from __future__ import annotations
 
 import base64
+import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -246,3 +248,90 @@ def test_native_tools_declare_strict_schemas_of_type_native(tree: Path) -> None:
         assert tool.descriptor.type is ToolType.NATIVE
         assert tool.descriptor.input_schema["additionalProperties"] is False
     assert error_of(run(tree, "read_local_file", {"path": "x", "mode": "r"}))[0] == "InvalidArguments"
+
+
+# --- repository control files ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "part"),
+    [
+        (".git/config", ".git"),
+        (".git/hooks/pre-commit", ".git"),
+        (".git", ".git"),  # a .git file (gitdir: ...) is control data too
+        ("sub/.git/config", ".git"),
+        (".GIT/config", ".GIT"),  # the same file on a case-insensitive disk
+        (".gitattributes", ".gitattributes"),
+        ("sub/.gitmodules", ".gitmodules"),
+        (".gitconfig", ".gitconfig"),
+        (".hg/hgrc", ".hg"),
+    ],
+)
+def test_write_local_file_refuses_repository_control_files_naming_the_path(
+    tree: Path, path: str, part: str
+) -> None:
+    kind, message = error_of(run(tree, "write_local_file", {"path": path, "content": "[core]\n"}))
+    assert kind == "ControlFileRefused"
+    assert message.startswith(f"write_local_file: refusing to write {path!r}: {part!r} is repository control")
+    assert not (tree / path).exists()
+
+
+def test_write_local_file_refuses_a_control_file_reached_through_a_symlink(tree: Path) -> None:
+    (tree / ".git").mkdir()
+    (tree / "alias").symlink_to(tree / ".git")
+    kind, _ = error_of(run(tree, "write_local_file", {"path": "alias/config", "content": "x"}))
+    assert kind == "ControlFileRefused" and not (tree / ".git" / "config").exists()
+
+
+@pytest.mark.parametrize("path", [".gitignore", "git/config", "my.git/notes", "sub/.github/workflow.yml"])
+def test_write_local_file_allows_names_that_only_look_like_control_files(tree: Path, path: str) -> None:
+    assert run(tree, "write_local_file", {"path": path, "content": "x"}).ok
+
+
+# --- regular files only --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["read_local_file", "write_local_file"])
+def test_file_tools_refuse_a_fifo_without_hanging(tree: Path, tool: str) -> None:
+    os.mkfifo(tree / "pipe")
+    args = {"path": "pipe"} if tool == "read_local_file" else {"path": "pipe", "content": "x"}
+    assert error_of(run(tree, tool, args, timeout_s=5)) == (
+        "NotARegularFile",
+        f"{tool}: 'pipe' is a FIFO (named pipe); file tools read and write regular files only",
+    )
+
+
+@pytest.mark.parametrize("tool", ["read_local_file", "write_local_file"])
+def test_file_tools_refuse_a_socket(tree: Path, tool: str) -> None:
+    try:
+        os.mknod(tree / "sock", stat.S_IFSOCK | 0o600)
+    except PermissionError:
+        pytest.skip("this system does not let an unprivileged user create a socket node")
+    args = {"path": "sock"} if tool == "read_local_file" else {"path": "sock", "content": "x"}
+    assert error_of(run(tree, tool, args))[1] == (
+        f"{tool}: 'sock' is a socket; file tools read and write regular files only"
+    )
+
+
+@pytest.mark.parametrize(("tool", "path"), [("read_local_file", "/dev/zero"), ("write_local_file", "/dev/null")])
+def test_file_tools_refuse_devices_even_inside_a_sandbox_root(tool: str, path: str) -> None:
+    args = {"path": path} if tool == "read_local_file" else {"path": path, "content": "x"}
+    assert error_of(run(Path("/dev"), tool, args)) == (
+        "NotARegularFile",
+        f"{tool}: {path!r} is a character device; file tools read and write regular files only",
+    )
+
+
+# --- the environment of commands ----------------------------------------------------------------------
+
+
+def test_shell_execute_does_not_show_the_agents_own_variables(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VANCETOPE_AGENT_BROKER_URL", "redis://laptop:s3cret@broker:6379/0")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "planted")
+    result = run(tree, "shell_execute", {"command": "env"}, shell=True)
+    assert result.ok, result.error
+    assert "VANCETOPE_" not in result.value["stdout"] and "s3cret" not in result.value["stdout"]
+    assert "AWS_SECRET_ACCESS_KEY" not in result.value["stdout"]
+    assert "PATH=" in result.value["stdout"]

@@ -1,0 +1,26 @@
+"""brain.config: the http_allow setting travels from env/TOML to worker processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from brain.config import load_settings
+from brain.errors import ConfigError
+
+
+def test_http_allow_reads_a_comma_separated_env_and_passes_it_down_the_same_way(tmp_path: Path) -> None:
+    settings = load_settings(env={"VANCETOPE_HTTP_ALLOW": "intranet.example, 10.0.0.0/8"}, cwd=tmp_path)
+    assert settings.http_allow == ("intranet.example", "10.0.0.0/8")
+    assert settings.to_env()["VANCETOPE_HTTP_ALLOW"] == "intranet.example,10.0.0.0/8"
+
+
+def test_http_allow_reads_a_toml_list(tmp_path: Path) -> None:
+    (tmp_path / "vancetope.toml").write_text('[vancetope]\nhttp_allow = ["127.0.0.1"]\n')
+    assert load_settings(env={}, cwd=tmp_path).http_allow == ("127.0.0.1",)
+
+
+def test_a_bad_http_allow_entry_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="http_allow entry 'not a host' is neither"):
+        load_settings(env={"VANCETOPE_HTTP_ALLOW": "not a host"}, cwd=tmp_path)

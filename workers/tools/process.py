@@ -1,0 +1,59 @@
+"""Child processes of native tools (layer: workers).
+
+One job: start a command for a native tool (``shell_execute``, ``git_status``) with a
+minimal environment and a bounded run time. The environment is an allow-list, not a
+deny-list: the agent's own variables (``VANCETOPE_*``: broker URL, credentials) and
+anything else a tree should not see never reach a command a tree chose.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from workers.errors import ToolFailed, ToolTimeout
+
+# What a command needs to find programs, a home, a locale and a temp folder; nothing else.
+INHERITED_ENV = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP"}
+)
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def minimal_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The part of ``environ`` a tool's command may see: ``INHERITED_ENV`` and ``LC_*``."""
+    env = {k: v for k, v in environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
+    env.setdefault("PATH", DEFAULT_PATH)
+    return env
+
+
+def run_bounded(
+    tool: str, argv: str | list[str], cwd: Path, env: dict[str, str], timeout: float, *, shell: bool
+) -> subprocess.CompletedProcess[bytes]:
+    """Run in its own process group so a timeout kills the command and everything it started."""
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        raise ToolFailed(f"{tool}: cannot start {argv!r}: {exc.strerror or exc}", tool=tool) from exc
+    try:
+        out, err = proc.communicate(timeout=max(timeout, 0.001))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise ToolTimeout(
+            f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
