@@ -19,7 +19,7 @@ import redis
 
 from brain.hotstate import as_text
 from brain.models import Enrollment
-from workers.contracts import client_keyprefix
+from workers.contracts import KEY_NS, client_keyprefix
 
 log = logging.getLogger("vancetope.brain.acl")
 
@@ -40,6 +40,38 @@ CLIENT_COMMANDS: tuple[str, ...] = (
     # connection housekeeping by redis-py and kombu
     "ping", "select", "info", "time", "client|setname", "client|setinfo", "echo",
 )  # fmt: skip
+
+
+# The stack's own processes, each with only what it needs (DESIGN decision 7). The brain
+# manages client users, so it may run ACL SETUSER/DELUSER; nothing else may. The server
+# pool and Flower never see a client's keys. No component may FLUSHALL, CONFIG, KEYS,
+# MONITOR or DEBUG (-@dangerous). Operators: compose.yaml gives the same rules.
+_HOUSEKEEPING = ("+info", "+client|setname", "+client|setinfo", "+client|id")
+COMPONENT_RULES: dict[str, tuple[str, ...]] = {
+    "vt-brain": (
+        "~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+        "+acl|setuser", "+acl|deluser", "+acl|users", "+acl|save",
+    ),
+    "vt-pool": (
+        # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
+        "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
+        f"~{KEY_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+    ),
+    # Redis 6.2 has no read-only key patterns (7's %R~): Flower may still write the server
+    # and brain queues it reads the length of, but no client's key, and runs no admin command.
+    "vt-flower": (
+        "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", "&*",
+        "+@all", "-@dangerous", *_HOUSEKEEPING,
+    ),
+}  # fmt: skip
+
+
+def component_acl_lines(secrets_by_user: dict[str, str]) -> list[str]:
+    """ACL file lines of the stack's own users, each with the SHA-256 of its secret."""
+    return [
+        f"user {user} on #{secret_sha256(secrets_by_user[user])} {' '.join(rules)}"
+        for user, rules in COMPONENT_RULES.items()
+    ]
 
 
 def client_username(client_id: str) -> str:

@@ -432,7 +432,7 @@ def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
         "--address=127.0.0.1",
         f"--port={port}",
     ]
-    env = {**stack_env(settings, stack.redis_url), "FLOWER_UNAUTHENTICATED_API": "true"}
+    env = {**stack_env(settings, stack.service_url("flower")), "FLOWER_UNAUTHENTICATED_API": "true"}
     log_path = settings.data_dir / "logs" / "flower.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(

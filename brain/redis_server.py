@@ -12,6 +12,7 @@ in the data dir; client agents get ACL users of their own (``brain.acl``).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import secrets
 import shutil
@@ -24,6 +25,7 @@ from typing import Self
 
 import redis
 
+from brain.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
 from brain.errors import BrainError
 from workers.urls import with_credentials
 
@@ -100,8 +102,12 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """The admin URL (credentials included): for the stack's own processes, never printed."""
+        """The admin URL (credentials included): for the operator's CLI and tests, never printed."""
         return admin_url(self.address_url, self.admin_secret)
+
+    def url_for(self, component: str) -> str:
+        """The URL of one of the stack's own users (``COMPONENT_RULES``): the brain, the pool, Flower."""
+        return with_credentials(self.address_url, component, component_secret(self.admin_secret, component))
 
     def start(self, timeout: float = 15.0) -> Self:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -111,11 +117,13 @@ class RedisServer:
         self.admin_secret = read_or_create_secret(self.data_dir / ADMIN_SECRET_FILE)
         acl_file = self.data_dir / ACL_FILE
         # Written anew at each start: the brain restores client users from the store.
-        write_private(
-            acl_file,
-            "user default off resetkeys resetchannels -@all\n"
-            f"user {ADMIN_USER} on #{hashlib.sha256(self.admin_secret.encode()).hexdigest()} ~* &* +@all\n",
-        )
+        components = {user: component_secret(self.admin_secret, user) for user in COMPONENT_RULES}
+        lines = [
+            "user default off resetkeys resetchannels -@all",
+            f"user {ADMIN_USER} on #{secret_sha256(self.admin_secret)} ~* &* +@all",
+            *component_acl_lines(components),
+        ]
+        write_private(acl_file, "\n".join(lines) + "\n")
         args = [
             find_redis_server(),
             "--port",
@@ -183,6 +191,12 @@ class RedisServer:
 
     def __enter__(self) -> Self:
         return self.start()
+
+
+def component_secret(admin_secret: str, component: str) -> str:
+    """Each component's secret, derived from the admin secret: nothing more to keep on disk,
+    and knowing one component's secret reveals neither the admin's nor another's."""
+    return hmac.new(admin_secret.encode(), component.encode(), hashlib.sha256).hexdigest()
 
 
 def admin_url(address_url: str, secret: str) -> str:

@@ -367,7 +367,11 @@ def _server_alternative(call: _Call) -> str | None:
     if spec is None:
         return None
     fallback = spec.fallback_tool
-    if fallback is not None and _runs_on_server(call.registry.get(fallback)) and not _engine_bars_fallback(call):
+    if (
+        fallback is not None
+        and _runs_on_server(call.registry.get(fallback))
+        and not _engine_bars_fallback(call)
+    ):
         return fallback
     return call.tool if _runs_on_server(spec) else None
 

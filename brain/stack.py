@@ -32,6 +32,8 @@ from brain.store import open_store
 from workers.contracts import key_presence, key_registry
 
 STACK_FILE = "stack.json"
+# Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
+SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower"}
 log = logging.getLogger("vancetope.stack")
 
 
@@ -154,7 +156,7 @@ class EmbeddedStack:
             env = (
                 agent_env(self.agent_url or "")
                 if name == "client-agent"
-                else stack_env(self.settings, self.redis_url)
+                else stack_env(self.settings, self.service_url(name))
             )
             proc = subprocess.Popen(
                 argv,
@@ -166,6 +168,11 @@ class EmbeddedStack:
         service = Service(name, argv, proc, log_path)
         self.services.append(service)
         return service
+
+    def service_url(self, name: str) -> str:
+        """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``)."""
+        assert self.redis is not None
+        return self.redis.url_for(SERVICE_USERS[name])
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name and s.process and s.process.poll() is None)

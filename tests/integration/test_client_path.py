@@ -61,8 +61,7 @@ def test_offline_client_work_waits_then_runs_in_order_when_the_agent_starts(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:
     stack = stack_factory(services=("brain", "server-pool"), agent_config=make_agent(tmp_path))
-    brain = brain_factory(stack)
-    brain.scheduler.presence.enroll("laptop", "ada")
+    brain = brain_factory(stack)  # the stack enrolled its agent "laptop" of "ada", with its own credential
     rec = brain.scheduler.submit(
         tree(
             {

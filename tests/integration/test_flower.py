@@ -34,7 +34,9 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
 ) -> None:
     port = free_port()
-    env = {**os.environ, "VANCETOPE_REDIS_URL": redis_server.url, "FLOWER_UNAUTHENTICATED_API": "true"}
+    # Flower runs as its own Redis user, as in the stack (brain.acl.COMPONENT_RULES).
+    flower_url = redis_server.url_for("vt-flower")
+    env = {**os.environ, "VANCETOPE_REDIS_URL": flower_url, "FLOWER_UNAUTHENTICATED_API": "true"}
     with open(tmp_path / "flower.log", "w") as log:
         flower = subprocess.Popen(
             [

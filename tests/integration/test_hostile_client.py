@@ -318,3 +318,47 @@ def test_the_embedded_stacks_agent_runs_on_its_own_credential_without_the_admin_
     users = {c["user"] for c in admin.client_list()}
     admin.close()
     assert "vtc-laptop" in users
+
+
+# --- the stack's own users: each only what it needs (brain.acl.COMPONENT_RULES) ---------
+
+COMPONENT_REFUSALS: list[tuple[str, str, Callable[[redis.Redis], Any]]] = [
+    ("vt-pool", "read a client's queue", lambda r: r.lrange(VICTIM_QUEUE, 0, -1)),
+    ("vt-pool", "write a client's outbox", lambda r: r.lpush(VICTIM_OUTBOX, "{}")),
+    ("vt-pool", "create a Redis user", lambda r: r.acl_setuser("x", enabled=True)),
+    ("vt-pool", "flush everything", lambda r: r.flushall()),
+    ("vt-flower", "read a client's queue", lambda r: r.lrange(VICTIM_QUEUE, 0, -1)),
+    ("vt-flower", "write presence", lambda r: r.hset(key_presence(), "x", "{}")),
+    ("vt-flower", "create a Redis user", lambda r: r.acl_setuser("x", enabled=True)),
+    ("vt-brain", "flush everything", lambda r: r.flushall()),
+    ("vt-brain", "change the server config", lambda r: r.config_set("appendonly", "no")),
+    ("vt-brain", "list every key", lambda r: r.keys("*")),
+    ("vt-brain", "watch every command", lambda r: r.execute_command("MONITOR")),
+]
+
+
+@pytest.mark.parametrize(
+    ("user", "what", "probe"), COMPONENT_REFUSALS, ids=[f"{u}: {w}" for u, w, _ in COMPONENT_REFUSALS]
+)
+def test_a_stack_component_is_refused_what_it_does_not_need(
+    user: str, what: str, probe: Callable[[redis.Redis], Any], redis_server: RedisServer
+) -> None:
+    r = redis.Redis.from_url(redis_server.url_for(user))
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            probe(r)
+    finally:
+        r.close()
+
+
+def test_the_brain_may_manage_client_users_and_the_pool_its_queues(redis_server: RedisServer) -> None:
+    brain = redis.Redis.from_url(redis_server.url_for("vt-brain"))
+    pool = redis.Redis.from_url(redis_server.url_for("vt-pool"))
+    try:
+        brain.execute_command("ACL", "SETUSER", "vtc-probe", "reset", "off")
+        assert brain.execute_command("ACL", "DELUSER", "vtc-probe") == 1
+        assert brain.lpush(VICTIM_QUEUE, "x") and brain.delete(VICTIM_QUEUE)
+        assert pool.lpush(SERVER_QUEUE + "-probe", "x") == 1 and pool.delete(SERVER_QUEUE + "-probe")
+    finally:
+        brain.close()
+        pool.close()

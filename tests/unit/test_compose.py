@@ -44,3 +44,23 @@ def test_compose_environment_uses_the_settings_names() -> None:
         for var in service.get("environment") or {}:
             if var.startswith(ENV_PREFIX):
                 assert var in known, f"{name}: {var} is not a setting"
+
+
+def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off() -> None:
+    from brain.acl import COMPONENT_RULES
+
+    command = compose()["services"]["redis"]["command"]
+    users: dict[str, list[str]] = {}
+    for i, arg in enumerate(command):
+        if arg == "--user":
+            end = next((j for j in range(i + 1, len(command)) if command[j].startswith("--")), len(command))
+            name, *rules = command[i + 1 : end]
+            users[name] = rules
+    assert users.pop("default") == ["off"]
+    for name, rules in users.items():
+        assert rules[0] == "on" and rules[1].startswith(">${"), f"{name}: password from .env"
+        assert tuple(rules[2:]) == COMPONENT_RULES[name], f"{name}: differs from brain/acl.py"
+    assert set(users) == set(COMPONENT_RULES)
+    for service in ("brain", "server-pool", "flower"):
+        url = compose()["services"][service]["environment"]["VANCETOPE_REDIS_URL"]
+        assert url.startswith("redis://vt-"), f"{service} connects as its own user"

@@ -313,7 +313,9 @@ def test_file_tools_refuse_a_socket(tree: Path, tool: str) -> None:
     )
 
 
-@pytest.mark.parametrize(("tool", "path"), [("read_local_file", "/dev/zero"), ("write_local_file", "/dev/null")])
+@pytest.mark.parametrize(
+    ("tool", "path"), [("read_local_file", "/dev/zero"), ("write_local_file", "/dev/null")]
+)
 def test_file_tools_refuse_devices_even_inside_a_sandbox_root(tool: str, path: str) -> None:
     args = {"path": path} if tool == "read_local_file" else {"path": path, "content": "x"}
     assert error_of(run(Path("/dev"), tool, args)) == (
