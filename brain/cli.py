@@ -37,7 +37,6 @@ from brain.errors import (
 from brain.models import Location, SessionKind, TaskRecord, TaskTree, TreeStatus
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, RouteRequest, decide_route
-from brain.scheduler import routed_client
 from brain.service import Brain
 from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
@@ -232,7 +231,7 @@ def _uses_client_tools(tree: TaskTree, registry: RegistrySnapshot) -> bool:
 
 
 def _clients_of(records: list[TaskRecord]) -> set[str]:
-    return {cid for r in records if (cid := routed_client(r)) is not None}
+    return {r.client_id for r in records if r.client_id is not None}
 
 
 @cli.command()

@@ -61,7 +61,7 @@ def test_garbage_on_every_queue_is_dropped_and_logged_and_every_consumer_keeps_w
     assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert tasks["on_server"].result == 42 and tasks["on_server"].attempt == 1
-    assert tasks["on_client"].state is TaskState.DONE and tasks["on_client"].route == "client:laptop"
+    assert tasks["on_client"].state is TaskState.DONE and tasks["on_client"].client_id == "laptop"
     assert "kept on the laptop" in str(tasks["on_client"].result)
 
     consumers = {"server-pool": SERVER_QUEUE, "brain": BRAIN_QUEUE, "client-agent": client_queue("laptop")}
