@@ -46,6 +46,9 @@ class Settings(BaseModel):
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     # A queued task must be this old before the reconciler may call it lost.
     reconcile_grace_s: float = Field(default=10.0, ge=0)
+    # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
+    # a result lost this way), so a flooding client cannot fill Redis.
+    outbox_max_messages: int = Field(default=1000, ge=1)
 
     @property
     def store(self) -> str:
