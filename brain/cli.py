@@ -40,7 +40,6 @@ from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeStatus
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
-from brain.scheduler import routed_client
 from brain.service import Brain
 from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env, tail
 from brain.store import open_store
@@ -285,7 +284,7 @@ def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> l
 
 
 def _clients_of(records: list[TaskRecord]) -> set[str]:
-    return {cid for r in records if (cid := routed_client(r)) is not None}
+    return {r.client_id for r in records if r.client_id is not None}
 
 
 @cli.command()

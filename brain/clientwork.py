@@ -15,7 +15,7 @@ import logging
 
 from brain.models import TaskState
 from brain.presence import ClientSession, check_announcement
-from brain.scheduler import PARKED, Scheduler, routed_client
+from brain.scheduler import PARKED, Scheduler
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
@@ -88,7 +88,7 @@ class ClientWork:
         cid = session.client_id
         # Every call sent to this client must be looked at, not the first thousand.
         queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
-        mine = [r for r in queued if routed_client(r) == cid]
+        mine = [r for r in queued if r.client_id == cid]
         taken = 0
         touched: set[str] = set()
         for rec in mine:

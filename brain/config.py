@@ -62,6 +62,9 @@ class Settings(BaseModel):
             entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
+    # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
+    # a result lost this way), so a flooding client cannot fill Redis.
+    outbox_max_messages: int = Field(default=1000, ge=1)
 
     @property
     def store(self) -> str:

@@ -14,7 +14,14 @@ import threading
 from celery import Celery
 
 from workers.app import make_app
-from workers.contracts import RUN_TOOL_TASK, SERVER_QUEUE, ToolCall, client_keyprefix, client_queue
+from workers.contracts import (
+    MAX_MESSAGE_BYTES,
+    RUN_TOOL_TASK,
+    SERVER_QUEUE,
+    ToolCall,
+    client_keyprefix,
+    client_queue,
+)
 
 # Margins over the tool's own timeout: the executor answers first; these only stop a
 # worker child that hangs past it (the hard limit kills it, the message is re-delivered).
@@ -40,6 +47,7 @@ class Publisher:
                     self.app.conf.broker_url,
                     visibility_timeout_s=int(opts.get("visibility_timeout", 3600)),
                     keyprefix=client_keyprefix(client_id),
+                    max_message_bytes=int(opts.get("vt_max_message_bytes", MAX_MESSAGE_BYTES)),
                 )
             return app
 

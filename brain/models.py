@@ -211,7 +211,10 @@ class TaskRecord(BaseModel):
     state: TaskState = TaskState.PENDING
     run_id: str | None = None
     attempt: int = 0
-    route: str = ""  # human-readable route summary, e.g. "server" or "client:alice"
+    route: str = ""  # human-readable route summary, e.g. "server" or "client:alice"; never parsed
+    # The client this task's current run was sent to (None: the server pool). Written with
+    # each new run id, kept while the task is parked; what authorises that client's result.
+    client_id: str | None = None
     reason: str = ""  # why it is in this state (blocked_reason, skip reason, ...)
     result: Any = None
     error: ErrorInfo | None = None

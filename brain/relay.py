@@ -1,9 +1,16 @@
 """Messages from client agents (layer: brain, Redis glue).
 
 Each enrolled client writes to its own ``c:<id>:outbox`` (it can reach no other
-key); the relay pops every outbox, checks size and shape, and hands announcements,
-disconnects and results to the brain. The outbox a message came through — not
-what the message claims — says which client sent it.
+key); the relay pops every outbox, checks size, depth and shape, and hands
+announcements, disconnects and results to the brain. The outbox a message came
+through — not what the message claims — says which client sent it.
+
+Fair and bounded: each poll is one MULTI round that trims every outbox to
+``outbox_max_messages`` (the excess is dropped and logged; a result lost this way is
+re-sent by the reconciler, which finds its task queued and held nowhere) and pops at
+most ``POP_BATCH`` messages per client, starting at a client that rotates every poll,
+so a chatty client delays another by at most one round. With every outbox empty it
+blocks in BRPOP instead of spinning.
 """
 
 from __future__ import annotations
@@ -12,6 +19,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from itertools import zip_longest
 
 from pydantic import ValidationError
 
@@ -24,17 +33,36 @@ from workers.contracts import (
     CLIENT_MESSAGE,
     CLIENT_OUTBOX,
     MAX_ANNOUNCEMENT_BYTES,
+    MAX_JSON_DEPTH,
     AnnouncementAck,
     ClientConnected,
     ClientDisconnected,
     ClientToolResult,
     client_key,
 )
+from workers.transport import json_depth
 
 log = logging.getLogger("vancetope.brain")
 
 POP_TIMEOUT_S = 1
+# Messages popped per client per poll: bounds what the brain holds and how long one
+# client's burst can delay another's message.
+POP_BATCH = 32
 _ENVELOPE_SLACK = 64 * 1024
+
+
+def rotated(items: Sequence[str], turn: int) -> list[str]:
+    """``items`` starting at position ``turn`` (mod its length): who goes first each poll."""
+    if not items:
+        return []
+    k = turn % len(items)
+    return [*items[k:], *items[:k]]
+
+
+def interleaved(batches: Sequence[tuple[str, Sequence[bytes]]]) -> list[tuple[str, bytes]]:
+    """One message from each client in turn, each client's own in the order they were sent."""
+    rounds = zip_longest(*[[(owner, raw) for raw in msgs] for owner, msgs in batches])
+    return [item for row in rounds for item in row if item is not None]
 
 
 class Relay:
@@ -42,6 +70,8 @@ class Relay:
         self.s = scheduler
         self.clients = clients
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
+        self.max_messages = scheduler.settings.outbox_max_messages
+        self.turn = 0
 
     def handle(self, owner: str, raw: bytes) -> None:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
@@ -54,6 +84,16 @@ class Relay:
                 self.max_bytes,
             )
             # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
+            return
+        depth = json_depth(raw)
+        if depth > MAX_JSON_DEPTH:
+            # Not parsed either: a recursive parser (json.loads below) would run out of stack.
+            log.warning(
+                "dropped a message from client %r nested %d deep: over the limit of %d",
+                owner,
+                depth,
+                MAX_JSON_DEPTH,
+            )
             return
         try:
             msg = CLIENT_MESSAGE.validate_json(raw)
@@ -84,15 +124,51 @@ class Relay:
             self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
 
     def poll_once(self, enrolled: list[str]) -> bool:
+        """One fair round over the outboxes (one round trip); if all were empty, wait in BRPOP
+        for the next message. True if any message was handled."""
         if not enrolled:
             return False
-        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in enrolled}
+        order = rotated(enrolled, self.turn)
+        self.turn += 1
+        batches = self._pop_round(order)
+        for owner, raw in interleaved(batches):
+            self.handle(owner, raw)
+        if batches:
+            return True
+        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order}
         item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
         if item is None:
             return False
-        key, raw = item
-        self.handle(keys[as_text(key)], as_bytes(raw))
+        key, message = item
+        self.handle(keys[as_text(key)], as_bytes(message))
         return True
+
+    def _pop_round(self, order: list[str]) -> list[tuple[str, list[bytes]]]:
+        """Per client: trim its outbox to the cap, keeping the oldest messages (the agent
+        LPUSHes, so they are at the tail), and pop up to ``POP_BATCH`` of them, oldest first."""
+        pipe = self.s.hot.r.pipeline(transaction=True)
+        for cid in order:
+            key = client_key(cid, CLIENT_OUTBOX)
+            pipe.llen(key)
+            pipe.ltrim(key, -self.max_messages, -1)
+            pipe.rpop(key, POP_BATCH)
+        replies = pipe.execute()
+        batches: list[tuple[str, list[bytes]]] = []
+        for i, cid in enumerate(order):
+            length, _, popped = replies[3 * i : 3 * i + 3]
+            if length > self.max_messages:
+                log.warning(
+                    "dropped %d message(s) from client %r: its outbox %r held %d, over the cap of %d "
+                    "(results among them are re-sent by the reconciler)",
+                    length - self.max_messages,
+                    cid,
+                    client_key(cid, CLIENT_OUTBOX),
+                    length,
+                    self.max_messages,
+                )
+            if popped:
+                batches.append((cid, [as_bytes(m) for m in popped]))
+        return batches
 
     def run(self, stop: threading.Event) -> threading.Thread:
         def loop() -> None:

@@ -40,7 +40,7 @@ from brain.store import Store
 from brain.transitions import plan, tree_status
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import ErrorInfo, ToolCall, ToolResult
+from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolCall, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
@@ -59,11 +59,28 @@ def client_route(client_id: str) -> str:
     return f"client:{client_id}"
 
 
-def routed_client(rec: TaskRecord) -> str | None:
-    """The client a task was sent to, read back from its route summary (see ``client_route``)."""
-    if not rec.route.startswith("client:"):
+def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str | None) -> str | None:
+    """Why a result may not complete ``rec``, or None when it may. Pure.
+
+    ``from_client`` is where the result came from: None for the brain queue (only server
+    workers may reach it), else the client whose outbox carried it. Either way the source
+    must be the one the task record says its run was sent to (``TaskRecord.client_id``);
+    what the result claims about itself only has to agree.
+    """
+    if rec is None:
+        return "no such task"
+    if from_client is None:
+        if rec.client_id is not None:
+            return f"it was routed to client {rec.client_id!r}, not to the server"
+        if result.client_id is not None:
+            return f"it claims client {result.client_id!r} but came through the brain queue"
         return None
-    return rec.route.removeprefix("client:").split(" ", 1)[0]
+    if rec.client_id != from_client:
+        routed = "the server" if rec.client_id is None else f"client {rec.client_id!r}"
+        return f"it was routed to {routed}"
+    if result.client_id != from_client:
+        return f"it claims client {result.client_id!r}"
+    return None
 
 
 class Scheduler:
@@ -270,6 +287,7 @@ class Scheduler:
             run_id=new_run_id(tree_rec.tree_id, spec.id, attempt),
             attempt=attempt,
             route=summary,
+            client_id=route.client_id if to_client else None,
             reason=route.reason,
             tool=route.tool,
             queued_at=now,
@@ -379,15 +397,16 @@ class Scheduler:
         return True
 
     def _accepts(self, result: ToolResult, from_client: str | None) -> bool:
-        if from_client is None:
-            return result.client_id is None
         rec = self.store.get_task(result.tree_id, result.task_id)
-        if result.client_id != from_client or rec is None or routed_client(rec) != from_client:
+        refusal = refuse_result(rec, result, from_client)
+        if refusal is not None:
             log.warning(
-                "refused a result for task %s of tree %s from client %r: not routed to that client",
+                "refused a result for task %s of tree %s (run %s) from %s: %s",
                 result.task_id,
                 result.tree_id,
-                from_client,
+                result.run_id,
+                f"client {from_client!r}" if from_client else f"the {BRAIN_QUEUE!r} queue",
+                refusal,
             )
             return False
         return True

@@ -21,7 +21,7 @@ from brain.relay import Relay
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.sweeps import Sweeps
-from workers.app import make_app
+from workers.app import make_app, message_limit
 from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.brain")
@@ -42,7 +42,11 @@ class Brain:
     def connect(cls, settings: Settings, redis_url: str, registry: RegistrySnapshot | None = None) -> Brain:
         """Wire a brain to a running Redis. Without ``registry`` it uses the snapshot the
         brain worker published (the CLI's case); raises StackNotRunning if there is none."""
-        app = make_app(redis_url, visibility_timeout_s=settings.visibility_timeout_s)
+        app = make_app(
+            redis_url,
+            visibility_timeout_s=settings.visibility_timeout_s,
+            max_message_bytes=message_limit(settings.max_result_bytes),
+        )
         hot = HotState.from_url(redis_url)
         if registry is None:
             snapshot = hot.get_registry()

@@ -12,7 +12,7 @@ import logging
 from brain.clientwork import ClientWork
 from brain.models import TaskRecord, TaskState, TreeRecord
 from brain.parked import ParkedRef, owner_of
-from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id, routed_client
+from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
 from brain.validation import resolve_args
 from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue, key_parked, key_requeueing
 
@@ -49,7 +49,7 @@ class Sweeps:
         held: dict[str | None, set[str]] = {}
         resent: list[str] = []
         for rec in stale:
-            cid = routed_client(rec)
+            cid = rec.client_id
             if cid not in held:
                 held[cid] = (
                     self.s.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE])
@@ -151,7 +151,7 @@ class Sweeps:
             reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"
             if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
                 if rec.run_id:
-                    self.s.hot.cancel_runs([rec.run_id], routed_client(rec))
+                    self.s.hot.cancel_runs([rec.run_id], rec.client_id)
                 expired.append(rec.task_id)
                 self.s.advance(rec.tree_id)
         return expired
@@ -215,6 +215,6 @@ class Sweeps:
             if self.s.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
                 cancelled.append(rec.task_id)
                 if rec.run_id:
-                    self.s.hot.cancel_runs([rec.run_id], routed_client(rec))
+                    self.s.hot.cancel_runs([rec.run_id], rec.client_id)
         self.s.advance(tree_id)
         return cancelled

@@ -1,7 +1,8 @@
 """The one Celery app (layer: workers).
 
 Settings from RELIABILITY.md: late ack, reject on worker lost, prefetch 1, hard
-time limit below the visibility timeout, JSON only. There is no result backend:
+time limit below the visibility timeout, JSON only. Every app reads its queues through ``workers.transport`` (a message nobody
+can decode is dropped and logged, not raised into the consumer). There is no result backend:
 results travel to the brain as ``vancetope.record_result`` jobs on queue ``brain``
 (PERFORMANCE.md: awaiting thousands of AsyncResults on the Redis backend stalls).
 """
@@ -13,19 +14,36 @@ from typing import Any
 
 from celery import Celery
 
-from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE
+from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE
+from workers.transport import TRANSPORT_PATH
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
+def message_limit(max_result_bytes: int | None) -> int:
+    """Largest message a consumer accepts: room for a result of ``max_result_bytes`` once it is
+    JSON-escaped and base64-encoded, and never below ``MAX_MESSAGE_BYTES``."""
+    return max(MAX_MESSAGE_BYTES, 3 * (max_result_bytes or 0))
+
+
 def celery_config(
-    broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None
+    broker_url: str,
+    *,
+    visibility_timeout_s: int = 3600,
+    keyprefix: str | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> dict[str, Any]:
-    transport: dict[str, Any] = {"visibility_timeout": visibility_timeout_s}
+    transport: dict[str, Any] = {
+        "visibility_timeout": visibility_timeout_s,
+        "vt_max_message_bytes": max_message_bytes,
+    }
     if keyprefix:
         transport["global_keyprefix"] = keyprefix
     return {
         "broker_url": broker_url,
+        # The class, not the URL's scheme, picks the transport; kombu still parses the URL
+        # (host, password, db, ssl_* options), so redis:// and rediss:// work as before.
+        "broker_transport": TRANSPORT_PATH,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "result_backend": None,
@@ -50,9 +68,22 @@ def celery_config(
     }
 
 
-def make_app(broker_url: str, *, visibility_timeout_s: int = 3600, keyprefix: str | None = None) -> Celery:
+def make_app(
+    broker_url: str,
+    *,
+    visibility_timeout_s: int = 3600,
+    keyprefix: str | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> Celery:
     app = Celery("vancetope", set_as_current=False)
-    app.conf.update(celery_config(broker_url, visibility_timeout_s=visibility_timeout_s, keyprefix=keyprefix))
+    app.conf.update(
+        celery_config(
+            broker_url,
+            visibility_timeout_s=visibility_timeout_s,
+            keyprefix=keyprefix,
+            max_message_bytes=max_message_bytes,
+        )
+    )
     return app
 
 
@@ -60,9 +91,10 @@ def _app_from_env() -> Celery:
     return make_app(
         os.environ.get("VANCETOPE_REDIS_URL") or DEFAULT_REDIS_URL,
         visibility_timeout_s=int(os.environ.get("VANCETOPE_VISIBILITY_TIMEOUT_S") or 3600),
+        max_message_bytes=message_limit(int(os.environ.get("VANCETOPE_MAX_RESULT_BYTES") or 0)),
     )
 
 
 app = _app_from_env()
 
-__all__ = ["BRAIN_QUEUE", "SERVER_QUEUE", "app", "celery_config", "make_app"]
+__all__ = ["BRAIN_QUEUE", "SERVER_QUEUE", "app", "celery_config", "make_app", "message_limit"]

@@ -239,3 +239,12 @@ class AnnouncementAck(BaseModel):
     accepted: bool
     reason: str = ""
     tools: int = 0
+
+# --- limits every consumer enforces on what it pops (workers.transport) ----------
+
+# A result of max_result_bytes (default 1 MiB) travels JSON-escaped inside a Celery body,
+# base64-encoded inside kombu's envelope: well under this. Raise it with max_result_bytes.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# Deeper than any tool's real JSON, far below what a recursive parser (CPython's json:
+# ~1000, pydantic's jiter: 200) can survive.
+MAX_JSON_DEPTH = 128

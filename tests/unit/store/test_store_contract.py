@@ -184,6 +184,23 @@ def test_transition_applies_changes_when_state_matches(store: Store) -> None:
     assert store.get_task("t1", "a") == got
 
 
+def test_the_client_a_run_was_sent_to_is_kept_until_a_transition_changes_it(store: Store) -> None:
+    put(store)
+    sent = store.transition(
+        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="r1", client_id="alice"
+    )
+    assert sent is not None and sent.client_id == "alice"
+    parked = store.transition("t1", "a", from_states={S.QUEUED_CLIENT}, state=S.PENDING_CLIENT)
+    assert parked is not None and parked.client_id == "alice"
+    assert store.get_task("t1", "a") == parked
+    assert store.tasks_in_states({S.PENDING_CLIENT}) == [parked]
+    to_server = store.transition(
+        "t1", "a", from_states={S.PENDING_CLIENT}, state=S.QUEUED_SERVER, run_id="r2", client_id=None
+    )
+    assert to_server is not None and to_server.client_id is None
+    assert store.get_task("t1", "a") == to_server
+
+
 def test_transition_does_nothing_when_state_does_not_match(store: Store) -> None:
     put(store)
     assert store.transition("t1", "a", from_states={S.RUNNING, S.QUEUED_SERVER}, state=S.DONE) is None

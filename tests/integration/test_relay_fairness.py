@@ -1,0 +1,91 @@
+"""The relay under a flooding client (issue 7), on a real Redis, no workers: outboxes are
+served fairly, capped, and messages too deep to parse safely are refused.
+
+Delays are counted in relay polls, not seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from brain.models import SessionKind, TaskState
+from brain.relay import POP_BATCH, Relay
+from brain.service import Brain
+from tests.conftest import tree
+from tests.integration.test_parking import connect, reads
+from workers.contracts import CLIENT_OUTBOX, ClientToolResult, ToolResult, client_key
+
+pytestmark = pytest.mark.integration
+
+FLOOD = 10_000
+
+
+def flood(brain: Brain, client_id: str, n: int = FLOOD) -> None:
+    pipe = brain.hot.r.pipeline(transaction=False)
+    for i in range(0, n, 1000):
+        pipe.lpush(client_key(client_id, CLIENT_OUTBOX), *[b"junk %d" % j for j in range(i, min(n, i + 1000))])
+    pipe.execute()
+
+
+def result_message(brain: Brain, tree_id: str, task_id: str, client_id: str) -> bytes:
+    task = brain.store.get_task(tree_id, task_id)
+    assert task is not None and task.run_id
+    result = ToolResult(
+        run_id=task.run_id,
+        tree_id=tree_id,
+        task_id=task_id,
+        tool=task.tool,
+        ok=True,
+        value="from the quiet client",
+        client_id=client_id,
+        started_at=0,
+        finished_at=0,
+    )
+    return ClientToolResult(client_id=client_id, result=result).model_dump_json().encode()
+
+
+def test_a_flooding_client_delays_another_clients_result_by_at_most_one_poll_and_is_capped(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
+) -> None:
+    brain = brain_on_redis
+    for cid in ("aaa-flood", "zzz-quiet"):  # the flooder sorts first: BRPOP alone would always serve it
+        brain.scheduler.presence.enroll(cid, "ada")
+        connect(brain, cid, session=f"s-{cid}")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="zzz-quiet")
+    flood(brain, "aaa-flood")
+    brain.hot.r.lpush(client_key("zzz-quiet", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "zzz-quiet"))
+
+    relay = Relay(brain.scheduler, brain.clients)
+    enrolled = sorted(brain.scheduler.presence.enrolled())
+    polls = 0
+    with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
+        while brain.store.get_task(rec.tree_id, "r0").state is not TaskState.DONE and polls < 50:
+            relay.poll_once(enrolled)
+            polls += 1
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
+    assert polls <= 2
+    cap = brain.settings.outbox_max_messages
+    left = brain.hot.r.llen(client_key("aaa-flood", CLIENT_OUTBOX))
+    assert left <= cap - POP_BATCH  # the excess went at the first poll; the brain took one batch at most
+    assert any(
+        f"dropped {FLOOD - cap} message(s) from client 'aaa-flood'" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes_on(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    deep = b'{"type": "client_connected", "session_id": "x", "available_tools": ' + b"[" * 10_000 + b"]" * 10_000
+    outbox = client_key("laptop", CLIENT_OUTBOX)
+    brain.hot.r.lpush(outbox, deep + b"}", result_message(brain, rec.tree_id, "r0", "laptop"))
+    relay = Relay(brain.scheduler, brain.clients)
+    with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
+        assert relay.poll_once(["laptop"]) is True
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
+    assert any("from client 'laptop' nested 10001 deep" in r.getMessage() for r in caplog.records)

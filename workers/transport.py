@@ -1,0 +1,202 @@
+"""The guarded Redis transport (layer: workers, kombu glue).
+
+One job: no message on a queue can stop the consumer reading it. kombu 5.7's Redis
+channel decodes what BRPOP hands it inline (``_brpop_read``), so one non-JSON push
+raises ``JSONDecodeError`` in the consumer loop and Celery exits the worker
+(RELIABILITY.md, "Client agents"). Every Celery app of ours uses this transport
+(``workers.app.celery_config`` sets ``broker_transport``); it pops exactly as kombu
+does, then checks each payload with ``check_payload`` — size, nesting depth, JSON,
+kombu's envelope, the body's encoding — and drops and logs what fails, naming the
+queue. A dropped task or result is re-sent by the brain's reconciler (the store is
+the record). ``redis://`` and ``rediss://`` URLs work as before: kombu parses the URL
+(TLS options included) whatever the transport class.
+
+``check_payload`` and ``json_depth`` are pure; the channel only wires them in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from itertools import accumulate
+from queue import Empty
+from typing import Any, Final, Literal
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils import json as kombu_json
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.contracts import MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
+
+log = logging.getLogger("vancetope.transport")
+
+TRANSPORT_PATH: Final = "workers.transport:GuardedTransport"
+"""What ``broker_transport`` names; kombu resolves it with ``symbol_by_name``."""
+
+# A JSON string, escapes included (the unrolled form: no per-character alternation).
+_JSON_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP: Final = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+class UnsafeMessage(Exception):
+    """A payload popped from a queue that must not reach kombu or Celery; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply ``raw`` nests arrays and objects, found without parsing it (a parser is
+    what a deep document would overflow). Brackets inside strings do not count."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+class _Properties(BaseModel):
+    """The part of kombu's ``properties`` that kombu itself reads when it builds a Message."""
+
+    model_config = ConfigDict(extra="allow")
+
+    delivery_tag: str
+    body_encoding: Literal["base64", "utf-8"] | None = None
+    delivery_info: dict[str, Any] = Field(default_factory=dict)
+    priority: int | None = None
+
+
+class _CeleryHeaders(BaseModel):
+    """Celery protocol 2 headers, as far as Celery reads them before its own error handling."""
+
+    model_config = ConfigDict(extra="allow")
+
+    task: str
+    id: str
+
+
+class Envelope(BaseModel):
+    """kombu's message envelope on a Redis list, as ``Channel.prepare_message`` writes it."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    body: str
+    content_type: str | None = Field(default=None, alias="content-type")
+    content_encoding: str | None = Field(default=None, alias="content-encoding")
+    headers: dict[str, Any] = Field(default_factory=dict)
+    properties: _Properties
+
+
+def check_payload(
+    raw: bytes, *, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> dict[str, Any]:
+    """The decoded message kombu may deliver, or ``UnsafeMessage`` saying why not."""
+    if len(raw) > max_bytes:
+        raise UnsafeMessage(f"{len(raw)} bytes, over the {max_bytes}-byte limit")
+    _check_depth(raw, max_depth, "message")
+    try:
+        # kombu's own loads (its object hook revives tagged types), as kombu would call it.
+        data = kombu_json.loads(raw)
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the payload is undecodable
+        raise UnsafeMessage(f"not JSON ({exc.__class__.__name__}: {str(exc)[:200]})") from None
+    try:
+        envelope = Envelope.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise UnsafeMessage(f"not a kombu message envelope ({problems})") from None
+    if "task" in envelope.headers:
+        try:
+            _CeleryHeaders.model_validate(envelope.headers)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            raise UnsafeMessage(f"not a Celery task message ({problems})") from None
+    _check_depth(_body_bytes(envelope), max_depth, "body")
+    assert isinstance(data, dict)  # Envelope.model_validate accepted it
+    return data
+
+
+def _check_depth(raw: bytes, max_depth: int, what: str) -> None:
+    depth = json_depth(raw)
+    if depth > max_depth:
+        raise UnsafeMessage(f"{what} nested {depth} deep, over the limit of {max_depth}")
+
+
+def _body_bytes(envelope: Envelope) -> bytes:
+    """The body as Celery will decode it; a body kombu could not decode is refused here."""
+    if envelope.properties.body_encoding != "base64":
+        return envelope.body.encode("utf-8", "surrogatepass")
+    try:
+        # What kombu's Base64 codec does (it discards non-alphabet characters too).
+        return base64.b64decode(envelope.body.encode("ascii"))
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise UnsafeMessage(f"body is not base64 ({exc})") from None
+
+
+class GuardedChannel(kombu_redis.Channel):
+    """kombu's Redis channel, except that a payload ``check_payload`` refuses is dropped and
+    logged instead of raised into the consumer loop."""
+
+    #: Transport options (``broker_transport_options``) this channel reads, as kombu's do.
+    from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length
+        *kombu_redis.Channel.from_transport_options,
+        "vt_max_message_bytes",
+        "vt_max_json_depth",
+    )
+    vt_max_message_bytes: int = MAX_MESSAGE_BYTES
+    vt_max_json_depth: int = MAX_JSON_DEPTH
+
+    def _checked(self, raw: bytes, queue: str) -> dict[str, Any] | None:
+        try:
+            return check_payload(raw, max_bytes=self.vt_max_message_bytes, max_depth=self.vt_max_json_depth)
+        except UnsafeMessage as exc:
+            log.error(
+                "dropped a message from queue %r (key %r): %s",
+                queue,
+                f"{self.global_keyprefix or ''}{queue}",
+                exc.reason,
+            )
+            return None
+
+    def _brpop_read(self, **options: Any) -> bool:
+        # kombu's _brpop_read, with the inline ``loads`` replaced by ``_checked``.
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                # A broken connection is dropped so the next poll reconnects (as kombu does).
+                self.client.connection.disconnect()
+                raise
+            if not dest__item:
+                raise Empty()
+            key, item = dest__item
+            dest = kombu_redis.bytes_to_str(key).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            message = self._checked(item, dest)
+            if message is None:
+                raise Empty()  # what kombu raises for "nothing delivered"; the loop goes on
+            self.connection._deliver(message, dest)
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # kombu's own reset, typed bool there
+            self._flush_brpop_reauth()
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        # kombu's _get (basic_get and the polling path), checked the same way.
+        with self.conn_or_acquire() as client:
+            for pri in self.priority_steps:
+                item = client.rpop(self._q_for_pri(queue, pri))
+                if item:
+                    self._maybe_update_queues_expire(client, queue)
+                    message = self._checked(item, queue)
+                    if message is None:
+                        raise Empty()
+                    return message
+            self._maybe_update_queues_expire(client, queue)
+            raise Empty()
+
+
+class GuardedTransport(kombu_redis.Transport):
+    """kombu's Redis transport with ``GuardedChannel``."""
+
+    Channel = GuardedChannel
