@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from brain.errors import ConfigError
 from workers.tools.netguard import HttpAllow
+from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
@@ -62,9 +63,15 @@ class Settings(BaseModel):
             entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
+
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
+
+    @field_validator("redis_url", "agent_broker_url")
+    @classmethod
+    def _usable_redis_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_redis_url(value)
 
     @property
     def store(self) -> str:

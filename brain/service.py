@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import redis
 from celery import Celery
 
 from brain.acl import AclUsers
@@ -49,7 +50,12 @@ class Brain:
         )
         hot = HotState.from_url(redis_url)
         if registry is None:
-            snapshot = hot.get_registry()
+            try:
+                snapshot = hot.get_registry()
+            except redis.RedisError as exc:
+                hot.close()
+                app.close()
+                raise unreachable(redis_url, exc) from exc
             if snapshot is None:
                 raise StackNotRunning(
                     f"no brain has published its registry in Redis at {redact_url(redis_url)}; start one with "
@@ -85,6 +91,21 @@ class Brain:
         self.app.close()
         self.store.close()
         self.hot.close()
+
+
+def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
+    """Redis's refusal in words a user can act on (the URL without its password)."""
+    where = redact_url(redis_url)
+    if isinstance(exc, redis.AuthenticationError | redis.exceptions.NoPermissionError):
+        return StackNotRunning(
+            f"Redis at {where} refused these credentials ({exc}); check the user and password"
+        )
+    hint = (
+        " (certificate not trusted: point ssl_ca_certs in the URL at the CA that signed the server's certificate)"
+        if "CERTIFICATE_VERIFY_FAILED" in str(exc)
+        else "; is the stack running (`vancetope up`), or is VANCETOPE_REDIS_URL right?"
+    )
+    return StackNotRunning(f"cannot reach Redis at {where}: {exc}{hint}")
 
 
 def start_brain(settings: Settings, redis_url: str) -> Brain:

@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from client_agent.errors import AgentConfigError
 from workers.contracts import ClientType, client_queue
+from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_AGENT_"
 TABLE = "agent"
@@ -79,7 +79,7 @@ class AgentConfig(BaseModel):
     @field_validator("broker_url")
     @classmethod
     def _valid_broker_url(cls, value: str) -> str:
-        return check_broker_url(value)
+        return check_redis_url(value)
 
     @field_validator("sandbox_roots")
     @classmethod
@@ -109,20 +109,6 @@ class AgentConfig(BaseModel):
         if isinstance(value, list | tuple):
             return [Path(v).expanduser().absolute() if isinstance(v, str) else v for v in value]
         return value
-
-
-def check_broker_url(url: str) -> str:
-    """Only Redis; ``rediss://`` must check certificates (RELIABILITY.md: by default it silently does not)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-        raise ValueError(f"must be a redis:// or rediss:// URL with a host, got {url!r}")
-    if parts.scheme == "rediss":
-        reqs = parse_qs(parts.query).get("ssl_cert_reqs", [""])[0].lower()
-        if reqs not in ("required", "cert_required"):
-            raise ValueError(
-                "a rediss:// URL must end with ?ssl_cert_reqs=required so the certificate is checked"
-            )
-    return url
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> AgentConfig:

@@ -240,6 +240,7 @@ class AnnouncementAck(BaseModel):
     reason: str = ""
     tools: int = 0
 
+
 # --- limits every consumer enforces on what it pops (workers.transport) ----------
 
 # A result of max_result_bytes (default 1 MiB) travels JSON-escaped inside a Celery body,

@@ -25,7 +25,9 @@ FLOOD = 10_000
 def flood(brain: Brain, client_id: str, n: int = FLOOD) -> None:
     pipe = brain.hot.r.pipeline(transaction=False)
     for i in range(0, n, 1000):
-        pipe.lpush(client_key(client_id, CLIENT_OUTBOX), *[b"junk %d" % j for j in range(i, min(n, i + 1000))])
+        pipe.lpush(
+            client_key(client_id, CLIENT_OUTBOX), *[b"junk %d" % j for j in range(i, min(n, i + 1000))]
+        )
     pipe.execute()
 
 
@@ -55,7 +57,9 @@ def test_a_flooding_client_delays_another_clients_result_by_at_most_one_poll_and
         connect(brain, cid, session=f"s-{cid}")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="zzz-quiet")
     flood(brain, "aaa-flood")
-    brain.hot.r.lpush(client_key("zzz-quiet", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "zzz-quiet"))
+    brain.hot.r.lpush(
+        client_key("zzz-quiet", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "zzz-quiet")
+    )
 
     relay = Relay(brain.scheduler, brain.clients)
     enrolled = sorted(brain.scheduler.presence.enrolled())
@@ -81,7 +85,9 @@ def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes
     brain.scheduler.presence.enroll("laptop", "ada")
     connect(brain, "laptop")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
-    deep = b'{"type": "client_connected", "session_id": "x", "available_tools": ' + b"[" * 10_000 + b"]" * 10_000
+    deep = (
+        b'{"type": "client_connected", "session_id": "x", "available_tools": ' + b"[" * 10_000 + b"]" * 10_000
+    )
     outbox = client_key("laptop", CLIENT_OUTBOX)
     brain.hot.r.lpush(outbox, deep + b"}", result_message(brain, rec.tree_id, "r0", "laptop"))
     relay = Relay(brain.scheduler, brain.clients)

@@ -147,6 +147,7 @@ def _echo(args: dict[str, Any], ctx: BuiltinContext) -> Any:
 
 # --- table ------------------------------------------------------------------------------------------
 
+
 def builtin_tools(http_allow: HttpAllow = ALLOW_NONE) -> dict[str, BuiltinTool]:
     """Every built-in, by name; ``http_get`` may reach the internal targets ``http_allow`` admits."""
 

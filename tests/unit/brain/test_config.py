@@ -1,4 +1,4 @@
-"""brain.config: the http_allow setting travels from env/TOML to worker processes."""
+"""brain.config: settings that travel from env/TOML to worker processes, and the ones refused."""
 
 from __future__ import annotations
 
@@ -24,3 +24,24 @@ def test_http_allow_reads_a_toml_list(tmp_path: Path) -> None:
 def test_a_bad_http_allow_entry_is_a_config_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="http_allow entry 'not a host' is neither"):
         load_settings(env={"VANCETOPE_HTTP_ALLOW": "not a host"}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("rediss://vt-brain:pw@broker:6380/0", "must end with ?ssl_cert_reqs=required"),
+        ("rediss://vt-brain:pw@broker:6380/0?ssl_cert_reqs=none", "must end with ?ssl_cert_reqs=required"),
+        ("http://vt-brain:pw@broker/0", "must be a redis:// or rediss:// URL"),
+    ],
+)
+def test_a_redis_url_that_would_not_check_the_certificate_is_refused_without_showing_the_password(
+    tmp_path: Path, url: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"redis_url") as caught:
+        load_settings(env={"VANCETOPE_REDIS_URL": url}, cwd=tmp_path)
+    assert fragment in str(caught.value) and ":pw@" not in str(caught.value)
+
+
+def test_a_rediss_url_with_certificate_checks_is_accepted(tmp_path: Path) -> None:
+    url = "rediss://vt-brain:pw@broker:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.crt"
+    assert load_settings(env={"VANCETOPE_REDIS_URL": url}, cwd=tmp_path).redis_url == url

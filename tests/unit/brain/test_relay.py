@@ -9,7 +9,13 @@ from brain.relay import interleaved, rotated
 
 @pytest.mark.parametrize(
     ("turn", "order"),
-    [(0, ["a", "b", "c"]), (1, ["b", "c", "a"]), (2, ["c", "a", "b"]), (3, ["a", "b", "c"]), (7, ["b", "c", "a"])],
+    [
+        (0, ["a", "b", "c"]),
+        (1, ["b", "c", "a"]),
+        (2, ["c", "a", "b"]),
+        (3, ["a", "b", "c"]),
+        (7, ["b", "c", "a"]),
+    ],
 )
 def test_every_client_takes_its_turn_at_the_front(turn: int, order: list[str]) -> None:
     assert rotated(["a", "b", "c"], turn) == order

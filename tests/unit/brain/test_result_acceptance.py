@@ -17,13 +17,26 @@ def record(client_id: str | None) -> TaskRecord:
     state = TaskState.QUEUED_SERVER if client_id is None else TaskState.QUEUED_CLIENT
     # The route summary is for people: a misleading one must change nothing.
     return TaskRecord(
-        tree_id="t", task_id="a", tool="x", state=state, run_id="r1", route="client:mallory", client_id=client_id
+        tree_id="t",
+        task_id="a",
+        tool="x",
+        state=state,
+        run_id="r1",
+        route="client:mallory",
+        client_id=client_id,
     )
 
 
 def result(client_id: str | None) -> ToolResult:
     return ToolResult(
-        run_id="r1", tree_id="t", task_id="a", tool="x", ok=True, client_id=client_id, started_at=0, finished_at=0
+        run_id="r1",
+        tree_id="t",
+        task_id="a",
+        tool="x",
+        ok=True,
+        client_id=client_id,
+        started_at=0,
+        finished_at=0,
     )
 
 

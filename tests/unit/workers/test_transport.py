@@ -98,7 +98,12 @@ def test_tls_urls_keep_their_certificate_checks_on_the_guarded_transport() -> No
         conn = app.connection_for_write()
         assert conn.transport_cls and isinstance(conn.transport, GuardedTransport)
         assert conn.ssl == {"ssl_cert_reqs": ssl.CERT_REQUIRED}
-        assert (conn.hostname, conn.port, conn.virtual_host, conn.password) == ("broker.example", 6380, "2", "pw")
+        assert (conn.hostname, conn.port, conn.virtual_host, conn.password) == (
+            "broker.example",
+            6380,
+            "2",
+            "pw",
+        )
     finally:
         app.close()
 
@@ -111,7 +116,9 @@ def test_the_channel_drops_garbage_names_the_queue_and_delivers_the_next_message
     try:
         with app.connection_for_read() as conn:
             queue = Queue("client.box", routing_key="client.box")
-            with Consumer(conn, [queue], callbacks=[lambda body, msg: received.append(body)], accept=["json"]):
+            with Consumer(
+                conn, [queue], callbacks=[lambda body, msg: received.append(body)], accept=["json"]
+            ):
                 redis_client.lpush("c:box:client.box", b"not json", b"{}", deep(10_000))
                 with app.producer_or_acquire() as producer:
                     producer.publish({"ok": True}, routing_key="client.box", serializer="json")
