@@ -72,15 +72,27 @@ def test_explain_of_a_runnable_tree_exits_zero_even_when_an_unused_server_fails(
 
 
 def test_a_tool_the_stacks_agent_announces_is_not_called_unknown(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "-C", str(repo), "init", "-q"], check=True)
+    git_server = {
+        "command": str(Path(sys.executable).parent / "mcp-server-git"),
+        "args": ["--repository", str(repo)],
+    }
+    mcp_json = write(tmp_path / "mcp.json", json.dumps({"mcpServers": {"git": git_server}}))
+    # The stack's agent (examples/agent/agent.toml) with this mcp.json: it announces git_branch.
+    agent_env = {"VANCETOPE_AGENT_MCP_JSON": str(mcp_json)}
     tree = write(
         tmp_path / "git.yaml",
-        "id: g\ntasks:\n  - {id: branches, tool: git_branch, args: {repo_path: ., branch_type: local}}\n",
+        f"id: g\ntasks:\n  - {{id: branches, tool: git_branch, args: {{repo_path: {repo}, branch_type: local}}}}\n",
     )
-    with_agent = vancetope("run", str(tree), "--timeout", "60", data=tmp_path / "data")
+    with_agent = vancetope("run", str(tree), "--timeout", "60", data=tmp_path / "data", env=agent_env)
     assert "git_branch" in with_agent.stdout, with_agent.stdout + with_agent.stderr
     assert "is not in the registry" not in flat(with_agent.stderr)
     # Without the agent nobody announces it: then the warning is true, and shown.
-    without = vancetope("run", str(tree), "--no-agent", "--timeout", "60", data=tmp_path / "data2")
+    without = vancetope(
+        "run", str(tree), "--no-agent", "--timeout", "60", data=tmp_path / "data2", env=agent_env
+    )
     assert "tool 'git_branch' is not in the registry" in flat(without.stderr), without.stderr
     assert without.returncode == 1
 
