@@ -9,10 +9,11 @@ steps leaves it in ``requeueing``, which the next connect or sweep finishes.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 
 import redis
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from brain.hotstate import as_bytes, as_text
 from workers.contracts import KEY_NS, key_parked, key_requeueing
@@ -42,6 +43,10 @@ class ParkedRef(BaseModel):
     task_id: str
     owner: str
     parked_at: float
+    # Every park makes a distinct ref. A task re-parked with its old parked_at (to keep its
+    # place) would otherwise produce the same bytes, and LREM of one thread's ref could
+    # remove the copy another thread has just parked: the task then waits in no list.
+    nonce: str = Field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
 def owner_of(user: str | None, client_id: str | None) -> str:
