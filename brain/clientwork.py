@@ -35,7 +35,14 @@ class ClientWork:
             log.warning("refused announcement of client %r (session %s): %s", owner, msg.session_id, refusal)
             ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal or "not enrolled")
         else:
+            previous = self.s.presence.session(owner)
             self.s.presence.connect(msg, enrollment, self.s.clock())
+            if previous is not None and previous.session_id != msg.session_id:
+                # The agent restarted (a session id lives as long as its process): what the old
+                # process had reserved or was running will never be answered, so take it back
+                # now, with the new session already routable, instead of waiting for its lease.
+                log.warning("client %s came back as a new session; taking back the old one's calls", owner)
+                self._take_back(previous)
             log.info(
                 "client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools)
             )

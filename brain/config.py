@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
 from workers.urls import check_redis_url
 
@@ -40,8 +41,9 @@ class Settings(BaseModel):
     default_timeout_s: float = Field(default=60.0, gt=0)
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
-    # kombu re-delivers unacked messages after this; the task hard limit stays below it.
-    visibility_timeout_s: int = Field(default=3600, ge=10)
+    # A reserved message whose worker stopped renewing its lease (it died) is put back on its
+    # queue after this (plus a few seconds): the bound on work stranded by a crash.
+    visibility_timeout_s: int = Field(default=VISIBILITY_TIMEOUT_S, ge=10)
     # How long a blocked / pending-client task may wait for a client (per tool: max_wait_s).
     max_wait_s: float | None = Field(default=None, gt=0)
     # Client agent started by the embedded stack (None: none).

@@ -22,6 +22,7 @@ from workers.contracts import (
     client_keyprefix,
     client_queue,
 )
+from workers.lease import VISIBILITY_TIMEOUT_S
 
 # Margins over the tool's own timeout: the executor answers first; these only stop a
 # worker child that hangs past it (the hard limit kills it, the message is re-delivered).
@@ -45,7 +46,7 @@ class Publisher:
                 opts = self.app.conf.broker_transport_options or {}
                 app = self._client_apps[client_id] = make_app(
                     self.app.conf.broker_url,
-                    visibility_timeout_s=int(opts.get("visibility_timeout", 3600)),
+                    visibility_timeout_s=int(opts.get("visibility_timeout", VISIBILITY_TIMEOUT_S)),
                     keyprefix=client_keyprefix(client_id),
                     max_message_bytes=int(opts.get("vt_max_message_bytes", MAX_MESSAGE_BYTES)),
                 )

@@ -1,7 +1,9 @@
 """The one Celery app (layer: workers).
 
-Settings from RELIABILITY.md: late ack, reject on worker lost, prefetch 1, hard
-time limit below the visibility timeout, JSON only. Every app reads its queues through ``workers.transport`` (a message nobody
+Settings from RELIABILITY.md: late ack, reject on worker lost, prefetch 1, JSON only,
+and a short visibility timeout with leases renewed by live workers (``workers.lease``):
+a message reserved by a consumer that died is back on its queue within
+``visibility_timeout + RESTORE_EVERY_S`` seconds, not an hour. Every app reads its queues through ``workers.transport`` (a message nobody
 can decode is dropped and logged, not raised into the consumer). There is no result backend:
 results travel to the brain as ``vancetope.record_result`` jobs on queue ``brain``
 (PERFORMANCE.md: awaiting thousands of AsyncResults on the Redis backend stalls).
@@ -15,9 +17,13 @@ from typing import Any
 from celery import Celery
 
 from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE
+from workers.lease import RESTORE_EVERY_S, VISIBILITY_TIMEOUT_S, LeaseRenewal
 from workers.transport import TRANSPORT_PATH
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# A backstop for a call that hangs its worker; per-call timeouts (timeout_s) and the
+# brain's max_total_s end runs long before this.
+HARD_TIME_LIMIT_S = 6 * 3600
 
 
 def message_limit(max_result_bytes: int | None) -> int:
@@ -29,12 +35,16 @@ def message_limit(max_result_bytes: int | None) -> int:
 def celery_config(
     broker_url: str,
     *,
-    visibility_timeout_s: int = 3600,
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> dict[str, Any]:
     transport: dict[str, Any] = {
         "visibility_timeout": visibility_timeout_s,
+        # Look for expired leases every few seconds, on every sweep (kombu's default is
+        # every tenth sweep of ten seconds).
+        "unacked_restore_interval": RESTORE_EVERY_S,
+        "unacked_restore_throttle": 1,
         "vt_max_message_bytes": max_message_bytes,
     }
     if keyprefix:
@@ -53,8 +63,9 @@ def celery_config(
         "task_acks_on_failure_or_timeout": True,
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # A hard limit must end a run before kombu re-delivers it to another worker.
-        "task_time_limit": max(visibility_timeout_s - 60, 5),
+        # Leases are renewed while a task runs (workers.lease), so the hard limit need not
+        # stay below the visibility timeout.
+        "task_time_limit": HARD_TIME_LIMIT_S,
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
@@ -71,11 +82,12 @@ def celery_config(
 def make_app(
     broker_url: str,
     *,
-    visibility_timeout_s: int = 3600,
+    visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> Celery:
     app = Celery("vancetope", set_as_current=False)
+    app.steps["consumer"].add(LeaseRenewal)
     app.conf.update(
         celery_config(
             broker_url,
@@ -90,7 +102,7 @@ def make_app(
 def _app_from_env() -> Celery:
     return make_app(
         os.environ.get("VANCETOPE_REDIS_URL") or DEFAULT_REDIS_URL,
-        visibility_timeout_s=int(os.environ.get("VANCETOPE_VISIBILITY_TIMEOUT_S") or 3600),
+        visibility_timeout_s=int(os.environ.get("VANCETOPE_VISIBILITY_TIMEOUT_S") or VISIBILITY_TIMEOUT_S),
         max_message_bytes=message_limit(int(os.environ.get("VANCETOPE_MAX_RESULT_BYTES") or 0)),
     )
 

@@ -176,6 +176,30 @@ def test_disconnect_takes_back_unstarted_calls_as_pending_client_and_running_one
     assert brain.store.get_task(rec.tree_id, "r0").result == "new"
 
 
+def test_an_agent_that_returns_as_a_new_session_gets_the_old_sessions_reserved_calls_back_at_once(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop", session="s1")
+    rec = brain.scheduler.submit(tree(reads(2)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    # The agent reserved r0 (kombu moved it to its unacked hash), then was killed and restarted
+    # before its heartbeat lapsed: no disconnect is ever seen, only a new session.
+    qkey = client_key("laptop", client_queue("laptop"))
+    raw = brain.hot.r.rpop(qkey)
+    brain.hot.r.hset(client_key("laptop", "unacked"), "tag1", json.dumps([json.loads(raw), "", "x"]))
+    r0_run = brain.store.get_task(rec.tree_id, "r0").run_id
+    connect(brain, "laptop", session="s2")
+    assert brain.hot.r.hlen(client_key("laptop", "unacked")) == 0
+    assert brain.hot.r.sismember(client_key("laptop", key_cancelled()), r0_run)
+    assert sorted(queued_task_ids(brain, "laptop")) == ["r0", "r1"]
+    r0 = brain.store.get_task(rec.tree_id, "r0")
+    assert r0.state is TaskState.QUEUED_CLIENT and r0.run_id != r0_run
+    # the same session announcing again (its mcp.json changed) takes nothing back
+    connect(brain, "laptop", session="s2")
+    assert brain.store.get_task(rec.tree_id, "r0").run_id == r0.run_id
+
+
 def test_concurrent_connects_and_disconnects_never_lose_or_duplicate_a_task(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     brain.scheduler.presence.enroll("laptop", "ada")

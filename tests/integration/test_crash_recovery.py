@@ -1,0 +1,178 @@
+"""Crashes heal within the documented bound (issue 8): real processes SIGKILLed mid-tree.
+
+Work reserved by a consumer that died is back on its queue within
+``visibility_timeout_s`` (here 10 s) + kombu's restore sweep (5 s), because live
+workers renew the lease of every message they hold (workers.lease); a long call on a
+live worker is never re-delivered. After each fault: every task done, recorded once.
+The waits below are generous upper bounds for a slow machine; the old behaviour (one
+hour in kombu's ``unacked``) fails them all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from brain.models import SessionKind, TaskState, TreeStatus
+from brain.redis_server import RedisServer
+from brain.service import Brain
+from brain.stack import EmbeddedStack
+from tests.conftest import tree, wait_for_tree, wait_until
+from tests.integration.test_client_path import make_agent
+from workers.contracts import key_deliveries
+
+pytestmark = pytest.mark.integration
+
+VISIBILITY_S = 10
+RECOVERY_BOUND_S = 60  # 10 s + 5 s and the calls themselves, on a loaded machine; far below an hour
+
+
+def sleeps(n: int, seconds: float, tree_id: str = "crash") -> Any:
+    return tree(
+        {
+            "id": tree_id,
+            "tasks": [{"id": f"s{i}", "tool": "sleep", "args": {"seconds": seconds}} for i in range(n)],
+        }
+    )
+
+
+def kill(stack: EmbeddedStack, name: str) -> None:
+    service = stack.service(name)
+    assert service.process is not None
+    os.killpg(service.process.pid, signal.SIGKILL)
+    service.process.wait(10)
+    stack.services.remove(service)
+
+
+def deliveries(stack: EmbeddedStack, brain: Brain, tree_id: str) -> dict[str, int]:
+    r = redis.Redis.from_url(stack.redis_url)
+    try:
+        return {
+            t.task_id: int(r.get(key_deliveries(t.run_id or "")) or 0) for t in brain.store.get_tasks(tree_id)
+        }
+    finally:
+        r.close()
+
+
+def test_a_call_longer_than_the_visibility_timeout_on_a_live_worker_runs_once(
+    stack_factory: Callable[..., EmbeddedStack], brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    stack = stack_factory(visibility_timeout_s=VISIBILITY_S, server_concurrency=1)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(sleeps(1, 2.5 * VISIBILITY_S, "long"))
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    assert done.status is TreeStatus.DONE
+    assert deliveries(stack, brain, rec.tree_id) == {"s0": 1}  # its lease was renewed, never restored
+
+
+def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
+    stack_factory: Callable[..., EmbeddedStack], brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    stack = stack_factory(visibility_timeout_s=VISIBILITY_S, server_concurrency=2)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(sleeps(6, 3.0))
+
+    def running() -> int:
+        return len(brain.hot.running(rec.tree_id, set()))
+
+    wait_until(lambda: running() >= 1, timeout=60, what="the pool to start a call")
+    kill(stack, "server-pool")
+    # Nothing consumes `server` now: the killed pool's reserved messages sit in `unacked`.
+    stack.start_service("server-pool")
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+    assert all(t.state is TaskState.DONE and t.result is not None for t in tasks)
+
+
+def test_a_result_stranded_by_a_killed_brain_is_recorded_after_it_restarts(
+    stack_factory: Callable[..., EmbeddedStack], brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    stack = stack_factory(visibility_timeout_s=VISIBILITY_S, server_concurrency=2)
+    brain = brain_factory(stack)
+    n = 300
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "burst",
+                "tasks": [{"id": f"e{i}", "tool": "echo", "args": {"value": i}} for i in range(n)],
+            }
+        )
+    )
+
+    def recorded() -> int:
+        return sum(1 for s in brain.store.task_states(rec.tree_id).values() if s is TaskState.DONE)
+
+    wait_until(lambda: recorded() >= n // 10, timeout=60, what="the brain to record some results")
+    kill(stack, "brain")
+    stack.start_service("brain")
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    assert done.status is TreeStatus.DONE
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert sorted(t.result for t in tasks) == list(range(n))  # each recorded, none twice
+
+
+def test_an_agent_killed_mid_call_and_restarted_at_once_gets_its_old_sessions_calls_back(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    # shell_execute waits for its client here (the example registry skips it when offline), so
+    # whichever path takes the calls back (the new session, or the lapsed heartbeat) they run.
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(
+        "tools:\n  - {name: shell_execute, location: client, type: native, offline_strategy: queue}\n"
+    )
+    stack = stack_factory(
+        visibility_timeout_s=VISIBILITY_S, registry=registry, agent_config=make_agent(tmp_path, shell=True)
+    )
+    brain = brain_factory(stack)
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="the agent to connect")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "agent-crash",
+                "tasks": [
+                    {"id": f"c{i}", "tool": "shell_execute", "args": {"command": "sleep 2; echo ok"}}
+                    for i in range(4)
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_until(
+        lambda: brain.hot.running(rec.tree_id, {"laptop"}), timeout=60, what="the agent to start a call"
+    )
+    kill(stack, "client-agent")
+    stack.start_service("client-agent")  # back well within its heartbeat TTL
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
+    assert all(t.client_id == "laptop" for t in tasks)
+
+
+def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
+    stack_factory: Callable[..., EmbeddedStack], brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    stack = stack_factory(visibility_timeout_s=VISIBILITY_S, server_concurrency=2)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(sleeps(8, 1.0, "redis-crash"))
+    wait_until(lambda: brain.hot.running(rec.tree_id, set()), timeout=60, what="the pool to start a call")
+    assert stack.redis is not None and stack.redis.process is not None
+    port, data = stack.redis.port, stack.redis.data_dir
+    killed = stack.redis.process
+    killed.kill()
+    killed.wait(10)
+    if killed.stderr is not None:
+        killed.stderr.close()
+    stack.redis = RedisServer(data, port=port).start()  # same port, same AOF
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
