@@ -11,7 +11,9 @@ hour in kombu's ``unacked``) fails them all.
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -176,3 +178,73 @@ def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)
     assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+
+
+# --- the fault suite: one victim per run, killed at a random moment of a mixed tree -------
+
+FAULT_SEED = int(os.environ.get("VANCETOPE_FAULT_SEED", "20261130"))
+
+
+def mixed_tree(name: str) -> Any:
+    """Fan-out of server sleeps and client reads, a fan-in, then a chain: every shape of hand-off."""
+    layer = [{"id": f"w{i}", "tool": "sleep", "args": {"seconds": 1.0}} for i in range(4)]
+    reads = [{"id": f"r{i}", "tool": "read_local_file", "args": {"path": "notes.txt"}} for i in range(2)]
+    fan_in = {
+        "id": "join",
+        "tool": "text_transform",
+        "depends_on": [t["id"] for t in layer + reads],
+        "args": {"op": "upper", "text": "${tasks.r0.result.content}"},
+    }
+    chain = [
+        {
+            "id": f"c{i}",
+            "tool": "sleep",
+            "depends_on": ["join" if i == 0 else f"c{i - 1}"],
+            "args": {"seconds": 0.5},
+        }
+        for i in range(3)
+    ]
+    return tree({"id": name, "tasks": [*layer, *reads, fan_in, *chain]})
+
+
+def restart(stack: EmbeddedStack, victim: str) -> None:
+    if victim != "redis-server":
+        kill(stack, victim)
+        stack.start_service(victim)
+        return
+    assert stack.redis is not None and stack.redis.process is not None
+    port, data, killed = stack.redis.port, stack.redis.data_dir, stack.redis.process
+    killed.kill()
+    killed.wait(10)
+    if killed.stderr is not None:
+        killed.stderr.close()
+    stack.redis = RedisServer(data, port=port).start()
+
+
+@pytest.mark.parametrize("victim", ["server-pool", "brain", "client-agent", "redis-server"])
+def test_fault_suite_any_one_process_killed_at_a_random_moment_and_the_tree_still_finishes_right(
+    victim: str,
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    rng = random.Random(f"{FAULT_SEED}-{victim}")
+    delay = rng.uniform(0.5, 4.0)
+    stack = stack_factory(visibility_timeout_s=VISIBILITY_S, agent_config=make_agent(tmp_path))
+    brain = brain_factory(stack)
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="the agent to connect")
+    rec = brain.scheduler.submit(mixed_tree(f"fault-{victim}"), user="ada")
+    time.sleep(delay)  # the random moment of the fault (seed VANCETOPE_FAULT_SEED)
+    restart(stack, victim)
+    where = f"victim {victim} killed {delay:.2f}s into the tree (VANCETOPE_FAULT_SEED={FAULT_SEED})"
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S + 30)
+    tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
+    assert done.status is TreeStatus.DONE, (where, {k: (t.state.value, t.reason) for k, t in tasks.items()})
+    # every task in exactly one final state, with its result recorded
+    assert all(t.state is TaskState.DONE and t.finished_at for t in tasks.values()), where
+    assert tasks["join"].result == "KEPT ON THE LAPTOP\n", where
+    # no dependent started before every one of its dependencies had finished
+    spec = {t.id: t for t in mixed_tree("x").tasks}
+    for task_id, t in tasks.items():
+        for dep in spec[task_id].depends_on:
+            assert t.started_at is not None and t.started_at >= tasks[dep].finished_at, (where, task_id, dep)
