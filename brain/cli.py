@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -41,8 +40,9 @@ from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain
-from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env, tail
+from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
+from brain.supervisor import GaveUp, Supervisor
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from workers.contracts import MCPServerFailure, channel_tree_events
@@ -53,8 +53,6 @@ err = Console(stderr=True)
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
-# Services whose exit is reported but does not stop the stack.
-OPTIONAL_SERVICES = ("flower",)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -376,7 +374,10 @@ def status(settings: Settings, tree_id: str | None) -> None:
 def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
-    Flower is optional: if it cannot start or exits, the stack says why and keeps running.
+    A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
+    after a backoff (1 s doubling to 30 s); one that keeps failing at start stops the stack
+    (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
+    keeps running.
     """
     stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     stop = threading.Event()
@@ -384,36 +385,23 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
     try:
         stack.start()
         if flower or flower_port is not None:
-            _start_flower(stack, settings, flower_port or FLOWER_PORT)
+            _start_flower(stack, flower_port or FLOWER_PORT)
         assert stack.redis is not None
         console.print(
             f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
             f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
             "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
         )
-        while not stop.wait(1.0):
-            for s in list(stack.services):
-                if s.process is None or s.process.poll() is None:
-                    continue
-                if s.name in OPTIONAL_SERVICES:
-                    err.print(
-                        f"[yellow]{s.name} exited ({s.process.returncode}); the rest of the stack keeps "
-                        f"running. {s.log_path} ends with:[/]\n{tail(s.log_path, 5)}",
-                        highlight=False,
-                    )
-                    stack.services.remove(s)
-                    continue
-                err.print(f"[red]{s.name} exited ({s.process.returncode}); stopping[/]")
-                stop.set()
+        Supervisor(stack, say=lambda line: err.print(f"[yellow]{line}[/]", highlight=False)).run(stop)
     except KeyboardInterrupt:
         pass
-    except StackNotRunning as exc:
+    except (StackNotRunning, GaveUp) as exc:
         _fail(str(exc), EXIT_STACK)
     finally:
         stack.stop()
 
 
-def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
+def _start_flower(stack: EmbeddedStack, port: int) -> None:
     if not _port_free(port):
         err.print(
             f"[yellow]flower not started: 127.0.0.1:{port} is already in use (another Flower or "
@@ -421,23 +409,7 @@ def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
             highlight=False,
         )
         return
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.server_worker",
-        "flower",
-        "--address=127.0.0.1",
-        f"--port={port}",
-    ]
-    env = {**stack_env(settings, stack.service_url("flower")), "FLOWER_UNAUTHENTICATED_API": "true"}
-    log_path = settings.data_dir / "logs" / "flower.log"
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    stack.services.append(Service("flower", argv, proc, log_path))
+    stack.start_flower(port)
     console.print(f"flower: http://127.0.0.1:{port}")
 
 
