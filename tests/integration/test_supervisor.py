@@ -37,7 +37,9 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def running_up(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """`vancetope up` from the checkout (its vancetope.toml: registry, MCP servers, agent)."""
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:
@@ -122,7 +124,7 @@ def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_pat
                     tasks = store.get_tasks(trees[0].tree_id) if trees else []
                     nap = next((t for t in tasks if t.task_id == "nap" and t.state.is_queued), None)
                     pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
-                    return nap is not None and nap.run_id in pool_log
+                    return nap is not None and nap.run_id is not None and nap.run_id in pool_log
 
                 wait_until(napping, timeout=60, what="the server pool to take the first task")
             finally:
@@ -143,7 +145,7 @@ def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_pat
 
 
 BAD_SERVER = '{"mcpServers": {"broken": {}}}'
-REASON = "server 'broken': has neither \"command\" (stdio) nor \"url\" (http)"
+REASON = 'server \'broken\': has neither "command" (stdio) nor "url" (http)'
 
 
 def test_a_brain_with_a_bad_mcp_config_exits_and_up_and_run_show_why_with_exit_3(tmp_path: Path) -> None:

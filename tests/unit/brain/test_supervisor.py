@@ -49,5 +49,7 @@ def test_a_service_that_always_exits_at_start_is_given_up_after_the_policys_coun
         if decision.verdict is Verdict.GIVE_UP:
             break
         now += decision.delay_s
-        track = Track(started_at=now, restarts=decision.track.restarts, quick_exits=decision.track.quick_exits)
+        track = Track(
+            started_at=now, restarts=decision.track.restarts, quick_exits=decision.track.quick_exits
+        )
     assert verdicts == [Verdict.RESTART, Verdict.RESTART, Verdict.GIVE_UP]
