@@ -277,8 +277,11 @@ class EmbeddedStack:
 
     def stop(self, timeout: float = 20.0) -> None:
         for s in self.services:
-            if s.process is not None and s.process.poll() is None:
-                os.killpg(s.process.pid, signal.SIGTERM)
+            if s.process is None:
+                continue
+            # A service that died (SIGKILL) may have left children in its group: they go too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(s.process.pid, signal.SIGTERM if s.process.poll() is None else signal.SIGKILL)
         deadline = time.monotonic() + timeout
         for s in self.services:
             if s.process is None:
