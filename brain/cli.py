@@ -11,22 +11,20 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import click
+import redis
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
 from brain.config import Settings, load_settings
-from brain.display import clients_table, progress, task_table, trees_table
+from brain.display import clients_table, task_table, trees_table
 from brain.enrollment import enroll, revoke
 from brain.errors import (
     BrainError,
@@ -36,16 +34,18 @@ from brain.errors import (
     InvalidTaskTree,
     StackNotRunning,
 )
-from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeStatus
+from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
-from brain.service import Brain
-from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs, stack_env, tail
+from brain.service import Brain, unreachable
+from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
+from brain.supervisor import GaveUp, Supervisor
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
-from workers.contracts import MCPServerFailure, channel_tree_events
+from brain.watch import watch
+from workers.contracts import MCPServerFailure
 
 console = Console()
 err = Console(stderr=True)
@@ -53,8 +53,6 @@ err = Console(stderr=True)
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
-# Services whose exit is reported but does not stop the stack.
-OPTIONAL_SERVICES = ("flower",)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -107,7 +105,8 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    # soft_wrap: a one-line reason stays one line (copyable, greppable) whatever the width.
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 
@@ -148,8 +147,10 @@ def run(
         else SessionKind.INTERACTIVE
     )
     run_user = user or settings.user
+    stack_url = settings.redis_url or ""
     try:
         with _stack(settings, no_agent=no_agent) as url:
+            stack_url = url
             brain = Brain.connect(settings, url)
             try:
                 registry = brain.scheduler.registry
@@ -164,11 +165,14 @@ def run(
                         highlight=False,
                     )
                 record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
-                status = _watch(brain, record.tree_id, timeout)
+                status = watch(brain, record.tree_id, timeout, console, err)
             finally:
                 brain.close()
     except StackNotRunning as exc:
         _fail(str(exc), EXIT_STACK)
+    except redis.RedisError as exc:
+        # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.
+        _fail(str(unreachable(stack_url, exc)), EXIT_STACK)
     sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
 
 
@@ -208,53 +212,6 @@ def _failed_servers(registry: RegistrySnapshot) -> str:
     return f" (MCP server(s) {names} failed to start, so their tools are missing)"
 
 
-REDRAW_EVERY_S = 0.2
-
-
-def _wait_for_events(pubsub: Any) -> None:
-    """Wait for a wake-up, then let a burst of them coalesce: a big tree sends one per result,
-    and redrawing on each would spend the cores the workers need."""
-    if pubsub.get_message(timeout=0.5) is None:
-        return
-    settle = time.monotonic() + REDRAW_EVERY_S
-    while time.monotonic() < settle:
-        pubsub.get_message(timeout=max(settle - time.monotonic(), 0.0))
-
-
-def _watch(brain: Brain, tree_id: str, timeout: float | None) -> TreeStatus | None:
-    """Redraw on every tree event (pub/sub is only a wake-up; the store is read each time)."""
-    pubsub = brain.hot.r.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(channel_tree_events(tree_id))
-    deadline = time.monotonic() + timeout if timeout else None
-    try:
-        with Live(console=console, refresh_per_second=8, transient=True) as live:
-            while True:
-                tree_rec = brain.store.get_tree(tree_id)
-                assert tree_rec is not None
-                records = brain.store.get_tasks(tree_id)
-                running = brain.hot.running(tree_id, _clients_of(records))
-                live.update(progress(tree_rec, records, running))
-                if tree_rec.status is not TreeStatus.RUNNING:
-                    break
-                if deadline and time.monotonic() > deadline:
-                    err.print(
-                        f"[yellow]still running after {timeout:g}s; see `vancetope status {tree_id}`[/]"
-                    )
-                    break
-                _wait_for_events(pubsub)
-    except KeyboardInterrupt:
-        err.print(f"[yellow]stopped watching; the tree goes on: `vancetope status {tree_id}`[/]")
-    finally:
-        pubsub.close()
-    tree_rec = brain.store.get_tree(tree_id)
-    assert tree_rec is not None
-    records = brain.store.get_tasks(tree_id)
-    console.print(task_table(tree_rec, records, brain.hot.running(tree_id, _clients_of(records))))
-    if tree_rec.status is TreeStatus.RUNNING:
-        return None
-    return tree_rec.status
-
-
 def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple[TaskSpec, Route]]:
     """Each task's route in an autonomous session with no client connected (what explain shows)."""
     engine = registry.engines.get(tree.engine) if tree.engine else None
@@ -281,10 +238,6 @@ def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> l
     so server tools, fallbacks and skips never trigger the warning."""
     parked = (RouteKind.BLOCKED, RouteKind.PENDING_CLIENT)
     return [spec.id for spec, route in _autonomous_routes(tree, registry) if route.kind in parked]
-
-
-def _clients_of(records: list[TaskRecord]) -> set[str]:
-    return {r.client_id for r in records if r.client_id is not None}
 
 
 @cli.command()
@@ -376,7 +329,10 @@ def status(settings: Settings, tree_id: str | None) -> None:
 def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
-    Flower is optional: if it cannot start or exits, the stack says why and keeps running.
+    A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
+    after a backoff (1 s doubling to 30 s); one that keeps failing at start stops the stack
+    (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
+    keeps running.
     """
     stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
     stop = threading.Event()
@@ -384,36 +340,23 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
     try:
         stack.start()
         if flower or flower_port is not None:
-            _start_flower(stack, settings, flower_port or FLOWER_PORT)
+            _start_flower(stack, flower_port or FLOWER_PORT)
         assert stack.redis is not None
         console.print(
             f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
             f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
             "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
         )
-        while not stop.wait(1.0):
-            for s in list(stack.services):
-                if s.process is None or s.process.poll() is None:
-                    continue
-                if s.name in OPTIONAL_SERVICES:
-                    err.print(
-                        f"[yellow]{s.name} exited ({s.process.returncode}); the rest of the stack keeps "
-                        f"running. {s.log_path} ends with:[/]\n{tail(s.log_path, 5)}",
-                        highlight=False,
-                    )
-                    stack.services.remove(s)
-                    continue
-                err.print(f"[red]{s.name} exited ({s.process.returncode}); stopping[/]")
-                stop.set()
+        Supervisor(stack, say=lambda line: err.print(f"[yellow]{line}[/]", highlight=False)).run(stop)
     except KeyboardInterrupt:
         pass
-    except StackNotRunning as exc:
+    except (StackNotRunning, GaveUp) as exc:
         _fail(str(exc), EXIT_STACK)
     finally:
         stack.stop()
 
 
-def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
+def _start_flower(stack: EmbeddedStack, port: int) -> None:
     if not _port_free(port):
         err.print(
             f"[yellow]flower not started: 127.0.0.1:{port} is already in use (another Flower or "
@@ -421,23 +364,7 @@ def _start_flower(stack: EmbeddedStack, settings: Settings, port: int) -> None:
             highlight=False,
         )
         return
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.server_worker",
-        "flower",
-        "--address=127.0.0.1",
-        f"--port={port}",
-    ]
-    env = {**stack_env(settings, stack.service_url("flower")), "FLOWER_UNAUTHENTICATED_API": "true"}
-    log_path = settings.data_dir / "logs" / "flower.log"
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    stack.services.append(Service("flower", argv, proc, log_path))
+    stack.start_flower(port)
     console.print(f"flower: http://127.0.0.1:{port}")
 
 
@@ -463,6 +390,9 @@ def _running_brain(settings: Settings) -> Iterator[Brain]:
         _fail(str(exc), EXIT_STACK)
     try:
         yield brain
+    except redis.RedisError as exc:
+        # Redis went away after the connect: one line saying what is unreachable, no traceback.
+        _fail(str(unreachable(url, exc)), EXIT_STACK)
     finally:
         brain.close()
 
@@ -576,6 +506,9 @@ def main() -> None:
         cli()
     except BrainError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except redis.RedisError as exc:
+        # Last resort: every command maps Redis errors itself; none may end in a traceback.
+        _fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)
 
 
 __all__ = ["cli", "main"]

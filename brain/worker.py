@@ -2,6 +2,11 @@
 
 ``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances
 trees; a reconciler thread re-sends lost work. The task holds no logic.
+
+The brain is built (registry discovered and published) once logging is set up and before
+the worker consumes anything; if it cannot be built — an invalid registry, a bad
+mcpServers file, Redis refusing — the process logs why and exits non-zero (78 for a
+configuration error) instead of staying up never ready.
 """
 
 from __future__ import annotations
@@ -10,17 +15,21 @@ import logging
 import threading
 from typing import Any
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from pydantic import ValidationError
 
 from brain.config import load_settings
+from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
 from workers.app import app
 from workers.contracts import RECORD_RESULT_TASK, ToolResult
+from workers.errors import WorkerError
 
 log = logging.getLogger("vancetope.brain")
 _state: dict[str, Any] = {}
 _stop = threading.Event()
+EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: restarting will not help until the config changes
+EXIT_START_FAILED = 1
 
 
 def get_brain() -> Brain:
@@ -38,6 +47,20 @@ def record_result(payload: Any) -> bool:
         log.error("dropped a malformed result message: %s", exc)
         return False
     return get_brain().scheduler.on_result(result)
+
+
+@celeryd_after_setup.connect
+def _build_brain(**_: Any) -> None:
+    """Build before consuming. Celery logs and swallows an Exception from a signal handler,
+    but lets SystemExit through: the worker then stops with that code."""
+    try:
+        get_brain()
+    except (BrainError, WorkerError) as exc:
+        log.critical("brain cannot start: %s", exc)
+        raise SystemExit(EXIT_CONFIG) from exc
+    except Exception as exc:
+        log.critical("brain cannot start: %s", exc, exc_info=True)
+        raise SystemExit(EXIT_START_FAILED) from exc
 
 
 @worker_ready.connect

@@ -66,6 +66,23 @@ def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Pat
     assert not (tmp_path / "data" / "stack.json").exists()
 
 
+def test_without_redis_clients_and_cancel_exit_3_with_one_line_and_status_still_reads_the_store(
+    tmp_path: Path,
+) -> None:
+    from brain.redis_server import free_port
+
+    # A narrow terminal too: the reason stays one line.
+    gone = {"VANCETOPE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "COLUMNS": "60"}
+    for args in (("clients",), ("cancel", "some-tree"), ("clients", "enroll", "x", "--user", "u")):
+        proc = vancetope(*args, data=tmp_path / "data", env=gone)
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("error: cannot reach Redis at redis://127.0.0.1:"), proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    status = vancetope("status", data=tmp_path / "data", env=gone)
+    assert status.returncode == 0, status.stderr
+    assert "no task trees yet" in status.stdout
+
+
 def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:

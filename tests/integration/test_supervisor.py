@@ -1,0 +1,184 @@
+"""`vancetope up` heals crashes (issue 8): real `up`, real services, real SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.redis_server import free_port
+from tests.conftest import EXAMPLES, ROOT, wait_until
+from tests.integration.test_cli import vancetope
+
+pytestmark = pytest.mark.integration
+
+
+def stack_state(data: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads((data / "stack.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextmanager
+def running_up(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`vancetope up` from the checkout (its vancetope.toml: registry, MCP servers, agent)."""
+    data = tmp_path / "data"
+    with open(tmp_path / "up.log", "w") as up_log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "brain", "up", *args],
+            cwd=ROOT,
+            env={**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250", **(env or {})},
+            stdout=up_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield up
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGINT)
+            up.wait(60)
+
+
+def up_log(tmp_path: Path) -> str:
+    return " ".join((tmp_path / "up.log").read_text().split())
+
+
+def test_up_restarts_every_service_killed_with_sigkill_and_a_tree_still_runs(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with running_up(tmp_path, "--flower-port", str(free_port())) as up:
+        names = {"brain", "server-pool", "client-agent", "flower"}
+        wait_until(
+            lambda: set(stack_state(data).get("services", {})) == names,
+            timeout=120,
+            what="`vancetope up` to write stack.json with every service",
+        )
+        before = stack_state(data)["services"]
+        for pid in before.values():
+            os.kill(pid, signal.SIGKILL)
+
+        def all_restarted() -> bool:
+            now = stack_state(data).get("services", {})
+            return all(now.get(name) not in (None, pid) and alive(now[name]) for name, pid in before.items())
+
+        wait_until(all_restarted, timeout=90, what="every killed service to be running again with a new pid")
+        run = vancetope(
+            "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "90", data=data
+        )
+        assert run.returncode == 0, run.stdout + run.stderr + up_log(tmp_path)
+        assert up.poll() is None, up_log(tmp_path)
+    log = up_log(tmp_path)
+    for name in before:
+        assert f"{name} exited with code -9; restarting it in 1s" in log, log
+        assert f"{name} restarted (pid" in log
+    assert up.returncode == 0, log
+
+
+def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_path: Path) -> None:
+    from brain.store import open_store
+    from tests.conftest import make_settings
+
+    data = tmp_path / "data"
+    tree = tmp_path / "slow.yaml"
+    tree.write_text(
+        "id: slow\ntasks:\n  - {id: nap, tool: sleep, args: {seconds: 3}}\n"
+        "  - {id: after, tool: echo, args: {value: 1}, depends_on: [nap]}\n"
+    )
+    with running_up(tmp_path, "--no-agent") as up:
+        wait_until(lambda: stack_state(data), timeout=120, what="`vancetope up` to write stack.json")
+        redis_pid = stack_state(data)["redis_pid"]
+        run = subprocess.Popen(
+            [sys.executable, "-m", "brain", "run", str(tree), "--timeout", "120"],
+            cwd=ROOT,
+            env={**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            store = open_store(make_settings(tmp_path, data_dir=data).store)
+            try:
+
+                def napping() -> bool:
+                    """The pool has taken the first task (its run id is in the pool's log)."""
+                    trees = store.list_trees(limit=1)
+                    tasks = store.get_tasks(trees[0].tree_id) if trees else []
+                    nap = next((t for t in tasks if t.task_id == "nap" and t.state.is_queued), None)
+                    pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
+                    return nap is not None and nap.run_id is not None and nap.run_id in pool_log
+
+                wait_until(napping, timeout=60, what="the server pool to take the first task")
+            finally:
+                store.close()
+            os.kill(redis_pid, signal.SIGKILL)
+            out, err = run.communicate(timeout=150)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
+        assert run.returncode == 0, out + err + up_log(tmp_path)
+        assert "Traceback" not in out + err
+        assert stack_state(data)["redis_pid"] != redis_pid
+        assert up.poll() is None
+    log = up_log(tmp_path)
+    assert "redis-server exited with code -9; restarting it in 1s" in log, log
+    assert "redis-server restarted (pid" in log
+
+
+BAD_SERVER = '{"mcpServers": {"broken": {}}}'
+REASON = 'server \'broken\': has neither "command" (stdio) nor "url" (http)'
+
+
+def test_a_brain_with_a_bad_mcp_config_exits_and_up_and_run_show_why_with_exit_3(tmp_path: Path) -> None:
+    bad = tmp_path / "bad-mcp.json"
+    bad.write_text(BAD_SERVER)
+    env = {"VANCETOPE_MCP_CONFIG": str(bad)}
+    # Far below the 120 s readiness timeout: the brain exits at once instead of never being ready.
+    up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=60)
+    assert up.returncode == 3, up.stdout + up.stderr
+    err = " ".join(up.stderr.split())
+    assert "brain exited with code 78" in err and "brain cannot start:" in err and REASON in err, err
+    run = vancetope(
+        "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=60
+    )
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert REASON in " ".join(run.stderr.split())
+
+
+def test_up_gives_up_on_a_brain_that_keeps_failing_at_start_and_exits_3_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    mcp = tmp_path / "server-mcp.json"
+    mcp.write_text((EXAMPLES / "server-mcp.json").read_text())
+    with running_up(tmp_path, "--no-agent", env={"VANCETOPE_MCP_CONFIG": str(mcp)}) as up:
+        wait_until(lambda: stack_state(data), timeout=120, what="`vancetope up` to write stack.json")
+        mcp.write_text(BAD_SERVER)  # broken while it runs: the next brain start fails
+        os.kill(stack_state(data)["services"]["brain"], signal.SIGKILL)
+        up.wait(120)
+    assert up.returncode == 3, up_log(tmp_path)
+    log = up_log(tmp_path)
+    assert "brain exited with code -9; restarting it in 1s" in log
+    assert "brain exited with code 78; restarting it in 2s" in log
+    assert "brain exited with code 78 within 15s of starting, 3 times in a row; not restarting it" in log, log
+    assert REASON in log and "Stopping the stack" in log
+    assert not (data / "stack.json").exists()
