@@ -25,9 +25,13 @@ log = logging.getLogger("vancetope.brain.acl")
 
 CLIENT_USER_PREFIX = "vtc-"
 
-# Exactly what a client agent sends (its kombu/Celery worker on the c:<id>: prefix, its
-# outbox/ack/heartbeat channel, the run_tool task's cancel and running marks), found by
-# running the agent as this user with ACL LOG watched. AUTH/HELLO are always allowed.
+# What a client agent sends: its kombu/Celery worker on the c:<id>: prefix, its
+# outbox/ack/heartbeat channel, the run_tool task's cancel and running marks. This is
+# RELIABILITY.md's list (seen working) plus incrby/sismember, with nothing outside the
+# data-structure, transaction and script families; a whole agent session shows no refusal
+# in ACL LOG but redis-py's CLIENT SETINFO (unknown to Redis 6.2 anyway). MONITOR of a
+# running agent saw BRPOP EVALSHA EXEC EXPIRE GET HDEL HSET INCRBY LPUSH MULTI SET
+# SISMEMBER ZADD ZRANGE ZREM; the rest serve start-up, restore and shutdown.
 CLIENT_COMMANDS: tuple[str, ...] = (
     # kombu Redis transport: queues, the unacked hash/zset and its mutex, bindings
     "brpop", "lpush", "rpush", "lpop", "rpop", "llen", "lrange", "lrem",
