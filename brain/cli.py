@@ -139,7 +139,7 @@ def run(
     length of the run. Tasks waiting for an offline client show as blocked or
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
-    tree = _load_tree_or_exit(tree_file)
+    tree = _load_tree_or_exit(tree_file, settings)
     # Before anything starts: a tree that cannot run must not cost a stack start-up.
     _check_before_start(tree, settings, tree_file)
     session = (
@@ -172,9 +172,9 @@ def run(
     sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
 
 
-def _load_tree_or_exit(path: Path) -> TaskTree:
+def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
     try:
-        return load_tree(path)
+        return load_tree(path, max_bytes=settings.max_tree_bytes)
     except (InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
 
@@ -296,7 +296,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
     Exits 2 if the tree is invalid, 1 if it is valid but some task would fail as things
     stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
     """
-    tree = _load_tree_or_exit(tree_file)
+    tree = _load_tree_or_exit(tree_file, settings)
     registry = _registry_for_explain(settings)
     for failure in registry.mcp_failures:
         err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)

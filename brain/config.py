@@ -20,6 +20,8 @@ from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
+# Default of max_tree_bytes: far above any hand-written tree or registry file.
+MAX_TREE_BYTES = 4 * 1024 * 1024
 
 
 class Settings(BaseModel):
@@ -39,6 +41,8 @@ class Settings(BaseModel):
     server_concurrency: int = Field(default=2, ge=1, le=64)
     default_timeout_s: float = Field(default=60.0, gt=0)
     max_result_bytes: int = Field(default=1_048_576, gt=0)
+    # A tree or registry file larger than this is refused before it is parsed.
+    max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
     # kombu re-delivers unacked messages after this; the task hard limit stays below it.
     visibility_timeout_s: int = Field(default=3600, ge=10)

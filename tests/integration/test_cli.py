@@ -41,6 +41,25 @@ def test_malformed_yaml_is_refused_with_its_line_and_column_before_anything_star
     assert not (tmp_path / "data" / "stack.json").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_a_billion_laughs_tree_exits_2_quickly_with_the_reason(tmp_path: Path, command: str) -> None:
+    laughs = ROOT / "tests" / "fixtures" / "billion_laughs.yaml"
+    assert laughs.stat().st_size < 1024  # a few hundred bytes that expand to 10^9 nodes
+    proc = vancetope(command, str(laughs), data=tmp_path / "data", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "YAML aliases expand the document beyond" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_tree_file_over_max_tree_bytes_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("id: t\ntasks:\n  - id: a\n    tool: echo\n    args: {text: " + "x" * 2000 + "}\n")
+    proc = vancetope("run", str(big), data=tmp_path / "data", env={"VANCETOPE_MAX_TREE_BYTES": "1000"})
+    assert proc.returncode == 2, proc.stderr
+    assert "larger than the limit of 1000 bytes" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "data" / "vancetope.db").exists()
+
+
 def test_an_invalid_tree_is_refused_naming_the_task_and_the_problem(tmp_path: Path) -> None:
     cycle = tmp_path / "cycle.yaml"
     cycle.write_text(
