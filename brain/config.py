@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
 from workers.urls import check_redis_url
 
@@ -39,7 +40,7 @@ class Settings(BaseModel):
     registry: Path | None = None
     mcp_config: Path | None = None
     server_concurrency: int = Field(default=2, ge=1, le=64)
-    default_timeout_s: float = Field(default=60.0, gt=0)
+    default_timeout_s: float = Field(default=60.0, gt=0, le=MAX_CALL_TIMEOUT_S)
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.
     max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)

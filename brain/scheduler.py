@@ -40,7 +40,7 @@ from brain.store import Store
 from brain.transitions import plan, tree_status
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolCall, ToolResult
+from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
@@ -50,8 +50,11 @@ NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
 _TREE_CACHE = 256
 
 
-def new_run_id(tree_id: str, task_id: str, attempt: int) -> str:
-    return f"{tree_id}.{task_id}.{attempt}.{uuid.uuid4().hex[:12]}"
+def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
+    """``<tree_id>.<task_id>.<attempt>.<12 hex>``, the readable part cut short when the whole
+    would not fit the wire (ToolCall.run_id); the attempt and the random token stay whole."""
+    tail = f".{attempt}.{token or uuid.uuid4().hex[:12]}"
+    return f"{tree_id}.{task_id}"[: MAX_WIRE_ID_CHARS - len(tail)] + tail
 
 
 def client_route(client_id: str) -> str:

@@ -27,7 +27,10 @@ def laughs(levels: int, width: int = 9) -> str:
     ("text", "expected"),
     [
         ("a: &x [1, 2]\nb: *x\n", {"a": [1, 2], "b": [1, 2]}),
-        ("base: &b {tool: echo}\none: {<<: *b, id: a}\n", {"base": {"tool": "echo"}, "one": {"tool": "echo", "id": "a"}}),
+        (
+            "base: &b {tool: echo}\none: {<<: *b, id: a}\n",
+            {"base": {"tool": "echo"}, "one": {"tool": "echo", "id": "a"}},
+        ),
         (laughs(3), None),  # 9^3 = 729 nodes: a shared structure of modest size still loads
     ],
 )
@@ -54,7 +57,9 @@ def test_a_recursive_alias_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("name", "head"), [("deep.yaml", "id: t\ntasks: "), ("deep.json", "")])
-def test_a_deeply_nested_file_is_refused_not_a_recursion_traceback(tmp_path: Path, name: str, head: str) -> None:
+def test_a_deeply_nested_file_is_refused_not_a_recursion_traceback(
+    tmp_path: Path, name: str, head: str
+) -> None:
     path = tmp_path / name
     path.write_text(head + "[" * 50_000 + "]" * 50_000)
     with pytest.raises(InvalidFile, match="nested too deeply"):
@@ -77,7 +82,9 @@ def test_a_billion_laughs_registry_file_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("limit", "loads"), [(len(TREE), True), (len(TREE) - 1, False)])
-def test_a_tree_file_over_max_bytes_is_refused_before_it_is_parsed(tmp_path: Path, limit: int, loads: bool) -> None:
+def test_a_tree_file_over_max_bytes_is_refused_before_it_is_parsed(
+    tmp_path: Path, limit: int, loads: bool
+) -> None:
     path = tmp_path / "tree.yaml"
     path.write_text(TREE)
     if loads:
