@@ -45,7 +45,7 @@ from brain.stack import EmbeddedStack, Service, running_stack_url, service_argvs
 from brain.store import open_store
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
-from workers.contracts import MCPServerFailure, channel_tree_events
+from workers.contracts import MCPServerFailure, channel_tree_events, client_queue
 
 console = Console()
 err = Console(stderr=True)
@@ -142,6 +142,8 @@ def run(
     tree = _load_tree_or_exit(tree_file, settings)
     # Before anything starts: a tree that cannot run must not cost a stack start-up.
     _check_before_start(tree, settings, tree_file)
+    if client_id is not None:
+        _check_client_id(client_id)
     session = (
         SessionKind.AUTONOMOUS
         if (autonomous or (autonomous is None and not client_id))
@@ -152,6 +154,8 @@ def run(
         with _stack(settings, no_agent=no_agent) as url:
             brain = Brain.connect(settings, url)
             try:
+                if client_id is not None:
+                    _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
                 presence = brain.scheduler.presence.view(run_user, client_id)
                 _validate_or_exit(tree, registry, tree_file, client_tools(presence))
@@ -170,6 +174,24 @@ def run(
     except StackNotRunning as exc:
         _fail(str(exc), EXIT_STACK)
     sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
+
+
+def _check_client_id(client_id: str) -> None:
+    try:
+        client_queue(client_id)
+    except ValueError as exc:
+        _fail(f"--client: {exc}", EXIT_BAD_INPUT)
+
+
+def _check_enrolled(brain: Brain, client_id: str) -> None:
+    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent."""
+    if brain.scheduler.presence.enrollment(client_id) is None:
+        _fail(
+            f"--client: client {client_id!r} is not enrolled, so no session can be bound to it; "
+            f"`vancetope clients` lists the enrolled ones, `vancetope clients enroll {client_id} --user U` "
+            "enrolls it",
+            EXIT_BAD_INPUT,
+        )
 
 
 def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
@@ -537,6 +559,9 @@ def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
     with _running_brain(settings) as brain:
         if brain.store.get_tree(tree_id) is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
+        if task_id is not None and brain.store.get_task(tree_id, task_id) is None:
+            known = ", ".join(r.task_id for r in brain.store.get_tasks(tree_id))
+            _fail(f"tree {tree_id!r} has no task {task_id!r}; its tasks: {known}", EXIT_BAD_INPUT)
         done = brain.sweeps.cancel(tree_id, task_id)
     console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")
 
