@@ -156,7 +156,15 @@ class Scheduler:
             for task_id in step.ready:
                 presence = presence or self._presence(tree_rec)
                 rec = self.store.get_task(tree_id, task_id)
-                changed |= rec is not None and self.start(tree_rec, rec, presence, {TaskState.PENDING})
+                if rec is None:
+                    continue
+                route = self.route(tree_rec, tree_rec.tree.task(task_id), presence)
+                if self.act(tree_rec, rec, route, {TaskState.PENDING}):
+                    changed = True
+                    if route.kind is RouteKind.CLIENT and route.client_id is not None:
+                        # One view serves the whole loop: count what it sends, so the ready
+                        # tasks spread over the user's clients instead of all taking the first.
+                        presence = presence.with_call_sent_to(route.client_id)
             if not changed:
                 break
         status = tree_status(states)
@@ -203,8 +211,19 @@ class Scheduler:
         parked_at: float | None = None,
     ) -> bool:
         """Route one task and act on the route. ``from_states`` guards the compare-and-set."""
+        route = self.route(tree_rec, tree_rec.tree.task(rec.task_id), presence)
+        return self.act(tree_rec, rec, route, from_states, parked_at)
+
+    def act(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        route: Route,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool:
+        """Send, park, skip or fail one task as ``route`` says. False when the task moved on meanwhile."""
         spec = tree_rec.tree.task(rec.task_id)
-        route = self.route(tree_rec, spec, presence)
         if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
             return self._dispatch(tree_rec, spec, rec, route, from_states)
         if route.kind is RouteKind.FAIL:
