@@ -45,7 +45,7 @@ from brain.supervisor import GaveUp, Supervisor
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from brain.watch import watch
-from workers.contracts import MCPServerFailure
+from workers.contracts import MCPServerFailure, client_queue
 
 console = Console()
 err = Console(stderr=True)
@@ -138,9 +138,11 @@ def run(
     length of the run. Tasks waiting for an offline client show as blocked or
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
-    tree = _load_tree_or_exit(tree_file)
+    tree = _load_tree_or_exit(tree_file, settings)
     # Before anything starts: a tree that cannot run must not cost a stack start-up.
     _check_before_start(tree, settings, tree_file)
+    if client_id is not None:
+        _check_client_id(client_id)
     session = (
         SessionKind.AUTONOMOUS
         if (autonomous or (autonomous is None and not client_id))
@@ -153,6 +155,8 @@ def run(
             stack_url = url
             brain = Brain.connect(settings, url)
             try:
+                if client_id is not None:
+                    _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
                 presence = brain.scheduler.presence.view(run_user, client_id)
                 _validate_or_exit(tree, registry, tree_file, client_tools(presence))
@@ -176,9 +180,27 @@ def run(
     sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
 
 
-def _load_tree_or_exit(path: Path) -> TaskTree:
+def _check_client_id(client_id: str) -> None:
     try:
-        return load_tree(path)
+        client_queue(client_id)
+    except ValueError as exc:
+        _fail(f"--client: {exc}", EXIT_BAD_INPUT)
+
+
+def _check_enrolled(brain: Brain, client_id: str) -> None:
+    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent."""
+    if brain.scheduler.presence.enrollment(client_id) is None:
+        _fail(
+            f"--client: client {client_id!r} is not enrolled, so no session can be bound to it; "
+            f"`vancetope clients` lists the enrolled ones, `vancetope clients enroll {client_id} --user U` "
+            "enrolls it",
+            EXIT_BAD_INPUT,
+        )
+
+
+def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
+    try:
+        return load_tree(path, max_bytes=settings.max_tree_bytes)
     except (InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
 
@@ -249,7 +271,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
     Exits 2 if the tree is invalid, 1 if it is valid but some task would fail as things
     stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
     """
-    tree = _load_tree_or_exit(tree_file)
+    tree = _load_tree_or_exit(tree_file, settings)
     registry = _registry_for_explain(settings)
     for failure in registry.mcp_failures:
         err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)
@@ -467,6 +489,9 @@ def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
     with _running_brain(settings) as brain:
         if brain.store.get_tree(tree_id) is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
+        if task_id is not None and brain.store.get_task(tree_id, task_id) is None:
+            known = ", ".join(r.task_id for r in brain.store.get_tasks(tree_id))
+            _fail(f"tree {tree_id!r} has no task {task_id!r}; its tasks: {known}", EXIT_BAD_INPUT)
         done = brain.sweeps.cancel(tree_id, task_id)
     console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")
 

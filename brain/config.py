@@ -15,12 +15,15 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
 from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
+# Default of max_tree_bytes: far above any hand-written tree or registry file.
+MAX_TREE_BYTES = 4 * 1024 * 1024
 
 
 class Settings(BaseModel):
@@ -38,8 +41,10 @@ class Settings(BaseModel):
     registry: Path | None = None
     mcp_config: Path | None = None
     server_concurrency: int = Field(default=2, ge=1, le=64)
-    default_timeout_s: float = Field(default=60.0, gt=0)
+    default_timeout_s: float = Field(default=60.0, gt=0, le=MAX_CALL_TIMEOUT_S)
     max_result_bytes: int = Field(default=1_048_576, gt=0)
+    # A tree or registry file larger than this is refused before it is parsed.
+    max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
     # A reserved message whose worker stopped renewing its lease (it died) is put back on its
     # queue after this (plus a few seconds): the bound on work stranded by a crash.

@@ -7,14 +7,50 @@ argument schemas) live in ``brain.validation``.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workers.contracts import ErrorInfo, ToolType
+from workers.contracts import MAX_CALL_TIMEOUT_S, MAX_TOOL_NAME_CHARS, MAX_WIRE_ID_CHARS, ErrorInfo, ToolType
 
-_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+# --- ids: one grammar, sized so that whatever a tree file may hold fits on the wire -------
+
+# Letters, digits and `_ . : -`, starting with a letter or digit.
+ID_BODY = r"[A-Za-z0-9][A-Za-z0-9_.:-]*"
+_ID = re.compile(ID_BODY)
+_ID_ADVICE = "use letters, digits, '_', '.', ':' and '-', starting with a letter or digit"
+# A task id may not hold a dot-segment `result` after its first one: `${tasks.a.result.b.result}`
+# could not tell task `a.result.b` from task `a`. The reference grammar (brain.validation._REF)
+# relies on this to find the id unambiguously.
+_RESULT_SEGMENT = re.compile(r"\.result(?:\.|$)")
+# A run's tree id is `<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>` (Scheduler.submit): 23 characters on top.
+RUN_TREE_ID_SUFFIX_CHARS = 23
+MAX_TREE_ID_CHARS = MAX_WIRE_ID_CHARS - RUN_TREE_ID_SUFFIX_CHARS
+MAX_TASK_ID_CHARS = MAX_WIRE_ID_CHARS
+MAX_TOOL_ID_CHARS = 128  # within MAX_TOOL_NAME_CHARS, the wire's limit for tool names
+
+
+def check_id(value: str, max_chars: int) -> str:
+    """``value`` when it is a valid id of at most ``max_chars``; else ValueError saying what to change."""
+    if not _ID.fullmatch(value):
+        raise ValueError(f"{value!r} is not a valid id: {_ID_ADVICE}")
+    if len(value) > max_chars:
+        raise ValueError(
+            f"is {len(value)} characters long; at most {max_chars} (it travels in every tool call)"
+        )
+    return value
+
+
+def check_task_id(value: str) -> str:
+    check_id(value, MAX_TASK_ID_CHARS)
+    if _RESULT_SEGMENT.search(value):
+        raise ValueError(
+            f"{value!r} holds '.result' as a dot-separated part, which ${{tasks.<id>.result}} "
+            "references could not tell apart; rename it (e.g. 'result' -> 'res')"
+        )
+    return value
 
 
 class Location(StrEnum):
@@ -56,7 +92,7 @@ class ToolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(pattern=_ID)
+    name: str
     location: Location
     type: ToolType = ToolType.BUILT_IN
     mcp_server: str | None = None
@@ -65,9 +101,14 @@ class ToolSpec(BaseModel):
     fallback_tool: str | None = None
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_CALL_TIMEOUT_S)
     # How long a call may wait parked for a client before it expires (issue: client path).
     max_wait_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, v: str) -> str:
+        return check_id(v, MAX_TOOL_ID_CHARS)
 
     @model_validator(mode="before")
     @classmethod
@@ -122,18 +163,23 @@ class TaskSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(pattern=_ID)
+    id: str
     goal: str = ""
-    tool: str = Field(min_length=1)
+    tool: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
     args: dict[str, Any] = Field(default_factory=dict)
     tools: list[str] = Field(default_factory=list)
     depends_on: list[str] = Field(default_factory=list)
     execution_target: ExecutionTarget = ExecutionTarget.AUTO
     # How long one started call may run (overrides the tool's timeout_s).
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_CALL_TIMEOUT_S)
     # How long the whole task may take, from first leaving `pending` to a final state,
     # waiting for a client and retries included (Temporal's schedule-to-close).
     max_total_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, v: str) -> str:
+        return check_task_id(v)
 
     @field_validator("tools")
     @classmethod
@@ -153,12 +199,18 @@ class TaskTree(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(pattern=_ID)
+    id: str
     goal: str = ""
     engine: str | None = None
     # How long this tree's tasks may wait parked for a client (over the tool's max_wait_s).
     max_wait_s: float | None = Field(default=None, gt=0)
     tasks: list[TaskSpec] = Field(min_length=1)
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, v: str) -> str:
+        # The run's tree id adds a timestamp and a token, and must still fit the wire.
+        return check_id(v, MAX_TREE_ID_CHARS)
 
     def task(self, task_id: str) -> TaskSpec:
         for t in self.tasks:

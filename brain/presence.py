@@ -13,7 +13,7 @@ import time
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.hotstate import as_text
+from brain.hotstate import KOMBU_UNACKED, as_text
 from brain.models import Enrollment
 from brain.routing import ClientView, Presence
 from brain.store import Store
@@ -24,6 +24,7 @@ from workers.contracts import (
     ClientType,
     ToolDescriptor,
     client_key,
+    client_queue,
     key_presence,
 )
 
@@ -129,8 +130,29 @@ class PresenceBook:
         ]
 
     def view(self, user: str | None, session_client: str | None) -> Presence:
+        """The router's view for one session; the load of each client it may use is read now."""
+        sessions = list(self.sessions().values())
+        usable = [s.client_id for s in sessions if s.client_id == session_client or (user and s.user == user)]
+        loads = self.loads(usable)
         clients = tuple(
-            ClientView(client_id=s.client_id, user=s.user, tools=frozenset(t.name for t in s.tools))
-            for s in self.sessions().values()
+            ClientView(
+                client_id=s.client_id,
+                user=s.user,
+                tools=frozenset(t.name for t in s.tools),
+                load=loads.get(s.client_id, 0),
+            )
+            for s in sessions
         )
         return Presence(session_client=session_client, user=user, clients=clients)
+
+    def loads(self, client_ids: list[str]) -> dict[str, int]:
+        """Calls waiting in each client's queue plus those it has taken and not yet acked
+        (kombu's unacked hash under its prefix): one round trip for all of them."""
+        if not client_ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for cid in client_ids:
+            pipe.llen(client_key(cid, client_queue(cid)))
+            pipe.hlen(client_key(cid, KOMBU_UNACKED))
+        counts = pipe.execute()
+        return {cid: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, cid in enumerate(client_ids)}

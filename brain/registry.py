@@ -7,10 +7,12 @@ published in Redis so the CLI validates trees against what the brain really has.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.config import Settings
-from brain.errors import ConfigError
+from brain.errors import ConfigError, InvalidRegistry
 from brain.models import Location, ToolSpec
 from brain.routing import Engine
 from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
@@ -42,6 +44,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
 
     ``discover=False`` skips the MCP servers: built-ins and the registry file only, cheap
     enough to check a tree before anything is started (its MCP tools are then unknown).
+    Raises InvalidRegistry when a ``fallback_tool`` names no tool, once every source answered.
     """
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
     discovered: dict[str, ToolSpec] = {}
@@ -62,6 +65,21 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
                 )
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
     engines = load_engines(settings.registry) if settings.registry else {}
-    return RegistrySnapshot(
-        tools=merge_registry(builtins, discovered, declared), engines=engines, mcp_failures=failures
-    )
+    tools = merge_registry(builtins, discovered, declared)
+    # Only a complete picture may call a fallback_tool unknown: an MCP server not asked (or
+    # not answering) could still offer it, and the router then says so at run time.
+    complete = not failures and (discover or not settings.mcp_config)
+    problems = unknown_fallbacks(tools) if complete else []
+    if problems:
+        raise InvalidRegistry(str(settings.registry or "the registry"), problems)
+    return RegistrySnapshot(tools=tools, engines=engines, mcp_failures=failures)
+
+
+def unknown_fallbacks(tools: Mapping[str, ToolSpec]) -> list[str]:
+    """One line per tool whose ``fallback_tool`` names no tool of ``tools`` (pure)."""
+    return [
+        f"tool {name!r}: fallback_tool {spec.fallback_tool!r} is not a tool of the registry (built-ins, "
+        "the brain's MCP servers and this file); name one of those or remove the fallback_tool"
+        for name, spec in sorted(tools.items())
+        if spec.fallback_tool is not None and spec.fallback_tool not in tools
+    ]

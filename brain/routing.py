@@ -29,9 +29,11 @@ Decision order (every step leaves its explanation in ``Route.reason``):
    a ``fallback_tool`` the engine does not allow is never called; with no other server
    alternative the session default applies, and the reason says why.
 
-Usable clients: the session's own client first; else connected clients of the
-same user, in client_id order; never another user's client. Without a known user,
-only the session's client.
+Usable clients: the session's own client first; else, among the connected clients
+of the same user that offer the tool, the least loaded (``ClientView.load``: calls
+the brain has queued on or sent to it and not yet seen finish), ties going in
+client_id order; never another user's client. Without a known user, only the
+session's client.
 """
 
 from __future__ import annotations
@@ -81,13 +83,15 @@ class Route(BaseModel):
 
 
 class ClientView(BaseModel):
-    """A connected client as the router sees it: whose it is and which tools it announced."""
+    """A connected client as the router sees it: whose it is, which tools it announced, and
+    its load: calls waiting in its queue or taken by it and not yet finished."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     client_id: str
     user: str
     tools: frozenset[str] = frozenset()
+    load: int = Field(default=0, ge=0)
 
 
 class Presence(BaseModel):
@@ -98,6 +102,14 @@ class Presence(BaseModel):
     session_client: str | None = None
     user: str | None = None
     clients: tuple[ClientView, ...] = ()
+
+    def with_call_sent_to(self, client_id: str) -> Presence:
+        """This view after one more call was sent to ``client_id`` (its load + 1): what a
+        caller routing several calls from one view passes for the next one."""
+        clients = tuple(
+            c.model_copy(update={"load": c.load + 1}) if c.client_id == client_id else c for c in self.clients
+        )
+        return self.model_copy(update={"clients": clients})
 
 
 class Engine(BaseModel):
@@ -281,10 +293,17 @@ def _pick_client(tool: str, presence: Presence) -> _Pick | None:
     own = _session_client(presence)
     if own is not None and tool in own.tools:
         return _Pick(own.client_id, "this session's client")
-    for client in _same_user_clients(presence):
-        if tool in client.tools:
-            return _Pick(client.client_id, f"a client of user {presence.user!r}")
-    return None
+    offering = [c for c in _same_user_clients(presence) if tool in c.tools]
+    if not offering:
+        return None
+    # _same_user_clients is in client_id order and min() keeps the first of equals: the tie-break.
+    least = min(offering, key=lambda c: c.load)
+    if len(offering) == 1:
+        return _Pick(least.client_id, f"a client of user {presence.user!r}")
+    note = (
+        f"the least loaded of {len(offering)} clients of user {presence.user!r}, {least.load} call(s) queued"
+    )
+    return _Pick(least.client_id, note)
 
 
 def _session_client(presence: Presence) -> ClientView | None:

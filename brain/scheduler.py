@@ -40,7 +40,7 @@ from brain.store import Store
 from brain.transitions import plan, tree_status
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolCall, ToolResult
+from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
@@ -50,8 +50,11 @@ NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
 _TREE_CACHE = 256
 
 
-def new_run_id(tree_id: str, task_id: str, attempt: int) -> str:
-    return f"{tree_id}.{task_id}.{attempt}.{uuid.uuid4().hex[:12]}"
+def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
+    """``<tree_id>.<task_id>.<attempt>.<12 hex>``, the readable part cut short when the whole
+    would not fit the wire (ToolCall.run_id); the attempt and the random token stay whole."""
+    tail = f".{attempt}.{token or uuid.uuid4().hex[:12]}"
+    return f"{tree_id}.{task_id}"[: MAX_WIRE_ID_CHARS - len(tail)] + tail
 
 
 def client_route(client_id: str) -> str:
@@ -153,7 +156,15 @@ class Scheduler:
             for task_id in step.ready:
                 presence = presence or self._presence(tree_rec)
                 rec = self.store.get_task(tree_id, task_id)
-                changed |= rec is not None and self.start(tree_rec, rec, presence, {TaskState.PENDING})
+                if rec is None:
+                    continue
+                route = self.route(tree_rec, tree_rec.tree.task(task_id), presence)
+                if self.act(tree_rec, rec, route, {TaskState.PENDING}):
+                    changed = True
+                    if route.kind is RouteKind.CLIENT and route.client_id is not None:
+                        # One view serves the whole loop: count what it sends, so the ready
+                        # tasks spread over the user's clients instead of all taking the first.
+                        presence = presence.with_call_sent_to(route.client_id)
             if not changed:
                 break
         status = tree_status(states)
@@ -200,8 +211,19 @@ class Scheduler:
         parked_at: float | None = None,
     ) -> bool:
         """Route one task and act on the route. ``from_states`` guards the compare-and-set."""
+        route = self.route(tree_rec, tree_rec.tree.task(rec.task_id), presence)
+        return self.act(tree_rec, rec, route, from_states, parked_at)
+
+    def act(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        route: Route,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool:
+        """Send, park, skip or fail one task as ``route`` says. False when the task moved on meanwhile."""
         spec = tree_rec.tree.task(rec.task_id)
-        route = self.route(tree_rec, spec, presence)
         if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
             return self._dispatch(tree_rec, spec, rec, route, from_states)
         if route.kind is RouteKind.FAIL:

@@ -8,15 +8,18 @@ re-list parked tasks a crash left unlisted, and advance trees a crash left idle.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from brain.clientwork import ClientWork
-from brain.models import TaskRecord, TaskState, TreeRecord
+from brain.models import TaskRecord, TaskState
 from brain.parked import ParkedRef, owner_of
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
 from brain.validation import resolve_args
 from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue, key_parked, key_requeueing
 
 log = logging.getLogger("vancetope.brain")
+_T = TypeVar("_T")
 
 
 class Sweeps:
@@ -25,18 +28,33 @@ class Sweeps:
         self.clients = clients
 
     def run_once(self) -> list[str]:
-        """One full sweep. Returns the ids of tasks re-sent."""
-        resent = self.resend_lost()
-        self.expire_parked()
-        self.expire_overdue()
-        self.relist_parked()
-        self.finish_requeues()
+        """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
+        the next one still runs: one bad record must not stop every repair."""
+        resent = self._guarded("re-sending lost tasks", self.resend_lost) or []
+        for what, step in (
+            ("expiring parked tasks", self.expire_parked),
+            ("expiring overdue tasks", self.expire_overdue),
+            ("re-listing parked tasks", self.relist_parked),
+            ("finishing requeues", self.finish_requeues),
+            ("advancing idle trees", self.advance_idle),
+        ):
+            self._guarded(what, step)
+        return resent
+
+    def advance_idle(self) -> None:
         cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
         for tree_id in {
             r.tree_id for r in self.s.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)
         }:
-            self.s.advance(tree_id)
-        return resent
+            self._guarded(f"advancing tree {tree_id}", self.s.advance, tree_id)
+
+    def _guarded(self, what: str, step: Callable[..., _T], *args: Any) -> _T | None:
+        """``step(*args)``, or None after logging why it failed (the sweep goes on)."""
+        try:
+            return step(*args)
+        except Exception:  # a sweep outlives any one record; the log says which
+            log.exception("reconciler: %s failed; going on with the rest of the sweep", what)
+            return None
 
     # --- lost messages -----------------------------------------------------------------
     def resend_lost(self) -> list[str]:
@@ -56,7 +74,8 @@ class Sweeps:
                     if cid is None
                     else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid)
                 )
-            if rec.run_id not in held[cid] and self._resend(rec, cid):
+            what = f"re-sending task {rec.task_id!r} of tree {rec.tree_id}"
+            if rec.run_id not in held[cid] and self._guarded(what, self._resend, rec, cid):
                 resent.append(rec.task_id)
         return resent
 
@@ -116,45 +135,59 @@ class Sweeps:
     def expire_parked(self) -> list[str]:
         """Parked past ``max_wait_s`` (the tree's, else the tool's, else the default): a clear final state."""
         now = self.s.clock()
-        expired: list[str] = []
-        for rec in self.s.store.tasks_in_states(PARKED):
-            spec = self.s.registry.tools.get(rec.tool)
-            tree_rec = self.s.tree(rec.tree_id)
-            max_wait = (
-                (tree_rec.tree.max_wait_s if tree_rec else None)
-                or (spec.max_wait_s if spec else None)
-                or self.s.settings.max_wait_s
+        return [
+            rec.task_id
+            for rec in self.s.store.tasks_in_states(PARKED)
+            if self._guarded(
+                f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_parked, rec, now
             )
-            if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
-                continue
-            reason = (
-                f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
-                f"(max_wait_s {max_wait:g})"
-            )
-            if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
-                expired.append(rec.task_id)
-                self.s.advance(rec.tree_id)
-        return expired
+        ]
+
+    def _expire_parked(self, rec: TaskRecord, now: float) -> bool:
+        spec = self.s.registry.tools.get(rec.tool)
+        tree_rec = self.s.tree(rec.tree_id)
+        max_wait = (
+            (tree_rec.tree.max_wait_s if tree_rec else None)
+            or (spec.max_wait_s if spec else None)
+            or self.s.settings.max_wait_s
+        )
+        if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
+            return False
+        reason = (
+            f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
+            f"(max_wait_s {max_wait:g})"
+        )
+        if not self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+            return False
+        self._guarded(f"advancing tree {rec.tree_id}", self.s.advance, rec.tree_id)
+        return True
 
     def expire_overdue(self) -> list[str]:
         """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight
         is cancelled so a worker that has not started it never will."""
         now = self.s.clock()
-        expired: list[str] = []
-        for rec in self.s.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING}):
-            tree_rec = self.s.tree(rec.tree_id)  # cached: this loop sees every unfinished task
-            if tree_rec is None or rec.first_queued_at is None:
-                continue
-            limit = tree_rec.tree.task(rec.task_id).max_total_s
-            if limit is None or now - rec.first_queued_at < limit:
-                continue
-            reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"
-            if self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
-                if rec.run_id:
-                    self.s.hot.cancel_runs([rec.run_id], rec.client_id)
-                expired.append(rec.task_id)
-                self.s.advance(rec.tree_id)
-        return expired
+        return [
+            rec.task_id
+            for rec in self.s.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
+            if self._guarded(
+                f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
+            )
+        ]
+
+    def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
+        tree_rec = self.s.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
+        if tree_rec is None or rec.first_queued_at is None:
+            return False
+        limit = tree_rec.tree.task(rec.task_id).max_total_s
+        if limit is None or now - rec.first_queued_at < limit:
+            return False
+        reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"
+        if not self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+            return False
+        if rec.run_id:
+            self.s.hot.cancel_runs([rec.run_id], rec.client_id)
+        self._guarded(f"advancing tree {rec.tree_id}", self.s.advance, rec.tree_id)
+        return True
 
     def relist_parked(self) -> int:
         """Parked tasks that no parked or requeueing list names (a crash between the store
@@ -168,12 +201,14 @@ class Sweeps:
         for rec in parked:
             if (rec.tree_id, rec.task_id) in listed:
                 continue
-            tree_rec = self.s.tree(rec.tree_id)
-            if tree_rec is not None and self._relist(tree_rec, rec):
+            if self._guarded(f"re-listing task {rec.task_id!r} of tree {rec.tree_id}", self._relist, rec):
                 relisted += 1
         return relisted
 
-    def _relist(self, tree_rec: TreeRecord, rec: TaskRecord) -> bool:
+    def _relist(self, rec: TaskRecord) -> bool:
+        tree_rec = self.s.tree(rec.tree_id)
+        if tree_rec is None:
+            return False
         owner = owner_of(tree_rec.user, tree_rec.client_id)
         self.s.parked.park(
             ParkedRef(

@@ -17,6 +17,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import TypeAdapter, ValidationError
 
+from brain import safeyaml
+from brain.config import MAX_TREE_BYTES
 from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
 from brain.models import Location, RegistryFile, TaskTree, ToolSpec
 from brain.routing import Engine
@@ -33,7 +35,9 @@ _DECISION_FIELDS = frozenset({"location", "prefer", "offline_strategy", "fallbac
 # --- task trees ---------------------------------------------------------------------
 
 
-def load_tree(path: str | Path, registry: Mapping[str, ToolSpec] | None = None) -> TaskTree:
+def load_tree(
+    path: str | Path, registry: Mapping[str, ToolSpec] | None = None, *, max_bytes: int = MAX_TREE_BYTES
+) -> TaskTree:
     """Read and validate a task tree file (YAML or JSON).
 
     The file holds the tree's fields (``id``, ``goal``, ``tasks``) at the top level or
@@ -41,10 +45,12 @@ def load_tree(path: str | Path, registry: Mapping[str, ToolSpec] | None = None) 
     run too, against ``registry`` when given; without one, only the checks that need
     no registry (ids, dependencies, cycles, references).
 
-    Raises InvalidFile (unreadable, bad syntax, not a mapping) or InvalidTaskTree.
+    Raises InvalidFile (unreadable, bad syntax, not a mapping, over ``max_bytes``, YAML
+    aliases that expand beyond ``safeyaml.MAX_ALIAS_EXPANSION``) or InvalidTaskTree.
     """
     source = str(path)
-    data = _unwrap_tree(_read_mapping(path, "'id' and 'tasks' (or a single 'tree:' mapping)"), source)
+    expected = "'id' and 'tasks' (or a single 'tree:' mapping)"
+    data = _unwrap_tree(_read_mapping(path, expected, max_bytes), source)
     try:
         tree = TaskTree.model_validate(data)
     except ValidationError as exc:
@@ -197,10 +203,13 @@ def spec_from_descriptor(d: ToolDescriptor, location: Location) -> ToolSpec:
 # --- reading and error wording --------------------------------------------------------
 
 
-def _read_mapping(path: str | Path, expected: str) -> dict[str, Any]:
+def _read_mapping(path: str | Path, expected: str, max_bytes: int = MAX_TREE_BYTES) -> dict[str, Any]:
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = _read_bounded(Path(path), max_bytes)
+        if len(raw) > max_bytes:
+            raise InvalidFile(source, _too_big(max_bytes))
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise InvalidFile(source, "no such file") from None
     except UnicodeDecodeError as exc:
@@ -211,6 +220,19 @@ def _read_mapping(path: str | Path, expected: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidFile(source, f"expected a mapping with {expected}, got {_kind(data)}")
     return data
+
+
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes + 1`` bytes: enough to tell the file is too big without reading it all."""
+    with path.open("rb") as f:
+        return f.read(max_bytes + 1)
+
+
+def _too_big(max_bytes: int) -> str:
+    return (
+        f"the file is larger than the limit of {max_bytes} bytes (max_tree_bytes in vancetope.toml "
+        "or VANCETOPE_MAX_TREE_BYTES); split the tree or raise the limit"
+    )
 
 
 def _parse(text: str, source: str) -> Any:
@@ -224,8 +246,12 @@ def _parse(text: str, source: str) -> Any:
             return json.loads(text)
         except json.JSONDecodeError as exc:
             json_error = exc  # may still be flow-style YAML
+        except RecursionError:
+            raise InvalidFile(source, "the JSON is nested too deeply to read") from None
     try:
-        return yaml.safe_load(text)
+        return safeyaml.load(text)
+    except safeyaml.YAMLTooLarge as exc:
+        raise InvalidFile(source, str(exc)) from None
     except yaml.YAMLError as exc:
         if json_error is not None and source.endswith(".json"):
             raise InvalidFile(

@@ -30,11 +30,13 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.exceptions import Unresolvable
 
 from brain.errors import BrainError, InvalidTaskTree
-from brain.models import ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
+from brain.models import ID_BODY, ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
 from brain.routing import Engine
 
-# Ids may contain dots, so the id part is lazy and the regex backtracks to the ".result".
-_REF = re.compile(r"\$\{tasks\.(?P<task>[A-Za-z0-9][A-Za-z0-9_.:-]*?)\.result(?P<path>(?:\.[^.}]+)*)\}")
+# Ids may contain dots, so the id part is lazy and the regex backtracks to the first ".result"
+# that ends the reference; task ids never hold a ".result" part (brain.models.check_task_id),
+# so that first one is the right one.
+_REF = re.compile(r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.result(?P<path>(?:\.[^.}]+)*)\}")
 _REF_START = "${tasks."
 
 # Schema keywords whose verdict on a container does not depend on the values inside it,

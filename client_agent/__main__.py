@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from client_agent.config import AgentConfig, load_config
-from client_agent.errors import AgentConfigError, AgentError
+from client_agent.errors import AgentConfigError, AgentError, NotEnrolled
 from client_agent.mcp_json import MCPTools, load_mcp_tools
 from client_agent.policy import Policy
 
@@ -37,10 +37,13 @@ def run(config_path: Path, log_level: str | None) -> None:
     """Connect to the broker, announce this workstation's tools and run tool calls until stopped."""
     config = _load(config_path)
     _setup_logging(log_level or config.log_level)
-    from client_agent.agent import Agent  # the Celery import is slow; `tools` does not need it
+    from client_agent.agent import EXIT_NOT_ENROLLED, Agent  # slow (Celery); `tools` does not need it
 
     try:
         code = Agent(config).run()
+    except NotEnrolled as exc:
+        logging.getLogger("vancetope.agent").error("%s", exc)
+        sys.exit(EXIT_NOT_ENROLLED)
     except AgentError as exc:
         logging.getLogger("vancetope.agent").error("%s", exc)
         sys.exit(1)

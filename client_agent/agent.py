@@ -22,10 +22,10 @@ import redis
 from client_agent.announce import Announcer, Heartbeat, encode_announcement
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
-from client_agent.errors import AgentError, AnnouncementTooLarge
+from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.policy import Policy
-from client_agent.worker import install_signal_handlers, make_agent_app, make_worker
+from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
 from workers.contracts import ClientDisconnected, ClientToolResult, ToolDescriptor, ToolResult, client_queue
 from workers.mcp_clients import MCPClientManager
 from workers.tasks import register
@@ -34,6 +34,8 @@ from workers.urls import redact_url
 log = logging.getLogger("vancetope.agent")
 
 _JOIN_S = 5.0
+# Exit code when the broker refuses this agent's credentials (not enrolled, or revoked).
+EXIT_NOT_ENROLLED = 3
 _GOODBYE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
 
 
@@ -53,6 +55,7 @@ class Agent:
         self._mcp_lock = threading.Lock()
         self._stop = threading.Event()
         self._stop_reason = "graceful shutdown"
+        self._refused: NotEnrolled | None = None
         self._closed = False
         self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
         self.app = make_agent_app(config)
@@ -60,7 +63,12 @@ class Agent:
             self.app, sink=self.deliver, mcp=self.mcp_manager, native=self.native, client_id=config.client_id
         )
         self.announcer = Announcer(
-            self.channel, self.session_id, self.announcement, self._stop, config.ack_timeout_s
+            self.channel,
+            self.session_id,
+            self.announcement,
+            self._stop,
+            config.ack_timeout_s,
+            on_refused=self._on_refused,
         )
         self._threads: list[threading.Thread] = []
 
@@ -124,7 +132,8 @@ class Agent:
         install_signal_handlers(self._on_signal)
         try:
             self.start()
-            return self._consume()
+            code = self._consume()
+            return EXIT_NOT_ENROLLED if self._refused is not None else code
         except BaseException as exc:
             self._stop_reason = f"agent error: {type(exc).__name__}: {exc}"
             raise
@@ -142,6 +151,7 @@ class Agent:
             redact_url(cfg.broker_url),
             client_queue(cfg.client_id),
         )
+        self._check_credentials()
         mcp = self.load_mcp()
         with self._mcp_lock:
             self._mcp = mcp
@@ -155,6 +165,7 @@ class Agent:
             cfg.heartbeat_ttl_s,
             self._stop,
             announcer=self.announcer,
+            on_refused=self._on_refused,
         )
         self._threads = [heartbeat, self.announcer]
         if cfg.mcp_json is not None:
@@ -162,6 +173,31 @@ class Agent:
         for thread in self._threads:
             thread.start()
         self.announcer.request()
+
+    def _check_credentials(self) -> None:
+        """Refused credentials end the agent now (NotEnrolled); an unreachable broker does not:
+        the heartbeat, the announcer and the worker keep retrying until it answers."""
+        try:
+            self.channel.check_credentials()
+        except redis.AuthenticationError as exc:
+            raise self._not_enrolled(exc) from None
+        except redis.RedisError as exc:
+            log.warning("cannot reach the broker yet (%s); retrying in the background", exc)
+
+    def _not_enrolled(self, exc: redis.AuthenticationError) -> NotEnrolled:
+        return NotEnrolled(self.config.client_id, self.config.user, str(exc) or type(exc).__name__)
+
+    def _on_refused(self, exc: redis.AuthenticationError) -> None:
+        """The broker refused the credentials while running (revoked): stop, exit non-zero."""
+        with self._mcp_lock:
+            first = self._refused is None
+            if first:
+                self._refused = self._not_enrolled(exc)
+        if first:
+            log.error("%s; stopping", self._refused)
+            self._stop_reason = "the broker refused this agent's credentials"
+        self._stop.set()
+        request_stop()
 
     def _consume(self) -> int:
         if self._stop.is_set():

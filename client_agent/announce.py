@@ -3,7 +3,8 @@
 One job: the presence side of the protocol. ``encode_announcement`` (pure) builds the
 ``ClientConnected`` JSON within the brain's size cap; the ``Announcer`` thread pushes it
 on connect and whenever the tools change, waits (bounded) for the brain's
-``AnnouncementAck`` and retries with exponential backoff until one is accepted; the
+``AnnouncementAck`` and retries with exponential backoff until one is accepted (a broker
+that refuses the agent's credentials is not retried: ``on_refused`` stops the agent); the
 ``Heartbeat`` thread keeps ``heartbeat`` alive with a TTL, so an agent that dies
 without saying goodbye disappears on its own.
 """
@@ -107,8 +108,11 @@ class Announcer(threading.Thread):
         stop: threading.Event,
         ack_timeout_s: float,
         backoff: Callable[[int], float] = retry_delay,
+        on_refused: Callable[[redis.AuthenticationError], None] | None = None,
     ) -> None:
         super().__init__(name="vancetope-announcer", daemon=True)
+        # Called when the broker refuses the agent's credentials: retrying cannot help.
+        self.on_refused = on_refused
         self.channel = channel
         self.session_id = session_id
         self.build = build
@@ -157,6 +161,12 @@ class Announcer(threading.Thread):
         try:
             self.channel.announce(body)
             ack = self._wait_for_ack(self.session_id)
+        except redis.AuthenticationError as exc:
+            if self.on_refused is None:
+                log.error("the broker refused this agent's credentials: %s", exc)
+                return False
+            self.on_refused(exc)
+            return True  # nothing to retry: the agent is stopping
         except redis.RedisError as exc:
             log.warning("announcing failed: cannot reach the broker (%s)", exc)
             return False
@@ -204,8 +214,10 @@ class Heartbeat(threading.Thread):
         ttl_s: float,
         stop: threading.Event,
         announcer: Announcer | None = None,
+        on_refused: Callable[[redis.AuthenticationError], None] | None = None,
     ) -> None:
         super().__init__(name="vancetope-heartbeat", daemon=True)
+        self.on_refused = on_refused
         self.channel = channel
         self.session_id = session_id
         self.interval_s = interval_s
@@ -229,6 +241,13 @@ class Heartbeat(threading.Thread):
                 if failing:
                     log.info("heartbeat restored")
                 failing = False
+            except redis.AuthenticationError as exc:
+                if self.on_refused is not None:
+                    self.on_refused(exc)
+                    return
+                if not failing:
+                    log.error("heartbeat refused: the broker refused this agent's credentials: %s", exc)
+                failing = True
             except Exception as exc:  # noqa: BLE001 - the heartbeat thread must outlive any one failure
                 if not failing:  # once per outage, not every two seconds
                     log.warning("heartbeat failed: %s (retrying every %gs)", exc, self.interval_s)

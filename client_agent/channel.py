@@ -39,6 +39,11 @@ class AgentChannel:
         self.client_id = client_id
         self.prefix = client_keyprefix(client_id)
 
+    def check_credentials(self) -> None:
+        """One PING. The broker refusing the credentials is an answer, not an outage: raise
+        ``redis.AuthenticationError`` (WRONGPASS/NOAUTH); any other RedisError means "not now"."""
+        self.client.ping()
+
     def key(self, name: str) -> str:
         return self.prefix + name
 

@@ -52,3 +52,19 @@ class PolicyViolation(AgentError, ToolFailed):
 
 class BrokerUnavailable(AgentError):
     """The agent could not write to its broker after bounded retries."""
+
+
+class NotEnrolled(AgentError):
+    """The broker refused this agent's credentials (WRONGPASS/NOAUTH): the client is not
+    enrolled, or was revoked. Retrying cannot help; the operator has to enroll it."""
+
+    def __init__(self, client_id: str, user: str, detail: str) -> None:
+        super().__init__(
+            f"the broker refused the credentials of client {client_id!r} ({detail}): not enrolled or "
+            f"revoked: ask the operator to run `vancetope clients enroll {client_id} --user {user}` and "
+            "give this agent the VANCETOPE_AGENT_BROKER_URL it prints",
+            client_id=client_id,
+            user=user,
+        )
+        self.client_id = client_id
+        self.user = user

@@ -94,6 +94,12 @@ class ToolType(StrEnum):
     BUILT_IN = "built_in"
 
 
+# Wire limits of the ids and names a ToolCall carries; brain.models derives what a tree may hold.
+MAX_WIRE_ID_CHARS = 128
+MAX_TOOL_NAME_CHARS = 200
+MAX_CALL_TIMEOUT_S = 24 * 3600
+
+
 class ToolCall(BaseModel):
     """One tool call, the body of a ``vancetope.run_tool`` job.
 
@@ -103,14 +109,14 @@ class ToolCall(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    run_id: str = Field(min_length=1, max_length=128)
-    tree_id: str = Field(min_length=1, max_length=128)
-    task_id: str = Field(min_length=1, max_length=128)
-    tool: str = Field(min_length=1, max_length=200)
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tool: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
     tool_type: ToolType
     mcp_server: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
-    timeout_s: float = Field(gt=0, le=24 * 3600)
+    timeout_s: float = Field(gt=0, le=MAX_CALL_TIMEOUT_S)
     max_result_bytes: int = Field(gt=0)
     max_deliveries: int = Field(default=3, ge=1)
     # Set on client routes; the brain accepts a result only from this client.
@@ -152,7 +158,7 @@ class ToolDescriptor(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
     type: ToolType
     mcp_server: str | None = None
     description: str = ""

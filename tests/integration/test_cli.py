@@ -7,11 +7,15 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT, wait_until
+from brain.models import TaskState
+from brain.service import Brain
+from brain.stack import EmbeddedStack
+from tests.conftest import EXAMPLES, ROOT, tree, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +45,25 @@ def test_malformed_yaml_is_refused_with_its_line_and_column_before_anything_star
     assert not (tmp_path / "data" / "stack.json").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "explain"])
+def test_a_billion_laughs_tree_exits_2_quickly_with_the_reason(tmp_path: Path, command: str) -> None:
+    laughs = ROOT / "tests" / "fixtures" / "billion_laughs.yaml"
+    assert laughs.stat().st_size < 1024  # a few hundred bytes that expand to 10^9 nodes
+    proc = vancetope(command, str(laughs), data=tmp_path / "data", timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "YAML aliases expand the document beyond" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_tree_file_over_max_tree_bytes_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("id: t\ntasks:\n  - id: a\n    tool: echo\n    args: {text: " + "x" * 2000 + "}\n")
+    proc = vancetope("run", str(big), data=tmp_path / "data", env={"VANCETOPE_MAX_TREE_BYTES": "1000"})
+    assert proc.returncode == 2, proc.stderr
+    assert "larger than the limit of 1000 bytes" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "data" / "vancetope.db").exists()
+
+
 def test_an_invalid_tree_is_refused_naming_the_task_and_the_problem(tmp_path: Path) -> None:
     cycle = tmp_path / "cycle.yaml"
     cycle.write_text(
@@ -55,6 +78,38 @@ def test_an_invalid_tree_is_refused_naming_the_task_and_the_problem(tmp_path: Pa
     proc = vancetope("run", str(enum), data=tmp_path / "data")
     assert proc.returncode == 2
     assert "task 'c': execution_target: Input should be 'auto', 'server', 'client' or 'any'" in proc.stderr
+
+
+def test_run_with_an_invalid_client_id_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    proc = vancetope(
+        "run", str(EXAMPLES / "offline-client.yaml"), "--client", "no/such", data=tmp_path / "data"
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "--client: invalid client id 'no/such'" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "data" / "vancetope.db").exists()
+
+
+def test_run_with_an_unenrolled_client_and_cancel_of_an_unknown_task_say_so(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    stack = stack_factory(services=("brain",), mcp_config=None)
+    data = stack.settings.data_dir
+    proc = vancetope("run", str(EXAMPLES / "offline-client.yaml"), "--client", "ghost", data=data, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "client 'ghost' is not enrolled" in " ".join(proc.stderr.split())
+    brain = brain_factory(stack)
+    assert brain.store.list_trees() == []  # refused before anything was stored
+
+    rec = brain.scheduler.submit(
+        tree({"id": "t", "tasks": [{"id": "a", "tool": "read_local_file", "args": {"path": "x"}}]}),
+        user="ada",
+    )
+    proc = vancetope("cancel", rec.tree_id, "nope", data=data, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"tree '{rec.tree_id}' has no task 'nope'; its tasks: a" in " ".join(proc.stderr.split())
+    assert brain.store.get_task(rec.tree_id, "a").state is TaskState.PENDING_CLIENT
 
 
 def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Path) -> None:

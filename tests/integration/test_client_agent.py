@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from brain.enrollment import enroll, revoke
 from brain.redis_server import RedisServer
 from tests.conftest import FIXTURES
 from workers.app import make_app
@@ -39,6 +40,7 @@ from workers.contracts import (
     client_keyprefix,
     client_queue,
 )
+from workers.urls import with_credentials
 
 pytestmark = pytest.mark.integration
 
@@ -303,3 +305,51 @@ def test_rejected_announcement_is_retried_until_accepted(
     agent.proc.send_signal(signal.SIGINT)
     assert isinstance(brain.next_message(timeout=20), ClientDisconnected)
     assert agent.proc.wait(20) == 0
+
+
+def exit_code_within(agent: AgentProcess, timeout: float) -> int:
+    try:
+        return agent.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the agent still runs after {timeout}s:\n{agent.output()}") from None
+
+
+NOT_ENROLLED = (
+    f"not enrolled or revoked: ask the operator to run `vancetope clients enroll {CID} --user demo`"
+)
+
+
+@pytest.mark.parametrize("credentials", ["an unknown user", "none"])
+def test_an_unenrolled_agent_is_told_so_and_exits_instead_of_retrying_forever(
+    workspace: Workspace, redis_server: RedisServer, tmp_path: Path, credentials: str
+) -> None:
+    url = redis_server.address_url  # no credentials: the broker answers NOAUTH
+    if credentials == "an unknown user":
+        url = with_credentials(url, f"client-{CID}", "not-a-secret-it-knows")  # WRONGPASS
+    agent = AgentProcess(workspace.config, url, tmp_path / "agent.log")
+    try:
+        code = exit_code_within(agent, timeout=60)
+    finally:
+        agent.stop()
+    assert code == 3, agent.output()
+    assert NOT_ENROLLED in agent.output()
+    assert "did not acknowledge" not in agent.output()
+
+
+def test_a_revoked_agent_stops_with_the_reason(
+    workspace: Workspace, brain_on_redis: Any, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    credential = enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
+    agent = AgentProcess(workspace.config, credential.broker_url, tmp_path / "agent.log")
+    try:
+        wait_for(
+            lambda: brain_on_redis.hot.r.exists(client_key(CID, CLIENT_HEARTBEAT)),
+            60,
+            "the agent's heartbeat",
+        )
+        assert revoke(brain_on_redis.clients, CID)
+        code = exit_code_within(agent, timeout=60)
+    finally:
+        agent.stop()
+    assert code == 3, agent.output()
+    assert NOT_ENROLLED in agent.output()

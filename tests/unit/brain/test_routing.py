@@ -327,9 +327,10 @@ TABLE = [
         client_id="alice-laptop",
     ),
     row(
-        "other clients of the user are tried in client_id order when the session's client lacks the tool",
+        "among equally loaded clients of the user the first in client_id order runs the tool",
         "read_local_file", SESSION_LACKS, CLIENT,
-        "tool 'read_local_file' has location client: client 'alice-a' (a client of user 'alice') runs it",
+        "tool 'read_local_file' has location client: client 'alice-a' (the least loaded of 2 clients of "
+        "user 'alice', 0 call(s) queued) runs it",
         client_id="alice-a",
     ),
     row(
@@ -505,3 +506,65 @@ def test_engine_refuses_a_field_both_inside_and_beside_tools() -> None:
 def test_decide_route_is_pure() -> None:
     request = RouteRequest(tool="drive_client", session=INTERACTIVE)
     assert decide_route(request, REGISTRY, OWN) == decide_route(request, REGISTRY, OWN)
+
+
+# --- spreading over the user's clients (load passed in) -------------------------------------------
+
+
+def loaded(client: ClientView, load: int, tools: frozenset[str] = CLIENT_TOOLS) -> ClientView:
+    return client.model_copy(update={"load": load, "tools": tools})
+
+
+@pytest.mark.parametrize(
+    ("session_client", "clients", "picked"),
+    [
+        pytest.param(
+            None, (loaded(A_BOX, 3), loaded(DESKTOP, 1)), "alice-desktop", id="the least loaded wins"
+        ),
+        pytest.param(
+            None, (loaded(A_BOX, 2), loaded(DESKTOP, 2)), "alice-a", id="ties go in client_id order"
+        ),
+        pytest.param(
+            None,
+            (loaded(DESKTOP, 1), loaded(A_BOX, 0, frozenset())),
+            "alice-desktop",
+            id="an idle client without the tool is not picked",
+        ),
+        pytest.param(
+            "alice-laptop",
+            (loaded(LAPTOP, 9), loaded(DESKTOP, 0)),
+            "alice-laptop",
+            id="the session's own client stays first however loaded",
+        ),
+        pytest.param(
+            "alice-laptop",
+            (loaded(BARE_LAPTOP, 0, frozenset()), loaded(DESKTOP, 4), loaded(A_BOX, 5)),
+            "alice-desktop",
+            id="without the tool on the session's client the least loaded other one runs it",
+        ),
+        pytest.param(
+            None,
+            (loaded(BOB, 0), loaded(DESKTOP, 7)),
+            "alice-desktop",
+            id="an idle client of another user is never picked",
+        ),
+    ],
+)
+def test_client_work_goes_to_the_least_loaded_client_of_the_user_offering_the_tool(
+    session_client: str | None, clients: tuple[ClientView, ...], picked: str
+) -> None:
+    presence = Presence(session_client=session_client, user="alice", clients=clients)
+    route = decide_route(RouteRequest(tool="read_local_file"), REGISTRY, presence)
+    assert (route.kind, route.client_id) == (CLIENT, picked)
+
+
+def test_routing_one_call_after_another_from_one_view_alternates_between_equal_clients() -> None:
+    presence = Presence(user="alice", clients=(DESKTOP, A_BOX))
+    picked = []
+    for _ in range(6):
+        route = decide_route(RouteRequest(tool="read_local_file"), REGISTRY, presence)
+        assert route.client_id is not None
+        picked.append(route.client_id)
+        presence = presence.with_call_sent_to(route.client_id)
+    assert picked == ["alice-a", "alice-desktop"] * 3
+    assert {c.client_id: c.load for c in presence.clients} == {"alice-desktop": 3, "alice-a": 3}

@@ -402,6 +402,7 @@ def test_spec_from_descriptor() -> None:
 def test_spec_from_descriptor_refuses_an_invalid_tool_name() -> None:
     descriptor = ToolDescriptor(name="has space", type=ToolType.NATIVE)
     with pytest.raises(
-        ConfigError, match=r"^tool 'has space' cannot be registered: name: String should match"
+        ConfigError,
+        match=r"^tool 'has space' cannot be registered: name: 'has space' is not a valid id: use letters",
     ):
         spec_from_descriptor(descriptor, Location.CLIENT)

@@ -179,3 +179,61 @@ def test_channel_uses_only_keys_under_its_prefix(redis_url: str, r: redis.Redis)
     r.set(client_key(CID, CLIENT_ACK), "not json")
     assert channel.read_ack() is None
     assert all(key.startswith(b"c:laptop:") for key in r.keys("*"))
+
+
+class _RefusingRedis:
+    """A broker client that fails every call the same way: counts the attempts."""
+
+    def __init__(self, error: redis.RedisError) -> None:
+        self.error = error
+        self.attempts = 0
+
+    def pipeline(self, transaction: bool = True) -> _RefusingRedis:
+        return self
+
+    def delete(self, *keys: str) -> None:
+        pass
+
+    def lpush(self, *args: object) -> None:
+        pass
+
+    def execute(self) -> None:
+        self.attempts += 1
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (redis.AuthenticationError("WRONGPASS invalid username-password pair"), True),
+        (redis.AuthenticationError("NOAUTH Authentication required."), True),
+        (redis.ConnectionError("Connection refused"), False),
+        (redis.TimeoutError("Timeout connecting"), False),
+    ],
+)
+def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried(
+    stop: threading.Event, error: redis.RedisError, refused: bool
+) -> None:
+    client = _RefusingRedis(error)
+    calls: list[redis.AuthenticationError] = []
+    announcer = Announcer(
+        AgentChannel(client, CID),  # type: ignore[arg-type]
+        "s1",
+        lambda: "{}",
+        stop,
+        ack_timeout_s=0.1,
+        backoff=lambda attempt: 0.05,
+        on_refused=calls.append,
+    )
+    announcer.start()
+    announcer.request()
+    deadline = time.monotonic() + 10
+    while client.attempts < 3 and not calls and time.monotonic() < deadline:
+        stop.wait(0.05)
+    stop.wait(0.3)  # room for a retry that must not happen after a refusal
+    if refused:
+        assert calls == [error]
+        assert client.attempts == 1
+    else:
+        assert calls == []
+        assert client.attempts >= 3
