@@ -120,6 +120,19 @@ def tree(data: dict[str, Any]) -> TaskTree:
     return TaskTree.model_validate(data)
 
 
+def result_for(brain: Brain, tree_id: str, task_id: str, client_id: str | None, value: Any = "forged") -> Any:
+    """A successful ToolResult for the task's current run, as its worker (or a forger who
+    knows the run id: it travels in the client's message) would send it."""
+    from workers.contracts import ToolResult
+
+    task = brain.store.get_task(tree_id, task_id)
+    assert task is not None and task.run_id
+    return ToolResult(
+        run_id=task.run_id, tree_id=tree_id, task_id=task_id, tool=task.tool, ok=True, value=value,
+        client_id=client_id, started_at=0, finished_at=0,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()

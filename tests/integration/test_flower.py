@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from brain.models import SessionKind
 from brain.redis_server import RedisServer, free_port
 from brain.service import Brain
+from brain.stack import flower_argv
 from tests.conftest import tree, wait_until
 from tests.integration.test_parking import connect
 from workers.contracts import ToolResult
@@ -39,16 +39,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     env = {**os.environ, "VANCETOPE_REDIS_URL": flower_url, "FLOWER_UNAUTHENTICATED_API": "true"}
     with open(tmp_path / "flower.log", "w") as log:
         flower = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.server_worker",
-                "flower",
-                "--address=127.0.0.1",
-                f"--port={port}",
-            ],
+            flower_argv(port),  # the stack's own command line
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -20,7 +20,7 @@ from brain.models import SessionKind, TaskState
 from brain.redis_server import RedisServer
 from brain.relay import Relay
 from brain.service import Brain
-from tests.conftest import EXAMPLES, tree, wait_until
+from tests.conftest import EXAMPLES, result_for, tree, wait_until
 from tests.integration.test_parking import READ, connected
 from workers.contracts import (
     BRAIN_QUEUE,
@@ -30,7 +30,6 @@ from workers.contracts import (
     SERVER_QUEUE,
     ClientToolResult,
     ToolDescriptor,
-    ToolResult,
     ToolType,
     client_key,
     client_queue,
@@ -189,12 +188,6 @@ def test_enrollments_survive_a_redis_flush_and_the_brain_restores_the_acl_users(
 # --- what the brain decides: a client's own outbox is all it can write, and it is not trusted
 
 
-def _read_task(brain: Brain, tree_id: str) -> tuple[str, str]:
-    rec = brain.store.get_task(tree_id, "r0")
-    assert rec is not None and rec.run_id is not None
-    return rec.run_id, rec.tool
-
-
 def test_a_forged_result_for_another_clients_task_through_its_own_outbox_is_refused(
     brain_on_redis: Brain, two_clients: tuple[Credential, Credential]
 ) -> None:
@@ -208,13 +201,9 @@ def test_a_forged_result_for_another_clients_task_through_its_own_outbox_is_refu
         session=SessionKind.INTERACTIVE,
         client_id="victim",
     )
-    run_id, tool = _read_task(brain, rec.tree_id)
     attacker = as_client(mallory)
     for claimed in ("victim", "mallory"):
-        forged = ToolResult(
-            run_id=run_id, tree_id=rec.tree_id, task_id="r0", tool=tool, ok=True, value="forged",
-            client_id=claimed, started_at=0, finished_at=0,
-        )  # fmt: skip
+        forged = result_for(brain, rec.tree_id, "r0", claimed)
         attacker.lpush(
             client_key("mallory", CLIENT_OUTBOX),
             ClientToolResult(client_id=claimed, result=forged).model_dump_json(),
@@ -224,10 +213,7 @@ def test_a_forged_result_for_another_clients_task_through_its_own_outbox_is_refu
         pass
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
     # the victim's own answer still counts
-    honest = ToolResult(
-        run_id=run_id, tree_id=rec.tree_id, task_id="r0", tool=tool, ok=True, value="dear diary",
-        client_id="victim", started_at=0, finished_at=0,
-    )  # fmt: skip
+    honest = result_for(brain, rec.tree_id, "r0", "victim", value="dear diary")
     as_client(victim).lpush(
         VICTIM_OUTBOX, ClientToolResult(client_id="victim", result=honest).model_dump_json()
     )

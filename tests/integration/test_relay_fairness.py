@@ -13,9 +13,9 @@ import pytest
 from brain.models import SessionKind, TaskState
 from brain.relay import POP_BATCH, Relay
 from brain.service import Brain
-from tests.conftest import tree
+from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads
-from workers.contracts import CLIENT_OUTBOX, ClientToolResult, ToolResult, client_key
+from workers.contracts import CLIENT_OUTBOX, ClientToolResult, client_key
 
 pytestmark = pytest.mark.integration
 
@@ -32,19 +32,7 @@ def flood(brain: Brain, client_id: str, n: int = FLOOD) -> None:
 
 
 def result_message(brain: Brain, tree_id: str, task_id: str, client_id: str) -> bytes:
-    task = brain.store.get_task(tree_id, task_id)
-    assert task is not None and task.run_id
-    result = ToolResult(
-        run_id=task.run_id,
-        tree_id=tree_id,
-        task_id=task_id,
-        tool=task.tool,
-        ok=True,
-        value="from the quiet client",
-        client_id=client_id,
-        started_at=0,
-        finished_at=0,
-    )
+    result = result_for(brain, tree_id, task_id, client_id, value="from the quiet client")
     return ClientToolResult(client_id=client_id, result=result).model_dump_json().encode()
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from brain.models import SessionKind, TaskState
 from brain.service import Brain
-from tests.conftest import tree
+from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads
 from workers.contracts import ToolResult
 
@@ -17,19 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def forged(brain: Brain, tree_id: str, task_id: str, client_id: str | None) -> ToolResult:
-    task = brain.store.get_task(tree_id, task_id)
-    assert task is not None and task.run_id
-    return ToolResult(
-        run_id=task.run_id,  # the forger knows the run id (it travels in the client's message)
-        tree_id=tree_id,
-        task_id=task_id,
-        tool=task.tool,
-        ok=True,
-        value="forged",
-        client_id=client_id,
-        started_at=0,
-        finished_at=0,
-    )
+    return result_for(brain, tree_id, task_id, client_id)
 
 
 def test_a_result_on_the_brain_queue_cannot_complete_a_task_routed_to_a_client(brain_on_redis: Brain) -> None:
