@@ -18,12 +18,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+import redis
 from celery import bootsteps
 from celery.worker import state as worker_state
 
 log = logging.getLogger("vancetope.worker.lease")
 
 VISIBILITY_TIMEOUT_S = 30
+UNACKED_INDEX = "unacked_index"  # kombu's default unacked_index_key
 # How often a live consumer looks for expired leases (kombu's restore_visible sweep).
 RESTORE_EVERY_S = 5
 
@@ -59,11 +61,17 @@ class LeaseRenewal(bootsteps.StartStopStep):
         self._thread: threading.Thread | None = None
 
     def start(self, parent: Any) -> None:
-        options = parent.app.conf.broker_transport_options or {}
+        app = parent.app
+        options = app.conf.broker_transport_options or {}
         interval = renew_every(float(options.get("visibility_timeout", VISIBILITY_TIMEOUT_S)))
+        # kombu's own key name, under the connection's prefix (a client agent's c:<id>:).
+        key = options.get("global_keyprefix", "") + options.get("unacked_index_key", UNACKED_INDEX)
+        # A client of our own: the consumer's channel belongs to its event loop, and a command
+        # sent on it from this thread could interleave with the loop's BRPOP on the same socket.
+        client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10, socket_connect_timeout=5)
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._loop, args=(parent, interval), name="vancetope-lease", daemon=True
+            target=self._loop, args=(client, key, interval), name="vancetope-lease", daemon=True
         )
         self._thread.start()
 
@@ -72,14 +80,15 @@ class LeaseRenewal(bootsteps.StartStopStep):
 
     shutdown = stop
 
-    def _loop(self, consumer: Any, interval: float) -> None:
-        while not self._stop.wait(interval):
-            tags = held_tags([*worker_state.reserved_requests, *worker_state.active_requests])
-            if not tags:
-                continue
-            try:
-                channel = consumer.connection.default_channel
-                now = time.time()
-                channel.client.zadd(channel.unacked_index_key, dict.fromkeys(tags, now), xx=True)
-            except Exception as exc:  # noqa: BLE001 - a lost connection; the next tick tries again
-                log.warning("could not renew the lease of %d message(s): %s", len(tags), exc)
+    def _loop(self, client: redis.Redis, key: str, interval: float) -> None:
+        try:
+            while not self._stop.wait(interval):
+                tags = held_tags([*worker_state.reserved_requests, *worker_state.active_requests])
+                if not tags:
+                    continue
+                try:
+                    client.zadd(key, dict.fromkeys(tags, time.time()), xx=True)
+                except redis.RedisError as exc:  # a lost connection: the next tick tries again
+                    log.warning("could not renew the lease of %d message(s): %s", len(tags), exc)
+        finally:
+            client.close()
