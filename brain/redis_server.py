@@ -26,6 +26,7 @@ from typing import Self
 import redis
 
 from brain.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
+from brain.children import dies_with_this_process
 from brain.errors import BrainError
 from workers.urls import with_credentials
 
@@ -149,7 +150,9 @@ class RedisServer:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            dies_with_this_process(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         self._wait_ready(timeout)
         return self
 

@@ -26,6 +26,7 @@ from typing import Self
 import redis
 
 from brain.acl import AclUsers
+from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackNotRunning
@@ -204,7 +205,7 @@ class EmbeddedStack:
         log_path = self.settings.data_dir / "logs" / f"{name}.log"
         with open(log_path, "ab") as log_file:
             proc = subprocess.Popen(
-                argv,
+                dies_with_this_process(argv),
                 env=env,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -182,3 +182,29 @@ def test_up_gives_up_on_a_brain_that_keeps_failing_at_start_and_exits_3_with_the
     assert "brain exited with code 78 within 15s of starting, 3 times in a row; not restarting it" in log, log
     assert REASON in log and "Stopping the stack" in log
     assert not (data / "stack.json").exists()
+
+
+def running_program(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with running_up(tmp_path, "--no-agent") as up:
+        wait_until(lambda: stack_state(data).get("services"), timeout=90, what="the stack to be up")
+        state = stack_state(data)
+        children = [state["redis_pid"], *state["services"].values()]
+        assert all(running_program(pid) for pid in children)
+        os.kill(up.pid, signal.SIGKILL)  # no handler runs: only the kernel can tell the children
+        up.wait(10)
+        wait_until(
+            lambda: not any(running_program(pid) for pid in children),
+            timeout=60,
+            what="the stack's processes to stop after their parent was killed",
+        )
