@@ -7,6 +7,7 @@ Exit codes: 0 every task done; 1 the tree ended otherwise (or is still running a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -37,6 +38,7 @@ from brain.errors import (
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
+from brain.report import tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
 from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
@@ -121,6 +123,12 @@ def _fail(message: str, code: int) -> NoReturn:
 @click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
 @click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
 @click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="At the end print the tree's record as JSON (progress goes to stderr).",
+)
 @click.pass_obj
 def run(
     settings: Settings,
@@ -130,6 +138,7 @@ def run(
     user: str | None,
     no_agent: bool,
     timeout: float | None,
+    as_json: bool,
 ) -> None:
     """Run TREE_FILE to the end with a live progress display, then print every task.
 
@@ -169,7 +178,13 @@ def run(
                         highlight=False,
                     )
                 record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
-                status = watch(brain, record.tree_id, timeout, console, err)
+                if as_json:
+                    status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
+                    tasks = brain.store.get_tasks(record.tree_id)
+                    final = brain.store.get_tree(record.tree_id) or record
+                    click.echo(json.dumps(tree_report(final, tasks), indent=2))
+                else:
+                    status = watch(brain, record.tree_id, timeout, console, err)
             finally:
                 brain.close()
     except StackNotRunning as exc:
@@ -321,20 +336,31 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
 
 @cli.command()
 @click.argument("tree_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
 @click.pass_obj
-def status(settings: Settings, tree_id: str | None) -> None:
-    """Show recent task trees, or every task of TREE_ID with its state, route and result."""
+def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
+    """Show recent task trees, or every task of TREE_ID with its state, route and result.
+
+    Reads only the store: works while Redis is down. --json prints whole results.
+    """
     store = open_store(settings.store)
     try:
         if tree_id is None:
             trees = store.list_trees(limit=20)
             counts = {t.tree_id: Counter(r.state.value for r in store.get_tasks(t.tree_id)) for t in trees}
-            console.print(trees_table(trees, counts) if trees else "no task trees yet")
+            if as_json:
+                click.echo(json.dumps(trees_report(trees, counts), indent=2))
+            else:
+                console.print(trees_table(trees, counts) if trees else "no task trees yet")
             return
         tree_rec = store.get_tree(tree_id)
         if tree_rec is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
-        console.print(task_table(tree_rec, store.get_tasks(tree_id), {}))
+        tasks = store.get_tasks(tree_id)
+        if as_json:
+            click.echo(json.dumps(tree_report(tree_rec, tasks), indent=2))
+        else:
+            console.print(task_table(tree_rec, tasks, {}))
     finally:
         store.close()
 

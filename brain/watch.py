@@ -104,8 +104,10 @@ def watch(
     console: Console,
     err: Console,
     clock: Callable[[], float] = time.monotonic,
+    show_table: bool = True,
 ) -> TreeStatus | None:
-    """Redraw until the tree ends (its status) or ``timeout`` passes (None); then print every task."""
+    """Redraw until the tree ends (its status) or ``timeout`` passes (None); then print every
+    task (unless ``show_table`` is off: the caller prints its own report)."""
     link = _RedisLink(brain, tree_id, clock)
     deadline = clock() + timeout if timeout else None
     try:
@@ -130,7 +132,8 @@ def watch(
     finally:
         link.close()
     tree_rec, records = _read(brain, tree_id)
-    console.print(task_table(tree_rec, records, link.running(records)))
+    if show_table:
+        console.print(task_table(tree_rec, records, link.running(records)))
     link.close()
     if tree_rec.status is TreeStatus.RUNNING:
         return None
