@@ -194,6 +194,7 @@ class Child:
         env: dict[str, str],
         log_path: Path | None = None,
         stdout: int | None = None,
+        cwd: Path = ROOT,
     ) -> Child:
         out: Any = stdout
         log_file = None
@@ -204,7 +205,7 @@ class Child:
             proc = subprocess.Popen(
                 argv,
                 env=env,
-                cwd=str(ROOT),
+                cwd=str(cwd),
                 stdout=out,
                 stderr=subprocess.STDOUT if log_path else None,
                 start_new_session=True,

@@ -37,7 +37,9 @@ GOAL = 1.0
 
 
 def fan_in_tree(n: int) -> TaskTree:
-    tasks: list[dict[str, Any]] = [{"id": f"t{i}", "tool": "echo", "args": {"value": f"v{i}"}} for i in range(n)]
+    tasks: list[dict[str, Any]] = [
+        {"id": f"t{i}", "tool": "echo", "args": {"value": f"v{i}"}} for i in range(n)
+    ]
     tasks.append(
         {
             "id": "join",
@@ -63,7 +65,10 @@ def run(quick: bool = False) -> list[Row]:
     ):
         for _ in range(reps):
             key = celery.new_counter()
-            header = [celery.app.signature(celery_baseline.MEMBER_TASK, args=[f"v{i}"], queue=QUEUE) for i in range(n)]
+            header = [
+                celery.app.signature(celery_baseline.MEMBER_TASK, args=[f"v{i}"], queue=QUEUE)
+                for i in range(n)
+            ]
             body = celery.app.signature(celery_baseline.FAN_IN_TASK, args=[key], queue=QUEUE)
             started = time.perf_counter()
             result = chord(header, app=celery.app)(body)

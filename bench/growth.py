@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import threading
 from pathlib import Path
+from typing import Self
 
 from bench.common import Row, redis_only_stack
 from bench.rigs import echo_tree, vancetope_on
@@ -49,7 +50,7 @@ class PeakRss:
                 return
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -70,9 +70,7 @@ class Baseline:
         self.app.send_task(celery_baseline.NOOP_TASK, args=[key, value], queue=self.queue)
 
     def send_hop(self, key: str, length: int, value: Any) -> None:
-        self.app.send_task(
-            celery_baseline.HOP_TASK, args=[key, 0, length, value], queue=self.queue
-        )
+        self.app.send_task(celery_baseline.HOP_TASK, args=[key, 0, length, value], queue=self.queue)
 
     def close(self) -> None:
         self.app.close()
@@ -133,7 +131,9 @@ class Vancetope:
         self.brain = brain
         self._status_db: sqlite3.Connection | None = None
 
-    def run_tree(self, tree: TaskTree, timeout: float) -> tuple[TreeRecord, float, float]:
+    def run_tree(
+        self, tree: TaskTree, timeout: float, **submit_kwargs: Any
+    ) -> tuple[TreeRecord, float, float]:
         """Submit ``tree`` and wait until the store says it finished.
 
         Returns (record, seconds spent in submit(), seconds from submit to finished).
@@ -145,7 +145,7 @@ class Vancetope:
         pubsub.subscribe(channel_tree_events(tree_id))  # before submitting: no wake-up is missed
         try:
             started = time.perf_counter()
-            self.brain.scheduler.submit(tree, tree_id=tree_id)
+            self.brain.scheduler.submit(tree, tree_id=tree_id, **submit_kwargs)
             submitted = time.perf_counter() - started
             deadline = time.monotonic() + timeout
             while True:
