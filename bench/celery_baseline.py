@@ -26,17 +26,22 @@ from celery import Celery
 QUEUE = "bench"
 NOOP_TASK = "bench.noop"
 HOP_TASK = "bench.hop"
+# The chord (fan-in) and round-trip baselines need Celery's Redis result backend; their
+# worker runs with BENCH_RESULT_BACKEND set and consumes its own queue.
+MEMBER_TASK = "bench.member"
+FAN_IN_TASK = "bench.fan_in"
+ECHO_TASK = "bench.echo"
 
 _clients: dict[int, redis.Redis] = {}
 
 
-def make_app(broker_url: str) -> Celery:
+def make_app(broker_url: str, result_backend: str | None = None) -> Celery:
     app = Celery("bench-baseline", set_as_current=False)
     app.conf.update(
         broker_url=broker_url,
         broker_connection_retry_on_startup=True,
-        result_backend=None,
-        task_ignore_result=True,
+        result_backend=result_backend,
+        task_ignore_result=result_backend is None,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -57,7 +62,10 @@ def _redis() -> redis.Redis:
     return client
 
 
-app = make_app(os.environ.get("BENCH_REDIS_URL") or "redis://127.0.0.1:6379/0")
+app = make_app(
+    os.environ.get("BENCH_REDIS_URL") or "redis://127.0.0.1:6379/0",
+    os.environ.get("BENCH_RESULT_BACKEND") or None,
+)
 
 
 @app.task(name=NOOP_TASK)
@@ -74,4 +82,23 @@ def hop(counter_key: str, index: int, length: int, value: Any) -> Any:
         app.send_task(HOP_TASK, args=[counter_key, index + 1, length, value], queue=QUEUE)
     else:
         _redis().incr(counter_key)
+    return value
+
+
+@app.task(name=MEMBER_TASK)
+def member(value: Any) -> Any:
+    """One of a chord's header tasks: its result goes to the backend and counts the chord."""
+    return value
+
+
+@app.task(name=FAN_IN_TASK)
+def fan_in(results: list[Any], counter_key: str) -> int:
+    """A chord's body: gets every header result, counts the completion."""
+    _redis().incr(counter_key)
+    return len(results)
+
+
+@app.task(name=ECHO_TASK)
+def echo(value: Any) -> Any:
+    """The round-trip baseline: return the value through the result backend."""
     return value

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -51,12 +51,47 @@ class Row:
     kind: Kind
     baseline_label: str
     notes: str = ""
+    # The issue's goal for the ratio (Vancetope's cost / the baseline's), None: report only.
+    goal: float | None = None
+    # Anything else worth keeping in the JSON (sizes, spreads, worst pings).
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def unit(self) -> str:
+        return self.metric
 
     @property
     def ratio(self) -> float:
+        if math.isnan(self.baseline) or math.isnan(self.vancetope):
+            return math.nan
         if self.kind == "latency":
             return self.vancetope / self.baseline if self.baseline else math.inf
         return self.baseline / self.vancetope if self.vancetope else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        """One object of ``--json``: NaN/inf become null (JSON has neither)."""
+
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) or math.isinf(x) else x
+
+        return {
+            "benchmark": self.benchmark,
+            "unit": self.metric,
+            "baseline": num(self.baseline),
+            "vancetope": num(self.vancetope),
+            "ratio": num(self.ratio),
+            "goal": self.goal,
+            "met": None if self.goal is None or math.isnan(self.ratio) else self.ratio <= self.goal,
+            "baseline_is": self.baseline_label,
+            "notes": self.notes,
+            **self.extra,
+        }
+
+
+def not_measured(benchmark: str, metric: str, goal: float | None, why: str) -> Row:
+    """A contract row that cannot be measured meaningfully today: NaN values, the reason in notes."""
+    nan = math.nan
+    return Row(benchmark, metric, nan, nan, "latency", "not measured", why, goal)
 
     @property
     def ratio_formula(self) -> str:
@@ -159,6 +194,7 @@ class Child:
         env: dict[str, str],
         log_path: Path | None = None,
         stdout: int | None = None,
+        cwd: Path = ROOT,
     ) -> Child:
         out: Any = stdout
         log_file = None
@@ -169,7 +205,7 @@ class Child:
             proc = subprocess.Popen(
                 argv,
                 env=env,
-                cwd=str(ROOT),
+                cwd=str(cwd),
                 stdout=out,
                 stderr=subprocess.STDOUT if log_path else None,
                 start_new_session=True,

@@ -31,10 +31,17 @@ WARMUP_TIMEOUT_S = 60.0
 class Baseline:
     """Plain Celery on the stack's Redis: a producer app here, a worker subprocess."""
 
-    def __init__(self, stack: EmbeddedStack, worker: Child) -> None:
+    def __init__(
+        self,
+        stack: EmbeddedStack,
+        worker: Child,
+        queue: str = celery_baseline.QUEUE,
+        result_backend: str | None = None,
+    ) -> None:
         self.stack = stack
         self.worker = worker
-        self.app: Celery = celery_baseline.make_app(stack.redis_url)
+        self.queue = queue
+        self.app: Celery = celery_baseline.make_app(stack.redis_url, result_backend)
         self.r = redis.Redis.from_url(stack.redis_url)
 
     def new_counter(self) -> str:
@@ -60,12 +67,10 @@ class Baseline:
         )
 
     def send_noop(self, key: str, value: Any) -> None:
-        self.app.send_task(celery_baseline.NOOP_TASK, args=[key, value], queue=celery_baseline.QUEUE)
+        self.app.send_task(celery_baseline.NOOP_TASK, args=[key, value], queue=self.queue)
 
     def send_hop(self, key: str, length: int, value: Any) -> None:
-        self.app.send_task(
-            celery_baseline.HOP_TASK, args=[key, 0, length, value], queue=celery_baseline.QUEUE
-        )
+        self.app.send_task(celery_baseline.HOP_TASK, args=[key, 0, length, value], queue=self.queue)
 
     def close(self) -> None:
         self.app.close()
@@ -73,9 +78,17 @@ class Baseline:
 
 
 @contextmanager
-def baseline_on(stack: EmbeddedStack, concurrency: int = 2) -> Iterator[Baseline]:
+def baseline_on(
+    stack: EmbeddedStack,
+    concurrency: int = 2,
+    queue: str = celery_baseline.QUEUE,
+    result_backend: bool = False,
+    pool: str = "prefork",
+) -> Iterator[Baseline]:
     """Start the baseline worker (prefork ``-c concurrency``, like Vancetope's pool), warm it
-    up, and stop it (and its pool children) on the way out, also on an error."""
+    up, and stop it (and its pool children) on the way out, also on an error. With
+    ``result_backend`` both the worker and the producer use Celery's Redis result backend
+    on the stack's Redis (the chord and ``.get()`` baselines)."""
     argv = [
         sys.executable,
         "-m",
@@ -84,19 +97,21 @@ def baseline_on(stack: EmbeddedStack, concurrency: int = 2) -> Iterator[Baseline
         "bench.celery_baseline",
         "worker",
         "-Q",
-        celery_baseline.QUEUE,
+        queue,
         "-n",
         f"bench-{uuid.uuid4().hex[:6]}@%h",
         "-P",
-        "prefork",
+        pool,
         "-c",
         str(concurrency),
         "--loglevel",
         "WARNING",
     ]
-    log_path = stack.settings.data_dir / "logs" / "baseline-worker.log"
-    worker = Child.start("baseline-worker", argv, child_env(BENCH_REDIS_URL=stack.redis_url), log_path)
-    base = Baseline(stack, worker)
+    log_path = stack.settings.data_dir / "logs" / f"baseline-worker-{queue}.log"
+    backend = stack.redis_url if result_backend else None
+    env = child_env(BENCH_REDIS_URL=stack.redis_url, BENCH_RESULT_BACKEND=backend or "")
+    worker = Child.start("baseline-worker", argv, env, log_path)
+    base = Baseline(stack, worker, queue, backend)
     try:
         key = base.new_counter()
         for i in range(2 * concurrency):
@@ -116,7 +131,9 @@ class Vancetope:
         self.brain = brain
         self._status_db: sqlite3.Connection | None = None
 
-    def run_tree(self, tree: TaskTree, timeout: float) -> tuple[TreeRecord, float, float]:
+    def run_tree(
+        self, tree: TaskTree, timeout: float, **submit_kwargs: Any
+    ) -> tuple[TreeRecord, float, float]:
         """Submit ``tree`` and wait until the store says it finished.
 
         Returns (record, seconds spent in submit(), seconds from submit to finished).
@@ -128,7 +145,7 @@ class Vancetope:
         pubsub.subscribe(channel_tree_events(tree_id))  # before submitting: no wake-up is missed
         try:
             started = time.perf_counter()
-            self.brain.scheduler.submit(tree, tree_id=tree_id)
+            self.brain.scheduler.submit(tree, tree_id=tree_id, **submit_kwargs)
             submitted = time.perf_counter() - started
             deadline = time.monotonic() + timeout
             while True:

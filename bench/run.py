@@ -1,9 +1,10 @@
 """Run every benchmark and print one table of ratios against baselines measured in this run.
 
-    python bench/run.py [--quick] [--only NAME ...]
+    python bench/run.py [--quick] [--only NAME ...] [--json FILE]
 
-Ratios always read "Vancetope's cost in units of the baseline's" (> 1: Vancetope is
-slower): latency rows are vancetope/baseline, throughput rows baseline/vancetope.
+Ratios always read "Vancetope's cost / the baseline's cost" (> 1: Vancetope is slower
+or costlier): for time or bytes per unit of work that is vancetope/baseline, for a rate
+(tasks/s, refs/s) baseline/vancetope - the same thing in cost terms.
 Nothing is compared with a fixed threshold - a slow machine changes both columns.
 Exit status: 0 when every benchmark produced its numbers, 1 if one crashed.
 """
@@ -11,6 +12,7 @@ Exit status: 0 when every benchmark produced its numbers, 1 if one crashed.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
@@ -27,13 +29,17 @@ if str(ROOT) not in sys.path:
 from rich.console import Console
 from rich.table import Table
 
-from bench import chain, mcp_call, requeue, throughput
+from bench import chain, client_rt, fan_in, growth, mcp_call, requeue, scale_out, throughput
 from bench.common import Row, environment, scrub_vancetope_env
 
 BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "throughput": throughput.run,
     "chain": chain.run,
+    "growth": growth.run,
+    "fan_in": fan_in.run,
+    "client": client_rt.run,
     "requeue": requeue.run,
+    "scale_out": scale_out.run,
     "mcp": mcp_call.run,
 }
 
@@ -51,6 +57,8 @@ def fmt(value: float) -> str:
 
 
 def fmt_ratio(ratio: float) -> str:
+    if math.isnan(ratio) or math.isinf(ratio):
+        return str(ratio)
     return f"{ratio:.3f}×" if ratio < 0.1 else f"{ratio:.2f}×"
 
 
@@ -61,6 +69,7 @@ def table(rows: list[Row], title: str) -> Table:
     t.add_column("baseline", justify="right")
     t.add_column("vancetope", justify="right")
     t.add_column("ratio", justify="right")
+    t.add_column("goal", justify="right")
     t.add_column("baseline is / notes", overflow="fold")
     for row in rows:
         t.add_row(
@@ -68,15 +77,25 @@ def table(rows: list[Row], title: str) -> Table:
             row.metric,
             fmt(row.baseline),
             fmt(row.vancetope),
-            f"{fmt_ratio(row.ratio)} [dim]{row.ratio_formula}[/dim]",
+            fmt_ratio(row.ratio),
+            _goal(row),
             f"[italic]{row.baseline_label}[/italic]. {row.notes}",
         )
     return t
 
 
+def _goal(row: Row) -> str:
+    if row.goal is None:
+        return "-"
+    if math.isnan(row.ratio):
+        return f"≤ {row.goal:g} ?"
+    return f"≤ {row.goal:g} " + ("[green]met[/green]" if row.ratio <= row.goal else "[red]missed[/red]")
+
+
 RATIO_LEGEND = (
-    "ratio: latency rows vancetope/baseline (vt/base), throughput rows baseline/vancetope (base/vt); "
-    "either way > 1 means Vancetope costs more than the baseline, < 1 less."
+    "ratio: always Vancetope's cost / the baseline's cost (for a rate such as tasks/s that is "
+    "baseline/vancetope): > 1 means Vancetope costs more (is slower), < 1 less. goal: the issue's bound "
+    "on that ratio; '-' = reported without a goal; nan = not measured, the notes say why."
 )
 
 
@@ -92,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help=f"run only these: {', '.join(BENCHMARKS)}",
     )
+    parser.add_argument("--json", metavar="FILE", type=Path, help="also write the rows as a JSON list")
     args = parser.parse_args(argv)
     # SIGTERM (a CI timeout, `kill`) must unwind like Ctrl-C does, so every benchmark's
     # finally block stops its workers and redis-server instead of leaving them behind.
@@ -125,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratio > 1: Vancetope slower"
     )
     console.print(table(rows, title))
+    if args.json is not None:
+        doc = [{**row.to_json(), "quick": args.quick} for row in rows]
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        console.print(f"rows written to {args.json}")
     if crashed:
         console.print(f"[red]crashed: {', '.join(crashed)}[/red]")
         return 1
