@@ -17,7 +17,7 @@ import pytest
 from brain.models import SessionKind, TaskState
 from brain.relay import Relay
 from brain.service import Brain
-from tests.conftest import tree
+from tests.conftest import result_for, tree
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_HEARTBEAT,
@@ -280,18 +280,7 @@ def test_a_result_from_a_client_the_task_was_not_routed_to_is_refused(brain_on_r
         brain.scheduler.presence.enroll(cid, "ada")
     connect(brain, "laptop")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
-    task = brain.store.get_task(rec.tree_id, "r0")
-    forged = ToolResult(
-        run_id=task.run_id,
-        tree_id=rec.tree_id,
-        task_id="r0",
-        tool="read_local_file",
-        ok=True,
-        value="forged",
-        client_id="other",
-        started_at=0,
-        finished_at=0,
-    )
+    forged = result_for(brain, rec.tree_id, "r0", "other")
     brain.hot.r.lpush(
         client_key("other", CLIENT_OUTBOX),
         ClientToolResult(client_id="other", result=forged).model_dump_json(),
@@ -367,17 +356,7 @@ def test_a_client_whose_id_prefixes_another_neither_completes_nor_takes_back_its
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.route == "client:laptop"
-    forged = ToolResult(
-        run_id=task.run_id,
-        tree_id=rec.tree_id,
-        task_id="r0",
-        tool="read_local_file",
-        ok=True,
-        value="forged",
-        client_id="lap",
-        started_at=0,
-        finished_at=0,
-    )
+    forged = result_for(brain, rec.tree_id, "r0", "lap")
     assert brain.scheduler.on_result(forged, from_client="lap") is False
     brain.clients.on_disconnected("lap", "s-lap", "test")
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
