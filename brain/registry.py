@@ -18,7 +18,7 @@ from brain.routing import Engine
 from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from workers.contracts import MCPServerFailure
 from workers.mcp_clients import MCPClientManager
-from workers.mcp_config import load_mcp_config
+from workers.mcp_config import load_mcp_config, skipped_servers
 from workers.tools.builtin import builtin_descriptors
 
 DISCOVERY_TIMEOUT_S = 30.0
@@ -50,11 +50,13 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     discovered: dict[str, ToolSpec] = {}
     failures: list[MCPServerFailure] = []
     if settings.mcp_config and discover:
-        manager = MCPClientManager(load_mcp_config(str(settings.mcp_config)))
+        config = load_mcp_config(str(settings.mcp_config))
+        manager = MCPClientManager(config)
         try:
             descriptors, failures = manager.discover(timeout=DISCOVERY_TIMEOUT_S)
         finally:
             manager.close()
+        failures = [*skipped_servers(config), *failures]
         for d in descriptors:
             try:
                 discovered[d.name] = spec_from_descriptor(d, Location.SERVER)

@@ -30,7 +30,7 @@ from client_agent.policy import Policy
 from workers.contracts import MCPServerFailure, ToolDescriptor
 from workers.errors import WorkerError
 from workers.mcp_clients import MCPClientManager
-from workers.mcp_config import MCPConfig, StdioServerSpec, load_mcp_config
+from workers.mcp_config import MCPConfig, StdioServerSpec, load_mcp_config, skipped_servers
 
 log = logging.getLogger("vancetope.agent.mcp")
 
@@ -122,6 +122,7 @@ def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], tim
         return MCPTools(failures=[failure])
     manager = GuardedMCPManager(config, start_timeout=timeout)
     discovered, failures = manager.discover(timeout)
+    failures = [*skipped_servers(config), *failures]
     merged = merge_tools(native, discovered, policy)
     manager.permit(((t.mcp_server or "", t.name) for t in merged.offered), merged.refused)
     for failure in failures:
@@ -140,7 +141,7 @@ def localize(config: MCPConfig, base: Path) -> MCPConfig:
         else spec
         for name, spec in config.servers.items()
     }
-    return MCPConfig(source=config.source, servers=servers)
+    return MCPConfig(source=config.source, servers=servers, skipped=config.skipped)
 
 
 def _cwd(spec: StdioServerSpec, base: Path) -> str:

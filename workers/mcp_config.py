@@ -2,7 +2,10 @@
 
 One job: read the de-facto ``{"mcpServers": {name: {...}}}`` JSON format (as used
 by Claude Desktop, Cursor, VS Code) into typed, validated server specs, with
-error messages that name the file, the server and the problem. ``${VAR}`` in
+error messages that name the file, the server and the problem. A file that is not
+such an object fails as a whole; one entry that cannot be used (``"disabled": true``,
+a transport we do not speak such as ``sse``, a missing command) is skipped with its
+reason in ``MCPConfig.skipped``, so the other servers' tools are still offered. ``${VAR}`` in
 ``env`` and ``headers`` values is expanded from the process environment at load
 time, so secrets stay out of the file.
 """
@@ -19,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -71,6 +75,13 @@ class MCPConfig(BaseModel):
 
     source: str = "<memory>"
     servers: dict[str, MCPServerSpec] = Field(default_factory=dict)
+    # Entries left out, by name: the message says which file, which server and why.
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+def skipped_servers(config: MCPConfig) -> list[MCPServerFailure]:
+    """The entries left out of ``config``, as failures to report (a server, and why)."""
+    return [MCPServerFailure(server=name, message=why) for name, why in config.skipped.items()]
 
 
 def load_mcp_config(path: str | os.PathLike[str]) -> MCPConfig:
@@ -101,8 +112,17 @@ def parse_mcp_config(text: str, source: str, environ: Mapping[str, str] | None =
     entries = doc["mcpServers"]
     if not isinstance(entries, dict):
         raise MCPConfigError(f'{source}: "mcpServers" must be an object mapping server names to settings')
-    servers = {name: _parse_server(source, name, entry, env) for name, entry in entries.items()}
-    return MCPConfig(source=source, servers=servers)
+    servers: dict[str, MCPServerSpec] = {}
+    skipped: dict[str, str] = {}
+    for name, entry in entries.items():
+        if isinstance(entry, dict) and entry.get("disabled") is True:
+            skipped[name] = f"{source}: server {name!r} is disabled in the file; skipped"
+            continue
+        try:
+            servers[name] = _parse_server(source, name, entry, env)
+        except MCPConfigError as exc:
+            skipped[name] = exc.message
+    return MCPConfig(source=source, servers=servers, skipped=skipped)
 
 
 def _parse_server(source: str, name: str, entry: Any, env: Mapping[str, str]) -> MCPServerSpec:
@@ -131,7 +151,8 @@ def _server_kind(where: str, entry: dict[str, Any]) -> Literal["stdio", "http"]:
     declared = entry.get("type")
     if declared is not None and declared not in _STDIO_TYPES + _HTTP_TYPES:
         raise MCPConfigError(
-            f'{where}: unsupported type {declared!r} (use "stdio", "http" or "streamable-http")'
+            f'{where}: unsupported type {declared!r} (use "stdio", "http" or "streamable-http"); '
+            "this server is skipped"
         )
     if not has_command and not has_url:
         raise MCPConfigError(f'{where}: has neither "command" (stdio) nor "url" (http)')

@@ -129,3 +129,20 @@ def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path
                 os.killpg(up.pid, signal.SIGINT)
                 up.wait(60)
     assert "stopping" not in (tmp_path / "up.log").read_text()
+
+
+def test_one_unusable_mcp_server_entry_does_not_take_the_others_tools_away(tmp_path: Path) -> None:
+    servers = {
+        "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
+        "old": {"type": "sse", "url": "http://127.0.0.1:9/sse"},
+        "off": {"command": "never-started", "disabled": True},
+    }
+    mcp = write(tmp_path / "server-mcp.json", json.dumps({"mcpServers": servers}))
+    tree = write(
+        tmp_path / "t.yaml", "id: t\ntasks:\n  - {id: now, tool: get_current_time, args: {timezone: UTC}}\n"
+    )
+    proc = vancetope("--mcp-config", str(mcp), "explain", str(tree), data=tmp_path / "data")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 task(s), valid" in flat(proc.stdout)
+    err = flat(proc.stderr)
+    assert "server 'old': unsupported type 'sse'" in err and "server 'off' is disabled in the file" in err

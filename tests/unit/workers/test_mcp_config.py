@@ -14,6 +14,7 @@ from workers.mcp_config import (
     StdioServerSpec,
     load_mcp_config,
     parse_mcp_config,
+    skipped_servers,
 )
 
 
@@ -73,55 +74,44 @@ def test_empty_server_map_is_fine() -> None:
         ("[]", 'cfg.json: the top level must be a JSON object with an "mcpServers" key'),
         ('{"servers": {}}', 'cfg.json: missing the "mcpServers" object'),
         ('{"mcpServers": []}', 'cfg.json: "mcpServers" must be an object mapping server names to settings'),
-        ('{"mcpServers": {"a": 1}}', "cfg.json: server 'a': settings must be an object"),
-        (
-            '{"mcpServers": {"a": {}}}',
-            'cfg.json: server \'a\': has neither "command" (stdio) nor "url" (http)',
-        ),
-        (
-            '{"mcpServers": {"a": {"command": "x", "url": "http://h"}}}',
-            'cfg.json: server \'a\': has both "command" and "url"',
-        ),
-        (
-            '{"mcpServers": {"a": {"type": "sse", "url": "http://h"}}}',
-            "cfg.json: server 'a': unsupported type 'sse'",
-        ),
-        (
-            '{"mcpServers": {"a": {"type": "stdio", "url": "http://h"}}}',
-            "cfg.json: server 'a': type 'stdio' needs \"command\"",
-        ),
-        (
-            '{"mcpServers": {"a": {"type": "http", "command": "x"}}}',
-            "cfg.json: server 'a': type 'http' needs \"url\"",
-        ),
-        (
-            '{"mcpServers": {"a": {"command": ""}}}',
-            "cfg.json: server 'a': command: String should have at least 1 character",
-        ),
-        (
-            '{"mcpServers": {"a": {"command": "x", "args": "-v"}}}',
-            "cfg.json: server 'a': args: Input should be a valid list",
-        ),
-        (
-            '{"mcpServers": {"a": {"command": "x", "env": {"N": 1}}}}',
-            "cfg.json: server 'a': env.N: Input should be a valid string",
-        ),
-        (
-            '{"mcpServers": {"a": {"url": "ftp://h"}}}',
-            "cfg.json: server 'a': url 'ftp://h' must start with http:// or https://",
-        ),
-        (
-            '{"mcpServers": {"a": {"command": "x", "env": {"TOKEN": "${NOPE_UNSET}"}}}}',
-            "cfg.json: server 'a': env 'TOKEN' refers to ${NOPE_UNSET}, but NOPE_UNSET is not set in the environment",
-        ),
     ],
 )
-def test_error_messages_name_the_file_and_problem(text: str, fragment: str) -> None:
+def test_a_file_that_is_not_an_mcp_servers_object_fails_naming_the_file(text: str, fragment: str) -> None:
     with pytest.raises(MCPConfigError) as info:
         parse_mcp_config(text, "cfg.json", environ={})
     assert fragment in info.value.message
     assert isinstance(info.value, WorkerError)
     assert info.value.to_info().type == "MCPConfigError"
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        ("1", "cfg.json: server 'a': settings must be an object"),
+        ("{}", 'cfg.json: server \'a\': has neither "command" (stdio) nor "url" (http)'),
+        ('{"command": "x", "url": "http://h"}', 'cfg.json: server \'a\': has both "command" and "url"'),
+        ('{"type": "sse", "url": "http://h"}', "cfg.json: server 'a': unsupported type 'sse'"),
+        ('{"type": "stdio", "url": "http://h"}', "cfg.json: server 'a': type 'stdio' needs \"command\""),
+        ('{"type": "http", "command": "x"}', "cfg.json: server 'a': type 'http' needs \"url\""),
+        ('{"command": ""}', "cfg.json: server 'a': command: String should have at least 1 character"),
+        ('{"command": "x", "args": "-v"}', "cfg.json: server 'a': args: Input should be a valid list"),
+        ('{"command": "x", "env": {"N": 1}}', "cfg.json: server 'a': env.N: Input should be a valid string"),
+        ('{"url": "ftp://h"}', "cfg.json: server 'a': url 'ftp://h' must start with http:// or https://"),
+        (
+            '{"command": "x", "env": {"TOKEN": "${NOPE_UNSET}"}}',
+            "cfg.json: server 'a': env 'TOKEN' refers to ${NOPE_UNSET}, but NOPE_UNSET is not set in the environment",
+        ),
+        ('{"command": "x", "disabled": true}', "cfg.json: server 'a' is disabled in the file; skipped"),
+    ],
+)
+def test_an_entry_that_cannot_be_used_is_skipped_with_its_reason_and_the_others_load(
+    entry: str, fragment: str
+) -> None:
+    text = '{"mcpServers": {"a": ' + entry + ', "good": {"command": "mcp-server-time"}}}'
+    config = parse_mcp_config(text, "cfg.json", environ={})
+    assert list(config.servers) == ["good"]
+    assert fragment in config.skipped["a"]
+    assert [(f.server, f.message) for f in skipped_servers(config)] == [("a", config.skipped["a"])]
 
 
 def test_load_reads_a_file_and_names_it(tmp_path: Path) -> None:
