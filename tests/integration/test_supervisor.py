@@ -144,8 +144,9 @@ def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_pat
     assert "redis-server restarted (pid" in log
 
 
-BAD_SERVER = '{"mcpServers": {"broken": {}}}'
-REASON = 'server \'broken\': has neither "command" (stdio) nor "url" (http)'
+# A file that is not an mcpServers object at all (one broken entry is only skipped).
+BAD_SERVER = '{"mcpServers": ["broken"]}'
+REASON = '"mcpServers" must be an object mapping server names to settings'
 
 
 def test_a_brain_with_a_bad_mcp_config_exits_and_up_and_run_show_why_with_exit_3(tmp_path: Path) -> None:
