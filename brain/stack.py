@@ -37,6 +37,8 @@ from brain.store import open_store
 from workers.contracts import key_presence, key_registry
 
 STACK_FILE = "stack.json"
+# Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
+REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
 SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower"}
 log = logging.getLogger("vancetope.stack")
@@ -133,7 +135,7 @@ class EmbeddedStack:
         data = self.settings.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)  # the store, logs and the admin secret: owner only
-        self.redis = RedisServer(data / "redis").start()
+        self.redis = RedisServer(data / REDIS_DIR).start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry())  # a stale snapshot is not readiness
         if self.settings.agent_config:
@@ -333,7 +335,7 @@ def running_stack_url(settings: Settings) -> str | None:
         return None
     try:
         url = json.loads(path.read_text())["redis_url"]
-        secret_file = settings.data_dir / "redis" / ADMIN_SECRET_FILE
+        secret_file = settings.data_dir / REDIS_DIR / ADMIN_SECRET_FILE
         if secret_file.is_file():
             url = admin_url(url, secret_file.read_text().strip())
         client = redis.Redis.from_url(url, socket_connect_timeout=0.5)
