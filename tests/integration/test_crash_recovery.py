@@ -22,7 +22,6 @@ import pytest
 import redis
 
 from brain.models import SessionKind, TaskState, TreeStatus
-from brain.redis_server import RedisServer
 from brain.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
@@ -50,6 +49,12 @@ def kill(stack: EmbeddedStack, name: str) -> None:
     os.killpg(service.process.pid, signal.SIGKILL)
     service.process.wait(10)
     stack.services.remove(service)
+
+
+def kill_redis(stack: EmbeddedStack) -> None:
+    assert stack.redis is not None and stack.redis.process is not None
+    stack.redis.process.kill()
+    stack.redis.process.wait(10)
 
 
 def deliveries(stack: EmbeddedStack, brain: Brain, tree_id: str) -> dict[str, int]:
@@ -167,14 +172,8 @@ def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
     brain = brain_factory(stack)
     rec = brain.scheduler.submit(sleeps(8, 1.0, "redis-crash"))
     wait_until(lambda: brain.hot.running(rec.tree_id, set()), timeout=60, what="the pool to start a call")
-    assert stack.redis is not None and stack.redis.process is not None
-    port, data = stack.redis.port, stack.redis.data_dir
-    killed = stack.redis.process
-    killed.kill()
-    killed.wait(10)
-    if killed.stderr is not None:
-        killed.stderr.close()
-    stack.redis = RedisServer(data, port=port).start()  # same port, same AOF
+    kill_redis(stack)
+    stack.restart_redis()  # same port, same AOF: what `vancetope up` does
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)
     assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
@@ -212,13 +211,8 @@ def restart(stack: EmbeddedStack, victim: str) -> None:
         kill(stack, victim)
         stack.start_service(victim)
         return
-    assert stack.redis is not None and stack.redis.process is not None
-    port, data, killed = stack.redis.port, stack.redis.data_dir, stack.redis.process
-    killed.kill()
-    killed.wait(10)
-    if killed.stderr is not None:
-        killed.stderr.close()
-    stack.redis = RedisServer(data, port=port).start()
+    kill_redis(stack)
+    stack.restart_redis()
 
 
 @pytest.mark.parametrize("victim", ["server-pool", "brain", "client-agent", "redis-server"])
