@@ -10,6 +10,9 @@ where only that client's agent can read it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
 
 from celery import Celery
 
@@ -36,6 +39,7 @@ class Publisher:
         self._client_apps: dict[str, Celery] = {}
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def app_for(self, client_id: str | None) -> Celery:
         if client_id is None:
@@ -59,15 +63,55 @@ class Publisher:
                 app.close()
             self._client_apps.clear()
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Messages sent inside go to Redis in pipelines (kombu's ``Producer.batch``: each
+        message's LPUSH and its task-sent event), flushed when the block exits; a message
+        costs a fraction of a round trip instead of two. Nested batches join the outer one."""
+        if getattr(self._local, "producers", None) is not None:
+            yield
+            return
+        with ExitStack() as stack:
+            self._local.producers, self._local.stack = {}, stack
+            try:
+                yield
+            finally:
+                self._local.producers = self._local.stack = None
+
+    def _producer(self, app: Celery) -> Any:
+        producers: dict[int, Any] | None = getattr(self._local, "producers", None)
+        if producers is None:
+            return None
+        producer = producers.get(id(app))
+        if producer is None:
+            stack: ExitStack = self._local.stack
+            producer = producers[id(app)] = stack.enter_context(app.producer_or_acquire())
+            stack.enter_context(producer.batch())
+        return producer
+
     def send(self, call: ToolCall) -> None:
         app = self.app_for(call.client_id)
         queue = SERVER_QUEUE if call.client_id is None else client_queue(call.client_id)
         limit_cap = float(app.conf.task_time_limit or 3600)
         app.send_task(
             RUN_TOOL_TASK,
+            producer=self._producer(app),
             args=[call.model_dump(mode="json")],
             task_id=call.run_id,
             queue=queue,
             soft_time_limit=min(call.timeout_s + _SOFT_MARGIN_S, limit_cap - 1),
             time_limit=min(call.timeout_s + _HARD_MARGIN_S, limit_cap),
+            # What Flower shows as the task's arguments: the tool and the names of its
+            # arguments, never their values (they may hold file contents or upstream
+            # results). Celery's default, a saferepr of the whole call, was also a third of
+            # the cost of sending.
+            argsrepr=args_summary(call),
+            kwargsrepr="{}",
+            # The default exchange routes by queue name; nothing needs declaring per message.
+            declare=[],
         )
+
+
+def args_summary(call: ToolCall) -> str:
+    """``tool(arg, ...)`` with the argument names only."""
+    return f"{call.tool}({', '.join(sorted(call.args))})"

@@ -30,6 +30,19 @@ from workers.contracts import (
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
 
+# HDEL the mark only if its run_id is this run's, then wake the tree's watchers: one round
+# trip per result. Marks are written with json.dumps, whose '"run_id": "<id>"' form is
+# matched literally (run ids are [A-Za-z0-9._-], nothing json.dumps would escape).
+_RESULT_RECORDED = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local cleared = 0
+if raw and string.find(raw, '"run_id": ' .. ARGV[2], 1, true) then
+  cleared = redis.call('HDEL', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', ARGV[3], '1')
+return cleared
+"""
+
 
 def as_bytes(value: bytes | str) -> bytes:
     """redis-py is typed ``bytes | str``; our clients never decode, so values are bytes."""
@@ -43,6 +56,7 @@ def as_text(value: bytes | str) -> str:
 class HotState:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
+        self._result_recorded = client.register_script(_RESULT_RECORDED)
 
     @classmethod
     def from_url(cls, url: str) -> HotState:
@@ -75,14 +89,13 @@ class HotState:
             marks.update({k.decode(): json.loads(v) for k, v in raw.items()})
         return marks
 
-    def clear_running(self, tree_id: str, task_id: str, run_id: str, client_id: str | None = None) -> None:
-        """Drop the mark only if it belongs to this run (a newer attempt keeps its own)."""
+    def result_recorded(self, tree_id: str, task_id: str, run_id: str, client_id: str | None = None) -> None:
+        """Drop the run's running mark, only if it is this run's (a newer attempt keeps its
+        own), and wake the tree's watchers: one round trip."""
         key = key_tree_running(tree_id)
         if client_id is not None:
             key = client_key(client_id, key)
-        raw = self.r.hget(key, task_id)
-        if raw and json.loads(raw).get("run_id") == run_id:
-            self.r.hdel(key, task_id)
+        self._result_recorded(keys=[key], args=[task_id, json.dumps(run_id), channel_tree_events(tree_id)])
 
     def cancel_runs(self, run_ids: Iterable[str], client_id: str | None = None) -> None:
         """Tell workers (offline ones too, when they come back) never to start these runs."""

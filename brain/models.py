@@ -8,6 +8,7 @@ argument schemas) live in ``brain.validation``.
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from enum import StrEnum
 from typing import Any
 
@@ -213,10 +214,21 @@ class TaskTree(BaseModel):
         return check_id(v, MAX_TREE_ID_CHARS)
 
     def task(self, task_id: str) -> TaskSpec:
+        return self._by_id[task_id]
+
+    @cached_property
+    def _by_id(self) -> dict[str, TaskSpec]:
+        return {t.id: t for t in self.tasks}
+
+    @cached_property
+    def dependents(self) -> dict[str, list[str]]:
+        """Task id -> the tasks that depend on it, in tree order: after a result, only these
+        can become ready (or be skipped), so advancing costs O(dependents), not O(tree)."""
+        index: dict[str, list[str]] = {}
         for t in self.tasks:
-            if t.id == task_id:
-                return t
-        raise KeyError(task_id)
+            for dep in t.depends_on:
+                index.setdefault(dep, []).append(t.id)
+        return index
 
 
 # --- records kept by the store ---------------------------------------------------

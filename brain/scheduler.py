@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from brain.config import Settings
@@ -37,7 +39,7 @@ from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route
 from brain.store import Store
-from brain.transitions import plan, tree_status
+from brain.transitions import plan
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
 from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
@@ -47,7 +49,12 @@ log = logging.getLogger("vancetope.brain")
 IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
 PARKED = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
 NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
+FINAL = frozenset(s for s in TaskState if s.is_final)
+NOT_DONE = frozenset(TaskState) - {TaskState.DONE}
 _TREE_CACHE = 256
+# Ready tasks dispatched per store batch: big enough to amortise a commit and a pipeline,
+# small enough that workers start on the first chunk while the next is written.
+_DISPATCH_CHUNK = 200
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
@@ -106,6 +113,10 @@ class Scheduler:
         self.parked = ParkedWork(hot.r)
         self.events: ClientEvents | None = None  # Flower's view of client agents, when wired
         self._trees: dict[str, TreeRecord] = {}
+        # Tasks this process saw done, per running tree. Done is final, so the set is never
+        # stale, only incomplete (another brain recorded the rest): a miss asks the store.
+        self._done: dict[str, set[str]] = {}
+        self._local = threading.local()
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -134,45 +145,123 @@ class Scheduler:
         return record
 
     # --- advance -------------------------------------------------------------------
-    def advance(self, tree_id: str) -> TreeStatus | None:
+    def advance(self, tree_id: str, ended: Mapping[str, TaskState] | None = None) -> TreeStatus | None:
         """Skip what cannot run, dispatch what is ready, finish the tree when all is final.
 
-        Runs after every result, so it reads task *states* only (one indexed query) and the
-        tree spec from a cache; whole records are read just for the tasks it moves.
+        ``ended``: tasks that just reached these final states. Only their dependents can
+        change, so only those are looked at, and a result costs O(its dependents) whatever
+        the tree's size. Without it (submit, sweeps) the whole tree is planned from its states.
         """
         tree_rec = self.tree(tree_id)
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
             return tree_rec.status if tree_rec else None
-        presence: Presence | None = None
-        while True:
-            states = self.store.task_states(tree_id)
-            step = plan(tree_rec.tree, states)
-            changed = False
-            for task_id, why in step.skip:
-                rec = self.store.get_task(tree_id, task_id)
-                changed |= rec is not None and self.finish_without_run(
-                    rec, TaskState.SKIPPED, why, {TaskState.PENDING}
-                )
-            for task_id in step.ready:
-                presence = presence or self._presence(tree_rec)
-                rec = self.store.get_task(tree_id, task_id)
-                if rec is None:
-                    continue
-                route = self.route(tree_rec, tree_rec.tree.task(task_id), presence)
-                if self.act(tree_rec, rec, route, {TaskState.PENDING}):
-                    changed = True
-                    if route.kind is RouteKind.CLIENT and route.client_id is not None:
-                        # One view serves the whole loop: count what it sends, so the ready
-                        # tasks spread over the user's clients instead of all taking the first.
-                        presence = presence.with_call_sent_to(route.client_id)
-            if not changed:
-                break
-        status = tree_status(states)
+        if ended is None:
+            self._advance_all(tree_rec)
+        else:
+            self._advance_after(tree_rec, ended)
+        status = self._tree_status(tree_id)
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
             log.info("tree %s finished: %s", tree_id, status.value)
             self._trees.pop(tree_id, None)
-        self.hot.notify(tree_id)
+            self._done.pop(tree_id, None)
+        if ended is None:
+            self.hot.notify(tree_id)  # after a result, on_result wakes watchers with its own write
         return status
+
+    def _advance_all(self, tree_rec: TreeRecord) -> None:
+        tree_id = tree_rec.tree_id
+        while True:
+            step = plan(tree_rec.tree, self.store.task_states(tree_id))
+            changed = False
+            for task_id, why in step.skip:
+                changed |= self._end(tree_id, task_id, TaskState.SKIPPED, why, {TaskState.PENDING})
+            changed |= self._start_ready(tree_rec, step.ready)
+            if not changed:
+                return
+
+    def _advance_after(self, tree_rec: TreeRecord, ended: Mapping[str, TaskState]) -> None:
+        """A task that ended unsuccessfully skips its pending dependents (and theirs); one that
+        is done makes ready each dependent whose other dependencies are done too. A dependent
+        with another dependency that failed was skipped when that one ended (or the idle-tree
+        sweep's full plan skips it)."""
+        tree_id, tree = tree_rec.tree_id, tree_rec.tree
+        done = self._done.setdefault(tree_id, set())
+        work = list(ended.items())
+        ready: list[str] = []
+        while work:
+            task_id, state = work.pop()
+            if state is TaskState.DONE:
+                done.add(task_id)
+            for dependent in tree.dependents.get(task_id, ()):
+                if state is not TaskState.DONE:
+                    why = f"upstream task {task_id!r} {state.value}"
+                    if self._end(tree_id, dependent, TaskState.SKIPPED, why, {TaskState.PENDING}):
+                        work.append((dependent, TaskState.SKIPPED))
+                    continue
+                others = [d for d in tree.task(dependent).depends_on if d not in done]
+                if not others or self.store.first_task_in(tree_id, NOT_DONE, among=others) is None:
+                    ready.append(dependent)
+        self._start_ready(tree_rec, ready)
+
+    def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
+        """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
+        one store batch, and its messages go out once that batch is written."""
+        changed = False
+        presence: Presence | None = None
+        for start in range(0, len(ready), _DISPATCH_CHUNK):
+            chunk = ready[start : start + _DISPATCH_CHUNK]
+            with self.batch():
+                for rec in self.store.get_tasks(tree_rec.tree_id, chunk):
+                    if rec.state is not TaskState.PENDING:
+                        continue
+                    presence = presence or self._presence(tree_rec)
+                    route = self.route(tree_rec, tree_rec.tree.task(rec.task_id), presence)
+                    if self.act(tree_rec, rec, route, {TaskState.PENDING}):
+                        changed = True
+                        if route.kind is RouteKind.CLIENT and route.client_id is not None:
+                            # One view serves the whole loop: count what it sends, so ready tasks
+                            # spread over the user's clients instead of all taking the first.
+                            presence = presence.with_call_sent_to(route.client_id)
+        return changed
+
+    def _tree_status(self, tree_id: str) -> TreeStatus | None:
+        """The tree's final status once every task is final (two index lookups), else None."""
+        if self.store.first_task_in(tree_id, NOT_FINAL) is not None:
+            return None
+        return TreeStatus.FAILED if self.store.first_task_in(tree_id, FINAL - {TaskState.DONE}) else TreeStatus.DONE
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Writes inside go to the store as one batch; the messages and parked refs that
+        announce them go out only after it is written (a worker must never see a run id
+        the store does not have yet). Nested batches join the outer one."""
+        if getattr(self._local, "after", None) is not None:
+            yield
+            return
+        after: list[Callable[[], None]] = []
+        self._local.after = after
+        try:
+            with self.store.batch():
+                yield
+        finally:
+            self._local.after = None
+        self._flush(after)
+
+    def _after_write(self, action: Callable[[], None]) -> None:
+        after = getattr(self._local, "after", None)
+        if after is None:
+            action()
+        else:
+            after.append(action)
+
+    def _flush(self, actions: list[Callable[[], None]]) -> None:
+        try:
+            with self.publisher.batch():
+                for action in actions:
+                    action()
+        except Exception:
+            # The store already says queued: the reconciler re-sends what never left.
+            log.exception("could not send %d message(s); the reconciler will re-send them", len(actions))
 
     def tree(self, tree_id: str) -> TreeRecord | None:
         """The tree's record; a running tree's is cached (its spec never changes, and a stale
@@ -183,14 +272,16 @@ class Scheduler:
         rec = self.store.get_tree(tree_id)
         if rec is not None and rec.status is TreeStatus.RUNNING:
             if len(self._trees) >= _TREE_CACHE:
-                self._trees.pop(next(iter(self._trees)))
+                evicted = next(iter(self._trees))
+                self._trees.pop(evicted)
+                self._done.pop(evicted, None)
             self._trees[tree_id] = rec
         return rec
 
     def results(self, tree_id: str, task_ids: Iterable[str]) -> dict[str, Any]:
         """Upstream results for resolving ``${tasks.<id>.result}`` references."""
-        found = {t: self.store.get_task(tree_id, t) for t in task_ids}
-        return {t: rec.result for t, rec in found.items() if rec is not None}
+        ids = list(task_ids)
+        return {rec.task_id: rec.result for rec in self.store.get_tasks(tree_id, ids)} if ids else {}
 
     def _presence(self, tree_rec: TreeRecord) -> Presence:
         return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
@@ -266,10 +357,10 @@ class Scheduler:
         )
         if moved is None:
             return False
-        owner = owner_of(tree_rec.user, tree_rec.client_id)
-        self.parked.park(
-            ParkedRef(tree_id=rec.tree_id, task_id=rec.task_id, owner=owner, parked_at=parked_at)
+        ref = ParkedRef(
+            tree_id=rec.tree_id, task_id=rec.task_id, owner=owner_of(tree_rec.user, tree_rec.client_id), parked_at=parked_at
         )
+        self._after_write(lambda: self.parked.park(ref))
         return True
 
     def _dispatch(
@@ -318,7 +409,8 @@ class Scheduler:
         )
         if moved is None:
             return False
-        self.publish(self.call(spec, moved, tool, args, route.client_id if to_client else None))
+        call = self.call(spec, moved, tool, args, route.client_id if to_client else None)
+        self._after_write(lambda: self.publish(call))
         return True
 
     def tool_spec(self, tool: str, client_id: str | None) -> ToolSpec | None:
@@ -369,11 +461,23 @@ class Scheduler:
         from_states: Collection[TaskState],
         error: ErrorInfo | None = None,
     ) -> bool:
+        return self._end(rec.tree_id, rec.task_id, state, reason, from_states, error)
+
+    def _end(
+        self,
+        tree_id: str,
+        task_id: str,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        error: ErrorInfo | None = None,
+    ) -> bool:
+        """Give a task a final state without running it, if it is still in ``from_states``."""
         now = self.clock()
         return (
             self.store.transition(
-                rec.tree_id,
-                rec.task_id,
+                tree_id,
+                task_id,
                 from_states=from_states,
                 state=state,
                 reason=reason,
@@ -412,10 +516,10 @@ class Scheduler:
                 result.task_id,
             )
             return False
-        self.hot.clear_running(result.tree_id, result.task_id, result.run_id, from_client)
         if self.events is not None:
             self.events.task_done(result)
-        self.advance(result.tree_id)
+        self.advance(result.tree_id, {result.task_id: recorded.state})
+        self.hot.result_recorded(result.tree_id, result.task_id, result.run_id, from_client)
         return True
 
     def _accepts(self, result: ToolResult, from_client: str | None) -> bool:

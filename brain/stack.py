@@ -52,7 +52,11 @@ class Service:
     log_path: Path | None = None
 
 
-def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
+def celery_argv(module: str, queue: str, node: str, *extra: str, task_events: bool = True) -> list[str]:
+    """``task_events``: send task events (-E) for Flower. Without it the worker still sends
+    worker-online and heartbeats, so Flower lists it; the brain's own ``record_result`` jobs
+    are bookkeeping an operator never needs to see, and three events per result cost more
+    than the job itself."""
     return [
         sys.executable,
         "-m",
@@ -66,7 +70,7 @@ def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
         node,
         "--loglevel",
         "INFO",
-        "-E",
+        *(["-E"] if task_events else []),
         *extra,
     ]
 
@@ -74,7 +78,7 @@ def celery_argv(module: str, queue: str, node: str, *extra: str) -> list[str]:
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
-        ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo")),
+        ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
         (
             "server-pool",
             celery_argv(

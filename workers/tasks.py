@@ -93,7 +93,15 @@ def register(
     hot = HotState(app)
 
     def to_brain(result: ToolResult) -> None:
-        app.send_task(RECORD_RESULT_TASK, args=[result.model_dump(mode="json")], queue=BRAIN_QUEUE)
+        app.send_task(
+            RECORD_RESULT_TASK,
+            args=[result.model_dump(mode="json")],
+            queue=BRAIN_QUEUE,
+            # Flower shows this, never the result itself (it may hold file contents).
+            argsrepr=f"{result.tool} result of {result.run_id}",
+            kwargsrepr="{}",
+            declare=[],
+        )
 
     def server_mcp() -> MCPClientManager | None:
         return get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)

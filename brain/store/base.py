@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Collection
+from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -65,8 +66,25 @@ class Store(Protocol):
 
     def get_task(self, tree_id: str, task_id: str) -> TaskRecord | None: ...
 
-    def get_tasks(self, tree_id: str) -> list[TaskRecord]:
-        """The tree's tasks in ``put_tree`` order."""
+    def get_tasks(self, tree_id: str, task_ids: Collection[str] | None = None) -> list[TaskRecord]:
+        """The tree's tasks in ``put_tree`` order; with ``task_ids``, only those (unknown ids
+        are left out): resolving a task's arguments reads just its dependencies."""
+        ...
+
+    def first_task_in(
+        self, tree_id: str, states: Collection[TaskState], among: Collection[str] | None = None
+    ) -> tuple[str, TaskState] | None:
+        """One task of the tree (of ``among``, when given) whose state is in ``states``, or None.
+
+        An index lookup, so advancing after each result costs O(its dependents), not O(tree):
+        "is anything unfinished?" and "is a dependency not done yet?" are both this question.
+        """
+        ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Group the writes made inside into as few round trips as the backend allows (SQLite:
+        one transaction). A compare-and-set inside still answers at once; what the caller
+        publishes about those writes must wait until the block has exited."""
         ...
 
     def task_states(self, tree_id: str) -> dict[str, TaskState]:

@@ -77,6 +77,7 @@ class MongoStore:
             self._tasks.create_index([("tree_id", ASCENDING), ("task_id", ASCENDING)], unique=True)
             self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
             self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
+            self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
             self._enrollments = self._db["enrollments"]
             self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
         self.database = database
@@ -144,10 +145,32 @@ class MongoStore:
             doc = self._tasks.find_one({"tree_id": tree_id, "task_id": task_id}, _HIDDEN)
         return None if doc is None else _task(doc)
 
-    def get_tasks(self, tree_id: str) -> list[TaskRecord]:
+    def get_tasks(self, tree_id: str, task_ids: Collection[str] | None = None) -> list[TaskRecord]:
+        query: dict[str, Any] = {"tree_id": tree_id}
+        if task_ids is not None:
+            query["task_id"] = {"$in": list(task_ids)}
         with self._errors(f"get_tasks({tree_id!r})"):
-            docs = list(self._tasks.find({"tree_id": tree_id}, _HIDDEN).sort("ord", ASCENDING))
+            docs = list(self._tasks.find(query, _HIDDEN).sort("ord", ASCENDING))
         return [_task(d) for d in docs]
+
+    def first_task_in(
+        self, tree_id: str, states: Collection[TaskState], among: Collection[str] | None = None
+    ) -> tuple[str, TaskState] | None:
+        values = state_values(states)
+        if not values:
+            return None
+        query: dict[str, Any] = {"tree_id": tree_id, "state": {"$in": values}}
+        if among is not None:
+            query["task_id"] = {"$in": list(among)}
+        with self._errors(f"first_task_in({tree_id!r})"):
+            doc = self._tasks.find_one(query, {"_id": 0, "task_id": 1, "state": 1})
+        return None if doc is None else (doc["task_id"], TaskState(doc["state"]))
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        # Each compare-and-set must answer before the next is decided, so there is nothing
+        # to group here; the writes are single-document and atomic on their own.
+        yield
 
     def task_states(self, tree_id: str) -> dict[str, TaskState]:
         with self._errors(f"task_states({tree_id!r})"):
