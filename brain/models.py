@@ -8,8 +8,8 @@ argument schemas) live in ``brain.validation``.
 from __future__ import annotations
 
 import re
-from functools import cached_property
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator

@@ -228,7 +228,11 @@ class Scheduler:
         """The tree's final status once every task is final (two index lookups), else None."""
         if self.store.first_task_in(tree_id, NOT_FINAL) is not None:
             return None
-        return TreeStatus.FAILED if self.store.first_task_in(tree_id, FINAL - {TaskState.DONE}) else TreeStatus.DONE
+        return (
+            TreeStatus.FAILED
+            if self.store.first_task_in(tree_id, FINAL - {TaskState.DONE})
+            else TreeStatus.DONE
+        )
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -358,7 +362,10 @@ class Scheduler:
         if moved is None:
             return False
         ref = ParkedRef(
-            tree_id=rec.tree_id, task_id=rec.task_id, owner=owner_of(tree_rec.user, tree_rec.client_id), parked_at=parked_at
+            tree_id=rec.tree_id,
+            task_id=rec.task_id,
+            owner=owner_of(tree_rec.user, tree_rec.client_id),
+            parked_at=parked_at,
         )
         self._after_write(lambda: self.parked.park(ref))
         return True
@@ -439,6 +446,44 @@ class Scheduler:
             max_deliveries=self.settings.max_deliveries,
             client_id=client_id,
         )
+
+    def publish_queued(self, tree_id: str, task_id: str, run_id: str, client_id: str) -> bool:
+        """Send the call of a run another process recorded as queued for a client. The call is
+        rebuilt from the store and the tree, and only if the store says this very run is
+        queued for that client: a message naming anything else is stale (or forged)."""
+        rec = self.store.get_task(tree_id, task_id)
+        tree_rec = self.tree(tree_id)
+        if (
+            rec is None
+            or tree_rec is None
+            or rec.state is not TaskState.QUEUED_CLIENT
+            or rec.run_id != run_id
+            or rec.client_id != client_id
+        ):
+            log.warning(
+                "not publishing run %s of task %s for client %s: the store does not have it queued for that client",
+                run_id,
+                task_id,
+                client_id,
+            )
+            return False
+        call = self.call_for(tree_rec, rec)
+        if call is None:
+            return False
+        self.publish(call)
+        return True
+
+    def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None:
+        """The message for ``rec``'s current run, rebuilt from the record and the tree (its
+        arguments resolved again from the upstream results); None, with the task failed,
+        when its tool is no longer known."""
+        spec = tree_rec.tree.task(rec.task_id)
+        tool = self.tool_spec(rec.tool, rec.client_id)
+        if tool is None:
+            self.finish_without_run(rec, TaskState.FAILED, f"Tool unknown: {rec.tool}", {rec.state})
+            return None
+        args = resolve_args(spec.args, self.results(rec.tree_id, spec.depends_on))
+        return self.call(spec, rec, tool, args, rec.client_id)
 
     def publish(self, call: ToolCall) -> None:
         try:

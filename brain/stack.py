@@ -81,9 +81,7 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
         ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
         (
             "server-pool",
-            celery_argv(
-                "workers.server_worker", "server", "server@%h", "-c", str(settings.server_concurrency)
-            ),
+            celery_argv("brain.pool", "server", "server@%h", "-c", str(settings.server_concurrency)),
         ),
     ]
     if settings.agent_config:

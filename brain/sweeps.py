@@ -15,7 +15,6 @@ from brain.clientwork import ClientWork
 from brain.models import TaskRecord, TaskState
 from brain.parked import ParkedRef, owner_of
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
-from brain.validation import resolve_args
 from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue, key_parked, key_requeueing
 
 log = logging.getLogger("vancetope.brain")
@@ -113,13 +112,9 @@ class Sweeps:
         )
         if moved is None:
             return False
-        spec = tree_rec.tree.task(rec.task_id)
-        args = resolve_args(spec.args, self.s.results(rec.tree_id, spec.depends_on))
-        tool = self.s.tool_spec(moved.tool, client_id)
-        if tool is None:
-            return self.s.finish_without_run(
-                moved, TaskState.FAILED, f"Tool unknown: {moved.tool}", {moved.state}
-            )
+        call = self.s.call_for(tree_rec, moved)
+        if call is None:
+            return False
         log.warning(
             "task %s of tree %s was queued but nothing held run %s: re-sent as run %s",
             rec.task_id,
@@ -127,7 +122,7 @@ class Sweeps:
             rec.run_id,
             moved.run_id,
         )
-        self.s.publish(self.s.call(spec, moved, tool, args, client_id))
+        self.s.publish(call)
         self.s.hot.notify(rec.tree_id)
         return True
 

@@ -22,7 +22,7 @@ from brain.config import load_settings
 from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
 from workers.app import app
-from workers.contracts import RECORD_RESULT_TASK, ToolResult
+from workers.contracts import PUBLISH_CALL_TASK, RECORD_RESULT_TASK, QueuedRun, ToolResult
 from workers.errors import WorkerError
 
 log = logging.getLogger("vancetope.brain")
@@ -47,6 +47,18 @@ def record_result(payload: Any) -> bool:
         log.error("dropped a malformed result message: %s", exc)
         return False
     return get_brain().scheduler.on_result(result)
+
+
+@app.task(name=PUBLISH_CALL_TASK, acks_late=True, reject_on_worker_lost=True)
+def publish_call(payload: Any) -> bool:
+    """A server worker recorded a result and dispatched a dependent to a client: send that
+    call to the client's queue, which only the brain may write (``brain.recorder``)."""
+    try:
+        ref = QueuedRun.model_validate(payload)
+    except ValidationError as exc:
+        log.error("dropped a malformed publish_call message: %s", exc)
+        return False
+    return get_brain().scheduler.publish_queued(ref.tree_id, ref.task_id, ref.run_id, ref.client_id)
 
 
 @celeryd_after_setup.connect

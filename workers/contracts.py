@@ -37,6 +37,8 @@ def client_keyprefix(client_id: str) -> str:
 
 RUN_TOOL_TASK = "vancetope.run_tool"
 RECORD_RESULT_TASK = "vancetope.record_result"
+# A server worker that recorded a result hands the brain a dependent's call for a client.
+PUBLISH_CALL_TASK = "vancetope.publish_call"
 
 # --- Redis keys (hot state lives under vt:) ----------------------------------
 
@@ -131,6 +133,18 @@ class ErrorInfo(BaseModel):
     type: str
     message: str
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class QueuedRun(BaseModel):
+    """The body of a ``vancetope.publish_call`` job: which run to send to which client.
+    Ids only; the brain rebuilds the call from its store."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    client_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
 
 
 class ToolResult(BaseModel):

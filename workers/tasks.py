@@ -46,6 +46,18 @@ _DELIVERY_TTL_S = 7 * 24 * 3600
 ResultSink = Callable[[ToolResult], None]
 
 
+# Before a run: is it cancelled? count this delivery; mark it running unless it is over
+# the delivery limit. One round trip instead of three. -1 = cancelled, else the count.
+# INCRBY, not INCR: a client agent's ACL user is granted the command redis-py sends.
+_BEGIN_RUN = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return -1 end
+local n = redis.call('INCRBY', KEYS[2], 1)
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+if n <= tonumber(ARGV[3]) then redis.call('HSET', KEYS[3], ARGV[4], ARGV[5]) end
+return n
+"""
+
+
 class HotState:
     """Per-process Redis client for a worker's own hot-state keys (under its key prefix)."""
 
@@ -60,22 +72,45 @@ class HotState:
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
             self._client = redis.Redis.from_url(self._app.conf.broker_url)
+            self._begin = self._client.register_script(_BEGIN_RUN)
             self._pid = os.getpid()
         return self._client
 
-    def is_cancelled(self, run_id: str) -> bool:
-        return bool(self.client.sismember(self.prefix + key_cancelled(), run_id))
-
-    def count_delivery(self, run_id: str) -> int:
-        key = self.prefix + key_deliveries(run_id)
-        pipe = self.client.pipeline()
-        pipe.incr(key)
-        pipe.expire(key, _DELIVERY_TTL_S)
-        return int(pipe.execute()[0])
-
-    def mark_running(self, call: ToolCall, worker: str, started_at: float) -> None:
+    def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
+        """None if the run was cancelled; else this delivery's number, the run marked running
+        when that is within ``call.max_deliveries``."""
+        client = self.client
         mark = json.dumps({"run_id": call.run_id, "worker": worker, "started_at": started_at})
-        self.client.hset(self.prefix + key_tree_running(call.tree_id), call.task_id, mark)
+        keys = [
+            self.prefix + key_cancelled(),
+            self.prefix + key_deliveries(call.run_id),
+            self.prefix + key_tree_running(call.tree_id),
+        ]
+        n = int(
+            self._begin(
+                keys=keys,
+                args=[call.run_id, _DELIVERY_TTL_S, call.max_deliveries, call.task_id, mark],
+                client=client,
+            )
+        )
+        return None if n < 0 else n
+
+
+def send_to_brain(app: Celery) -> ResultSink:
+    """The sink that hands a result to the brain as a ``record_result`` job on queue ``brain``."""
+
+    def to_brain(result: ToolResult) -> None:
+        app.send_task(
+            RECORD_RESULT_TASK,
+            args=[result.model_dump(mode="json")],
+            queue=BRAIN_QUEUE,
+            # Flower shows this, never the result itself (it may hold file contents).
+            argsrepr=f"{result.tool} result of {result.run_id}",
+            kwargsrepr="{}",
+            declare=[],
+        )
+
+    return to_brain
 
 
 def register(
@@ -92,21 +127,10 @@ def register(
     ``builtins`` as ``builtin_tools`` made them from the worker's settings."""
     hot = HotState(app)
 
-    def to_brain(result: ToolResult) -> None:
-        app.send_task(
-            RECORD_RESULT_TASK,
-            args=[result.model_dump(mode="json")],
-            queue=BRAIN_QUEUE,
-            # Flower shows this, never the result itself (it may hold file contents).
-            argsrepr=f"{result.tool} result of {result.run_id}",
-            kwargsrepr="{}",
-            declare=[],
-        )
-
     def server_mcp() -> MCPClientManager | None:
         return get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
 
-    deliver = sink or to_brain
+    deliver = sink or send_to_brain(app)
     mcp_manager = mcp or server_mcp
 
     @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
@@ -115,11 +139,11 @@ def register(
         call = _decode(payload, worker, client_id)
         if call is None:
             return {"ok": False, "error": "malformed tool call (see worker log)"}
-        if hot.is_cancelled(call.run_id):
+        started = time.time()
+        deliveries = hot.begin_run(call, worker, started)
+        if deliveries is None:
             log.info("run %s of task %s was cancelled; not starting it", call.run_id, call.task_id)
             return {"ok": False, "cancelled": True, "task": call.task_id}
-        started = time.time()
-        deliveries = hot.count_delivery(call.run_id)
         if deliveries > call.max_deliveries:
             err = PoisonTask(
                 f"task {call.task_id!r} (tool {call.tool!r}) was delivered {deliveries} times: its worker "
@@ -128,7 +152,6 @@ def register(
             )
             result = _failure(call, err.to_info(), worker, started, client_id)
         else:
-            hot.mark_running(call, worker, started)
             result = _run(call, mcp_manager, native, builtins, worker, client_id, started)
         deliver(result)
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}

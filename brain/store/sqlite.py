@@ -248,10 +248,14 @@ class SQLiteStore:
             else:
                 rows = []
                 for chunk in _chunks(list(task_ids)):
-                    rows += self._conn().execute(
-                        f"SELECT seq, doc FROM tasks WHERE tree_id = ? AND task_id IN ({_marks(chunk)})",
-                        (tree_id, *chunk),
-                    ).fetchall()
+                    rows += (
+                        self._conn()
+                        .execute(
+                            f"SELECT seq, doc FROM tasks WHERE tree_id = ? AND task_id IN ({_marks(chunk)})",
+                            (tree_id, *chunk),
+                        )
+                        .fetchall()
+                    )
                 rows = [(doc,) for _, doc in sorted(rows)]
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
 

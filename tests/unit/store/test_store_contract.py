@@ -137,6 +137,50 @@ def test_get_tasks_keeps_put_tree_order(store: Store) -> None:
     assert [t.task_id for t in store.get_tasks("t1")] == ["zeta", "alpha", "mid", "beta"]
 
 
+def test_get_tasks_of_some_ids_reads_only_those_in_put_tree_order(store: Store) -> None:
+    put(store, task_ids=("zeta", "alpha", "mid", "beta"))
+    assert [t.task_id for t in store.get_tasks("t1", ["beta", "zeta", "nope"])] == ["zeta", "beta"]
+    assert store.get_tasks("t1", []) == []
+    many = tuple(f"t{i}" for i in range(2000))  # past SQLite's bound-parameter chunk
+    put(store, "big", task_ids=many)
+    assert len(store.get_tasks("big", many[::-1])) == 2000
+
+
+def test_first_task_in_finds_one_task_in_the_states_asked_among_the_ids_given(store: Store) -> None:
+    put(store, task_ids=("a", "b", "c"))
+    store.transition("t1", "b", from_states={S.PENDING}, state=S.FAILED)
+    assert store.first_task_in("t1", {S.FAILED}) == ("b", S.FAILED)
+    assert store.first_task_in("t1", {S.FAILED}, among=["a", "c"]) is None
+    assert store.first_task_in("t1", {S.PENDING}, among=["c"]) == ("c", S.PENDING)
+    assert store.first_task_in("t1", {S.DONE}) is None
+    assert store.first_task_in("t1", set()) is None
+    assert store.first_task_in("nope", {S.PENDING}) is None
+    many = tuple(f"t{i}" for i in range(2000))
+    put(store, "big", task_ids=many)
+    store.transition("big", "t1999", from_states={S.PENDING}, state=S.SKIPPED)
+    assert store.first_task_in("big", {S.SKIPPED}, among=many) == ("t1999", S.SKIPPED)
+
+
+def test_writes_in_a_batch_answer_at_once_and_are_kept_together(store: Store) -> None:
+    put(store, task_ids=("a", "b"))
+    with store.batch():
+        assert store.transition("t1", "a", from_states={S.PENDING}, state=S.DONE) is not None
+        assert store.transition("t1", "a", from_states={S.PENDING}, state=S.FAILED) is None
+        with store.batch():  # nested: joins the outer one
+            store.transition("t1", "b", from_states={S.PENDING}, state=S.DONE)
+    assert store.task_states("t1") == {"a": S.DONE, "b": S.DONE}
+
+
+def test_sqlite_batch_that_raises_writes_nothing(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    put(store, task_ids=("a", "b"))
+    with pytest.raises(RuntimeError), store.batch():
+        store.transition("t1", "a", from_states={S.PENDING}, state=S.DONE)
+        raise RuntimeError("half-way")
+    assert store.task_states("t1") == {"a": S.PENDING, "b": S.PENDING}
+    store.close()
+
+
 def test_task_states_reads_every_tasks_state_and_follows_transitions(store: Store) -> None:
     store.put_tree(*make_tree())
     assert store.task_states("t1") == {"a": TaskState.PENDING, "b": TaskState.PENDING, "c": TaskState.PENDING}

@@ -1,0 +1,22 @@
+"""Celery entry point of the server worker pool as the stack runs it (layer: brain, wiring).
+
+``celery -A brain.pool worker -Q server`` is ``workers.server_worker`` with one change:
+a finished task's result is recorded in the worker, and its ready dependents are
+dispatched from there (``brain.recorder``); the brain gets the result only if that fails.
+"""
+
+import os
+
+from brain.recorder import InlineRecorder
+from workers.app import app
+from workers.tasks import register, send_to_brain
+from workers.tools.builtin import builtin_tools
+from workers.tools.netguard import HttpAllow
+
+run_tool = register(
+    app,
+    sink=InlineRecorder(app, fallback=send_to_brain(app)),
+    builtins=builtin_tools(HttpAllow.from_env(os.environ)),
+)
+
+__all__ = ["app", "run_tool"]

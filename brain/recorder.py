@@ -1,0 +1,125 @@
+"""Record a server task's result where it ran (layer: brain, wiring for the server pool).
+
+A server worker that finishes a task records the result itself and dispatches the
+dependents that became ready, instead of sending the result to the brain and waiting
+for it to come round: a hop of a chain is then one message, not two, and the brain is
+no longer the one process every result must pass through.
+
+Nothing is weaker for it. The worker runs the brain's own ``Scheduler.on_result``: the
+same compare-and-set on (state, run id) decides, so a re-delivered or late result, or
+two processes recording at once, still complete a task and dispatch a dependent once.
+What the pool's Redis user may not do is left to the brain:
+
+- a dependent routed to a client is recorded ``queued_client`` here, and its message
+  goes to the brain as a ``publish_call`` job (the pool cannot write a client's keys);
+  the brain checks the store says exactly that run before it publishes;
+- if recording here fails (the store or Redis refused), the result goes to the brain as
+  before (``record_result``), which records it or finds it already recorded.
+
+A crash between the write and the dispatch leaves pending dependents that the brain's
+idle-tree sweep advances (``Sweeps.advance_idle``), as after a brain crash.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from brain.config import load_settings
+from brain.dispatch import Publisher, args_summary
+from brain.events import ClientEvents
+from brain.hotstate import HotState
+from brain.registry import RegistrySnapshot
+from brain.scheduler import Scheduler
+from brain.store import open_store
+from workers.contracts import BRAIN_QUEUE, PUBLISH_CALL_TASK, ToolCall, ToolResult
+
+log = logging.getLogger("vancetope.worker")
+
+# How old the registry snapshot a worker routes with may be: the brain publishes a new one
+# when it starts; a worker notices within this.
+REGISTRY_MAX_AGE_S = 5.0
+
+
+class ViaBrainPublisher(Publisher):
+    """Sends server calls itself; hands a client's call to the brain, which alone may write
+    that client's queue."""
+
+    def send(self, call: ToolCall) -> None:
+        if call.client_id is None:
+            super().send(call)
+            return
+        # Ids only: the brain rebuilds the call from the store, so nothing in this message
+        # can change what the client is asked to run.
+        self.app.send_task(
+            PUBLISH_CALL_TASK,
+            args=[
+                {
+                    "tree_id": call.tree_id,
+                    "task_id": call.task_id,
+                    "run_id": call.run_id,
+                    "client_id": call.client_id,
+                }
+            ],
+            queue=BRAIN_QUEUE,
+            producer=self._producer(self.app),
+            argsrepr=f"{args_summary(call)} for client {call.client_id}",
+            kwargsrepr="{}",
+            declare=[],
+        )
+
+
+class InlineRecorder:
+    """The server pool's result sink: ``on_result`` here, else ``fallback`` (to the brain)."""
+
+    def __init__(self, app: Celery, fallback: Callable[[ToolResult], None]) -> None:
+        self.app = app
+        self.fallback = fallback
+        self._scheduler: Scheduler | None = None
+        self._pid = 0
+        self._registry_read_at = 0.0
+
+    def __call__(self, result: ToolResult) -> None:
+        try:
+            self.scheduler().on_result(result)
+        except Exception as exc:  # noqa: BLE001 - whatever failed here, the brain can still record it
+            log.warning(
+                "could not record the result of task %s (run %s) in the worker (%s); sending it to the brain",
+                result.task_id,
+                result.run_id,
+                exc,
+            )
+            self.fallback(result)
+
+    def scheduler(self) -> Scheduler:
+        """This process's scheduler: built on first use after a fork (prefork children must not
+        share the parent's store or Redis connections), registry re-read every few seconds."""
+        if self._scheduler is None or self._pid != os.getpid():
+            self._scheduler = self._build()
+            self._pid = os.getpid()
+            self._registry_read_at = time.monotonic()
+        elif time.monotonic() - self._registry_read_at > REGISTRY_MAX_AGE_S:
+            self._scheduler.registry = self._registry(self._scheduler.hot)
+            self._registry_read_at = time.monotonic()
+        return self._scheduler
+
+    def _build(self) -> Scheduler:
+        settings = load_settings()
+        hot = HotState.from_url(self.app.conf.broker_url)
+        scheduler = Scheduler(
+            open_store(settings.store), hot, ViaBrainPublisher(self.app), self._registry(hot), settings
+        )
+        scheduler.events = ClientEvents(self.app)
+        return scheduler
+
+    @staticmethod
+    def _registry(hot: HotState) -> RegistrySnapshot:
+        snapshot: dict[str, Any] | None = hot.get_registry()
+        if snapshot is None:
+            raise RuntimeError("no brain has published its registry yet")
+        return RegistrySnapshot.model_validate(snapshot)
