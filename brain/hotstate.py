@@ -24,24 +24,12 @@ from workers.contracts import (
     key_registry,
     key_tree_running,
 )
+from workers.scripts import lua
 
 # kombu's Redis transport keeps in-flight (reserved, unacked) messages in this hash,
 # with delivery times in the sorted set beside it.
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
-
-# HDEL the mark only if its run_id is this run's, then wake the tree's watchers: one round
-# trip per result. Marks are written with json.dumps, whose '"run_id": "<id>"' form is
-# matched literally (run ids are [A-Za-z0-9._-], nothing json.dumps would escape).
-_RESULT_RECORDED = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local cleared = 0
-if raw and string.find(raw, '"run_id": ' .. ARGV[2], 1, true) then
-  cleared = redis.call('HDEL', KEYS[1], ARGV[1])
-end
-redis.call('PUBLISH', ARGV[3], '1')
-return cleared
-"""
 
 
 def as_bytes(value: bytes | str) -> bytes:
@@ -56,7 +44,7 @@ def as_text(value: bytes | str) -> str:
 class HotState:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self._result_recorded = client.register_script(_RESULT_RECORDED)
+        self._result_recorded = client.register_script(lua("brain", "result_recorded"))
 
     @classmethod
     def from_url(cls, url: str) -> HotState:

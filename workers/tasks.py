@@ -37,6 +37,7 @@ from workers.contracts import (
 from workers.errors import PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
+from workers.scripts import lua
 from workers.tools.builtin import BUILTINS, BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
@@ -44,18 +45,6 @@ log = logging.getLogger("vancetope.worker")
 _DELIVERY_TTL_S = 7 * 24 * 3600
 
 ResultSink = Callable[[ToolResult], None]
-
-
-# Before a run: is it cancelled? count this delivery; mark it running unless it is over
-# the delivery limit. One round trip instead of three. -1 = cancelled, else the count.
-# INCRBY, not INCR: a client agent's ACL user is granted the command redis-py sends.
-_BEGIN_RUN = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return -1 end
-local n = redis.call('INCRBY', KEYS[2], 1)
-redis.call('EXPIRE', KEYS[2], ARGV[2])
-if n <= tonumber(ARGV[3]) then redis.call('HSET', KEYS[3], ARGV[4], ARGV[5]) end
-return n
-"""
 
 
 class HotState:
@@ -72,7 +61,7 @@ class HotState:
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
             self._client = redis.Redis.from_url(self._app.conf.broker_url)
-            self._begin = self._client.register_script(_BEGIN_RUN)
+            self._begin = self._client.register_script(lua("workers", "begin_run"))
             self._pid = os.getpid()
         return self._client
 

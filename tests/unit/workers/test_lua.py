@@ -1,0 +1,25 @@
+"""Every Redis script of the project compiles on a real redis-server, and is loaded by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import redis
+
+from workers.scripts import lua
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPTS = sorted(ROOT.glob("*/lua/*.lua"))
+
+
+def test_there_are_scripts_to_check() -> None:
+    assert {p.parent.parent.name for p in SCRIPTS} >= {"brain", "workers"}
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_each_script_compiles_in_redis(path: Path, redis_client: redis.Redis) -> None:
+    text = lua(path.parent.parent.name, path.stem)
+    assert text == path.read_text(encoding="utf-8")
+    sha = redis_client.script_load(text)  # SCRIPT LOAD compiles; a syntax error raises here
+    assert redis_client.script_exists(sha) == [True]
