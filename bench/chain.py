@@ -6,10 +6,11 @@ counter the producer polls every 5 ms). No client ``delay().get()`` loop: the wo
 side hand-off is the cheapest plain-Celery chain and needs no result backend.
 
 Vancetope: one tree of M ``echo`` tasks, task i ``depends_on`` task i-1 and takes its
-result as its argument (``${tasks.t<i-1>.result}``). Each hop is: server worker runs
-the echo -> ``record_result`` job on queue ``brain`` -> the brain records it (compare-
-and-set), re-plans the tree and publishes the next ``run_tool`` job. So a Vancetope hop
-is two Celery messages and a store round trip where the baseline's is one message.
+result as its argument (``${tasks.t<i-1>.result}``). Each hop is: the server worker runs
+the echo, records the result itself (a compare-and-set in the store, ``brain.recorder``),
+finds the dependent ready, writes its queued state and sends its ``run_tool`` job. So a
+Vancetope hop is one Celery message, like the baseline's, plus three store round trips
+(record, read the dependent, queue it) and two Redis scripts (start the run, clear its mark).
 
 Per-hop = total / M; the sides take turns, ``reps`` chains each, and the median is
 reported. Both sides' workers are up throughout (idle ones only wait in BRPOP).
@@ -82,8 +83,8 @@ def hop_phases(records: list[TaskRecord]) -> dict[str, float]:
     - queued->started: the brain's store write, ``send_task``, Redis, the worker's
       pickup, its pre-checks (cancelled? delivery count, running mark);
     - run: the echo itself inside ``execute`` (argument schema check included);
-    - finished->next queued: the result message to queue ``brain``, the brain's
-      compare-and-set, re-reading and re-planning the tree, the next task's write.
+    - finished->next queued: in the same worker, the result's compare-and-set, the
+      dependent's readiness check and its queued write (``brain.recorder``).
     """
     by_id = {r.task_id: r for r in records}
     chain = [by_id[f"t{i}"] for i in range(len(by_id))]

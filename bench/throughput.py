@@ -8,8 +8,8 @@ Vancetope: ``Brain.connect(...).scheduler.submit(tree)`` of one tree with N inde
 ``echo`` tasks against the embedded stack (brain worker ``-P solo`` + server pool
 prefork ``-c 2``). Time: submit() called -> the store says the tree is done. This
 includes everything Vancetope adds per task: a store row and a compare-and-set at
-dispatch, the worker's hot-state writes, the ``record_result`` job to the brain, the
-brain's compare-and-set and its re-plan of the tree.
+dispatch, the worker's hot-state script, the worker recording the result itself (a
+compare-and-set, ``brain.recorder``) and its "is the tree done?" index lookup.
 
 Both sides run on the same redis-server (AOF everysec, as the stack starts it), all
 workers up (idle ones only wait in BRPOP), runs alternating baseline / Vancetope so a

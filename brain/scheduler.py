@@ -39,7 +39,7 @@ from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route
 from brain.store import Store
-from brain.transitions import plan
+from brain.transitions import check_move, plan
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
 from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
@@ -347,12 +347,12 @@ class Scheduler:
         a crash between the two leaves a parked task the reconciler lists again."""
         now = self.clock()
         parked_at = parked_at or now
-        moved = self.store.transition(
+        moved = self.move(
             rec.tree_id,
             rec.task_id,
-            from_states=from_states,
+            state,
+            from_states,
             expect_run_id=rec.run_id,
-            state=state,
             reason=reason,
             route=state.value,
             queued_at=parked_at,
@@ -398,12 +398,12 @@ class Scheduler:
         if route.fell_back_from is not None:
             summary += f" (fallback from {route.fell_back_from})"
         now = self.clock()
-        moved = self.store.transition(
+        moved = self.move(
             rec.tree_id,
             rec.task_id,
-            from_states=from_states,
+            TaskState.QUEUED_CLIENT if to_client else TaskState.QUEUED_SERVER,
+            from_states,
             expect_run_id=rec.run_id,
-            state=TaskState.QUEUED_CLIENT if to_client else TaskState.QUEUED_SERVER,
             run_id=new_run_id(tree_rec.tree_id, spec.id, attempt),
             attempt=attempt,
             route=summary,
@@ -508,6 +508,19 @@ class Scheduler:
     ) -> bool:
         return self._end(rec.tree_id, rec.task_id, state, reason, from_states, error)
 
+    def move(
+        self,
+        tree_id: str,
+        task_id: str,
+        state: TaskState,
+        from_states: Collection[TaskState],
+        **changes: Any,
+    ) -> TaskRecord | None:
+        """The one way a task's state is written: a move ``MOVES`` allows, as a compare-and-set
+        on ``from_states`` (and on ``expect_run_id`` when given). The record written, or None."""
+        check_move(from_states, state)
+        return self.store.transition(tree_id, task_id, from_states=from_states, state=state, **changes)
+
     def _end(
         self,
         tree_id: str,
@@ -520,11 +533,11 @@ class Scheduler:
         """Give a task a final state without running it, if it is still in ``from_states``."""
         now = self.clock()
         return (
-            self.store.transition(
+            self.move(
                 tree_id,
                 task_id,
-                from_states=from_states,
-                state=state,
+                state,
+                from_states,
                 reason=reason,
                 error=error,
                 finished_at=now,
@@ -540,12 +553,12 @@ class Scheduler:
         if not self._accepts(result, from_client):
             return False
         ok, value, error = self._capped(result)
-        recorded = self.store.transition(
+        recorded = self.move(
             result.tree_id,
             result.task_id,
-            from_states=IN_FLIGHT,
+            TaskState.DONE if ok else TaskState.FAILED,
+            IN_FLIGHT,
             expect_run_id=result.run_id,
-            state=TaskState.DONE if ok else TaskState.FAILED,
             result=value,
             error=error,
             reason="" if ok else (error.message if error else "failed"),

@@ -100,10 +100,11 @@ class Sweeps:
             )
         attempt = rec.attempt + 1
         now = self.s.clock()
-        moved = self.s.store.transition(
+        moved = self.s.move(  # the same state, a new run
             rec.tree_id,
             rec.task_id,
-            from_states={rec.state},
+            rec.state,
+            {rec.state},
             expect_run_id=rec.run_id,
             run_id=new_run_id(rec.tree_id, rec.task_id, attempt),
             attempt=attempt,

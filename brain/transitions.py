@@ -6,10 +6,43 @@ the answer with compare-and-set writes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from brain.models import TaskSpec, TaskState, TaskTree, TreeStatus
+
+_S = TaskState
+_WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
+
+# The task state machine, whole: state -> the states it may move to. Every store write of a
+# task's state is a compare-and-set naming the states its caller read; this table says which
+# moves exist at all (``check_move``), so a new code path cannot invent one.
+MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
+    # ready: sent, parked, or ended by its route (skip / fail) or an upstream that did not finish
+    _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED},
+    # in flight: its result, a re-send (same state, new run), taken back from a client that
+    # left (sent elsewhere or parked), lost too often, cancelled, past its max_total_s
+    **dict.fromkeys(
+        (_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.RUNNING),
+        _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    ),
+    # parked: requeued (sent, or parked again), cancelled, expired, or failed by its new route
+    **dict.fromkeys((_S.BLOCKED, _S.PENDING_CLIENT), _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED}),
+    # final states are final
+    **{s: frozenset() for s in TaskState if s.is_final},
+}
+
+
+class InvalidMove(Exception):
+    """A code path asked for a move ``MOVES`` does not have: a bug, never a race."""
+
+
+def check_move(from_states: Collection[TaskState], to: TaskState) -> None:
+    """Raise InvalidMove unless ``to`` may follow every state in ``from_states``."""
+    bad = sorted(s.value for s in from_states if to not in MOVES[s])
+    if bad:
+        raise InvalidMove(f"a task cannot move from {', '.join(bad)} to {to.value} (brain.transitions.MOVES)")
 
 
 @dataclass(frozen=True)

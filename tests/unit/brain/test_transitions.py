@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from brain.models import TaskState, TaskTree, TreeStatus
-from brain.transitions import plan, tree_status
+from brain.transitions import MOVES, InvalidMove, check_move, plan, tree_status
 
 P, D, F, S, X, Q = (
     TaskState.PENDING,
@@ -69,3 +69,41 @@ def test_plan(states: dict[str, TaskState], ready: list[str], skip: list[tuple[s
 )
 def test_tree_status(states: dict[str, TaskState], status: TreeStatus | None) -> None:
     assert tree_status(states) == status
+
+
+# --- the state machine: every move the brain makes, and nothing else ------------------
+QC, R, B, PC = TaskState.QUEUED_CLIENT, TaskState.RUNNING, TaskState.BLOCKED, TaskState.PENDING_CLIENT
+
+ALLOWED = [
+    # ready task: sent to the server or a client, parked (blocked / pending_client), or ended by its route
+    (P, Q), (P, QC), (P, B), (P, PC), (P, S), (P, F),
+    # in flight: its result, re-sent as a new run, taken back and sent elsewhere or parked, cancelled, expired
+    (Q, D), (Q, F), (QC, D), (QC, F), (R, D), (R, F),
+    (Q, Q), (QC, QC), (QC, Q), (QC, B), (QC, PC), (Q, S), (QC, X),
+    # parked: requeued (sent or parked again), cancelled, expired, failed by its new route
+    (B, QC), (B, Q), (PC, QC), (PC, PC), (B, B), (B, S), (PC, X), (B, F),
+]  # fmt: skip
+REFUSED = [
+    (P, D), (P, X), (P, R),  # a task that never ran cannot be done; pending has no deadline yet
+    (B, D), (PC, D),  # a parked task has no run whose result could count
+    (D, F), (F, D), (S, Q), (X, QC), (D, D),  # final is final
+    (Q, P), (B, P),  # nothing goes back to pending
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b"), ALLOWED)
+def test_the_state_machine_allows(a: TaskState, b: TaskState) -> None:
+    assert b in MOVES[a]
+    check_move({a}, b)
+
+
+@pytest.mark.parametrize(("a", "b"), REFUSED)
+def test_the_state_machine_refuses(a: TaskState, b: TaskState) -> None:
+    assert b not in MOVES[a]
+    with pytest.raises(InvalidMove, match=f"from {a.value} to {b.value}"):
+        check_move({a}, b)
+
+
+def test_every_state_is_in_the_table_and_only_final_states_are_dead_ends() -> None:
+    assert set(MOVES) == set(TaskState)
+    assert {s for s, to in MOVES.items() if not to} == {s for s in TaskState if s.is_final}
