@@ -24,7 +24,6 @@ from workers.contracts import (
     key_registry,
     key_tree_running,
 )
-from workers.scripts import lua
 
 # kombu's Redis transport keeps in-flight (reserved, unacked) messages in this hash,
 # with delivery times in the sorted set beside it.
@@ -44,7 +43,6 @@ def as_text(value: bytes | str) -> str:
 class HotState:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
-        self._result_recorded = client.register_script(lua("brain", "result_recorded"))
 
     @classmethod
     def from_url(cls, url: str) -> HotState:
@@ -77,13 +75,10 @@ class HotState:
             marks.update({k.decode(): json.loads(v) for k, v in raw.items()})
         return marks
 
-    def result_recorded(self, tree_id: str, task_id: str, run_id: str, client_id: str | None = None) -> None:
-        """Drop the run's running mark, only if it is this run's (a newer attempt keeps its
-        own), and wake the tree's watchers: one round trip."""
-        key = key_tree_running(tree_id)
-        if client_id is not None:
-            key = client_key(client_id, key)
-        self._result_recorded(keys=[key], args=[task_id, json.dumps(run_id), channel_tree_events(tree_id)])
+    def forget_running(self, tree_id: str) -> None:
+        """Drop a finished tree's server running marks at once (marks are not cleared one by
+        one per result; a client's expire with the client's keys)."""
+        self.r.delete(key_tree_running(tree_id))
 
     def cancel_runs(self, run_ids: Iterable[str], client_id: str | None = None) -> None:
         """Tell workers (offline ones too, when they come back) never to start these runs."""

@@ -168,6 +168,17 @@ def decide_route(req: RouteRequest, registry: Mapping[str, ToolSpec], presence: 
         return Route(kind=RouteKind.FAIL, tool=req.tool, reason=refusal.reason)
 
 
+def route_without_presence(req: RouteRequest, registry: Mapping[str, ToolSpec]) -> Route | None:
+    """The route, when no client coming or going could change it; else None (look presence
+    up, then ``decide_route``). A registry tool routed to the server not as an offline
+    strategy is such a route: ``_server`` never reads presence, and only the offline path
+    (fallback) and client routes do. Lets the scheduler skip a Redis read per dispatch."""
+    if req.tool not in registry:
+        return None
+    route = decide_route(req, registry, Presence())
+    return route if route.kind is RouteKind.SERVER and route.strategy is None else None
+
+
 # --- internals -----------------------------------------------------------------
 
 

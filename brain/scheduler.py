@@ -37,7 +37,7 @@ from brain.models import (
 from brain.parked import ParkedRef, ParkedWork, owner_of
 from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
-from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route
+from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
 from brain.store import Store
 from brain.transitions import check_move, plan
 from brain.treefile import spec_from_descriptor
@@ -55,6 +55,7 @@ _TREE_CACHE = 256
 # Ready tasks dispatched per store batch: big enough to amortise a commit and a pipeline,
 # small enough that workers start on the first chunk while the next is written.
 _DISPATCH_CHUNK = 200
+_WAKE_EVERY_S = 0.05
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
@@ -117,6 +118,7 @@ class Scheduler:
         # stale, only incomplete (another brain recorded the rest): a miss asks the store.
         self._done: dict[str, set[str]] = {}
         self._local = threading.local()
+        self._woken: dict[str, float] = {}
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -164,6 +166,7 @@ class Scheduler:
             log.info("tree %s finished: %s", tree_id, status.value)
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
+            self.hot.forget_running(tree_id)
         if ended is None:
             self.hot.notify(tree_id)  # after a result, on_result wakes watchers with its own write
         return status
@@ -207,18 +210,21 @@ class Scheduler:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
         one store batch, and its messages go out once that batch is written."""
         changed = False
-        presence: Presence | None = None
+        presence: Presence | None = None  # read once, and only for a route that needs it
         for start in range(0, len(ready), _DISPATCH_CHUNK):
             chunk = ready[start : start + _DISPATCH_CHUNK]
             with self.batch():
                 for rec in self.store.get_tasks(tree_rec.tree_id, chunk):
                     if rec.state is not TaskState.PENDING:
                         continue
-                    presence = presence or self._presence(tree_rec)
-                    route = self.route(tree_rec, tree_rec.tree.task(rec.task_id), presence)
+                    req = self.route_request(tree_rec, tree_rec.tree.task(rec.task_id))
+                    route = route_without_presence(req, self.registry.tools)
+                    if route is None:
+                        presence = presence or self._presence(tree_rec)
+                        route = decide_route(req, self.registry.tools, presence)
                     if self.act(tree_rec, rec, route, {TaskState.PENDING}):
                         changed = True
-                        if route.kind is RouteKind.CLIENT and route.client_id is not None:
+                        if route.kind is RouteKind.CLIENT and route.client_id is not None and presence:
                             # One view serves the whole loop: count what it sends, so ready tasks
                             # spread over the user's clients instead of all taking the first.
                             presence = presence.with_call_sent_to(route.client_id)
@@ -291,11 +297,13 @@ class Scheduler:
         return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
 
     def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
+        return decide_route(self.route_request(tree_rec, spec), self.registry.tools, presence)
+
+    def route_request(self, tree_rec: TreeRecord, spec: TaskSpec) -> RouteRequest:
         engine = self.registry.engines.get(tree_rec.tree.engine) if tree_rec.tree.engine else None
-        req = RouteRequest(
+        return RouteRequest(
             tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session, engine=engine
         )
-        return decide_route(req, self.registry.tools, presence)
 
     def start(
         self,
@@ -576,9 +584,20 @@ class Scheduler:
             return False
         if self.events is not None:
             self.events.task_done(result)
-        self.advance(result.tree_id, {result.task_id: recorded.state})
-        self.hot.result_recorded(result.tree_id, result.task_id, result.run_id, from_client)
+        status = self.advance(result.tree_id, {result.task_id: recorded.state})
+        self._wake_watchers(result.tree_id, finished=status is not None)
         return True
+
+    def _wake_watchers(self, tree_id: str, finished: bool) -> None:
+        """Wake the tree's live views: always when it finished, else at most every
+        ``_WAKE_EVERY_S`` from this process (a PUBLISH per result was a round trip per task;
+        a view re-reads the whole tree on each wake-up anyway)."""
+        now = time.monotonic()
+        if finished or now - self._woken.get(tree_id, 0.0) >= _WAKE_EVERY_S:
+            self._woken[tree_id] = now
+            if len(self._woken) > _TREE_CACHE:
+                self._woken.pop(next(iter(self._woken)))
+            self.hot.notify(tree_id)
 
     def _accepts(self, result: ToolResult, from_client: str | None) -> bool:
         rec = self.store.get_task(result.tree_id, result.task_id)

@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery
 
 from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE
+from workers.event_batching import BatchedTaskEvents
 from workers.lease import RESTORE_EVERY_S, VISIBILITY_TIMEOUT_S, LeaseRenewal
 from workers.transport import TRANSPORT_PATH
 
@@ -88,6 +89,7 @@ def make_app(
 ) -> Celery:
     app = Celery("vancetope", set_as_current=False)
     app.steps["consumer"].add(LeaseRenewal)
+    app.steps["consumer"].add(BatchedTaskEvents)
     app.conf.update(
         celery_config(
             broker_url,

@@ -16,6 +16,7 @@ from brain.routing import (
     RouteKind,
     RouteRequest,
     decide_route,
+    route_without_presence,
 )
 
 AUTO, SERVER_T, CLIENT_T, ANY = (
@@ -455,6 +456,32 @@ def test_route(case: Row) -> None:
     assert route.tool == (case.routed_tool or case.tool)
     assert route.client_id == case.client_id
     assert route.fell_back_from == case.fell_back_from
+
+
+PRESENCES = [
+    NOBODY, OWN, OWN_WITHOUT_TOOLS, OTHER_DEVICE, BOTH_DEVICES, SESSION_LACKS, OTHER_USER, NO_USER,
+    NO_USER_SESSION, FOREIGN_SESSION,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", TABLE)
+def test_a_route_known_without_presence_is_the_route_under_every_presence(case: Row) -> None:
+    """The scheduler skips reading presence when route_without_presence answers: that answer
+    must be what decide_route says whoever is connected."""
+    request = RouteRequest(
+        tool=case.tool, execution_target=case.target, session=case.session, engine=case.engine
+    )
+    route = route_without_presence(request, REGISTRY)
+    if route is None:
+        return
+    assert route.kind is RouteKind.SERVER
+    assert all(decide_route(request, REGISTRY, p) == route for p in PRESENCES)
+
+
+def test_routes_that_depend_on_presence_are_not_answered_without_it() -> None:
+    assert route_without_presence(RouteRequest(tool="web_search"), REGISTRY) is not None
+    for tool in ("read_local_file", "drive_client", "notes_fallback", "not_in_registry"):
+        assert route_without_presence(RouteRequest(tool=tool), REGISTRY) is None
 
 
 @pytest.mark.parametrize(
