@@ -94,6 +94,16 @@ def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str |
     return None
 
 
+def refuse_claim(result: ToolResult, from_client: str | None) -> str | None:
+    """Why a result's own claim does not fit the way it came, or None. Pure; needs no record,
+    so it is checked before anything is read or written."""
+    if result.client_id == from_client:
+        return None
+    if from_client is None:
+        return f"it claims client {result.client_id!r} but came through the brain queue"
+    return f"it claims client {result.client_id!r}"
+
+
 class Scheduler:
     def __init__(
         self,
@@ -558,15 +568,19 @@ class Scheduler:
     def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
         """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
         a client's result counts only for a task routed to that very client."""
-        if not self._accepts(result, from_client):
-            return False
+        claim = refuse_claim(result, from_client)
+        if claim is not None:
+            return self._refused(result, from_client, claim)
         ok, value, error = self._capped(result)
+        # The source must be where the record says this run was sent: part of the
+        # compare-and-set, so the common case needs no read before the write.
         recorded = self.move(
             result.tree_id,
             result.task_id,
             TaskState.DONE if ok else TaskState.FAILED,
             IN_FLIGHT,
             expect_run_id=result.run_id,
+            expect_client_id=from_client,
             result=value,
             error=error,
             reason="" if ok else (error.message if error else "failed"),
@@ -576,6 +590,9 @@ class Scheduler:
             updated_at=self.clock(),
         )
         if recorded is None:
+            refusal = refuse_result(self.store.get_task(result.tree_id, result.task_id), result, from_client)
+            if refusal is not None:
+                return self._refused(result, from_client, refusal)
             log.info(
                 "ignored result of run %s (task %s): not the task's current run, or already recorded",
                 result.run_id,
@@ -599,20 +616,16 @@ class Scheduler:
                 self._woken.pop(next(iter(self._woken)))
             self.hot.notify(tree_id)
 
-    def _accepts(self, result: ToolResult, from_client: str | None) -> bool:
-        rec = self.store.get_task(result.tree_id, result.task_id)
-        refusal = refuse_result(rec, result, from_client)
-        if refusal is not None:
-            log.warning(
-                "refused a result for task %s of tree %s (run %s) from %s: %s",
-                result.task_id,
-                result.tree_id,
-                result.run_id,
-                f"client {from_client!r}" if from_client else f"the {BRAIN_QUEUE!r} queue",
-                refusal,
-            )
-            return False
-        return True
+    def _refused(self, result: ToolResult, from_client: str | None, refusal: str) -> bool:
+        log.warning(
+            "refused a result for task %s of tree %s (run %s) from %s: %s",
+            result.task_id,
+            result.tree_id,
+            result.run_id,
+            f"client {from_client!r}" if from_client else f"the {BRAIN_QUEUE!r} queue",
+            refusal,
+        )
+        return False
 
     def _capped(self, result: ToolResult) -> tuple[bool, Any, ErrorInfo | None]:
         """Check the size again here: a client agent's cap is its own promise, not ours."""

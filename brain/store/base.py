@@ -99,10 +99,12 @@ class Store(Protocol):
         *,
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
+        expect_client_id: str | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         """Compare-and-set: apply ``changes`` only if the state is in ``from_states`` and
-        (unless ``expect_run_id`` is ANY) the run id equals it. The updated record, or None."""
+        (unless ANY) the run id and the client id equal the expected ones. The updated
+        record, or None."""
         ...
 
     def tasks_in_states(

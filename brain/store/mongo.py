@@ -184,6 +184,7 @@ class MongoStore:
         *,
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
+        expect_client_id: str | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         values = task_changes(tree_id, task_id, changes)
@@ -194,6 +195,8 @@ class MongoStore:
         if expect_run_id is not ANY:
             # run_id is always written (null included), so {"run_id": None} means "is null" here.
             query["run_id"] = expect_run_id
+        if expect_client_id is not ANY:
+            query["client_id"] = expect_client_id
         with self._errors(f"transition of task {task_id!r} in tree {tree_id!r}"):
             if not values:  # MongoDB refuses an empty $set; with nothing to change it is a read
                 doc = self._tasks.find_one(query, _HIDDEN)

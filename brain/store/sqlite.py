@@ -295,6 +295,7 @@ class SQLiteStore:
         *,
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
+        expect_client_id: str | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         values = task_changes(tree_id, task_id, changes)
@@ -316,6 +317,9 @@ class SQLiteStore:
         if expect_run_id is not ANY:
             where += " AND run_id IS ?"  # IS: NULL-safe, so expect_run_id=None means "is null"
             params.append(expect_run_id)
+        if expect_client_id is not ANY:
+            where += " AND json_extract(doc, '$.client_id') IS ?"
+            params.append(expect_client_id)
         sql = f"UPDATE tasks SET {', '.join(sets)} WHERE {where} RETURNING doc"
         with self._errors(f"transition of task {task_id!r} in tree {tree_id!r}"):
             rows = self._conn().execute(sql, params).fetchall()  # fetchall: finish the statement

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from brain.models import TaskRecord, TaskState
-from brain.scheduler import refuse_result
+from brain.scheduler import refuse_claim, refuse_result
 from workers.contracts import ToolResult
 
 
@@ -63,3 +63,22 @@ def test_a_result_counts_only_from_where_the_task_record_says_its_run_was_sent(
 
 def test_a_result_for_an_unknown_task_is_refused() -> None:
     assert refuse_result(None, result(None), None) == "no such task"
+
+
+@pytest.mark.parametrize(
+    ("came_from", "claims", "refusal"),
+    [
+        (None, None, None),
+        ("alice", "alice", None),
+        (None, "alice", "it claims client 'alice' but came through the brain queue"),
+        ("alice", "bob", "it claims client 'bob'"),
+        ("alice", None, "it claims client None"),
+    ],
+)
+def test_a_claim_that_does_not_fit_its_way_in_is_refused_before_any_read(
+    came_from: str | None, claims: str | None, refusal: str | None
+) -> None:
+    """The same words refuse_result uses for these cases: whichever check runs first, the log reads alike."""
+    assert refuse_claim(result(claims), came_from) == refusal
+    if refusal is not None:
+        assert refuse_result(record(came_from), result(claims), came_from) == refusal

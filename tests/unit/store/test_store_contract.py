@@ -228,6 +228,22 @@ def test_transition_applies_changes_when_state_matches(store: Store) -> None:
     assert store.get_task("t1", "a") == got
 
 
+def test_transition_compares_the_client_a_run_was_sent_to(store: Store) -> None:
+    """What lets a result be authorised by its compare-and-set alone: the source must be the
+    client (or None: the server) the record says the run went to."""
+    put(store, task_ids=("a", "b"))
+    store.transition(
+        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="r1", client_id="alice"
+    )
+    store.transition("t1", "b", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r2")
+    queued = {S.QUEUED_CLIENT, S.QUEUED_SERVER}
+    assert store.transition("t1", "a", from_states=queued, expect_client_id="bob", state=S.DONE) is None
+    assert store.transition("t1", "a", from_states=queued, expect_client_id=None, state=S.DONE) is None
+    assert store.transition("t1", "b", from_states=queued, expect_client_id="alice", state=S.DONE) is None
+    assert store.transition("t1", "a", from_states=queued, expect_client_id="alice", state=S.DONE) is not None
+    assert store.transition("t1", "b", from_states=queued, expect_client_id=None, state=S.DONE) is not None
+
+
 def test_the_client_a_run_was_sent_to_is_kept_until_a_transition_changes_it(store: Store) -> None:
     put(store)
     sent = store.transition(
