@@ -32,6 +32,7 @@ from referencing.exceptions import Unresolvable
 from brain.errors import BrainError, InvalidTaskTree
 from brain.models import ID_BODY, ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
 from brain.routing import Engine
+from workers import argcheck
 
 # Ids may contain dots, so the id part is lazy and the regex backtracks to the first ".result"
 # that ends the reference; task ids never hold a ".result" part (brain.models.check_task_id),
@@ -340,7 +341,7 @@ def _scan(text: str) -> tuple[list[str], list[str]]:
 def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
     problems = []
     for path, text in _strings(task.args):
-        where = f"task {task.id!r}: {_format_path(path)}"
+        where = f"task {task.id!r}: {argcheck.where(path)}"
         referenced, malformed = _scan(text)
         for ref in dict.fromkeys(referenced):
             if ref not in ids:
@@ -355,14 +356,6 @@ def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
     return problems
 
 
-def _format_path(path: _Path, root: str = "args") -> str:
-    """``("a", 0, "b")`` → ``args.a[0].b``: how problems name a place inside the arguments."""
-    out = root
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
-
-
 def _schema_problems(
     task: TaskSpec, spec: ToolSpec, validators: dict[str, Draft202012Validator | str]
 ) -> list[str]:
@@ -375,8 +368,7 @@ def _schema_problems(
     except Unresolvable as exc:
         return [f"task {task.id!r}: tool {spec.name!r} has an input_schema with an unresolvable $ref: {exc}"]
     kept = [e for e in errors if not _depends_on_reference(e, opaque)]
-    kept.sort(key=lambda e: (tuple(str(p) for p in e.absolute_path), e.message))
-    return [f"task {task.id!r}: {_format_path(tuple(e.absolute_path))}: {e.message}" for e in kept]
+    return [f"task {task.id!r}: {problem}" for problem in argcheck.problems(kept)]
 
 
 def _validator(spec: ToolSpec, cache: dict[str, Draft202012Validator | str]) -> Draft202012Validator | str:

@@ -18,6 +18,7 @@ from typing import Any
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 
+from workers import argcheck
 from workers.contracts import ErrorInfo, ToolCall, ToolResult, ToolType
 from workers.errors import (
     InvalidArguments,
@@ -151,17 +152,18 @@ def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any
 
 
 def validate_args(tool: str, schema: dict[str, Any], args: dict[str, Any]) -> None:
-    """InvalidArguments naming the tool and the field; a schema that is itself invalid is not enforced."""
+    """InvalidArguments listing every problem (``workers.argcheck`` wording, the brain's too);
+    a schema that is itself invalid is not enforced."""
     validator = _validator(json.dumps(schema, sort_keys=True))
     if validator is None:
         return
-    error = schema_errors.best_match(validator.iter_errors(args))
-    if error is None:
-        return
-    field = _field_of(error)
-    raise InvalidArguments(
-        f"invalid arguments for tool {tool!r}: {field}: {error.message}", tool=tool, field=field
-    )
+    errors = list(validator.iter_errors(args))
+    if errors:
+        raise InvalidArguments(
+            argcheck.joined(tool, argcheck.problems(errors)),
+            tool=tool,
+            field=argcheck.first_field(errors, args),
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -174,17 +176,6 @@ def _validator(schema_json: str) -> Any:
     except schema_errors.SchemaError:
         return None  # the tool's own problem; the tool can still judge its arguments
     return cls(schema)
-
-
-def _field_of(error: schema_errors.ValidationError) -> str:
-    path = [str(part) for part in error.absolute_path]
-    if error.validator == "required" and isinstance(error.instance, dict):
-        missing = [name for name in error.validator_value if name not in error.instance]
-        path.extend(missing[:1])
-    elif error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = set(error.schema.get("properties", {}))
-        path.extend(sorted(set(error.instance) - allowed)[:1])
-    return ".".join(path) or "(arguments)"
 
 
 def _check_size(call: ToolCall, value: Any) -> None:

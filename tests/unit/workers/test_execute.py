@@ -49,32 +49,42 @@ def test_builtin_ok_fills_the_result() -> None:
 @pytest.mark.parametrize(
     ("tool", "args", "message"),
     [
-        ("echo", {}, "invalid arguments for tool 'echo': value: 'value' is a required property"),
+        ("echo", {}, "invalid arguments for tool 'echo': args: 'value' is a required property"),
         (
             "echo",
             {"value": 1, "extra": 2},
-            "invalid arguments for tool 'echo': extra: Additional properties are not allowed",
+            "invalid arguments for tool 'echo': args: Additional properties are not allowed ('extra' was unexpected)",
         ),
         (
             "sleep",
             {"seconds": "5"},
-            "invalid arguments for tool 'sleep': seconds: '5' is not of type 'number'",
+            "invalid arguments for tool 'sleep': args.seconds: '5' is not of type 'number'",
         ),
         (
             "text_transform",
             {"text": "x", "op": "shout"},
-            "invalid arguments for tool 'text_transform': op: 'shout' is not one of",
+            "invalid arguments for tool 'text_transform': args.op: 'shout' is not one of",
         ),
         (
             "http_get",
             {"url": "ftp://h/"},
-            "invalid arguments for tool 'http_get': url: 'ftp://h/' does not match",
+            "invalid arguments for tool 'http_get': args.url: 'ftp://h/' does not match",
         ),
     ],
 )
 def test_bad_args_are_invalid_arguments(tool: str, args: dict[str, Any], message: str) -> None:
     kind, text = failed(execute(call(tool, args=args), mcp=None, worker="w"))
     assert kind == "InvalidArguments" and text.startswith(message)
+
+
+def test_every_argument_problem_is_listed_in_the_words_the_brain_uses() -> None:
+    """Issue 10 item 7: the same wording as `vancetope explain` (brain.validation), all problems."""
+    kind, text = failed(execute(call("sleep", args={"seconds": "5", "extra": 1}), mcp=None, worker="w"))
+    assert kind == "InvalidArguments"
+    assert text == (
+        "invalid arguments for tool 'sleep': args: Additional properties are not allowed ('extra' was unexpected); "
+        "args.seconds: '5' is not of type 'number'"
+    )
 
 
 def test_builtin_timeout_stops_the_sleep_thread() -> None:
@@ -141,11 +151,11 @@ def test_mcp_args_are_validated_even_on_the_first_call_of_a_process() -> None:
         result = execute(bad, mcp=fresh, worker="w")
         assert failed(result) == (
             "InvalidArguments",
-            "invalid arguments for tool 'add': a: 'x' is not of type 'integer'",
+            "invalid arguments for tool 'add': args.a: 'x' is not of type 'integer'",
         )
         assert result.error is not None and result.error.data == {"tool": "add", "field": "a"}
         missing = execute(call("add", ToolType.MCP, mcp_server="demo", args={"b": 2}), mcp=fresh, worker="w")
-        assert failed(missing)[1] == "invalid arguments for tool 'add': a: 'a' is a required property"
+        assert failed(missing)[1] == "invalid arguments for tool 'add': args: 'a' is a required property"
     finally:
         fresh.close()
 
