@@ -25,7 +25,7 @@ _ID_ADVICE = "use letters, digits, '_', '.', ':' and '-', starting with a letter
 # A task id may not hold a dot-segment `result` after its first one: `${tasks.a.result.b.result}`
 # could not tell task `a.result.b` from task `a`. The reference grammar (brain.validation._REF)
 # relies on this to find the id unambiguously.
-_RESULT_SEGMENT = re.compile(r"\.result(?:\.|$)")
+_RESULT_SEGMENT = re.compile(r"\.(?:result|mcp)(?:\.|$)")  # the two roots of a reference
 # A run's tree id is `<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>` (Scheduler.submit): 23 characters on top.
 RUN_TREE_ID_SUFFIX_CHARS = 23
 MAX_TREE_ID_CHARS = MAX_WIRE_ID_CHARS - RUN_TREE_ID_SUFFIX_CHARS
@@ -46,10 +46,12 @@ def check_id(value: str, max_chars: int) -> str:
 
 def check_task_id(value: str) -> str:
     check_id(value, MAX_TASK_ID_CHARS)
-    if _RESULT_SEGMENT.search(value):
+    found = _RESULT_SEGMENT.search(value)
+    if found:
+        part = found.group(0).rstrip(".")
         raise ValueError(
-            f"{value!r} holds '.result' as a dot-separated part, which ${{tasks.<id>.result}} "
-            "references could not tell apart; rename it (e.g. 'result' -> 'res')"
+            f"{value!r} holds {part!r} as a dot-separated part, which ${{tasks.<id>{part}}} "
+            f"references could not tell apart; rename it (e.g. {part[1:]!r} -> {part[1:4]!r})"
         )
     return value
 
@@ -280,7 +282,10 @@ class TaskRecord(BaseModel):
     # each new run id, kept while the task is parked; what authorises that client's result.
     client_id: str | None = None
     reason: str = ""  # why it is in this state (blocked_reason, skip reason, ...)
-    result: Any = None
+    result: Any = None  # the convenient value: ${tasks.<id>.result}
+    # An MCP tool's whole CallToolResult (content blocks, structuredContent), as the server
+    # sent it, on either route: ${tasks.<id>.mcp.content.0.data}
+    mcp: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     worker: str = ""
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked

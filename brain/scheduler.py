@@ -43,6 +43,7 @@ from brain.transitions import check_move, plan
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
 from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
+from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
 
@@ -300,8 +301,17 @@ class Scheduler:
 
     def results(self, tree_id: str, task_ids: Iterable[str]) -> dict[str, Any]:
         """Upstream results for resolving ``${tasks.<id>.result}`` references."""
+        return self.upstream(tree_id, task_ids)[0]
+
+    def upstream(self, tree_id: str, task_ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read."""
         ids = list(task_ids)
-        return {rec.task_id: rec.result for rec in self.store.get_tasks(tree_id, ids)} if ids else {}
+        records = self.store.get_tasks(tree_id, ids) if ids else []
+        return {r.task_id: r.result for r in records}, {r.task_id: r.mcp for r in records}
+
+    def resolved_args(self, tree_id: str, spec: TaskSpec) -> dict[str, Any]:
+        """``spec``'s arguments with its references resolved (UnresolvedReference if one cannot be)."""
+        return resolve_args(spec.args, *self.upstream(tree_id, spec.depends_on))
 
     def _presence(self, tree_rec: TreeRecord) -> Presence:
         return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
@@ -397,7 +407,7 @@ class Scheduler:
         from_states: Collection[TaskState],
     ) -> bool:
         try:
-            args = resolve_args(spec.args, self.results(tree_rec.tree_id, spec.depends_on))
+            args = self.resolved_args(tree_rec.tree_id, spec)
         except UnresolvedReference as exc:
             error = ErrorInfo(
                 type="UnresolvedReference", message=f"task {spec.id!r}: {exc}", data={"task": spec.id}
@@ -500,7 +510,7 @@ class Scheduler:
         if tool is None:
             self.finish_without_run(rec, TaskState.FAILED, f"Tool unknown: {rec.tool}", {rec.state})
             return None
-        args = resolve_args(spec.args, self.results(rec.tree_id, spec.depends_on))
+        args = self.resolved_args(rec.tree_id, spec)
         return self.call(spec, rec, tool, args, rec.client_id)
 
     def publish(self, call: ToolCall) -> None:
@@ -571,7 +581,7 @@ class Scheduler:
         claim = refuse_claim(result, from_client)
         if claim is not None:
             return self._refused(result, from_client, claim)
-        ok, value, error = self._capped(result)
+        ok, value, whole, error = self._capped(result)
         # The source must be where the record says this run was sent: part of the
         # compare-and-set, so the common case needs no read before the write.
         recorded = self.move(
@@ -582,6 +592,7 @@ class Scheduler:
             expect_run_id=result.run_id,
             expect_client_id=from_client,
             result=value,
+            mcp=whole,
             error=error,
             reason="" if ok else (error.message if error else "failed"),
             worker=result.worker,
@@ -627,15 +638,29 @@ class Scheduler:
         )
         return False
 
-    def _capped(self, result: ToolResult) -> tuple[bool, Any, ErrorInfo | None]:
-        """Check the size again here: a client agent's cap is its own promise, not ours."""
+    def _capped(self, result: ToolResult) -> tuple[bool, Any, dict[str, Any] | None, ErrorInfo | None]:
+        """Check the size again here: a client agent's cap is its own promise, not ours. The
+        value and the whole MCP result count together, as the worker counted them."""
         if not result.ok:
-            return False, None, result.error
-        size = len(json.dumps(result.value, default=str))
+            return False, None, None, result.error
+        size = len(json.dumps(result.value, default=str)) + (
+            len(json.dumps(result.mcp, default=str)) if result.mcp is not None else 0
+        )
         if size <= self.settings.max_result_bytes:
-            return True, result.value, None
+            if result.mcp is None:
+                return True, result.value, None, None
+            try:
+                return True, value_of(result.mcp), result.mcp, None
+            except ValueError as exc:
+                error = ErrorInfo(
+                    type="MalformedResult",
+                    message=f"result of tool {result.tool!r} claims to be an MCP result but is not: {exc}",
+                    data={"task": result.task_id, "tool": result.tool},
+                )
+                return False, None, None, error
         return (
             False,
+            None,
             None,
             ErrorInfo(
                 type="ResultTooLarge",

@@ -37,7 +37,8 @@ from workers import argcheck
 # Ids may contain dots, so the id part is lazy and the regex backtracks to the first ".result"
 # that ends the reference; task ids never hold a ".result" part (brain.models.check_task_id),
 # so that first one is the right one.
-_REF = re.compile(r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.result(?P<path>(?:\.[^.}]+)*)\}")
+# ``.result`` is the convenient value; ``.mcp`` the whole MCP CallToolResult (content blocks).
+_REF = re.compile(r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.(?P<root>result|mcp)(?P<path>(?:\.[^.}]+)*)\}")
 _REF_START = "${tasks."
 
 # Schema keywords whose verdict on a container does not depend on the values inside it,
@@ -62,11 +63,11 @@ _Path = tuple[str | int, ...]
 class UnresolvedReference(BrainError):
     """A ``${tasks.<id>.result...}`` reference names a result, or a part of one, that does not exist."""
 
-    def __init__(self, task_ref: str, path: str, detail: str = "") -> None:
+    def __init__(self, task_ref: str, path: str, detail: str = "", root: str = "result") -> None:
         self.task_ref = task_ref
         self.path = path
         self.detail = detail
-        ref = "${tasks." + task_ref + ".result" + (f".{path}" if path else "") + "}"
+        ref = "${tasks." + task_ref + f".{root}" + (f".{path}" if path else "") + "}"
         super().__init__(f"cannot resolve {ref}: {detail or f'task {task_ref!r} has no result at {path!r}'}")
 
 
@@ -351,7 +352,7 @@ def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
         for snippet in malformed:
             problems.append(
                 f"{where}: malformed reference {snippet!r}: "
-                "write ${tasks.<id>.result} or ${tasks.<id>.result.<path>}"
+                "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>} or ${tasks.<id>.mcp.<path>}"
             )
     return problems
 
@@ -416,63 +417,71 @@ def _target_problems(task: TaskSpec, registry: Mapping[str, ToolSpec]) -> list[s
 # --- resolving references -----------------------------------------------------------
 
 
-def resolve_args(args: dict[str, Any], results: Mapping[str, Any]) -> dict[str, Any]:
-    """``args`` with every reference replaced by upstream results (``results``: task id → result).
+def resolve_args(
+    args: dict[str, Any], results: Mapping[str, Any], wholes: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``args`` with every reference replaced by upstream results (``results``: task id →
+    result; ``wholes``: task id → its whole MCP result, for ``${tasks.<id>.mcp...}``).
 
     A string that is exactly one reference becomes the referenced value, of any JSON
     type; references inside longer strings are interpolated (JSON text for non-strings).
     Raises ``UnresolvedReference`` when a referenced task or path does not exist.
     """
-    return {key: _resolve(value, results) for key, value in args.items()}
+    roots = {"result": results, "mcp": wholes or {}}
+    return {key: _resolve(value, roots) for key, value in args.items()}
 
 
-def _resolve(value: Any, results: Mapping[str, Any]) -> Any:
+def _resolve(value: Any, roots: Mapping[str, Mapping[str, Any]]) -> Any:
     if isinstance(value, str):
-        return _resolve_text(value, results)
+        return _resolve_text(value, roots)
     if isinstance(value, dict):
-        return {key: _resolve(item, results) for key, item in value.items()}
+        return {key: _resolve(item, roots) for key, item in value.items()}
     if isinstance(value, list):
-        return [_resolve(item, results) for item in value]
+        return [_resolve(item, roots) for item in value]
     return value
 
 
-def _resolve_text(text: str, results: Mapping[str, Any]) -> Any:
+def _resolve_text(text: str, roots: Mapping[str, Mapping[str, Any]]) -> Any:
     if _REF_START not in text:
         return text
     whole = _REF.fullmatch(text)
     if whole is not None:
-        return _lookup(whole["task"], whole["path"], results)
-    return _REF.sub(lambda m: _as_text(_lookup(m["task"], m["path"], results)), text)
+        return _lookup(whole["task"], whole["root"], whole["path"], roots)
+    return _REF.sub(lambda m: _as_text(_lookup(m["task"], m["root"], m["path"], roots)), text)
 
 
 def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
 
 
-def _lookup(task: str, dotted: str, results: Mapping[str, Any]) -> Any:
+def _lookup(task: str, root: str, dotted: str, roots: Mapping[str, Mapping[str, Any]]) -> Any:
     path = dotted.removeprefix(".")
-    if task not in results:
-        raise UnresolvedReference(task, path, f"task {task!r} has no result (yet)")
-    value = results[task]
-    walked = "result"
+    found = roots[root]
+    if root == "result" and task not in found:
+        raise UnresolvedReference(task, path, f"task {task!r} has no result (yet)", root)
+    if root == "mcp" and found.get(task) is None:
+        why = "(yet)" if task not in roots["result"] else "(its tool is not an MCP tool)"
+        raise UnresolvedReference(task, path, f"task {task!r} has no MCP result {why}", root)
+    value = found[task]
+    walked = root
     for segment in path.split(".") if path else []:
-        value = _step(value, segment, task, path, walked)
+        value = _step(value, segment, task, path, walked, root)
         walked += f".{segment}"
     return value
 
 
-def _step(value: Any, segment: str, task: str, path: str, walked: str) -> Any:
+def _step(value: Any, segment: str, task: str, path: str, walked: str, root: str) -> Any:
     where = f"the {walked} of task {task!r}"
     if isinstance(value, dict):
         if segment in value:
             return value[segment]
-        raise UnresolvedReference(task, path, f"{where} has no key {segment!r}")
+        raise UnresolvedReference(task, path, f"{where} has no key {segment!r}", root)
     if isinstance(value, list):
         if not segment.isdigit():
-            raise UnresolvedReference(task, path, f"{where} is a list; {segment!r} is not an index")
+            raise UnresolvedReference(task, path, f"{where} is a list; {segment!r} is not an index", root)
         if int(segment) >= len(value):
             raise UnresolvedReference(
-                task, path, f"{where} has no index {segment} (it has {len(value)} item(s))"
+                task, path, f"{where} has no index {segment} (it has {len(value)} item(s))", root
             )
         return value[int(segment)]
-    raise UnresolvedReference(task, path, f"{where} is {type(value).__name__}, not an object or a list")
+    raise UnresolvedReference(task, path, f"{where} is {type(value).__name__}, not an object or a list", root)

@@ -6,6 +6,9 @@ Every wait here is bounded; nothing sleeps to wait for readiness.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +40,45 @@ def demo_server(*extra: str) -> dict[str, Any]:
 
 def time_server() -> dict[str, Any]:
     return {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
+
+
+# The MCP project's reference server from npm: images, embedded resources, structured content,
+# progress. Pinned, installed once per machine into a cache; CI sets VANCETOPE_TEST_REQUIRE_NPM
+# so that a missing npm fails instead of skipping.
+EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything@2026.8.31"
+NPM_CACHE = Path(os.environ.get("VANCETOPE_TEST_NPM_DIR", Path.home() / ".cache" / "vancetope-tests" / "npm"))
+
+
+@pytest.fixture(scope="session")
+def everything_server() -> dict[str, Any]:
+    """An mcpServers entry that starts the reference 'everything' MCP server over stdio."""
+    binary = NPM_CACHE / "node_modules" / ".bin" / "mcp-server-everything"
+    if not binary.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
+                pytest.fail(
+                    "npm is needed for the MCP interoperability tests (VANCETOPE_TEST_REQUIRE_NPM is set)"
+                )
+            pytest.skip(
+                "npm not found: the MCP interoperability tests need @modelcontextprotocol/server-everything"
+            )
+        NPM_CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                npm,
+                "install",
+                "--silent",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+                str(NPM_CACHE),
+                EVERYTHING_PACKAGE,
+            ],
+            check=True,
+            timeout=600,
+        )
+    return {"command": str(binary), "args": ["stdio"]}
 
 
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:

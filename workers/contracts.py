@@ -157,7 +157,12 @@ class ToolResult(BaseModel):
     task_id: str
     tool: str
     ok: bool
+    # A built-in's or native tool's value. For an MCP tool it stays None on the wire and
+    # ``mcp`` holds the server's whole CallToolResult in the spec's JSON (content blocks of
+    # every type, structuredContent): the convenient value is derived from it by whoever
+    # records it (``workers.mcp_clients.value_of``), so nothing travels twice.
     value: Any = None
+    mcp: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     worker: str = ""
     started_at: float

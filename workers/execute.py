@@ -17,6 +17,7 @@ from typing import Any
 
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
+from mcp.types import CallToolResult
 
 from workers import argcheck
 from workers.contracts import ErrorInfo, ToolCall, ToolResult, ToolType
@@ -28,7 +29,7 @@ from workers.errors import (
     ToolTimeout,
     WorkerError,
 )
-from workers.mcp_clients import MCPClientManager
+from workers.mcp_clients import MCPClientManager, whole_result
 from workers.tools.builtin import BUILTINS, BuiltinContext, BuiltinTool
 
 
@@ -50,10 +51,11 @@ def execute(
     """
     started = clock()
     value: Any = None
+    whole: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     try:
-        value = _dispatch(call, mcp, native, builtins)
-        _check_size(call, value)
+        value, whole = _dispatch(call, mcp, native, builtins)
+        _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
     except Exception as exc:  # noqa: BLE001 - a tool's surprise is a result, not a crash
@@ -65,6 +67,7 @@ def execute(
         tool=call.tool,
         ok=error is None,
         value=None if error else value,
+        mcp=None if error else whole,
         error=error,
         worker=worker,
         started_at=started,
@@ -78,7 +81,8 @@ def _dispatch(
     mcp: MCPClientManager | None,
     native: Mapping[str, BuiltinTool] | None,
     builtins: Mapping[str, BuiltinTool],
-) -> Any:
+) -> tuple[Any, dict[str, Any] | None]:
+    """The value, and for an MCP tool the server's whole result."""
     if call.tool_type is ToolType.BUILT_IN:
         tool = builtins.get(call.tool)
         if tool is None:
@@ -87,9 +91,10 @@ def _dispatch(
                 tool=call.tool,
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)
-        return _run_builtin(tool, call.args, call.timeout_s)
+        return _run_builtin(tool, call.args, call.timeout_s), None
     if call.tool_type is ToolType.MCP:
-        return _run_mcp(call, mcp)
+        # The convenient value is derived from the whole result where it is recorded.
+        return None, whole_result(_run_mcp(call, mcp))
     if native is not None:
         tool = native.get(call.tool)
         if tool is None:
@@ -98,13 +103,13 @@ def _dispatch(
                 tool=call.tool,
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)
-        return _run_builtin(tool, call.args, call.timeout_s)
+        return _run_builtin(tool, call.args, call.timeout_s), None
     raise ToolNotFound(
         f"native tool {call.tool!r} runs only on a client agent, not on the server", tool=call.tool
     )
 
 
-def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> Any:
+def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> CallToolResult:
     if not call.mcp_server:
         raise ToolNotFound(f"MCP tool {call.tool!r} names no mcp_server", tool=call.tool)
     if mcp is None:
@@ -121,7 +126,7 @@ def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> Any:
         schema = mcp.input_schema(call.mcp_server, call.tool)
     if schema is not None:
         validate_args(call.tool, schema, call.args)
-    return mcp.call_tool(call.mcp_server, call.tool, call.args, timeout=call.timeout_s)
+    return mcp.call_tool_result(call.mcp_server, call.tool, call.args, timeout=call.timeout_s)
 
 
 def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any:
@@ -178,20 +183,37 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
-def _check_size(call: ToolCall, value: Any) -> None:
+def _check_size(call: ToolCall, value: Any, whole: dict[str, Any] | None) -> None:
+    """The value and the whole MCP result together must fit ``max_result_bytes``: never cut,
+    refused whole, naming the biggest content block when one is what made it too big."""
     try:
         # Compact UTF-8 JSON: what the result costs on the wire and in the store.
-        data = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        data = _compact(value)
+        n = len(data) + (len(_compact(whole)) if whole is not None else 0)
     except (TypeError, ValueError) as exc:
         raise ToolFailed(
             f"result of tool {call.tool!r} is not JSON-serialisable: {exc}", tool=call.tool
         ) from exc
-    n, cap = len(data), call.max_result_bytes
+    cap = call.max_result_bytes
     if n > cap:
+        biggest = _biggest_block(whole)
+        what = f" (its largest content block, {biggest[0]}, is {biggest[1]} bytes)" if biggest else ""
         raise ResultTooLarge(
-            f"result of tool {call.tool!r} is {n} bytes, over the cap of {cap} bytes "
+            f"result of tool {call.tool!r} is {n} bytes{what}, over the cap of {cap} bytes "
             "(raise max_result_bytes / VANCETOPE_MAX_RESULT_BYTES, or return less)",
             tool=call.tool,
             size=n,
             cap=cap,
         )
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _biggest_block(whole: dict[str, Any] | None) -> tuple[str, int] | None:
+    blocks = (whole or {}).get("content") or []
+    sized = [
+        (f"#{i} {b.get('type', '?')}", len(_compact(b))) for i, b in enumerate(blocks) if isinstance(b, dict)
+    ]
+    return max(sized, key=lambda item: item[1]) if sized else None

@@ -33,6 +33,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
+from pydantic import ValidationError
 
 from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
@@ -186,8 +187,26 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _tool_value(result: CallToolResult) -> Any:
-    """structured_content (a lone ``{"result": x}`` unwrapped to x), else the text."""
+def whole_result(result: CallToolResult) -> dict[str, Any]:
+    """The result as the MCP specification spells it in JSON (``content`` with every block:
+    text, image, audio, resource_link, embedded resource; ``structuredContent``; ``isError``):
+    what a task record keeps beside the convenient value, on both routes alike."""
+    return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def value_of(whole: dict[str, Any]) -> Any:
+    """``tool_value`` of a whole result kept as JSON (what a worker sent); ValueError if it is
+    not a CallToolResult (a client agent sends what it likes)."""
+    try:
+        return tool_value(CallToolResult.model_validate(whole))
+    except ValidationError as exc:
+        raise ValueError(f"not an MCP CallToolResult: {exc.errors()[0]['msg']}") from None
+
+
+def tool_value(result: CallToolResult) -> Any:
+    """The convenient value ``${tasks.<id>.result}`` gives: structured_content (a lone
+    ``{"result": x}`` unwrapped to x), else the text blocks joined, else (no text at all)
+    the blocks themselves. The whole result is kept beside it (``whole_result``)."""
     structured = result.structured_content
     if structured is not None:
         if isinstance(structured, dict) and set(structured) == {"result"}:
@@ -241,7 +260,14 @@ class MCPClientManager:
         return self._submit(self._discover(timeout), 2 * timeout)
 
     def call_tool(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
-        """Call one tool; ``timeout`` bounds the call, the manager's start_timeout bounds a (re)start."""
+        """Call one tool and return its convenient value (``tool_value``)."""
+        return tool_value(self.call_tool_result(server, tool, args, timeout))
+
+    def call_tool_result(
+        self, server: str, tool: str, args: dict[str, Any], timeout: float
+    ) -> CallToolResult:
+        """Call one tool and return the server's whole ``CallToolResult``; ToolFailed if the
+        server marked it an error. ``timeout`` bounds the call, start_timeout a (re)start."""
         self._spec(server)
         return self._submit(self._call(server, tool, args, timeout), self._start_timeout + 2 * timeout)
 
@@ -395,7 +421,7 @@ class MCPClientManager:
                 raise outcome
         return tools, failures
 
-    async def _call(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
+    async def _call(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> CallToolResult:
         session = await self._session(server, self._start_timeout)
         await self._require_tool(session, tool, timeout)
         client = session.client
@@ -418,7 +444,7 @@ class MCPClientManager:
         if result.is_error:
             message = _text(result) or "the tool reported an error without a message"
             raise ToolFailed(message, server=server, tool=tool)
-        return _tool_value(result)
+        return result
 
     async def _require_tool(self, session: _Session, tool: str, timeout: float) -> None:
         """ToolNotFound when the listing lacks the tool, after one refresh (the listing may be stale)."""

@@ -141,7 +141,7 @@ def test_malformed_reference() -> None:
     assert problems({"id": "a"}, {"id": "b", "depends_on": ["a"], "args": {"x": "${tasks.a.output}"}}) == [
         (
             "task 'b': args.x: malformed reference '${tasks.a.output}': "
-            "write ${tasks.<id>.result} or ${tasks.<id>.result.<path>}"
+            "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>} or ${tasks.<id>.mcp.<path>}"
         )
     ]
 
@@ -356,6 +356,46 @@ def test_unresolved_references(ref: str, message: str) -> None:
         resolve_args({"v": ref}, RESULTS)
     assert str(caught.value) == message
     assert isinstance(caught.value, BrainError)
+
+
+IMAGE_RESULT = {
+    "content": [
+        {"type": "text", "text": "a tiny image:"},
+        {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+    ],
+    "structuredContent": {"width": 1},
+    "isError": False,
+}
+
+
+def test_an_mcp_reference_reaches_the_whole_result_beside_the_convenient_value() -> None:
+    args = {
+        "data": "${tasks.img.mcp.content.1.data}",
+        "kind": "${tasks.img.mcp.content.1.mimeType}",
+        "value": "${tasks.img.result}",
+        "said": "it said: ${tasks.img.mcp.content.0.text}",
+    }
+    got = resolve_args(args, {"img": {"width": 1}}, {"img": IMAGE_RESULT})
+    assert got == {
+        "data": "iVBORw0KGgo=",
+        "kind": "image/png",
+        "value": {"width": 1},
+        "said": "it said: a tiny image:",
+    }
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("${tasks.plain.mcp}", "cannot resolve ${tasks.plain.mcp}: task 'plain' has no MCP result (its tool is not an MCP tool)"),
+        ("${tasks.later.mcp.content}", "cannot resolve ${tasks.later.mcp.content}: task 'later' has no MCP result (yet)"),
+        ("${tasks.img.mcp.content.5}", "cannot resolve ${tasks.img.mcp.content.5}: the mcp.content of task 'img' has no index 5 (it has 2 item(s))"),
+    ],
+)  # fmt: skip
+def test_an_mcp_reference_that_cannot_be_resolved_says_why(ref: str, message: str) -> None:
+    with pytest.raises(UnresolvedReference) as caught:
+        resolve_args({"x": ref}, {"plain": "v", "img": {}}, {"plain": None, "img": IMAGE_RESULT})
+    assert str(caught.value) == message
 
 
 def test_unresolved_reference_carries_task_and_path() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from tests.unit.workers.helpers import DEMO_SERVER, make_config, stdio
 from workers.contracts import ToolCall, ToolResult, ToolType
 from workers.execute import execute
-from workers.mcp_clients import MCPClientManager
+from workers.mcp_clients import MCPClientManager, value_of
 from workers.tools import builtin
 from workers.tools.builtin import BuiltinTool
 
@@ -140,7 +141,11 @@ def test_mcp_call_through_execute(manager: MCPClientManager) -> None:
     result = execute(
         call("add", ToolType.MCP, mcp_server="demo", args={"a": 1, "b": 2}), mcp=manager, worker="w"
     )
-    assert result.ok and result.value == 3
+    # The whole CallToolResult travels; the convenient value is derived where it is recorded.
+    assert result.ok and result.value is None and result.mcp is not None
+    assert result.mcp["content"] == [{"type": "text", "text": "3"}]
+    assert result.mcp["structuredContent"] == {"result": 3}
+    assert value_of(result.mcp) == 3
 
 
 def test_mcp_args_are_validated_even_on_the_first_call_of_a_process() -> None:
@@ -166,7 +171,13 @@ def test_mcp_failures_become_results(manager: MCPClientManager) -> None:
         mcp=manager,
         worker="w",
     )
-    assert failed(big)[1].startswith("result of tool 'big' is 502 bytes, over the cap of 100 bytes")
+    # The whole result counts (the text block and the structured copy the SDK server adds),
+    # and the message names the block that weighs most.
+    assert re.match(
+        r"result of tool 'big' is \d+ bytes \(its largest content block, #0 text, is \d+ bytes\), "
+        r"over the cap of 100 bytes",
+        failed(big)[1],
+    )
     slow = execute(
         call("slow", ToolType.MCP, mcp_server="demo", args={"seconds": 5}, timeout_s=0.2),
         mcp=manager,

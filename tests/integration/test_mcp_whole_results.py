@@ -1,0 +1,119 @@
+"""An MCP tool's whole result reaches the task record on both routes (issue 10, item 1).
+
+Against the MCP project's reference server from npm (``@modelcontextprotocol/server-everything``),
+configured once server-side (mcpServers JSON) and once in a client agent's mcp.json: an image
+beside text, an embedded resource, structured content beside its text; ``${tasks.x.result}``
+stays the convenient value and ``${tasks.x.mcp...}`` reaches the blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.models import SessionKind, TaskRecord, TreeStatus
+from tests.conftest import tree, wait_for_tree, write_mcp_config
+
+TASKS: list[dict[str, Any]] = [
+    {"id": "img", "tool": "get-tiny-image"},
+    {"id": "weather", "tool": "get-structured-content", "args": {"location": "Chicago"}},
+    {"id": "doc", "tool": "get-resource-reference", "args": {"resourceType": "Text", "resourceId": 1}},
+    {  # a built-in on the server, fed from the blocks and the value of either route
+        "id": "said",
+        "tool": "text_transform",
+        "depends_on": ["img", "weather"],
+        "args": {
+            "op": "upper",
+            "text": "${tasks.img.mcp.content.1.mimeType} ${tasks.weather.result.conditions}",
+        },
+    },
+]
+
+
+def check_records(tasks: dict[str, TaskRecord], where: str) -> None:
+    img = tasks["img"]
+    assert img.route.startswith(where) and img.mcp is not None
+    kinds = [block["type"] for block in img.mcp["content"]]
+    assert "image" in kinds and "text" in kinds  # the image is kept beside the text
+    image = img.mcp["content"][kinds.index("image")]
+    assert image["mimeType"] == "image/png" and len(image["data"]) > 100
+    assert isinstance(img.result, str) and img.result  # the convenient value: the text
+
+    weather = tasks["weather"]
+    assert weather.mcp is not None
+    assert weather.result == weather.mcp["structuredContent"]  # structured content is the value...
+    assert weather.mcp["content"][0]["type"] == "text"  # ...and the text sits beside it
+    assert json.loads(weather.mcp["content"][0]["text"]) == weather.result
+
+    doc = tasks["doc"]
+    assert doc.mcp is not None
+    resources = [b for b in doc.mcp["content"] if b["type"] == "resource"]
+    assert (
+        resources
+        and resources[0]["resource"]["uri"].startswith("demo://")
+        and resources[0]["resource"]["text"]
+    )
+
+    assert tasks["said"].route == "server"
+    assert tasks["said"].result == f"image/png {weather.result['conditions']}".upper()
+
+
+def test_whole_results_on_the_server_route(
+    tmp_path: Path, stack_factory, brain_factory, everything_server
+) -> None:
+    config = write_mcp_config(tmp_path / "server-mcp.json", {"everything": everything_server})
+    stack = stack_factory(services=("brain", "server-pool"), mcp_config=config)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(tree({"id": "whole-server", "tasks": TASKS}))
+    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    check_records({t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}, "server")
+
+
+def test_whole_results_on_the_client_route(
+    tmp_path: Path, stack_factory, brain_factory, everything_server
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"everything": everything_server}}))
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        "[agent]\n"
+        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
+        'broker_url = "redis://127.0.0.1:1/0"\n'
+        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
+        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+    )
+    # No server-side MCP servers: every tool of the tree is one only the client offers.
+    stack = stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    )
+    brain = brain_factory(stack)
+    assert stack.wait_connected("laptop", 90)
+    rec = brain.scheduler.submit(
+        tree({"id": "whole-client", "tasks": TASKS}), session=SessionKind.INTERACTIVE, client_id="laptop"
+    )
+    done = wait_for_tree(brain, rec.tree_id, timeout=90)
+    assert done.status is TreeStatus.DONE, [
+        (t.task_id, t.state, t.reason) for t in brain.store.get_tasks(rec.tree_id)
+    ]
+    check_records({t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}, "client:laptop")
+
+
+@pytest.mark.parametrize("cap", [2000])
+def test_a_result_over_the_cap_is_refused_whole_naming_its_biggest_block(
+    tmp_path: Path, stack_factory, brain_factory, everything_server, cap: int
+) -> None:
+    config = write_mcp_config(tmp_path / "server-mcp.json", {"everything": everything_server})
+    stack = stack_factory(services=("brain", "server-pool"), mcp_config=config, max_result_bytes=cap)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(tree({"id": "too-big", "tasks": [{"id": "img", "tool": "get-tiny-image"}]}))
+    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.FAILED
+    img = brain.store.get_task(rec.tree_id, "img")
+    assert img is not None and img.error is not None and img.error.type == "ResultTooLarge"
+    assert "image" in img.error.message and f"over the cap of {cap} bytes" in img.error.message
+    assert img.mcp is None and img.result is None  # refused whole, never cut
