@@ -44,6 +44,7 @@ from brain.service import Brain, unreachable
 from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
+from brain.toolnames import clash_lines
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from brain.watch import watch
@@ -290,6 +291,8 @@ def explain(settings: Settings, tree_file: Path) -> None:
     registry = _registry_for_explain(settings)
     for failure in registry.mcp_failures:
         err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)
+    for line in clash_lines(registry.clashes):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
     _validate_or_exit(tree, registry, tree_file)
     routes = _autonomous_routes(tree, registry)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]

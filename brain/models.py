@@ -111,6 +111,14 @@ class ToolSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
+        # A tool of an MCP server may be named ``<server>/<tool>`` (brain.toolnames).
+        server, slash, tool = v.partition("/")
+        if slash:
+            check_id(server, MAX_TOOL_ID_CHARS)
+            check_id(tool, MAX_TOOL_ID_CHARS)
+            if len(v) > MAX_TOOL_ID_CHARS:
+                raise ValueError(f"is {len(v)} characters long; at most {MAX_TOOL_ID_CHARS}")
+            return v
         return check_id(v, MAX_TOOL_ID_CHARS)
 
     @model_validator(mode="before")

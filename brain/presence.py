@@ -17,6 +17,7 @@ from brain.hotstate import KOMBU_UNACKED, as_text
 from brain.models import Enrollment
 from brain.routing import ClientView, Presence
 from brain.store import Store
+from brain.toolnames import qualified
 from workers.contracts import (
     CLIENT_HEARTBEAT,
     MAX_ANNOUNCED_TOOLS,
@@ -42,7 +43,18 @@ class ClientSession(BaseModel):
     connected_at: float
 
     def tool(self, name: str) -> ToolDescriptor | None:
-        return next((t for t in self.tools if t.name == name), None)
+        """The announced tool ``name`` names: its bare name, or ``<mcp server>/<tool>``."""
+        return next((t for t in self.tools if name in names_of(t)), None)
+
+    def tool_names(self) -> frozenset[str]:
+        """Every name a task may use for this client's tools (brain.toolnames)."""
+        return frozenset(n for t in self.tools for n in names_of(t))
+
+
+def names_of(tool: ToolDescriptor) -> tuple[str, ...]:
+    """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
+    means whatever else (a built-in, another server) shares its bare name."""
+    return (tool.name, qualified(tool.mcp_server, tool.name)) if tool.mcp_server else (tool.name,)
 
 
 def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:
@@ -138,7 +150,7 @@ class PresenceBook:
             ClientView(
                 client_id=s.client_id,
                 user=s.user,
-                tools=frozenset(t.name for t in s.tools),
+                tools=s.tool_names(),
                 load=loads.get(s.client_id, 0),
             )
             for s in sessions

@@ -15,6 +15,7 @@ from brain.config import Settings
 from brain.errors import ConfigError, InvalidRegistry
 from brain.models import Location, ToolSpec
 from brain.routing import Engine
+from brain.toolnames import clash_lines, place, qualified
 from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from workers.contracts import MCPServerFailure
 from workers.mcp_clients import MCPClientManager
@@ -30,13 +31,18 @@ class RegistrySnapshot(BaseModel):
     tools: dict[str, ToolSpec] = Field(default_factory=dict)
     engines: dict[str, Engine] = Field(default_factory=dict)
     mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
+    # bare tool name -> who offers it, when several do (brain.toolnames)
+    clashes: dict[str, list[str]] = Field(default_factory=dict)
 
-    def failure_hint(self) -> str:
-        """A sentence naming MCP servers that failed to start, for 'Tool unknown' errors."""
-        if not self.mcp_failures:
-            return ""
-        names = ", ".join(f"{f.server!r} ({f.message})" for f in self.mcp_failures)
-        return f"; note: MCP server(s) failed to start: {names}"
+    def failure_hint(self, tool: str | None = None) -> str:
+        """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""
+        hint = ""
+        if tool is not None and tool in self.clashes:
+            hint += f"; {clash_lines({tool: self.clashes[tool]})[0]}"
+        if self.mcp_failures:
+            names = ", ".join(f"{f.server!r} ({f.message})" for f in self.mcp_failures)
+            hint += f"; note: MCP server(s) failed to start: {names}"
+        return hint
 
 
 def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnapshot:
@@ -47,7 +53,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     Raises InvalidRegistry when a ``fallback_tool`` names no tool, once every source answered.
     """
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
-    discovered: dict[str, ToolSpec] = {}
+    discovered: list[ToolSpec] = []
     failures: list[MCPServerFailure] = []
     if settings.mcp_config and discover:
         config = load_mcp_config(str(settings.mcp_config))
@@ -59,7 +65,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
         failures = [*skipped_servers(config), *failures]
         for d in descriptors:
             try:
-                discovered[d.name] = spec_from_descriptor(d, Location.SERVER)
+                discovered.append(spec_from_descriptor(d, Location.SERVER))
             except ConfigError as exc:
                 # One badly named tool must not take the rest of its server down with it.
                 failures.append(
@@ -67,14 +73,32 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
                 )
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
     engines = load_engines(settings.registry) if settings.registry else {}
-    tools = merge_registry(builtins, discovered, declared)
+    placed = place(builtins, discovered)
+    tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
     # Only a complete picture may call a fallback_tool unknown: an MCP server not asked (or
     # not answering) could still offer it, and the router then says so at run time.
     complete = not failures and (discover or not settings.mcp_config)
     problems = unknown_fallbacks(tools) if complete else []
     if problems:
         raise InvalidRegistry(str(settings.registry or "the registry"), problems)
-    return RegistrySnapshot(tools=tools, engines=engines, mcp_failures=failures)
+    return RegistrySnapshot(tools=tools, engines=engines, mcp_failures=failures, clashes=placed.clashes)
+
+
+def bind_to_servers(declared: Mapping[str, ToolSpec], placed: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:
+    """Registry-file entries keyed by the tool they describe (pure): an entry naming an
+    ``mcp_server`` binds to that server's tool (``<server>/<tool>``, and its bare name
+    when the bare name is that very tool), never to a same-named tool of another source."""
+    bound: dict[str, ToolSpec] = {}
+    for name, spec in declared.items():
+        target = qualified(spec.mcp_server, name) if spec.mcp_server and "/" not in name else name
+        if target not in placed:
+            bound[name] = spec
+            continue
+        bound[target] = spec.model_copy(update={"name": target})
+        bare = placed.get(name)
+        if target != name and bare is not None and bare.mcp_server == spec.mcp_server:
+            bound[name] = spec
+    return bound
 
 
 def unknown_fallbacks(tools: Mapping[str, ToolSpec]) -> list[str]:

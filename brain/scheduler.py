@@ -39,10 +39,11 @@ from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
 from brain.store import Store
+from brain.toolnames import name_on_server
 from brain.transitions import check_move, plan
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult
+from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult, ToolType
 from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
@@ -350,7 +351,7 @@ class Scheduler:
         if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
             return self._dispatch(tree_rec, spec, rec, route, from_states)
         if route.kind is RouteKind.FAIL:
-            hint = self.registry.failure_hint() if route.reason.startswith("Tool unknown") else ""
+            hint = self.registry.failure_hint(spec.tool) if route.reason.startswith("Tool unknown") else ""
             error = ErrorInfo(
                 type="RouteFailed",
                 message=f"task {spec.id!r}: {route.reason}{hint}",
@@ -452,8 +453,10 @@ class Scheduler:
         """How to call ``tool``: its registry spec, or for a tool only a client announced,
         that client's announcement."""
         spec = self.registry.tools.get(tool)
-        if spec is not None or client_id is None:
+        if client_id is None or (spec is not None and spec.location is not Location.SERVER):
             return spec
+        # Sent to a client: its own announcement describes the tool, never a server-only
+        # registry entry that happens to share the name (it would lend its schema).
         session = self.presence.session(client_id)
         descriptor = session.tool(tool) if session else None
         return spec_from_descriptor(descriptor, Location.CLIENT) if descriptor else None
@@ -465,7 +468,7 @@ class Scheduler:
             run_id=rec.run_id or "",
             tree_id=rec.tree_id,
             task_id=rec.task_id,
-            tool=tool.name,
+            tool=name_on_server(tool.name) if tool.type is ToolType.MCP else tool.name,
             tool_type=tool.type,
             mcp_server=tool.mcp_server,
             args=args,

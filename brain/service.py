@@ -22,6 +22,7 @@ from brain.relay import Relay
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.sweeps import Sweeps
+from brain.toolnames import clash_lines
 from workers.app import make_app, message_limit
 from workers.urls import redact_url
 
@@ -111,6 +112,8 @@ def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
 def start_brain(settings: Settings, redis_url: str) -> Brain:
     """The brain process: discover server tools, publish the registry snapshot."""
     registry = build_registry(settings)
+    for line in clash_lines(registry.clashes):
+        log.warning("%s", line)
     for failure in registry.mcp_failures:
         log.error(
             "MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail

@@ -94,14 +94,23 @@ def test_whole_results_on_the_client_route(
     )
     brain = brain_factory(stack)
     assert stack.wait_connected("laptop", 90)
+    # The client's echo shares its bare name with the built-in: named by its server it goes
+    # to the client with its own schema (issue 10 item 3), the bare name stays the built-in.
+    theirs = {"id": "theirs", "tool": "everything/echo", "args": {"message": "hi"}}
+    builtin = {"id": "builtin", "tool": "echo", "args": {"value": "plain"}}
     rec = brain.scheduler.submit(
-        tree({"id": "whole-client", "tasks": TASKS}), session=SessionKind.INTERACTIVE, client_id="laptop"
+        tree({"id": "whole-client", "tasks": [*TASKS, theirs, builtin]}),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
     )
     done = wait_for_tree(brain, rec.tree_id, timeout=90)
     assert done.status is TreeStatus.DONE, [
         (t.task_id, t.state, t.reason) for t in brain.store.get_tasks(rec.tree_id)
     ]
-    check_records({t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}, "client:laptop")
+    tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
+    check_records(tasks, "client:laptop")
+    assert (tasks["theirs"].route, tasks["theirs"].result) == ("client:laptop", "Echo: hi")
+    assert (tasks["builtin"].route, tasks["builtin"].result) == ("server", "plain")
 
 
 @pytest.mark.parametrize("cap", [2000])
