@@ -361,3 +361,35 @@ def test_a_client_whose_id_prefixes_another_neither_completes_nor_takes_back_its
     brain.clients.on_disconnected("lap", "s-lap", "test")
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
     assert queued_task_ids(brain, "laptop") == ["r0"]
+
+
+def test_two_requeues_of_one_client_at_once_queue_each_parked_task_exactly_once(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree(reads(60)), user="ada")
+    msg = ClientConnected.model_validate_json(connected("laptop"))
+    brain.scheduler.presence.connect(msg, brain.scheduler.presence.enrollment("laptop"), time.time())
+    errors: list[BaseException] = []
+
+    def run(step) -> None:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    # the relay thread's connect and the reconciler (or a second brain) at the same moment
+    threads = [
+        threading.Thread(target=run, args=(lambda: brain.clients.requeue("laptop"),)),
+        threading.Thread(target=run, args=(lambda: brain.clients.requeue("laptop"),)),
+        threading.Thread(target=run, args=(brain.sweeps.finish_requeues,)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert set(states(brain, rec.tree_id).values()) == {TaskState.QUEUED_CLIENT}
+    assert sorted(queued_task_ids(brain, "laptop")) == sorted(f"r{i}" for i in range(60))
+    assert brain.scheduler.parked.waiting() == {} and brain.scheduler.parked.requeueing_clients() == []
