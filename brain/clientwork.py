@@ -105,13 +105,15 @@ class ClientWork:
         # Every call sent to this client must be looked at, not the first thousand.
         queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
         mine = [r for r in queued if r.client_id == cid]
+        # The queue and unacked hash are read once for all of them, not once per run.
+        where_by_run = self.s.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
+        self.s.hot.cancel_runs(where_by_run, cid)
         taken = 0
         touched: set[str] = set()
         for rec in mine:
-            where = self.s.hot.take_client_run(cid, rec.run_id or "")
+            where = where_by_run.get(rec.run_id or "")
             if where is None:
                 continue  # the agent had taken or finished it; its result is on the way
-            self.s.hot.cancel_runs([rec.run_id or ""], cid)
             tree_rec = self.s.tree(rec.tree_id)
             if tree_rec is None:
                 continue
