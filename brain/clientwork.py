@@ -1,7 +1,8 @@
 """Clients coming and going (layer: brain, glue around the scheduler).
 
 Connect: accept the announcement into the active registry, then requeue the work
-parked for that client and its user, oldest first. Disconnect (graceful, or a
+parked for that client, then for its user, in chunks (brain.parked: oldest parked
+first within a list; the lists are not interleaved). Disconnect (graceful, or a
 missed heartbeat): pull that client's unstarted calls back out of its queue as
 pending_client, and let calls it was running follow their offline strategy; both
 run again on a later connect. Every move is a compare-and-set on the task, and
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 
 from brain.models import TaskState
+from brain.parked import ParkedRef
 from brain.presence import ClientSession, check_announcement
 from brain.scheduler import PARKED, Scheduler
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
@@ -55,23 +57,30 @@ class ClientWork:
         return ack
 
     def requeue(self, client_id: str) -> int:
-        """Route every parked task this client may take again, in the order they were parked."""
+        """Route every parked task this client may take again: its own list, then its user's,
+        each oldest parked first. A list another requeue is working on is left to that one (it
+        makes another pass, and routes by presence, which already shows this client)."""
         session = self.s.presence.session(client_id)
         if session is None:
             return 0
         owners = [f"client:{client_id}", f"user:{session.user}"]
         placed = 0
         touched: set[str] = set()
-        for raw, ref in self.s.parked.take_for(client_id, owners):
-            rec = self.s.store.get_task(ref.tree_id, ref.task_id)
-            tree_rec = self.s.tree(ref.tree_id)
-            if rec is not None and tree_rec is not None and rec.state in PARKED:
+
+        def place(refs: list[ParkedRef]) -> None:
+            nonlocal placed
+            for ref in refs:
+                rec = self.s.store.get_task(ref.tree_id, ref.task_id)
+                tree_rec = self.s.tree(ref.tree_id)
+                # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
+                if rec is None or tree_rec is None or rec.state not in PARKED:
+                    continue
                 presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
                 if self.s.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
                     placed += 1
                     touched.add(ref.tree_id)
-            # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
-            self.s.parked.placed(client_id, raw)
+
+        self.s.parked.requeue(client_id, owners, place)
         for tree_id in touched:
             self.s.advance(tree_id)
         if placed:
@@ -96,13 +105,15 @@ class ClientWork:
         # Every call sent to this client must be looked at, not the first thousand.
         queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
         mine = [r for r in queued if r.client_id == cid]
+        # The queue and unacked hash are read once for all of them, not once per run.
+        where_by_run = self.s.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
+        self.s.hot.cancel_runs(where_by_run, cid)
         taken = 0
         touched: set[str] = set()
         for rec in mine:
-            where = self.s.hot.take_client_run(cid, rec.run_id or "")
+            where = where_by_run.get(rec.run_id or "")
             if where is None:
                 continue  # the agent had taken or finished it; its result is on the way
-            self.s.hot.cancel_runs([rec.run_id or ""], cid)
             tree_rec = self.s.tree(rec.tree_id)
             if tree_rec is None:
                 continue

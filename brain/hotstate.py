@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis
@@ -29,6 +29,9 @@ from workers.contracts import (
 # with delivery times in the sorted set beside it.
 KOMBU_UNACKED = "unacked"
 KOMBU_UNACKED_INDEX = "unacked_index"
+# How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
+# one reply (it stalls Redis for everyone, PERFORMANCE.md).
+READ_CHUNK = 1000
 
 
 def as_bytes(value: bytes | str) -> bytes:
@@ -88,47 +91,79 @@ class HotState:
             self.r.sadd(key, *ids)
 
     # what kombu holds (reconciler) --------------------------------------------------------
+    def _list_chunks(self, key: str) -> Iterator[list[bytes]]:
+        """A list read ``READ_CHUNK`` items at a time from its head (kombu pushes at the head
+        and pops at the tail: a push meanwhile makes an item seen twice, never missed)."""
+        start = 0
+        while items := self.r.lrange(key, start, start + READ_CHUNK - 1):
+            yield [as_bytes(i) for i in items]
+            if len(items) < READ_CHUNK:
+                return
+            start += len(items)
+
+    def _hash_items(self, key: str) -> Iterator[tuple[bytes, bytes]]:
+        """A hash read by HSCAN (about ``READ_CHUNK`` fields per reply), never all in one reply."""
+        for tag, raw in self.r.hscan_iter(key, count=READ_CHUNK):
+            yield as_bytes(tag), as_bytes(raw)
+
     def message_ids_held(self, queues: Iterable[str], client_id: str | None = None) -> set[str]:
         """Run ids of messages waiting in ``queues``, reserved by a worker (kombu's unacked
         hash), or — for a client — results waiting in its outbox. Names are unprefixed;
-        with ``client_id`` they are read under that client's prefix."""
+        with ``client_id`` they are read under that client's prefix. Each is read a chunk
+        at a time, queues first, then the hash (a message kombu moves meanwhile from a queue
+        to the hash is still seen)."""
         prefix = client_key(client_id, "") if client_id else ""
-        pipe = self.r.pipeline(transaction=False)
-        names = list(queues)
-        for q in names:
-            pipe.lrange(prefix + q, 0, -1)
-        pipe.hvals(prefix + KOMBU_UNACKED)
-        if client_id:
-            pipe.lrange(prefix + CLIENT_OUTBOX, 0, -1)
-        replies = pipe.execute()
-        outbox = replies.pop() if client_id else []
-        unacked = replies.pop()
         ids: set[str] = set()
-        for raw in (m for reply in replies for m in reply):
-            ids.update(_task_id(raw))
-        for raw in unacked:
+        for q in queues:
+            for items in self._list_chunks(prefix + q):
+                for raw in items:
+                    ids.update(_task_id(raw))
+        for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
             ids.update(_unacked_task_id(raw))
-        for raw in outbox:
-            ids.update(_outbox_run_id(raw))
+        if client_id:
+            for items in self._list_chunks(prefix + CLIENT_OUTBOX):
+                for raw in items:
+                    ids.update(_outbox_run_id(raw))
         return ids
 
-    def take_client_run(self, client_id: str, run_id: str) -> str | None:
-        """Pull one run's message back from an offline client: ``"queued"`` if it was still
-        waiting in its queue, ``"running"`` if it was reserved (unacked), None if the agent
-        already took or finished it. LREM/HDEL answer whether *we* removed it, so a run is
-        never both re-parked here and executed there."""
+    def take_client_runs(self, client_id: str, run_ids: Iterable[str]) -> dict[str, str]:
+        """Pull runs' messages back from an offline client: run id -> ``"queued"`` if it was
+        still waiting in its queue, ``"running"`` if it was reserved (unacked); a run the
+        agent already took or finished is left out. The queue and the unacked hash are read
+        once, a chunk at a time; then one pipeline of LREM/HDEL whose answers say whether
+        *we* removed each message, so a run is never both re-parked here and executed there."""
+        wanted = {r for r in run_ids if r}
+        if not wanted:
+            return {}
         queue_key = client_key(client_id, client_queue(client_id))
-        for raw in self.r.lrange(queue_key, 0, -1):
-            if run_id in _task_id(raw):
-                return "queued" if self.r.lrem(queue_key, 1, as_text(raw)) else None
         unacked = client_key(client_id, KOMBU_UNACKED)
-        for tag, raw in self.r.hgetall(unacked).items():
-            if run_id in _unacked_task_id(as_bytes(raw)):
-                if self.r.hdel(unacked, tag):
-                    self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), tag)
-                    return "running"
-                return None
-        return None
+        queued: dict[str, bytes] = {}
+        for items in self._list_chunks(queue_key):
+            for raw in items:
+                for run_id in _task_id(raw) & wanted:
+                    queued.setdefault(run_id, raw)
+        reserved: dict[str, bytes] = {}
+        for tag, raw in self._hash_items(unacked):
+            for run_id in _unacked_task_id(raw) & (wanted - queued.keys()):
+                reserved.setdefault(run_id, tag)
+        if not queued and not reserved:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for raw in queued.values():
+            pipe.lrem(queue_key, 1, as_text(raw))
+        for tag in reserved.values():
+            pipe.hdel(unacked, tag)
+        answers = pipe.execute()
+        taken = {run_id: "queued" for run_id, n in zip(queued, answers) if n}
+        won = [(run_id, tag) for (run_id, tag), n in zip(reserved.items(), answers[len(queued) :]) if n]
+        taken.update((run_id, "running") for run_id, _tag in won)
+        if won:
+            self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), *(tag for _run, tag in won))
+        return taken
+
+    def take_client_run(self, client_id: str, run_id: str) -> str | None:
+        """:meth:`take_client_runs` for one run: ``"queued"``, ``"running"`` or None."""
+        return self.take_client_runs(client_id, [run_id]).get(run_id)
 
 
 def _unacked_task_id(raw: bytes) -> set[str]:

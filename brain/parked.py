@@ -1,27 +1,50 @@
 """Blocked and pending-client tasks waiting in Redis (layer: brain, Redis glue).
 
 The store says *that* a task is blocked or pending_client; these lists say in
-which order they wait and for whom (``user:<name>`` or ``client:<id>``). On a
-client's connect, its lists move in one Lua step per chunk to a per-client
-``requeueing`` list, so a ref is always in exactly one list: a crash between
-steps leaves it in ``requeueing``, which the next connect or sweep finishes.
+which order they wait and for whom (``user:<name>`` or ``client:<id>``).
+
+Requeue on a client's connect works on each list **in place**, in chunks, under a
+short per-list lock (:meth:`ParkedWork.requeue`): one Lua step per chunk drops the
+chunk handed out before (it has been placed by then) and hands out the next one as a
+single reply. A ref leaves its list only after it was placed, so a crash at any point
+leaves it listed; the lock's holder is the only one who drops refs from a list's head,
+and only while it still holds the lock, so two requeues can never drop each other's
+unplaced refs. A requeue that finds the lock taken asks the holder for one more pass
+and returns. Each pass takes exactly the refs listed when it started: refs parked
+meanwhile (among them the ones it re-parks itself) are appended behind them.
+
+Order: a list is kept in ``parked_at`` order (a park older than the list's tail, such
+as a task taken back from a vanished client with its old ``parked_at``, is inserted in
+its place, unless a requeue of that list is running: then it is appended), and each
+chunk is placed oldest first. A connect requeues ``client:<id>`` first, then
+``user:<name>``; across those two lists refs are not interleaved.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
+from typing import NamedTuple, Self
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
 
-from brain.hotstate import as_bytes, as_text
+from brain.hotstate import as_text
 from workers.contracts import KEY_NS, key_parked, key_requeueing
 
 # Chunks keep each EVAL short: one script over 100k refs would stall Redis for
 # everyone (PERFORMANCE.md: ~170 ms), 1,000 at a time costs a few ms each.
 CHUNK = 1000
+# How long a requeue's lock on a list lives without a step renewing it. Placing one chunk
+# (a store read, compare-and-set and dispatch per ref) must fit well within it; a holder
+# that stalls longer loses the list to the next requeue and stops (placing a ref twice is
+# harmless, every dispatch is a compare-and-set in the store).
+LOCK_MS = 60_000
 
+# The reference pass of bench/requeue.py (requeue_100k's baseline): move every ref of some
+# lists into another, 1,000 per EVAL. Requeue itself no longer moves refs.
 _MOVE = """
 local moved = 0
 for i = 2, #KEYS do
@@ -35,18 +58,166 @@ end
 return moved
 """
 
+# parked_at of a stored ref: the compact form starts with it; a ref in the older JSON form
+# (written before this format) is decoded.
+_PARKED_AT = """
+local function parked_at(v)
+  if string.sub(v, 1, 1) == '{' then
+    local ok, d = pcall(cjson.decode, v)
+    if ok and type(d) == 'table' then return tonumber(d['parked_at']) or 0 end
+    return 0
+  end
+  return tonumber(string.match(v, '^[^ ]*')) or 0
+end
+"""
 
-class ParkedRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# KEYS: list, its lock. ARGV: ref, its parked_at. Appends when the ref is not older than
+# the tail (the usual case, O(1)) or while a requeue holds the list (it drops handed-out
+# refs by position from the head); else binary-searches its place (LINDEX) and inserts it.
+_PARK = (
+    _PARKED_AT
+    + """
+local t = tonumber(ARGV[2])
+local n = redis.call('LLEN', KEYS[1])
+if n == 0 or redis.call('EXISTS', KEYS[2]) == 1
+    or parked_at(redis.call('LINDEX', KEYS[1], -1)) <= t then
+  return redis.call('RPUSH', KEYS[1], ARGV[1])
+end
+local lo, hi = 0, n - 1
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  if parked_at(redis.call('LINDEX', KEYS[1], mid)) > t then hi = mid else lo = mid + 1 end
+end
+return redis.call('LINSERT', KEYS[1], 'BEFORE', redis.call('LINDEX', KEYS[1], lo), ARGV[1])
+"""
+)
 
+# KEYS: lock, again flag, pending hash, list. ARGV: token, lock ms, list key, client id.
+# Taken: the number of refs this pass covers (the list's length now). Taken by another
+# requeue: -1, after asking that holder for another pass.
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+  return redis.call('LLEN', KEYS[4])
+end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return -1
+"""
+
+# KEYS: lock, list. ARGV: token, lock ms, refs to drop (the chunk handed out last, now
+# placed), refs to hand out. Returns them as one string, one ref per line ('' when the list
+# is empty), or nil when the lock is no longer ours (then nothing is dropped).
+_STEP = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local drop = tonumber(ARGV[3])
+if drop > 0 then redis.call('LTRIM', KEYS[2], drop, -1) end
+local n = tonumber(ARGV[4])
+if n <= 0 then return '' end
+return table.concat(redis.call('LRANGE', KEYS[2], 0, n - 1), '\\n')
+"""
+
+# KEYS: lock, again flag, pending hash, list. ARGV: token, lock ms, list key, refs to drop.
+# Drops the last chunk; if another requeue asked meanwhile, keeps the lock and returns the
+# length of the next pass; else releases the list and returns -1 (-2: the lock was lost).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
+local drop = tonumber(ARGV[4])
+if drop > 0 then redis.call('LTRIM', KEYS[4], drop, -1) end
+if redis.call('DEL', KEYS[2]) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return redis.call('LLEN', KEYS[4])
+end
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[3], ARGV[3])
+return -1
+"""
+
+# KEYS: lock. ARGV: token. A pass that failed midway lets go of the list without dropping
+# anything; its entry in the pending hash stays, so the reconciler finishes it.
+_ABANDON = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: list. ARGV: start, stop. One chunk of a list as one string, one ref per line.
+_READ = """
+return table.concat(redis.call('LRANGE', KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])), '\\n')
+"""
+
+
+def _nonce() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+_new_tuple = tuple.__new__  # builds a ParkedRef from decoded fields without a Python call
+
+
+class _RefFields(NamedTuple):
     tree_id: str
     task_id: str
     owner: str
     parked_at: float
-    # Every park makes a distinct ref. A task re-parked with its old parked_at (to keep its
-    # place) would otherwise produce the same bytes, and LREM of one thread's ref could
-    # remove the copy another thread has just parked: the task then waits in no list.
-    nonce: str = Field(default_factory=lambda: uuid.uuid4().hex[:16])
+    nonce: str
+
+
+class ParkedRef(_RefFields):
+    """One parked task in one list. A tuple, so that decoding 100,000 of them on a connect
+    costs little and leaves the garbage collector nothing to track (tuples of strings and
+    floats are untracked at its first look; 100,000 tracked objects set off full
+    collections that doubled some requeues' time)."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls, tree_id: str, task_id: str, owner: str, parked_at: float, nonce: str | None = None
+    ) -> Self:
+        # Every park makes a distinct ref. A task re-parked with its old parked_at (to keep
+        # its place) would otherwise produce the same bytes, and anything removing a ref by
+        # value (LREM, LINSERT's pivot) could hit the copy another thread has just parked.
+        return super().__new__(cls, tree_id, task_id, owner, parked_at, nonce or _nonce())
+
+    def encode(self) -> str:
+        """``<parked_at> <tree_id> <task_id> <nonce>``: parked_at first (Lua orders by it), the
+        owner left out (the list's key says it). Ids are single words by the id grammar; one
+        that is not is stored as JSON, which :func:`decode_ref` still reads."""
+        words = (self.tree_id, self.task_id, self.nonce)
+        if any(not w or " " in w or "\n" in w or w[0] == "{" for w in words):
+            return json.dumps(
+                {
+                    "tree_id": self.tree_id,
+                    "task_id": self.task_id,
+                    "parked_at": self.parked_at,
+                    "nonce": self.nonce,
+                }
+            )
+        return f"{self.parked_at!r} {self.tree_id} {self.task_id} {self.nonce}"
+
+
+def decode_ref(raw: bytes | str, owner: str = "") -> ParkedRef:
+    """A stored ref, compact or JSON (the JSON form also carries its owner)."""
+    text = as_text(raw)
+    if text.startswith("{"):
+        d = json.loads(text)
+        return ParkedRef(
+            d["tree_id"], d["task_id"], d.get("owner", owner), float(d["parked_at"]), d.get("nonce", "")
+        )
+    at, tree_id, task_id, nonce = text.split(" ")
+    return ParkedRef(tree_id, task_id, owner, float(at), nonce)
+
+
+def decode_chunk(blob: bytes | str, owner: str = "") -> list[ParkedRef]:
+    """The refs of one chunk (refs joined by newlines)."""
+    text = as_text(blob)
+    if not text:
+        return []
+    if "{" not in text:  # all compact: decoded by columns (a connect may decode 100,000)
+        words = text.replace("\n", " ").split(" ")
+        if len(words) == 4 * (text.count("\n") + 1):
+            fields = zip(words[1::4], words[2::4], repeat(owner), map(float, words[0::4]), words[3::4])
+            return list(map(_new_tuple, repeat(ParkedRef), fields))
+    return [decode_ref(line, owner) for line in text.split("\n")]
 
 
 def owner_of(user: str | None, client_id: str | None) -> str:
@@ -58,27 +229,115 @@ def owner_of(user: str | None, client_id: str | None) -> str:
     return "anyone"
 
 
+def key_requeue_lock(list_key: str) -> str:
+    """String: the token of the requeue working on ``list_key`` (expires)."""
+    return f"{KEY_NS}requeue-lock:{list_key}"
+
+
+def key_requeue_again(list_key: str) -> str:
+    """Flag: a requeue of ``list_key`` was asked for while another held it."""
+    return f"{KEY_NS}requeue-again:{list_key}"
+
+
+def key_requeues() -> str:
+    """Hash: list key -> client id, for every requeue begun and not finished (a crash leaves
+    its entry; the reconciler's ``finish_requeues`` runs it again)."""
+    return f"{KEY_NS}requeues"
+
+
+Place = Callable[[list[ParkedRef]], None]
+
+
 class ParkedWork:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
-        self._move = r.register_script(_MOVE)
+        self._park = r.register_script(_PARK)
+        self._acquire = r.register_script(_ACQUIRE)
+        self._step = r.register_script(_STEP)
+        self._release = r.register_script(_RELEASE)
+        self._abandon = r.register_script(_ABANDON)
+        self._read = r.register_script(_READ)
 
     def park(self, ref: ParkedRef) -> None:
-        self.r.rpush(key_parked(ref.owner), ref.model_dump_json())
+        key = key_parked(ref.owner)
+        self._park(keys=[key, key_requeue_lock(key)], args=[ref.encode(), repr(ref.parked_at)])
 
-    def take_for(self, client_id: str, owners: Iterable[str]) -> list[tuple[bytes, ParkedRef]]:
-        """Move every ref of ``owners`` into this client's requeueing list; return that list
-        (with leftovers of an interrupted earlier take), oldest parked first."""
+    def requeue(self, client_id: str, owners: Iterable[str], place: Place) -> int:
+        """Hand every ref listed for ``owners`` (in that order), plus leftovers of the older
+        per-client ``requeueing`` list, to ``place`` in chunks, oldest parked first within a
+        chunk; drop each chunk once ``place`` returned. Lists another requeue is working on
+        are left to it (it makes one more pass). Returns how many refs were handed out."""
         keys = [key_requeueing(client_id), *(key_parked(o) for o in owners)]
-        while int(self._move(keys=keys, args=[CHUNK])) > 0:
-            pass
-        raw = self.r.lrange(key_requeueing(client_id), 0, -1)
-        refs = [(as_bytes(item), ParkedRef.model_validate_json(item)) for item in raw]
-        return sorted(refs, key=lambda pair: pair[1].parked_at)
+        owner_names = ["", *owners]
+        return sum(self._requeue_list(key, owner, client_id, place) for key, owner in zip(keys, owner_names))
 
-    def placed(self, client_id: str, raw: bytes) -> None:
-        """A ref taken by ``take_for`` has been dispatched or re-parked: drop it."""
-        self.r.lrem(key_requeueing(client_id), 1, as_text(raw))
+    def _requeue_list(self, key: str, owner: str, client_id: str, place: Place) -> int:
+        lock, again = key_requeue_lock(key), key_requeue_again(key)
+        token = uuid.uuid4().hex
+        budget = int(
+            self._acquire(keys=[lock, again, key_requeues(), key], args=[token, LOCK_MS, key, client_id])
+        )
+        handed = 0
+        drop = 0
+        try:
+            while budget >= 0:
+                while budget > 0:
+                    blob = self._step(keys=[lock, key], args=[token, LOCK_MS, drop, min(CHUNK, budget)])
+                    if blob is None:
+                        return handed  # lost the lock (stalled): its next holder goes on from here
+                    drop = 0
+                    refs = _decode_sorted(blob, owner)
+                    if not refs:
+                        break
+                    place(refs)
+                    handed += len(refs)
+                    budget -= len(refs)
+                    drop = len(refs)
+                    del refs  # not kept alive through the next chunk's decode
+                budget = int(
+                    self._release(keys=[lock, again, key_requeues(), key], args=[token, LOCK_MS, key, drop])
+                )
+                drop = 0
+        except BaseException:
+            # Nothing of the chunk being placed is dropped; the reconciler finishes the list.
+            self._abandon(keys=[lock], args=[token])
+            raise
+        return handed
+
+    def unfinished_requeues(self) -> dict[str, str]:
+        """List key -> client id of requeues no one is working on (their holder crashed or
+        failed midway), plus older per-client ``requeueing`` lists left by a crash."""
+        pending = {as_text(k): as_text(v) for k, v in self.r.hgetall(key_requeues()).items()}
+        prefix = f"{KEY_NS}requeueing:"
+        for k in self.r.scan_iter(match=f"{prefix}*", count=500):
+            pending.setdefault(as_text(k), as_text(k)[len(prefix) :])
+        if not pending:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for key in pending:
+            pipe.exists(key_requeue_lock(key))
+        return {key: cid for (key, cid), held in zip(pending.items(), pipe.execute()) if not held}
+
+    def requeueing_clients(self) -> list[str]:
+        """Clients whose requeue a crash interrupted."""
+        return sorted(set(self.unfinished_requeues().values()))
+
+    def refs_in(self, key: str) -> Iterator[ParkedRef]:
+        """Every ref of one list, read ``CHUNK`` at a time (never the whole list in one reply).
+        A requeue dropping refs meanwhile may make this skip some: callers must treat a
+        missed ref as harmless (re-listing one makes a duplicate, which is)."""
+        start = 0
+        while blob := self._read(keys=[key], args=[start, start + CHUNK - 1]):
+            refs = decode_chunk(blob)
+            yield from refs
+            start += len(refs)
+
+    def listed_keys(self) -> list[str]:
+        """Every parked list, and older per-client ``requeueing`` lists."""
+        keys: list[str] = []
+        for pattern in (key_parked("*"), key_requeueing("*")):
+            keys.extend(as_text(k) for k in self.r.scan_iter(match=pattern, count=500))
+        return keys
 
     def waiting(self) -> dict[str, int]:
         """Owner -> number of refs parked for it (for `vancetope clients`)."""
@@ -88,6 +347,22 @@ class ParkedWork:
             counts[key.decode()[len(prefix) :]] = int(self.r.llen(key))
         return counts
 
-    def requeueing_clients(self) -> list[str]:
-        prefix = f"{KEY_NS}requeueing:"
-        return [k.decode()[len(prefix) :] for k in self.r.scan_iter(match=f"{prefix}*", count=500)]
+
+def _parked_at(ref: ParkedRef) -> float:
+    return ref.parked_at
+
+
+def _decode_sorted(blob: bytes | str, owner: str) -> list[ParkedRef]:
+    """One chunk's refs, oldest parked first. The garbage collector is held off meanwhile:
+    1,000 new refs would otherwise be scanned (and promoted) by the collections their own
+    allocation sets off - on a 100,000-ref requeue that was up to half of its time. Process
+    wide, but for well under a millisecond; it is switched back on only if it was on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        refs = decode_chunk(blob, owner)
+        refs.sort(key=_parked_at)
+        return refs
+    finally:
+        if was_on:
+            gc.enable()

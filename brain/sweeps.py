@@ -15,7 +15,7 @@ from brain.clientwork import ClientWork
 from brain.models import TaskRecord, TaskState
 from brain.parked import ParkedRef, owner_of
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
-from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue, key_parked, key_requeueing
+from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue
 
 log = logging.getLogger("vancetope.brain")
 _T = TypeVar("_T")
@@ -186,8 +186,9 @@ class Sweeps:
         return True
 
     def relist_parked(self) -> int:
-        """Parked tasks that no parked or requeueing list names (a crash between the store
-        write and the list push) are listed again; then clients get their requeue."""
+        """Parked tasks that no parked list names (a crash between the store write and the
+        list push) are listed again; then clients get their requeue. Lists are read a chunk
+        at a time."""
         cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
         parked = self.s.store.tasks_in_states(PARKED, updated_before=cutoff)
         if not parked:
@@ -217,17 +218,11 @@ class Sweeps:
         return True
 
     def _listed_refs(self) -> set[tuple[str, str]]:
-        r = self.s.hot.r
-        refs: set[tuple[str, str]] = set()
-        for pattern in (key_parked("*"), key_requeueing("*")):
-            for key in r.scan_iter(match=pattern, count=500):
-                for raw in r.lrange(key, 0, -1):
-                    ref = ParkedRef.model_validate_json(raw)
-                    refs.add((ref.tree_id, ref.task_id))
-        return refs
+        parked = self.s.parked
+        return {(ref.tree_id, ref.task_id) for key in parked.listed_keys() for ref in parked.refs_in(key)}
 
     def finish_requeues(self) -> None:
-        """Finish requeues a crash interrupted, for clients still connected."""
+        """Finish requeues a crash (or an error midway) interrupted, for clients still connected."""
         for cid in self.s.parked.requeueing_clients():
             if self.s.presence.session(cid) is not None:
                 self.clients.requeue(cid)

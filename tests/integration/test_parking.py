@@ -361,3 +361,79 @@ def test_a_client_whose_id_prefixes_another_neither_completes_nor_takes_back_its
     brain.clients.on_disconnected("lap", "s-lap", "test")
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
     assert queued_task_ids(brain, "laptop") == ["r0"]
+
+
+def test_two_requeues_of_one_client_at_once_queue_each_parked_task_exactly_once(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    rec = brain.scheduler.submit(tree(reads(60)), user="ada")
+    msg = ClientConnected.model_validate_json(connected("laptop"))
+    brain.scheduler.presence.connect(msg, brain.scheduler.presence.enrollment("laptop"), time.time())
+    errors: list[BaseException] = []
+
+    def run(step) -> None:
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    # the relay thread's connect and the reconciler (or a second brain) at the same moment
+    threads = [
+        threading.Thread(target=run, args=(lambda: brain.clients.requeue("laptop"),)),
+        threading.Thread(target=run, args=(lambda: brain.clients.requeue("laptop"),)),
+        threading.Thread(target=run, args=(brain.sweeps.finish_requeues,)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert set(states(brain, rec.tree_id).values()) == {TaskState.QUEUED_CLIENT}
+    assert sorted(queued_task_ids(brain, "laptop")) == sorted(f"r{i}" for i in range(60))
+    assert brain.scheduler.parked.waiting() == {} and brain.scheduler.parked.requeueing_clients() == []
+
+
+def test_take_back_reads_a_long_queue_and_unacked_hash_once_and_takes_exactly_the_runs_asked_for(
+    brain_on_redis: Brain,
+) -> None:
+    from brain.hotstate import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, READ_CHUNK
+
+    hot = brain_on_redis.hot
+    qkey, ukey = client_key("laptop", client_queue("laptop")), client_key("laptop", KOMBU_UNACKED)
+    n = 2 * READ_CHUNK + 7
+    hot.r.lpush(qkey, *(json.dumps({"headers": {"id": f"q{i}"}}) for i in range(n)))
+    hot.r.hset(
+        ukey, mapping={f"tag{i}": json.dumps([{"headers": {"id": f"u{i}"}}, "", "x"]) for i in range(n)}
+    )
+    hot.r.zadd(client_key("laptop", KOMBU_UNACKED_INDEX), {f"tag{i}": i for i in range(n)})
+    asked = ["q0", f"q{n - 1}", f"q{READ_CHUNK}", "u3", f"u{n - 2}", "gone", ""]
+    assert hot.take_client_runs("laptop", asked) == {
+        "q0": "queued", f"q{n - 1}": "queued", f"q{READ_CHUNK}": "queued", "u3": "running", f"u{n - 2}": "running"
+    }  # fmt: skip
+    assert hot.r.llen(qkey) == n - 3 and hot.r.hlen(ukey) == n - 2
+    assert hot.r.zscore(client_key("laptop", KOMBU_UNACKED_INDEX), "tag3") is None
+    assert hot.take_client_runs("laptop", asked) == {}  # taken once: a second take-back wins nothing
+    held = hot.message_ids_held([client_queue("laptop")], client_id="laptop")
+    assert len(held) == 2 * n - 5 and "q1" in held and "u4" in held and "q0" not in held
+
+
+def test_disconnect_takes_back_many_calls_at_once(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(30)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    qkey = client_key("laptop", client_queue("laptop"))
+    for i in range(5):  # the agent reserved five, then vanished
+        raw = brain.hot.r.rpop(qkey)
+        brain.hot.r.hset(client_key("laptop", "unacked"), f"tag{i}", json.dumps([json.loads(raw), "", "x"]))
+    runs = {t.run_id for t in brain.store.get_tasks(rec.tree_id)}
+    assert brain.clients.on_disconnected("laptop", "s1", "test") == 30
+    got = states(brain, rec.tree_id)
+    assert sorted(got.values()).count(TaskState.PENDING_CLIENT) == 25
+    assert sorted(got.values()).count(TaskState.BLOCKED) == 5
+    assert brain.hot.r.llen(qkey) == 0 and brain.hot.r.hlen(client_key("laptop", "unacked")) == 0
+    assert brain.hot.r.smembers(client_key("laptop", key_cancelled())) == {r.encode() for r in runs}
+    connect(brain, "laptop", session="s2")
+    assert sorted(queued_task_ids(brain, "laptop")) == sorted(f"r{i}" for i in range(30))
