@@ -24,6 +24,7 @@ from itertools import accumulate
 from queue import Empty
 from typing import Any, Final, Literal
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -145,6 +146,18 @@ class GuardedChannel(kombu_redis.Channel):
     )
     vt_max_message_bytes: int = MAX_MESSAGE_BYTES
     vt_max_json_depth: int = MAX_JSON_DEPTH
+
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        # kombu 5.7: when the broker connection is lost, Celery closes the connection, the
+        # channel's close() tries to restore its unacked messages on a new client, and by
+        # then the transport's ``client`` is None: AttributeError, which Celery takes for an
+        # unrecoverable error, and the worker exits instead of reconnecting (seen killing the
+        # server pool when redis-server restarts). A connection error here is what it is:
+        # Celery ignores it while closing and reconnects; the unrestored messages come back
+        # when their lease lapses (workers.lease).
+        if self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the broker connection is already closed")
+        return super()._connparams(asynchronous=asynchronous)
 
     def _checked(self, raw: bytes, queue: str) -> dict[str, Any] | None:
         try:
