@@ -40,6 +40,7 @@ from workers.contracts import (
     client_keyprefix,
     client_queue,
 )
+from workers.mcp_clients import value_of
 from workers.urls import with_credentials
 
 pytestmark = pytest.mark.integration
@@ -252,7 +253,10 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
         == f"read_local_file: path '/etc/passwd' is outside the sandbox roots [{workspace.sandbox}]"
     )
     assert results["r-git"].ok, results["r-git"].error
-    assert "first notes" in results["r-git"].value
+    # An MCP tool's whole result travels; its convenient value is derived where it is recorded.
+    git = results["r-git"]
+    assert git.value is None and git.mcp is not None
+    assert "first notes" in value_of(git.mcp)
     assert {e["name"] for e in results["r-after"].value["entries"]} >= {"notes.txt", ".git"}
     assert brain.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=0.5) is None  # nothing for the bad message
     assert "dropped a message that is not a valid tool call" in agent.output()
@@ -272,7 +276,7 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
     brain.send("r-git-again", "git_log", {"repo_path": str(workspace.sandbox)}, mcp_server="git")
     brain.send("r-demo", "add", {"a": 40, "b": 2}, mcp_server="demo")
     after = brain.results({"r-git-again", "r-demo"})
-    assert after["r-demo"].value == 42
+    assert after["r-demo"].mcp is not None and value_of(after["r-demo"].mcp) == 42
     assert after["r-git-again"].error is not None
     assert after["r-git-again"].error.message == (
         "git: MCP server is not running on this client agent (it failed to start, or all its tools were left out)"
