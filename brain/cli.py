@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from brain.errors import (
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
+from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
@@ -457,6 +459,41 @@ def clients(ctx: click.Context) -> None:
     with _running_brain(ctx.obj) as brain:
         book = brain.scheduler.presence
         console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
+        registry = brain.scheduler.registry
+        if registry.loaded_at:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(registry.loaded_at))
+            console.print(f"registry: {len(registry.tools)} tools, loaded {when}", highlight=False)
+            for line in registry.changes:
+                console.print(f"  last reload: {line}", highlight=False)
+
+
+@cli.command()
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the brain to reload.")
+@click.pass_obj
+def reload(settings: Settings, timeout: float) -> None:
+    """Reload the registry file and the server MCP config now, and say what changed.
+
+    The brain also reloads by itself within seconds of either file changing. Calls already
+    sent finish on the definitions they were sent with; new calls use the new ones.
+    Exits 1 if the brain did not answer within --timeout.
+    """
+    with _running_brain(settings) as brain:
+        before = brain.scheduler.registry.loaded_at
+        brain.hot.r.set(RELOAD_REQUEST_KEY, b"1")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snapshot = brain.hot.get_registry()
+            if snapshot is not None and snapshot.get("loaded_at", 0.0) != before:
+                registry = RegistrySnapshot.model_validate(snapshot)
+                console.print(f"registry reloaded: {len(registry.tools)} tools")
+                for line in registry.changes:
+                    console.print(f"  {line}", highlight=False)
+                return
+            time.sleep(0.2)
+    _fail(
+        f"the brain did not reload within {timeout:g}s; is it running? (`vancetope up`, its log)",
+        EXIT_TREE_FAILED,
+    )
 
 
 @clients.command("enroll")

@@ -7,6 +7,7 @@ published in Redis so the CLI validates trees against what the brain really has.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,9 @@ class RegistrySnapshot(BaseModel):
     mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
     # bare tool name -> who offers it, when several do (brain.toolnames)
     clashes: dict[str, list[str]] = Field(default_factory=dict)
+    # When this snapshot was built, and what changed from the one before (brain.reload).
+    loaded_at: float = 0.0
+    changes: list[str] = Field(default_factory=list)
 
     def failure_hint(self, tool: str | None = None) -> str:
         """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""
@@ -81,7 +85,9 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     problems = unknown_fallbacks(tools) if complete else []
     if problems:
         raise InvalidRegistry(str(settings.registry or "the registry"), problems)
-    return RegistrySnapshot(tools=tools, engines=engines, mcp_failures=failures, clashes=placed.clashes)
+    return RegistrySnapshot(
+        tools=tools, engines=engines, mcp_failures=failures, clashes=placed.clashes, loaded_at=time.time()
+    )
 
 
 def bind_to_servers(declared: Mapping[str, ToolSpec], placed: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:

@@ -19,6 +19,7 @@ from brain.events import ClientEvents
 from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot, build_registry
 from brain.relay import Relay
+from brain.reload import Reloader, Signature, signature, sources
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.sweeps import Sweeps
@@ -39,6 +40,8 @@ class Brain:
     scheduler: Scheduler
     clients: ClientWork
     sweeps: Sweeps
+    # The registry sources' size and mtime when the registry in use was built (brain.reload).
+    sources_seen: Signature | None = None
 
     @classmethod
     def connect(cls, settings: Settings, redis_url: str, registry: RegistrySnapshot | None = None) -> Brain:
@@ -111,6 +114,7 @@ def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
 
 def start_brain(settings: Settings, redis_url: str) -> Brain:
     """The brain process: discover server tools, publish the registry snapshot."""
+    seen = signature(sources(settings))
     registry = build_registry(settings)
     for line in clash_lines(registry.clashes):
         log.warning("%s", line)
@@ -119,6 +123,7 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
             "MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail
         )
     brain = Brain.connect(settings, redis_url, registry)
+    brain.sources_seen = seen
     # Before readiness: enrolled agents can connect as soon as the stack says it is up.
     brain.sync_client_users()
     brain.publish_registry()
@@ -126,8 +131,13 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
 
 
 def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread]:
-    """The brain's own threads: the client relay and the reconciler, until ``stop`` is set."""
-    return [Relay(brain.scheduler, brain.clients).run(stop), run_reconciler(brain, stop)]
+    """The brain's own threads: the client relay, the reconciler and the registry's reloader,
+    until ``stop`` is set."""
+    return [
+        Relay(brain.scheduler, brain.clients).run(stop),
+        run_reconciler(brain, stop),
+        Reloader(brain).run(stop),
+    ]
 
 
 def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:

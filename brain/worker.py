@@ -26,6 +26,10 @@ from workers.contracts import PUBLISH_CALL_TASK, RECORD_RESULT_TASK, QueuedRun, 
 from workers.errors import WorkerError
 
 log = logging.getLogger("vancetope.brain")
+# No task events for the brain's own jobs (record_result, publish_call): bookkeeping an
+# operator never needs in Flower, three events per job. The brain still sends worker
+# heartbeats (Flower lists it) and the client agents' events (brain.events).
+app.conf.worker_send_task_events = False
 _state: dict[str, Any] = {}
 _stop = threading.Event()
 EXIT_CONFIG = 78  # sysexits.h EX_CONFIG: restarting will not help until the config changes

@@ -474,6 +474,7 @@ class MCPClientManager:
 
 # --- one manager per process -------------------------------------------------------
 
+_signatures: dict[tuple[int, str], tuple[int, int]] = {}
 _managers: dict[tuple[int, str], MCPClientManager] = {}
 _managers_lock = threading.Lock()
 # Managers inherited over fork: never used or closed here, only kept from the GC.
@@ -484,16 +485,44 @@ def get_manager(config_path: str | None) -> MCPClientManager | None:
     """This process's manager for ``config_path`` (None: no MCP servers).
 
     Keyed by pid: a Celery prefork child gets its own manager (its own loop
-    thread and server subprocesses) on first use, never the parent's.
+    thread and server subprocesses) on first use, never the parent's. When the file
+    changes (size or mtime), the next call gets a manager of the new config and the old
+    one is closed: a prefork child runs one call at a time, so none is using it. A new
+    file that does not load is logged and the manager in use is kept.
     """
     if not config_path:
         return None
     key = (os.getpid(), os.path.abspath(config_path))
+    seen = _file_signature(config_path)
     with _managers_lock:
-        manager = _managers.get(key)
-        if manager is None:
-            manager = _managers[key] = MCPClientManager(load_mcp_config(config_path))
-        return manager
+        current = _managers.get(key)
+        if current is not None and _signatures.get(key) == seen:
+            return current
+        try:
+            fresh = MCPClientManager(load_mcp_config(config_path))
+        except WorkerError as exc:
+            if current is None:
+                raise
+            logger.error(
+                "MCP config %s changed but does not load; keeping the servers in use: %s", config_path, exc
+            )
+            _signatures[key] = seen
+            return current
+        _managers[key], _signatures[key] = fresh, seen
+    if current is not None:
+        logger.warning(
+            "MCP config %s changed: its servers are restarted with the new definitions", config_path
+        )
+        current.close()
+    return fresh
+
+
+def _file_signature(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
 
 
 def _close_own_managers() -> None:

@@ -1,0 +1,118 @@
+"""The registry and the server MCP config, reloaded while the brain runs (layer: brain, runtime).
+
+The brain watches the registry file and the mcpServers file (their size and mtime, every
+``WATCH_EVERY_S``) and takes a reload request from ``vancetope reload``. A change builds a
+new registry (discovering the MCP servers again) and swaps it in whole: calls already sent
+finish on the definitions they were sent with, new calls use the new ones; server workers
+pick up the new snapshot within ``brain.recorder.REGISTRY_MAX_AGE_S`` and restart an MCP
+server whose config changed before their next call (``workers.mcp_clients.get_manager``).
+A file that no longer loads is logged and the registry in use is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from brain.config import Settings
+from brain.errors import BrainError
+from brain.registry import RegistrySnapshot, build_registry
+from brain.toolnames import clash_lines
+from workers.contracts import KEY_NS
+from workers.errors import WorkerError
+
+if TYPE_CHECKING:  # brain.service starts the reloader; no import cycle at run time
+    from brain.service import Brain
+
+log = logging.getLogger("vancetope.brain")
+
+WATCH_EVERY_S = 2.0
+RELOAD_REQUEST_KEY = f"{KEY_NS}reload-requested"
+
+Signature = tuple[tuple[str, int, int], ...]
+
+
+def registry_changes(old: RegistrySnapshot, new: RegistrySnapshot) -> list[str]:
+    """What a reload changed, one short line each (pure): tools added, removed, redefined."""
+    added = sorted(set(new.tools) - set(old.tools))
+    removed = sorted(set(old.tools) - set(new.tools))
+    changed = sorted(n for n in set(old.tools) & set(new.tools) if old.tools[n] != new.tools[n])
+    lines = [
+        f"{label}: {', '.join(names)}"
+        for label, names in (("added", added), ("removed", removed), ("changed", changed))
+        if names
+    ]
+    lines += [
+        f"clash: {line}"
+        for line in clash_lines({k: v for k, v in new.clashes.items() if old.clashes.get(k) != v})
+    ]
+    return lines or ["no tool changed"]
+
+
+def sources(settings: Settings) -> list[Path]:
+    """The files the server registry is built from."""
+    return [p for p in (settings.registry, settings.mcp_config) if p is not None]
+
+
+def signature(paths: list[Path]) -> Signature:
+    """Size and mtime of each file (0, 0 when missing): what a change of a source looks like."""
+    out = []
+    for path in paths:
+        try:
+            st = path.stat()
+            out.append((str(path), st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((str(path), 0, 0))
+    return tuple(out)
+
+
+class Reloader:
+    def __init__(self, brain: Brain) -> None:
+        self.brain = brain
+        self.sources = sources(brain.settings)
+        # What the files looked like when the registry in use was built (start_brain), not
+        # when this thread starts: a change in between is a change.
+        self._seen = brain.sources_seen if brain.sources_seen is not None else signature(self.sources)
+
+    def check(self) -> list[str] | None:
+        """Reload if a source changed or a reload was requested; the changes, or None."""
+        requested = self.brain.hot.r.getdel(RELOAD_REQUEST_KEY) is not None
+        now = signature(self.sources)
+        if now == self._seen and not requested:
+            return None
+        self._seen = now
+        return self.reload()
+
+    def reload(self) -> list[str]:
+        old = self.brain.scheduler.registry
+        try:
+            new = build_registry(self.brain.settings)
+        except (BrainError, WorkerError, OSError) as exc:
+            log.error("registry reload failed; keeping the registry in use: %s", exc)
+            failed = old.model_copy(update={"loaded_at": time.time(), "changes": [f"reload failed: {exc}"]})
+            self.brain.hot.put_registry(failed.model_dump(mode="json"))
+            return failed.changes
+        new = new.model_copy(update={"loaded_at": time.time(), "changes": registry_changes(old, new)})
+        for failure in new.mcp_failures:
+            log.error("MCP server %r failed to start: %s", failure.server, failure.message)
+        self.brain.scheduler.registry = new
+        self.brain.hot.put_registry(new.model_dump(mode="json"))
+        log.warning("registry reloaded (%d tools): %s", len(new.tools), "; ".join(new.changes))
+        return new.changes
+
+    def run(self, stop: threading.Event) -> threading.Thread:
+        log.info("watching %s for changes", ", ".join(map(str, self.sources)) or "no registry sources")
+
+        def loop() -> None:
+            while not stop.wait(WATCH_EVERY_S):
+                try:
+                    self.check()
+                except Exception:
+                    log.exception("watching the registry sources failed; trying again")
+
+        thread = threading.Thread(target=loop, name="vancetope-reload", daemon=True)
+        thread.start()
+        return thread
