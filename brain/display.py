@@ -14,7 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from brain.models import TaskRecord, TaskState, TreeRecord
+from brain.models import Progress, TaskRecord, TaskState, TreeRecord
 
 STATE_STYLE = {
     "pending": "dim",
@@ -36,6 +36,15 @@ def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> st
     if rec.state.is_queued and mark and mark.get("run_id") == rec.run_id:
         return TaskState.RUNNING.value
     return rec.state.value
+
+
+def progress_text(p: Progress) -> str:
+    """``2/4 (50%) copying files`` from an MCP server's latest progress notification."""
+    if p.total:
+        text = f"{p.progress:g}/{p.total:g} ({100 * p.progress / p.total:.0f}%)"
+    else:
+        text = f"{p.progress:g}"
+    return f"{text} {p.message}" if p.message else text
 
 
 def summarize(value: Any, width: int = 60) -> str:
@@ -62,6 +71,8 @@ def task_table(
             detail = summarize(rec.result)
         elif rec.error is not None:
             detail = rec.error.message
+        elif rec.state.is_queued and rec.progress is not None:
+            detail = progress_text(rec.progress)
         else:
             detail = rec.reason
         table.add_row(

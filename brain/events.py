@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.events import EventDispatcher
 
-from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolResult
+from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolProgress, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
@@ -104,6 +104,19 @@ class ClientEvents:
         else:
             message = result.error.message if result.error else "failed"
             self._send(result.client_id, "task-failed", uuid=result.run_id, exception=message, traceback="")
+
+    def task_progress(self, update: ToolProgress) -> None:
+        """A client's call reporting progress: Flower shows the task as PROGRESS meanwhile."""
+        if update.client_id is None:
+            return
+        self._send(
+            update.client_id,
+            "task-progress",
+            uuid=update.run_id,
+            progress=update.progress,
+            total=update.total,
+            message=update.message or "",
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -274,6 +274,17 @@ class TreeStatus(StrEnum):
     FAILED = "failed"  # ended with at least one task not done
 
 
+class Progress(BaseModel):
+    """Latest progress of a running call: ``progress`` of ``total`` (if known), a message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    progress: float
+    total: float | None = None
+    message: str | None = None
+    at: float
+
+
 class TaskRecord(BaseModel):
     """The durable record of one task. ``run_id`` changes with every dispatch attempt."""
 
@@ -294,6 +305,8 @@ class TaskRecord(BaseModel):
     # An MCP tool's whole CallToolResult (content blocks, structuredContent), as the server
     # sent it, on either route: ${tasks.<id>.mcp.content.0.data}
     mcp: dict[str, Any] | None = None
+    # The latest progress notification of the current run (an MCP server's notifications/progress).
+    progress: Progress | None = None
     error: ErrorInfo | None = None
     worker: str = ""
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked

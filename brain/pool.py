@@ -13,10 +13,12 @@ from workers.tasks import register, send_to_brain
 from workers.tools.builtin import builtin_tools
 from workers.tools.netguard import HttpAllow
 
+recorder = InlineRecorder(app, fallback=send_to_brain(app))
 run_tool = register(
     app,
-    sink=InlineRecorder(app, fallback=send_to_brain(app)),
+    sink=recorder,
     builtins=builtin_tools(HttpAllow.from_env(os.environ)),
+    progress=recorder.progress,
 )
 
 __all__ = ["app", "run_tool"]

@@ -37,7 +37,7 @@ from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot
 from brain.scheduler import Scheduler
 from brain.store import open_store
-from workers.contracts import BRAIN_QUEUE, PUBLISH_CALL_TASK, ToolCall, ToolResult
+from workers.contracts import BRAIN_QUEUE, PUBLISH_CALL_TASK, ToolCall, ToolProgress, ToolResult
 
 log = logging.getLogger("vancetope.worker")
 
@@ -95,6 +95,14 @@ class InlineRecorder:
                 exc,
             )
             self.fallback(result)
+
+    def progress(self, update: ToolProgress) -> None:
+        """A running call's progress, into its record (best effort: a lost one is replaced
+        by the next, and the result does not depend on it)."""
+        try:
+            self.scheduler().on_progress(update)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not record progress of task %s: %s", update.task_id, exc)
 
     def scheduler(self) -> Scheduler:
         """This process's scheduler: built on first use after a fork (prefork children must not

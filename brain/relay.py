@@ -37,6 +37,7 @@ from workers.contracts import (
     AnnouncementAck,
     ClientConnected,
     ClientDisconnected,
+    ClientToolProgress,
     ClientToolResult,
     client_key,
 )
@@ -109,6 +110,12 @@ class Relay:
                 self.clients.on_disconnected(owner, msg.session_id, f"graceful disconnect ({msg.reason})")
         elif isinstance(msg, ClientToolResult):
             self.s.on_result(msg.result, from_client=owner)
+        elif isinstance(msg, ClientToolProgress):
+            self._progress(owner, msg)
+
+    def _progress(self, owner: str, msg: ClientToolProgress) -> None:
+        if self.s.on_progress(msg.progress, from_client=owner) and self.s.events is not None:
+            self.s.events.task_progress(msg.progress)
 
     def _refuse_if_announcement(self, owner: str, raw: bytes, reason: str) -> None:
         try:

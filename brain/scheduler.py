@@ -25,6 +25,7 @@ from brain.events import ClientEvents
 from brain.hotstate import HotState
 from brain.models import (
     Location,
+    Progress,
     SessionKind,
     TaskRecord,
     TaskSpec,
@@ -43,7 +44,15 @@ from brain.toolnames import name_on_server
 from brain.transitions import check_move, plan
 from brain.treefile import spec_from_descriptor
 from brain.validation import UnresolvedReference, resolve_args
-from workers.contracts import BRAIN_QUEUE, MAX_WIRE_ID_CHARS, ErrorInfo, ToolCall, ToolResult, ToolType
+from workers.contracts import (
+    BRAIN_QUEUE,
+    MAX_WIRE_ID_CHARS,
+    ErrorInfo,
+    ToolCall,
+    ToolProgress,
+    ToolResult,
+    ToolType,
+)
 from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
@@ -99,11 +108,15 @@ def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str |
 def refuse_claim(result: ToolResult, from_client: str | None) -> str | None:
     """Why a result's own claim does not fit the way it came, or None. Pure; needs no record,
     so it is checked before anything is read or written."""
-    if result.client_id == from_client:
+    return refuse_claim_of(result.client_id, from_client)
+
+
+def refuse_claim_of(claimed: str | None, from_client: str | None) -> str | None:
+    if claimed == from_client:
         return None
     if from_client is None:
-        return f"it claims client {result.client_id!r} but came through the brain queue"
-    return f"it claims client {result.client_id!r}"
+        return f"it claims client {claimed!r} but came through the brain queue"
+    return f"it claims client {claimed!r}"
 
 
 class Scheduler:
@@ -618,6 +631,26 @@ class Scheduler:
         status = self.advance(result.tree_id, {result.task_id: recorded.state})
         self._wake_watchers(result.tree_id, finished=status is not None)
         return True
+
+    def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
+        """Keep a running call's latest progress in its record: only for the current run, only
+        while it is in flight, only from where it was sent (a compare-and-set like a result's)."""
+        if refuse_claim_of(update.client_id, from_client) is not None:
+            return False
+        written = self.store.transition(
+            update.tree_id,
+            update.task_id,
+            from_states=IN_FLIGHT,
+            expect_run_id=update.run_id,
+            expect_client_id=from_client,
+            progress=Progress(
+                progress=update.progress, total=update.total, message=update.message, at=update.at
+            ),
+            updated_at=self.clock(),
+        )
+        if written is not None:
+            self._wake_watchers(update.tree_id, finished=False)
+        return written is not None
 
     def _wake_watchers(self, tree_id: str, finished: bool) -> None:
         """Wake the tree's live views: always when it finished, else at most every

@@ -26,7 +26,15 @@ from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.policy import Policy
 from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
-from workers.contracts import ClientDisconnected, ClientToolResult, ToolDescriptor, ToolResult, client_queue
+from workers.contracts import (
+    ClientDisconnected,
+    ClientToolProgress,
+    ClientToolResult,
+    ToolDescriptor,
+    ToolProgress,
+    ToolResult,
+    client_queue,
+)
 from workers.mcp_clients import MCPClientManager
 from workers.tasks import register
 from workers.urls import redact_url
@@ -60,7 +68,12 @@ class Agent:
         self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
         self.app = make_agent_app(config)
         register(
-            self.app, sink=self.deliver, mcp=self.mcp_manager, native=self.native, client_id=config.client_id
+            self.app,
+            sink=self.deliver,
+            mcp=self.mcp_manager,
+            native=self.native,
+            client_id=config.client_id,
+            progress=self.report_progress,
         )
         self.announcer = Announcer(
             self.channel,
@@ -124,6 +137,10 @@ class Agent:
         """The run_tool sink: the result goes to this client's outbox for the brain."""
         log.info("%s", describe_result(result))
         self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
+
+    def report_progress(self, update: ToolProgress) -> None:
+        """An MCP server's progress on a running call: to the outbox too, for the brain."""
+        self.channel.send(ClientToolProgress(client_id=self.config.client_id, progress=update))
 
     # --- life cycle ------------------------------------------------------------------------------
 

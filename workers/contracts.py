@@ -241,6 +241,32 @@ class ClientDisconnected(BaseModel):
     sent_at: float
 
 
+MAX_PROGRESS_MESSAGE_CHARS = 500
+
+
+class ToolProgress(BaseModel):
+    """A progress notification an MCP server sent while a call runs (notifications/progress)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    progress: float
+    total: float | None = None
+    message: str | None = Field(default=None, max_length=MAX_PROGRESS_MESSAGE_CHARS)
+    at: float
+    client_id: str | None = None
+
+
+class ClientToolProgress(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_progress"] = "tool_progress"
+    client_id: str
+    progress: ToolProgress
+
+
 class ClientToolResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -250,7 +276,7 @@ class ClientToolResult(BaseModel):
 
 
 ClientMessage = Annotated[
-    ClientConnected | ClientDisconnected | ClientToolResult, Field(discriminator="type")
+    ClientConnected | ClientDisconnected | ClientToolResult | ClientToolProgress, Field(discriminator="type")
 ]
 CLIENT_MESSAGE = TypeAdapter(ClientMessage)
 

@@ -20,7 +20,14 @@ from jsonschema import validators
 from mcp.types import CallToolResult
 
 from workers import argcheck
-from workers.contracts import ErrorInfo, ToolCall, ToolResult, ToolType
+from workers.contracts import (
+    MAX_PROGRESS_MESSAGE_CHARS,
+    ErrorInfo,
+    ToolCall,
+    ToolProgress,
+    ToolResult,
+    ToolType,
+)
 from workers.errors import (
     InvalidArguments,
     ResultTooLarge,
@@ -29,7 +36,7 @@ from workers.errors import (
     ToolTimeout,
     WorkerError,
 )
-from workers.mcp_clients import MCPClientManager, whole_result
+from workers.mcp_clients import MCPClientManager, ProgressSink, whole_result
 from workers.tools.builtin import BUILTINS, BuiltinContext, BuiltinTool
 
 
@@ -42,19 +49,22 @@ def execute(
     client_id: str | None = None,
     clock: Callable[[], float] = time.time,
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
+    progress: Callable[[ToolProgress], None] | None = None,
 ) -> ToolResult:
     """Run ``call`` and report its outcome; raises only for bugs in this function itself.
 
     ``native`` holds the native tools of a client agent (same shape as built-ins);
     ``client_id`` marks the result as executed by that client; ``builtins`` are the
-    built-ins as this worker's settings made them (``builtin_tools``).
+    built-ins as this worker's settings made them (``builtin_tools``); ``progress`` gets an
+    MCP server's progress notifications for this call (``Throttle`` keeps them few).
     """
     started = clock()
     value: Any = None
     whole: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     try:
-        value, whole = _dispatch(call, mcp, native, builtins)
+        on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
+        value, whole = _dispatch(call, mcp, native, builtins, on_progress)
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
@@ -81,6 +91,7 @@ def _dispatch(
     mcp: MCPClientManager | None,
     native: Mapping[str, BuiltinTool] | None,
     builtins: Mapping[str, BuiltinTool],
+    on_progress: ProgressSink | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """The value, and for an MCP tool the server's whole result."""
     if call.tool_type is ToolType.BUILT_IN:
@@ -94,7 +105,7 @@ def _dispatch(
         return _run_builtin(tool, call.args, call.timeout_s), None
     if call.tool_type is ToolType.MCP:
         # The convenient value is derived from the whole result where it is recorded.
-        return None, whole_result(_run_mcp(call, mcp))
+        return None, whole_result(_run_mcp(call, mcp, on_progress))
     if native is not None:
         tool = native.get(call.tool)
         if tool is None:
@@ -109,7 +120,9 @@ def _dispatch(
     )
 
 
-def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> CallToolResult:
+def _run_mcp(
+    call: ToolCall, mcp: MCPClientManager | None, on_progress: ProgressSink | None
+) -> CallToolResult:
     if not call.mcp_server:
         raise ToolNotFound(f"MCP tool {call.tool!r} names no mcp_server", tool=call.tool)
     if mcp is None:
@@ -126,7 +139,9 @@ def _run_mcp(call: ToolCall, mcp: MCPClientManager | None) -> CallToolResult:
         schema = mcp.input_schema(call.mcp_server, call.tool)
     if schema is not None:
         validate_args(call.tool, schema, call.args)
-    return mcp.call_tool_result(call.mcp_server, call.tool, call.args, timeout=call.timeout_s)
+    return mcp.call_tool_result(
+        call.mcp_server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress
+    )
 
 
 def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any:
@@ -181,6 +196,43 @@ def _validator(schema_json: str) -> Any:
     except schema_errors.SchemaError:
         return None  # the tool's own problem; the tool can still judge its arguments
     return cls(schema)
+
+
+class Throttle:
+    """An MCP server's progress notifications as ``ToolProgress``, at most one per
+    ``EVERY_S`` (the first and a final ``progress == total`` always pass): a server may send
+    thousands, and each one is a store write."""
+
+    EVERY_S = 0.2
+
+    def __init__(
+        self,
+        call: ToolCall,
+        sink: Callable[[ToolProgress], None],
+        client_id: str | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.call, self.sink, self.client_id, self.clock = call, sink, client_id, clock
+        self.last = float("-inf")
+
+    def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        now = self.clock()
+        final = total is not None and progress >= total
+        if not final and now - self.last < self.EVERY_S:
+            return
+        self.last = now
+        self.sink(
+            ToolProgress(
+                run_id=self.call.run_id,
+                tree_id=self.call.tree_id,
+                task_id=self.call.task_id,
+                progress=progress,
+                total=total,
+                message=message[:MAX_PROGRESS_MESSAGE_CHARS] if message else None,
+                at=now,
+                client_id=self.client_id,
+            )
+        )
 
 
 def _check_size(call: ToolCall, value: Any, whole: dict[str, Any] | None) -> None:

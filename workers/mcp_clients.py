@@ -22,7 +22,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import IO, Any, TextIO, TypeVar, cast
 
@@ -187,6 +187,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+ProgressSink = Callable[[float, "float | None", "str | None"], None]
+
+
+def _progress_callback(sink: ProgressSink | None) -> Any:
+    """The SDK's async progress callback around a plain function; None when nobody listens
+    (then no progress token is sent and the server sends no notifications)."""
+    if sink is None:
+        return None
+
+    async def callback(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            sink(progress, total, message)
+        except Exception:  # a progress report must never fail the call
+            logger.warning("recording a progress notification failed", exc_info=True)
+
+    return callback
+
+
 def whole_result(result: CallToolResult) -> dict[str, Any]:
     """The result as the MCP specification spells it in JSON (``content`` with every block:
     text, image, audio, resource_link, embedded resource; ``structuredContent``; ``isError``):
@@ -264,12 +282,21 @@ class MCPClientManager:
         return tool_value(self.call_tool_result(server, tool, args, timeout))
 
     def call_tool_result(
-        self, server: str, tool: str, args: dict[str, Any], timeout: float
+        self,
+        server: str,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float,
+        on_progress: ProgressSink | None = None,
     ) -> CallToolResult:
         """Call one tool and return the server's whole ``CallToolResult``; ToolFailed if the
-        server marked it an error. ``timeout`` bounds the call, start_timeout a (re)start."""
+        server marked it an error. ``timeout`` bounds the call, start_timeout a (re)start.
+        ``on_progress(progress, total, message)`` gets the server's progress notifications
+        (on the manager's loop thread: it must be quick and not block)."""
         self._spec(server)
-        return self._submit(self._call(server, tool, args, timeout), self._start_timeout + 2 * timeout)
+        return self._submit(
+            self._call(server, tool, args, timeout, on_progress), self._start_timeout + 2 * timeout
+        )
 
     def connect(self, server: str) -> None:
         """Start the server now if it is not running (bounded by start_timeout), which also lists its tools."""
@@ -421,7 +448,14 @@ class MCPClientManager:
                 raise outcome
         return tools, failures
 
-    async def _call(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> CallToolResult:
+    async def _call(
+        self,
+        server: str,
+        tool: str,
+        args: dict[str, Any],
+        timeout: float,
+        on_progress: ProgressSink | None = None,
+    ) -> CallToolResult:
         session = await self._session(server, self._start_timeout)
         await self._require_tool(session, tool, timeout)
         client = session.client
@@ -429,7 +463,7 @@ class MCPClientManager:
             raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
         try:
             with anyio.fail_after(timeout):
-                result = await client.call_tool(tool, args)
+                result = await client.call_tool(tool, args, progress_callback=_progress_callback(on_progress))
         except TimeoutError:
             raise ToolTimeout(
                 f"tool {tool!r} on MCP server {server!r} did not answer within {timeout:g}s",

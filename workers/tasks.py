@@ -29,6 +29,7 @@ from workers.contracts import (
     RUN_TOOL_TASK,
     ErrorInfo,
     ToolCall,
+    ToolProgress,
     ToolResult,
     key_cancelled,
     key_deliveries,
@@ -110,10 +111,13 @@ def register(
     native: Mapping[str, BuiltinTool] | None = None,
     client_id: str | None = None,
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
+    progress: ProgressSink | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
-    ``builtins`` as ``builtin_tools`` made them from the worker's settings."""
+    ``builtins`` as ``builtin_tools`` made them from the worker's settings. ``progress``
+    gets an MCP server's progress notifications while a call runs; each one is also a
+    ``task-progress`` event, which Flower shows as the task's state (PROGRESS)."""
     hot = HotState(app)
 
     def server_mcp() -> MCPClientManager | None:
@@ -141,11 +145,38 @@ def register(
             )
             result = _failure(call, err.to_info(), worker, started, client_id)
         else:
-            result = _run(call, mcp_manager, native, builtins, worker, client_id, started)
+            result = _run(
+                call,
+                mcp_manager,
+                native,
+                builtins,
+                worker,
+                client_id,
+                started,
+                _reporter(self, progress, flower=client_id is None),
+            )
         deliver(result)
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
     return run_tool
+
+
+ProgressSink = Callable[[ToolProgress], None]
+
+
+def _reporter(task: Task, sink: ProgressSink | None, flower: bool) -> ProgressSink:
+    """``sink``, and on the server pool a ``task-progress`` event (a client agent sends no
+    events: its Redis user may publish nowhere; the brain relays its progress instead)."""
+
+    def report(update: ToolProgress) -> None:
+        if flower:
+            task.send_event(
+                "task-progress", progress=update.progress, total=update.total, message=update.message or ""
+            )
+        if sink is not None:
+            sink(update)
+
+    return report
 
 
 def _run(
@@ -156,6 +187,7 @@ def _run(
     worker: str,
     client_id: str | None,
     started: float,
+    progress: ProgressSink,
 ) -> ToolResult:
     try:
         manager = mcp()
@@ -163,7 +195,15 @@ def _run(
         return _failure(
             call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id
         )
-    return execute(call, mcp=manager, worker=worker, native=native, client_id=client_id, builtins=builtins)
+    return execute(
+        call,
+        mcp=manager,
+        worker=worker,
+        native=native,
+        client_id=client_id,
+        builtins=builtins,
+        progress=progress,
+    )
 
 
 def _decode(payload: Any, worker: str, client_id: str | None) -> ToolCall | None:

@@ -9,6 +9,7 @@ stays the convenient value and ``${tasks.x.mcp...}`` reaches the blocks.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,62 @@ def test_a_result_over_the_cap_is_refused_whole_naming_its_biggest_block(
     assert img is not None and img.error is not None and img.error.type == "ResultTooLarge"
     assert "image" in img.error.message and f"over the cap of {cap} bytes" in img.error.message
     assert img.mcp is None and img.result is None  # refused whole, never cut
+
+
+def _watch_progress(brain, tree_id: str, task_id: str) -> list[tuple[float, float | None]]:
+    """Progress values seen in the task record while the task runs, until the tree ends."""
+    seen: list[tuple[float, float | None]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rec = brain.store.get_task(tree_id, task_id)
+        if rec.progress is not None and (rec.progress.progress, rec.progress.total) not in seen:
+            seen.append((rec.progress.progress, rec.progress.total))
+        if brain.store.get_tree(tree_id).status is not TreeStatus.RUNNING:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"tree {tree_id} did not end; progress seen {seen}")
+
+
+LONG = {"id": "long", "tool": "trigger-long-running-operation", "args": {"duration": 2, "steps": 4}}
+
+
+def test_progress_reaches_the_task_record_while_it_runs_on_the_server(
+    tmp_path: Path, stack_factory, brain_factory, everything_server
+) -> None:
+    config = write_mcp_config(tmp_path / "server-mcp.json", {"everything": everything_server})
+    stack = stack_factory(services=("brain", "server-pool"), mcp_config=config)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(tree({"id": "progress-server", "tasks": [LONG]}))
+    seen = _watch_progress(brain, rec.tree_id, "long")
+    assert len(seen) >= 2 and seen[-1] == (4, 4)  # several steps seen while it ran, then the last
+    done = brain.store.get_task(rec.tree_id, "long")
+    assert done.state.value == "done" and done.progress is not None and done.progress.total == 4
+
+
+def test_progress_reaches_the_task_record_while_it_runs_on_a_client(
+    tmp_path: Path, stack_factory, brain_factory, everything_server
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"everything": everything_server}}))
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        "[agent]\n"
+        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
+        'broker_url = "redis://127.0.0.1:1/0"\n'
+        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
+        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+    )
+    stack = stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    )
+    brain = brain_factory(stack)
+    assert stack.wait_connected("laptop", 90)
+    rec = brain.scheduler.submit(
+        tree({"id": "progress-client", "tasks": [LONG]}), session=SessionKind.INTERACTIVE, client_id="laptop"
+    )
+    seen = _watch_progress(brain, rec.tree_id, "long")
+    assert len(seen) >= 2 and seen[-1] == (4, 4)
+    assert brain.store.get_task(rec.tree_id, "long").route == "client:laptop"
