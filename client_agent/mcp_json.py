@@ -5,9 +5,11 @@ their tools this agent offers, and notice when the file changes. A bad file, a c
 that does not exist or a server that dies on start never stops the agent: it is
 reported (with the server's stderr tail) and the rest is offered.
 
-Name clashes: a native tool wins over an MCP tool of the same name; between MCP servers
-the first in file order wins. Only the (server, tool) pairs that were offered can be
-called (``GuardedMCPManager``), so a shadowed or refused tool is not reachable either.
+Name clashes: a native tool keeps its name over an MCP tool of the same name, and between
+MCP servers the first in file order keeps it; the other is offered as ``<server>/<tool>``
+(the brain's name for a tool of a given server), so no tool disappears and none is
+called by mistake. Only the (server, tool) pairs that were offered can be called
+(``GuardedMCPManager``), so a refused tool is not reachable.
 Relative paths inside the file (a stdio server's ``cwd``, its arguments) are taken from
 the file's folder: stdio servers without a ``cwd`` start there.
 """
@@ -91,23 +93,33 @@ class Merged:
 
 
 def merge_tools(native: Iterable[str], discovered: Iterable[ToolDescriptor], policy: Policy) -> Merged:
-    """Native names win; then the first MCP server (in file order) to offer a name; then the policy."""
+    """The policy first; then a native name keeps it, then the first MCP server (in file order)
+    to offer a name; a later one is offered as ``<server>/<tool>``."""
     owner: dict[str, str] = {name: "the native tool" for name in native}
     offered: list[ToolDescriptor] = []
     refused: dict[Pair, str] = {}
     notes: list[str] = []
     for tool in discovered:
         server = tool.mcp_server or "?"
-        if tool.name in owner:
-            why = f"is shadowed by {owner[tool.name]} of the same name"
-            refused[(server, tool.name)] = f"tool of MCP server {server!r} {why}"
-            notes.append(f"MCP tool {tool.name!r} of server {server!r} {why}; it is not offered")
-        elif not policy.allows(tool):
+        if not policy.allows(tool):
             refused[(server, tool.name)] = str(policy.refusal(tool.name, server).why)
+        elif tool.name in owner:
+            as_name = f"{server}/{tool.name}"
+            notes.append(
+                f"MCP tool {tool.name!r} of server {server!r} shares its name with {owner[tool.name]}; "
+                f"it is offered as {as_name!r}"
+            )
+            offered.append(tool.model_copy(update={"name": as_name}))
         else:
             owner[tool.name] = f"MCP server {server!r}"
             offered.append(tool)
     return Merged(offered, refused, notes)
+
+
+def name_on_server(tool: ToolDescriptor) -> str:
+    """The name the tool's MCP server knows it by (an offered ``<server>/<tool>`` unwrapped)."""
+    prefix = f"{tool.mcp_server}/"
+    return tool.name.removeprefix(prefix) if tool.mcp_server else tool.name
 
 
 def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], timeout: float) -> MCPTools:
@@ -124,7 +136,7 @@ def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], tim
     discovered, failures = manager.discover(timeout)
     failures = [*skipped_servers(config), *failures]
     merged = merge_tools(native, discovered, policy)
-    manager.permit(((t.mcp_server or "", t.name) for t in merged.offered), merged.refused)
+    manager.permit(((t.mcp_server or "", name_on_server(t)) for t in merged.offered), merged.refused)
     for failure in failures:
         log.error("MCP server %r failed: %s%s", failure.server, failure.message, _tail(failure.stderr_tail))
     for note in merged.notes:

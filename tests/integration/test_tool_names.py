@@ -6,9 +6,10 @@ from npm offers an ``echo`` like the built-in one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from brain.models import TaskState, TreeStatus
+from brain.models import SessionKind, TaskState, TreeStatus
 from brain.registry import build_registry
 from tests.conftest import demo_server, make_settings, tree, wait_for_tree, write_mcp_config
 
@@ -56,3 +57,47 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
     assert which.state is TaskState.FAILED and which.error is not None
     assert "tool name 'add' is offered by a/add, b/add" in which.error.message
     assert "write 'a/add' or 'b/add'" in which.error.message
+
+
+def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_own(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    (tmp_path / "mcp.json").write_text(
+        json.dumps({"mcpServers": {"first": demo_server(), "second": demo_server()}})
+    )
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        "[agent]\n"
+        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
+        'broker_url = "redis://127.0.0.1:1/0"\n'
+        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
+        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+    )
+    stack = stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    )
+    brain = brain_factory(stack)
+    assert stack.wait_connected("laptop", 90)
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "client-names",
+                "tasks": [
+                    {"id": "bare", "tool": "pid"},
+                    {"id": "first", "tool": "first/pid"},
+                    {"id": "second", "tool": "second/pid"},
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
+    assert all(t.route == "client:laptop" for t in tasks.values())
+    # Two server processes: the bare name is the first's, the qualified ones each their own.
+    assert tasks["bare"].result == tasks["first"].result != tasks["second"].result

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from client_agent.errors import PolicyViolation
-from client_agent.mcp_json import FileWatcher, load_mcp_tools, localize, merge_tools
+from client_agent.mcp_json import FileWatcher, load_mcp_tools, localize, merge_tools, name_on_server
 from client_agent.policy import Policy
 from tests.conftest import FIXTURES
 from workers.contracts import ToolDescriptor, ToolType
@@ -38,23 +38,26 @@ def policy(tmp_path: Path) -> Policy:
     return Policy(Sandbox([tmp_path]))
 
 
-def test_merge_native_wins_then_first_server_then_policy(tmp_path: Path) -> None:
+def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Path) -> None:
+    """Issue 10 item 3: a name the native tools or an earlier server already use is offered
+    as <server>/<tool>, never dropped, never confused with the other."""
     discovered = [
         mcp_tool("git_status", "git"), mcp_tool("git_log", "git"),
         mcp_tool("git_log", "mirror"), mcp_tool("secret", "mirror"),
     ]  # fmt: skip
     policy = Policy(Sandbox([tmp_path]), allowed_tools=("git_*",))
     merged = merge_tools(NATIVE, discovered, policy)
-    assert [(t.mcp_server, t.name) for t in merged.offered] == [("git", "git_log")]
+    assert [(t.mcp_server, t.name) for t in merged.offered] == [
+        ("git", "git/git_status"), ("git", "git_log"), ("mirror", "mirror/git_log"),
+    ]  # fmt: skip
+    assert [name_on_server(t) for t in merged.offered] == ["git_status", "git_log", "git_log"]
     assert merged.refused == {
-        ("git", "git_status"): "tool of MCP server 'git' is shadowed by the native tool of the same name",
-        ("mirror", "git_log"): "tool of MCP server 'mirror' is shadowed by MCP server 'git' of the same name",
         ("mirror", "secret"): "tool of MCP server 'mirror' is not allowed on this client agent "
         "(allowed_tools: [git_*])",
     }
     assert merged.notes == [
-        "MCP tool 'git_status' of server 'git' is shadowed by the native tool of the same name; it is not offered",
-        "MCP tool 'git_log' of server 'mirror' is shadowed by MCP server 'git' of the same name; it is not offered",
+        "MCP tool 'git_status' of server 'git' shares its name with the native tool; it is offered as 'git/git_status'",
+        "MCP tool 'git_log' of server 'mirror' shares its name with MCP server 'git'; it is offered as 'mirror/git_log'",
     ]
 
 
@@ -64,20 +67,15 @@ def test_broken_servers_are_reported_and_the_rest_is_offered(tmp_path: Path, pol
     })  # fmt: skip
     mcp = load_mcp_tools(path, policy, NATIVE, timeout=20)
     try:
-        assert {t.name for t in mcp.tools} == {"add", "fail", "slow", "big", "pid", "die"}
-        assert {t.mcp_server for t in mcp.tools} == {"demo"}  # "second" is shadowed by the first
+        names = {"add", "fail", "slow", "big", "pid", "die"}
+        assert {t.name for t in mcp.tools} == names | {f"second/{n}" for n in names}  # "second" qualified
         failures = {f.server: f for f in mcp.failures}
         assert set(failures) == {"missing", "crash"}
         assert "command not found: no-such-mcp-server-xyz" in failures["missing"].message
         assert "demo crash: missing API token" in failures["crash"].stderr_tail
         assert mcp.manager is not None
         assert mcp.manager.call_tool("demo", "add", {"a": 2, "b": 3}, timeout=10) == 5
-        with pytest.raises(PolicyViolation) as info:
-            mcp.manager.call_tool("second", "add", {"a": 2, "b": 3}, timeout=10)
-        assert (
-            str(info.value)
-            == "add: tool of MCP server 'second' is shadowed by MCP server 'demo' of the same name"
-        )
+        assert mcp.manager.call_tool("second", "add", {"a": 4, "b": 3}, timeout=10) == 7
         with pytest.raises(PolicyViolation, match="crash: MCP server is not running on this client agent"):
             mcp.manager.connect("crash")
     finally:
