@@ -17,7 +17,7 @@ from brain.service import Brain
 from brain.stack import flower_argv
 from tests.conftest import tree, wait_until
 from tests.integration.test_parking import connect
-from workers.contracts import ToolResult
+from workers.contracts import ToolProgress, ToolResult
 
 pytestmark = pytest.mark.integration
 
@@ -65,6 +65,19 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             client_id="laptop",
         )
         task = brain.store.get_task(rec.tree_id, "read")
+        # Progress from the client's MCP server, as the relay hands it on: PROGRESS in Flower.
+        update = ToolProgress(
+            run_id=task.run_id, tree_id=rec.tree_id, task_id="read", progress=1, total=2, at=time.time(),
+            client_id="laptop",
+        )  # fmt: skip
+        assert brain.scheduler.on_progress(update, from_client="laptop")
+        brain.scheduler.events.task_progress(update)
+        wait_until(
+            lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "PROGRESS",
+            timeout=30,
+            what="Flower to show the client's task in progress",
+        )
+        assert brain.store.get_task(rec.tree_id, "read").progress.total == 2
         brain.scheduler.on_result(
             ToolResult(
                 run_id=task.run_id,
