@@ -9,7 +9,6 @@ of type 'string'``, ``args: 'value' is a required property``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from jsonschema.exceptions import ValidationError
 
@@ -42,7 +41,7 @@ def joined(tool: str, found: Sequence[str]) -> str:
     return f"invalid arguments for tool {tool!r}: " + "; ".join(found)
 
 
-def first_field(errors: Sequence[ValidationError], args: Any) -> str:
+def first_field(errors: Sequence[ValidationError]) -> str:
     """The dotted name of the first offending field (for the error's data), ``(arguments)``
     when the problem is the arguments object itself and no field can be named."""
     error = in_order(errors)[0]

@@ -182,7 +182,7 @@ def validate_args(tool: str, schema: dict[str, Any], args: dict[str, Any]) -> No
         raise InvalidArguments(
             argcheck.joined(tool, argcheck.problems(errors)),
             tool=tool,
-            field=argcheck.first_field(errors, args),
+            field=argcheck.first_field(errors),
         )
 
 
