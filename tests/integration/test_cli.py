@@ -121,6 +121,25 @@ def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Pat
     assert not (tmp_path / "data" / "stack.json").exists()
 
 
+def test_explain_reports_a_tool_name_clash_and_the_names_to_write(tmp_path: Path) -> None:
+    """Issue 10 item 3: two MCP servers offering `add`; the bare name fails, saying why."""
+    from tests.conftest import demo_server, write_mcp_config
+
+    config = write_mcp_config(tmp_path / "mcp.json", {"a": demo_server(), "b": demo_server()})
+    tree_file = tmp_path / "t.yaml"
+    tree_file.write_text(
+        "id: clash\ntasks:\n  - id: one\n    tool: a/add\n    args: {a: 1, b: 2}\n"
+        "  - id: two\n    tool: add\n    args: {a: 1, b: 2}\n"
+    )
+    proc = vancetope(
+        "explain", str(tree_file), data=tmp_path / "data", env={"VANCETOPE_MCP_CONFIG": str(config)}
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "tool name 'add' is offered by a/add, b/add: 'add' alone names none of them" in proc.stderr
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 4}
+    assert "server" in rows["one"] and "fail" in rows["two"]
+
+
 def test_without_redis_clients_and_cancel_exit_3_with_one_line_and_status_still_reads_the_store(
     tmp_path: Path,
 ) -> None:
