@@ -81,6 +81,23 @@ def everything_server() -> dict[str, Any]:
     return {"command": str(binary), "args": ["stdio"]}
 
 
+def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
+    """agent.toml of client "laptop" (user "ada") whose mcp.json holds ``servers``; an empty
+    sandbox. The stack replaces its broker_url with the agent's enrolled credential."""
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir(exist_ok=True)
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": servers}))
+    agent = tmp_path / "agent.toml"
+    agent.write_text(
+        "[agent]\n"
+        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
+        'broker_url = "redis://127.0.0.1:1/0"\n'
+        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
+        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+    )
+    return agent
+
+
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": tmp_path / "data",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from brain.models import SessionKind, TaskRecord, TreeStatus
-from tests.conftest import tree, wait_for_tree, write_mcp_config
+from tests.conftest import agent_with_servers, tree, wait_for_tree, write_mcp_config
 
 TASKS: list[dict[str, Any]] = [
     {"id": "img", "tool": "get-tiny-image"},
@@ -76,17 +76,7 @@ def test_whole_results_on_the_server_route(
 def test_whole_results_on_the_client_route(
     tmp_path: Path, stack_factory, brain_factory, everything_server
 ) -> None:
-    sandbox = tmp_path / "sandbox"
-    sandbox.mkdir()
-    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"everything": everything_server}}))
-    agent = tmp_path / "agent.toml"
-    agent.write_text(
-        "[agent]\n"
-        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
-        'broker_url = "redis://127.0.0.1:1/0"\n'
-        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
-        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
-    )
+    agent = agent_with_servers(tmp_path, {"everything": everything_server})
     # No server-side MCP servers: every tool of the tree is one only the client offers.
     stack = stack_factory(
         services=("brain", "server-pool", "client-agent"),
@@ -162,17 +152,7 @@ def test_progress_reaches_the_task_record_while_it_runs_on_the_server(
 def test_progress_reaches_the_task_record_while_it_runs_on_a_client(
     tmp_path: Path, stack_factory, brain_factory, everything_server
 ) -> None:
-    sandbox = tmp_path / "sandbox"
-    sandbox.mkdir()
-    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {"everything": everything_server}}))
-    agent = tmp_path / "agent.toml"
-    agent.write_text(
-        "[agent]\n"
-        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
-        'broker_url = "redis://127.0.0.1:1/0"\n'
-        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
-        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
-    )
+    agent = agent_with_servers(tmp_path, {"everything": everything_server})
     stack = stack_factory(
         services=("brain", "server-pool", "client-agent"),
         agent_config=agent,

@@ -6,12 +6,18 @@ from npm offers an ``echo`` like the built-in one.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from brain.models import SessionKind, TaskState, TreeStatus
 from brain.registry import build_registry
-from tests.conftest import demo_server, make_settings, tree, wait_for_tree, write_mcp_config
+from tests.conftest import (
+    agent_with_servers,
+    demo_server,
+    make_settings,
+    tree,
+    wait_for_tree,
+    write_mcp_config,
+)
 
 
 def servers(tmp_path: Path, everything: dict) -> Path:
@@ -62,19 +68,7 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
 def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_own(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:
-    sandbox = tmp_path / "sandbox"
-    sandbox.mkdir()
-    (tmp_path / "mcp.json").write_text(
-        json.dumps({"mcpServers": {"first": demo_server(), "second": demo_server()}})
-    )
-    agent = tmp_path / "agent.toml"
-    agent.write_text(
-        "[agent]\n"
-        'client_id = "laptop"\nuser = "ada"\nclient_type = "cli"\n'
-        'broker_url = "redis://127.0.0.1:1/0"\n'
-        f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
-        "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
-    )
+    agent = agent_with_servers(tmp_path, {"first": demo_server(), "second": demo_server()})
     stack = stack_factory(
         services=("brain", "server-pool", "client-agent"),
         agent_config=agent,
