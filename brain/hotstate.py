@@ -161,10 +161,6 @@ class HotState:
             self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), *(tag for _run, tag in won))
         return taken
 
-    def take_client_run(self, client_id: str, run_id: str) -> str | None:
-        """:meth:`take_client_runs` for one run: ``"queued"``, ``"running"`` or None."""
-        return self.take_client_runs(client_id, [run_id]).get(run_id)
-
 
 def _unacked_task_id(raw: bytes) -> set[str]:
     # unacked values are [message, exchange, routing_key]

@@ -91,27 +91,18 @@ def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str |
     """
     if rec is None:
         return "no such task"
-    if from_client is None:
-        if rec.client_id is not None:
-            return f"it was routed to client {rec.client_id!r}, not to the server"
-        if result.client_id is not None:
-            return f"it claims client {result.client_id!r} but came through the brain queue"
-        return None
     if rec.client_id != from_client:
+        if from_client is None:
+            return f"it was routed to client {rec.client_id!r}, not to the server"
         routed = "the server" if rec.client_id is None else f"client {rec.client_id!r}"
         return f"it was routed to {routed}"
-    if result.client_id != from_client:
-        return f"it claims client {result.client_id!r}"
-    return None
+    return refuse_claim(result.client_id, from_client)
 
 
-def refuse_claim(result: ToolResult, from_client: str | None) -> str | None:
-    """Why a result's own claim does not fit the way it came, or None. Pure; needs no record,
-    so it is checked before anything is read or written."""
-    return refuse_claim_of(result.client_id, from_client)
-
-
-def refuse_claim_of(claimed: str | None, from_client: str | None) -> str | None:
+def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
+    """Why a message claiming to come from client ``claimed`` (a result, a progress report)
+    does not fit the way it came, or None. Pure; needs no record, so it is checked before
+    anything is read or written."""
     if claimed == from_client:
         return None
     if from_client is None:
@@ -312,10 +303,6 @@ class Scheduler:
                 self._done.pop(evicted, None)
             self._trees[tree_id] = rec
         return rec
-
-    def results(self, tree_id: str, task_ids: Iterable[str]) -> dict[str, Any]:
-        """Upstream results for resolving ``${tasks.<id>.result}`` references."""
-        return self.upstream(tree_id, task_ids)[0]
 
     def upstream(self, tree_id: str, task_ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read."""
@@ -594,7 +581,7 @@ class Scheduler:
     def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
         """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
         a client's result counts only for a task routed to that very client."""
-        claim = refuse_claim(result, from_client)
+        claim = refuse_claim(result.client_id, from_client)
         if claim is not None:
             return self._refused(result, from_client, claim)
         ok, value, whole, error = self._capped(result)
@@ -635,7 +622,7 @@ class Scheduler:
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
         """Keep a running call's latest progress in its record: only for the current run, only
         while it is in flight, only from where it was sent (a compare-and-set like a result's)."""
-        if refuse_claim_of(update.client_id, from_client) is not None:
+        if refuse_claim(update.client_id, from_client) is not None:
             return False
         written = self.store.transition(
             update.tree_id,

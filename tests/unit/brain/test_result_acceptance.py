@@ -79,6 +79,6 @@ def test_a_claim_that_does_not_fit_its_way_in_is_refused_before_any_read(
     came_from: str | None, claims: str | None, refusal: str | None
 ) -> None:
     """The same words refuse_result uses for these cases: whichever check runs first, the log reads alike."""
-    assert refuse_claim(result(claims), came_from) == refusal
+    assert refuse_claim(result(claims).client_id, came_from) == refusal
     if refusal is not None:
         assert refuse_result(record(came_from), result(claims), came_from) == refusal
