@@ -98,6 +98,20 @@ def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
     return agent
 
 
+def brain_with_client(
+    stack_factory: Any, brain_factory: Any, tmp_path: Path, servers: dict[str, Any]
+) -> Brain:
+    """A stack with client agent "laptop" connected whose mcp.json holds ``servers``, and no
+    server-side MCP servers: every MCP tool is one only the client offers."""
+    stack = stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent_with_servers(tmp_path, servers),
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    )
+    assert stack.wait_connected("laptop", 90)
+    return brain_factory(stack)
+
+
 def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "data_dir": tmp_path / "data",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from brain.models import SessionKind, TaskRecord, TreeStatus
-from tests.conftest import agent_with_servers, tree, wait_for_tree, write_mcp_config
+from tests.conftest import brain_with_client, tree, wait_for_tree, write_mcp_config
 
 TASKS: list[dict[str, Any]] = [
     {"id": "img", "tool": "get-tiny-image"},
@@ -76,15 +76,7 @@ def test_whole_results_on_the_server_route(
 def test_whole_results_on_the_client_route(
     tmp_path: Path, stack_factory, brain_factory, everything_server
 ) -> None:
-    agent = agent_with_servers(tmp_path, {"everything": everything_server})
-    # No server-side MCP servers: every tool of the tree is one only the client offers.
-    stack = stack_factory(
-        services=("brain", "server-pool", "client-agent"),
-        agent_config=agent,
-        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
-    )
-    brain = brain_factory(stack)
-    assert stack.wait_connected("laptop", 90)
+    brain = brain_with_client(stack_factory, brain_factory, tmp_path, {"everything": everything_server})
     # The client's echo shares its bare name with the built-in: named by its server it goes
     # to the client with its own schema (issue 10 item 3), the bare name stays the built-in.
     theirs = {"id": "theirs", "tool": "everything/echo", "args": {"message": "hi"}}
@@ -152,14 +144,7 @@ def test_progress_reaches_the_task_record_while_it_runs_on_the_server(
 def test_progress_reaches_the_task_record_while_it_runs_on_a_client(
     tmp_path: Path, stack_factory, brain_factory, everything_server
 ) -> None:
-    agent = agent_with_servers(tmp_path, {"everything": everything_server})
-    stack = stack_factory(
-        services=("brain", "server-pool", "client-agent"),
-        agent_config=agent,
-        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
-    )
-    brain = brain_factory(stack)
-    assert stack.wait_connected("laptop", 90)
+    brain = brain_with_client(stack_factory, brain_factory, tmp_path, {"everything": everything_server})
     rec = brain.scheduler.submit(
         tree({"id": "progress-client", "tasks": [LONG]}), session=SessionKind.INTERACTIVE, client_id="laptop"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from brain.models import SessionKind, TaskState, TreeStatus
 from brain.registry import build_registry
 from tests.conftest import (
-    agent_with_servers,
+    brain_with_client,
     demo_server,
     make_settings,
     tree,
@@ -68,14 +68,9 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
 def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_own(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:
-    agent = agent_with_servers(tmp_path, {"first": demo_server(), "second": demo_server()})
-    stack = stack_factory(
-        services=("brain", "server-pool", "client-agent"),
-        agent_config=agent,
-        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    brain = brain_with_client(
+        stack_factory, brain_factory, tmp_path, {"first": demo_server(), "second": demo_server()}
     )
-    brain = brain_factory(stack)
-    assert stack.wait_connected("laptop", 90)
     rec = brain.scheduler.submit(
         tree(
             {
