@@ -1,7 +1,9 @@
 """The ``vancetope`` command (layer: brain, CLI). Parses flags, calls the brain, shows results.
 
-Exit codes: 0 every task done; 1 the tree ended otherwise (or is still running at
---timeout); 2 bad input (file, tree, config); 3 the stack could not be reached or started.
+Exit codes (a contract for scripts, README "Output for scripts"): 0 every task done; 1 the
+tree ended otherwise (failed, skipped or cancelled tasks); 2 bad input (file, tree, config,
+unknown id); 3 the stack or its store could not be reached or started; 4 the tree was still
+running at --timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+import pymongo.errors
 import redis
 from rich.console import Console
 from rich.table import Table
@@ -35,12 +39,13 @@ from brain.errors import (
     InvalidRegistry,
     InvalidTaskTree,
     StackNotRunning,
+    StoreError,
 )
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
-from brain.redis_server import write_private
+from brain.redis_server import submitter_url, write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
-from brain.report import tree_report, trees_report
+from brain.report import clients_report, tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
 from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
@@ -55,7 +60,7 @@ from workers.contracts import MCPServerFailure, client_queue
 console = Console()
 err = Console(stderr=True)
 
-EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
+EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
 
@@ -195,7 +200,14 @@ def run(
     except redis.RedisError as exc:
         # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.
         _fail(str(unreachable(stack_url, exc)), EXIT_STACK)
-    sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
+    sys.exit(run_exit_code(status))
+
+
+def run_exit_code(status: TreeStatus | None) -> int:
+    """None: the watch ended before the tree did (--timeout)."""
+    if status is None:
+        return EXIT_TIMED_OUT
+    return EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED
 
 
 def _check_client_id(client_id: str) -> None:
@@ -451,13 +463,20 @@ def _running_brain(settings: Settings) -> Iterator[Brain]:
 
 
 @cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
 @click.pass_context
-def clients(ctx: click.Context) -> None:
+def clients(ctx: click.Context, as_json: bool) -> None:
     """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""
     if ctx.invoked_subcommand is not None:
         return
     with _running_brain(ctx.obj) as brain:
         book = brain.scheduler.presence
+        if as_json:
+            report = clients_report(
+                book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), brain.scheduler.registry
+            )
+            click.echo(json.dumps(report, indent=2))
+            return
         console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
         registry = brain.scheduler.registry
         if registry.loaded_at:
@@ -542,6 +561,27 @@ def clients_revoke(settings: Settings, client_id: str) -> None:
     console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
 
 
+@cli.command("submit-url")
+@click.pass_obj
+def submit_url(settings: Settings) -> None:
+    """Print VANCETOPE_SUBMIT_URL=<url>: the Redis URL another Celery app uses to submit trees.
+
+    Its user (vt-submit) may only put messages on queue `submit`, which the brain reads as
+    `vancetope.submit_tree` jobs (README "Python API"). For the stack of `vancetope up`; with
+    an external Redis, create vt-submit with the rules in compose.yaml instead.
+    """
+    if settings.redis_url:
+        _fail(
+            "VANCETOPE_REDIS_URL points at an external Redis: give your app a vt-submit user made with "
+            "the rules in compose.yaml (brain/acl.py COMPONENT_RULES), not an admin URL",
+            EXIT_BAD_INPUT,
+        )
+    url = running_stack_url(settings)
+    if not url:
+        _fail("no stack is running here: start one with `vancetope up`", EXIT_STACK)
+    click.echo(f"VANCETOPE_SUBMIT_URL={submitter_url(url)}")
+
+
 @cli.command()
 @click.argument("tree_id")
 @click.argument("task_id", required=False)
@@ -595,8 +635,17 @@ def main() -> None:
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     try:
         cli()
+    except StoreError as exc:
+        # The store is part of the stack: its failure is "unreachable", not the caller's input.
+        _fail(f"the store failed: {exc}", EXIT_STACK)
     except BrainError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except (sqlite3.Error, pymongo.errors.PyMongoError) as exc:
+        _fail(
+            f"the store failed: {exc}; check VANCETOPE_STORE_URL / VANCETOPE_MONGO_URL and that the "
+            "database is up",
+            EXIT_STACK,
+        )
     except redis.RedisError as exc:
         # Last resort: every command maps Redis errors itself; none may end in a traceback.
         _fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 SERVER_QUEUE = "server"
 BRAIN_QUEUE = "brain"
+# Trees submitted by other Celery apps (``vancetope.submit_tree``). Its own queue, not
+# ``brain``: the server pool may write ``brain`` but must never start work on a workstation.
+SUBMIT_QUEUE = "submit"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -39,6 +42,8 @@ RUN_TOOL_TASK = "vancetope.run_tool"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"
+# Another Celery app submits a tree (README "Python API"); the brain consumes SUBMIT_QUEUE.
+SUBMIT_TREE_TASK = "vancetope.submit_tree"
 
 # --- Redis keys (hot state lives under vt:) ----------------------------------
 
@@ -98,6 +103,8 @@ class ToolType(StrEnum):
 
 # Wire limits of the ids and names a ToolCall carries; brain.models derives what a tree may hold.
 MAX_WIRE_ID_CHARS = 128
+# A run's id when its submitter chooses it: it names Redis keys and channels, so no ':' or space.
+TREE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 MAX_TOOL_NAME_CHARS = 200
 MAX_CALL_TIMEOUT_S = 24 * 3600
 
@@ -145,6 +152,18 @@ class QueuedRun(BaseModel):
     task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
     run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
     client_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+
+
+class SubmitTree(BaseModel):
+    """The keyword arguments of a ``vancetope.submit_tree`` job: an autonomous run of ``tree``
+    (a tree file's content as data) for ``user``. ``tree_id`` lets the sender follow the run
+    it asked for (there is no result backend to return one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tree: dict[str, Any]
+    user: str | None = Field(default=None, min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str | None = Field(default=None, pattern=TREE_ID_PATTERN)
 
 
 class ToolResult(BaseModel):
