@@ -34,7 +34,7 @@ from brain.hotstate import HotState
 from brain.presence import PresenceBook
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
 from brain.store import open_store
-from workers.contracts import BRAIN_QUEUE, SUBMIT_QUEUE, key_presence, key_registry
+from workers.contracts import key_presence, key_registry
 
 STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
@@ -78,12 +78,7 @@ def celery_argv(module: str, queue: str, node: str, *extra: str, task_events: bo
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
-        (
-            "brain",
-            celery_argv(
-                "brain.worker", f"{BRAIN_QUEUE},{SUBMIT_QUEUE}", "brain@%h", "-P", "solo", task_events=False
-            ),
-        ),
+        ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
         (
             "server-pool",
             celery_argv("brain.pool", "server", "server@%h", "-c", str(settings.server_concurrency)),

@@ -1,8 +1,8 @@
 """Celery entry point of the brain (layer: brain, Celery glue).
 
-``celery -A brain.worker worker -Q brain,submit -P solo`` consumes results and advances
-trees, and takes trees other Celery apps submit; a reconciler thread re-sends lost work.
-The tasks hold no logic.
+``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances trees; a
+reconciler thread re-sends lost work; a consumer of its own takes the trees other Celery
+apps put on queue ``submit`` (``brain.submit_queue``). The tasks hold no logic.
 
 The brain is built (registry discovered and published) once logging is set up and before
 the worker consumes anything; if it cannot be built — an invalid registry, a bad
@@ -13,7 +13,6 @@ configuration error) instead of staying up never ready.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from typing import Any
 
@@ -22,19 +21,10 @@ from pydantic import ValidationError
 
 from brain.config import load_settings
 from brain.errors import BrainError
-from brain.models import SessionKind
 from brain.service import Brain, run_background, start_brain
-from brain.submission import check_submission
-from brain.treefile import tree_from_data
+from brain.submit_queue import submit_consumer
 from workers.app import app
-from workers.contracts import (
-    PUBLISH_CALL_TASK,
-    RECORD_RESULT_TASK,
-    SUBMIT_TREE_TASK,
-    QueuedRun,
-    SubmitTree,
-    ToolResult,
-)
+from workers.contracts import PUBLISH_CALL_TASK, RECORD_RESULT_TASK, QueuedRun, ToolResult
 from workers.errors import WorkerError
 
 log = logging.getLogger("vancetope.brain")
@@ -77,42 +67,7 @@ def publish_call(payload: Any) -> bool:
     return get_brain().scheduler.publish_queued(ref.tree_id, ref.task_id, ref.run_id, ref.client_id)
 
 
-@app.task(name=SUBMIT_TREE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
-def submit_tree(self: Any, tree: Any = None, user: Any = None, tree_id: Any = None) -> str | None:
-    """Another Celery app submits ``tree`` (README "Python API"). It runs as an autonomous run
-    for ``user``; a refused tree is logged with every problem and never half-recorded.
-
-    Without ``tree_id`` the run is named after this message's id, which a redelivery keeps:
-    a message delivered twice (at-least-once) still makes one run.
-    """
-    try:
-        request = SubmitTree.model_validate({"tree": tree, "user": user, "tree_id": tree_id})
-    except ValidationError as exc:
-        log.error("refused a submit_tree message: %s", exc)
-        return None
-    brain = get_brain()
-    source = f"submit_tree (message {self.request.id})"
-    run_id = request.tree_id or _run_id_of(request.tree, str(self.request.id))
-    try:
-        parsed = tree_from_data(request.tree, source=source)
-        for warning in check_submission(parsed, brain.scheduler.registry, source=source, tree_id=run_id):
-            log.warning("%s", warning)
-        if brain.store.get_tree(run_id) is not None:
-            log.info("submit_tree: run %r is already recorded (a redelivered message); nothing to do", run_id)
-            return run_id
-        record = brain.scheduler.submit(
-            parsed, tree_id=run_id, session=SessionKind.AUTONOMOUS, user=request.user or brain.settings.user
-        )
-    except BrainError as exc:
-        log.error("refused a submitted tree: %s", exc)
-        return None
-    log.info("submitted tree %s for user %s", record.tree_id, record.user)
-    return record.tree_id
-
-
-def _run_id_of(tree: dict[str, Any], message_id: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", str(tree.get("id") or "tree"))[:80].lstrip("-_.") or "tree"
-    return f"{name}-{message_id.replace('-', '')[:16]}"
+app.steps["consumer"].add(submit_consumer(get_brain))
 
 
 @celeryd_after_setup.connect

@@ -42,7 +42,8 @@ RUN_TOOL_TASK = "vancetope.run_tool"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"
-# Another Celery app submits a tree (README "Python API"); the brain consumes SUBMIT_QUEUE.
+# Another Celery app submits a tree (README "Python API"): a message only the brain's own
+# consumer of SUBMIT_QUEUE takes (brain.submit_queue); no worker registers it as a task.
 SUBMIT_TREE_TASK = "vancetope.submit_tree"
 
 # --- Redis keys (hot state lives under vt:) ----------------------------------

@@ -100,10 +100,10 @@ def test_unknown_trees_and_no_stack_are_clear_errors(vt: vancetope.Vancetope, tm
 # --- the Celery task, sent by another Celery app ----------------------------------------
 
 
-def other_app(stack: EmbeddedStack) -> Celery:
+def other_app(stack: EmbeddedStack, user: str = "vt-submit") -> Celery:
     """A plain Celery app of someone else's, with the stack's submitter credential."""
     assert stack.redis is not None
-    app = Celery("someone-elses-app", broker=stack.redis.url_for("vt-submit"), set_as_current=False)
+    app = Celery("someone-elses-app", broker=stack.redis.url_for(user), set_as_current=False)
     app.conf.broker_connection_retry_on_startup = True
     return app
 
@@ -165,3 +165,54 @@ def test_the_submitter_credential_reaches_only_the_submit_queue(stack: EmbeddedS
                 forbidden()
     finally:
         submitter.close()
+
+
+def test_the_server_pool_cannot_submit_through_the_brain_queue(
+    stack: EmbeddedStack, vt: vancetope.Vancetope
+) -> None:
+    """The pool may write queue ``brain``; a submit_tree put there is an unknown task to the brain,
+    so a compromised pool cannot start work on a workstation."""
+    pool = other_app(stack, user="vt-pool")
+    try:
+        pool.send_task(
+            vancetope.SUBMIT_TREE_TASK, kwargs={"tree": ECHO_TREE, "tree_id": "forged"}, queue="brain"
+        )
+    finally:
+        pool.close()
+    brain_log = stack.settings.data_dir / "logs" / "brain.log"
+    wait_until(
+        lambda: "unregistered task of type 'vancetope.submit_tree'" in brain_log.read_text(),
+        timeout=30,
+        what="the brain to refuse the forged message",
+    )
+    assert vt.brain.store.get_tree("forged") is None
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "logged"),
+    [
+        (
+            [[], {"tree": ECHO_TREE}, {}],
+            {"task": "vancetope.run_tool", "id": "m1"},
+            "expected 'vancetope.submit_tree'",
+        ),
+        ([[ECHO_TREE], {}, {}], {"task": "vancetope.submit_tree", "id": "m2"}, "as keyword arguments"),
+        ("not a list", {"task": "vancetope.submit_tree", "id": "m3"}, "refused submit_tree message m3"),
+        (
+            [[], {"tree": ECHO_TREE, "tree_id": "a b"}, {}],
+            {"task": "vancetope.submit_tree", "id": "m4"},
+            "tree_id",
+        ),
+        ([[], {"tree": ECHO_TREE, "extra": 1}, {}], {"task": "vancetope.submit_tree", "id": "m5"}, "extra"),
+    ],
+)
+def test_a_malformed_submit_message_is_refused_with_the_reason_and_records_nothing(
+    vt: vancetope.Vancetope, caplog: pytest.LogCaptureFixture, body: Any, headers: dict[str, Any], logged: str
+) -> None:
+    from brain.submit_queue import submit_message
+
+    before = len(vt.trees(100))
+    with caplog.at_level("ERROR", logger="vancetope.brain.submit"):
+        assert submit_message(vt.brain, body, headers) is None
+    assert logged in caplog.text
+    assert len(vt.trees(100)) == before
