@@ -103,7 +103,9 @@ class ClientWork:
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
         # Every call sent to this client must be looked at, not the first thousand.
-        queued = self.s.store.tasks_in_states({TaskState.QUEUED_CLIENT}, limit=1_000_000)
+        queued = self.s.store.tasks_in_states(
+            {TaskState.QUEUED_CLIENT, TaskState.AWAITING_APPROVAL}, limit=1_000_000
+        )
         mine = [r for r in queued if r.client_id == cid]
         # The queue and unacked hash are read once for all of them, not once per run.
         where_by_run = self.s.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
@@ -125,7 +127,7 @@ class ClientWork:
                     rec,
                     TaskState.PENDING_CLIENT,
                     reason,
-                    {TaskState.QUEUED_CLIENT},
+                    {rec.state},
                     parked_at=rec.queued_at,
                 )
             else:
@@ -134,7 +136,7 @@ class ClientWork:
                     tree_rec,
                     rec,
                     presence,
-                    {TaskState.QUEUED_CLIENT},
+                    {rec.state},
                     parked_at=rec.queued_at,
                 )
             if moved:

@@ -21,6 +21,7 @@ STATE_STYLE = {
     "queued_server": "cyan",
     "queued_client": "cyan",
     "running": "bold yellow",
+    "awaiting_approval": "bold magenta",
     "blocked": "magenta",
     "pending_client": "magenta",
     "done": "green",

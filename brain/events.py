@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.events import EventDispatcher
 
-from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolProgress, ToolResult
+from workers.contracts import RUN_TOOL_TASK, ToolAwaiting, ToolCall, ToolProgress, ToolResult
 
 log = logging.getLogger("vancetope.brain")
 
@@ -117,6 +117,20 @@ class ClientEvents:
             total=update.total,
             message=update.message or "",
         )
+
+    def task_awaiting(self, update: ToolAwaiting) -> None:
+        """A client's call held for its user's approval: Flower shows AWAITING_APPROVAL (a custom
+        event's state is its name, upper-cased); approved, APPROVED until it ends."""
+        if update.client_id is None:
+            return
+        if update.waiting:
+            self._send(
+                update.client_id, "task-awaiting_approval", uuid=update.run_id, approval=update.approval_id
+            )
+        else:
+            # Not task-started: Celery ranks a custom state above STARTED and would keep showing
+            # AWAITING_APPROVAL; another custom state replaces it.
+            self._send(update.client_id, "task-approved", uuid=update.run_id, timestamp=update.at)
 
     def close(self) -> None:
         with self._lock:

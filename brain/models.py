@@ -249,6 +249,8 @@ class TaskState(StrEnum):
     QUEUED_SERVER = "queued_server"
     QUEUED_CLIENT = "queued_client"
     RUNNING = "running"
+    # Held on the client agent until its user approves the call (vancetope-agent approve).
+    AWAITING_APPROVAL = "awaiting_approval"
     BLOCKED = "blocked"
     PENDING_CLIENT = "pending_client"
     DONE = "done"
@@ -308,6 +310,8 @@ class TaskRecord(BaseModel):
     # The latest progress notification of the current run (an MCP server's notifications/progress).
     progress: Progress | None = None
     error: ErrorInfo | None = None
+    # Matches of the client agent's redaction patterns replaced in the result before it was sent.
+    redactions: int = 0
     worker: str = ""
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked
     first_queued_at: float | None = None  # when the task first left `pending` (max_total_s)

@@ -37,6 +37,7 @@ from workers.contracts import (
     AnnouncementAck,
     ClientConnected,
     ClientDisconnected,
+    ClientToolAwaiting,
     ClientToolProgress,
     ClientToolResult,
     client_key,
@@ -112,10 +113,16 @@ class Relay:
             self.s.on_result(msg.result, from_client=owner)
         elif isinstance(msg, ClientToolProgress):
             self._progress(owner, msg)
+        elif isinstance(msg, ClientToolAwaiting):
+            self._awaiting(owner, msg)
 
     def _progress(self, owner: str, msg: ClientToolProgress) -> None:
         if self.s.on_progress(msg.progress, from_client=owner) and self.s.events is not None:
             self.s.events.task_progress(msg.progress)
+
+    def _awaiting(self, owner: str, msg: ClientToolAwaiting) -> None:
+        if self.s.on_awaiting(msg.awaiting, from_client=owner) and self.s.events is not None:
+            self.s.events.task_awaiting(msg.awaiting)
 
     def _refuse_if_announcement(self, owner: str, raw: bytes, reason: str) -> None:
         try:

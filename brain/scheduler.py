@@ -48,6 +48,7 @@ from workers.contracts import (
     BRAIN_QUEUE,
     MAX_WIRE_ID_CHARS,
     ErrorInfo,
+    ToolAwaiting,
     ToolCall,
     ToolProgress,
     ToolResult,
@@ -57,7 +58,9 @@ from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
 
-IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
+IN_FLIGHT = frozenset(
+    {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING, TaskState.AWAITING_APPROVAL}
+)
 PARKED = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
 NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
 FINAL = frozenset(s for s in TaskState if s.is_final)
@@ -597,6 +600,7 @@ class Scheduler:
             result=value,
             mcp=whole,
             error=error,
+            redactions=result.redactions,
             reason="" if ok else (error.message if error else "failed"),
             worker=result.worker,
             started_at=result.started_at,
@@ -633,6 +637,34 @@ class Scheduler:
             progress=Progress(
                 progress=update.progress, total=update.total, message=update.message, at=update.at
             ),
+            updated_at=self.clock(),
+        )
+        if written is not None:
+            self._wake_watchers(update.tree_id, finished=False)
+        return written is not None
+
+    def on_awaiting(self, update: ToolAwaiting, from_client: str | None = None) -> bool:
+        """A client's call held for its user's approval (``awaiting_approval``), or approved and
+        running again (back to ``queued_client``): for the current run only, only from where it
+        was sent. A denial or a timeout arrives as a failed result."""
+        if from_client is None or refuse_claim(update.client_id, from_client) is not None:
+            return False
+        if update.waiting:
+            state, from_states = TaskState.AWAITING_APPROVAL, IN_FLIGHT - {TaskState.AWAITING_APPROVAL}
+            reason = (
+                f"awaiting approval on client {from_client} (vancetope-agent approve {update.approval_id})"
+            )
+        else:
+            state, from_states = TaskState.QUEUED_CLIENT, frozenset({TaskState.AWAITING_APPROVAL})
+            reason = ""
+        written = self.move(
+            update.tree_id,
+            update.task_id,
+            state,
+            from_states,
+            expect_run_id=update.run_id,
+            expect_client_id=from_client,
+            reason=reason,
             updated_at=self.clock(),
         )
         if written is not None:

@@ -23,10 +23,15 @@ MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED},
     # in flight: its result, a re-send (same state, new run), taken back from a client that
     # left (sent elsewhere or parked), lost too often, cancelled, past its max_total_s
+    _S.QUEUED_SERVER: _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    # a client's call may also wait for its user's approval; approved, it is in flight again
+    # (queued_client, so the reconciler and a disconnect still find it); denied or timed out,
+    # it fails; or it is taken back, cancelled, expired like any call in flight
     **dict.fromkeys(
-        (_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.RUNNING),
-        _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
+        (_S.QUEUED_CLIENT, _S.RUNNING),
+        _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED, _S.AWAITING_APPROVAL},
     ),
+    _S.AWAITING_APPROVAL: _WAIT_OR_SEND | {_S.RUNNING, _S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
     # parked: requeued (sent, or parked again), cancelled, expired, or failed by its new route
     **dict.fromkeys((_S.BLOCKED, _S.PENDING_CLIENT), _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED}),
     # final states are final

@@ -88,6 +88,13 @@ def key_cancelled() -> str:
     return f"{KEY_NS}cancelled"
 
 
+def key_tool_pins(client_id: str) -> str:
+    """Hash: a client's tool name -> the digest of its definition the operator accepted (the
+    brain's own key, outside ``c:<id>:``: a client must not be able to re-pin its tools)."""
+    client_queue(client_id)  # validates
+    return f"{KEY_NS}toolpins:{client_id}"
+
+
 def key_deliveries(run_id: str) -> str:
     """Counter of how often one task run was delivered to a worker (poison-task guard)."""
     return f"{KEY_NS}run:{run_id}:deliveries"
@@ -189,6 +196,8 @@ class ToolResult(BaseModel):
     finished_at: float
     # Who executed it: None for the server pool, else the client id.
     client_id: str | None = None
+    # How many matches of its redaction patterns the client agent replaced before sending it.
+    redactions: int = Field(default=0, ge=0)
 
 
 class ToolDescriptor(BaseModel):
@@ -287,6 +296,30 @@ class ClientToolProgress(BaseModel):
     progress: ToolProgress
 
 
+class ToolAwaiting(BaseModel):
+    """A client's call held for its user's approval (``waiting``), or let go again after it
+    was approved (not ``waiting``). A denial or a timeout is a failed ``ToolResult``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    waiting: bool
+    # The id the user approves it by (``vancetope-agent approve ID``), shown in ``status``.
+    approval_id: str = Field(default="", max_length=MAX_WIRE_ID_CHARS)
+    at: float
+    client_id: str | None = None
+
+
+class ClientToolAwaiting(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_awaiting"] = "tool_awaiting"
+    client_id: str
+    awaiting: ToolAwaiting
+
+
 class ClientToolResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -296,7 +329,8 @@ class ClientToolResult(BaseModel):
 
 
 ClientMessage = Annotated[
-    ClientConnected | ClientDisconnected | ClientToolResult | ClientToolProgress, Field(discriminator="type")
+    ClientConnected | ClientDisconnected | ClientToolResult | ClientToolProgress | ClientToolAwaiting,
+    Field(discriminator="type"),
 ]
 CLIENT_MESSAGE = TypeAdapter(ClientMessage)
 

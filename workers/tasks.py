@@ -46,6 +46,8 @@ log = logging.getLogger("vancetope.worker")
 _DELIVERY_TTL_S = 7 * 24 * 3600
 
 ResultSink = Callable[[ToolResult], None]
+# Asked before a call runs (a client agent's consent): None to run it, else why it may not.
+CallGate = Callable[[ToolCall], ErrorInfo | None]
 
 
 class HotState:
@@ -112,12 +114,15 @@ def register(
     client_id: str | None = None,
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
     progress: ProgressSink | None = None,
+    gate: CallGate | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
     ``builtins`` as ``builtin_tools`` made them from the worker's settings. ``progress``
     gets an MCP server's progress notifications while a call runs; each one is also a
-    ``task-progress`` event, which Flower shows as the task's state (PROGRESS)."""
+    ``task-progress`` event, which Flower shows as the task's state (PROGRESS). ``gate`` is
+    asked before each call runs (a client agent's user approving it); the time it takes is
+    not the tool's: ``timeout_s`` starts when the tool starts."""
     hot = HotState(app)
 
     def server_mcp() -> MCPClientManager | None:
@@ -144,7 +149,10 @@ def register(
                 deliveries=deliveries,
             )
             result = _failure(call, err.to_info(), worker, started, client_id)
+        elif gate is not None and (refusal := gate(call)) is not None:
+            result = _failure(call, refusal, worker, started, client_id)
         else:
+            started = time.time() if gate is not None else started
             result = _run(
                 call,
                 mcp_manager,
