@@ -20,20 +20,25 @@ import uuid
 import redis
 
 from client_agent.announce import Announcer, Heartbeat, encode_announcement
+from client_agent.approvals import ConsentDir, ConsentGate
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.policy import Policy
+from client_agent.redact import Redactor, capped
 from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
 from workers.contracts import (
     ClientDisconnected,
+    ClientToolAwaiting,
     ClientToolProgress,
     ClientToolResult,
+    ToolAwaiting,
     ToolDescriptor,
     ToolProgress,
     ToolResult,
     client_queue,
+    key_cancelled,
 )
 from workers.mcp_clients import MCPClientManager
 from workers.tasks import register
@@ -66,6 +71,10 @@ class Agent:
         self._refused: NotEnrolled | None = None
         self._closed = False
         self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
+        # Consent (README "Consent on the workstation"): approvals live in a 0700 directory.
+        self.consent = ConsentDir.for_config(config)
+        self.redactor = Redactor.build(config.redact, config.redact_builtin)
+        gate = ConsentGate(config, self.consent, self.report_awaiting, self._stop, self._cancelled)
         self.app = make_agent_app(config)
         register(
             self.app,
@@ -74,6 +83,7 @@ class Agent:
             native=self.native,
             client_id=config.client_id,
             progress=self.report_progress,
+            gate=gate if config.ask else None,
         )
         self.announcer = Announcer(
             self.channel,
@@ -107,7 +117,10 @@ class Agent:
             return self._mcp.manager
 
     def load_mcp(self) -> MCPTools:
-        return load_mcp_tools(self.config.mcp_json, self.policy, self.native, self.config.default_timeout_s)
+        cfg = self.config
+        return load_mcp_tools(
+            cfg.mcp_json, self.policy, self.native, cfg.default_timeout_s, self.consent, cfg.trust_mcp_servers
+        )
 
     def reload_mcp(self) -> None:
         """mcp.json changed: start the new servers, check the new set can be announced, swap, announce."""
@@ -134,13 +147,24 @@ class Agent:
     # --- results ---------------------------------------------------------------------------
 
     def deliver(self, result: ToolResult) -> None:
-        """The run_tool sink: the result goes to this client's outbox for the brain."""
+        """The run_tool sink: the result, redacted and within this workstation's own size cap,
+        goes to this client's outbox for the brain."""
+        result = capped(self.redactor.result(result), self.config.max_result_bytes)
+        if result.redactions:
+            log.info("redacted %d match(es) in the result of task %s", result.redactions, result.task_id)
         log.info("%s", describe_result(result))
         self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
 
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""
         self.channel.send(ClientToolProgress(client_id=self.config.client_id, progress=update))
+
+    def report_awaiting(self, update: ToolAwaiting) -> None:
+        """A call held for (or released by) the user's approval: to the outbox, for the brain."""
+        self.channel.send(ClientToolAwaiting(client_id=self.config.client_id, awaiting=update))
+
+    def _cancelled(self, run_id: str) -> bool:
+        return bool(self.channel.client.sismember(self.channel.key(key_cancelled()), run_id))
 
     # --- life cycle ------------------------------------------------------------------------------
 
@@ -187,6 +211,8 @@ class Agent:
         self._threads = [heartbeat, self.announcer]
         if cfg.mcp_json is not None:
             self._threads.append(FileWatcher(cfg.mcp_json, self.reload_mcp, self._stop))
+            # `vancetope-agent approve` of a server or a changed tool: start / offer it now.
+            self._threads.append(FileWatcher(self.consent.stamp, self.reload_mcp, self._stop))
         for thread in self._threads:
             thread.start()
         self.announcer.request()

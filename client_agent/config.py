@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from enum import StrEnum
@@ -26,7 +27,12 @@ ENV_PREFIX = "VANCETOPE_AGENT_"
 TABLE = "agent"
 _PATH_FIELDS = ("data_dir", "mcp_json", "credential_file")
 URL_VARIABLE = ENV_PREFIX + "BROKER_URL"
-_LIST_FIELDS = ("sandbox_roots", "allowed_tools")
+_LIST_FIELDS = ("sandbox_roots", "allowed_tools", "ask", "trust_mcp_servers", "redact", "redact_builtin")
+
+
+class AskScope(StrEnum):
+    CALL = "call"  # every call of an `ask` tool waits for its own approval
+    TREE = "tree"  # approving one call covers that tree's later calls of the same tool
 
 
 class WorkerPool(StrEnum):
@@ -62,6 +68,22 @@ class AgentConfig(BaseModel):
     default_timeout_s: float = Field(default=30.0, gt=0)
     ack_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "INFO"
+    # --- consent (README "Consent on the workstation"); the state lives in data_dir/consent ---
+    # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>/*" globs.
+    ask: tuple[str, ...] = ()
+    ask_scope: AskScope = AskScope.CALL
+    # A call nobody approved within this is denied (it fails; nothing ran).
+    ask_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    # mcp.json servers started without asking for their command: what a user writes after
+    # reviewing them. Any other server waits for `vancetope-agent approve`, again whenever
+    # its command, arguments, env names or cwd change.
+    trust_mcp_servers: tuple[str, ...] = ()
+    # A result bigger than this (compact JSON, after redaction) fails and is not sent.
+    max_result_bytes: int | None = Field(default=None, gt=0)
+    # Regular expressions whose matches in a result are replaced before it is sent, and
+    # built-in sets of them (client_agent.redact.BUILTIN_PATTERNS).
+    redact: tuple[str, ...] = ()
+    redact_builtin: tuple[str, ...] = ()
 
     @field_validator("client_id")
     @classmethod
@@ -75,6 +97,26 @@ class AgentConfig(BaseModel):
         if value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ValueError(f"must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {value!r}")
         return value.upper()
+
+    @field_validator("redact")
+    @classmethod
+    def _valid_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return patterns
+
+    @field_validator("redact_builtin")
+    @classmethod
+    def _known_builtin_sets(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        from client_agent.redact import BUILTIN_PATTERNS
+
+        unknown = sorted(set(names) - set(BUILTIN_PATTERNS))
+        if unknown:
+            raise ValueError(f"unknown {', '.join(unknown)} (known: {', '.join(BUILTIN_PATTERNS)})")
+        return names
 
     @field_validator("broker_url")
     @classmethod

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from client_agent.errors import PolicyViolation
 from client_agent.policy import Policy
@@ -122,8 +122,30 @@ def name_on_server(tool: ToolDescriptor) -> str:
     return tool.name.removeprefix(prefix) if tool.mcp_server else tool.name
 
 
-def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], timeout: float) -> MCPTools:
-    """Start the servers of ``path`` and list their tools; failures are reported, never raised."""
+class ServerConsent(Protocol):
+    """What the user approved (client_agent.approvals.ConsentDir): which servers may start,
+    which tool definitions may be offered."""
+
+    def gate_servers(
+        self, config: MCPConfig, trusted: Iterable[str], now: float
+    ) -> tuple[MCPConfig, list[MCPServerFailure]]: ...
+
+    def gate_tools(
+        self, discovered: list[ToolDescriptor], now: float
+    ) -> tuple[list[ToolDescriptor], dict[Pair, str]]: ...
+
+
+def load_mcp_tools(
+    path: Path | None,
+    policy: Policy,
+    native: Iterable[str],
+    timeout: float,
+    consent: ServerConsent | None = None,
+    trusted: Iterable[str] = (),
+) -> MCPTools:
+    """Start the servers of ``path`` and list their tools; failures are reported, never raised.
+    With ``consent``, only servers the user approved (or ``trusted``) start, and only tools
+    whose definition is the approved one are offered."""
     if path is None:
         return MCPTools()
     try:
@@ -132,16 +154,24 @@ def load_mcp_tools(path: Path | None, policy: Policy, native: Iterable[str], tim
         failure = MCPServerFailure(server=path.name, message=exc.message)
         log.error("MCP config %s cannot be used, offering no MCP tools: %s", path, exc.message)
         return MCPTools(failures=[failure])
+    waiting: list[MCPServerFailure] = []
+    if consent is not None:
+        config, waiting = consent.gate_servers(config, trusted, time.time())
     manager = GuardedMCPManager(config, start_timeout=timeout)
     discovered, failures = manager.discover(timeout)
+    held: dict[Pair, str] = {}
+    if consent is not None:
+        discovered, held = consent.gate_tools(discovered, time.time())
     failures = [*skipped_servers(config), *failures]
     merged = merge_tools(native, discovered, policy)
-    manager.permit(((t.mcp_server or "", name_on_server(t)) for t in merged.offered), merged.refused)
+    manager.permit(
+        ((t.mcp_server or "", name_on_server(t)) for t in merged.offered), {**merged.refused, **held}
+    )
     for failure in failures:
         log.error("MCP server %r failed: %s%s", failure.server, failure.message, _tail(failure.stderr_tail))
     for note in merged.notes:
         log.warning("%s", note)
-    return MCPTools(manager, merged.offered, failures, merged.notes)
+    return MCPTools(manager, merged.offered, [*waiting, *failures], merged.notes)
 
 
 def localize(config: MCPConfig, base: Path) -> MCPConfig:

@@ -94,6 +94,8 @@ def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
         'broker_url = "redis://127.0.0.1:1/0"\n'
         f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
         "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+        # What a user writes after reviewing mcp.json; without it each server waits for approval.
+        f"trust_mcp_servers = {json.dumps(sorted(servers))}\n"
     )
     return agent
 

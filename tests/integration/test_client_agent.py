@@ -89,6 +89,7 @@ def workspace(tmp_path: Path) -> Workspace:
         'broker_url = "redis://127.0.0.1:1/0"  # replaced by VANCETOPE_AGENT_BROKER_URL\n'
         'sandbox_roots = ["sandbox"]\nmcp_json = "mcp.json"\n'
         "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 3\nack_timeout_s = 2\ndefault_timeout_s = 20\n"
+        'trust_mcp_servers = ["git", "missing", "crash", "demo"]\n'
     )
     return Workspace(config, sandbox.resolve(), mcp_json)
 

@@ -49,6 +49,7 @@ def make_agent(tmp_path: Path, *, shell: bool = False) -> Path:
         f'sandbox_roots = ["{sandbox}"]\nmcp_json = "{tmp_path / "mcp.json"}"\n'
         f"shell_enabled = {'true' if shell else 'false'}\n"
         "heartbeat_interval_s = 0.5\nheartbeat_ttl_s = 2.0\n"
+        'trust_mcp_servers = ["git"]\n'
     )
     return config
 

@@ -38,7 +38,7 @@ def test_tools_shows_the_announcement_and_the_failed_servers_without_a_broker(tm
     }}))  # fmt: skip
     (tmp_path / "agent.toml").write_text(
         '[agent]\nclient_id = "box"\nuser = "u"\nbroker_url = "redis://127.0.0.1:1/0"\n'
-        'sandbox_roots = ["sandbox"]\nmcp_json = "mcp.json"\n'
+        'sandbox_roots = ["sandbox"]\nmcp_json = "mcp.json"\ntrust_mcp_servers = ["demo", "crash"]\n'
     )
     proc = agent_cli("tools", "--config", str(tmp_path / "agent.toml"))
     assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,382 @@
+"""The workstation user's approvals, kept on the workstation (layer: client_agent, I/O).
+
+One job: the consent state directory ``<data_dir>/consent`` (mode 0700, owned by the
+user running the agent) through which ``vancetope-agent pending/approve/deny`` talk to the
+running agent, and the gate that holds a call of an ``ask`` tool until it is answered.
+Nothing here goes through Redis: the brain (and anyone who can write the agent's
+``c:<id>:`` keys) can forge a message, not a file in this directory.
+
+Layout: ``pending/<id>.json`` (what waits, written by the agent), ``decisions/<id>.json``
+(the user's answer to a call, written by the CLI), ``approved_servers.json`` (server name
+-> digest of its approved command), ``pinned_tools.json`` (``server/tool`` -> its approved
+definition), ``approvals.stamp`` (touched on every approval; the agent reloads its MCP
+servers when it changes). Writes are atomic (a temporary file renamed into place).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from client_agent.config import AgentConfig, AskScope
+from client_agent.consent import (
+    Decision,
+    PendingRequest,
+    RequestKind,
+    asks,
+    split_servers,
+    split_tools,
+    tool_key,
+)
+from client_agent.errors import AgentError
+from workers.contracts import ErrorInfo, MCPServerFailure, ToolAwaiting, ToolCall, ToolDescriptor
+from workers.mcp_config import MCPConfig
+
+log = logging.getLogger("vancetope.agent.consent")
+
+_POLL_S = 0.2
+_TREE_SCOPES_KEPT = 4096
+
+
+class ConsentStateError(AgentError):
+    """The consent state directory cannot be trusted or used (wrong owner, unwritable)."""
+
+
+class ConsentDir:
+    """``<data_dir>/consent``: pending requests, decisions, approved servers and tool pins."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pending_dir = root / "pending"
+        self.decisions_dir = root / "decisions"
+        self.servers_file = root / "approved_servers.json"
+        self.tools_file = root / "pinned_tools.json"
+        self.stamp = root / "approvals.stamp"
+
+    @classmethod
+    def for_config(cls, config: AgentConfig) -> ConsentDir:
+        return cls(config.data_dir / "consent").open()
+
+    def open(self) -> ConsentDir:
+        """Create the directory 0700 if missing; refuse one another user owns, and close one
+        that others may enter (only this user may approve what this agent runs)."""
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = self.root.stat()
+            if st.st_uid != os.getuid():
+                raise ConsentStateError(
+                    f"the consent state directory {self.root} belongs to uid {st.st_uid}, not to this user "
+                    f"(uid {os.getuid()}): approvals kept there cannot be trusted; remove it or fix its owner"
+                )
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(self.root, 0o700)
+            for sub in (self.pending_dir, self.decisions_dir):
+                sub.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConsentStateError(f"cannot use the consent state directory {self.root}: {exc}") from exc
+        return self
+
+    # --- files -----------------------------------------------------------------------------
+    def _write(self, path: Path, data: Any) -> None:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(data if isinstance(data, str) else json.dumps(data, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+
+    def _read(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.error("ignoring unreadable %s: %s", path, exc)
+            return None
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    # --- pending requests and decisions ---------------------------------------------------
+    def pending(self) -> list[PendingRequest]:
+        found = []
+        for path in sorted(self.pending_dir.glob("*.json")):
+            raw = self._read(path)
+            try:
+                found.append(PendingRequest.model_validate(raw))
+            except ValidationError:
+                log.error("ignoring a malformed pending request %s", path)
+        return sorted(found, key=lambda r: (r.since, r.id))
+
+    def get(self, request_id: str) -> PendingRequest | None:
+        return next((r for r in self.pending() if r.id == request_id), None)
+
+    def add_pending(self, request: PendingRequest) -> None:
+        self._write(self.pending_dir / f"{request.id}.json", request.model_dump_json(indent=2))
+
+    def remove_pending(self, request_id: str) -> None:
+        (self.pending_dir / f"{request_id}.json").unlink(missing_ok=True)
+
+    def sync_pending(self, kinds: Iterable[RequestKind], requests: Iterable[PendingRequest]) -> None:
+        """The requests of ``kinds`` become exactly ``requests`` (an older one keeps its ``since``)."""
+        wanted = {r.id: r for r in requests}
+        kinds = set(kinds)
+        for old in self.pending():
+            if old.kind in kinds and old.id not in wanted:
+                self.remove_pending(old.id)
+            elif old.id in wanted:
+                wanted[old.id] = wanted[old.id].model_copy(update={"since": old.since})
+        for request in wanted.values():
+            self.add_pending(request)
+
+    def decide(self, request_id: str, approved: bool, reason: str = "") -> None:
+        decision = Decision(id=request_id, approved=approved, reason=reason, at=time.time())
+        self._write(self.decisions_dir / f"{request_id}.json", decision.model_dump_json())
+
+    def decision(self, request_id: str) -> Decision | None:
+        raw = self._read(self.decisions_dir / f"{request_id}.json")
+        try:
+            return None if raw is None else Decision.model_validate(raw)
+        except ValidationError:
+            return None
+
+    def forget_decision(self, request_id: str) -> None:
+        (self.decisions_dir / f"{request_id}.json").unlink(missing_ok=True)
+
+    # --- servers and tools --------------------------------------------------------------------
+    def approved_servers(self) -> dict[str, str]:
+        raw = self._read(self.servers_file)
+        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+    def pinned_tools(self) -> dict[str, dict[str, Any]]:
+        raw = self._read(self.tools_file)
+        return {str(k): v for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}
+
+    def approve_servers(self, digests: Mapping[str, str]) -> None:
+        with self._locked():
+            self._write(self.servers_file, {**self.approved_servers(), **digests})
+        self.touch()
+
+    def pin_tools(self, definitions: Mapping[str, Mapping[str, Any]], notify: bool = True) -> None:
+        with self._locked():
+            self._write(
+                self.tools_file, {**self.pinned_tools(), **{k: dict(v) for k, v in definitions.items()}}
+            )
+        if notify:
+            self.touch()
+
+    def touch(self) -> None:
+        """Tell a running agent that approvals changed (it watches this file)."""
+        self._write(self.stamp, f"{time.time()}\n")
+
+    def approve(self, request: PendingRequest) -> None:
+        """Apply the user's approval of one request."""
+        if request.kind is RequestKind.CALL:
+            self.decide(request.id, True)
+            return
+        if request.kind is RequestKind.SERVER:
+            self.approve_servers({request.mcp_server or "": request.digest})
+        else:
+            self.pin_tools({tool_key(request.mcp_server or "", request.tool): request.definition})
+        self.remove_pending(request.id)
+
+    # --- what the agent may start and offer ----------------------------------------------------
+    def gate_servers(
+        self, config: MCPConfig, trusted: Iterable[str], now: float
+    ) -> tuple[MCPConfig, list[MCPServerFailure]]:
+        """The servers that may start; the others become requests (and failures saying why)."""
+        split = split_servers(config.servers, self.approved_servers(), trusted, now)
+        self.sync_pending([RequestKind.SERVER], split.waiting)
+        failures = [
+            MCPServerFailure(
+                server=r.mcp_server or "",
+                message=f"not started: waiting for the workstation's user to approve its command "
+                f"({' '.join(r.command)}): vancetope-agent approve {r.id}",
+            )
+            for r in split.waiting
+        ]
+        for r in split.waiting:
+            log.warning(
+                "MCP server %r is not started until you approve its command: %s  (run: vancetope-agent "
+                "pending, then vancetope-agent approve %s)",
+                r.mcp_server,
+                " ".join(r.command),
+                r.id,
+            )
+        allowed = {name: config.servers[name] for name in split.start}
+        return MCPConfig(source=config.source, servers=allowed, skipped=config.skipped), failures
+
+    def gate_tools(
+        self, discovered: list[ToolDescriptor], now: float
+    ) -> tuple[list[ToolDescriptor], dict[tuple[str, str], str]]:
+        """Tools as pinned are offered; first seen ones are pinned; changed ones wait."""
+        split = split_tools(discovered, self.pinned_tools(), now)
+        if split.new_pins:
+            self.pin_tools(split.new_pins, notify=False)
+        self.sync_pending([RequestKind.TOOL], split.changed)
+        held: dict[tuple[str, str], str] = {}
+        for r in split.changed:
+            why = (
+                f"its definition changed since it was approved; not offered until the workstation's user "
+                f"runs vancetope-agent approve {r.id}"
+            )
+            held[(r.mcp_server or "", r.tool)] = why
+            log.warning("MCP tool %r of server %r: %s\n%s", r.tool, r.mcp_server, why, r.diff)
+        return split.offered, held
+
+
+class ConsentGate:
+    """``workers.tasks`` asks this before each call: a call of an ``ask`` tool waits here (as
+    ``awaiting_approval``, reported through ``report``) until the user answers, the wait
+    times out, the run is cancelled or the agent stops. The waiting call keeps its worker
+    thread and its message (whose lease the worker keeps renewing), and ``timeout_s``
+    starts only once it runs."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        state: ConsentDir,
+        report: Callable[[ToolAwaiting], None],
+        stop: threading.Event,
+        cancelled: Callable[[str], bool] = lambda run_id: False,
+        poll_s: float = _POLL_S,
+    ) -> None:
+        self.patterns = config.ask
+        self.scope = config.ask_scope
+        self.timeout_s = config.ask_timeout_s
+        self.client_id = config.client_id
+        self.state = state
+        self.report = report
+        self.stop = stop
+        self.cancelled = cancelled
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._tree_ok: OrderedDict[str, None] = OrderedDict()
+
+    def __call__(self, call: ToolCall) -> ErrorInfo | None:
+        if not asks(self.patterns, call.tool, call.mcp_server):
+            return None
+        key = f"{call.tree_id}\x00{call.mcp_server or ''}\x00{call.tool}"
+        if self._covered(key):
+            log.info("task %s (tool %s): approved for this tree already", call.task_id, call.tool)
+            return None
+        now = time.time()
+        request = PendingRequest(
+            id=f"c-{secrets.token_hex(4)}",
+            kind=RequestKind.CALL,
+            since=now,
+            tool=call.tool,
+            mcp_server=call.mcp_server,
+            tree_id=call.tree_id,
+            task_id=call.task_id,
+            run_id=call.run_id,
+            args=call.args,
+            expires_at=now + self.timeout_s,
+            scope=self.scope.value,
+        )
+        self.state.add_pending(request)
+        log.warning(
+            "task %s of tree %s wants to run %s: waiting for your approval (vancetope-agent pending; "
+            "vancetope-agent approve %s / deny %s; denied in %gs without an answer)",
+            call.task_id, call.tree_id, call.tool, request.id, request.id, self.timeout_s,
+        )  # fmt: skip
+        self._report(call, request.id, waiting=True)
+        try:
+            error = self._wait(call, request, key)
+        finally:
+            self.state.remove_pending(request.id)
+            self.state.forget_decision(request.id)
+        if error is None:
+            log.info("task %s (tool %s) approved (%s)", call.task_id, call.tool, request.id)
+            self._report(call, request.id, waiting=False)
+        else:
+            log.warning("%s", error.message)
+        return error
+
+    def _covered(self, key: str) -> bool:
+        with self._lock:
+            return self.scope is AskScope.TREE and key in self._tree_ok
+
+    def _approve_tree(self, key: str) -> None:
+        if self.scope is not AskScope.TREE:
+            return
+        with self._lock:
+            self._tree_ok[key] = None
+            while len(self._tree_ok) > _TREE_SCOPES_KEPT:
+                self._tree_ok.popitem(last=False)
+
+    def _wait(self, call: ToolCall, request: PendingRequest, key: str) -> ErrorInfo | None:
+        deadline = time.monotonic() + self.timeout_s
+        turns = 0
+        what = f"task {call.task_id!r} of tree {call.tree_id} (tool {call.tool!r})"
+        data = {"task": call.task_id, "tool": call.tool, "approval": request.id}
+        while True:
+            decision = self.state.decision(request.id)
+            if decision is not None and decision.approved:
+                self._approve_tree(key)
+                return None
+            if decision is not None:
+                why = f": {decision.reason}" if decision.reason else ""
+                return ErrorInfo(
+                    type="ApprovalDenied",
+                    message=f"{what} was denied by the workstation's user{why}; nothing ran",
+                    data=data,
+                )
+            if self._covered(key):  # another call of this tree and tool was approved meanwhile
+                return None
+            if time.monotonic() >= deadline:
+                return ErrorInfo(
+                    type="ApprovalTimeout",
+                    message=f"{what}: no approval within {self.timeout_s:g}s on client agent "
+                    f"{self.client_id!r}; nothing ran (the user can answer with vancetope-agent approve, "
+                    "or raise ask_timeout_s)",
+                    data=data,
+                )
+            if self.stop.is_set():
+                return ErrorInfo(
+                    type="ApprovalAborted",
+                    message=f"{what}: the client agent stopped while the call awaited approval; "
+                    "nothing ran (run the task again)",
+                    data=data,
+                )
+            turns += 1
+            if turns % 10 == 0 and self._cancelled(call.run_id):  # a round trip: not every poll
+                return ErrorInfo(
+                    type="Cancelled", message=f"{what} was cancelled while it awaited approval", data=data
+                )
+            self.stop.wait(self.poll_s)
+
+    def _cancelled(self, run_id: str) -> bool:
+        try:
+            return self.cancelled(run_id)
+        except Exception:  # noqa: BLE001 - a broker hiccup must not end the wait
+            return False
+
+    def _report(self, call: ToolCall, approval_id: str, waiting: bool) -> None:
+        update = ToolAwaiting(
+            run_id=call.run_id, tree_id=call.tree_id, task_id=call.task_id, waiting=waiting,
+            approval_id=approval_id, at=time.time(), client_id=self.client_id,
+        )  # fmt: skip
+        try:
+            self.report(update)
+        except Exception as exc:  # noqa: BLE001 - the brain's view is for watching, the wait goes on
+            log.warning("could not tell the brain that task %s awaits approval: %s", call.task_id, exc)
