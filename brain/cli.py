@@ -52,6 +52,7 @@ from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_e
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
+from brain.toolpins import ToolPins
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from brain.watch import watch
@@ -559,6 +560,29 @@ def clients_revoke(settings: Settings, client_id: str) -> None:
         if not revoke(brain.clients, client_id):
             _fail(f"no enrolled client {client_id!r}; `vancetope clients` lists them", EXIT_BAD_INPUT)
     console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
+
+
+@clients.command("approve-tools")
+@click.argument("client_id")
+@click.argument("tools", nargs=-1)
+@click.pass_obj
+def clients_approve_tools(settings: Settings, client_id: str, tools: tuple[str, ...]) -> None:
+    """Accept the changed definitions of CLIENT_ID's TOOLS (all its held tools if none named):
+    they are pinned as now announced and routed to again once the agent re-announces."""
+    with _running_brain(settings) as brain:
+        session = brain.scheduler.presence.session(client_id)
+        held = session.held_tools if session else []
+        unknown = sorted(set(tools) - {t.name for t in held})
+        if unknown:
+            _fail(f"client {client_id!r} holds no changed tool {', '.join(unknown)}; see `vancetope clients`",
+                  EXIT_BAD_INPUT)  # fmt: skip
+        approved = ToolPins(brain.hot.r).approve(client_id, held, tools)
+    if not approved:
+        console.print(f"client {client_id} has no tool whose definition changed")
+        return
+    console.print(
+        f"approved the new definitions of {', '.join(approved)} on client {client_id}", highlight=False
+    )
 
 
 @cli.command("submit-url")

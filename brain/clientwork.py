@@ -38,7 +38,15 @@ class ClientWork:
             ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal or "not enrolled")
         else:
             previous = self.s.presence.session(owner)
-            self.s.presence.connect(msg, enrollment, self.s.clock())
+            session = self.s.presence.connect(msg, enrollment, self.s.clock())
+            if session.held_tools:
+                log.warning(
+                    "client %s announced changed definitions of %s: not routed to until "
+                    "`vancetope clients approve-tools %s`",
+                    owner,
+                    ", ".join(t.name for t in session.held_tools),
+                    owner,
+                )
             if previous is not None and previous.session_id != msg.session_id:
                 # The agent restarted (a session id lives as long as its process): what the old
                 # process had reserved or was running will never be answered, so take it back

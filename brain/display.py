@@ -127,6 +127,9 @@ def clients_table(
     for cid, enrollment in sorted(enrolled.items()):
         session = sessions.get(cid)
         tools = ", ".join(sorted(t.name for t in session.tools)) if session else ""
+        held = sorted(t.name for t in getattr(session, "held_tools", ())) if session else []
+        if held:  # brain.toolpins: changed definitions, not routed to
+            tools += f" (changed, held until `vancetope clients approve-tools {cid}`: {', '.join(held)})"
         wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
         table.add_row(
             cid,

@@ -18,6 +18,7 @@ from brain.models import Enrollment
 from brain.routing import ClientView, Presence
 from brain.store import Store
 from brain.toolnames import qualified
+from brain.toolpins import ToolPins
 from workers.contracts import (
     CLIENT_HEARTBEAT,
     MAX_ANNOUNCED_TOOLS,
@@ -41,6 +42,9 @@ class ClientSession(BaseModel):
     client_type: ClientType
     tools: list[ToolDescriptor] = Field(default_factory=list)
     connected_at: float
+    # Announced with a definition that changed since it was pinned: not routed to until
+    # `vancetope clients approve-tools` (brain.toolpins).
+    held_tools: list[ToolDescriptor] = Field(default_factory=list)
 
     def tool(self, name: str) -> ToolDescriptor | None:
         """The announced tool ``name`` names: its bare name, or ``<mcp server>/<tool>``."""
@@ -99,13 +103,15 @@ class PresenceBook:
 
     # sessions -------------------------------------------------------------------------
     def connect(self, msg: ClientConnected, enrollment: Enrollment, now: float) -> ClientSession:
+        pinned = ToolPins(self.r).check(msg.client_id, msg.available_tools)
         session = ClientSession(
             client_id=msg.client_id,
             user=enrollment.user,
             session_id=msg.session_id,
             client_type=msg.client_type,
-            tools=msg.available_tools,
+            tools=pinned.accepted,
             connected_at=now,
+            held_tools=pinned.held,
         )
         self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
         return session

@@ -62,6 +62,8 @@ def clients_report(
                 "client_type": session.client_type.value if session else None,
                 "connected_at": session.connected_at if session else None,
                 "tools": sorted(t.name for t in session.tools) if session else [],
+                # Definitions changed since pinned: not routed to until `clients approve-tools`.
+                "held_tools": sorted(t.name for t in session.held_tools) if session else [],
                 # Parked for this client by name, and for any client of its user.
                 "waiting": {
                     "client": waiting.get(f"client:{cid}", 0),
