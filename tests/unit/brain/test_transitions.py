@@ -107,3 +107,14 @@ def test_the_state_machine_refuses(a: TaskState, b: TaskState) -> None:
 def test_every_state_is_in_the_table_and_only_final_states_are_dead_ends() -> None:
     assert set(MOVES) == set(TaskState)
     assert {s for s, to in MOVES.items() if not to} == {s for s in TaskState if s.is_final}
+
+
+def test_a_clients_call_may_wait_for_approval_and_then_run_or_end() -> None:
+    A, QC = TaskState.AWAITING_APPROVAL, TaskState.QUEUED_CLIENT
+    check_move({QC, TaskState.RUNNING}, A)
+    for to in (QC, TaskState.RUNNING, D, F, S, X, TaskState.PENDING_CLIENT, TaskState.BLOCKED):
+        check_move({A}, to)
+    with pytest.raises(InvalidMove):
+        check_move({A}, P)
+    with pytest.raises(InvalidMove):
+        check_move({P}, A)
