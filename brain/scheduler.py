@@ -650,7 +650,10 @@ class Scheduler:
         if from_client is None or refuse_claim(update.client_id, from_client) is not None:
             return False
         if update.waiting:
-            state, from_states = TaskState.AWAITING_APPROVAL, IN_FLIGHT - {TaskState.AWAITING_APPROVAL}
+            state, from_states = (
+                TaskState.AWAITING_APPROVAL,
+                frozenset({TaskState.QUEUED_CLIENT, TaskState.RUNNING}),
+            )
             reason = (
                 f"awaiting approval on client {from_client} (vancetope-agent approve {update.approval_id})"
             )

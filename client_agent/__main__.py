@@ -12,6 +12,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -21,10 +22,12 @@ from client_agent.approvals import ConsentDir
 from client_agent.config import AgentConfig, load_config
 from client_agent.consent import PendingRequest, RequestKind, server_command, server_digest
 from client_agent.errors import AgentConfigError, AgentError, NotEnrolled
-from client_agent.mcp_json import MCPTools, load_mcp_tools, localize
 from client_agent.policy import Policy
 from workers.errors import WorkerError
 from workers.mcp_config import load_mcp_config
+
+if TYPE_CHECKING:
+    from client_agent.mcp_json import MCPTools
 
 _CONFIG = click.option(
     "--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -61,6 +64,8 @@ def run(config_path: Path, log_level: str | None) -> None:
 @_CONFIG
 def tools(config_path: Path) -> None:
     """Show the tools this agent would announce (starting its MCP servers), without connecting."""
+    from client_agent.mcp_json import load_mcp_tools  # slow (the MCP SDK); pending/approve do not need it
+
     config = _load(config_path)
     _setup_logging("WARNING")
     # Its failures and notes are printed in the tables below; do not print them twice.
@@ -194,6 +199,8 @@ def _pending(consent: ConsentDir, request_id: str) -> PendingRequest:
 
 
 def _approve_all_servers(config: AgentConfig, consent: ConsentDir) -> None:
+    from client_agent.mcp_json import localize
+
     if config.mcp_json is None:
         click.echo("no mcp_json in the config: no servers to approve")
         return
