@@ -27,6 +27,7 @@ from tests.conftest import (
     wait_until,
     write_mcp_config,
 )
+from workers.contracts import client_key, key_deliveries
 
 pytestmark = pytest.mark.integration
 
@@ -125,6 +126,8 @@ def test_a_call_of_an_ask_tool_waits_until_the_user_approves_or_denies_it(
     assert not (tmp_path / "sandbox" / "b.txt").exists()
     assert pending(config) == []
     assert agent_cli(config, "approve", requests["keep"]["id"]).returncode == 1  # answered already
+    delivered = brain.hot.r.get(client_key("laptop", key_deliveries(keep.run_id)))
+    assert int(delivered) == 1  # its message was never restored and delivered again
 
 
 def test_tree_scope_approves_once_for_the_tree_and_an_unanswered_call_times_out(
