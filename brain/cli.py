@@ -309,6 +309,8 @@ def explain(settings: Settings, tree_file: Path) -> None:
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {line}", highlight=False)
     _validate_or_exit(tree, registry, tree_file)
+    for line in _held_tool_lines(settings, {spec.tool for spec in tree.tasks}):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
     routes = _autonomous_routes(tree, registry)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
     verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"
@@ -350,6 +352,27 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
         return build_registry(settings)
     except (InvalidRegistry, InvalidFile) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
+    """Tools of the tree that a connected client announced with a changed definition (brain.toolpins)."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        return []
+    with contextlib.suppress(StackNotRunning, redis.RedisError):
+        brain = Brain.connect(settings, url)
+        try:
+            sessions = brain.scheduler.presence.sessions()
+        finally:
+            brain.close()
+        return [
+            f"tool {t.name!r} of client {cid}: its definition changed since it was pinned; not routed to "
+            f"until `vancetope clients approve-tools {cid} {t.name}`"
+            for cid, session in sorted(sessions.items())
+            for t in session.held_tools
+            if t.name in tools
+        ]
+    return []
 
 
 @cli.command()
