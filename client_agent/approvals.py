@@ -40,6 +40,7 @@ from client_agent.consent import (
     split_servers,
     split_tools,
     tool_key,
+    tree_scope_key,
 )
 from client_agent.errors import AgentError
 from workers.contracts import ErrorInfo, MCPServerFailure, ToolAwaiting, ToolCall, ToolDescriptor
@@ -275,7 +276,7 @@ class ConsentGate:
     def __call__(self, call: ToolCall) -> ErrorInfo | None:
         if not asks(self.patterns, call.tool, call.mcp_server):
             return None
-        key = f"{call.tree_id}\x00{call.mcp_server or ''}\x00{call.tool}"
+        key = tree_scope_key(call.tree_id, call.tool, call.mcp_server)
         if self._covered(key):
             log.info("task %s (tool %s): approved for this tree already", call.task_id, call.tool)
             return None

@@ -1,0 +1,44 @@
+"""What Flower shows for a client's call held for approval: the brain's events, read by
+Celery's own event state (the one Flower keeps)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery.events.state import State
+
+from brain.events import ClientEvents
+from workers.contracts import ToolAwaiting
+
+
+class Recorder(ClientEvents):
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def _send(self, client_id: str, event: str, **fields: Any) -> None:
+        now = time.time()
+        self.sent.append(
+            {"type": event, "hostname": f"client-agent@{client_id}", "timestamp": now,
+             "local_received": now, "clock": len(self.sent), **fields}
+        )  # fmt: skip
+
+
+def update(waiting: bool) -> ToolAwaiting:
+    return ToolAwaiting(
+        run_id="r1", tree_id="t", task_id="w", waiting=waiting, approval_id="c-1234abcd", at=time.time(),
+        client_id="laptop",
+    )  # fmt: skip
+
+
+def test_flower_shows_awaiting_approval_then_approved() -> None:
+    events, state = Recorder(), State()
+    state.event({"type": "task-received", "uuid": "r1", "hostname": "client-agent@laptop", "timestamp": 0.0,
+                 "local_received": 0.0, "clock": 0, "name": "vancetope.run_tool"})  # fmt: skip
+    seen = []
+    for waiting in (True, False):
+        events.task_awaiting(update(waiting))
+        state.event(events.sent[-1])
+        seen.append(state.tasks["r1"].state)
+    assert seen == ["AWAITING_APPROVAL", "APPROVED"]
+    assert events.sent[0]["approval"] == "c-1234abcd"
