@@ -26,6 +26,7 @@ from typing import NoReturn
 import click
 import pymongo.errors
 import redis
+from cryptography.fernet import Fernet
 from rich.console import Console
 from rich.table import Table
 
@@ -54,6 +55,7 @@ from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
+from brain.vault import SecretInfo, Vault, VaultError, check_name, key_file, load_keys, write_keys
 from brain.watch import watch
 from workers.contracts import MCPServerFailure, client_queue
 
@@ -559,6 +561,135 @@ def clients_revoke(settings: Settings, client_id: str) -> None:
         if not revoke(brain.clients, client_id):
             _fail(f"no enrolled client {client_id!r}; `vancetope clients` lists them", EXIT_BAD_INPUT)
     console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
+
+
+@cli.group()
+def secrets() -> None:
+    """The vault: server-side secrets, encrypted in the store, used as ${vault:NAME}.
+
+    Works whether or not the stack runs (it talks to the store). Values are read from stdin
+    or a hidden prompt, never from the command line, and never printed.
+    """
+
+
+@contextlib.contextmanager
+def _vault(settings: Settings, *, create: bool = False) -> Iterator[Vault]:
+    store = open_store(settings.store)
+    try:
+        yield Vault(store, load_keys(settings, create=create))
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+
+
+@secrets.command("set")
+@click.argument("name")
+@click.pass_obj
+def secrets_set(settings: Settings, name: str) -> None:
+    """Store secret NAME: its value from stdin (piped) or a hidden prompt.
+
+    The first secret of an embedded stack makes its key file (<data_dir>/vault.key, 0600)
+    unless VANCETOPE_VAULT_KEY is set.
+    """
+    try:
+        check_name(name)
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if sys.stdin.isatty():
+        value = click.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True, err=True)
+    else:
+        value = sys.stdin.read().removesuffix("\n")
+    if not value:
+        _fail(f"no value for secret {name!r}: pipe it on stdin or type it at the prompt", EXIT_BAD_INPUT)
+    with _vault(settings, create=True) as vault:
+        try:
+            info = vault.set(name, value)
+        except VaultError as exc:
+            _fail(str(exc), EXIT_BAD_INPUT)
+    verb = "updated" if info.updated_at != info.created_at else "stored"
+    console.print(f"{verb} secret [bold]{name}[/]; use it as ${{vault:{name}}}", highlight=False)
+
+
+@secrets.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: names and dates, never values.")
+@click.pass_obj
+def secrets_list(settings: Settings, as_json: bool) -> None:
+    """List the secrets' names and dates (never their values)."""
+    store = open_store(settings.store)
+    try:
+        infos = [
+            SecretInfo(name=r.name, created_at=r.created_at, updated_at=r.updated_at)
+            for r in store.list_secrets()
+        ]
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps([i.model_dump() for i in infos], indent=2))
+        return
+    if not infos:
+        console.print("no secrets yet: `vancetope secrets set NAME`")
+        return
+    table = Table(title="secrets", title_justify="left")
+    for col in ("name", "created", "updated"):
+        table.add_column(col)
+    for info in infos:
+        table.add_row(info.name, _when(info.created_at), _when(info.updated_at))
+    console.print(table)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+@secrets.command("delete")
+@click.argument("name")
+@click.pass_obj
+def secrets_delete(settings: Settings, name: str) -> None:
+    """Delete secret NAME. A server that refers to it fails at its next start, naming it."""
+    store = open_store(settings.store)
+    try:
+        check_name(name)
+        deleted = store.delete_secret(name)
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+    if not deleted:
+        _fail(f"no secret {name!r}; `vancetope secrets list` shows them", EXIT_BAD_INPUT)
+    console.print(f"deleted secret [bold]{name}[/]")
+
+
+@secrets.command("rotate-key")
+@click.pass_obj
+def secrets_rotate_key(settings: Settings) -> None:
+    """Re-encrypt every secret under a new key.
+
+    With the key file: a new key is made, every secret re-encrypted, and the old key
+    dropped. With VANCETOPE_VAULT_KEY: put the new key first in it (keeping the old ones)
+    on every process, run this, then remove the old keys.
+    """
+    if settings.vault_key:
+        with _vault(settings) as vault:
+            count = vault.rotate()
+        console.print(
+            f"re-encrypted {count} secret(s) with the first key of VANCETOPE_VAULT_KEY; "
+            "you can now remove the other keys from it"
+        )
+        return
+    path = key_file(settings)
+    store = open_store(settings.store)
+    try:
+        old = load_keys(settings)
+        new = Fernet.generate_key()
+        write_keys(path, [new, *old])  # a crash mid-way leaves keys that open every ciphertext
+        count = Vault(store, [new, *old]).rotate()
+        write_keys(path, [new])
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+    console.print(f"re-encrypted {count} secret(s) with a new key in {path}; the old key is gone")
 
 
 @cli.command("submit-url")

@@ -7,6 +7,7 @@ environment variables (``Settings.to_env``), so compose.yaml uses the same names
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -71,6 +72,25 @@ class Settings(BaseModel):
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
 
+    # Headers http_get adds for a host, e.g. {"api.example.com": {"Authorization": "Bearer
+    # ${vault:EXAMPLE_TOKEN}"}} (env: JSON). Sent to that exact host only, never shown.
+    http_headers: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    @field_validator("http_headers", mode="before")
+    @classmethod
+    def _json_http_headers(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from exc
+        return value
+
+    # The vault's keys (brain.vault), primary first, comma-separated; unset: the key file.
+    vault_key: str | None = Field(default=None, repr=False)
+    # The vault's key file when vault_key is unset (default: <data_dir>/vault.key, mode 0600).
+    vault_key_file: Path | None = None
+
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
@@ -94,6 +114,9 @@ class Settings(BaseModel):
         for name, value in self.model_dump().items():
             if isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
+            elif isinstance(value, dict):
+                if value:
+                    env[ENV_PREFIX + name.upper()] = json.dumps(value)
             elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)
         return env
@@ -114,7 +137,9 @@ def load_settings(
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
-            if key in ("data_dir", "registry", "mcp_config", "agent_config") and isinstance(value, str):
+            if key in ("data_dir", "registry", "mcp_config", "agent_config", "vault_key_file") and isinstance(
+                value, str
+            ):
                 value = str((cwd / value).resolve())
             values[key] = value
     for name in Settings.model_fields:

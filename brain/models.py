@@ -343,3 +343,16 @@ class Enrollment(BaseModel):
     # SHA-256 (hex) of the client's broker secret: enough to (re)create its Redis ACL user
     # (ACL SETUSER ... #<hash>), never the secret itself. Empty: no credential issued.
     secret_sha256: str = ""
+
+
+class SecretRecord(BaseModel):
+    """One vault entry as the store keeps it: the name, and the value only as ciphertext
+    (``brain.vault``: encrypted with the vault key and bound to the name)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    ciphertext: str = Field(repr=False)
+    created_at: float
+    updated_at: float
+

@@ -7,17 +7,22 @@ dispatched from there (``brain.recorder``); the brain gets the result only if th
 
 import os
 
+from brain import vault
+from brain.config import load_settings
 from brain.recorder import InlineRecorder
 from workers.app import app
 from workers.tasks import register, send_to_brain
 from workers.tools.builtin import builtin_tools
+from workers.tools.http_get import HttpHeaders
 from workers.tools.netguard import HttpAllow
 
+# ${vault:NAME} in the server mcpServers file is resolved here, as each MCP server starts.
+vault.install(load_settings())
 recorder = InlineRecorder(app, fallback=send_to_brain(app))
 run_tool = register(
     app,
     sink=recorder,
-    builtins=builtin_tools(HttpAllow.from_env(os.environ)),
+    builtins=builtin_tools(HttpAllow.from_env(os.environ), HttpHeaders.from_env(os.environ)),
     progress=recorder.progress,
 )
 
