@@ -37,20 +37,21 @@ from brain.errors import (
     StackNotRunning,
 )
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
+from brain.pools import unknown_pool
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
-from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
+from brain.stack import EmbeddedStack, pool_service, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from brain.watch import watch
-from workers.contracts import MCPServerFailure, client_queue
+from workers.contracts import DEFAULT_POOL, MCPServerFailure, client_queue
 
 console = Console()
 err = Console(stderr=True)
@@ -87,7 +88,9 @@ def cli(
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-NO_AGENT = ("brain", "server-pool")
+def _without_agent(settings: Settings) -> tuple[str, ...]:
+    """The stack's services but its client agent: the brain and every server pool."""
+    return tuple(name for name, _ in service_argvs(settings) if name != "client-agent")
 
 
 @contextlib.contextmanager
@@ -101,7 +104,7 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         err.print(
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
         )
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    stack = EmbeddedStack(settings, only=_without_agent(settings) if no_agent else None)
     try:
         stack.start()
         yield stack.redis_url
@@ -228,6 +231,8 @@ def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
     built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
     try:
         declared = build_registry(settings, discover=False)
+        # Pools are checked once the brain answers: a running stack may know pools this
+        # directory's config does not.
         check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
     except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
@@ -238,7 +243,7 @@ def _validate_or_exit(
 ) -> None:
     """``announced``: tools the run's connected clients offer, so they are not called unknown."""
     try:
-        check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
+        check_tree(tree, registry.tools, source=str(path), engines=registry.engines, pools=registry.pools)
     except InvalidTaskTree as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in unknown_tools(tree, registry.tools.keys() | announced):
@@ -264,6 +269,9 @@ def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple
                     execution_target=spec.execution_target,
                     session=SessionKind.AUTONOMOUS,
                     engine=engine,
+                    pool=spec.pool,
+                    tree_pool=tree.pool,
+                    pools=frozenset(registry.pools),
                 ),
                 registry.tools,
                 Presence(),
@@ -303,7 +311,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
     for spec, route in routes:
-        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
+        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason)
     console.print(table)
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
     if failing:
@@ -387,7 +395,7 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.
     """
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    stack = EmbeddedStack(settings, only=_without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -574,12 +582,19 @@ def brain(settings: Settings) -> None:
 
 
 @cli.command()
+@click.option("--pool", default=DEFAULT_POOL, show_default=True, help="The server pool to serve ([[pools]]).")
 @click.pass_obj
-def worker(settings: Settings) -> None:
-    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground."""
+def worker(settings: Settings, pool: str) -> None:
+    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground.
+
+    --pool NAME serves the named pool's queue (server.NAME) with the concurrency of its
+    [[pools]] table; without it, the default pool (queue server, server_concurrency).
+    """
     if not settings.redis_url:
         _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run a worker pool", EXIT_BAD_INPUT)
-    _exec(settings, "server-pool")
+    if pool != DEFAULT_POOL and settings.pool(pool) is None:
+        _fail(f"--pool: {unknown_pool(pool, [p.name for p in settings.pools])}", EXIT_BAD_INPUT)
+    _exec(settings, pool_service(pool))
 
 
 def _exec(settings: Settings, service: str) -> None:

@@ -11,6 +11,7 @@ from brain.config import load_settings
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
 from brain.models import TaskTree, ToolSpec
 from brain.registry import build_registry
+from brain.stack import pool_service, service_argvs
 from brain.validation import check_tree
 from tests.conftest import make_settings
 from workers.contracts import pool_of_queue, pool_queue
@@ -144,3 +145,28 @@ def test_a_registry_naming_an_unconfigured_pool_is_refused_and_a_known_one_is_pu
         build_registry(make_settings(tmp_path, registry=path), discover=False)
     registry = build_registry(make_settings(tmp_path, registry=path, pools=[{"name": "gpu"}]), discover=False)
     assert (registry.pools, registry.tools["echo"].pool) == (["gpu"], "gpu")
+
+
+# --- the stack's processes ----------------------------------------------------------------------
+
+
+def test_the_stack_runs_one_worker_per_pool_on_its_queue_with_its_concurrency(tmp_path: Path) -> None:
+    (tmp_path / "vancetope.toml").write_text(POOLS_TOML)
+    argvs = dict(service_argvs(load_settings(env={}, cwd=tmp_path)))
+    assert [n for n in argvs if n.startswith("server-pool")] == [
+        "server-pool",
+        "server-pool-gpu",
+        "server-pool-io",
+    ]
+
+    def opts(argv: list[str]) -> tuple[str, str, str]:
+        return argv[argv.index("-Q") + 1], argv[argv.index("-n") + 1], argv[argv.index("-c") + 1]
+
+    assert opts(argvs["server-pool"]) == ("server", "server@%h", "3")
+    assert opts(argvs["server-pool-gpu"]) == ("server.gpu", "server-gpu@%h", "1")
+    assert opts(argvs["server-pool-io"]) == ("server.io", "server-io@%h", "2")
+    assert (pool_service(None), pool_service("default"), pool_service("gpu")) == (
+        "server-pool",
+        "server-pool",
+        "server-pool-gpu",
+    )
