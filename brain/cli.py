@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from brain.config import Settings, load_settings
-from brain.display import clients_table, task_table, trees_table
+from brain.display import clients_table, queues_table, task_table, trees_table
 from brain.enrollment import enroll, revoke
 from brain.errors import (
     BrainError,
@@ -38,6 +38,7 @@ from brain.errors import (
 )
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
 from brain.pools import unknown_pool
+from brain.queues import QueuesReport, queues_report
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
@@ -350,12 +351,23 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
 @cli.command()
 @click.argument("tree_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option(
+    "--queues",
+    "queues_only",
+    is_flag=True,
+    help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
+)
 @click.pass_obj
-def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
-    """Show recent task trees, or every task of TREE_ID with its state, route and result.
+def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: bool) -> None:
+    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and result.
 
-    Reads only the store: works while Redis is down. --json prints whole results.
+    Trees come from the store: they show while Redis is down. The queues (per server pool,
+    client and user: work waiting, and whether anyone consumes it) need the stack.
+    --json prints whole results; --queues --json the queues.
     """
+    if queues_only:
+        _status_queues(settings, as_json)
+        return
     store = open_store(settings.store)
     try:
         if tree_id is None:
@@ -365,6 +377,7 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
                 click.echo(json.dumps(trees_report(trees, counts), indent=2))
             else:
                 console.print(trees_table(trees, counts) if trees else "no task trees yet")
+                _show_queues(settings)
             return
         tree_rec = store.get_tree(tree_id)
         if tree_rec is None:
@@ -376,6 +389,40 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
             console.print(task_table(tree_rec, tasks, {}))
     finally:
         store.close()
+
+
+def _status_queues(settings: Settings, as_json: bool) -> None:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        _fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
+    try:
+        report = queues_report(settings, url)
+    except StackNotRunning as exc:
+        _fail(str(exc), EXIT_STACK)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_queues(report)
+
+
+def _show_queues(settings: Settings) -> None:
+    """The queues under the trees, when a stack answers; else one dim line saying why not."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        console.print("[dim]queues: no stack running here (`vancetope up`)[/]")
+        return
+    try:
+        _print_queues(queues_report(settings, url))
+    except StackNotRunning as exc:
+        console.print(f"[dim]queues: {exc}[/]", highlight=False)
+
+
+def _print_queues(report: QueuesReport) -> None:
+    console.print(queues_table(report))
+    for line in report.alarms():
+        console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
 
 
 @cli.command()
