@@ -215,3 +215,23 @@ def test_explain_shows_the_pool_route_and_refuses_an_unknown_pool(tmp_path: Path
     refused = explain(bad)
     assert refused.returncode == 2
     assert "pool: pool 'batch' is not configured (pools: default, gpu)" in " ".join(refused.stderr.split())
+
+
+def test_a_message_lost_from_a_pools_queue_is_resent_to_that_pool(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    stack = stack_factory(services=("brain",), registry=gpu_registry(tmp_path, "echo"), pools=GPU)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(
+        tree({"id": "lost", "tasks": [{"id": "a", "tool": "echo", "args": {"value": 1}}]})
+    )
+    first = brain.store.get_task(rec.tree_id, "a")
+    assert first is not None and first.pool == "gpu"
+    assert brain.hot.r.delete(pool_queue("gpu")) == 1  # the message is gone; the store still says queued
+    stack.start_service("server-pool-gpu")
+    assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
+    a = brain.store.get_task(rec.tree_id, "a")
+    assert a is not None and a.attempt == 2 and a.run_id != first.run_id
+    assert a.worker.startswith("server-gpu@") and a.route == "server:gpu"

@@ -9,9 +9,10 @@ import pytest
 
 from brain.config import load_settings
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
-from brain.models import TaskTree, ToolSpec
+from brain.models import TaskRecord, TaskTree, ToolSpec
 from brain.registry import build_registry
 from brain.stack import pool_service, service_argvs
+from brain.sweeps import server_queues
 from brain.validation import check_tree
 from tests.conftest import make_settings
 from workers.contracts import pool_of_queue, pool_queue
@@ -170,3 +171,12 @@ def test_the_stack_runs_one_worker_per_pool_on_its_queue_with_its_concurrency(tm
         "server-pool",
         "server-pool-gpu",
     )
+
+
+def test_the_reconciler_looks_on_every_pools_queue_and_on_pools_records_still_name() -> None:
+    records = [
+        TaskRecord(tree_id="t", task_id="a", tool="x", pool="old"),  # a pool since removed from the config
+        TaskRecord(tree_id="t", task_id="b", tool="x"),
+        TaskRecord(tree_id="t", task_id="c", tool="x", client_id="laptop", pool="ignored"),
+    ]
+    assert server_queues(records, ["gpu"]) == ["brain", "server", "server.gpu", "server.old"]
