@@ -108,9 +108,6 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
         )
     )
 
-    def task(task_id: str) -> object:
-        return brain.store.get_task(rec.tree_id, task_id)
-
     # The default pool runs its work; the gpu call waits on its own queue.
     wait_until(lambda: brain.store.get_task(rec.tree_id, "plain").state is TaskState.DONE, 60, "plain done")
     gpu = brain.store.get_task(rec.tree_id, "on_gpu")
