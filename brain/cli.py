@@ -631,6 +631,7 @@ def secrets() -> None:
 
 @contextlib.contextmanager
 def _vault(settings: Settings, *, create: bool = False) -> Iterator[Vault]:
+    """The vault on the configured store; a VaultError inside is exit 2 with its message."""
     store = open_store(settings.store)
     try:
         yield Vault(store, load_keys(settings, create=create))
@@ -660,10 +661,7 @@ def secrets_set(settings: Settings, name: str) -> None:
     if not value:
         _fail(f"no value for secret {name!r}: pipe it on stdin or type it at the prompt", EXIT_BAD_INPUT)
     with _vault(settings, create=True) as vault:
-        try:
-            info = vault.set(name, value)
-        except VaultError as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
+        info = vault.set(name, value)
     verb = "updated" if info.updated_at != info.created_at else "stored"
     console.print(f"{verb} secret [bold]{name}[/]; use it as ${{vault:{name}}}", highlight=False)
 
