@@ -1,5 +1,5 @@
-"""What Flower shows for a client's call held for approval: the brain's events, read by
-Celery's own event state (the one Flower keeps)."""
+"""A call held for approval as the operator sees it: Flower (the brain's events read by Celery's own
+event state, the one Flower keeps) and `vancetope status`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 from celery.events.state import State
 
+from brain.display import shown_state
 from brain.events import ClientEvents
+from brain.models import TaskRecord, TaskState
 from workers.contracts import ToolAwaiting
 
 
@@ -42,3 +44,14 @@ def test_flower_shows_awaiting_approval_then_approved() -> None:
         seen.append(state.tasks["r1"].state)
     assert seen == ["AWAITING_APPROVAL", "APPROVED"]
     assert events.sent[0]["approval"] == "c-1234abcd"
+
+
+def test_status_shows_awaiting_approval_though_the_agent_marked_the_run_started() -> None:
+    rec = TaskRecord(
+        tree_id="t", task_id="w", tool="write_local_file", state=TaskState.AWAITING_APPROVAL, run_id="r1",
+        reason="awaiting approval on client laptop (vancetope-agent approve c-1234abcd)",
+    )  # fmt: skip
+    running = {"w": {"run_id": "r1", "worker": "client-agent@laptop"}}
+    assert shown_state(rec, running) == "awaiting_approval"
+    approved = rec.model_copy(update={"state": TaskState.QUEUED_CLIENT, "reason": ""})
+    assert shown_state(approved, running) == "running"
