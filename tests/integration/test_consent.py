@@ -91,8 +91,11 @@ def test_a_call_of_an_ask_tool_waits_until_the_user_approves_or_denies_it(
     config = agent(tmp_path, ask=["write_local_file"])
     # The shortest visibility timeout: a held call must outlive several lease periods.
     brain = start(stack_factory, brain_factory, tmp_path, config, visibility_timeout_s=10)
+    # timeout_s bounds the tool, not the human: "keep" waits far longer than 2 s, then runs.
     tree_id = submit(
-        brain, [write("keep", "a.txt", "approved bytes"), write("drop", "b.txt", "denied bytes")], "ask"
+        brain,
+        [write("keep", "a.txt", "approved bytes", timeout_s=2), write("drop", "b.txt", "denied bytes")],
+        "ask",
     )
     wait_until(
         lambda: {state(brain, tree_id, t) for t in ("keep", "drop")} == {TaskState.AWAITING_APPROVAL},
