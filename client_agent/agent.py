@@ -122,9 +122,9 @@ class Agent:
             cfg.mcp_json, self.policy, self.native, cfg.default_timeout_s, self.consent, cfg.trust_mcp_servers
         )
 
-    def reload_mcp(self) -> None:
+    def reload_mcp(self, why: str = "") -> None:
         """mcp.json changed: start the new servers, check the new set can be announced, swap, announce."""
-        log.info("%s changed; reloading the MCP servers", self.config.mcp_json)
+        log.info("%s; reloading the MCP servers", why or f"{self.config.mcp_json} changed")
         fresh = self.load_mcp()
         try:
             self._encode(self.policy.announced_native() + fresh.tools)
@@ -158,6 +158,9 @@ class Agent:
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""
         self.channel.send(ClientToolProgress(client_id=self.config.client_id, progress=update))
+
+    def _approvals_changed(self) -> None:
+        self.reload_mcp("the workstation's user approved an MCP server or tool")
 
     def report_awaiting(self, update: ToolAwaiting) -> None:
         """A call held for (or released by) the user's approval: to the outbox, for the brain."""
@@ -212,7 +215,7 @@ class Agent:
         if cfg.mcp_json is not None:
             self._threads.append(FileWatcher(cfg.mcp_json, self.reload_mcp, self._stop))
             # `vancetope-agent approve` of a server or a changed tool: start / offer it now.
-            self._threads.append(FileWatcher(self.consent.stamp, self.reload_mcp, self._stop))
+            self._threads.append(FileWatcher(self.consent.stamp, self._approvals_changed, self._stop))
         for thread in self._threads:
             thread.start()
         self.announcer.request()
