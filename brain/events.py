@@ -16,6 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.events import EventDispatcher
 
+from brain.dispatch import args_summary
 from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolProgress, ToolResult
 
 log = logging.getLogger("vancetope.brain")
@@ -80,7 +81,7 @@ class ClientEvents:
             "task-received",
             uuid=call.run_id,
             name=RUN_TOOL_TASK,
-            args=repr([call.tool, call.task_id]),
+            args=args_summary(call),  # as for the server pool's tasks: argument names, no values
             kwargs="{}",
             retries=0,
             eta=None,
