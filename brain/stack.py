@@ -95,6 +95,11 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     return services
 
 
+# Every task is vancetope.run_tool: its args (``tool(argument names)``, never values: see
+# brain.dispatch.args_summary) are what tells tasks apart, so the tasks page shows them.
+FLOWER_TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
+
+
 def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
     """Flower on the server pool's app, with Vancetope's additions (``brain.flowerapp``).
     No password here: it goes in the environment (``FlowerAccess.env``)."""
@@ -107,6 +112,7 @@ def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
         "flower",
         f"--address={address}",
         f"--port={port}",
+        f"--tasks_columns={FLOWER_TASK_COLUMNS}",
     ]
 
 

@@ -79,3 +79,4 @@ def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_ap
     ours = flower_argv(5555)
     module = ours[ours.index("-A") + 1]  # brain.flowerapp: /api/workers lists client agents too
     assert flower["command"][:3] == ["celery", "-A", module], "Flower as `vancetope up` runs it"
+    assert ours[-1] in flower["command"], "the tasks page shows each task's tool and argument names"
