@@ -280,7 +280,9 @@ def test_up_with_a_flower_address_beyond_loopback_prints_the_user_and_the_passwo
         password = secret.read_text().strip()
         assert password not in (tmp_path / "up.log").read_text()
         url = f"http://127.0.0.1:{port}/api/workers"
-        wait_until(lambda: fetch(url)[0] == 401, timeout=60, what="Flower to refuse a caller without password")
+        wait_until(
+            lambda: fetch(url)[0] == 401, timeout=60, what="Flower to refuse a caller without password"
+        )
         assert fetch(url, (FLOWER_USER, password))[0] == 200
 
 
@@ -290,3 +292,55 @@ def test_up_refuses_malformed_flower_credentials_before_starting_anything(tmp_pa
         assert up.wait(60) == 2
     assert f"{BASIC_AUTH_VARIABLE} must be user:password" in up_log(tmp_path)
     assert not (tmp_path / "data" / "stack.json").exists()
+
+
+def browse(chromium: str, profile: Path, url: str, *extra: str) -> str:
+    """What headless Chromium shows at ``url`` after its scripts ran (the DOM), with ``extra``
+    flags (a screenshot). Its own profile, nothing fetched but ``url`` and what it loads."""
+    proc = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",  # tests run as root
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            # Flower fills its tables from its API once the page loaded: let those calls finish.
+            "--virtual-time-budget=5000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return proc.stdout
+
+
+def test_flower_dashboard_in_chromium_shows_the_server_pool_the_client_agent_and_the_tool_tasks(
+    chromium: str, flower_stack: FlowerStack, tmp_path: Path
+) -> None:  # chromium first: a skip comes before the stack starts
+    fs = flower_stack
+    # The operator's path: the password Flower asks for, given as URL credentials.
+    url = fs.url.replace("http://", f"http://{fs.auth[0]}:{fs.auth[1]}@")
+    workers = browse(chromium, tmp_path / "profile", url + "/", "--dump-dom")
+    assert "client-agent@laptop" in workers
+    assert "server@" in workers
+    tasks = browse(chromium, tmp_path / "profile", url + "/tasks", "--dump-dom")
+    for shown in (
+        "echo(value)",
+        "read_local_file(path)",
+        "write_local_file(content, path)",
+        "client-agent@laptop",
+    ):
+        assert shown in tasks, f"the tasks page shows {shown}"
+    assert PLANTED not in tasks
+    shot = tmp_path / "flower-dashboard.png"
+    browse(chromium, tmp_path / "profile", url + "/", f"--screenshot={shot}", "--window-size=1400,900")
+    assert shot.read_bytes().startswith(b"\x89PNG")
+    assert "Access denied" not in workers + tasks
