@@ -1,7 +1,8 @@
 """Celery entry point of the brain (layer: brain, Celery glue).
 
-``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances
-trees; a reconciler thread re-sends lost work. The task holds no logic.
+``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances trees; a
+reconciler thread re-sends lost work; a consumer of its own takes the trees other Celery
+apps put on queue ``submit`` (``brain.submit_queue``). The tasks hold no logic.
 
 The brain is built (registry discovered and published) once logging is set up and before
 the worker consumes anything; if it cannot be built — an invalid registry, a bad
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from brain.config import load_settings
 from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
+from brain.submit_queue import submit_consumer
 from workers.app import app
 from workers.contracts import PUBLISH_CALL_TASK, RECORD_RESULT_TASK, QueuedRun, ToolResult
 from workers.errors import WorkerError
@@ -63,6 +65,9 @@ def publish_call(payload: Any) -> bool:
         log.error("dropped a malformed publish_call message: %s", exc)
         return False
     return get_brain().scheduler.publish_queued(ref.tree_id, ref.task_id, ref.run_id, ref.client_id)
+
+
+app.steps["consumer"].add(submit_consumer(get_brain))
 
 
 @celeryd_after_setup.connect

@@ -22,7 +22,7 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
@@ -80,6 +80,8 @@ class MongoStore:
             self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
             self._enrollments = self._db["enrollments"]
             self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
+            self._secrets = self._db["secrets"]
+            self._secrets.create_index([("name", ASCENDING)], unique=True)
         self.database = database
 
     @contextmanager
@@ -247,6 +249,26 @@ class MongoStore:
     def delete_enrollment(self, client_id: str) -> bool:
         with self._errors(f"delete_enrollment({client_id!r})"):
             return self._enrollments.delete_one({"client_id": client_id}).deleted_count == 1
+
+    # --- secrets --------------------------------------------------------------------
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        with self._errors(f"put_secret({secret.name!r})"):
+            self._secrets.replace_one({"name": secret.name}, secret.model_dump(mode="json"), upsert=True)
+
+    def get_secret(self, name: str) -> SecretRecord | None:
+        with self._errors(f"get_secret({name!r})"):
+            doc = self._secrets.find_one({"name": name}, _HIDDEN)
+        return None if doc is None else SecretRecord.model_validate(doc)
+
+    def list_secrets(self) -> list[SecretRecord]:
+        with self._errors("list_secrets"):
+            docs = list(self._secrets.find({}, _HIDDEN).sort([("name", ASCENDING)]))
+        return [SecretRecord.model_validate(d) for d in docs]
+
+    def delete_secret(self, name: str) -> bool:
+        with self._errors(f"delete_secret({name!r})"):
+            return self._secrets.delete_one({"name": name}).deleted_count == 1
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"
