@@ -152,14 +152,18 @@ class FlowerStack:
 
 @pytest.fixture(scope="module")
 def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerStack]:
-    """The whole stack with client agent "laptop" connected, Flower on 0.0.0.0 with its generated
+    """The whole stack (the default pool and pool "night") with client agent "laptop" connected,
+    Flower on 0.0.0.0 with its generated
     password, and a finished tree whose server and client tasks got ``PLANTED`` as arguments
     (one of them from an upstream result, resolved on the way to the client)."""
     tmp_path = tmp_path_factory.mktemp("flower")
     agent = agent_with_servers(tmp_path, {})
     (tmp_path / "sandbox" / f"{PLANTED}.txt").write_text("notes\n")
     settings = make_settings(
-        tmp_path, agent_config=agent, mcp_config=write_mcp_config(tmp_path / "m.json", {})
+        tmp_path,
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "m.json", {}),
+        pools=[{"name": "night", "concurrency": 1}],  # a named pool beside the default one
     )
     stack = EmbeddedStack(settings)
     stack.start()
@@ -184,6 +188,7 @@ def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerSta
                     "id": "flower-args",
                     "tasks": [
                         {"id": "on_server", "tool": "echo", "args": {"value": PLANTED}},
+                        {"id": "on_night", "tool": "echo", "pool": "night", "args": {"value": PLANTED}},
                         {"id": "on_client", "tool": "read_local_file", "args": {"path": f"{PLANTED}.txt"}},
                         {
                             "id": "from_upstream",
@@ -223,18 +228,21 @@ def test_flower_beyond_loopback_asks_for_the_generated_password_on_the_dashboard
     assert flower_log is not None and fs.auth[1] not in flower_log.read_text()
 
 
-def test_flower_api_workers_lists_the_server_pool_and_the_client_agent(flower_stack: FlowerStack) -> None:
+def test_flower_api_workers_lists_the_server_pools_and_the_client_agent(flower_stack: FlowerStack) -> None:
     fs = flower_stack
 
     def both_listed() -> dict[str, Any] | None:
         workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
         names = set(workers)
-        if "client-agent@laptop" in names and any(n.startswith("server@") for n in names):
+        pools = any(n.startswith("server@") for n in names) and any(
+            n.startswith("server-night@") for n in names
+        )
+        if "client-agent@laptop" in names and pools:
             return dict(workers)
         return None
 
     workers = wait_until(
-        both_listed, timeout=30, what="/api/workers to list server@… and client-agent@laptop"
+        both_listed, timeout=30, what="/api/workers to list server@…, server-night@… and client-agent@laptop"
     )
     agent = workers["client-agent@laptop"]
     assert agent["source"] == "events" and agent["status"] is True
@@ -254,9 +262,9 @@ def test_flower_shows_tool_and_argument_names_never_argument_values(flower_stack
     def all_finished() -> dict[str, Any] | None:
         tasks = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1])
         mine = {k: v for k, v in tasks.items() if k in runs}
-        return mine if len(mine) == 3 and all(v["state"] == "SUCCESS" for v in mine.values()) else None
+        return mine if len(mine) == 4 and all(v["state"] == "SUCCESS" for v in mine.values()) else None
 
-    tasks = wait_until(all_finished, timeout=30, what="Flower to show the tree's three tasks as succeeded")
+    tasks = wait_until(all_finished, timeout=30, what="Flower to show the tree's four tasks as succeeded")
     shown = json.dumps(tasks)
     assert PLANTED not in shown
     args = sorted(str(t["args"]) for t in tasks.values())
@@ -329,7 +337,7 @@ def test_flower_dashboard_in_chromium_shows_the_server_pool_the_client_agent_and
     url = fs.url.replace("http://", f"http://{fs.auth[0]}:{fs.auth[1]}@")
     workers = browse(chromium, tmp_path / "profile", url + "/", "--dump-dom")
     assert "client-agent@laptop" in workers
-    assert "server@" in workers
+    assert "server@" in workers and "server-night@" in workers
     tasks = browse(chromium, tmp_path / "profile", url + "/tasks", "--dump-dom")
     for shown in (
         "echo(value)",
