@@ -103,8 +103,11 @@ class ClientEvents:
                 result=repr({"ok": True, "tool": result.tool, "task": result.task_id}),
             )
         else:
-            message = result.error.message if result.error else "failed"
-            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=message, traceback="")
+            # The error's type only: its message may quote argument values or file contents
+            # (the store keeps it whole), as Flower never shows a server pool task's either.
+            kind = result.error.type if result.error else "failed"
+            shown = f"{kind} (the message: vancetope status {result.tree_id})"
+            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
 
     def task_progress(self, update: ToolProgress) -> None:
         """A client's call reporting progress: Flower shows the task as PROGRESS meanwhile."""

@@ -351,3 +351,31 @@ def test_flower_dashboard_in_chromium_shows_the_server_pool_the_client_agent_and
     browse(chromium, tmp_path / "profile", url + "/", f"--screenshot={shot}", "--window-size=1400,900")
     assert shot.read_bytes().startswith(b"\x89PNG")
     assert "Access denied" not in workers + tasks
+
+
+def test_flower_shows_a_failed_client_task_by_its_error_type_not_its_message(
+    flower_stack: FlowerStack,
+) -> None:
+    fs = flower_stack
+    rec = fs.brain.scheduler.submit(
+        tree(
+            {
+                "id": "flower-fail",
+                "tasks": [{"id": "missing", "tool": "read_local_file", "args": {"path": f"no-{PLANTED}"}}],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_for_tree(fs.brain, rec.tree_id, timeout=60)
+    task = fs.brain.store.get_task(rec.tree_id, "missing")
+    assert task is not None and task.error is not None
+    assert PLANTED in task.error.message  # the store keeps the whole message
+
+    def failed() -> dict[str, Any] | None:
+        shown = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(task.run_id, {})
+        return dict(shown) if shown.get("state") == "FAILURE" else None
+
+    shown = wait_until(failed, timeout=30, what="Flower to show the client's task as failed")
+    assert shown["exception"].startswith(task.error.type)
+    assert PLANTED not in json.dumps(shown)
