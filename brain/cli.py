@@ -518,7 +518,8 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
         login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
     else:
         login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
-    console.print(f"flower: http://{address}:{port} ({login})", highlight=False, soft_wrap=True)
+    host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
+    console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
 
 
 def _port_free(port: int, address: str = "127.0.0.1") -> bool:
