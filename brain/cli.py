@@ -42,6 +42,7 @@ from brain.errors import (
     StackNotRunning,
     StoreError,
 )
+from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
 from brain.pools import unknown_pool
 from brain.queues import QueuesReport, queues_report
@@ -466,15 +467,24 @@ def _print_queues(report: QueuesReport) -> None:
 
 
 @cli.command()
-@click.option("--flower", is_flag=True, help=f"Also start Flower on 127.0.0.1:{FLOWER_PORT}.")
+@click.option("--flower", is_flag=True, help=f"Also start Flower (default 127.0.0.1:{FLOWER_PORT}).")
 @click.option(
     "--flower-port",
     type=click.IntRange(1, 65535),
-    help=f"Start Flower on this port of 127.0.0.1 (implies --flower; default {FLOWER_PORT}).",
+    help=f"Start Flower on this port (implies --flower; default {FLOWER_PORT}).",
+)
+@click.option(
+    "--flower-address",
+    metavar="ADDRESS",
+    help="Start Flower on this address (implies --flower; default 127.0.0.1). Beyond loopback "
+    "(e.g. 0.0.0.0) Flower asks for a password: FLOWER_BASIC_AUTH=user:password if set, else user "
+    "'vancetope' and a password generated into <data_dir>/flower.secret.",
 )
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
 @click.pass_obj
-def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
+def up(
+    settings: Settings, flower: bool, flower_port: int | None, flower_address: str | None, no_agent: bool
+) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
     A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
@@ -482,13 +492,15 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.
     """
+    wants_flower = flower or flower_port is not None or flower_address is not None
+    access = _flower_access(settings, flower_address or "127.0.0.1") if wants_flower else None
     stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stack.start()
-        if flower or flower_port is not None:
-            _start_flower(stack, flower_port or FLOWER_PORT)
+        if access is not None:
+            _start_flower(stack, flower_port or FLOWER_PORT, access)
         assert stack.redis is not None
         console.print(
             f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
@@ -504,22 +516,41 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
         stack.stop()
 
 
-def _start_flower(stack: EmbeddedStack, port: int) -> None:
-    if not _port_free(port):
+def _flower_access(settings: Settings, address: str) -> FlowerAccess:
+    """Decided before anything starts: Flower beyond loopback without a password is bad input."""
+    try:
+        access = flower_access(address, settings.data_dir, os.environ)
+        access.env()
+    except FlowerUnprotected as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    return access
+
+
+def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None:
+    address = access.address
+    if not _port_free(port, address):
         err.print(
-            f"[yellow]flower not started: 127.0.0.1:{port} is already in use (another Flower or "
-            "program); pick a free port with --flower-port. The rest of the stack runs.[/]",
+            f"[yellow]flower not started: {address}:{port} is already in use (another Flower or "
+            "program) or not an address of this machine; pick a free port with --flower-port. "
+            "The rest of the stack runs.[/]",
             highlight=False,
         )
         return
-    stack.start_flower(port)
-    console.print(f"flower: http://127.0.0.1:{port}")
+    stack.start_flower(port, access)
+    if access.basic_auth:
+        # The user and where the password is, never the password (this line may be logged).
+        login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
+    else:
+        login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
+    host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
+    console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def _port_free(port: int, address: str = "127.0.0.1") -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((address, port))
         except OSError:
             return False
     return True

@@ -30,6 +30,7 @@ from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackNotRunning
+from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
@@ -114,16 +115,24 @@ def without_agent(settings: Settings) -> tuple[str, ...]:
     return tuple(name for name, _ in service_argvs(settings) if name != "client-agent")
 
 
-def flower_argv(port: int) -> list[str]:
+# Every task is vancetope.run_tool: its args (``tool(argument names)``, never values: see
+# brain.dispatch.args_summary) are what tells tasks apart, so the tasks page shows them.
+FLOWER_TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
+
+
+def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
+    """Flower on the server pool's app, with Vancetope's additions (``brain.flowerapp``).
+    No password here: it goes in the environment (``FlowerAccess.env``)."""
     return [
         sys.executable,
         "-m",
         "celery",
         "-A",
-        "workers.server_worker",
+        "brain.flowerapp",
         "flower",
-        "--address=127.0.0.1",
+        f"--address={address}",
         f"--port={port}",
+        f"--tasks_columns={FLOWER_TASK_COLUMNS}",
     ]
 
 
@@ -144,8 +153,9 @@ class EmbeddedStack:
     # The stack agent's own broker URL (its client credential), when it runs one: issued once
     # per stack start and kept here, so a restarted agent connects with the same one.
     agent_url: str | None = field(default=None, repr=False)
-    # Flower's port once start_flower() ran.
+    # Flower's port and who may open it, once start_flower() ran.
     flower_port: int | None = None
+    flower_access: FlowerAccess | None = None
     started_at: float = 0.0
 
     @property
@@ -201,7 +211,12 @@ class EmbeddedStack:
             )
         )
 
-    def start_flower(self, port: int) -> Service:
+    def start_flower(self, port: int, access: FlowerAccess | None = None) -> Service:
+        """Flower on ``access`` (default: loopback, no password). Raises ``FlowerUnprotected``
+        rather than listen beyond loopback without a password."""
+        access = access or FlowerAccess("127.0.0.1")
+        access.env()  # refuse now, not in the supervisor's restart loop
+        self.flower_access = access
         self.flower_port = port
         service = self.start_service("flower")
         self.write_stack_file()
@@ -209,9 +224,11 @@ class EmbeddedStack:
 
     def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
         if name == "flower":
-            assert self.flower_port is not None
-            env = {**stack_env(self.settings, self.service_url(name)), "FLOWER_UNAUTHENTICATED_API": "true"}
-            return flower_argv(self.flower_port), env
+            assert self.flower_port is not None and self.flower_access is not None
+            env = stack_env(self.settings, self.service_url(name))
+            env.pop(UNAUTHENTICATED_API_VARIABLE, None)  # the API asks for the password too
+            env.update(self.flower_access.env())
+            return flower_argv(self.flower_port, self.flower_access.address), env
         argv = dict(service_argvs(self.settings))[name]
         if name == "client-agent":
             return argv, agent_env(self.agent_url or "")
