@@ -227,6 +227,7 @@ class EmbeddedStack:
             assert self.flower_port is not None and self.flower_access is not None
             env = stack_env(self.settings, self.service_url(name))
             env.pop(UNAUTHENTICATED_API_VARIABLE, None)  # the API asks for the password too
+            env.pop("VANCETOPE_VAULT_KEY", None)  # Flower resolves no secret: it gets no key
             env.update(self.flower_access.env())
             return flower_argv(self.flower_port, self.flower_access.address), env
         argv = dict(service_argvs(self.settings))[name]
