@@ -7,6 +7,7 @@ environment variables (``Settings.to_env``), so compose.yaml uses the same names
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
@@ -74,6 +76,14 @@ class Settings(BaseModel):
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
+    # The `[[schedules]]` tables of vancetope.toml (brain.schedules); env: their JSON.
+    schedules: tuple[Schedule, ...] = ()
+
+    @field_validator("schedules", mode="before")
+    @classmethod
+    def _schedules_from_json(cls, value: object) -> object:
+        # Child processes get the schedules as VANCETOPE_SCHEDULES, JSON (Settings.to_env).
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("redis_url", "agent_broker_url")
     @classmethod
@@ -92,7 +102,12 @@ class Settings(BaseModel):
         """The settings as ``VANCETOPE_*`` variables for child processes."""
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
-            if isinstance(value, tuple):
+            if name == "schedules":
+                if value:
+                    env[ENV_PREFIX + name.upper()] = json.dumps(
+                        [s.model_dump(mode="json") for s in self.schedules]
+                    )
+            elif isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
             elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)
@@ -109,9 +124,12 @@ def load_settings(
     cfg = cwd / CONFIG_FILE
     if cfg.is_file():
         try:
-            table = tomllib.loads(cfg.read_text()).get("vancetope", {})
+            document = tomllib.loads(cfg.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
+        table = document.get("vancetope", {})
+        if "schedules" in document:  # [[schedules]]: an array of tables beside [vancetope]
+            values["schedules"] = parse_schedules(document["schedules"], cwd)
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
             if key in ("data_dir", "registry", "mcp_config", "agent_config") and isinstance(value, str):
