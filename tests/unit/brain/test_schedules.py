@@ -28,7 +28,7 @@ T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def write_toml(tmp_path: Path, body: str) -> Path:
-    (tmp_path / "night.yaml").write_text("id: night\ntasks:\n  - {id: a, tool: echo, args: {text: hi}}\n")
+    (tmp_path / "night.yaml").write_text("id: night\ntasks:\n  - {id: a, tool: echo, args: {value: hi}}\n")
     (tmp_path / "vancetope.toml").write_text(body)
     return tmp_path
 
