@@ -40,7 +40,7 @@ STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
-SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower"}
+SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower", "beat": "vt-pool"}
 log = logging.getLogger("vancetope.stack")
 
 
@@ -84,6 +84,8 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
             celery_argv("brain.pool", "server", "server@%h", "-c", str(settings.server_concurrency)),
         ),
     ]
+    if any(s.enabled for s in settings.schedules):
+        services.append(("beat", beat_argv()))
     if settings.agent_config:
         services.append(
             (
@@ -92,6 +94,23 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
             )
         )
     return services
+
+
+def beat_argv() -> list[str]:
+    """Celery beat over the `[[schedules]]` (brain.beat). It only sends to the brain's queue, so
+    it connects as the server pool's Redis user, which may do that and reach no client's keys."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "brain.beat",
+        "beat",
+        "-S",
+        "brain.beat:ScheduleBeat",
+        "--loglevel",
+        "INFO",
+    ]
 
 
 def flower_argv(port: int) -> list[str]:
