@@ -23,6 +23,7 @@ from typing import NoReturn
 import click
 import redis
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.table import Table
 
 from brain.config import Settings, load_settings
@@ -42,9 +43,11 @@ from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.service import Brain, unreachable
-from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
+from brain.stack import EmbeddedStack, beat_argv, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
+from brain.summary import render_markdown
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
 from brain.treefile import load_tree
@@ -87,7 +90,7 @@ def cli(
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-NO_AGENT = ("brain", "server-pool")
+NO_AGENT = ("brain", "server-pool", "beat")
 
 
 @contextlib.contextmanager
@@ -101,7 +104,9 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         err.print(
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
         )
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    # A stack started for one run has no beat: schedules fire under `vancetope up` (or `beat`).
+    skipped = {"beat", "client-agent"} if no_agent else {"beat"}
+    stack = EmbeddedStack(settings, only=tuple(n for n, _ in service_argvs(settings) if n not in skipped))
     try:
         stack.start()
         yield stack.redis_url
@@ -362,12 +367,63 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
         if tree_rec is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
         tasks = store.get_tasks(tree_id)
+        stored = store.get_summaries(tree_id)
+        summary = shown_summary(tree_rec, tasks, stored, time.time())
         if as_json:
-            click.echo(json.dumps(tree_report(tree_rec, tasks), indent=2))
+            report = tree_report(tree_rec, tasks)
+            report["summary"] = summary.model_dump(mode="json") if summary else None
+            report["summaries"] = [s.model_dump(mode="json") for s in stored]
+            click.echo(json.dumps(report, indent=2))
         else:
             console.print(task_table(tree_rec, tasks, {}))
+            if summary is not None:
+                console.print(Markdown(render_markdown(summary)))
     finally:
         store.close()
+
+
+@cli.command()
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (one object per schedule) instead of a table."
+)
+@click.pass_obj
+def schedules(settings: Settings, as_json: bool) -> None:
+    """List the [[schedules]] of vancetope.toml: when each fires, its last and next fire, its last run.
+
+    Reads the settings and the store only (works without Redis). A next fire in the past
+    means beat is not running: `vancetope up` runs it, or `vancetope beat`.
+    """
+    store = open_store(settings.store)
+    try:
+        last_runs = {
+            s.name: next(iter(store.schedule_runs(s.name, limit=1)), None) for s in settings.schedules
+        }
+        rows = schedules_report(settings.schedules, store.last_fires(), last_runs, time.time())
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif rows:
+        console.print(schedules_table(rows, time.time()))
+    else:
+        console.print(
+            "no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)"
+        )
+
+
+@cli.command()
+@click.pass_obj
+def beat(settings: Settings) -> None:
+    """Run Celery beat for the [[schedules]] against VANCETOPE_REDIS_URL, in the foreground.
+
+    `vancetope up` already runs it. Restart it after changing [[schedules]].
+    """
+    if not settings.redis_url:
+        _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run beat alone", EXIT_BAD_INPUT)
+    if not any(s.enabled for s in settings.schedules):
+        _fail("no enabled [[schedules]] in vancetope.toml: beat would have nothing to fire", EXIT_BAD_INPUT)
+    argv = beat_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
 
 
 @cli.command()
