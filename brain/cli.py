@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 import redis
@@ -37,7 +37,7 @@ from brain.errors import (
     InvalidTaskTree,
     StackNotRunning,
 )
-from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
+from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.redis_server import write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
@@ -46,7 +46,7 @@ from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools
 from brain.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.service import Brain, unreachable
 from brain.stack import EmbeddedStack, beat_argv, running_stack_url, service_argvs, stack_env
-from brain.store import open_store
+from brain.store import Store, open_store
 from brain.summary import render_markdown
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
@@ -190,7 +190,7 @@ def run(
                     status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
                     tasks = brain.store.get_tasks(record.tree_id)
                     final = brain.store.get_tree(record.tree_id) or record
-                    click.echo(json.dumps(tree_report(final, tasks), indent=2))
+                    click.echo(json.dumps(_tree_json(brain.store, final, tasks), indent=2))
                 else:
                     status = watch(brain, record.tree_id, timeout, console, err)
             finally:
@@ -367,19 +367,26 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
         if tree_rec is None:
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
         tasks = store.get_tasks(tree_id)
-        stored = store.get_summaries(tree_id)
-        summary = shown_summary(tree_rec, tasks, stored, time.time())
         if as_json:
-            report = tree_report(tree_rec, tasks)
-            report["summary"] = summary.model_dump(mode="json") if summary else None
-            report["summaries"] = [s.model_dump(mode="json") for s in stored]
-            click.echo(json.dumps(report, indent=2))
+            click.echo(json.dumps(_tree_json(store, tree_rec, tasks), indent=2))
         else:
             console.print(task_table(tree_rec, tasks, {}))
+            summary = shown_summary(tree_rec, tasks, store.get_summaries(tree_id), time.time())
             if summary is not None:
                 console.print(Markdown(render_markdown(summary)))
     finally:
         store.close()
+
+
+def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
+    """The tree as `run --json` and `status TREE_ID --json` print it: the report, its summary."""
+    stored = store.get_summaries(tree_rec.tree_id)
+    summary = shown_summary(tree_rec, tasks, stored, time.time())
+    return {
+        **tree_report(tree_rec, tasks),
+        "summary": summary.model_dump(mode="json") if summary else None,
+        "summaries": [s.model_dump(mode="json") for s in stored],
+    }
 
 
 @cli.command()

@@ -8,15 +8,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from brain.models import TreeRecord, TreeStatus
 from brain.service import Brain
 from brain.stack import EmbeddedStack
-from tests.conftest import write_mcp_config
+from tests.conftest import wait_until, write_mcp_config
 from tests.integration.test_schedule_runs import local_webhook
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ def runs_by(brain: Brain, name: str) -> list[TreeRecord]:
 
 
 def assert_never_two_at_once(runs: list[TreeRecord]) -> None:
-    for earlier, later in zip(runs, runs[1:], strict=False):
+    for earlier, later in pairwise(runs):
         assert earlier.finished_at is not None, (
             f"{earlier.tree_id} still running when {later.tree_id} started"
         )
@@ -87,16 +87,6 @@ def assert_never_two_at_once(runs: list[TreeRecord]) -> None:
 
 def finished(runs: list[TreeRecord]) -> list[TreeRecord]:
     return [r for r in runs if r.status is not TreeStatus.RUNNING]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip_and_queue_never_overlap(
@@ -120,7 +110,7 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
             server_concurrency=3,
         )
         brain = brain_factory(stack)
-        wait_for(
+        wait_until(
             lambda: (
                 len(finished(runs_by(brain, "quick"))) >= 2
                 and len(finished(runs_by(brain, "slow"))) >= 2
@@ -136,10 +126,10 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
             assert all(r.schedule == name for r in runs)
             assert_never_two_at_once(runs)
         slow = finished(runs_by(brain, "slow"))
-        wait_for(lambda: brain.store.get_summaries(slow[0].tree_id), 30, "the slow run's summaries")
+        wait_until(lambda: brain.store.get_summaries(slow[0].tree_id), 30, "the slow run's summaries")
         assert "deadline" in {s.kind.value for s in brain.store.get_summaries(slow[0].tree_id)}
         first = quick[0]
-        wait_for(lambda: len(received) >= 2, 30, "two webhook posts")
+        wait_until(lambda: len(received) >= 2, 30, "two webhook posts")
         report = json.loads((tmp_path / "reports" / f"quick-{first.tree_id}.json").read_text())
         assert (report["schedule"], report["kind"], report["counts"]["done"]) == ("quick", "final", 1)
         assert {r["schedule"] for r in received} == {"quick"}
