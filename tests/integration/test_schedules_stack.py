@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -147,3 +148,47 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
         assert shown["schedule"] == "quick" and shown["summary"]["counts"]["done"] == 1
         proc = vancetope("status", first.tree_id, cwd=tmp_path)
         assert f"tree {first.tree_id} (schedule quick)" in proc.stdout and "quick: done" in proc.stdout
+
+
+def test_vancetope_up_runs_beat_and_a_skip_schedule_every_5s_never_has_two_runs_at_once(
+    tmp_path: Path,
+) -> None:
+    from brain.store import open_store
+    from tests.conftest import EXAMPLES
+
+    write_tree(tmp_path, "nap", "{id: nap, tool: sleep, args: {seconds: 6}}")  # longer than every_s
+    write_mcp_config(tmp_path / "server-mcp.json", {})
+    (tmp_path / "vancetope.toml").write_text(
+        f'[vancetope]\nregistry = "{EXAMPLES / "registry.yaml"}"\nmcp_config = "server-mcp.json"\n'
+        "reconcile_interval_s = 0.5\n\n"
+        '[[schedules]]\nname = "naps"\ntree = "nap.yaml"\nevery_s = 5\noverlap = "skip"\n'
+    )
+    data = tmp_path / "data"
+    with open(tmp_path / "up.log", "w") as up_log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "brain", "up", "--no-agent"],
+            cwd=tmp_path,
+            env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
+            stdout=up_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until((data / "stack.json").exists, timeout=90, what="`vancetope up` to write stack.json")
+        store = open_store(f"sqlite:///{data / 'vancetope.db'}")
+        try:
+            wait_until(
+                lambda: len(finished(store.schedule_runs("naps"))) >= 2, timeout=90, what="two finished runs"
+            )
+            runs = sorted(store.schedule_runs("naps"), key=lambda t: t.submitted_at)
+        finally:
+            store.close()
+        assert all(r.schedule == "naps" for r in runs)
+        assert all(r.status is TreeStatus.DONE for r in finished(runs))
+        assert_never_two_at_once(runs)
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGINT)
+            up.wait(60)
+    assert up.returncode == 0, (tmp_path / "up.log").read_text()
+    assert (data / "logs" / "beat.log").is_file()
