@@ -445,7 +445,8 @@ def beat(settings: Settings) -> None:
 def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
-    A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
+    With an enabled [[schedules]] table it runs Celery beat too. A service that dies (brain,
+    server pool, client agent, beat, Flower, redis-server) is restarted
     after a backoff (1 s doubling to 30 s); one that keeps failing at start stops the stack
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.

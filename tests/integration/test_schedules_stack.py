@@ -96,7 +96,7 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
     brain_factory: Callable[[EmbeddedStack], Brain],
 ) -> None:
     write_tree(tmp_path, "quick", "{id: hello, tool: echo, args: {value: morning}}")
-    write_tree(tmp_path, "slow", "{id: nap, tool: sleep, args: {seconds: 3}}")  # longer than its interval
+    write_tree(tmp_path, "slow", "{id: nap, tool: sleep, args: {seconds: 4}}")  # longer than its interval
     write_tree(tmp_path, "line", "{id: nap, tool: sleep, args: {seconds: 2}}")
     with local_webhook() as (url, received):
         (tmp_path / "vancetope.toml").write_text(
