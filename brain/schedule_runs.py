@@ -36,6 +36,7 @@ from brain.summary_sinks import deliver
 from brain.treefile import load_tree
 from brain.validation import check_tree
 from workers.contracts import ScheduleFire, key_schedule_lock, key_schedule_queue
+from workers.scripts import lua
 
 log = logging.getLogger("vancetope.brain")
 
@@ -44,7 +45,6 @@ LOCK_WAIT_S = 10.0
 # Runs of each schedule the sweep looks at for a missing summary, newest first.
 SUMMARY_LOOKBACK = 10
 MAX_QUEUED_FIRES = 100
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 class ScheduleRuns:
@@ -137,7 +137,7 @@ class ScheduleRuns:
             yield held
         finally:
             if held:
-                r.eval(_RELEASE, 1, key, token)
+                r.eval(lua("brain", "release_lock"), 1, key, token)
 
     # --- the sweep -------------------------------------------------------------------------
     def sweep(self) -> None:
