@@ -67,6 +67,14 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", "&*",
         "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
+    # Other Celery apps that submit trees (``vancetope.submit_tree``): they may put messages on
+    # queue ``submit`` and nothing else — no server, brain or client queue, no events, no reading.
+    # (kombu adds priority suffixes to queue keys: hence the star.)
+    "vt-submit": (
+        "~submit*", "~_kombu.binding*.submit", "resetchannels", "-@all",
+        "+lpush", "+llen", "+sadd", "+smembers", "+multi", "+exec", "+discard", "+ping", "+select", "+echo",
+        *_HOUSEKEEPING,
+    ),
 }  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """The ``vancetope`` command (layer: brain, CLI). Parses flags, calls the brain, shows results.
 
-Exit codes: 0 every task done; 1 the tree ended otherwise (or is still running at
---timeout); 2 bad input (file, tree, config); 3 the stack could not be reached or started.
+Exit codes (a contract for scripts, README "Output for scripts"): 0 every task done; 1 the
+tree ended otherwise (failed, skipped or cancelled tasks); 2 bad input (file, tree, config,
+unknown id); 3 the stack or its store could not be reached or started; 4 the tree was still
+running at --timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -21,13 +24,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+import pymongo.errors
 import redis
+from cryptography.fernet import Fernet
 from rich.console import Console
 from rich.markdown import Markdown
 from rich.table import Table
 
 from brain.config import Settings, load_settings
-from brain.display import clients_table, task_table, trees_table
+from brain.display import clients_table, queues_table, task_table, trees_table
 from brain.enrollment import enroll, revoke
 from brain.errors import (
     BrainError,
@@ -36,29 +41,41 @@ from brain.errors import (
     InvalidRegistry,
     InvalidTaskTree,
     StackNotRunning,
+    StoreError,
 )
 from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
-from brain.redis_server import write_private
+from brain.pools import unknown_pool
+from brain.queues import QueuesReport, queues_report
+from brain.redis_server import submitter_url, write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
-from brain.report import tree_report, trees_report
+from brain.report import clients_report, tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.service import Brain, unreachable
-from brain.stack import EmbeddedStack, beat_argv, running_stack_url, service_argvs, stack_env
+from brain.stack import (
+    EmbeddedStack,
+    beat_argv,
+    pool_service,
+    running_stack_url,
+    service_argvs,
+    stack_env,
+    without_agent,
+)
 from brain.store import Store, open_store
 from brain.summary import render_markdown
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
 from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
+from brain.vault import SecretInfo, Vault, VaultError, check_name, key_file, load_keys, write_keys
 from brain.watch import watch
-from workers.contracts import MCPServerFailure, client_queue
+from workers.contracts import DEFAULT_POOL, MCPServerFailure, client_queue
 
 console = Console()
 err = Console(stderr=True)
 
-EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK = 0, 1, 2, 3
+EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
 
@@ -90,9 +107,6 @@ def cli(
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-NO_AGENT = ("brain", "server-pool", "beat")
-
-
 @contextlib.contextmanager
 def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -> Iterator[str]:
     """Yield a Redis URL with a brain behind it: configured, running, or started here."""
@@ -105,8 +119,8 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
         )
     # A stack started for one run has no beat: schedules fire under `vancetope up` (or `beat`).
-    skipped = {"beat", "client-agent"} if no_agent else {"beat"}
-    stack = EmbeddedStack(settings, only=tuple(n for n, _ in service_argvs(settings) if n not in skipped))
+    services = without_agent(settings) if no_agent else tuple(n for n, _ in service_argvs(settings))
+    stack = EmbeddedStack(settings, only=tuple(n for n in services if n != "beat"))
     try:
         stack.start()
         yield stack.redis_url
@@ -200,7 +214,14 @@ def run(
     except redis.RedisError as exc:
         # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.
         _fail(str(unreachable(stack_url, exc)), EXIT_STACK)
-    sys.exit(EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED)
+    sys.exit(run_exit_code(status))
+
+
+def run_exit_code(status: TreeStatus | None) -> int:
+    """None: the watch ended before the tree did (--timeout)."""
+    if status is None:
+        return EXIT_TIMED_OUT
+    return EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED
 
 
 def _check_client_id(client_id: str) -> None:
@@ -233,6 +254,8 @@ def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
     built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
     try:
         declared = build_registry(settings, discover=False)
+        # Pools are checked once the brain answers: a running stack may know pools this
+        # directory's config does not.
         check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
     except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
@@ -243,7 +266,7 @@ def _validate_or_exit(
 ) -> None:
     """``announced``: tools the run's connected clients offer, so they are not called unknown."""
     try:
-        check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
+        check_tree(tree, registry.tools, source=str(path), engines=registry.engines, pools=registry.pools)
     except InvalidTaskTree as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in unknown_tools(tree, registry.tools.keys() | announced):
@@ -269,6 +292,9 @@ def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple
                     execution_target=spec.execution_target,
                     session=SessionKind.AUTONOMOUS,
                     engine=engine,
+                    pool=spec.pool,
+                    tree_pool=tree.pool,
+                    pools=frozenset(registry.pools),
                 ),
                 registry.tools,
                 Presence(),
@@ -308,7 +334,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
     for spec, route in routes:
-        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
+        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason)
     console.print(table)
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
     if failing:
@@ -347,12 +373,23 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
 @cli.command()
 @click.argument("tree_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option(
+    "--queues",
+    "queues_only",
+    is_flag=True,
+    help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
+)
 @click.pass_obj
-def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
-    """Show recent task trees, or every task of TREE_ID with its state, route and result.
+def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: bool) -> None:
+    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and result.
 
-    Reads only the store: works while Redis is down. --json prints whole results.
+    Trees come from the store: they show while Redis is down. The queues (per server pool,
+    client and user: work waiting, and whether anyone consumes it) need the stack.
+    --json prints whole results; --queues --json the queues.
     """
+    if queues_only:
+        _status_queues(settings, as_json)
+        return
     store = open_store(settings.store)
     try:
         if tree_id is None:
@@ -362,6 +399,7 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
                 click.echo(json.dumps(trees_report(trees, counts), indent=2))
             else:
                 console.print(trees_table(trees, counts) if trees else "no task trees yet")
+                _show_queues(settings)
             return
         tree_rec = store.get_tree(tree_id)
         if tree_rec is None:
@@ -376,6 +414,40 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
                 console.print(Markdown(render_markdown(summary)))
     finally:
         store.close()
+
+
+def _status_queues(settings: Settings, as_json: bool) -> None:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        _fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
+    try:
+        report = queues_report(settings, url)
+    except StackNotRunning as exc:
+        _fail(str(exc), EXIT_STACK)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_queues(report)
+
+
+def _show_queues(settings: Settings) -> None:
+    """The queues under the trees, when a stack answers; else one dim line saying why not."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        console.print("[dim]queues: no stack running here (`vancetope up`)[/]")
+        return
+    try:
+        _print_queues(queues_report(settings, url))
+    except StackNotRunning as exc:
+        console.print(f"[dim]queues: {exc}[/]", highlight=False)
+
+
+def _print_queues(report: QueuesReport) -> None:
+    console.print(queues_table(report))
+    for line in report.alarms():
+        console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
 
 
 def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
@@ -451,7 +523,7 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.
     """
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -515,13 +587,20 @@ def _running_brain(settings: Settings) -> Iterator[Brain]:
 
 
 @cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
 @click.pass_context
-def clients(ctx: click.Context) -> None:
+def clients(ctx: click.Context, as_json: bool) -> None:
     """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""
     if ctx.invoked_subcommand is not None:
         return
     with _running_brain(ctx.obj) as brain:
         book = brain.scheduler.presence
+        if as_json:
+            report = clients_report(
+                book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), brain.scheduler.registry
+            )
+            click.echo(json.dumps(report, indent=2))
+            return
         console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
         registry = brain.scheduler.registry
         if registry.loaded_at:
@@ -606,6 +685,154 @@ def clients_revoke(settings: Settings, client_id: str) -> None:
     console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
 
 
+@cli.group()
+def secrets() -> None:
+    """The vault: server-side secrets, encrypted in the store, used as ${vault:NAME}.
+
+    Works whether or not the stack runs (it talks to the store). Values are read from stdin
+    or a hidden prompt, never from the command line, and never printed.
+    """
+
+
+@contextlib.contextmanager
+def _vault(settings: Settings, *, create: bool = False) -> Iterator[Vault]:
+    """The vault on the configured store; a VaultError inside is exit 2 with its message."""
+    store = open_store(settings.store)
+    try:
+        yield Vault(store, load_keys(settings, create=create))
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+
+
+@secrets.command("set")
+@click.argument("name")
+@click.pass_obj
+def secrets_set(settings: Settings, name: str) -> None:
+    """Store secret NAME: its value from stdin (piped) or a hidden prompt.
+
+    The first secret of an embedded stack makes its key file (<data_dir>/vault.key, 0600)
+    unless VANCETOPE_VAULT_KEY is set.
+    """
+    try:
+        check_name(name)
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    if sys.stdin.isatty():
+        value = click.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True, err=True)
+    else:
+        value = sys.stdin.read().removesuffix("\n")
+    if not value:
+        _fail(f"no value for secret {name!r}: pipe it on stdin or type it at the prompt", EXIT_BAD_INPUT)
+    with _vault(settings, create=True) as vault:
+        info = vault.set(name, value)
+    verb = "updated" if info.updated_at != info.created_at else "stored"
+    console.print(f"{verb} secret [bold]{name}[/]; use it as ${{vault:{name}}}", highlight=False)
+
+
+@secrets.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: names and dates, never values.")
+@click.pass_obj
+def secrets_list(settings: Settings, as_json: bool) -> None:
+    """List the secrets' names and dates (never their values)."""
+    store = open_store(settings.store)
+    try:
+        infos = [
+            SecretInfo(name=r.name, created_at=r.created_at, updated_at=r.updated_at)
+            for r in store.list_secrets()
+        ]
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps([i.model_dump() for i in infos], indent=2))
+        return
+    if not infos:
+        console.print("no secrets yet: `vancetope secrets set NAME`")
+        return
+    table = Table(title="secrets", title_justify="left")
+    for col in ("name", "created", "updated"):
+        table.add_column(col)
+    for info in infos:
+        table.add_row(info.name, _when(info.created_at), _when(info.updated_at))
+    console.print(table)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+@secrets.command("delete")
+@click.argument("name")
+@click.pass_obj
+def secrets_delete(settings: Settings, name: str) -> None:
+    """Delete secret NAME. A server that refers to it fails at its next start, naming it."""
+    store = open_store(settings.store)
+    try:
+        check_name(name)
+        deleted = store.delete_secret(name)
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+    if not deleted:
+        _fail(f"no secret {name!r}; `vancetope secrets list` shows them", EXIT_BAD_INPUT)
+    console.print(f"deleted secret [bold]{name}[/]")
+
+
+@secrets.command("rotate-key")
+@click.pass_obj
+def secrets_rotate_key(settings: Settings) -> None:
+    """Re-encrypt every secret under a new key.
+
+    With the key file: a new key is made, every secret re-encrypted, and the old key
+    dropped. With VANCETOPE_VAULT_KEY: put the new key first in it (keeping the old ones)
+    on every process, run this, then remove the old keys.
+    """
+    if settings.vault_key:
+        with _vault(settings) as vault:
+            count = vault.rotate()
+        console.print(
+            f"re-encrypted {count} secret(s) with the first key of VANCETOPE_VAULT_KEY; "
+            "you can now remove the other keys from it"
+        )
+        return
+    path = key_file(settings)
+    store = open_store(settings.store)
+    try:
+        old = load_keys(settings)
+        new = Fernet.generate_key()
+        write_keys(path, [new, *old])  # a crash mid-way leaves keys that open every ciphertext
+        count = Vault(store, [new, *old]).rotate()
+        write_keys(path, [new])
+    except VaultError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    finally:
+        store.close()
+    console.print(f"re-encrypted {count} secret(s) with a new key in {path}; the old key is gone")
+
+
+@cli.command("submit-url")
+@click.pass_obj
+def submit_url(settings: Settings) -> None:
+    """Print VANCETOPE_SUBMIT_URL=<url>: the Redis URL another Celery app uses to submit trees.
+
+    Its user (vt-submit) may only put messages on queue `submit`, which the brain reads as
+    `vancetope.submit_tree` jobs (README "Python API"). For the stack of `vancetope up`; with
+    an external Redis, create vt-submit with the rules in compose.yaml instead.
+    """
+    if settings.redis_url:
+        _fail(
+            "VANCETOPE_REDIS_URL points at an external Redis: give your app a vt-submit user made with "
+            "the rules in compose.yaml (brain/acl.py COMPONENT_RULES), not an admin URL",
+            EXIT_BAD_INPUT,
+        )
+    url = running_stack_url(settings)
+    if not url:
+        _fail("no stack is running here: start one with `vancetope up`", EXIT_STACK)
+    click.echo(f"VANCETOPE_SUBMIT_URL={submitter_url(url)}")
+
+
 @cli.command()
 @click.argument("tree_id")
 @click.argument("task_id", required=False)
@@ -638,12 +865,19 @@ def brain(settings: Settings) -> None:
 
 
 @cli.command()
+@click.option("--pool", default=DEFAULT_POOL, show_default=True, help="The server pool to serve ([[pools]]).")
 @click.pass_obj
-def worker(settings: Settings) -> None:
-    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground."""
+def worker(settings: Settings, pool: str) -> None:
+    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground.
+
+    --pool NAME serves the named pool's queue (server.NAME) with the concurrency of its
+    [[pools]] table; without it, the default pool (queue server, server_concurrency).
+    """
     if not settings.redis_url:
         _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run a worker pool", EXIT_BAD_INPUT)
-    _exec(settings, "server-pool")
+    if pool != DEFAULT_POOL and settings.pool(pool) is None:
+        _fail(f"--pool: {unknown_pool(pool, [p.name for p in settings.pools])}", EXIT_BAD_INPUT)
+    _exec(settings, pool_service(pool))
 
 
 def _exec(settings: Settings, service: str) -> None:
@@ -659,8 +893,17 @@ def main() -> None:
     os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     try:
         cli()
+    except StoreError as exc:
+        # The store is part of the stack: its failure is "unreachable", not the caller's input.
+        _fail(f"the store failed: {exc}", EXIT_STACK)
     except BrainError as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
+    except (sqlite3.Error, pymongo.errors.PyMongoError) as exc:
+        _fail(
+            f"the store failed: {exc}; check VANCETOPE_STORE_URL / VANCETOPE_MONGO_URL and that the "
+            "database is up",
+            EXIT_STACK,
+        )
     except redis.RedisError as exc:
         # Last resort: every command maps Redis errors itself; none may end in a traceback.
         _fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from brain.pools import PoolSpec, check_unique
 from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
@@ -73,6 +74,49 @@ class Settings(BaseModel):
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
 
+    # Headers http_get adds for a host, e.g. {"api.example.com": {"Authorization": "Bearer
+    # ${vault:EXAMPLE_TOKEN}"}} (env: JSON). Sent to that exact host only, never shown.
+    http_headers: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    @field_validator("http_headers", mode="before")
+    @classmethod
+    def _json_http_headers(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from exc
+        return value
+
+    # The vault's keys (brain.vault), primary first, comma-separated; unset: the key file.
+    vault_key: str | None = Field(default=None, repr=False)
+    # The vault's key file when vault_key is unset (default: <data_dir>/vault.key, mode 0600).
+    vault_key_file: Path | None = None
+    # Named server pools: the top-level [[pools]] tables of vancetope.toml (brain.pools), or
+    # VANCETOPE_POOLS as a JSON list of them. The default pool is always there.
+    pools: tuple[PoolSpec, ...] = ()
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _parse_pools(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'not a JSON list of pools ([{{"name": "gpu", "concurrency": 1}}]): {exc}'
+                ) from exc
+        return value
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, value: tuple[PoolSpec, ...]) -> tuple[PoolSpec, ...]:
+        return check_unique(value)
+
+    def pool(self, name: str) -> PoolSpec | None:
+        """The named pool ``name``, None when it is not configured."""
+        return next((p for p in self.pools if p.name == name), None)
+
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
@@ -102,13 +146,18 @@ class Settings(BaseModel):
         """The settings as ``VANCETOPE_*`` variables for child processes."""
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
-            if name == "schedules":
+            if name == "pools":
+                env[ENV_PREFIX + "POOLS"] = json.dumps(value)
+            elif name == "schedules":
                 if value:
                     env[ENV_PREFIX + name.upper()] = json.dumps(
                         [s.model_dump(mode="json") for s in self.schedules]
                     )
             elif isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
+            elif isinstance(value, dict):
+                if value:
+                    env[ENV_PREFIX + name.upper()] = json.dumps(value)
             elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)
         return env
@@ -128,11 +177,14 @@ def load_settings(
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
         table = document.get("vancetope", {})
+        values.update(pool_tables(document, cfg))
         if "schedules" in document:  # [[schedules]]: an array of tables beside [vancetope]
             values["schedules"] = parse_schedules(document["schedules"], cwd)
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
-            if key in ("data_dir", "registry", "mcp_config", "agent_config") and isinstance(value, str):
+            if key in ("data_dir", "registry", "mcp_config", "agent_config", "vault_key_file") and isinstance(
+                value, str
+            ):
                 value = str((cwd / value).resolve())
             values[key] = value
     for name in Settings.model_fields:
@@ -147,3 +199,14 @@ def load_settings(
         raise ConfigError(
             "invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)
         ) from exc
+
+
+def pool_tables(document: Mapping[str, object], source: Path) -> dict[str, object]:
+    """``{"pools": [...]}`` from a config file's top-level ``[[pools]]`` tables (beside
+    ``[vancetope]``), or ``{}`` when it has none. Each table is checked by ``PoolSpec``."""
+    if "pools" not in document:
+        return {}
+    pools = document["pools"]
+    if not isinstance(pools, list) or not all(isinstance(p, dict) for p in pools):
+        raise ConfigError(f'{source}: pools must be [[pools]] tables (name = "gpu", concurrency = 1)')
+    return {"pools": pools}

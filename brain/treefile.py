@@ -34,6 +34,8 @@ _DECISION_FIELDS = frozenset({"location", "prefer", "offline_strategy", "fallbac
 
 # --- task trees ---------------------------------------------------------------------
 
+_TREE_EXPECTED = "'id' and 'tasks' (or a single 'tree:' mapping)"
+
 
 def load_tree(
     path: str | Path, registry: Mapping[str, ToolSpec] | None = None, *, max_bytes: int = MAX_TREE_BYTES
@@ -48,9 +50,16 @@ def load_tree(
     Raises InvalidFile (unreadable, bad syntax, not a mapping, over ``max_bytes``, YAML
     aliases that expand beyond ``safeyaml.MAX_ALIAS_EXPANSION``) or InvalidTaskTree.
     """
-    source = str(path)
-    expected = "'id' and 'tasks' (or a single 'tree:' mapping)"
-    data = _unwrap_tree(_read_mapping(path, expected, max_bytes), source)
+    return tree_from_data(_read_mapping(path, _TREE_EXPECTED, max_bytes), registry, source=str(path))
+
+
+def tree_from_data(
+    data: Mapping[str, Any], registry: Mapping[str, ToolSpec] | None = None, *, source: str = "<tree>"
+) -> TaskTree:
+    """Validate a tree given as data (a parsed file, a program's dict), as ``load_tree`` does."""
+    if not isinstance(data, Mapping):
+        raise InvalidFile(source, f"expected a mapping with {_TREE_EXPECTED}, got {_kind(data)}")
+    data = _unwrap_tree(dict(data), source)
     try:
         tree = TaskTree.model_validate(data)
     except ValidationError as exc:

@@ -1,7 +1,8 @@
 """Celery entry point of the brain (layer: brain, Celery glue).
 
-``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances
-trees; a reconciler thread re-sends lost work. The task holds no logic.
+``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances trees; a
+reconciler thread re-sends lost work; a consumer of its own takes the trees other Celery
+apps put on queue ``submit`` (``brain.submit_queue``). The tasks hold no logic.
 
 The brain is built (registry discovered and published) once logging is set up and before
 the worker consumes anything; if it cannot be built — an invalid registry, a bad
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from brain.config import load_settings
 from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
+from brain.submit_queue import submit_consumer
 from workers.app import app
 from workers.contracts import (
     PUBLISH_CALL_TASK,
@@ -83,6 +85,9 @@ def run_schedule(payload: Any) -> str | None:
         return None
     record = get_brain().schedules.fire(fire)
     return record.tree_id if record else None
+
+
+app.steps["consumer"].add(submit_consumer(get_brain))
 
 
 @celeryd_after_setup.connect

@@ -16,10 +16,10 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    proc = run("ruff", "check", "brain", "workers", "client_agent", "tests", "bench")
+    proc = run("ruff", "check", "brain", "workers", "client_agent", "vancetope", "tests", "bench")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_mypy_finds_nothing_in_the_three_packages() -> None:
-    proc = run("mypy", "brain", "workers", "client_agent")
+    proc = run("mypy", "brain", "workers", "client_agent", "vancetope")
     assert proc.returncode == 0, proc.stdout + proc.stderr

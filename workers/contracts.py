@@ -17,6 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 SERVER_QUEUE = "server"
 BRAIN_QUEUE = "brain"
+# Trees submitted by other Celery apps (``vancetope.submit_tree``). Its own queue, not
+# ``brain``: the server pool may write ``brain`` but must never start work on a workstation.
+SUBMIT_QUEUE = "submit"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -25,6 +28,40 @@ def client_queue(client_id: str) -> str:
     if not _CLIENT_ID.match(client_id):
         raise ValueError(f"invalid client id {client_id!r}: use letters, digits, '_', '.', '-' (max 64)")
     return f"client.{client_id}"
+
+
+# Server pools (DESIGN decision 4): the default pool consumes ``server``; a named pool
+# ``<name>`` consumes ``server.<name>``, so a pool can run on any machine that reaches Redis.
+DEFAULT_POOL = "default"
+_POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+def check_pool_name(pool: str) -> str:
+    """``pool`` when it is a valid pool name; else ValueError saying what to change."""
+    if not _POOL_NAME.match(pool):
+        raise ValueError(
+            f"invalid pool name {pool!r}: use letters, digits, '_' and '-', starting with a letter "
+            "or digit (max 63)"
+        )
+    return pool
+
+
+def pool_queue(pool: str | None) -> str:
+    """The Celery queue of a server pool: ``server`` for the default pool (None or
+    ``default``), ``server.<name>`` for a named one."""
+    if pool is None or pool == DEFAULT_POOL:
+        return SERVER_QUEUE
+    return f"{SERVER_QUEUE}.{check_pool_name(pool)}"
+
+
+def pool_of_queue(queue: str) -> str | None:
+    """The pool that consumes ``queue`` (``default`` for ``server``), or None for any other queue."""
+    if queue == SERVER_QUEUE:
+        return DEFAULT_POOL
+    prefix = SERVER_QUEUE + "."
+    if queue.startswith(prefix) and _POOL_NAME.match(queue[len(prefix) :]):
+        return queue[len(prefix) :]
+    return None
 
 
 def client_keyprefix(client_id: str) -> str:
@@ -41,6 +78,9 @@ RECORD_RESULT_TASK = "vancetope.record_result"
 PUBLISH_CALL_TASK = "vancetope.publish_call"
 # Celery beat fires a `[[schedules]]` entry: the brain submits its tree (brain.schedule_runs).
 RUN_SCHEDULE_TASK = "vancetope.run_schedule"
+# Another Celery app submits a tree (README "Python API"): a message only the brain's own
+# consumer of SUBMIT_QUEUE takes (brain.submit_queue); no worker registers it as a task.
+SUBMIT_TREE_TASK = "vancetope.submit_tree"
 
 # --- Redis keys (hot state lives under vt:) ----------------------------------
 
@@ -96,6 +136,12 @@ def key_cancelled() -> str:
     return f"{KEY_NS}cancelled"
 
 
+def key_pool_workers(pool: str) -> str:
+    """Sorted set: node name -> Redis time (s) until which that worker of ``pool`` counts as
+    alive. Each pool worker renews its own entry (``workers.pool_presence``)."""
+    return f"{KEY_NS}pool:{check_pool_name(pool)}:workers"
+
+
 def key_deliveries(run_id: str) -> str:
     """Counter of how often one task run was delivered to a worker (poison-task guard)."""
     return f"{KEY_NS}run:{run_id}:deliveries"
@@ -112,6 +158,8 @@ class ToolType(StrEnum):
 
 # Wire limits of the ids and names a ToolCall carries; brain.models derives what a tree may hold.
 MAX_WIRE_ID_CHARS = 128
+# A run's id when its submitter chooses it: it names Redis keys and channels, so no ':' or space.
+TREE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 MAX_TOOL_NAME_CHARS = 200
 MAX_CALL_TIMEOUT_S = 24 * 3600
 
@@ -172,6 +220,18 @@ class ScheduleFire(BaseModel):
     fired_at: float
     token: str = Field(min_length=6, max_length=64, pattern=r"^[0-9a-f]+$")
     catch_up: bool = False  # sent by beat at start for a time it missed while down
+
+
+class SubmitTree(BaseModel):
+    """The keyword arguments of a ``vancetope.submit_tree`` job: an autonomous run of ``tree``
+    (a tree file's content as data) for ``user``. ``tree_id`` lets the sender follow the run
+    it asked for (there is no result backend to return one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tree: dict[str, Any]
+    user: str | None = Field(default=None, min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str | None = Field(default=None, pattern=TREE_ID_PATTERN)
 
 
 class ToolResult(BaseModel):

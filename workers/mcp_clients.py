@@ -37,7 +37,9 @@ from pydantic import ValidationError
 
 from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
+from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
+from workers.secret_refs import resolve, resolve_values
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +144,20 @@ class _Session:
 
     async def _transport(self, stack: AsyncExitStack) -> Any:
         spec = self.spec
+        # ${vault:NAME} is resolved here, as the server starts, and only into its process
+        # environment, arguments or request headers (workers.secret_refs).
+        where = f"MCP server {self.name!r}"
         if isinstance(spec, StdioServerSpec):
             assert self.stderr is not None
-            params = StdioServerParameters(command=spec.command, args=spec.args, env=spec.env, cwd=spec.cwd)
+            params = StdioServerParameters(
+                command=spec.command,
+                args=[resolve(arg, f"{where} args") for arg in spec.args],
+                env=resolve_values(spec.env, f"{where} env"),
+                cwd=spec.cwd,
+            )
             return stdio_client(params, errlog=cast(TextIO, self.stderr.file))
-        http = httpx2.AsyncClient(headers=spec.headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        headers = resolve_values(spec.headers, f"{where} headers")
+        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
         await stack.enter_async_context(http)
         return streamable_http_client(spec.url, http_client=http)
 
@@ -376,8 +387,8 @@ class MCPClientManager:
             return fresh
 
     def _unavailable(self, session: _Session, what: str, exc: BaseException) -> MCPServerUnavailable:
-        tail = session.tail(self._tail_lines)
-        summary = f"MCP server {session.name!r} ({session.spec.describe()}) {what}: {_describe(exc)}"
+        tail = mask(session.tail(self._tail_lines))
+        summary = mask(f"MCP server {session.name!r} ({session.spec.describe()}) {what}: {_describe(exc)}")
         message = f"{summary}{_TAIL_SEP}{tail}" if tail else summary
         return MCPServerUnavailable(message, server=session.name, stderr_tail=tail)
 
@@ -443,7 +454,7 @@ class MCPClientManager:
                 tail = outcome.data.get("stderr_tail", "")
                 failures.append(MCPServerFailure(server=name, message=summary, stderr_tail=tail))
             elif isinstance(outcome, Exception):
-                failures.append(MCPServerFailure(server=name, message=_describe(outcome)))
+                failures.append(MCPServerFailure(server=name, message=mask(_describe(outcome))))
             else:
                 raise outcome
         return tools, failures

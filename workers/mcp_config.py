@@ -7,7 +7,8 @@ such an object fails as a whole; one entry that cannot be used (``"disabled": tr
 a transport we do not speak such as ``sse``, a missing command) is skipped with its
 reason in ``MCPConfig.skipped``, so the other servers' tools are still offered. ``${VAR}`` in
 ``env`` and ``headers`` values is expanded from the process environment at load
-time, so secrets stay out of the file.
+time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env``, ``headers`` and
+``args``) is left as it is and resolved only when the server starts (``workers.secret_refs``).
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ class StdioServerSpec(BaseModel):
     cwd: str | None = None
 
     def describe(self) -> str:
-        """The command line, for error messages."""
-        return shlex.join([self.command, *self.args])
+        """The command, for error messages: without its arguments, which may carry tokens or
+        paths that errors must not copy into the store, the registry and the logs."""
+        return f"command {shlex.quote(self.command)}" + (
+            f" with {len(self.args)} argument(s)" if self.args else ""
+        )
 
 
 class HttpServerSpec(BaseModel):

@@ -23,6 +23,7 @@ import redis
 from celery import Celery, Task
 from pydantic import ValidationError
 
+from workers import masking
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
@@ -155,7 +156,7 @@ def register(
                 started,
                 _reporter(self, progress, flower=client_id is None),
             )
-        deliver(result)
+        deliver(masked(result))
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
     return run_tool
@@ -164,11 +165,21 @@ def register(
 ProgressSink = Callable[[ToolProgress], None]
 
 
+def masked(result: ToolResult) -> ToolResult:
+    """``result`` with every vault secret this process resolved replaced by ``***``, before it
+    reaches the store, a message or Flower (``workers.masking``)."""
+    if not masking.active():
+        return result
+    return ToolResult.model_validate(masking.mask_data(result.model_dump(mode="json")))
+
+
 def _reporter(task: Task, sink: ProgressSink | None, flower: bool) -> ProgressSink:
     """``sink``, and on the server pool a ``task-progress`` event (a client agent sends no
     events: its Redis user may publish nowhere; the brain relays its progress instead)."""
 
     def report(update: ToolProgress) -> None:
+        if masking.active() and update.message:
+            update = update.model_copy(update={"message": masking.mask(update.message)})
         if flower:
             task.send_event(
                 "task-progress", progress=update.progress, total=update.total, message=update.message or ""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.summary import RunSummary
 from workers.urls import redact_url
 
@@ -156,6 +156,22 @@ class Store(Protocol):
 
     def get_summaries(self, tree_id: str) -> list[RunSummary]:
         """The tree's summaries, oldest first."""
+        ...
+
+    # --- secrets (the vault's ciphertexts; brain.vault encrypts and decrypts) ---
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        """Insert or replace the secret ``secret.name``."""
+        ...
+
+    def get_secret(self, name: str) -> SecretRecord | None: ...
+
+    def list_secrets(self) -> list[SecretRecord]:
+        """Every secret, by name."""
+        ...
+
+    def delete_secret(self, name: str) -> bool:
+        """Forget a secret; True if there was one."""
         ...
 
     def close(self) -> None: ...

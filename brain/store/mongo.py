@@ -22,7 +22,7 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
@@ -88,6 +88,8 @@ class MongoStore:
             self._fires.create_index([("schedule", ASCENDING)], unique=True)
             self._summaries = self._db["summaries"]
             self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
+            self._secrets = self._db["secrets"]
+            self._secrets.create_index([("name", ASCENDING)], unique=True)
         self.database = database
 
     @contextmanager
@@ -298,6 +300,26 @@ class MongoStore:
         with self._errors(f"get_summaries({tree_id!r})"):
             docs = list(self._summaries.find({"tree_id": tree_id}).sort("_id", ASCENDING))
         return [RunSummary.model_validate_json(d["doc"]) for d in docs]
+
+    # --- secrets --------------------------------------------------------------------
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        with self._errors(f"put_secret({secret.name!r})"):
+            self._secrets.replace_one({"name": secret.name}, secret.model_dump(mode="json"), upsert=True)
+
+    def get_secret(self, name: str) -> SecretRecord | None:
+        with self._errors(f"get_secret({name!r})"):
+            doc = self._secrets.find_one({"name": name}, _HIDDEN)
+        return None if doc is None else SecretRecord.model_validate(doc)
+
+    def list_secrets(self) -> list[SecretRecord]:
+        with self._errors("list_secrets"):
+            docs = list(self._secrets.find({}, _HIDDEN).sort([("name", ASCENDING)]))
+        return [SecretRecord.model_validate(d) for d in docs]
+
+    def delete_secret(self, name: str) -> bool:
+        with self._errors(f"delete_secret({name!r})"):
+            return self._secrets.delete_one({"name": name}).deleted_count == 1
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"

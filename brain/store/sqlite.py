@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from brain.errors import StoreError
-from brain.models import Enrollment, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     _Any,
@@ -74,6 +74,10 @@ CREATE TABLE IF NOT EXISTS summaries (
     kind    TEXT NOT NULL,
     doc     TEXT NOT NULL,
     UNIQUE (tree_id, kind)
+);
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    doc  TEXT NOT NULL
 );
 """
 
@@ -431,6 +435,30 @@ class SQLiteStore:
                 .fetchall()
             )
         return [RunSummary.model_validate_json(r[0]) for r in rows]
+
+    # --- secrets --------------------------------------------------------------------
+
+    def put_secret(self, secret: SecretRecord) -> None:
+        with self._errors(f"put_secret({secret.name!r})"):
+            self._conn().execute(
+                "INSERT INTO secrets (name, doc) VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+                (secret.name, secret.model_dump_json()),
+            )
+
+    def get_secret(self, name: str) -> SecretRecord | None:
+        with self._errors(f"get_secret({name!r})"):
+            row = self._conn().execute("SELECT doc FROM secrets WHERE name = ?", (name,)).fetchone()
+        return None if row is None else SecretRecord.model_validate_json(row[0])
+
+    def list_secrets(self) -> list[SecretRecord]:
+        with self._errors("list_secrets"):
+            rows = self._conn().execute("SELECT doc FROM secrets ORDER BY name").fetchall()
+        return [SecretRecord.model_validate_json(r[0]) for r in rows]
+
+    def delete_secret(self, name: str) -> bool:
+        with self._errors(f"delete_secret({name!r})"):
+            cur = self._conn().execute("DELETE FROM secrets WHERE name = ?", (name,))
+        return cur.rowcount == 1
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -157,6 +158,19 @@ def test_without_redis_clients_and_cancel_exit_3_with_one_line_and_status_still_
     assert "no task trees yet" in status.stdout
 
 
+def test_a_store_that_fails_exits_3_with_one_line(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    for env in (
+        {"VANCETOPE_STORE_URL": f"sqlite:///{not_a_dir}/vancetope.db"},
+        {"VANCETOPE_MONGO_URL": "mongodb://127.0.0.1:1/vt?serverSelectionTimeoutMS=300"},
+    ):
+        proc = vancetope("status", data=tmp_path / "data", env=env)
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+        assert proc.stderr.startswith("error: the store failed:"), proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
 def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:
@@ -187,7 +201,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         run = vancetope(
             "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "10", data=data
         )
-        assert run.returncode == 1, run.stdout + run.stderr
+        assert run.returncode == 4, run.stdout + run.stderr  # timed out: distinct from failed (1)
         tree_id = re.search(r"tree (offline-client-\S+)", run.stdout).group(1)
         assert re.search(r"read_notes .*blocked .*Waiting for Client for Tool: read_local_file", run.stdout)
         assert re.search(r"list_sandbox .*pending_client", run.stdout)
@@ -196,6 +210,17 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
 
         clients = vancetope("clients", data=data)
         assert re.search(r"laptop .*demo .*offline .*2", clients.stdout), clients.stdout
+        as_json = json.loads(vancetope("clients", "--json", data=data).stdout)
+        (laptop,) = as_json["clients"]
+        assert laptop["client_id"] == "laptop" and laptop["user"] == "demo" and not laptop["connected"]
+        assert laptop["waiting"]["client"] + laptop["waiting"]["user"] == 2, laptop
+        assert as_json["registry"]["tools"] > 0
+        # what another Celery app connects with: the submitter user, never the admin secret
+        submit = vancetope("submit-url", data=data)
+        assert re.fullmatch(
+            r"VANCETOPE_SUBMIT_URL=redis://vt-submit:\S+@127\.0\.0\.1:\d+/0", submit.stdout.strip()
+        )
+        assert admin_secret not in submit.stdout
 
         # a second run of the same tree, cancelled while parked: it must never run
         again = vancetope(
@@ -222,6 +247,8 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         status = vancetope("status", tree_id, data=data).stdout
         assert re.search(r"read_notes .*done .*client:laptop", status)
         assert "connected" in vancetope("clients", data=data).stdout
+        (laptop,) = json.loads(vancetope("clients", "--json", data=data).stdout)["clients"]
+        assert laptop["connected"] and "read_local_file" in laptop["tools"], laptop
         cancelled = vancetope("status", cancelled_id, data=data).stdout
         assert re.search(r"read_notes .*skipped .*cancelled by user", cancelled), cancelled
         assert "done" not in cancelled.split("read_notes", 1)[1].splitlines()[0]

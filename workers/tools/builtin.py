@@ -20,7 +20,7 @@ from typing import Any
 
 from workers.contracts import ToolDescriptor, ToolType
 from workers.errors import ToolFailed
-from workers.tools.http_get import http_get
+from workers.tools.http_get import NO_HEADERS, HttpHeaders, http_get
 from workers.tools.netguard import ALLOW_NONE, HttpAllow
 
 
@@ -148,11 +148,14 @@ def _echo(args: dict[str, Any], ctx: BuiltinContext) -> Any:
 # --- table ------------------------------------------------------------------------------------------
 
 
-def builtin_tools(http_allow: HttpAllow = ALLOW_NONE) -> dict[str, BuiltinTool]:
-    """Every built-in, by name; ``http_get`` may reach the internal targets ``http_allow`` admits."""
+def builtin_tools(
+    http_allow: HttpAllow = ALLOW_NONE, http_headers: HttpHeaders = NO_HEADERS
+) -> dict[str, BuiltinTool]:
+    """Every built-in, by name; ``http_get`` may reach the internal targets ``http_allow`` admits
+    and adds the server's ``http_headers`` for their hosts."""
 
     def get(args: dict[str, Any], ctx: BuiltinContext) -> Any:
-        return http_get(args, ctx.remaining(), http_allow)
+        return http_get(args, ctx.remaining(), http_allow, http_headers)
 
     return {tool.descriptor.name: tool for tool in _tools(get)}
 

@@ -14,13 +14,18 @@ from __future__ import annotations
 import email.message
 import http.client
 import ipaddress
+import json
 import socket
 import ssl
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from workers.errors import InvalidArguments, ToolFailed
+from workers.secret_refs import resolve
 from workers.tools.netguard import HttpAllow, IPAddress, refusal
 
 MAX_REDIRECTS = 5
@@ -28,27 +33,58 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADERS_KEPT = ("content-type", "content-length", "last-modified", "etag", "location")
 _BODY_HEAD = 500
 _AGENT = "vancetope-http_get/1"
+HEADERS_ENV_VAR = "VANCETOPE_HTTP_HEADERS"
 
 
 class DestinationRefused(ToolFailed):
     """The URL (or a redirect) leads to an internal address that is not allow-listed."""
 
 
-def http_get(args: dict[str, Any], remaining_s: float, allow: HttpAllow) -> dict[str, Any]:
+class HttpHeaders(BaseModel):
+    """Headers the server adds to ``http_get`` requests, by exact host: the ``http_headers``
+    setting (``VANCETOPE_HTTP_HEADERS``, JSON). Values may be ``${vault:NAME}``, resolved per
+    request (``workers.secret_refs``); a header goes only to its own host — a redirect to
+    another host does not carry it — and never appears in a task's arguments or result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    by_host: dict[str, dict[str, str]] = Field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> HttpHeaders:
+        raw = environ.get(HEADERS_ENV_VAR, "")
+        return cls.parse(json.loads(raw) if raw else {})
+
+    @classmethod
+    def parse(cls, table: Mapping[str, Mapping[str, str]]) -> HttpHeaders:
+        return cls(by_host={host.lower().rstrip("."): dict(headers) for host, headers in table.items()})
+
+    def for_host(self, host: str) -> dict[str, str]:
+        key = host.lower().rstrip(".")
+        headers = self.by_host.get(key, {})
+        return {name: resolve(value, f"http_headers for {key!r} {name!r}") for name, value in headers.items()}
+
+
+NO_HEADERS = HttpHeaders()
+
+
+def http_get(
+    args: dict[str, Any], remaining_s: float, allow: HttpAllow, headers: HttpHeaders = NO_HEADERS
+) -> dict[str, Any]:
     url = args["url"]
     deadline = time.monotonic() + max(0.001, min(float(args.get("timeout_s", 10.0)), remaining_s))
     max_bytes = int(args.get("max_bytes", 1_000_000))
     for hop in range(MAX_REDIRECTS + 1):
         parts = _parse(url, first=hop == 0)
-        status, reason, headers, body = _fetch(url, parts, allow, deadline, max_bytes)
-        location = headers.get("location")
+        status, reason, answer, body = _fetch(url, parts, allow, deadline, max_bytes, headers)
+        location = answer.get("location")
         if status in REDIRECTS and location:
             url = urljoin(url, location)
             continue
         if not 200 <= status < 300:
             head = body[:_BODY_HEAD].decode("utf-8", "replace")
             raise ToolFailed(f"http_get: {url} answered HTTP {status} {reason}: {head}", status=status)
-        return _http_value(status, headers, body, max_bytes)
+        return _http_value(status, answer, body, max_bytes)
     raise ToolFailed(f"http_get: {args['url']} redirected more than {MAX_REDIRECTS} times; gave up at {url}")
 
 
@@ -63,7 +99,7 @@ def _parse(url: str, *, first: bool) -> SplitResult:
 
 
 def _fetch(
-    url: str, parts: SplitResult, allow: HttpAllow, deadline: float, max_bytes: int
+    url: str, parts: SplitResult, allow: HttpAllow, deadline: float, max_bytes: int, extra: HttpHeaders
 ) -> tuple[int, str, email.message.Message, bytes]:
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -71,7 +107,8 @@ def _fetch(
     conn = _connection(parts.scheme, host, port, addresses, max(0.001, _left(deadline)))
     try:
         path = parts.path or "/"
-        conn.request("GET", f"{path}?{parts.query}" if parts.query else path, headers={"User-Agent": _AGENT})
+        sent = {**extra.for_host(host), "User-Agent": _AGENT}
+        conn.request("GET", f"{path}?{parts.query}" if parts.query else path, headers=sent)
         response = conn.getresponse()
         body = response.read(max_bytes + 1)
         return response.status, response.reason, response.headers, body

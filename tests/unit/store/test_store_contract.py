@@ -542,3 +542,23 @@ def test_a_summary_is_stored_once_per_tree_and_kind_and_read_back_oldest_first(s
     assert store.put_summary(final) is True
     assert store.get_summaries("n1") == [deadline, final]
     assert store.get_summaries("other") == []
+
+
+# --- secrets (ciphertexts only; brain.vault encrypts) -------------------------------------
+
+
+def test_a_secret_is_stored_replaced_listed_and_deleted(store: Store) -> None:
+    from brain.models import SecretRecord
+
+    first = SecretRecord(name="API_TOKEN", ciphertext="gAAAA-one", created_at=1.0, updated_at=1.0)
+    store.put_secret(first)
+    store.put_secret(SecretRecord(name="A_KEY", ciphertext="gAAAA-two", created_at=2.0, updated_at=2.0))
+    assert store.get_secret("API_TOKEN") == first
+    again = first.model_copy(update={"ciphertext": "gAAAA-three", "updated_at": 3.0})
+    store.put_secret(again)
+    assert store.get_secret("API_TOKEN") == again
+    assert [s.name for s in store.list_secrets()] == ["API_TOKEN", "A_KEY"]
+    assert store.delete_secret("API_TOKEN") is True
+    assert store.delete_secret("API_TOKEN") is False
+    assert store.get_secret("API_TOKEN") is None
+    assert "gAAAA" not in repr(store.list_secrets())  # ciphertexts stay out of reprs and logs

@@ -88,7 +88,8 @@ def test_crash_server_reports_its_stderr(manager: MCPClientManager) -> None:
     with pytest.raises(MCPServerUnavailable) as info:
         manager.call_tool("crash", "anything", {}, timeout=10)
     message = info.value.message
-    assert "MCP server 'crash'" in message and "mcp_crash_server.py" in message
+    assert "MCP server 'crash'" in message and "with 1 argument(s)" in message
+    assert "mcp_crash_server.py" not in message  # arguments (tokens, paths) stay out of errors
     assert "demo crash: missing API token" in message
     assert info.value.data == {"server": "crash", "stderr_tail": "demo crash: missing API token"}
 

@@ -1,0 +1,218 @@
+"""Issue 11 item 4: programs submit trees — the Python API (``import vancetope``) and the
+``vancetope.submit_tree`` Celery task another Celery app sends on queue ``submit``."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+import vancetope
+from brain.stack import EmbeddedStack
+from tests.conftest import make_settings, wait_until
+
+pytestmark = pytest.mark.integration
+
+ECHO_TREE: dict[str, Any] = {
+    "id": "api",
+    "tasks": [
+        {"id": "hello", "tool": "echo", "args": {"value": "hi"}},
+        {
+            "id": "loud",
+            "tool": "text_transform",
+            "depends_on": ["hello"],
+            "args": {"op": "upper", "text": "${tasks.hello.result}"},
+        },
+    ],
+}
+
+
+@pytest.fixture
+def stack(stack_factory: Any) -> EmbeddedStack:
+    return stack_factory(services=("brain", "server-pool"))
+
+
+@pytest.fixture
+def vt(stack: EmbeddedStack) -> Any:
+    with vancetope.connect(stack.settings, redis_url=stack.redis_url) as client:
+        yield client
+
+
+def test_a_program_submits_a_dict_waits_and_reads_the_results(vt: vancetope.Vancetope) -> None:
+    run = vt.submit(ECHO_TREE, user="demo")
+    report = run.wait(timeout=60)
+    assert report.done and report.status is vancetope.TreeStatus.DONE
+    assert report.counts == {"done": 2}
+    assert report.result("loud") == "HI"
+    assert report.tree.user == "demo" and report.tree.session is vancetope.SessionKind.AUTONOMOUS
+    # the same object `vancetope status ID --json` prints
+    assert report.as_json()["tasks"][1]["result"] == "HI"
+    assert vt.tree(run.tree_id).status() == report
+
+
+def test_a_tree_file_and_a_chosen_tree_id(vt: vancetope.Vancetope, tmp_path: Path) -> None:
+    tree_file = tmp_path / "t.yaml"
+    tree_file.write_text("id: from-file\ntasks:\n  - {id: a, tool: echo, args: {value: 1}}\n")
+    report = vt.run(tree_file, tree_id="nightly-42", timeout=60)
+    assert report.tree_id == "nightly-42" and report.result("a") == 1
+    with pytest.raises(vancetope.StoreError, match="already exists"):
+        vt.submit(tree_file, tree_id="nightly-42")
+
+
+def test_an_invalid_tree_is_refused_with_every_problem_and_nothing_is_recorded(
+    vt: vancetope.Vancetope,
+) -> None:
+    bad = {
+        "id": "bad",
+        "tasks": [{"id": "a", "tool": "echo", "depends_on": ["ghost"]}, {"id": "a", "tool": "echo"}],
+    }
+    before = len(vt.trees())
+    with pytest.raises(vancetope.InvalidTaskTree) as refused:
+        vt.submit(bad)
+    assert len(refused.value.problems) >= 2, refused.value.problems
+    assert "ghost" in str(refused.value)
+    with pytest.raises(vancetope.InvalidTaskTree, match="tree_id 'no:colons'"):
+        vt.submit(ECHO_TREE, tree_id="no:colons")
+    assert len(vt.trees()) == before
+
+
+def test_wait_times_out_with_how_the_tree_stands_and_cancel_ends_it(vt: vancetope.Vancetope) -> None:
+    run = vt.submit({"id": "slow", "tasks": [{"id": "nap", "tool": "sleep", "args": {"seconds": 30}}]})
+    with pytest.raises(vancetope.TimedOut, match="still running after 0.5s") as timed_out:
+        run.wait(timeout=0.5)
+    assert timed_out.value.report.status is vancetope.TreeStatus.RUNNING
+    assert run.cancel() == ["nap"]
+    final = run.wait(timeout=30)
+    assert final.task("nap").state is vancetope.TaskState.SKIPPED and not final.done
+
+
+def test_unknown_trees_and_no_stack_are_clear_errors(vt: vancetope.Vancetope, tmp_path: Path) -> None:
+    with pytest.raises(vancetope.TreeNotFound, match="no task tree with id 'nope'"):
+        vt.tree("nope")
+    with pytest.raises(vancetope.StackNotRunning, match="vancetope up"):
+        vancetope.connect(make_settings(tmp_path / "elsewhere"))
+
+
+# --- the Celery task, sent by another Celery app ----------------------------------------
+
+
+def other_app(stack: EmbeddedStack, user: str = "vt-submit") -> Celery:
+    """A plain Celery app of someone else's, with the stack's submitter credential."""
+    assert stack.redis is not None
+    app = Celery("someone-elses-app", broker=stack.redis.url_for(user), set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = True
+    return app
+
+
+def test_another_celery_app_submits_a_tree_through_the_submit_queue(
+    stack: EmbeddedStack, vt: vancetope.Vancetope
+) -> None:
+    app = other_app(stack)
+    try:
+        app.send_task(
+            vancetope.SUBMIT_TREE_TASK,
+            kwargs={"tree": ECHO_TREE, "user": "demo", "tree_id": "from-celery"},
+            queue=vancetope.SUBMIT_QUEUE,
+        )
+        # the same message delivered twice (at-least-once) makes one run
+        message_id = str(uuid.uuid4())
+        for _ in range(2):
+            app.send_task(
+                vancetope.SUBMIT_TREE_TASK,
+                kwargs={"tree": ECHO_TREE},
+                queue=vancetope.SUBMIT_QUEUE,
+                task_id=message_id,
+            )
+        # a refused tree: logged by the brain with its problem, never recorded
+        app.send_task(
+            vancetope.SUBMIT_TREE_TASK,
+            kwargs={
+                "tree": {"id": "broken", "tasks": [{"id": "a", "tool": "echo", "depends_on": ["ghost"]}]}
+            },
+            queue=vancetope.SUBMIT_QUEUE,
+        )
+    finally:
+        app.close()
+    wait_until(lambda: vt.brain.store.get_tree("from-celery"), timeout=60, what="the submitted run")
+    report = vt.tree("from-celery").wait(timeout=60)
+    assert report.done and report.result("loud") == "HI" and report.tree.user == "demo"
+    brain_log = stack.settings.data_dir / "logs" / "brain.log"
+    wait_until(lambda: "refused a submitted tree" in brain_log.read_text(), timeout=30, what="the refusal")
+    assert "ghost" in brain_log.read_text()
+    runs = [t for t in vt.trees(100) if t.tree.id == "api" and t.tree_id != "from-celery"]
+    assert len(runs) == 1, [t.tree_id for t in runs]
+    assert runs[0].tree_id == f"api-{message_id.replace('-', '')[:16]}"
+    assert not [t for t in vt.trees(100) if t.tree.id == "broken"]
+
+
+def test_the_submitter_credential_reaches_only_the_submit_queue(stack: EmbeddedStack) -> None:
+    assert stack.redis is not None
+    submitter = redis.Redis.from_url(stack.redis.url_for("vt-submit"))
+    try:
+        for forbidden in (
+            lambda: submitter.lpush("server", b"{}"),  # no work for the server pool
+            lambda: submitter.lpush("brain", b"{}"),  # no forged results
+            lambda: submitter.lpush("client.laptop", b"{}"),  # no work for a workstation
+            lambda: submitter.lpop("submit"),  # no reading what others submit
+            lambda: submitter.get("vt:registry"),
+            lambda: submitter.publish("celeryev", b"{}"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                forbidden()
+    finally:
+        submitter.close()
+
+
+def test_the_server_pool_cannot_submit_through_the_brain_queue(
+    stack: EmbeddedStack, vt: vancetope.Vancetope
+) -> None:
+    """The pool may write queue ``brain``; a submit_tree put there is an unknown task to the brain,
+    so a compromised pool cannot start work on a workstation."""
+    pool = other_app(stack, user="vt-pool")
+    try:
+        pool.send_task(
+            vancetope.SUBMIT_TREE_TASK, kwargs={"tree": ECHO_TREE, "tree_id": "forged"}, queue="brain"
+        )
+    finally:
+        pool.close()
+    brain_log = stack.settings.data_dir / "logs" / "brain.log"
+    wait_until(
+        lambda: "unregistered task of type 'vancetope.submit_tree'" in brain_log.read_text(),
+        timeout=30,
+        what="the brain to refuse the forged message",
+    )
+    assert vt.brain.store.get_tree("forged") is None
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "logged"),
+    [
+        (
+            [[], {"tree": ECHO_TREE}, {}],
+            {"task": "vancetope.run_tool", "id": "m1"},
+            "expected 'vancetope.submit_tree'",
+        ),
+        ([[ECHO_TREE], {}, {}], {"task": "vancetope.submit_tree", "id": "m2"}, "as keyword arguments"),
+        ("not a list", {"task": "vancetope.submit_tree", "id": "m3"}, "refused submit_tree message m3"),
+        (
+            [[], {"tree": ECHO_TREE, "tree_id": "a b"}, {}],
+            {"task": "vancetope.submit_tree", "id": "m4"},
+            "tree_id",
+        ),
+        ([[], {"tree": ECHO_TREE, "extra": 1}, {}], {"task": "vancetope.submit_tree", "id": "m5"}, "extra"),
+    ],
+)
+def test_a_malformed_submit_message_is_refused_with_the_reason_and_records_nothing(
+    vt: vancetope.Vancetope, caplog: pytest.LogCaptureFixture, body: Any, headers: dict[str, Any], logged: str
+) -> None:
+    from brain.submit_queue import submit_message
+
+    before = len(vt.trees(100))
+    with caplog.at_level("ERROR", logger="vancetope.brain.submit"):
+        assert submit_message(vt.brain, body, headers) is None
+    assert logged in caplog.text
+    assert len(vt.trees(100)) == before

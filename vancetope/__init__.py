@@ -1,0 +1,38 @@
+"""Vancetope's Python API: submit task trees and follow them from a program.
+
+    import vancetope
+
+    with vancetope.connect() as vt:
+        report = vt.run("examples/night-batch.yaml", timeout=300)
+
+See ``brain.api`` for the whole surface, and the README ("Python API").
+"""
+
+from brain.api import TimedOut, TreeReport, TreeRun, Vancetope, connect, embedded
+from brain.errors import BrainError, InvalidFile, InvalidTaskTree, StackNotRunning, StoreError, TreeNotFound
+from brain.models import SessionKind, TaskRecord, TaskSpec, TaskState, TaskTree, TreeRecord, TreeStatus
+from workers.contracts import SUBMIT_QUEUE, SUBMIT_TREE_TASK
+
+__all__ = [
+    "SUBMIT_QUEUE",
+    "SUBMIT_TREE_TASK",
+    "BrainError",
+    "InvalidFile",
+    "InvalidTaskTree",
+    "SessionKind",
+    "StackNotRunning",
+    "StoreError",
+    "TaskRecord",
+    "TaskSpec",
+    "TaskState",
+    "TaskTree",
+    "TimedOut",
+    "TreeNotFound",
+    "TreeRecord",
+    "TreeReport",
+    "TreeRun",
+    "TreeStatus",
+    "Vancetope",
+    "connect",
+    "embedded",
+]
