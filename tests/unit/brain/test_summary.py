@@ -99,3 +99,17 @@ def test_a_deadline_summary_says_the_run_is_still_going() -> None:
     tree, tasks = run([("g", "sleep", S.RUNNING, {})])
     text = render_markdown(summarise(tree, tasks, SummaryKind.DEADLINE, at=0.0))
     assert text.startswith("# nightly: deadline reached, still running\n")
+
+
+def test_status_shows_the_stored_final_summary_else_the_latest_else_one_made_for_an_ended_tree() -> None:
+    from brain.schedule_view import shown_summary
+
+    tree, tasks = run([("a", "echo", S.DONE, {})])
+    deadline = summarise(tree, tasks, SummaryKind.DEADLINE, at=5.0)
+    final = summarise(tree, tasks, SummaryKind.FINAL, at=9.0)
+    assert shown_summary(tree, tasks, [], now=1.0) is None  # running, nothing stored
+    assert shown_summary(tree, tasks, [deadline], now=1.0) == deadline
+    assert shown_summary(tree, tasks, [deadline, final], now=1.0) == final
+    ended = tree.model_copy(update={"status": TreeStatus.DONE, "finished_at": 7.0})
+    made = shown_summary(ended, tasks, [], now=99.0)
+    assert made is not None and (made.kind, made.at, made.counts.done) == (SummaryKind.FINAL, 7.0, 1)
