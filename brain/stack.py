@@ -41,7 +41,7 @@ STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
-SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower"}
+SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower", "beat": "vt-pool"}
 log = logging.getLogger("vancetope.stack")
 
 
@@ -100,6 +100,8 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
         (pool_service(None), pool_argv(settings, None)),
         *((pool_service(p.name), pool_argv(settings, p.name)) for p in settings.pools),
     ]
+    if any(s.enabled for s in settings.schedules):
+        services.append(("beat", beat_argv()))
     if settings.agent_config:
         services.append(
             (
@@ -108,6 +110,23 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
             )
         )
     return services
+
+
+def beat_argv() -> list[str]:
+    """Celery beat over the `[[schedules]]` (brain.beat). It only sends to the brain's queue, so
+    it connects as the server pool's Redis user, which may do that and reach no client's keys."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "brain.beat",
+        "beat",
+        "-S",
+        "brain.beat:ScheduleBeat",
+        "--loglevel",
+        "INFO",
+    ]
 
 
 def without_agent(settings: Settings) -> tuple[str, ...]:
