@@ -101,7 +101,6 @@ def render_systemd_unit(spec: ServiceSpec) -> str:
         "# Written by `vancetope-agent install`; remove with `vancetope-agent uninstall`.\n"
         "[Unit]\n"
         f"Description=Vancetope client agent {spec.client_id}\n"
-        "Documentation=https://github.com/vancetope/vancetope#install-the-agent-on-a-workstation\n"
         # Keep retrying however often it fails: a laptop's agent is worth restarting all day.
         "StartLimitIntervalSec=0\n"
         "\n"
