@@ -100,7 +100,13 @@ def uninstall(kind: ServiceKind, path: Path, uid: int, runner: Runner = run_comm
     report = Report()
     if not path.exists():
         return report
-    _run_all(stop_commands(kind, uid), report, runner)
+    stop = stop_commands(kind, uid)
+    if kind is ServiceKind.LAUNCHD:
+        # `bootout` fails for a label that is not loaded (installed with --no-start): nothing to stop.
+        state = query(kind, path, uid, runner)
+        if isinstance(state, ServiceState) and not state.loaded:
+            stop = []
+    _run_all(stop, report, runner)
     path.unlink()
     report.removed.append(path)
     if report.failed is None:
