@@ -139,6 +139,9 @@ def install(config_path: Path, dry_run: bool, no_start: bool) -> None:
         client_id=config.client_id,
     )
     path = service_file(kind, Path.home(), os.environ)
+    previous = _installed_config(kind, path) if path.exists() else None
+    if previous is not None and previous != str(spec.config):
+        click.echo(f"note: {path} ran {previous}; it will run {spec.config} instead")
     if dry_run:
         click.echo(f"# {path} (not written: --dry-run)")
         click.echo(service_manager.render(kind, spec), nl=False)
@@ -211,19 +214,32 @@ def status(config_path: Path, as_json: bool) -> None:
     kind = service_kind(sys.platform)
     path = None if kind is None else service_file(kind, Path.home(), os.environ)
     service = error = None
+    here = config_path.expanduser().absolute()
     if kind is not None and path is not None and path.exists():
-        answer = service_manager.query(kind, path, os.getuid())
-        if isinstance(answer, service_manager.CommandOutcome):
-            error = f"`{shlex_join(answer.argv)}` failed: {answer.output}"
+        installed_for = _installed_config(kind, path)
+        if installed_for != str(here):
+            error = f"it runs another config ({installed_for or 'unreadable'}), not this one"
         else:
-            service = answer
+            answer = service_manager.query(kind, path, os.getuid())
+            if isinstance(answer, service_manager.CommandOutcome):
+                error = f"{kind.value} cannot be asked: `{shlex_join(answer.argv)}` failed: {answer.output}"
+            else:
+                service = answer
     log_file = config.log_file or (
         None if kind is None else default_log_file(kind, Path.home(), os.environ, config.client_id)
     )
-    facts = gather(config, config_path.expanduser().absolute(), kind, path, service, error, log_file)
+    facts = gather(config, here, kind, path, service, error, log_file)
     result = assess(facts)
     click.echo(json.dumps(result.to_json()) if as_json else describe(result))
     sys.exit(result.exit_code)
+
+
+def _installed_config(kind: ServiceKind, path: Path) -> str | None:
+    """The --config an installed unit/plist runs (one service per user: install replaces it)."""
+    try:
+        return option_value(program_of(kind, path.read_text(encoding="utf-8", errors="replace")), "--config")
+    except OSError:
+        return None
 
 
 def shlex_join(argv: tuple[str, ...]) -> str:

@@ -179,7 +179,7 @@ def describe(s: Status) -> str:
     elif not svc["installed"]:
         service = f"not installed ({svc['file']} absent; `vancetope-agent install` adds it)"
     elif "error" in svc:
-        service = f"installed ({svc['file']}), but {svc['manager']} cannot be asked: {svc['error']}"
+        service = f"installed ({svc['file']}), but {svc['error']}"
     else:
         service = f"installed ({svc['file']}): {svc.get('state', 'unknown')}"
     running = f"yes, pid {s.pid}" if s.running and s.pid else "yes" if s.running else "no"

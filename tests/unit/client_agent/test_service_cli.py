@@ -8,6 +8,7 @@ arguments and succeeds. So these tests never touch the real user's services.
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import shlex
 import stat
@@ -181,6 +182,46 @@ def test_uninstall_without_a_user_bus_removes_the_unit_and_its_enable_link(ws: W
     assert not ws.unit.exists() and not (wants / UNIT).is_symlink()
     assert f"removed {wants / UNIT}" in proc.stdout
     assert f"systemctl --user stop {UNIT} && systemctl --user daemon-reload" in proc.stderr
+
+
+SHOW_ACTIVE = (
+    'case "$2" in show) printf "LoadState=loaded\\nActiveState=active\\nSubState=running\\n'
+    'MainPID=4242\\nUnitFileState=enabled\\n";; esac; exit 0'
+)
+
+
+def test_status_reads_the_service_managers_view_of_the_installed_agent(ws: Workstation) -> None:
+    ws.systemctl(SHOW_ACTIVE)
+    assert ws.cli("install", "--config", str(ws.config)).returncode == 0
+    proc = ws.cli("status", "--config", str(ws.config), "--json")
+    status = json.loads(proc.stdout)
+    # Active per systemd, but it never recorded a heartbeat here; its broker (port 1) is unreachable.
+    assert proc.returncode == 1, proc.stdout
+    assert (status["running"], status["pid"], status["connected"], status["enrolled"]) == (
+        True,
+        4242,
+        False,
+        None,
+    )
+    assert status["service"]["state"] == "active (running), enabled"
+    assert status["enrollment"].startswith("unknown: cannot reach the broker")
+    assert status["log_file"] == str(ws.log)
+    text = ws.cli("status", "--config", str(ws.config))
+    assert text.returncode == 1 and "  running:   yes, pid 4242" in text.stdout
+
+
+def test_status_and_install_notice_a_service_installed_for_another_config(ws: Workstation) -> None:
+    ws.systemctl(SHOW_ACTIVE)
+    ws.cli("install", "--config", str(ws.config))
+    other = ws.home / "other" / "agent.toml"
+    other.parent.mkdir()
+    other.write_text('[agent]\nclient_id = "box2"\nuser = "ada"\nbroker_url = "redis://u:p@127.0.0.1:1/0"\n')
+    proc = ws.cli("status", "--config", str(other), "--json")
+    status = json.loads(proc.stdout)
+    assert proc.returncode == 4 and status["running"] is False
+    assert status["service"]["error"] == f"it runs another config ({ws.config}), not this one"
+    replaced = ws.cli("install", "--config", str(other), "--dry-run")
+    assert f"note: {ws.unit} ran {ws.config}; it will run {other} instead" in replaced.stdout
 
 
 @pytest.mark.parametrize(
