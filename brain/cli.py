@@ -21,13 +21,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 import pymongo.errors
 import redis
 from cryptography.fernet import Fernet
 from rich.console import Console
+from rich.markdown import Markdown
 from rich.table import Table
 
 from brain.config import Settings, load_settings
@@ -43,7 +44,7 @@ from brain.errors import (
     StoreError,
 )
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
-from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
+from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.pools import unknown_pool
 from brain.queues import QueuesReport, queues_report
 from brain.redis_server import submitter_url, write_private
@@ -51,16 +52,19 @@ from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import clients_report, tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.service import Brain, unreachable
 from brain.stack import (
     EmbeddedStack,
+    beat_argv,
     pool_service,
     running_stack_url,
     service_argvs,
     stack_env,
     without_agent,
 )
-from brain.store import open_store
+from brain.store import Store, open_store
+from brain.summary import render_markdown
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
 from brain.toolpins import ToolPins
@@ -116,7 +120,9 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         err.print(
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
         )
-    stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
+    # A stack started for one run has no beat: schedules fire under `vancetope up` (or `beat`).
+    services = without_agent(settings) if no_agent else tuple(n for n, _ in service_argvs(settings))
+    stack = EmbeddedStack(settings, only=tuple(n for n in services if n != "beat"))
     try:
         stack.start()
         yield stack.redis_url
@@ -200,7 +206,7 @@ def run(
                     status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
                     tasks = brain.store.get_tasks(record.tree_id)
                     final = brain.store.get_tree(record.tree_id) or record
-                    click.echo(json.dumps(tree_report(final, tasks), indent=2))
+                    click.echo(json.dumps(_tree_json(brain.store, final, tasks), indent=2))
                 else:
                     status = watch(brain, record.tree_id, timeout, console, err)
             finally:
@@ -425,9 +431,12 @@ def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: 
             _fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
         tasks = store.get_tasks(tree_id)
         if as_json:
-            click.echo(json.dumps(tree_report(tree_rec, tasks), indent=2))
+            click.echo(json.dumps(_tree_json(store, tree_rec, tasks), indent=2))
         else:
             console.print(task_table(tree_rec, tasks, {}))
+            summary = shown_summary(tree_rec, tasks, store.get_summaries(tree_id), time.time())
+            if summary is not None:
+                console.print(Markdown(render_markdown(summary)))
     finally:
         store.close()
 
@@ -466,6 +475,61 @@ def _print_queues(report: QueuesReport) -> None:
         console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
 
 
+def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
+    """The tree as `run --json` and `status TREE_ID --json` print it: the report, its summary."""
+    stored = store.get_summaries(tree_rec.tree_id)
+    summary = shown_summary(tree_rec, tasks, stored, time.time())
+    return {
+        **tree_report(tree_rec, tasks),
+        "summary": summary.model_dump(mode="json") if summary else None,
+        "summaries": [s.model_dump(mode="json") for s in stored],
+    }
+
+
+@cli.command()
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (one object per schedule) instead of a table."
+)
+@click.pass_obj
+def schedules(settings: Settings, as_json: bool) -> None:
+    """List the [[schedules]] of vancetope.toml: when each fires, its last and next fire, its last run.
+
+    Reads the settings and the store only (works without Redis). A next fire in the past
+    means beat is not running: `vancetope up` runs it, or `vancetope beat`.
+    """
+    store = open_store(settings.store)
+    try:
+        last_runs = {
+            s.name: next(iter(store.schedule_runs(s.name, limit=1)), None) for s in settings.schedules
+        }
+        rows = schedules_report(settings.schedules, store.last_fires(), last_runs, time.time())
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif rows:
+        console.print(schedules_table(rows, time.time()))
+    else:
+        console.print(
+            "no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)"
+        )
+
+
+@cli.command()
+@click.pass_obj
+def beat(settings: Settings) -> None:
+    """Run Celery beat for the [[schedules]] against VANCETOPE_REDIS_URL, in the foreground.
+
+    `vancetope up` already runs it. Restart it after changing [[schedules]].
+    """
+    if not settings.redis_url:
+        _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run beat alone", EXIT_BAD_INPUT)
+    if not any(s.enabled for s in settings.schedules):
+        _fail("no enabled [[schedules]] in vancetope.toml: beat would have nothing to fire", EXIT_BAD_INPUT)
+    argv = beat_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
+
+
 @cli.command()
 @click.option("--flower", is_flag=True, help=f"Also start Flower (default 127.0.0.1:{FLOWER_PORT}).")
 @click.option(
@@ -487,7 +551,8 @@ def up(
 ) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
-    A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
+    With an enabled [[schedules]] table it runs Celery beat too. A service that dies (brain,
+    server pool, client agent, beat, Flower, redis-server) is restarted
     after a backoff (1 s doubling to 30 s); one that keeps failing at start stops the stack
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.

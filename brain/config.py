@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from brain.errors import ConfigError
 from brain.pools import PoolSpec, check_unique
+from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
@@ -119,6 +120,14 @@ class Settings(BaseModel):
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
+    # The `[[schedules]]` tables of vancetope.toml (brain.schedules); env: their JSON.
+    schedules: tuple[Schedule, ...] = ()
+
+    @field_validator("schedules", mode="before")
+    @classmethod
+    def _schedules_from_json(cls, value: object) -> object:
+        # Child processes get the schedules as VANCETOPE_SCHEDULES, JSON (Settings.to_env).
+        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("redis_url", "agent_broker_url")
     @classmethod
@@ -139,6 +148,11 @@ class Settings(BaseModel):
         for name, value in self.model_dump().items():
             if name == "pools":
                 env[ENV_PREFIX + "POOLS"] = json.dumps(value)
+            elif name == "schedules":
+                if value:
+                    env[ENV_PREFIX + name.upper()] = json.dumps(
+                        [s.model_dump(mode="json") for s in self.schedules]
+                    )
             elif isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
             elif isinstance(value, dict):
@@ -164,6 +178,8 @@ def load_settings(
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
         table = document.get("vancetope", {})
         values.update(pool_tables(document, cfg))
+        if "schedules" in document:  # [[schedules]]: an array of tables beside [vancetope]
+            values["schedules"] = parse_schedules(document["schedules"], cwd)
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
             if key in ("data_dir", "registry", "mcp_config", "agent_config", "vault_key_file") and isinstance(

@@ -64,7 +64,8 @@ def duration(rec: TaskRecord) -> str:
 def task_table(
     tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]
 ) -> Table:
-    table = Table(title=f"tree {tree.tree_id} — {tree.status.value}", title_justify="left")
+    on = f" (schedule {tree.schedule})" if tree.schedule else ""
+    table = Table(title=f"tree {tree.tree_id}{on} — {tree.status.value}", title_justify="left")
     for col in ("task", "tool", "state", "route", "duration", "result / reason"):
         table.add_column(col, overflow="fold")
     for rec in records:
@@ -111,7 +112,7 @@ def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]])
         table.add_row(
             t.tree_id,
             t.status.value,
-            t.session.value,
+            t.session.value + (f" (schedule {t.schedule})" if t.schedule else ""),
             ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)),
         )

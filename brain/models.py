@@ -365,6 +365,8 @@ class TreeRecord(BaseModel):
     status: TreeStatus = TreeStatus.RUNNING
     submitted_at: float
     finished_at: float | None = None
+    # The `[[schedules]]` entry that started this run (None: submitted by hand).
+    schedule: str | None = None
 
 
 class Enrollment(BaseModel):

@@ -26,6 +26,7 @@ def tree_summary(tree: TreeRecord, counts: Mapping[str, int]) -> dict[str, Any]:
         "submitted_at": tree.submitted_at,
         "finished_at": tree.finished_at,
         "counts": dict(sorted(counts.items())),
+        "schedule": tree.schedule,
     }
 
 

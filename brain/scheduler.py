@@ -149,15 +149,23 @@ class Scheduler:
         session: SessionKind = SessionKind.AUTONOMOUS,
         client_id: str | None = None,
         user: str | None = None,
+        schedule: str | None = None,
     ) -> TreeRecord:
-        """Record the tree and its tasks, then dispatch what is ready. ``tree_id`` names this run."""
+        """Record the tree and its tasks, then dispatch what is ready. ``tree_id`` names this run;
+        ``schedule`` the `[[schedules]]` entry that started it."""
         now = self.clock()
         if client_id and not user:
             enrollment = self.presence.enrollment(client_id)
             user = enrollment.user if enrollment else None
         run_tree_id = tree_id or f"{tree.id}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         record = TreeRecord(
-            tree_id=run_tree_id, tree=tree, session=session, client_id=client_id, user=user, submitted_at=now
+            tree_id=run_tree_id,
+            tree=tree,
+            session=session,
+            client_id=client_id,
+            user=user,
+            submitted_at=now,
+            schedule=schedule,
         )
         tasks = [
             TaskRecord(tree_id=run_tree_id, task_id=t.id, tool=t.tool, updated_at=now) for t in tree.tasks

@@ -21,6 +21,7 @@ from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot, build_registry
 from brain.relay import Relay
 from brain.reload import Reloader, Signature, signature, sources
+from brain.schedule_runs import ScheduleRuns
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.sweeps import Sweeps
@@ -41,6 +42,7 @@ class Brain:
     scheduler: Scheduler
     clients: ClientWork
     sweeps: Sweeps
+    schedules: ScheduleRuns
     # The registry sources' size and mtime when the registry in use was built (brain.reload).
     sources_seen: Signature | None = None
 
@@ -80,6 +82,7 @@ class Brain:
             scheduler=scheduler,
             clients=clients,
             sweeps=Sweeps(scheduler, clients),
+            schedules=ScheduleRuns(scheduler, settings.schedules),
         )
 
     def sync_client_users(self) -> None:
@@ -157,6 +160,10 @@ def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
                     log.warning("reconciler re-sent %d lost task(s): %s", len(resent), ", ".join(resent))
             except Exception:
                 log.exception("reconcile sweep failed at %s", time.strftime("%X"))
+            try:
+                brain.schedules.sweep()  # queued fires, run summaries (brain.schedule_runs)
+            except Exception:
+                log.exception("schedule sweep failed at %s", time.strftime("%X"))
 
     thread = threading.Thread(target=loop, name="vancetope-reconciler", daemon=True)
     thread.start()

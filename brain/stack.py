@@ -41,7 +41,7 @@ STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
-SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower"}
+SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower", "beat": "vt-pool"}
 log = logging.getLogger("vancetope.stack")
 
 
@@ -100,6 +100,8 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
         (pool_service(None), pool_argv(settings, None)),
         *((pool_service(p.name), pool_argv(settings, p.name)) for p in settings.pools),
     ]
+    if any(s.enabled for s in settings.schedules):
+        services.append(("beat", beat_argv()))
     if settings.agent_config:
         services.append(
             (
@@ -108,6 +110,23 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
             )
         )
     return services
+
+
+def beat_argv() -> list[str]:
+    """Celery beat over the `[[schedules]]` (brain.beat). It only sends to the brain's queue, so
+    it connects as the server pool's Redis user, which may do that and reach no client's keys."""
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "brain.beat",
+        "beat",
+        "-S",
+        "brain.beat:ScheduleBeat",
+        "--loglevel",
+        "INFO",
+    ]
 
 
 def without_agent(settings: Settings) -> tuple[str, ...]:
@@ -227,6 +246,7 @@ class EmbeddedStack:
             assert self.flower_port is not None and self.flower_access is not None
             env = stack_env(self.settings, self.service_url(name))
             env.pop(UNAUTHENTICATED_API_VARIABLE, None)  # the API asks for the password too
+            env.pop("VANCETOPE_VAULT_KEY", None)  # Flower resolves no secret: it gets no key
             env.update(self.flower_access.env())
             return flower_argv(self.flower_port, self.flower_access.address), env
         argv = dict(service_argvs(self.settings))[name]

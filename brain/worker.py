@@ -24,7 +24,14 @@ from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
 from brain.submit_queue import submit_consumer
 from workers.app import app
-from workers.contracts import PUBLISH_CALL_TASK, RECORD_RESULT_TASK, QueuedRun, ToolResult
+from workers.contracts import (
+    PUBLISH_CALL_TASK,
+    RECORD_RESULT_TASK,
+    RUN_SCHEDULE_TASK,
+    QueuedRun,
+    ScheduleFire,
+    ToolResult,
+)
 from workers.errors import WorkerError
 
 log = logging.getLogger("vancetope.brain")
@@ -65,6 +72,19 @@ def publish_call(payload: Any) -> bool:
         log.error("dropped a malformed publish_call message: %s", exc)
         return False
     return get_brain().scheduler.publish_queued(ref.tree_id, ref.task_id, ref.run_id, ref.client_id)
+
+
+@app.task(name=RUN_SCHEDULE_TASK, acks_late=True, reject_on_worker_lost=True)
+def run_schedule(payload: Any) -> str | None:
+    """Celery beat fired a schedule (``brain.beat``): start, queue or skip its run. The tree id
+    started, if any."""
+    try:
+        fire = ScheduleFire.model_validate(payload)
+    except ValidationError as exc:
+        log.error("dropped a malformed run_schedule message: %s", exc)
+        return None
+    record = get_brain().schedules.fire(fire)
+    return record.tree_id if record else None
 
 
 app.steps["consumer"].add(submit_consumer(get_brain))

@@ -12,6 +12,7 @@ delete the heartbeat, then stop the MCP servers (tasks needed them until the end
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from client_agent.approvals import ConsentDir, ConsentGate
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
+from client_agent.local_state import AgentState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
@@ -94,6 +96,15 @@ class Agent:
             on_refused=self._on_refused,
         )
         self._threads: list[threading.Thread] = []
+        self._state = AgentState(
+            client_id=config.client_id,
+            pid=os.getpid(),
+            session_id=self.session_id,
+            started_at=time.time(),
+            heartbeat_ttl_s=config.heartbeat_ttl_s,
+            log_file=None if config.log_file is None else str(config.log_file),
+        )
+        self._state_failing = False
 
     # --- what the agent offers ----------------------------------------------------------
 
@@ -196,6 +207,7 @@ class Agent:
             client_queue(cfg.client_id),
         )
         self._check_credentials()
+        self._save_state(self._state)
         mcp = self.load_mcp()
         with self._mcp_lock:
             self._mcp = mcp
@@ -210,6 +222,7 @@ class Agent:
             self._stop,
             announcer=self.announcer,
             on_refused=self._on_refused,
+            on_beat=self._record_beat,
         )
         self._threads = [heartbeat, self.announcer]
         if cfg.mcp_json is not None:
@@ -219,6 +232,24 @@ class Agent:
         for thread in self._threads:
             thread.start()
         self.announcer.request()
+
+    def _record_beat(self) -> None:
+        """For `vancetope-agent status`: the broker took a heartbeat now (and was the announcement accepted?)."""
+        self._save_state(
+            self._state.model_copy(
+                update={"heartbeat_at": time.time(), "accepted": self.announcer.accepted.is_set()}
+            )
+        )
+
+    def _save_state(self, state: AgentState) -> None:
+        try:
+            write_state(self.config.data_dir, state)
+        except OSError as exc:
+            if not self._state_failing:  # once, not at every heartbeat
+                log.warning("cannot write %s (status will not see this agent): %s", self.config.data_dir, exc)
+            self._state_failing = True
+        else:
+            self._state_failing = False
 
     def _check_credentials(self) -> None:
         """Refused credentials end the agent now (NotEnrolled); an unreachable broker does not:
@@ -276,6 +307,7 @@ class Agent:
             mcp, self._mcp = self._mcp, MCPTools()
         mcp.close()
         self.channel.client.close()
+        clear_state(self.config.data_dir, self._state.pid)
         log.info("client agent %s stopped (%s)", self.config.client_id, self._stop_reason)
 
     def _say_goodbye(self) -> None:

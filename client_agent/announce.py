@@ -215,9 +215,12 @@ class Heartbeat(threading.Thread):
         stop: threading.Event,
         announcer: Announcer | None = None,
         on_refused: Callable[[redis.AuthenticationError], None] | None = None,
+        on_beat: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="vancetope-heartbeat", daemon=True)
         self.on_refused = on_refused
+        # Called after each heartbeat the broker took (the agent records it for `status`).
+        self.on_beat = on_beat
         self.channel = channel
         self.session_id = session_id
         self.interval_s = interval_s
@@ -238,6 +241,8 @@ class Heartbeat(threading.Thread):
             try:
                 self.channel.beat(self.session_id, self.ttl_s)
                 self._check_remembered()
+                if self.on_beat is not None:
+                    self.on_beat()
                 if failing:
                     log.info("heartbeat restored")
                 failing = False

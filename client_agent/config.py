@@ -25,7 +25,7 @@ from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_AGENT_"
 TABLE = "agent"
-_PATH_FIELDS = ("data_dir", "mcp_json", "credential_file")
+_PATH_FIELDS = ("data_dir", "mcp_json", "credential_file", "log_file")
 URL_VARIABLE = ENV_PREFIX + "BROKER_URL"
 _LIST_FIELDS = ("sandbox_roots", "allowed_tools", "ask", "trust_mcp_servers", "redact", "redact_builtin")
 
@@ -52,8 +52,11 @@ class AgentConfig(BaseModel):
     # or (best) in credential_file, a 0600 file holding the line that command printed.
     broker_url: str
     credential_file: Path | None = None
-    # Reserved for the agent's own state (enrollment credentials); nothing is written there yet.
+    # The agent's own state: agent.json (pid, last heartbeat), read by `vancetope-agent status`.
     data_dir: Path = Path(".vancetope-agent")
+    # Where `run` logs (rotated at 10 MB, 3 kept); None: stderr. The installed service always logs
+    # to a file: this one, or the platform's default (client_agent/service.py, default_log_file).
+    log_file: Path | None = None
     sandbox_roots: tuple[Path, ...] = ()
     mcp_json: Path | None = None
     shell_enabled: bool = False
@@ -141,7 +144,7 @@ class AgentConfig(BaseModel):
             raise ValueError(f"must be greater than heartbeat_interval_s ({interval:g}), got {ttl:g}")
         return ttl
 
-    @field_validator("data_dir", "mcp_json", "credential_file", "sandbox_roots", mode="before")
+    @field_validator("data_dir", "mcp_json", "credential_file", "log_file", "sandbox_roots", mode="before")
     @classmethod
     def _absolute(cls, value: Any) -> Any:
         # Paths from the environment are relative to the current directory; fix them now,

@@ -16,7 +16,7 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_finds_nothing() -> None:
-    proc = run("ruff", "check", "brain", "workers", "client_agent", "vancetope", "tests", "bench")
+    proc = run("ruff", "check", "brain", "workers", "client_agent", "vancetope", "tests", "bench", "agent")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

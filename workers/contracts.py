@@ -76,6 +76,8 @@ RUN_TOOL_TASK = "vancetope.run_tool"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"
+# Celery beat fires a `[[schedules]]` entry: the brain submits its tree (brain.schedule_runs).
+RUN_SCHEDULE_TASK = "vancetope.run_schedule"
 # Another Celery app submits a tree (README "Python API"): a message only the brain's own
 # consumer of SUBMIT_QUEUE takes (brain.submit_queue); no worker registers it as a task.
 SUBMIT_TREE_TASK = "vancetope.submit_tree"
@@ -114,6 +116,18 @@ def key_parked(owner: str) -> str:
 def key_requeueing(client_id: str) -> str:
     """List: parked refs taken atomically for one client's connect, until each is placed."""
     return f"{KEY_NS}requeueing:{client_id}"
+
+
+def key_schedule_lock(schedule: str) -> str:
+    """String (SET NX, expires): the token of the brain deciding a fire of ``schedule``, so two
+    brains or a fire delivered twice never start two runs of an ``overlap = "skip"`` schedule."""
+    return f"{KEY_NS}schedule:{schedule}:lock"
+
+
+def key_schedule_queue(schedule: str) -> str:
+    """List of ScheduleFire JSON: fires of an ``overlap = "queue"`` schedule waiting for its
+    running run to end, oldest first."""
+    return f"{KEY_NS}schedule:{schedule}:queued"
 
 
 def key_cancelled() -> str:
@@ -200,6 +214,19 @@ class QueuedRun(BaseModel):
     task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
     run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
     client_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+
+
+class ScheduleFire(BaseModel):
+    """The body of a ``vancetope.run_schedule`` job: beat fired ``schedule`` at ``fired_at``
+    (unix seconds). ``token`` is unique per fire and the same on a re-delivery, so the run it
+    starts gets the same tree id and the store refuses a second one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedule: str = Field(min_length=1, max_length=64)
+    fired_at: float
+    token: str = Field(min_length=6, max_length=64, pattern=r"^[0-9a-f]+$")
+    catch_up: bool = False  # sent by beat at start for a time it missed while down
 
 
 class SubmitTree(BaseModel):

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from brain.errors import StoreError
 from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.summary import RunSummary
 from workers.urls import redact_url
 
 DEFAULT_MONGO_DATABASE: Final = "vancetope"
@@ -127,6 +128,34 @@ class Store(Protocol):
 
     def delete_enrollment(self, client_id: str) -> bool:
         """Forget an enrollment; True if there was one."""
+        ...
+
+    # --- schedules (brain.schedule_runs, brain.beat) ---
+
+    def schedule_runs(
+        self, schedule: str, *, running_only: bool = False, limit: int = 20
+    ) -> list[TreeRecord]:
+        """Runs started by ``schedule`` (``TreeRecord.schedule``), newest ``submitted_at`` first;
+        with ``running_only``, only unfinished ones."""
+        ...
+
+    def record_fire(self, schedule: str, fired_at: float) -> None:
+        """Remember when beat last fired ``schedule`` (what catch_up measures downtime from)."""
+        ...
+
+    def last_fires(self) -> dict[str, float]:
+        """Schedule name -> when beat last fired it."""
+        ...
+
+    # --- run summaries (brain.summary) ---
+
+    def put_summary(self, summary: RunSummary) -> bool:
+        """Keep a run's summary of its kind; True only for the call that stored it (a second
+        summary of the same tree and kind is refused, so only one process sends it on)."""
+        ...
+
+    def get_summaries(self, tree_id: str) -> list[RunSummary]:
+        """The tree's summaries, oldest first."""
         ...
 
     # --- secrets (the vault's ciphertexts; brain.vault encrypts and decrypts) ---

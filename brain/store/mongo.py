@@ -33,6 +33,7 @@ from brain.store.base import (
     state_values,
     task_changes,
 )
+from brain.summary import RunSummary
 
 _TREE_OPAQUE: Final = frozenset({"tree"})
 _TASK_OPAQUE: Final = frozenset({"result", "error"})
@@ -80,6 +81,13 @@ class MongoStore:
             self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
             self._enrollments = self._db["enrollments"]
             self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
+            self._trees.create_index(
+                [("schedule", ASCENDING), ("status", ASCENDING), ("submitted_at", DESCENDING)]
+            )
+            self._fires = self._db["schedule_fires"]
+            self._fires.create_index([("schedule", ASCENDING)], unique=True)
+            self._summaries = self._db["summaries"]
+            self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
             self._secrets = self._db["secrets"]
             self._secrets.create_index([("name", ASCENDING)], unique=True)
         self.database = database
@@ -249,6 +257,49 @@ class MongoStore:
     def delete_enrollment(self, client_id: str) -> bool:
         with self._errors(f"delete_enrollment({client_id!r})"):
             return self._enrollments.delete_one({"client_id": client_id}).deleted_count == 1
+
+    # --- schedules and summaries ----------------------------------------------------------
+
+    def schedule_runs(
+        self, schedule: str, *, running_only: bool = False, limit: int = 20
+    ) -> list[TreeRecord]:
+        if limit <= 0:
+            return []
+        query: dict[str, Any] = {"schedule": schedule}
+        if running_only:
+            query["status"] = TreeStatus.RUNNING.value
+        with self._errors(f"schedule_runs({schedule!r})"):
+            docs = list(
+                self._trees.find(query, _HIDDEN)
+                .sort([("submitted_at", DESCENDING), ("_id", DESCENDING)])
+                .limit(limit)
+            )
+        return [_tree(d) for d in docs]
+
+    def record_fire(self, schedule: str, fired_at: float) -> None:
+        with self._errors(f"record_fire({schedule!r})"):
+            self._fires.replace_one(
+                {"schedule": schedule}, {"schedule": schedule, "fired_at": fired_at}, upsert=True
+            )
+
+    def last_fires(self) -> dict[str, float]:
+        with self._errors("last_fires"):
+            return {d["schedule"]: d["fired_at"] for d in self._fires.find({}, {"_id": 0})}
+
+    def put_summary(self, summary: RunSummary) -> bool:
+        # The unique (tree_id, kind) index decides who stored it first.
+        doc = {"tree_id": summary.tree_id, "kind": summary.kind.value, "doc": summary.model_dump_json()}
+        with self._errors(f"put_summary({summary.tree_id!r})"):
+            try:
+                self._summaries.insert_one(doc)
+            except DuplicateKeyError:
+                return False
+        return True
+
+    def get_summaries(self, tree_id: str) -> list[RunSummary]:
+        with self._errors(f"get_summaries({tree_id!r})"):
+            docs = list(self._summaries.find({"tree_id": tree_id}).sort("_id", ASCENDING))
+        return [RunSummary.model_validate_json(d["doc"]) for d in docs]
 
     # --- secrets --------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from brain.store.base import (
     state_values,
     task_changes,
 )
+from brain.summary import RunSummary
 
 BUSY_TIMEOUT_S: Final = 10.0
 SCHEMA_VERSION: Final = 1
@@ -60,6 +61,19 @@ CREATE INDEX IF NOT EXISTS tasks_by_tree_state ON tasks (tree_id, state);
 CREATE TABLE IF NOT EXISTS enrollments (
     client_id TEXT PRIMARY KEY,
     doc       TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS trees_by_schedule
+    ON trees (json_extract(doc, '$.schedule'), status, submitted_at);
+CREATE TABLE IF NOT EXISTS schedule_fires (
+    schedule TEXT PRIMARY KEY,
+    fired_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS summaries (
+    seq     INTEGER PRIMARY KEY,
+    tree_id TEXT NOT NULL,
+    kind    TEXT NOT NULL,
+    doc     TEXT NOT NULL,
+    UNIQUE (tree_id, kind)
 );
 CREATE TABLE IF NOT EXISTS secrets (
     name TEXT PRIMARY KEY,
@@ -374,6 +388,53 @@ class SQLiteStore:
         with self._errors(f"delete_enrollment({client_id!r})"):
             cur = self._conn().execute("DELETE FROM enrollments WHERE client_id = ?", (client_id,))
         return cur.rowcount == 1
+
+    # --- schedules and summaries ----------------------------------------------------------
+
+    def schedule_runs(
+        self, schedule: str, *, running_only: bool = False, limit: int = 20
+    ) -> list[TreeRecord]:
+        if limit <= 0:
+            return []
+        sql = "SELECT doc FROM trees WHERE json_extract(doc, '$.schedule') = ?"
+        params: list[Any] = [schedule]
+        if running_only:
+            sql += " AND status = ?"
+            params.append(TreeStatus.RUNNING.value)
+        sql += " ORDER BY submitted_at DESC, seq DESC LIMIT ?"
+        with self._errors(f"schedule_runs({schedule!r})"):
+            rows = self._conn().execute(sql, (*params, limit)).fetchall()
+        return [TreeRecord.model_validate_json(r[0]) for r in rows]
+
+    def record_fire(self, schedule: str, fired_at: float) -> None:
+        with self._errors(f"record_fire({schedule!r})"):
+            self._conn().execute(
+                "INSERT INTO schedule_fires (schedule, fired_at) VALUES (?, ?) "
+                "ON CONFLICT (schedule) DO UPDATE SET fired_at = excluded.fired_at",
+                (schedule, fired_at),
+            )
+
+    def last_fires(self) -> dict[str, float]:
+        with self._errors("last_fires"):
+            rows = self._conn().execute("SELECT schedule, fired_at FROM schedule_fires").fetchall()
+        return {name: at for name, at in rows}
+
+    def put_summary(self, summary: RunSummary) -> bool:
+        with self._errors(f"put_summary({summary.tree_id!r})"):
+            cur = self._conn().execute(
+                "INSERT INTO summaries (tree_id, kind, doc) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (summary.tree_id, summary.kind.value, summary.model_dump_json()),
+            )
+        return cur.rowcount == 1
+
+    def get_summaries(self, tree_id: str) -> list[RunSummary]:
+        with self._errors(f"get_summaries({tree_id!r})"):
+            rows = (
+                self._conn()
+                .execute("SELECT doc FROM summaries WHERE tree_id = ? ORDER BY seq", (tree_id,))
+                .fetchall()
+            )
+        return [RunSummary.model_validate_json(r[0]) for r in rows]
 
     # --- secrets --------------------------------------------------------------------
 

@@ -15,9 +15,12 @@ from typing import Any, ClassVar
 
 import pytest
 
+from brain.flowerauth import flower_access
+from brain.redis_server import free_port
 from brain.service import Brain
 from brain.stack import EmbeddedStack
-from tests.conftest import FIXTURES, ROOT, make_settings, tree, wait_for_tree, write_mcp_config
+from tests.conftest import FIXTURES, ROOT, make_settings, tree, wait_for_tree, wait_until, write_mcp_config
+from tests.integration.test_flower import fetch
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +102,22 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
     )
     stack = EmbeddedStack(settings, only=("brain", "server-pool")).start()
     try:
+        flower_port = free_port()
+        stack.start_flower(
+            flower_port,
+            flower_access("127.0.0.1", settings.data_dir, env={"FLOWER_BASIC_AUTH": "op:pw-1234"}),
+        )
         brain: Brain = brain_factory(stack)
+
+        def flower_listening() -> bool:
+            # Flower subscribes to events a moment after it answers: wait until it has heard the
+            # pool's heartbeats, so it sees every task event of the tree.
+            page = json.loads(
+                fetch(f"http://127.0.0.1:{flower_port}/workers?json=1", ("op", "pw-1234"))[1] or b"{}"
+            )
+            return any(str(w.get("hostname", "")).startswith("server@") for w in page.get("data", []))
+
+        wait_until(flower_listening, timeout=60, what="Flower to hear the server pool")
         # The server that refers to a secret nobody set failed to start, saying which reference.
         failures = {f.server: f.message for f in brain.scheduler.registry.mcp_failures}
         assert (
@@ -144,6 +162,14 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
             check=True,
         ).stdout
         assert "***" in status_json and CANARY not in status_json
+
+        # Flower saw every task (its events) and shows no copy either.
+        def flower_tasks() -> bytes:
+            status, body = fetch(f"http://127.0.0.1:{flower_port}/api/tasks", ("op", "pw-1234"))
+            return body if status == 200 and b'"leak(name)"' in body else b""
+
+        seen_by_flower = wait_until(flower_tasks, timeout=60, what="Flower to list the tree's tasks")
+        assert CANARY.encode() not in seen_by_flower
     finally:
         stack.stop()
 

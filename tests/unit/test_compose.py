@@ -80,3 +80,36 @@ def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_ap
     module = ours[ours.index("-A") + 1]  # brain.flowerapp: /api/workers lists client agents too
     assert flower["command"][:3] == ["celery", "-A", module], "Flower as `vancetope up` runs it"
     assert ours[-1] in flower["command"], "the tasks page shows each task's tool and argument names"
+
+
+def test_compose_runs_the_production_shape_two_named_pools_beat_and_the_vault_key() -> None:
+    """Issue 11 item 8: Redis (AOF, ACL users), MongoDB, the brain, pools, beat, Flower."""
+    from brain.config import load_settings
+
+    services = compose()["services"]
+    redis_command = services["redis"]["command"]
+    assert redis_command[redis_command.index("--appendonly") + 1] == "yes"
+    assert {"redis", "mongo", "brain", "server-pool", "beat", "flower"} <= set(services)
+    pool_commands = [
+        s["command"]
+        for s in services.values()
+        if s.get("command", [])[:3] == ["vancetope", "worker", "--pool"]
+    ]
+    named = sorted(command[3] for command in pool_commands)
+    assert len(named) == 2, pool_commands
+    # the pools those services serve are configured for every component, and the settings parse
+    env = {k: str(v) for k, v in services["brain"]["environment"].items() if k.startswith("VANCETOPE_")}
+    env["VANCETOPE_SCHEDULES"] = (
+        env["VANCETOPE_SCHEDULES"].removeprefix("${VANCETOPE_SCHEDULES:-").removesuffix("}")
+    )
+    env["VANCETOPE_VAULT_KEY"] = "x"
+    env.pop("VANCETOPE_REDIS_URL")
+    settings = load_settings(env=env, cwd=ROOT / "tests")
+    assert sorted(p.name for p in settings.pools) == named
+    assert [s.name for s in settings.schedules] == ["nightly"]
+    assert services["beat"]["command"] == ["vancetope", "beat"]
+    # the vault key reaches what resolves ${vault:NAME}, and nothing else
+    for name, service in services.items():
+        has_key = "VANCETOPE_VAULT_KEY" in (service.get("environment") or {})
+        resolves = name == "brain" or service.get("command", [])[:2] == ["vancetope", "worker"]
+        assert has_key == resolves, name

@@ -170,6 +170,16 @@ def test_heartbeat_holds_the_session_with_a_ttl(
     assert not r.exists(key)
 
 
+def test_heartbeat_reports_each_beat_the_broker_took(
+    redis_url: str, r: redis.Redis, stop: threading.Event
+) -> None:
+    beats = threading.Semaphore(0)
+    channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
+    Heartbeat(channel, "s1", interval_s=0.05, ttl_s=0.6, stop=stop, on_beat=beats.release).start()
+    assert all(beats.acquire(timeout=5) for _ in range(3))
+    assert r.get(client_key(CID, CLIENT_HEARTBEAT)) == b"s1"
+
+
 def test_channel_uses_only_keys_under_its_prefix(redis_url: str, r: redis.Redis) -> None:
     channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
     channel.announce(json.dumps({"x": 1}))

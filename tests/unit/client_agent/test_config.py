@@ -26,18 +26,22 @@ def test_minimal_file_gets_the_documented_defaults(tmp_path: Path) -> None:
     assert (config.heartbeat_interval_s, config.heartbeat_ttl_s) == (2.0, 6.0)
     assert config.sandbox_roots == () and config.mcp_json is None and config.allowed_tools is None
     assert config.data_dir == tmp_path.resolve() / ".vancetope-agent"
+    assert config.log_file is None
 
 
 def test_paths_in_the_file_are_relative_to_the_file_not_the_cwd(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "sandbox").mkdir()
     path = write(
-        tmp_path, MINIMAL + 'sandbox_roots = ["sandbox"]\nmcp_json = "mcp.json"\ndata_dir = "state"\n'
+        tmp_path,
+        MINIMAL + 'sandbox_roots = ["sandbox"]\nmcp_json = "mcp.json"\ndata_dir = "state"\n'
+        'log_file = "logs/agent.log"\n',
     )
     monkeypatch.chdir("/")
     config = load_config(path, environ={})
     base = tmp_path.resolve()
     assert config.sandbox_roots == (base / "sandbox",)
     assert (config.mcp_json, config.data_dir) == (base / "mcp.json", base / "state")
+    assert config.log_file == base / "logs" / "agent.log"
 
 
 def test_environment_overrides_the_file(tmp_path: Path) -> None:

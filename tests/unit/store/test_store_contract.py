@@ -496,6 +496,54 @@ def test_an_enrollment_is_stored_replaced_listed_and_deleted(store: Store) -> No
     assert [e.client_id for e in store.list_enrollments()] == ["desk"]
 
 
+# --- schedules and summaries -------------------------------------------------------------
+
+
+def _scheduled(store: Store, tree_id: str, schedule: str | None, submitted_at: float) -> TreeRecord:
+    record, tasks = make_tree(tree_id, submitted_at=submitted_at)
+    record = record.model_copy(update={"schedule": schedule})
+    store.put_tree(record, tasks)
+    return record
+
+
+def test_schedule_runs_lists_a_schedules_runs_newest_first_and_can_keep_only_unfinished_ones(
+    store: Store,
+) -> None:
+    _scheduled(store, "n1", "nightly", 100.0)
+    _scheduled(store, "n2", "nightly", 200.0)
+    _scheduled(store, "w1", "weekly", 150.0)
+    _scheduled(store, "hand", None, 300.0)
+    got = store.get_tree("n1")
+    assert got is not None and got.schedule == "nightly"
+    assert [t.tree_id for t in store.schedule_runs("nightly")] == ["n2", "n1"]
+    assert [t.tree_id for t in store.schedule_runs("nightly", limit=1)] == ["n2"]
+    assert store.finish_tree("n2", TreeStatus.DONE, 250.0)
+    assert [t.tree_id for t in store.schedule_runs("nightly", running_only=True)] == ["n1"]
+    assert store.schedule_runs("nobody") == []
+
+
+def test_the_last_fire_of_each_schedule_is_kept_and_replaced(store: Store) -> None:
+    assert store.last_fires() == {}
+    store.record_fire("nightly", 10.0)
+    store.record_fire("weekly", 20.0)
+    store.record_fire("nightly", 30.5)
+    assert store.last_fires() == {"nightly": 30.5, "weekly": 20.0}
+
+
+def test_a_summary_is_stored_once_per_tree_and_kind_and_read_back_oldest_first(store: Store) -> None:
+    from brain.summary import SummaryKind, summarise
+
+    record = _scheduled(store, "n1", "nightly", 100.0)
+    tasks = store.get_tasks("n1")
+    deadline = summarise(record, tasks, SummaryKind.DEADLINE, at=110.0)
+    final = summarise(record, tasks, SummaryKind.FINAL, at=120.0)
+    assert store.put_summary(deadline) is True
+    assert store.put_summary(deadline.model_copy(update={"at": 111.0})) is False  # another process lost
+    assert store.put_summary(final) is True
+    assert store.get_summaries("n1") == [deadline, final]
+    assert store.get_summaries("other") == []
+
+
 # --- secrets (ciphertexts only; brain.vault encrypts) -------------------------------------
 
 

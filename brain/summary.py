@@ -1,0 +1,179 @@
+"""The morning summary of a run (layer: brain, pure).
+
+One job: from a tree's record and its task records, say what the run did — how many tasks
+are done, failed, expired, skipped, still waiting for a client, still in flight — and for
+whom the waiting work waits (which client of which user must come online, with which
+tools). Records in, a ``RunSummary`` out, and its Markdown; storing and sending it is
+``brain.summary_sinks`` / ``brain.schedule_runs``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+
+WAITING = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
+IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
+# How many failed/skipped tasks a summary names one by one (the counts are always whole).
+MAX_LISTED = 50
+
+
+class SummaryKind(StrEnum):
+    FINAL = "final"  # the run ended
+    DEADLINE = "deadline"  # its schedule's deadline passed while it was still going
+
+
+class SummaryCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+    expired: int = 0
+    skipped: int = 0
+    waiting: int = 0  # blocked or pending_client: waiting for a client
+    in_flight: int = 0  # queued or running
+    pending: int = 0  # waiting for upstream tasks
+
+
+class TaskLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str
+    tool: str
+    state: TaskState
+    reason: str = ""
+
+
+class WaitingFor(BaseModel):
+    """Work that waits until a client comes online: ``client_id`` of ``user`` (None: any client
+    of ``user`` that offers the tools)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str | None
+    client_id: str | None
+    tasks: list[str]
+    tools: list[str]
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tree_id: str
+    name: str  # the tree's own id
+    schedule: str | None = None
+    kind: SummaryKind
+    at: float
+    status: TreeStatus
+    user: str | None = None
+    submitted_at: float
+    finished_at: float | None = None
+    counts: SummaryCounts
+    failed: list[TaskLine] = Field(default_factory=list)
+    skipped: list[TaskLine] = Field(default_factory=list)
+    waiting_for: list[WaitingFor] = Field(default_factory=list)
+
+
+def summarise(tree: TreeRecord, tasks: Sequence[TaskRecord], kind: SummaryKind, at: float) -> RunSummary:
+    """The summary of ``tree`` as its ``tasks`` stand at time ``at``."""
+    return RunSummary(
+        tree_id=tree.tree_id,
+        name=tree.tree.id,
+        schedule=tree.schedule,
+        kind=kind,
+        at=at,
+        status=tree.status,
+        user=tree.user,
+        submitted_at=tree.submitted_at,
+        finished_at=tree.finished_at,
+        counts=count(tasks),
+        failed=_lines(tasks, {TaskState.FAILED, TaskState.EXPIRED}),
+        skipped=_lines(tasks, {TaskState.SKIPPED}),
+        waiting_for=waiting_for(tree, tasks),
+    )
+
+
+def count(tasks: Sequence[TaskRecord]) -> SummaryCounts:
+    states = [t.state for t in tasks]
+    return SummaryCounts(
+        total=len(states),
+        done=states.count(TaskState.DONE),
+        failed=states.count(TaskState.FAILED),
+        expired=states.count(TaskState.EXPIRED),
+        skipped=states.count(TaskState.SKIPPED),
+        waiting=sum(s in WAITING for s in states),
+        in_flight=sum(s in IN_FLIGHT for s in states),
+        pending=states.count(TaskState.PENDING),
+    )
+
+
+def _lines(tasks: Sequence[TaskRecord], states: set[TaskState]) -> list[TaskLine]:
+    return [
+        TaskLine(task_id=t.task_id, tool=t.tool, state=t.state, reason=t.reason)
+        for t in tasks
+        if t.state in states
+    ][:MAX_LISTED]
+
+
+def waiting_for(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> list[WaitingFor]:
+    """Waiting work grouped by whom it waits for, as the parked lists own it (``owner_of``):
+    a task taken back from a client waits for that client; an interactive session's work for
+    its client; an autonomous run's for any client of its user."""
+    groups: dict[tuple[str | None, str | None], tuple[list[str], list[str]]] = {}
+    for t in tasks:
+        if t.state not in WAITING:
+            continue
+        key = (tree.user, t.client_id or tree.client_id)
+        ids, tools = groups.setdefault(key, ([], []))
+        ids.append(t.task_id)
+        if t.tool not in tools:
+            tools.append(t.tool)
+    return [
+        WaitingFor(user=user, client_id=client_id, tasks=ids, tools=tools)
+        for (user, client_id), (ids, tools) in groups.items()
+    ]
+
+
+def whom(w: WaitingFor) -> str:
+    if w.client_id and w.user:
+        return f"client `{w.client_id}` of user `{w.user}`"
+    if w.client_id:
+        return f"client `{w.client_id}`"
+    if w.user:
+        return f"any client of user `{w.user}` offering {', '.join(f'`{t}`' for t in w.tools)}"
+    return "a client (the run names no user: set `user` on the schedule)"
+
+
+def render_markdown(summary: RunSummary) -> str:
+    """The summary as a short Markdown report (a file, a chat message)."""
+    c = summary.counts
+    title = summary.schedule or summary.name
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(summary.at))
+    heading = "deadline reached, still running" if summary.kind is SummaryKind.DEADLINE else summary.status
+    lines = [
+        f"# {title}: {heading}",
+        "",
+        f"Run `{summary.tree_id}`" + (f" for user `{summary.user}`" if summary.user else "") + f", {when}.",
+        "",
+        "| done | failed | expired | skipped | waiting for a client | in flight | pending | total |",
+        "|---|---|---|---|---|---|---|---|",
+        "| "
+        + " | ".join(map(str, (c.done, c.failed, c.expired, c.skipped, c.waiting, c.in_flight)))
+        + f" | {c.pending} | {c.total} |",
+    ]
+    if summary.waiting_for:
+        lines += ["", "## Waiting for a client to come online", ""]
+        lines += [f"- {whom(w)}: {len(w.tasks)} task(s) ({', '.join(w.tasks)})" for w in summary.waiting_for]
+    for heading_text, items in (("Failed", summary.failed), ("Skipped", summary.skipped)):
+        if items:
+            lines += ["", f"## {heading_text}", ""]
+            lines += [
+                f"- `{t.task_id}` ({t.tool}, {t.state}): {t.reason or 'no reason recorded'}" for t in items
+            ]
+    return "\n".join(lines) + "\n"
