@@ -49,7 +49,7 @@ from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import clients_report, tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
-from brain.stack import EmbeddedStack, running_stack_url, service_argvs, stack_env
+from brain.stack import EmbeddedStack, gateway_argv, running_stack_url, service_argvs, stack_env
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
@@ -392,8 +392,21 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
     help=f"Start Flower on this port of 127.0.0.1 (implies --flower; default {FLOWER_PORT}).",
 )
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
+@click.option(
+    "--gateway-port",
+    type=click.IntRange(1, 65535),
+    help="Serve the MCP gateway on this port of gateway_host (default: gateway_port, 8765).",
+)
+@click.option("--no-gateway", is_flag=True, help="Do not start the MCP gateway.")
 @click.pass_obj
-def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool) -> None:
+def up(
+    settings: Settings,
+    flower: bool,
+    flower_port: int | None,
+    no_agent: bool,
+    gateway_port: int | None,
+    no_gateway: bool,
+) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
     A service that dies (brain, server pool, client agent, Flower, redis-server) is restarted
@@ -408,6 +421,8 @@ def up(settings: Settings, flower: bool, flower_port: int | None, no_agent: bool
         stack.start()
         if flower or flower_port is not None:
             _start_flower(stack, flower_port or FLOWER_PORT)
+        if not no_gateway:
+            _start_gateway(stack, gateway_port or settings.gateway_port)
         assert stack.redis is not None
         console.print(
             f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
@@ -433,6 +448,21 @@ def _start_flower(stack: EmbeddedStack, port: int) -> None:
         return
     stack.start_flower(port)
     console.print(f"flower: http://127.0.0.1:{port}")
+
+
+def _start_gateway(stack: EmbeddedStack, port: int) -> None:
+    host = stack.settings.gateway_host
+    if not _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not started: 127.0.0.1:{port} is already in use; pick a free port with "
+            "--gateway-port (or --no-gateway). The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    stack.start_gateway(port)
+    console.print(
+        f"MCP gateway: http://{host}:{port}/mcp (a token: `vancetope users token U`)", highlight=False
+    )
 
 
 def _port_free(port: int) -> bool:
@@ -751,6 +781,49 @@ def worker(settings: Settings) -> None:
     if not settings.redis_url:
         _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run a worker pool", EXIT_BAD_INPUT)
     _exec(settings, "server-pool")
+
+
+@cli.command()
+@click.pass_obj
+def gateway(settings: Settings) -> None:
+    """Run the MCP gateway (/mcp on gateway_host:gateway_port) against VANCETOPE_REDIS_URL."""
+    if not settings.redis_url:
+        _fail(
+            "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the gateway alone; "
+            "`vancetope up` runs one in the embedded stack",
+            EXIT_BAD_INPUT,
+        )
+    argv = gateway_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
+
+
+@cli.group()
+def users() -> None:
+    """Users of the MCP gateway: their tokens."""
+
+
+@users.command("token")
+@click.argument("user")
+@click.option("--revoke", is_flag=True, help="Revoke USER's token instead of issuing one.")
+@click.pass_obj
+def users_token(settings: Settings, user: str, revoke: bool) -> None:
+    """Issue USER's gateway token (printed once as VANCETOPE_GATEWAY_TOKEN=<token>; a new one
+    replaces the old), or --revoke it. MCP clients send it as `Authorization: Bearer <token>`."""
+    from brain.gateway import tokens
+
+    if not user.strip() or len(user) > 128:
+        _fail("a user name is 1 to 128 characters", EXIT_BAD_INPUT)
+    store = open_store(settings.store)
+    try:
+        if revoke:
+            if not tokens.revoke(store, user):
+                _fail(f"user {user!r} has no gateway token", EXIT_BAD_INPUT)
+            err.print(f"revoked the gateway token of {user}; requests with it get 401", highlight=False)
+            return
+        token = tokens.issue(store, user)
+    finally:
+        store.close()
+    click.echo(f"{tokens.TOKEN_VARIABLE}={token}")
 
 
 def _exec(settings: Settings, service: str) -> None:

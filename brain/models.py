@@ -357,7 +357,6 @@ class SecretRecord(BaseModel):
     updated_at: float
 
 
-
 class GatewayToken(BaseModel):
     """A user's MCP gateway token as the store keeps it (issue 13): only its SHA-256, never the
     token. One per user: issuing a new one replaces (and so revokes) the old."""
