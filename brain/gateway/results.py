@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import mcp_types as types
+from mcp import types
 
 from brain.gateway.primary import TREE_STATUS
 from brain.models import TaskRecord, TaskState

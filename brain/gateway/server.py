@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import mcp_types as types
 import redis
 import redis.asyncio
+from mcp import types
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
 from mcp.server.auth.provider import AccessToken
