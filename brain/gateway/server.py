@@ -102,8 +102,10 @@ def changed_users(
     users: set[str],
 ) -> set[str]:
     """Users (of ``users``) whose tools may have changed: all on a registry reload, else those
-    one of whose clients connected, left or reconnected. Pure."""
-    if before[0] is not None and before[0] != after[0]:
+    one of whose clients connected, left or reconnected; nobody on the first look. Pure."""
+    if before[0] is None:
+        return set()
+    if before[0] != after[0]:
         return set(users)
     return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
 
@@ -348,8 +350,6 @@ class Gateway:
         after = await anyio.to_thread.run_sync(self.backend.state)
         before = (self.watch.loaded_at, self.watch.per_user)
         self.watch.loaded_at, self.watch.per_user = after
-        if before[0] is None:
-            return set()
         self._forget_idle_sessions()
         users = changed_users(before, after, set(self.watch.sessions) | set(self.watch.buses))
         for user in sorted(users):

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -30,6 +33,7 @@ from brain.stack import EmbeddedStack, gateway_argv, stack_env
 from brain.store import open_store
 from tests.conftest import (
     NPM_CACHE,
+    ROOT,
     agent_with_servers,
     demo_server,
     make_settings,
@@ -435,3 +439,63 @@ def test_progress_notifications_of_a_running_tool_reach_the_mcp_client(
     result = anyio.run(scenario)
     assert not result.is_error
     assert seen and all(total == 4 for _, total in seen) and seen == sorted(seen)
+
+
+# --- as a user runs it: `vancetope up`, `vancetope users token demo` --------------------------
+
+
+def test_up_serves_the_gateway_and_a_token_from_users_token_demo_lets_an_mcp_client_in(
+    tmp_path: Path,
+) -> None:
+    data, port = tmp_path / "data", free_port()
+    env = {**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250"}
+
+    def vancetope(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+            [sys.executable, "-m", "brain", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+
+    with open(tmp_path / "up.log", "w") as up_log:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "brain", "up", "--gateway-port", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=up_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: "MCP gateway: http" in (tmp_path / "up.log").read_text(), 120, "`vancetope up`")
+        url = f"http://127.0.0.1:{port}/mcp"
+        wait_served(url)
+        issued = vancetope("users", "token", "demo")
+        assert issued.returncode == 0, issued.stderr
+        assert re.fullmatch(r"VANCETOPE_GATEWAY_TOKEN=vtg_\S+", issued.stdout.strip()), issued.stdout
+        token = issued.stdout.strip().split("=", 1)[1]
+
+        async def scenario() -> tuple[set[str], types.CallToolResult, types.CallToolResult]:
+            async with mcp_client(url, token) as mcp:
+                names = {t.name for t in (await mcp.list_tools()).tools}
+                on_server = await mcp.call_tool("get_current_time", {"timezone": "UTC"})
+                on_client = await mcp.call_tool("read_local_file", {"path": "notes.txt"})
+            return names, on_server, on_client
+
+        names, on_server, on_client = anyio.run(scenario)
+        assert {"get_current_time", "read_local_file", "git_log"} <= names  # git_log: the laptop's mcp.json
+        assert on_server.structured_content["timezone"] == "UTC"
+        assert not on_client.is_error and text_of(on_client), text_of(on_client)
+        revoked = vancetope("users", "token", "demo", "--revoke")
+        assert revoked.returncode == 0, revoked.stderr
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+        assert httpx2.post(url, json={}, headers=headers).status_code == 401
+        assert vancetope("users", "token", "demo", "--revoke").returncode == 2
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGINT)
+            up.wait(60)
+    assert up.returncode == 0, (tmp_path / "up.log").read_text()
