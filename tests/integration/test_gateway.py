@@ -26,8 +26,10 @@ import pytest
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import ToolsListChanged, listen
 
 from brain.gateway import tokens
+from brain.hotstate import HotState
 from brain.redis_server import free_port
 from brain.stack import EmbeddedStack, gateway_argv, stack_env
 from brain.store import open_store
@@ -99,8 +101,11 @@ def gateway(stack: EmbeddedStack) -> str:
 
 @asynccontextmanager
 async def mcp_client(
-    url: str, token: str, on_message: Callable[[Any], None] | None = None
+    url: str, token: str, on_message: Callable[[Any], None] | None = None, *, modern: bool = False
 ) -> AsyncIterator[ClientSession]:
+    """An SDK client session: the handshake era (initialize), or with ``modern`` the
+    2026-07-28 era (server/discover, per-request envelopes, subscriptions/listen)."""
+
     async def handler(message: Any) -> None:
         if on_message is not None:
             on_message(message)
@@ -110,7 +115,7 @@ async def mcp_client(
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write, message_handler=handler) as session,
     ):
-        await session.initialize()
+        await (session.discover() if modern else session.initialize())
         yield session
 
 
@@ -227,6 +232,37 @@ def test_a_cancelled_mcp_request_cancels_its_task(stack: EmbeddedStack, gateway:
         wait_until(cancelled, 30, "the slow call's task to be cancelled")
     finally:
         store.close()
+
+
+def test_a_2026_era_client_calls_tools_and_hears_of_a_registry_reload_on_its_listen_stream(
+    stack: EmbeddedStack, gateway: str
+) -> None:
+    token = token_for(stack, "ada")
+
+    def reload_registry() -> None:
+        # What the brain's reloader publishes (a new loaded_at); the tools stay the same.
+        hot = HotState.from_url(stack.redis_url)
+        try:
+            snapshot = hot.get_registry()
+            assert snapshot is not None
+            hot.put_registry({**snapshot, "loaded_at": snapshot["loaded_at"] + 1})
+        finally:
+            hot.close()
+
+    async def scenario() -> tuple[str | None, set[str], types.CallToolResult, Any]:
+        async with mcp_client(gateway, token, modern=True) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            called = await mcp.call_tool("notes/add", {"a": 1, "b": 2})
+            async with listen(mcp, tools_list_changed=True) as events:
+                await anyio.to_thread.run_sync(reload_registry)
+                with anyio.fail_after(30):
+                    event = await events.__anext__()
+            return mcp.protocol_version, names, called, event
+
+    version, names, called, event = anyio.run(scenario)
+    assert version == "2026-07-28"
+    assert ADA_CLIENT_TOOLS <= names and text_of(called) == "3"
+    assert isinstance(event, ToolsListChanged)
 
 
 # --- tool pools (seed 004) ------------------------------------------------------------------
