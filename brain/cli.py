@@ -65,6 +65,8 @@ err = Console(stderr=True)
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
+# How long `up` waits for the MCP gateway to listen before it says where to look.
+GATEWAY_READY_S = 30.0
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -459,7 +461,19 @@ def _start_gateway(stack: EmbeddedStack, port: int) -> None:
             highlight=False,
         )
         return
-    stack.start_gateway(port)
+    service = stack.start_gateway(port)
+    deadline = time.monotonic() + GATEWAY_READY_S
+    while _port_free(port) and time.monotonic() < deadline:
+        if service.process is not None and service.process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not serving yet on {host}:{port}; see {service.log_path}. "
+            "The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
     console.print(
         f"MCP gateway: http://{host}:{port}/mcp (a token: `vancetope users token U`)", highlight=False
     )

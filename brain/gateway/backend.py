@@ -22,7 +22,7 @@ from brain.errors import BrainError
 from brain.gateway import tokens
 from brain.gateway.catalog import GatewayTool, catalog, user_sessions
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
-from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, SUBMIT_TREE, TREE_STATUS
+from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
 from brain.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskSpec, TaskTree
 from brain.presence import ClientSession
 from brain.registry import RegistrySnapshot
@@ -100,7 +100,7 @@ class Backend:
     def view(self, user: str) -> UserView:
         registry = self.registry()
         own = user_sessions(self.sessions().values(), user)
-        tools = catalog(registry.tools, own, user)
+        tools = catalog(registry.tools, own, user, OWN_NAMES)
         return UserView(
             user=user,
             tools=tools,

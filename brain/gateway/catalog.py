@@ -54,17 +54,26 @@ def user_sessions(sessions: Iterable[ClientSession], user: str) -> list[ClientSe
 
 
 def catalog(
-    registry: Mapping[str, ToolSpec], sessions: Iterable[ClientSession], user: str
+    registry: Mapping[str, ToolSpec],
+    sessions: Iterable[ClientSession],
+    user: str,
+    reserved: frozenset[str] = frozenset(),
 ) -> list[GatewayTool]:
-    """Every tool ``user`` may call: the registry's, then those only the user's clients offer."""
+    """Every tool ``user`` may call: the registry's, then those only the user's clients offer.
+    A name in ``reserved`` (the gateway's own tools) is never given to another tool: an MCP
+    tool of that bare name is listed as ``<server>/<tool>``, any other is left out."""
     own = user_sessions(sessions, user)
     offers = {
         name: tuple(s.client_id for s in own if name in s.tool_names())
         for s in own
         for name in s.tool_names()
     }
-    listed = [_from_spec(name, spec, offers) for name, spec in _registry_entries(registry)]
-    taken = {t.name for t in listed}
+    listed = [
+        _from_spec(_unreserved(name, spec, reserved), spec, offers)
+        for name, spec in _registry_entries(registry)
+    ]
+    listed = [t for t in listed if t.name not in reserved]
+    taken = {t.name for t in listed} | set(reserved)
     for desc, clients in _client_only(registry, own):
         name = desc.name
         if name in taken and desc.mcp_server:
@@ -87,6 +96,12 @@ def _registry_entries(registry: Mapping[str, ToolSpec]) -> list[tuple[str, ToolS
                 continue
         entries.append((name, spec))
     return entries
+
+
+def _unreserved(name: str, spec: ToolSpec, reserved: frozenset[str]) -> str:
+    if name in reserved and spec.type is ToolType.MCP and spec.mcp_server:
+        return qualified(spec.mcp_server, name_on_server(name))
+    return name
 
 
 def _from_spec(name: str, spec: ToolSpec, offers: Mapping[str, tuple[str, ...]]) -> GatewayTool:

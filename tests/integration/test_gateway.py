@@ -535,3 +535,12 @@ def test_up_serves_the_gateway_and_a_token_from_users_token_demo_lets_an_mcp_cli
             os.killpg(up.pid, signal.SIGINT)
             up.wait(60)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
+
+
+def test_gateway_alone_needs_vancetope_redis_url(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VANCETOPE_REDIS_URL"}
+    done = subprocess.run(
+        [sys.executable, "-m", "brain", "--data-dir", str(tmp_path), "gateway"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "set VANCETOPE_REDIS_URL" in done.stderr

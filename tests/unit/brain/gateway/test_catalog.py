@@ -109,3 +109,15 @@ def test_the_same_client_only_tool_on_two_clients_of_the_user_is_one_tool() -> N
 def test_two_servers_of_the_users_clients_sharing_a_bare_name_keep_the_first_bare() -> None:
     sessions = [session("a", "ada", mcp("git", "log"), mcp("hg", "log"))]
     assert names(catalog({}, sessions, "ada")) == ["log", "hg/log"]
+
+
+def test_the_gateways_own_names_are_never_given_to_another_tool() -> None:
+    registry = {
+        **REGISTRY,
+        "brain_health": spec("ops/brain_health", mcp_server="ops"),
+        "ops/brain_health": spec("ops/brain_health", mcp_server="ops"),
+    }
+    sessions = [session("laptop", "ada", native("brain_cancel"), mcp("notes", "brain_cancel"))]
+    tools = catalog(registry, sessions, "ada", frozenset({"brain_health", "brain_cancel"}))
+    assert {"ops/brain_health", "notes/brain_cancel"} <= set(names(tools))
+    assert not {"brain_health", "brain_cancel"} & set(names(tools))
