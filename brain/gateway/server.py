@@ -46,7 +46,7 @@ from brain.gateway.backend import Backend, Refused, Submitted
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
-from brain.models import TaskState
+from brain.models import TaskRecord, TaskState
 from workers.contracts import channel_tree_events
 
 log = logging.getLogger("vancetope.gateway")
@@ -285,7 +285,7 @@ class Gateway:
         woken: Callable[[float], Awaitable[None]],
     ) -> types.CallToolResult:
         last_progress = None
-        blocked_since: float | None = None
+        blocked: TaskRecord | None = None  # the call's record while it was blocked
         while True:
             rec = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
             if rec.progress is not None and rec.progress != last_progress:
@@ -293,21 +293,21 @@ class Gateway:
                 await ctx.session.report_progress(
                     rec.progress.progress, rec.progress.total, rec.progress.message
                 )
+            if rec.state is TaskState.EXPIRED and blocked is not None:
+                return waited_result(blocked, submitted.wait_s)  # the brain's sweep was first
             if rec.state.is_final:
                 return final_result(rec)
             if rec.state is TaskState.PENDING_CLIENT:
                 return queued_result(rec)
-            if rec.state is TaskState.BLOCKED:
-                blocked_since = blocked_since or time.monotonic()
-                if time.monotonic() - blocked_since >= submitted.wait_s:
-                    await anyio.to_thread.run_sync(self.backend.cancel, submitted.tree_id)
-                    after = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
-                    # It may have started meanwhile (the client came back): then its end counts.
-                    if after.state is TaskState.DONE or after.state.is_queued:
-                        continue
-                    return waited_result(rec, submitted.wait_s)
-            else:
-                blocked_since = None
+            blocked = rec if rec.state is TaskState.BLOCKED else None
+            # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
+            if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
+                await anyio.to_thread.run_sync(self.backend.cancel, submitted.tree_id)
+                after = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
+                # It may have started meanwhile (the client came back): then its end counts.
+                if after.state is TaskState.DONE or after.state.is_queued:
+                    continue
+                return waited_result(blocked, submitted.wait_s)
             await woken(POLL_S)
 
     @asynccontextmanager
