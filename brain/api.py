@@ -31,7 +31,7 @@ from brain.errors import BrainError, StackNotRunning, TreeNotFound
 from brain.models import SessionKind, TaskRecord, TaskTree, TreeRecord, TreeStatus
 from brain.report import tree_report
 from brain.service import Brain
-from brain.stack import EmbeddedStack, running_stack_url
+from brain.stack import EmbeddedStack, running_stack_url, without_agent
 from brain.submission import check_submission
 from brain.treefile import load_tree, tree_from_data
 from workers.contracts import channel_tree_events, client_queue
@@ -161,7 +161,7 @@ class Vancetope:
         """Start the embedded stack (as `vancetope run` does without `up`) for this object's
         life; ``close()`` stops it."""
         settings = settings or load_settings()
-        stack = EmbeddedStack(settings, only=None if agent else ("brain", "server-pool"))
+        stack = EmbeddedStack(settings, only=None if agent else without_agent(settings))
         stack.start()
         try:
             return cls(Brain.connect(settings, stack.redis_url), stack)

@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from brain.config import Settings, load_settings
-from brain.display import clients_table, task_table, trees_table
+from brain.display import clients_table, queues_table, task_table, trees_table
 from brain.enrollment import enroll, revoke
 from brain.errors import (
     BrainError,
@@ -42,14 +42,25 @@ from brain.errors import (
     StackNotRunning,
     StoreError,
 )
+from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
 from brain.models import SessionKind, TaskSpec, TaskTree, TreeStatus
+from brain.pools import unknown_pool
+from brain.queues import QueuesReport, queues_report
 from brain.redis_server import submitter_url, write_private
 from brain.registry import RegistrySnapshot, build_registry
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.report import clients_report, tree_report, trees_report
 from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
 from brain.service import Brain, unreachable
-from brain.stack import EmbeddedStack, gateway_argv, running_stack_url, service_argvs, stack_env
+from brain.stack import (
+    EmbeddedStack,
+    gateway_argv,
+    pool_service,
+    running_stack_url,
+    service_argvs,
+    stack_env,
+    without_agent,
+)
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
 from brain.toolnames import clash_lines
@@ -57,7 +68,7 @@ from brain.treefile import load_tree
 from brain.validation import check_tree, unknown_tools
 from brain.vault import SecretInfo, Vault, VaultError, check_name, key_file, load_keys, write_keys
 from brain.watch import watch
-from workers.contracts import MCPServerFailure, client_queue
+from workers.contracts import DEFAULT_POOL, MCPServerFailure, client_queue
 
 console = Console()
 err = Console(stderr=True)
@@ -96,9 +107,6 @@ def cli(
         _fail(str(exc), EXIT_BAD_INPUT)
 
 
-NO_AGENT = ("brain", "server-pool")
-
-
 @contextlib.contextmanager
 def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -> Iterator[str]:
     """Yield a Redis URL with a brain behind it: configured, running, or started here."""
@@ -110,7 +118,7 @@ def _stack(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -
         err.print(
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
         )
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     try:
         stack.start()
         yield stack.redis_url
@@ -244,6 +252,8 @@ def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
     built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
     try:
         declared = build_registry(settings, discover=False)
+        # Pools are checked once the brain answers: a running stack may know pools this
+        # directory's config does not.
         check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
     except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
@@ -254,7 +264,7 @@ def _validate_or_exit(
 ) -> None:
     """``announced``: tools the run's connected clients offer, so they are not called unknown."""
     try:
-        check_tree(tree, registry.tools, source=str(path), engines=registry.engines)
+        check_tree(tree, registry.tools, source=str(path), engines=registry.engines, pools=registry.pools)
     except InvalidTaskTree as exc:
         _fail(str(exc), EXIT_BAD_INPUT)
     for warning in unknown_tools(tree, registry.tools.keys() | announced):
@@ -280,6 +290,9 @@ def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple
                     execution_target=spec.execution_target,
                     session=SessionKind.AUTONOMOUS,
                     engine=engine,
+                    pool=spec.pool,
+                    tree_pool=tree.pool,
+                    pools=frozenset(registry.pools),
                 ),
                 registry.tools,
                 Presence(),
@@ -319,7 +332,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
     for spec, route in routes:
-        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.kind.value, route.reason)
+        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason)
     console.print(table)
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
     if failing:
@@ -358,12 +371,23 @@ def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
 @cli.command()
 @click.argument("tree_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option(
+    "--queues",
+    "queues_only",
+    is_flag=True,
+    help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
+)
 @click.pass_obj
-def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
-    """Show recent task trees, or every task of TREE_ID with its state, route and result.
+def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: bool) -> None:
+    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and result.
 
-    Reads only the store: works while Redis is down. --json prints whole results.
+    Trees come from the store: they show while Redis is down. The queues (per server pool,
+    client and user: work waiting, and whether anyone consumes it) need the stack.
+    --json prints whole results; --queues --json the queues.
     """
+    if queues_only:
+        _status_queues(settings, as_json)
+        return
     store = open_store(settings.store)
     try:
         if tree_id is None:
@@ -373,6 +397,7 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
                 click.echo(json.dumps(trees_report(trees, counts), indent=2))
             else:
                 console.print(trees_table(trees, counts) if trees else "no task trees yet")
+                _show_queues(settings)
             return
         tree_rec = store.get_tree(tree_id)
         if tree_rec is None:
@@ -386,12 +411,53 @@ def status(settings: Settings, tree_id: str | None, as_json: bool) -> None:
         store.close()
 
 
+def _status_queues(settings: Settings, as_json: bool) -> None:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        _fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
+    try:
+        report = queues_report(settings, url)
+    except StackNotRunning as exc:
+        _fail(str(exc), EXIT_STACK)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_queues(report)
+
+
+def _show_queues(settings: Settings) -> None:
+    """The queues under the trees, when a stack answers; else one dim line saying why not."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        console.print("[dim]queues: no stack running here (`vancetope up`)[/]")
+        return
+    try:
+        _print_queues(queues_report(settings, url))
+    except StackNotRunning as exc:
+        console.print(f"[dim]queues: {exc}[/]", highlight=False)
+
+
+def _print_queues(report: QueuesReport) -> None:
+    console.print(queues_table(report))
+    for line in report.alarms():
+        console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
+
+
 @cli.command()
-@click.option("--flower", is_flag=True, help=f"Also start Flower on 127.0.0.1:{FLOWER_PORT}.")
+@click.option("--flower", is_flag=True, help=f"Also start Flower (default 127.0.0.1:{FLOWER_PORT}).")
 @click.option(
     "--flower-port",
     type=click.IntRange(1, 65535),
-    help=f"Start Flower on this port of 127.0.0.1 (implies --flower; default {FLOWER_PORT}).",
+    help=f"Start Flower on this port (implies --flower; default {FLOWER_PORT}).",
+)
+@click.option(
+    "--flower-address",
+    metavar="ADDRESS",
+    help="Start Flower on this address (implies --flower; default 127.0.0.1). Beyond loopback "
+    "(e.g. 0.0.0.0) Flower asks for a password: FLOWER_BASIC_AUTH=user:password if set, else user "
+    "'vancetope' and a password generated into <data_dir>/flower.secret.",
 )
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
 @click.option(
@@ -405,6 +471,7 @@ def up(
     settings: Settings,
     flower: bool,
     flower_port: int | None,
+    flower_address: str | None,
     no_agent: bool,
     gateway_port: int | None,
     no_gateway: bool,
@@ -416,13 +483,15 @@ def up(
     (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
     keeps running.
     """
-    stack = EmbeddedStack(settings, only=NO_AGENT if no_agent else None)
+    wants_flower = flower or flower_port is not None or flower_address is not None
+    access = _flower_access(settings, flower_address or "127.0.0.1") if wants_flower else None
+    stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stack.start()
-        if flower or flower_port is not None:
-            _start_flower(stack, flower_port or FLOWER_PORT)
+        if access is not None:
+            _start_flower(stack, flower_port or FLOWER_PORT, access)
         if not no_gateway:
             _start_gateway(stack, gateway_port or settings.gateway_port)
         assert stack.redis is not None
@@ -440,16 +509,34 @@ def up(
         stack.stop()
 
 
-def _start_flower(stack: EmbeddedStack, port: int) -> None:
-    if not _port_free(port):
+def _flower_access(settings: Settings, address: str) -> FlowerAccess:
+    """Decided before anything starts: Flower beyond loopback without a password is bad input."""
+    try:
+        access = flower_access(address, settings.data_dir, os.environ)
+        access.env()
+    except FlowerUnprotected as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
+    return access
+
+
+def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None:
+    address = access.address
+    if not _port_free(port, address):
         err.print(
-            f"[yellow]flower not started: 127.0.0.1:{port} is already in use (another Flower or "
-            "program); pick a free port with --flower-port. The rest of the stack runs.[/]",
+            f"[yellow]flower not started: {address}:{port} is already in use (another Flower or "
+            "program) or not an address of this machine; pick a free port with --flower-port. "
+            "The rest of the stack runs.[/]",
             highlight=False,
         )
         return
-    stack.start_flower(port)
-    console.print(f"flower: http://127.0.0.1:{port}")
+    stack.start_flower(port, access)
+    if access.basic_auth:
+        # The user and where the password is, never the password (this line may be logged).
+        login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
+    else:
+        login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
+    host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
+    console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
 
 
 def _start_gateway(stack: EmbeddedStack, port: int) -> None:
@@ -479,10 +566,11 @@ def _start_gateway(stack: EmbeddedStack, port: int) -> None:
     )
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+def _port_free(port: int, address: str = "127.0.0.1") -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
-            probe.bind(("127.0.0.1", port))
+            probe.bind((address, port))
         except OSError:
             return False
     return True
@@ -618,6 +706,7 @@ def secrets() -> None:
 
 @contextlib.contextmanager
 def _vault(settings: Settings, *, create: bool = False) -> Iterator[Vault]:
+    """The vault on the configured store; a VaultError inside is exit 2 with its message."""
     store = open_store(settings.store)
     try:
         yield Vault(store, load_keys(settings, create=create))
@@ -647,10 +736,7 @@ def secrets_set(settings: Settings, name: str) -> None:
     if not value:
         _fail(f"no value for secret {name!r}: pipe it on stdin or type it at the prompt", EXIT_BAD_INPUT)
     with _vault(settings, create=True) as vault:
-        try:
-            info = vault.set(name, value)
-        except VaultError as exc:
-            _fail(str(exc), EXIT_BAD_INPUT)
+        info = vault.set(name, value)
     verb = "updated" if info.updated_at != info.created_at else "stored"
     console.print(f"{verb} secret [bold]{name}[/]; use it as ${{vault:{name}}}", highlight=False)
 
@@ -789,12 +875,19 @@ def brain(settings: Settings) -> None:
 
 
 @cli.command()
+@click.option("--pool", default=DEFAULT_POOL, show_default=True, help="The server pool to serve ([[pools]]).")
 @click.pass_obj
-def worker(settings: Settings) -> None:
-    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground."""
+def worker(settings: Settings, pool: str) -> None:
+    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground.
+
+    --pool NAME serves the named pool's queue (server.NAME) with the concurrency of its
+    [[pools]] table; without it, the default pool (queue server, server_concurrency).
+    """
     if not settings.redis_url:
         _fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run a worker pool", EXIT_BAD_INPUT)
-    _exec(settings, "server-pool")
+    if pool != DEFAULT_POOL and settings.pool(pool) is None:
+        _fail(f"--pool: {unknown_pool(pool, [p.name for p in settings.pools])}", EXIT_BAD_INPUT)
+    _exec(settings, pool_service(pool))
 
 
 @cli.command()

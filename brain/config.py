@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from brain.errors import ConfigError
+from brain.pools import PoolSpec, check_unique
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.tools.netguard import HttpAllow
@@ -90,6 +91,30 @@ class Settings(BaseModel):
     vault_key: str | None = Field(default=None, repr=False)
     # The vault's key file when vault_key is unset (default: <data_dir>/vault.key, mode 0600).
     vault_key_file: Path | None = None
+    # Named server pools: the top-level [[pools]] tables of vancetope.toml (brain.pools), or
+    # VANCETOPE_POOLS as a JSON list of them. The default pool is always there.
+    pools: tuple[PoolSpec, ...] = ()
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _parse_pools(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'not a JSON list of pools ([{{"name": "gpu", "concurrency": 1}}]): {exc}'
+                ) from exc
+        return value
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, value: tuple[PoolSpec, ...]) -> tuple[PoolSpec, ...]:
+        return check_unique(value)
+
+    def pool(self, name: str) -> PoolSpec | None:
+        """The named pool ``name``, None when it is not configured."""
+        return next((p for p in self.pools if p.name == name), None)
 
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
@@ -120,7 +145,9 @@ class Settings(BaseModel):
         """The settings as ``VANCETOPE_*`` variables for child processes."""
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
-            if isinstance(value, tuple):
+            if name == "pools":
+                env[ENV_PREFIX + "POOLS"] = json.dumps(value)
+            elif isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
             elif isinstance(value, dict):
                 if value:
@@ -140,9 +167,11 @@ def load_settings(
     cfg = cwd / CONFIG_FILE
     if cfg.is_file():
         try:
-            table = tomllib.loads(cfg.read_text()).get("vancetope", {})
+            document = tomllib.loads(cfg.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
+        table = document.get("vancetope", {})
+        values.update(pool_tables(document, cfg))
         for key, value in table.items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
             if key in ("data_dir", "registry", "mcp_config", "agent_config", "vault_key_file") and isinstance(
@@ -162,3 +191,14 @@ def load_settings(
         raise ConfigError(
             "invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)
         ) from exc
+
+
+def pool_tables(document: Mapping[str, object], source: Path) -> dict[str, object]:
+    """``{"pools": [...]}`` from a config file's top-level ``[[pools]]`` tables (beside
+    ``[vancetope]``), or ``{}`` when it has none. Each table is checked by ``PoolSpec``."""
+    if "pools" not in document:
+        return {}
+    pools = document["pools"]
+    if not isinstance(pools, list) or not all(isinstance(p, dict) for p in pools):
+        raise ConfigError(f'{source}: pools must be [[pools]] tables (name = "gpu", concurrency = 1)')
+    return {"pools": pools}

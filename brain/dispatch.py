@@ -20,10 +20,10 @@ from workers.app import make_app
 from workers.contracts import (
     MAX_MESSAGE_BYTES,
     RUN_TOOL_TASK,
-    SERVER_QUEUE,
     ToolCall,
     client_keyprefix,
     client_queue,
+    pool_queue,
 )
 from workers.lease import VISIBILITY_TIMEOUT_S
 
@@ -89,9 +89,10 @@ class Publisher:
             stack.enter_context(producer.batch())
         return producer
 
-    def send(self, call: ToolCall) -> None:
+    def send(self, call: ToolCall, pool: str | None = None) -> None:
+        """Publish ``call`` on its client's queue, else on ``pool``'s (None: the default pool)."""
         app = self.app_for(call.client_id)
-        queue = SERVER_QUEUE if call.client_id is None else client_queue(call.client_id)
+        queue = pool_queue(pool) if call.client_id is None else client_queue(call.client_id)
         limit_cap = float(app.conf.task_time_limit or 3600)
         app.send_task(
             RUN_TOOL_TASK,

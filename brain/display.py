@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from brain.models import Progress, TaskRecord, TaskState, TreeRecord
+from brain.queues import QueuesReport
 
 STATE_STYLE = {
     "pending": "dim",
@@ -136,3 +137,34 @@ def clients_table(
             str(wait) if wait else "",
         )
     return table
+
+
+def queues_table(report: QueuesReport) -> Table:
+    """Per server pool, client and user: the work waiting and who takes it; a queue with work
+    and nobody consuming it is marked in bold red."""
+    table = Table(title="queues", title_justify="left")
+    for col in ("", "name", "queue", "waiting", "taken by"):
+        table.add_column(col, overflow="fold")
+    for p in report.pools:
+        table.add_row("pool", p.pool, p.queue, str(p.waiting), _consumers(p.nobody_consuming, p.workers))
+    for c in report.clients:
+        waiting = f"{c.waiting}" + (f" (+{c.parked} parked)" if c.parked else "")
+        taken = (
+            [f"client-agent@{c.client_id}" + (f", {c.taken} running" if c.taken else "")]
+            if c.connected
+            else []
+        )
+        table.add_row(
+            f"client ({c.user})", c.client_id, c.queue, waiting, _consumers(c.nobody_consuming, taken)
+        )
+    for u in report.users:
+        table.add_row(
+            "user", u.user, "(parked)", str(u.parked), _consumers(u.nobody_consuming, u.connected_clients)
+        )
+    return table
+
+
+def _consumers(alarm: bool, names: Sequence[str]) -> Text:
+    if alarm:
+        return Text("NOBODY — work waiting, nobody consuming", style="bold red")
+    return Text(", ".join(names)) if names else Text("nobody", style="dim")

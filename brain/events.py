@@ -16,6 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.events import EventDispatcher
 
+from brain.dispatch import args_summary
 from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolProgress, ToolResult
 
 log = logging.getLogger("vancetope.brain")
@@ -80,7 +81,7 @@ class ClientEvents:
             "task-received",
             uuid=call.run_id,
             name=RUN_TOOL_TASK,
-            args=repr([call.tool, call.task_id]),
+            args=args_summary(call),  # as for the server pool's tasks: argument names, no values
             kwargs="{}",
             retries=0,
             eta=None,
@@ -102,8 +103,11 @@ class ClientEvents:
                 result=repr({"ok": True, "tool": result.tool, "task": result.task_id}),
             )
         else:
-            message = result.error.message if result.error else "failed"
-            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=message, traceback="")
+            # The error's type only: its message may quote argument values or file contents
+            # (the store keeps it whole), as Flower never shows a server pool task's either.
+            kind = result.error.type if result.error else "failed"
+            shown = f"{kind} (the message: vancetope status {result.tree_id})"
+            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
 
     def task_progress(self, update: ToolProgress) -> None:
         """A client's call reporting progress: Flower shows the task as PROGRESS meanwhile."""

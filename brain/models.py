@@ -14,7 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workers.contracts import MAX_CALL_TIMEOUT_S, MAX_TOOL_NAME_CHARS, MAX_WIRE_ID_CHARS, ErrorInfo, ToolType
+from workers.contracts import (
+    MAX_CALL_TIMEOUT_S,
+    MAX_TOOL_NAME_CHARS,
+    MAX_WIRE_ID_CHARS,
+    ErrorInfo,
+    ToolType,
+    check_pool_name,
+)
 
 # --- ids: one grammar, sized so that whatever a tree file may hold fits on the wire -------
 
@@ -54,6 +61,12 @@ def check_task_id(value: str) -> str:
             f"references could not tell apart; rename it (e.g. {part[1:]!r} -> {part[1:4]!r})"
         )
     return value
+
+
+def check_pool(value: str | None) -> str | None:
+    """A pool name (``[[pools]]`` in vancetope.toml, or ``default``); whether it is configured
+    is checked against the configuration (``brain.pools``), not here."""
+    return None if value is None else check_pool_name(value)
 
 
 class Location(StrEnum):
@@ -107,6 +120,10 @@ class ToolSpec(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_CALL_TIMEOUT_S)
     # How long a call may wait parked for a client before it expires (issue: client path).
     max_wait_s: float | None = Field(default=None, gt=0)
+    # The server pool that runs this tool (a ``[[pools]]`` name); None: the tree's, else the default.
+    pool: str | None = None
+
+    _valid_pool = field_validator("pool")(check_pool)
 
     @field_validator("name")
     @classmethod
@@ -140,6 +157,10 @@ class ToolSpec(BaseModel):
     def _check_consistency(self) -> ToolSpec:
         if self.type is ToolType.MCP and not self.mcp_server:
             raise ValueError("type 'mcp' needs mcp_server (the server's name in mcpServers)")
+        if self.pool is not None and self.location is Location.CLIENT:
+            raise ValueError(
+                f"pool {self.pool!r} applies to server runs, and location 'client' never runs there"
+            )
         if self.prefer is not None and self.location is not Location.BOTH:
             raise ValueError(f"prefer only applies to location 'both', not {self.location.value!r}")
         if self.offline_strategy is OfflineStrategy.FALLBACK and not (
@@ -186,6 +207,10 @@ class TaskSpec(BaseModel):
     # How long the whole task may take, from first leaving `pending` to a final state,
     # waiting for a client and retries included (Temporal's schedule-to-close).
     max_total_s: float | None = Field(default=None, gt=0)
+    # The server pool for this task's server runs; wins over the tool's and the tree's pool.
+    pool: str | None = None
+
+    _valid_pool = field_validator("pool")(check_pool)
 
     @field_validator("id")
     @classmethod
@@ -215,7 +240,11 @@ class TaskTree(BaseModel):
     engine: str | None = None
     # How long this tree's tasks may wait parked for a client (over the tool's max_wait_s).
     max_wait_s: float | None = Field(default=None, gt=0)
+    # The server pool of this tree's server runs when neither the task nor its tool names one.
+    pool: str | None = None
     tasks: list[TaskSpec] = Field(min_length=1)
+
+    _valid_pool = field_validator("pool")(check_pool)
 
     @field_validator("id")
     @classmethod
@@ -296,10 +325,13 @@ class TaskRecord(BaseModel):
     state: TaskState = TaskState.PENDING
     run_id: str | None = None
     attempt: int = 0
-    route: str = ""  # human-readable route summary, e.g. "server" or "client:alice"; never parsed
+    route: str = ""  # human-readable route summary: "server", "server:gpu", "client:alice"; never parsed
     # The client this task's current run was sent to (None: the server pool). Written with
     # each new run id, kept while the task is parked; what authorises that client's result.
     client_id: str | None = None
+    # The named server pool this task's current run was sent to (None: the default pool, or a
+    # client). Written with each new run id: what the reconciler re-sends to.
+    pool: str | None = None
     reason: str = ""  # why it is in this state (blocked_reason, skip reason, ...)
     result: Any = None  # the convenient value: ${tasks.<id>.result}
     # An MCP tool's whole CallToolResult (content blocks, structuredContent), as the server

@@ -1,8 +1,8 @@
 """Celery entry point of the server worker pool as the stack runs it (layer: brain, wiring).
 
-``celery -A brain.pool worker -Q server`` is ``workers.server_worker`` with one change:
-a finished task's result is recorded in the worker, and its ready dependents are
-dispatched from there (``brain.recorder``); the brain gets the result only if that fails.
+``celery -A brain.pool worker -Q server`` (or ``-Q server.<pool>``) is ``workers.server_worker``
+with one change: a finished task's result is recorded in the worker, and its ready dependents
+are dispatched from there (``brain.recorder``); the brain gets the result only if that fails.
 """
 
 import os
@@ -11,6 +11,7 @@ from brain import vault
 from brain.config import load_settings
 from brain.recorder import InlineRecorder
 from workers.app import app
+from workers.pool_presence import PoolPresence
 from workers.tasks import register, send_to_brain
 from workers.tools.builtin import builtin_tools
 from workers.tools.http_get import HttpHeaders
@@ -18,6 +19,8 @@ from workers.tools.netguard import HttpAllow
 
 # ${vault:NAME} in the server mcpServers file is resolved here, as each MCP server starts.
 vault.install(load_settings())
+# Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
+app.steps["consumer"].add(PoolPresence)
 recorder = InlineRecorder(app, fallback=send_to_brain(app))
 run_tool = register(
     app,

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from brain.config import Settings
 from brain.errors import ConfigError, InvalidRegistry
 from brain.models import Location, ToolSpec
+from brain.pools import registry_pool_problems
 from brain.routing import Engine
 from brain.toolnames import clash_lines, place, qualified
 from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
@@ -34,6 +35,8 @@ class RegistrySnapshot(BaseModel):
     mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
     # bare tool name -> who offers it, when several do (brain.toolnames)
     clashes: dict[str, list[str]] = Field(default_factory=dict)
+    # The named server pools the brain routes to (the default pool is always there).
+    pools: list[str] = Field(default_factory=list)
     # When this snapshot was built, and what changed from the one before (brain.reload).
     loaded_at: float = 0.0
     changes: list[str] = Field(default_factory=list)
@@ -83,10 +86,17 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     # not answering) could still offer it, and the router then says so at run time.
     complete = not failures and (discover or not settings.mcp_config)
     problems = unknown_fallbacks(tools) if complete else []
+    pools = [p.name for p in settings.pools]
+    problems += registry_pool_problems(tools, pools)
     if problems:
         raise InvalidRegistry(str(settings.registry or "the registry"), problems)
     return RegistrySnapshot(
-        tools=tools, engines=engines, mcp_failures=failures, clashes=placed.clashes, loaded_at=time.time()
+        tools=tools,
+        engines=engines,
+        mcp_failures=failures,
+        clashes=placed.clashes,
+        pools=pools,
+        loaded_at=time.time(),
     )
 
 

@@ -29,6 +29,11 @@ Decision order (every step leaves its explanation in ``Route.reason``):
    a ``fallback_tool`` the engine does not allow is never called; with no other server
    alternative the session default applies, and the reason says why.
 
+Pool: a server route names the pool that runs it (``Route.pool``, None for the default
+pool): the task's ``pool``, else the called tool's (a ``fallback_tool``'s own, when it
+replaces the tool), else the tree's (``brain.pools``). A pool that is not configured
+(``RouteRequest.pools``) fails the call.
+
 Usable clients: the session's own client first; else, among the connected clients
 of the same user that offer the tool, the least loaded (``ClientView.load``: calls
 the brain has queued on or sent to it and not yet seen finish), ties going in
@@ -46,7 +51,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from brain.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
-from workers.contracts import SERVER_QUEUE, client_queue
+from brain.pools import pool_route, unknown_pool
+from workers.contracts import DEFAULT_POOL, client_queue, pool_queue
 
 
 class RouteKind(StrEnum):
@@ -71,12 +77,23 @@ class Route(BaseModel):
     fell_back_from: str | None = None
     # The offline strategy that produced this route; None when a side was simply available.
     strategy: OfflineStrategy | None = None
+    # The named server pool of a SERVER route; None: the default pool.
+    pool: str | None = None
+
+    @property
+    def summary(self) -> str:
+        """Where it goes in a word: ``server``, ``server:<pool>``, ``client:<id>``, else the kind."""
+        if self.kind is RouteKind.SERVER:
+            return pool_route(self.pool)
+        if self.kind is RouteKind.CLIENT and self.client_id is not None:
+            return f"client:{self.client_id}"
+        return self.kind.value
 
     @property
     def queue(self) -> str | None:
         """The Celery queue to publish on; None when nothing is sent now."""
         if self.kind is RouteKind.SERVER:
-            return SERVER_QUEUE
+            return pool_queue(self.pool)
         if self.kind is RouteKind.CLIENT and self.client_id is not None:
             return client_queue(self.client_id)
         return None
@@ -158,6 +175,11 @@ class RouteRequest(BaseModel):
     execution_target: ExecutionTarget = ExecutionTarget.AUTO
     session: SessionKind = SessionKind.AUTONOMOUS
     engine: Engine | None = None
+    # The pool the task names, and the one its tree names (brain.pools for the order).
+    pool: str | None = None
+    tree_pool: str | None = None
+    # The configured named pools (the default pool is always there).
+    pools: frozenset[str] = frozenset()
 
 
 def decide_route(req: RouteRequest, registry: Mapping[str, ToolSpec], presence: Presence) -> Route:
@@ -290,7 +312,25 @@ def _by_location(call: _Call) -> Route:
 
 
 def _server(call: _Call, reason: str) -> Route:
-    return Route(kind=RouteKind.SERVER, tool=call.tool, reason=reason)
+    pool, note = _pool(call, call.tool)
+    return Route(kind=RouteKind.SERVER, tool=call.tool, reason=reason + note, pool=pool)
+
+
+def _pool(call: _Call, tool: str) -> tuple[str | None, str]:
+    """The named pool that runs ``tool`` for this call (None: the default pool), and words
+    for the reason. Task, then tool, then tree; an unconfigured pool refuses the call."""
+    spec = call.registry.get(tool)
+    named = (
+        (call.req.pool, "the task"),
+        (spec.pool if spec is not None else None, f"tool {tool!r}"),
+        (call.req.tree_pool, "the tree"),
+    )
+    pool, whose = next(((p, w) for p, w in named if p is not None), (None, ""))
+    if pool is None or pool == DEFAULT_POOL:
+        return None, ""
+    if pool not in call.req.pools:
+        raise _Refusal(unknown_pool(pool, call.req.pools, whose))
+    return pool, f", on pool {pool!r} (named by {whose})"
 
 
 def _client_or_offline(call: _Call, why: str) -> Route:
@@ -412,12 +452,14 @@ def _fallback_route(call: _Call, alternative: str, suffix: str) -> Route:
     if alternative != call.tool:
         reason += f"; calling fallback_tool {alternative!r} instead of {call.tool!r}"
         fell_back_from = call.tool
+    pool, note = _pool(call, alternative)
     return Route(
         kind=RouteKind.SERVER,
         tool=alternative,
-        reason=reason + suffix,
+        reason=reason + suffix + note,
         fell_back_from=fell_back_from,
         strategy=OfflineStrategy.FALLBACK,
+        pool=pool,
     )
 
 

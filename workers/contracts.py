@@ -30,6 +30,40 @@ def client_queue(client_id: str) -> str:
     return f"client.{client_id}"
 
 
+# Server pools (DESIGN decision 4): the default pool consumes ``server``; a named pool
+# ``<name>`` consumes ``server.<name>``, so a pool can run on any machine that reaches Redis.
+DEFAULT_POOL = "default"
+_POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+def check_pool_name(pool: str) -> str:
+    """``pool`` when it is a valid pool name; else ValueError saying what to change."""
+    if not _POOL_NAME.match(pool):
+        raise ValueError(
+            f"invalid pool name {pool!r}: use letters, digits, '_' and '-', starting with a letter "
+            "or digit (max 63)"
+        )
+    return pool
+
+
+def pool_queue(pool: str | None) -> str:
+    """The Celery queue of a server pool: ``server`` for the default pool (None or
+    ``default``), ``server.<name>`` for a named one."""
+    if pool is None or pool == DEFAULT_POOL:
+        return SERVER_QUEUE
+    return f"{SERVER_QUEUE}.{check_pool_name(pool)}"
+
+
+def pool_of_queue(queue: str) -> str | None:
+    """The pool that consumes ``queue`` (``default`` for ``server``), or None for any other queue."""
+    if queue == SERVER_QUEUE:
+        return DEFAULT_POOL
+    prefix = SERVER_QUEUE + "."
+    if queue.startswith(prefix) and _POOL_NAME.match(queue[len(prefix) :]):
+        return queue[len(prefix) :]
+    return None
+
+
 def client_keyprefix(client_id: str) -> str:
     """kombu ``global_keyprefix`` of one client's connection (RELIABILITY.md)."""
     client_queue(client_id)  # validates
@@ -86,6 +120,12 @@ def key_cancelled() -> str:
     """Set of run ids no worker may start (cancel survives offline workers: they check it).
     Under a client's connection prefix this is that client's own set."""
     return f"{KEY_NS}cancelled"
+
+
+def key_pool_workers(pool: str) -> str:
+    """Sorted set: node name -> Redis time (s) until which that worker of ``pool`` counts as
+    alive. Each pool worker renews its own entry (``workers.pool_presence``)."""
+    return f"{KEY_NS}pool:{check_pool_name(pool)}:workers"
 
 
 def key_deliveries(run_id: str) -> str:

@@ -26,7 +26,7 @@ from brain.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
-from workers.contracts import key_deliveries
+from workers.contracts import key_deliveries, pool_queue
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +96,38 @@ def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
     tasks = brain.store.get_tasks(rec.tree_id)
     assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
     assert all(t.state is TaskState.DONE and t.result is not None for t in tasks)
+
+
+def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_only(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("tools:\n  - name: sleep\n    location: server\n    pool: gpu\n")
+    stack = stack_factory(
+        services=("brain", "server-pool", "server-pool-gpu"),
+        registry=registry,
+        pools=[{"name": "gpu", "concurrency": 1}],
+        visibility_timeout_s=VISIBILITY_S,
+    )
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(sleeps(2, 3.0, "gpu-crash"))
+    wait_until(lambda: brain.hot.running(rec.tree_id, set()), timeout=60, what="the gpu pool to start a call")
+    kill(stack, "server-pool-gpu")
+    # The leases lapse and a live consumer (the brain) restores the message to `server.gpu`; the
+    # default pool, still running, never takes it.
+    wait_until(
+        lambda: brain.hot.r.llen(pool_queue("gpu")) == 2,
+        timeout=RECOVERY_BOUND_S,
+        what="both calls back on server.gpu",
+    )
+    assert all(t.state is TaskState.QUEUED_SERVER for t in brain.store.get_tasks(rec.tree_id))
+    stack.start_service("server-pool-gpu")
+    done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+    assert all(t.worker.startswith("server-gpu@") and t.route == "server:gpu" for t in tasks)
 
 
 def test_a_result_stranded_by_a_killed_brain_is_recorded_after_it_restarts(

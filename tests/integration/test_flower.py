@@ -2,32 +2,47 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import stat
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from brain.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
 from brain.models import SessionKind
 from brain.redis_server import RedisServer, free_port
 from brain.service import Brain
-from brain.stack import flower_argv
-from tests.conftest import tree, wait_until
+from brain.stack import EmbeddedStack, flower_argv
+from tests.conftest import (
+    agent_with_servers,
+    make_settings,
+    tree,
+    wait_for_tree,
+    wait_until,
+    write_mcp_config,
+)
 from tests.integration.test_parking import connect
+from tests.integration.test_supervisor import running_up, up_log
 from workers.contracts import ToolProgress, ToolResult
 
 pytestmark = pytest.mark.integration
 
 
-def get_json(url: str) -> object:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return json.loads(response.read())
-    except OSError:
-        return None
+OPS = ("ops", "ops-password")  # the credentials the first test gives Flower
+
+
+def get_json(url: str, auth: tuple[str, str] = OPS) -> Any:
+    status, body = fetch(url, auth)
+    return json.loads(body) if status == 200 else None
 
 
 def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
@@ -36,7 +51,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     port = free_port()
     # Flower runs as its own Redis user, as in the stack (brain.acl.COMPONENT_RULES).
     flower_url = redis_server.url_for("vt-flower")
-    env = {**os.environ, "VANCETOPE_REDIS_URL": flower_url, "FLOWER_UNAUTHENTICATED_API": "true"}
+    env = {**os.environ, "VANCETOPE_REDIS_URL": flower_url, BASIC_AUTH_VARIABLE: ":".join(OPS)}
     with open(tmp_path / "flower.log", "w") as log:
         flower = subprocess.Popen(
             flower_argv(port),  # the stack's own command line
@@ -103,3 +118,264 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     finally:
         flower.terminate()
         flower.wait(20)
+
+
+# --- Flower as `vancetope up --flower-address` runs it: a real stack, a real client agent ---------
+
+PLANTED = "planted-3c1f9e-value"  # an argument value that must never reach Flower
+
+
+def fetch(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET, with HTTP basic auth when ``auth`` is given; status 0 when
+    nothing answers."""
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:  # not listening yet
+        return 0, b""
+
+
+@dataclass
+class FlowerStack:
+    stack: EmbeddedStack
+    brain: Brain
+    url: str  # Flower listening on 0.0.0.0, reached through 127.0.0.1
+    auth: tuple[str, str]
+    tree_id: str
+
+
+@pytest.fixture(scope="module")
+def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerStack]:
+    """The whole stack (the default pool and pool "night") with client agent "laptop" connected,
+    Flower on 0.0.0.0 with its generated
+    password, and a finished tree whose server and client tasks got ``PLANTED`` as arguments
+    (one of them from an upstream result, resolved on the way to the client)."""
+    tmp_path = tmp_path_factory.mktemp("flower")
+    agent = agent_with_servers(tmp_path, {})
+    (tmp_path / "sandbox" / f"{PLANTED}.txt").write_text("notes\n")
+    settings = make_settings(
+        tmp_path,
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "m.json", {}),
+        pools=[{"name": "night", "concurrency": 1}],  # a named pool beside the default one
+    )
+    stack = EmbeddedStack(settings)
+    stack.start()
+    brain = Brain.connect(settings, stack.redis_url)
+    try:
+        port = free_port()
+        # The generated password, whatever this shell's FLOWER_BASIC_AUTH says.
+        stack.start_flower(port, flower_access("0.0.0.0", settings.data_dir, env={}))
+        password = (settings.data_dir / FLOWER_SECRET_FILE).read_text().strip()
+        url, auth = f"http://127.0.0.1:{port}", (FLOWER_USER, password)
+
+        def agent_listed() -> bool:
+            # Flower subscribes to events a moment after it answers: wait until it has heard the
+            # brain's heartbeats for the agent, so it sees every task event of the tree.
+            page = json.loads(fetch(f"{url}/workers?json=1", auth)[1] or b"{}")
+            return any(w.get("hostname") == "client-agent@laptop" for w in page.get("data", []))
+
+        wait_until(agent_listed, timeout=60, what="Flower to list client-agent@laptop")
+        rec = brain.scheduler.submit(
+            tree(
+                {
+                    "id": "flower-args",
+                    "tasks": [
+                        {"id": "on_server", "tool": "echo", "args": {"value": PLANTED}},
+                        {"id": "on_night", "tool": "echo", "pool": "night", "args": {"value": PLANTED}},
+                        {"id": "on_client", "tool": "read_local_file", "args": {"path": f"{PLANTED}.txt"}},
+                        {
+                            "id": "from_upstream",
+                            "tool": "write_local_file",
+                            "depends_on": ["on_server"],
+                            "args": {"path": "out.txt", "content": "${tasks.on_server.result}"},
+                        },
+                    ],
+                }
+            ),
+            session=SessionKind.INTERACTIVE,
+            client_id="laptop",
+        )
+        done = wait_for_tree(brain, rec.tree_id, timeout=90)
+        assert done.status.value == "done", {t.task_id: t.state for t in brain.store.get_tasks(rec.tree_id)}
+        yield FlowerStack(stack, brain, url, auth, rec.tree_id)
+    finally:
+        brain.close()
+        stack.stop()
+
+
+def run_ids(fs: FlowerStack) -> set[str]:
+    return {t.run_id for t in fs.brain.store.get_tasks(fs.tree_id) if t.run_id}
+
+
+def test_flower_beyond_loopback_asks_for_the_generated_password_on_the_dashboard_and_the_api(
+    flower_stack: FlowerStack,
+) -> None:
+    fs = flower_stack
+    secret = fs.stack.settings.data_dir / FLOWER_SECRET_FILE
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    for path in ("/", "/tasks", "/api/workers", "/api/tasks"):
+        assert fetch(fs.url + path)[0] == 401, f"{path} without credentials"
+        assert fetch(fs.url + path, (FLOWER_USER, "wrong"))[0] == 401, f"{path} with a wrong password"
+        assert fetch(fs.url + path, fs.auth)[0] == 200, f"{path} with the password"
+    flower_log = fs.stack.service("flower").log_path
+    assert flower_log is not None and fs.auth[1] not in flower_log.read_text()
+
+
+def test_flower_api_workers_lists_the_server_pools_and_the_client_agent(flower_stack: FlowerStack) -> None:
+    fs = flower_stack
+
+    def both_listed() -> dict[str, Any] | None:
+        workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
+        names = set(workers)
+        pools = any(n.startswith("server@") for n in names) and any(
+            n.startswith("server-night@") for n in names
+        )
+        if "client-agent@laptop" in names and pools:
+            return dict(workers)
+        return None
+
+    workers = wait_until(
+        both_listed, timeout=30, what="/api/workers to list server@…, server-night@… and client-agent@laptop"
+    )
+    agent = workers["client-agent@laptop"]
+    assert agent["source"] == "events" and agent["status"] is True
+    assert agent["sw_ident"] == "vancetope-agent"
+    server = next(v for k, v in workers.items() if k.startswith("server@"))
+    assert "stats" in server and "source" not in server  # answered inspect: as Flower lists it
+    one = json.loads(fetch(f"{fs.url}/api/workers?workername=client-agent@laptop", fs.auth)[1])
+    assert one["client-agent@laptop"]["source"] == "events"
+    status = json.loads(fetch(f"{fs.url}/api/workers?status=1", fs.auth)[1])
+    assert status["client-agent@laptop"] is True
+
+
+def test_flower_shows_tool_and_argument_names_never_argument_values(flower_stack: FlowerStack) -> None:
+    fs = flower_stack
+    runs = run_ids(fs)
+
+    def all_finished() -> dict[str, Any] | None:
+        tasks = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1])
+        mine = {k: v for k, v in tasks.items() if k in runs}
+        return mine if len(mine) == 4 and all(v["state"] == "SUCCESS" for v in mine.values()) else None
+
+    tasks = wait_until(all_finished, timeout=30, what="Flower to show the tree's four tasks as succeeded")
+    shown = json.dumps(tasks)
+    assert PLANTED not in shown
+    args = sorted(str(t["args"]) for t in tasks.values())
+    assert any("echo(value)" in a for a in args), args
+    assert any("write_local_file(content, path)" in a for a in args), args
+    assert any("read_local_file(path)" in a for a in args), args
+    query = "draw=1&start=0&length=50&order[0][column]=0&columns[0][data]=received&order[0][dir]=desc"
+    page = fetch(f"{fs.url}/tasks/datatable?{query}", fs.auth)[1].decode()
+    assert "echo(value)" in page and PLANTED not in page  # what the tasks page shows
+
+
+def test_up_with_a_flower_address_beyond_loopback_prints_the_user_and_the_password_file_only(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    with running_up(tmp_path, "--no-agent", "--flower-address", "0.0.0.0", "--flower-port", str(port)):
+        secret = tmp_path / "data" / FLOWER_SECRET_FILE
+        line = f"flower: http://0.0.0.0:{port} (user {FLOWER_USER}, password in {secret})"
+        wait_until(lambda: line in up_log(tmp_path), timeout=120, what=f"`vancetope up` to print {line!r}")
+        password = secret.read_text().strip()
+        assert password not in (tmp_path / "up.log").read_text()
+        url = f"http://127.0.0.1:{port}/api/workers"
+        wait_until(
+            lambda: fetch(url)[0] == 401, timeout=60, what="Flower to refuse a caller without password"
+        )
+        assert fetch(url, (FLOWER_USER, password))[0] == 200
+
+
+def test_up_refuses_malformed_flower_credentials_before_starting_anything(tmp_path: Path) -> None:
+    env = {BASIC_AUTH_VARIABLE: "ops"}
+    with running_up(tmp_path, "--no-agent", "--flower-address", "0.0.0.0", env=env) as up:
+        assert up.wait(60) == 2
+    assert f"{BASIC_AUTH_VARIABLE} must be user:password" in up_log(tmp_path)
+    assert not (tmp_path / "data" / "stack.json").exists()
+
+
+def browse(chromium: str, profile: Path, url: str, *extra: str) -> str:
+    """What headless Chromium shows at ``url`` after its scripts ran (the DOM), with ``extra``
+    flags (a screenshot). Its own profile, nothing fetched but ``url`` and what it loads."""
+    proc = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",  # tests run as root
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            # Flower fills its tables from its API once the page loaded: let those calls finish.
+            "--virtual-time-budget=5000",
+            *extra,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return proc.stdout
+
+
+def test_flower_dashboard_in_chromium_shows_the_server_pool_the_client_agent_and_the_tool_tasks(
+    chromium: str, flower_stack: FlowerStack, tmp_path: Path
+) -> None:  # chromium first: a skip comes before the stack starts
+    fs = flower_stack
+    # The operator's path: the password Flower asks for, given as URL credentials.
+    url = fs.url.replace("http://", f"http://{fs.auth[0]}:{fs.auth[1]}@")
+    workers = browse(chromium, tmp_path / "profile", url + "/", "--dump-dom")
+    assert "client-agent@laptop" in workers
+    assert "server@" in workers and "server-night@" in workers
+    tasks = browse(chromium, tmp_path / "profile", url + "/tasks", "--dump-dom")
+    for shown in (
+        "echo(value)",
+        "read_local_file(path)",
+        "write_local_file(content, path)",
+        "client-agent@laptop",
+    ):
+        assert shown in tasks, f"the tasks page shows {shown}"
+    assert PLANTED not in tasks
+    shot = tmp_path / "flower-dashboard.png"
+    browse(chromium, tmp_path / "profile", url + "/", f"--screenshot={shot}", "--window-size=1400,900")
+    assert shot.read_bytes().startswith(b"\x89PNG")
+    assert "Access denied" not in workers + tasks
+
+
+def test_flower_shows_a_failed_client_task_by_its_error_type_not_its_message(
+    flower_stack: FlowerStack,
+) -> None:
+    fs = flower_stack
+    rec = fs.brain.scheduler.submit(
+        tree(
+            {
+                "id": "flower-fail",
+                "tasks": [{"id": "missing", "tool": "read_local_file", "args": {"path": f"no-{PLANTED}"}}],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_for_tree(fs.brain, rec.tree_id, timeout=60)
+    task = fs.brain.store.get_task(rec.tree_id, "missing")
+    assert task is not None and task.error is not None
+    assert PLANTED in task.error.message  # the store keeps the whole message
+
+    def failed() -> dict[str, Any] | None:
+        shown = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(task.run_id, {})
+        return dict(shown) if shown.get("state") == "FAILURE" else None
+
+    shown = wait_until(failed, timeout=30, what="Flower to show the client's task as failed")
+    assert shown["exception"].startswith(task.error.type)
+    assert PLANTED not in json.dumps(shown)

@@ -33,7 +33,9 @@ from workers.contracts import (
     ToolType,
     client_key,
     client_queue,
+    key_pool_workers,
     key_presence,
+    pool_queue,
 )
 from workers.urls import without_credentials
 
@@ -54,6 +56,9 @@ PROBES: list[tuple[str, Callable[[redis.Redis], Any]]] = [
     ("write into another client's outbox", lambda r: r.lpush(VICTIM_OUTBOX, "{}")),
     ("read another client's in-flight messages", lambda r: r.hgetall(client_key("victim", "unacked"))),
     ("push a run_tool onto the server queue", lambda r: r.lpush(SERVER_QUEUE, "{}")),
+    ("push a run_tool onto a named pool's queue", lambda r: r.lpush(pool_queue("gpu"), "{}")),
+    ("pop a named pool's queue", lambda r: r.rpop(pool_queue("gpu"))),
+    ("pretend to be a pool worker", lambda r: r.zadd(key_pool_workers("gpu"), {"server-gpu@x": 1e12})),
     ("push a forged record_result onto the brain queue", lambda r: r.lpush(BRAIN_QUEUE, "{}")),
     ("read the server pool's in-flight messages", lambda r: r.hgetall("unacked")),
     ("enroll itself under another user", lambda r: r.hset("vt:clients", "mallory", "{}")),
@@ -349,6 +354,11 @@ def test_the_brain_may_manage_client_users_and_the_pool_its_queues(redis_server:
         assert brain.execute_command("ACL", "DELUSER", "vtc-probe") == 1
         assert brain.lpush(VICTIM_QUEUE, "x") and brain.delete(VICTIM_QUEUE)
         assert pool.lpush(SERVER_QUEUE + "-probe", "x") == 1 and pool.delete(SERVER_QUEUE + "-probe")
+        # A named pool's queue and presence are the pool user's too (vancetope worker --pool NAME).
+        assert pool.lpush(pool_queue("gpu"), "x") == 1 and pool.rpop(pool_queue("gpu")) == b"x"
+        assert pool.zadd(key_pool_workers("gpu"), {"probe": 1.0}) == 1 and pool.delete(
+            key_pool_workers("gpu")
+        )
     finally:
         brain.close()
         pool.close()

@@ -64,3 +64,19 @@ def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off()
     for service in ("brain", "server-pool", "flower"):
         url = compose()["services"][service]["environment"]["VANCETOPE_REDIS_URL"]
         assert url.startswith("redis://vt-"), f"{service} connects as its own user"
+
+
+def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_api() -> None:
+    from brain.flowerauth import BASIC_AUTH_VARIABLE, UNAUTHENTICATED_API_VARIABLE, users_of
+    from brain.stack import flower_argv
+
+    flower = compose()["services"]["flower"]
+    env = flower["environment"]
+    assert UNAUTHENTICATED_API_VARIABLE not in env, "the API must ask for the password too"
+    user, _, password = env[BASIC_AUTH_VARIABLE].partition(":")
+    assert users_of(env[BASIC_AUTH_VARIABLE]) == (user,)
+    assert password.startswith("${") and ":?" in password, "the password comes from .env, never this file"
+    ours = flower_argv(5555)
+    module = ours[ours.index("-A") + 1]  # brain.flowerapp: /api/workers lists client agents too
+    assert flower["command"][:3] == ["celery", "-A", module], "Flower as `vancetope up` runs it"
+    assert ours[-1] in flower["command"], "the tasks page shows each task's tool and argument names"

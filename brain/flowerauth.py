@@ -1,0 +1,104 @@
+"""Who may open Flower (layer: brain; a pure decision, then the secret file).
+
+Flower shows every task and can send tasks and shut workers down, so it asks for a
+password whenever it listens beyond loopback: the operator's ``FLOWER_BASIC_AUTH``
+(``user:password``, Flower's own variable) if set, else user ``vancetope`` with a random
+password made on first use and kept in ``<data_dir>/flower.secret`` (mode 0600, like the
+Redis admin secret). The password goes to Flower in its environment, never on its command
+line (``ps`` shows that) nor in a log.
+
+Flower's ``FLOWER_UNAUTHENTICATED_API`` is never set: it opens the API to any caller
+without a password and, with no password configured, Flower then also sends
+``Access-Control-Allow-Origin: *`` and skips its XSRF check, so any web page the operator
+visits could read tasks or send one. Without a password (loopback only) the dashboard
+works and the API answers 401.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brain.errors import ConfigError
+from brain.redis_server import read_or_create_secret
+
+FLOWER_USER = "vancetope"
+FLOWER_SECRET_FILE = "flower.secret"
+# Flower reads FLOWER_<OPTION> from its environment; these are the two we decide.
+BASIC_AUTH_VARIABLE = "FLOWER_BASIC_AUTH"
+UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"
+
+
+class FlowerUnprotected(ConfigError):
+    """Flower would listen beyond loopback without a password."""
+
+    def __init__(self, address: str, problem: str) -> None:
+        self.address = address
+        super().__init__(
+            f"flower not started on {address}: {problem}. Set {BASIC_AUTH_VARIABLE}=user:password, "
+            f"or leave it unset to use user {FLOWER_USER!r} with a generated password, "
+            "or listen on 127.0.0.1 (--flower-address)"
+        )
+
+
+@dataclass(frozen=True)
+class FlowerAccess:
+    """Where Flower listens and the credentials it demands (``basic_auth`` None: none)."""
+
+    address: str
+    basic_auth: str | None = field(default=None, repr=False)
+    # What to tell the operator instead of the password: the user(s), and where it is kept.
+    users: tuple[str, ...] = ()
+    secret_file: Path | None = None
+
+    @property
+    def beyond_loopback(self) -> bool:
+        return not is_loopback(self.address)
+
+    def env(self) -> dict[str, str]:
+        """Flower's environment entries for this access; refuses an unprotected wide one."""
+        if self.beyond_loopback and not self.basic_auth:
+            raise FlowerUnprotected(self.address, "no password is set")
+        return {BASIC_AUTH_VARIABLE: self.basic_auth} if self.basic_auth else {}
+
+
+def is_loopback(address: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``; a host name or 0.0.0.0 is beyond loopback."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def users_of(basic_auth: str) -> tuple[str, ...]:
+    """The user names in Flower's ``user:password[,user:password...]``; ValueError for a
+    malformed value, which Flower would accept and then never match."""
+    pairs = [entry.partition(":") for entry in basic_auth.split(",") if entry]
+    if not pairs or any(not user or not sep or not password for user, sep, password in pairs):
+        raise ValueError(f"{BASIC_AUTH_VARIABLE} must be user:password[,user:password...]")
+    return tuple(user for user, _, _ in pairs)
+
+
+def decide_access(address: str, env: Mapping[str, str], secret_file: Path) -> FlowerAccess:
+    """The operator's credentials if set (on any address), else a generated password beyond
+    loopback, else none. Creates ``secret_file`` (0600) the first time it is needed."""
+    given = env.get(BASIC_AUTH_VARIABLE)
+    if given is not None:
+        try:
+            return FlowerAccess(address, given, users_of(given))
+        except ValueError as exc:
+            raise FlowerUnprotected(address, str(exc)) from None
+    if is_loopback(address):
+        return FlowerAccess(address)
+    password = read_or_create_secret(secret_file)
+    return FlowerAccess(address, f"{FLOWER_USER}:{password}", (FLOWER_USER,), secret_file)
+
+
+def flower_access(address: str, data_dir: Path, env: Mapping[str, str]) -> FlowerAccess:
+    """``decide_access`` with the password file in ``data_dir`` (created owner-only if new)."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return decide_access(address, env, data_dir / FLOWER_SECRET_FILE)

@@ -1,0 +1,177 @@
+"""Who has work waiting, and is anyone taking it (layer: brain; pure report, then Redis glue).
+
+The operator's first question about a stuck run: is work waiting on a queue nobody
+consumes? For each server pool: the messages on its queue and the live workers serving it
+(``workers.pool_presence``). For each enrolled client: the calls on its queue, those it
+took and has not finished, the work parked for it, and whether it is connected. For each
+user with parked work: whether any client of that user is connected to take it.
+``vancetope status`` shows it; ``vancetope status --queues --json`` prints ``QueuesReport``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import redis
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from brain.config import Settings
+from brain.hotstate import KOMBU_UNACKED, HotState
+from brain.parked import ParkedWork
+from brain.presence import PresenceBook
+from brain.service import unreachable
+from brain.store import open_store
+from workers.contracts import DEFAULT_POOL, client_key, client_queue, pool_queue
+from workers.pool_presence import live_pool_workers
+
+
+class PoolQueue(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool: str
+    queue: str
+    waiting: int  # messages on the queue that no worker has taken yet
+    workers: list[str]  # live workers serving it (Celery node names)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nobody_consuming(self) -> bool:
+        return self.waiting > 0 and not self.workers
+
+
+class ClientQueue(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    client_id: str
+    user: str
+    connected: bool
+    queue: str
+    waiting: int  # calls on its queue
+    taken: int  # calls its agent took and has not finished
+    parked: int  # blocked / pending_client work waiting for this very client
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nobody_consuming(self) -> bool:
+        return self.waiting + self.parked > 0 and not self.connected
+
+
+class UserQueue(BaseModel):
+    """Work parked for any client of a user (autonomous runs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str
+    parked: int
+    connected_clients: list[str]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nobody_consuming(self) -> bool:
+        return self.parked > 0 and not self.connected_clients
+
+
+class QueuesReport(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pools: list[PoolQueue]
+    clients: list[ClientQueue]
+    users: list[UserQueue]
+
+    def alarms(self) -> list[str]:
+        """One line per queue with work waiting and nobody consuming it, saying what to start."""
+        lines = [
+            f"pool {p.pool!r}: {p.waiting} call(s) waiting on queue {p.queue!r}, no live worker; "
+            f"start one: vancetope worker{'' if p.pool == DEFAULT_POOL else f' --pool {p.pool}'}"
+            for p in self.pools
+            if p.nobody_consuming
+        ]
+        lines += [
+            f"client {c.client_id!r} (user {c.user!r}): {c.waiting} call(s) queued, {c.parked} parked, "
+            "not connected; start its agent (vancetope-agent run)"
+            for c in self.clients
+            if c.nobody_consuming
+        ]
+        lines += [
+            f"user {u.user!r}: {u.parked} task(s) parked for any of the user's clients, none connected; "
+            "start a client agent of this user"
+            for u in self.users
+            if u.nobody_consuming
+        ]
+        return lines
+
+
+def pool_names(*named: Collection[str]) -> list[str]:
+    """The default pool, then every named pool of ``named`` once, sorted."""
+    return [DEFAULT_POOL, *sorted({n for names in named for n in names} - {DEFAULT_POOL})]
+
+
+def user_queues(parked: Mapping[str, int], connected: Mapping[str, str]) -> list[UserQueue]:
+    """Per ``user:<name>`` owner with parked work: who of that user is connected. ``connected``:
+    client id -> user of each connected client. Pure."""
+    users = sorted(
+        owner.removeprefix("user:") for owner, n in parked.items() if owner.startswith("user:") and n
+    )
+    return [
+        UserQueue(
+            user=user,
+            parked=parked[f"user:{user}"],
+            connected_clients=sorted(cid for cid, u in connected.items() if u == user),
+        )
+        for user in users
+    ]
+
+
+def read_queues(
+    r: redis.Redis, book: PresenceBook, parked: ParkedWork, pools: Collection[str]
+) -> QueuesReport:
+    """The report as Redis and the store have it now: a few pipelined reads, no scan of any queue.
+    ``pools``: the named pools to show (the default pool is always shown)."""
+    names = pool_names(pools)
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.llen(pool_queue(name))
+    lengths = pipe.execute()
+    pool_rows = [
+        PoolQueue(pool=name, queue=pool_queue(name), waiting=int(n), workers=live_pool_workers(r, name))
+        for name, n in zip(names, lengths, strict=True)
+    ]
+    enrolled = book.enrolled()
+    sessions = book.sessions()
+    waiting = parked.waiting()
+    ids = sorted(enrolled)
+    pipe = r.pipeline(transaction=False)
+    for cid in ids:
+        pipe.llen(client_key(cid, client_queue(cid)))
+        pipe.hlen(client_key(cid, KOMBU_UNACKED))
+    counts = pipe.execute()
+    client_rows = [
+        ClientQueue(
+            client_id=cid,
+            user=enrolled[cid].user,
+            connected=cid in sessions,
+            queue=client_queue(cid),
+            waiting=int(counts[2 * i]),
+            taken=int(counts[2 * i + 1]),
+            parked=waiting.get(f"client:{cid}", 0),
+        )
+        for i, cid in enumerate(ids)
+    ]
+    users = user_queues(waiting, {cid: s.user for cid, s in sessions.items()})
+    return QueuesReport(pools=pool_rows, clients=client_rows, users=users)
+
+
+def queues_report(settings: Settings, redis_url: str) -> QueuesReport:
+    """Read the report from the stack at ``redis_url``: the pools the brain routes to (its
+    registry snapshot) and those configured here. Raises StackNotRunning when Redis refuses."""
+    hot = HotState.from_url(redis_url)
+    store = open_store(settings.store)
+    try:
+        snapshot = hot.get_registry() or {}
+        pools = [*snapshot.get("pools", []), *(p.name for p in settings.pools)]
+        return read_queues(hot.r, PresenceBook(hot.r, store), ParkedWork(hot.r), pools)
+    except redis.RedisError as exc:
+        raise unreachable(redis_url, exc) from exc
+    finally:
+        store.close()
+        hot.close()
