@@ -142,6 +142,25 @@ def test_without_a_valid_token_nothing_is_served(stack: EmbeddedStack, gateway: 
     )
 
 
+def test_a_session_opened_with_one_users_token_is_not_found_with_anothers(
+    stack: EmbeddedStack, gateway: str
+) -> None:
+    ada, bob = token_for(stack, "ada"), token_for(stack, "bob")
+    accept = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    init = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }  # fmt: skip
+    opened = httpx2.post(gateway, json=init, headers={**accept, "Authorization": f"Bearer {ada}"})
+    assert opened.status_code == 200, opened.text
+    session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+    hijack = httpx2.post(
+        gateway, json=listing, headers={**accept, **session, "Authorization": f"Bearer {bob}"}
+    )
+    assert hijack.status_code == 404 and "read_local_file" not in hijack.text
+
+
 def test_a_users_token_lists_and_calls_server_tools_and_the_tools_of_their_connected_client(
     stack: EmbeddedStack, gateway: str
 ) -> None:
