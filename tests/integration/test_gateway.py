@@ -206,7 +206,7 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
 ) -> None:
     ada, bob = token_for(stack, "ada"), token_for(stack, "bob")
 
-    async def scenario() -> tuple[set[str], types.CallToolResult, types.CallToolResult]:
+    async def scenario() -> tuple[set[str], types.CallToolResult, types.CallToolResult, types.CallToolResult]:
         async with mcp_client(gateway, ada) as mcp:
             queued = await mcp.call_tool(
                 "brain_submit_tree",
@@ -218,13 +218,14 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
             names = {t.name for t in (await mcp.list_tools()).tools}
             called = await mcp.call_tool("notes/add", {"a": 1, "b": 1})
             status = await mcp.call_tool("brain_tree_status", {"tree_id": tree_id})
-        return names, called, status
+            cancel = await mcp.call_tool("brain_cancel", {"tree_id": tree_id})
+        return names, called, status, cancel
 
-    names, called, status = anyio.run(scenario)
-    assert SERVER_TOOLS <= names and not (ADA_CLIENT_TOOLS - {"read_local_file", "list_directory"}) & names
-    assert "read_local_file" not in names
+    names, called, status, cancel = anyio.run(scenario)
+    assert SERVER_TOOLS <= names and not ADA_CLIENT_TOOLS & names
     assert called.is_error and "Tool unknown: notes/add" in text_of(called)
     assert status.is_error and "no tree" in text_of(status)
+    assert cancel.is_error and "no tree" in text_of(cancel)
 
 
 def test_a_cancelled_mcp_request_cancels_its_task(stack: EmbeddedStack, gateway: str) -> None:
@@ -454,8 +455,9 @@ def test_a_client_going_offline_shrinks_the_list_and_a_block_call_returns_the_wa
             tree_id = (queued.structured_content or {}).get("tree_id")
             status = await mcp.call_tool("brain_tree_status", {"tree_id": tree_id})
             native = await mcp.call_tool("brain_list_pools", {"pool": "native"})
+            cancel = await mcp.call_tool("brain_cancel", {"tree_id": tree_id})
             return {"before": before, "after": after, "blocked": blocked, "waited": waited, "queued": queued,
-                    "status": status, "native": native}  # fmt: skip
+                    "status": status, "native": native, "cancel": cancel}  # fmt: skip
 
     got = anyio.run(scenario)
     assert ADA_CLIENT_TOOLS <= got["before"]
@@ -467,6 +469,7 @@ def test_a_client_going_offline_shrinks_the_list_and_a_block_call_returns_the_wa
     assert not got["queued"].is_error and got["queued"].structured_content["state"] == "pending_client"
     assert got["status"].structured_content["tasks"][0]["state"] == "pending_client"
     assert "on a workstation and none of your clients" in got["native"].structured_content["offline"]
+    assert got["cancel"].structured_content == {"cancelled": ["call"]}
 
 
 # --- progress ----------------------------------------------------------------------------------
