@@ -111,8 +111,11 @@ class Backend:
 
     def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
         """(the registry's loaded_at, each user's connected client sessions): what list_changed
-        follows. One GET and one HGETALL."""
-        registry = self.registry()
+        follows. A small GET and one HGETALL; the snapshot itself is read only when it changed."""
+        published = self.brain.hot.registry_loaded_at()
+        registry = self.brain.scheduler.registry
+        if published is None or published != registry.loaded_at:
+            registry = self.registry()
         per_user: dict[str, set[tuple[str, str]]] = {}
         for s in self.sessions().values():
             per_user.setdefault(s.user, set()).add((s.client_id, s.session_id))
