@@ -67,6 +67,10 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", "&*",
         "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
+    # The MCP gateway (brain.gateway) submits one-task trees through the scheduler, which publishes
+    # to client queues itself, and reads presence, the registry and tree events: the brain's
+    # rules without managing client users (ACL SETUSER/DELUSER).
+    "vt-gateway": ("~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING),
     # Other Celery apps that submit trees (``vancetope.submit_tree``): they may put messages on
     # queue ``submit`` and nothing else — no server, brain or client queue, no events, no reading.
     # (kombu adds priority suffixes to queue keys: hence the star.)

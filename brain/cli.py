@@ -57,6 +57,7 @@ from brain.service import Brain, unreachable
 from brain.stack import (
     EmbeddedStack,
     beat_argv,
+    gateway_argv,
     pool_service,
     running_stack_url,
     service_argvs,
@@ -80,6 +81,8 @@ err = Console(stderr=True)
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
 STDERR_LINES_SHOWN = 12
 FLOWER_PORT = 5555
+# How long `up` waits for the MCP gateway to listen before it says where to look.
+GATEWAY_READY_S = 30.0
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -545,9 +548,21 @@ def beat(settings: Settings) -> None:
     "'vancetope' and a password generated into <data_dir>/flower.secret.",
 )
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
+@click.option(
+    "--gateway-port",
+    type=click.IntRange(1, 65535),
+    help="Serve the MCP gateway on this port of gateway_host (default: gateway_port, 8765).",
+)
+@click.option("--no-gateway", is_flag=True, help="Do not start the MCP gateway.")
 @click.pass_obj
 def up(
-    settings: Settings, flower: bool, flower_port: int | None, flower_address: str | None, no_agent: bool
+    settings: Settings,
+    flower: bool,
+    flower_port: int | None,
+    flower_address: str | None,
+    no_agent: bool,
+    gateway_port: int | None,
+    no_gateway: bool,
 ) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
@@ -566,6 +581,8 @@ def up(
         stack.start()
         if access is not None:
             _start_flower(stack, flower_port or FLOWER_PORT, access)
+        if not no_gateway:
+            _start_gateway(stack, gateway_port or settings.gateway_port)
         assert stack.redis is not None
         console.print(
             f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
@@ -609,6 +626,33 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
         login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
     console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
+
+
+def _start_gateway(stack: EmbeddedStack, port: int) -> None:
+    host = stack.settings.gateway_host
+    if not _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not started: 127.0.0.1:{port} is already in use; pick a free port with "
+            "--gateway-port (or --no-gateway). The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    service = stack.start_gateway(port)
+    deadline = time.monotonic() + GATEWAY_READY_S
+    while _port_free(port) and time.monotonic() < deadline:
+        if service.process is not None and service.process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not serving yet on {host}:{port}; see {service.log_path}. "
+            "The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    console.print(
+        f"MCP gateway: http://{host}:{port}/mcp (a token: `vancetope users token U`)", highlight=False
+    )
 
 
 def _port_free(port: int, address: str = "127.0.0.1") -> bool:
@@ -956,6 +1000,49 @@ def worker(settings: Settings, pool: str) -> None:
     if pool != DEFAULT_POOL and settings.pool(pool) is None:
         _fail(f"--pool: {unknown_pool(pool, [p.name for p in settings.pools])}", EXIT_BAD_INPUT)
     _exec(settings, pool_service(pool))
+
+
+@cli.command()
+@click.pass_obj
+def gateway(settings: Settings) -> None:
+    """Run the MCP gateway (/mcp on gateway_host:gateway_port) against VANCETOPE_REDIS_URL."""
+    if not settings.redis_url:
+        _fail(
+            "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the gateway alone; "
+            "`vancetope up` runs one in the embedded stack",
+            EXIT_BAD_INPUT,
+        )
+    argv = gateway_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
+
+
+@cli.group()
+def users() -> None:
+    """Users of the MCP gateway: their tokens."""
+
+
+@users.command("token")
+@click.argument("user")
+@click.option("--revoke", is_flag=True, help="Revoke USER's token instead of issuing one.")
+@click.pass_obj
+def users_token(settings: Settings, user: str, revoke: bool) -> None:
+    """Issue USER's gateway token (printed once as VANCETOPE_GATEWAY_TOKEN=<token>; a new one
+    replaces the old), or --revoke it. MCP clients send it as `Authorization: Bearer <token>`."""
+    from brain.gateway import tokens
+
+    if not user.strip() or len(user) > 128:
+        _fail("a user name is 1 to 128 characters", EXIT_BAD_INPUT)
+    store = open_store(settings.store)
+    try:
+        if revoke:
+            if not tokens.revoke(store, user):
+                _fail(f"user {user!r} has no gateway token", EXIT_BAD_INPUT)
+            err.print(f"revoked the gateway token of {user}; requests with it get 401", highlight=False)
+            return
+        token = tokens.issue(store, user)
+    finally:
+        store.close()
+    click.echo(f"{tokens.TOKEN_VARIABLE}={token}")
 
 
 def _exec(settings: Settings, service: str) -> None:

@@ -129,6 +129,14 @@ class Settings(BaseModel):
         # Child processes get the schedules as VANCETOPE_SCHEDULES, JSON (Settings.to_env).
         return json.loads(value) if isinstance(value, str) else value
 
+    # The MCP gateway (brain.gateway, issue 13): where `vancetope gateway` / `up` serve /mcp, how
+    # many tools its tools/list may hold before it offers tool pools instead (seed 004), and how
+    # long a call of a block-strategy tool waits for a client when no max_wait_s is set.
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8765, ge=1, le=65535)
+    gateway_max_tools: int = Field(default=40, ge=2)
+    gateway_max_wait_s: float = Field(default=30.0, gt=0)
+
     @field_validator("redis_url", "agent_broker_url")
     @classmethod
     def _usable_redis_url(cls, value: str | None) -> str | None:

@@ -22,6 +22,7 @@ from workers.contracts import (
     client_queue,
     key_cancelled,
     key_registry,
+    key_registry_loaded_at,
     key_tree_running,
 )
 
@@ -56,7 +57,18 @@ class HotState:
 
     # registry snapshot ----------------------------------------------------------
     def put_registry(self, snapshot: dict[str, Any]) -> None:
-        self.r.set(key_registry(), json.dumps(snapshot))
+        pipe = self.r.pipeline(transaction=True)
+        pipe.set(key_registry(), json.dumps(snapshot))
+        pipe.set(key_registry_loaded_at(), repr(float(snapshot.get("loaded_at") or 0.0)))
+        pipe.execute()
+
+    def registry_loaded_at(self) -> float | None:
+        """The published snapshot's ``loaded_at`` (one small GET), or None if none says."""
+        raw = self.r.get(key_registry_loaded_at())
+        try:
+            return float(raw) if raw else None
+        except ValueError:
+            return None
 
     def get_registry(self) -> dict[str, Any] | None:
         raw = self.r.get(key_registry())

@@ -394,3 +394,13 @@ class SecretRecord(BaseModel):
     created_at: float
     updated_at: float
 
+
+class GatewayToken(BaseModel):
+    """A user's MCP gateway token as the store keeps it (issue 13): only its SHA-256, never the
+    token. One per user: issuing a new one replaces (and so revokes) the old."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str = Field(min_length=1, max_length=MAX_TOOL_ID_CHARS)
+    token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_at: float

@@ -41,7 +41,13 @@ STACK_FILE = "stack.json"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
-SERVICE_USERS = {"brain": "vt-brain", "server-pool": "vt-pool", "flower": "vt-flower", "beat": "vt-pool"}
+SERVICE_USERS = {
+    "brain": "vt-brain",
+    "server-pool": "vt-pool",
+    "flower": "vt-flower",
+    "beat": "vt-pool",
+    "gateway": "vt-gateway",
+}
 log = logging.getLogger("vancetope.stack")
 
 
@@ -155,6 +161,11 @@ def flower_argv(port: int, address: str = "127.0.0.1") -> list[str]:
     ]
 
 
+def gateway_argv() -> list[str]:
+    """The MCP gateway (brain.gateway); its host and port come from the settings (env)."""
+    return [sys.executable, "-m", "brain.gateway"]
+
+
 def agent_identity(agent_config: Path) -> tuple[str, str]:
     """(client_id, user) of a client agent config, read as plain TOML: the brain never
     imports the agent package (DESIGN.md: brain -> workers <- client_agent)."""
@@ -175,6 +186,8 @@ class EmbeddedStack:
     # Flower's port and who may open it, once start_flower() ran.
     flower_port: int | None = None
     flower_access: FlowerAccess | None = None
+    # The MCP gateway's port once start_gateway() ran.
+    gateway_port: int | None = None
     started_at: float = 0.0
 
     @property
@@ -241,7 +254,18 @@ class EmbeddedStack:
         self.write_stack_file()
         return service
 
+    def start_gateway(self, port: int) -> Service:
+        """Start the MCP gateway on ``port`` of the settings' gateway_host (issue 13)."""
+        self.gateway_port = port
+        service = self.start_service("gateway")
+        self.write_stack_file()
+        return service
+
     def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
+        if name == "gateway":
+            assert self.gateway_port is not None
+            settings = self.settings.model_copy(update={"gateway_port": self.gateway_port})
+            return gateway_argv(), stack_env(settings, self.service_url(name))
         if name == "flower":
             assert self.flower_port is not None and self.flower_access is not None
             env = stack_env(self.settings, self.service_url(name))

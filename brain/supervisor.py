@@ -25,7 +25,7 @@ from brain.stack import EmbeddedStack, tail
 
 REDIS = "redis-server"
 # Services whose giving up is reported but does not stop the stack.
-OPTIONAL_SERVICES = frozenset({"flower"})
+OPTIONAL_SERVICES = frozenset({"flower", "gateway"})
 POLL_S = 0.5
 LOG_LINES_SHOWN = 8
 

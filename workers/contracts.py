@@ -92,6 +92,12 @@ def key_registry() -> str:
     return f"{KEY_NS}registry"
 
 
+def key_registry_loaded_at() -> str:
+    """When the snapshot in ``key_registry`` was built (a float as text), written with it: what
+    a watcher (the MCP gateway) polls instead of reading the whole snapshot."""
+    return f"{KEY_NS}registry:loaded_at"
+
+
 def channel_tree_events(tree_id: str) -> str:
     """Pub/sub channel the brain publishes to when a tree changes (a wake-up, not a record)."""
     return f"{KEY_NS}tree:{tree_id}:events"

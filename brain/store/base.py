@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.summary import RunSummary
 from workers.urls import redact_url
 
@@ -172,6 +172,20 @@ class Store(Protocol):
 
     def delete_secret(self, name: str) -> bool:
         """Forget a secret; True if there was one."""
+        ...
+
+    # --- gateway tokens (brain.gateway: who an MCP client is; only their SHA-256) ---
+
+    def put_gateway_token(self, token: GatewayToken) -> None:
+        """Insert or replace the token of ``token.user`` (the old one stops counting)."""
+        ...
+
+    def find_gateway_token(self, token_sha256: str) -> GatewayToken | None:
+        """The token whose SHA-256 is ``token_sha256``, if any."""
+        ...
+
+    def delete_gateway_token(self, user: str) -> bool:
+        """Revoke ``user``'s token; True if there was one."""
         ...
 
     def close(self) -> None: ...

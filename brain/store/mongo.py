@@ -22,7 +22,7 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
@@ -90,6 +90,9 @@ class MongoStore:
             self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
             self._secrets = self._db["secrets"]
             self._secrets.create_index([("name", ASCENDING)], unique=True)
+            self._gateway_tokens = self._db["gateway_tokens"]
+            self._gateway_tokens.create_index([("user", ASCENDING)], unique=True)
+            self._gateway_tokens.create_index([("token_sha256", ASCENDING)], unique=True)
         self.database = database
 
     @contextmanager
@@ -320,6 +323,21 @@ class MongoStore:
     def delete_secret(self, name: str) -> bool:
         with self._errors(f"delete_secret({name!r})"):
             return self._secrets.delete_one({"name": name}).deleted_count == 1
+
+    # --- gateway tokens -------------------------------------------------------------
+
+    def put_gateway_token(self, token: GatewayToken) -> None:
+        with self._errors(f"put_gateway_token({token.user!r})"):
+            self._gateway_tokens.replace_one({"user": token.user}, token.model_dump(mode="json"), upsert=True)
+
+    def find_gateway_token(self, token_sha256: str) -> GatewayToken | None:
+        with self._errors("find_gateway_token"):
+            doc = self._gateway_tokens.find_one({"token_sha256": token_sha256}, _HIDDEN)
+        return None if doc is None else GatewayToken.model_validate(doc)
+
+    def delete_gateway_token(self, user: str) -> bool:
+        with self._errors(f"delete_gateway_token({user!r})"):
+            return self._gateway_tokens.delete_one({"user": user}).deleted_count == 1
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"

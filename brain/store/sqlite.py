@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from brain.errors import StoreError
-from brain.models import Enrollment, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.store.base import (
     ANY,
     _Any,
@@ -78,6 +78,11 @@ CREATE TABLE IF NOT EXISTS summaries (
 CREATE TABLE IF NOT EXISTS secrets (
     name TEXT PRIMARY KEY,
     doc  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS gateway_tokens (
+    user         TEXT PRIMARY KEY,
+    token_sha256 TEXT NOT NULL UNIQUE,
+    doc          TEXT NOT NULL
 );
 """
 
@@ -458,6 +463,30 @@ class SQLiteStore:
     def delete_secret(self, name: str) -> bool:
         with self._errors(f"delete_secret({name!r})"):
             cur = self._conn().execute("DELETE FROM secrets WHERE name = ?", (name,))
+        return cur.rowcount == 1
+
+    # --- gateway tokens -------------------------------------------------------------
+
+    def put_gateway_token(self, token: GatewayToken) -> None:
+        with self._errors(f"put_gateway_token({token.user!r})"):
+            self._conn().execute(
+                "INSERT INTO gateway_tokens (user, token_sha256, doc) VALUES (?, ?, ?) ON CONFLICT (user) "
+                "DO UPDATE SET token_sha256 = excluded.token_sha256, doc = excluded.doc",
+                (token.user, token.token_sha256, token.model_dump_json()),
+            )
+
+    def find_gateway_token(self, token_sha256: str) -> GatewayToken | None:
+        with self._errors("find_gateway_token"):
+            row = (
+                self._conn()
+                .execute("SELECT doc FROM gateway_tokens WHERE token_sha256 = ?", (token_sha256,))
+                .fetchone()
+            )
+        return None if row is None else GatewayToken.model_validate_json(row[0])
+
+    def delete_gateway_token(self, user: str) -> bool:
+        with self._errors(f"delete_gateway_token({user!r})"):
+            cur = self._conn().execute("DELETE FROM gateway_tokens WHERE user = ?", (user,))
         return cur.rowcount == 1
 
     def __repr__(self) -> str:

@@ -325,6 +325,10 @@ COMPONENT_REFUSALS: list[tuple[str, str, Callable[[redis.Redis], Any]]] = [
     ("vt-brain", "change the server config", lambda r: r.config_set("appendonly", "no")),
     ("vt-brain", "list every key", lambda r: r.keys("*")),
     ("vt-brain", "watch every command", lambda r: r.execute_command("MONITOR")),
+    ("vt-gateway", "create a Redis user", lambda r: r.acl_setuser("x", enabled=True)),
+    ("vt-gateway", "delete a client's Redis user", lambda r: r.acl_deluser("vtc-laptop")),
+    ("vt-gateway", "flush everything", lambda r: r.flushall()),
+    ("vt-gateway", "list every key", lambda r: r.keys("*")),
 ]
 
 

@@ -562,3 +562,24 @@ def test_a_secret_is_stored_replaced_listed_and_deleted(store: Store) -> None:
     assert store.delete_secret("API_TOKEN") is False
     assert store.get_secret("API_TOKEN") is None
     assert "gAAAA" not in repr(store.list_secrets())  # ciphertexts stay out of reprs and logs
+
+
+# --- gateway tokens (only their SHA-256; brain.gateway) -----------------------------------
+
+
+def test_a_gateway_token_is_found_by_its_hash_replaced_per_user_and_revoked(store: Store) -> None:
+    from brain.models import GatewayToken
+
+    first = GatewayToken(user="demo", token_sha256="a" * 64, created_at=1.0)
+    store.put_gateway_token(first)
+    store.put_gateway_token(GatewayToken(user="bob", token_sha256="b" * 64, created_at=2.0))
+    assert store.find_gateway_token("a" * 64) == first
+    assert store.find_gateway_token("c" * 64) is None
+    again = GatewayToken(user="demo", token_sha256="c" * 64, created_at=3.0)
+    store.put_gateway_token(again)  # a new token replaces the old: the old stops counting
+    assert store.find_gateway_token("a" * 64) is None
+    assert store.find_gateway_token("c" * 64) == again
+    assert store.delete_gateway_token("demo") is True
+    assert store.delete_gateway_token("demo") is False
+    assert store.find_gateway_token("c" * 64) is None
+    assert store.find_gateway_token("b" * 64) is not None

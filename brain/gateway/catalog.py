@@ -1,0 +1,161 @@
+"""The active registry of one user, as an MCP client sees it (layer: brain/gateway, pure).
+
+Seed 000 §5: the server's tools (the brain's registry snapshot) + the tools of the user's
+connected clients = the active registry. Each tool is listed once, under a name the router
+understands (``brain.toolnames``): an MCP tool under its bare name while nothing else has it,
+else as ``<server>/<tool>``. A registry tool that runs only on a workstation is *available*
+only while one of the user's clients offers it; it stays in the catalog (the pools say it is
+offline) and a call to it is routed anyway, so its ``offline_strategy`` applies. Never
+another user's client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from brain.models import Location, ToolSpec
+from brain.presence import ClientSession
+from brain.toolnames import name_on_server, qualified
+from workers.contracts import ToolDescriptor, ToolType
+
+BUILTIN_POOL = "builtin"
+NATIVE_POOL = "native"
+
+
+class GatewayTool(BaseModel):
+    """One tool of a user's catalog."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str  # what tools/list shows and tools/call takes: a name the router understands
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    pool: str  # its default pool: its MCP server's name, "builtin" or "native"
+    action: str  # its name within that pool (the name its server knows it by)
+    location: Location
+    # The user's connected clients that offer it (client_id order).
+    clients: tuple[str, ...] = ()
+    # False: it runs only on a workstation and no connected client of the user offers it.
+    available: bool = True
+
+
+def default_pool(tool_type: ToolType, mcp_server: str | None) -> str:
+    if tool_type is ToolType.MCP and mcp_server:
+        return mcp_server
+    return NATIVE_POOL if tool_type is ToolType.NATIVE else BUILTIN_POOL
+
+
+def user_sessions(sessions: Iterable[ClientSession], user: str) -> list[ClientSession]:
+    """The connected clients of ``user`` only, in client_id order."""
+    return sorted((s for s in sessions if s.user == user), key=lambda s: s.client_id)
+
+
+def catalog(
+    registry: Mapping[str, ToolSpec],
+    sessions: Iterable[ClientSession],
+    user: str,
+    reserved: frozenset[str] = frozenset(),
+) -> list[GatewayTool]:
+    """Every tool ``user`` may call: the registry's, then those only the user's clients offer.
+    A name in ``reserved`` (the gateway's own tools) is never given to another tool: an MCP
+    tool of that bare name is listed as ``<server>/<tool>``, any other is left out."""
+    own = user_sessions(sessions, user)
+    offers = {
+        name: tuple(s.client_id for s in own if name in s.tool_names())
+        for s in own
+        for name in s.tool_names()
+    }
+    listed = [
+        _from_spec(_unreserved(name, spec, reserved), spec, offers)
+        for name, spec in _registry_entries(registry)
+    ]
+    listed = [t for t in listed if t.name not in reserved]
+    taken = {t.name for t in listed} | set(reserved)
+    for desc, clients in _client_only(registry, own):
+        name = desc.name
+        if name in taken and desc.mcp_server:
+            name = qualified(desc.mcp_server, desc.name)
+        if name in taken:
+            continue  # a second client-only tool of this name and no server to tell them apart
+        taken.add(name)
+        listed.append(_from_descriptor(name, desc, clients))
+    return listed
+
+
+def _registry_entries(registry: Mapping[str, ToolSpec]) -> list[tuple[str, ToolSpec]]:
+    """One entry per tool: an MCP tool registered both bare and qualified is listed under its
+    bare name, which means it and nothing else."""
+    entries: list[tuple[str, ToolSpec]] = []
+    for name, spec in sorted(registry.items()):
+        if spec.type is ToolType.MCP and spec.mcp_server and "/" in name:
+            bare = registry.get(name_on_server(name))
+            if bare is not None and bare.mcp_server == spec.mcp_server:
+                continue
+        entries.append((name, spec))
+    return entries
+
+
+def _unreserved(name: str, spec: ToolSpec, reserved: frozenset[str]) -> str:
+    if name in reserved and spec.type is ToolType.MCP and spec.mcp_server:
+        return qualified(spec.mcp_server, name_on_server(name))
+    return name
+
+
+def _from_spec(name: str, spec: ToolSpec, offers: Mapping[str, tuple[str, ...]]) -> GatewayTool:
+    clients = offers.get(name, ()) if spec.location is not Location.SERVER else ()
+    return GatewayTool(
+        name=name,
+        description=spec.description,
+        input_schema=spec.input_schema,
+        pool=default_pool(spec.type, spec.mcp_server),
+        action=name_on_server(name) if spec.type is ToolType.MCP else name,
+        location=spec.location,
+        clients=clients,
+        available=spec.location is not Location.CLIENT or bool(clients),
+    )
+
+
+def _client_only(
+    registry: Mapping[str, ToolSpec], sessions: list[ClientSession]
+) -> list[tuple[ToolDescriptor, tuple[str, ...]]]:
+    """Tools the clients announced that the registry does not describe, each once (the same
+    tool on two clients of the user is one tool: the router picks the least loaded)."""
+    found: dict[tuple[str | None, str], tuple[ToolDescriptor, tuple[str, ...]]] = {}
+    for session in sessions:
+        for desc in session.tools:
+            if _described_by_registry(registry, desc):
+                continue
+            key = (desc.mcp_server, desc.name)
+            first, clients = found.get(key, (desc, ()))
+            found[key] = (first, (*clients, session.client_id))
+    return [found[key] for key in sorted(found, key=lambda k: (k[1], k[0] or ""))]
+
+
+def _described_by_registry(registry: Mapping[str, ToolSpec], desc: ToolDescriptor) -> bool:
+    """The registry governs this announced tool: it is listed from the registry, not again from
+    the client. A native tool named like a registry tool is that tool (or, for a server-only
+    name, one whose calls never reach the client); an MCP tool is its server's own."""
+    if desc.mcp_server:
+        if qualified(desc.mcp_server, desc.name) in registry:
+            return True
+        bare = registry.get(desc.name)
+        return bare is not None and bare.mcp_server == desc.mcp_server
+    return desc.name in registry
+
+
+def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) -> GatewayTool:
+    return GatewayTool(
+        name=name,
+        description=desc.description,
+        input_schema=desc.input_schema,
+        pool=default_pool(desc.type, desc.mcp_server),
+        action=desc.name,
+        location=Location.CLIENT,
+        clients=clients,
+    )
+
+
+__all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool", "user_sessions"]

@@ -1,0 +1,67 @@
+"""A task's record as an MCP tool result (layer: brain/gateway, pure).
+
+A tool that ran and failed is a *result* (``isError``), never a protocol error: the MCP
+client's model reads the words. An MCP tool's whole ``CallToolResult`` (``TaskRecord.mcp``) is
+returned as the server sent it; a built-in's or native tool's value becomes a text block
+(JSON) and ``structuredContent``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mcp import types
+
+from brain.gateway.primary import TREE_STATUS
+from brain.models import TaskRecord, TaskState
+
+
+def text_result(
+    text: str, *, error: bool = False, structured: dict[str, Any] | None = None
+) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], is_error=error, structured_content=structured
+    )
+
+
+def value_result(value: Any) -> types.CallToolResult:
+    """A plain value (a built-in's result, a primary tool's answer): JSON text + structuredContent."""
+    text = value if isinstance(value, str) else json.dumps(value, indent=1, default=str)
+    structured = value if isinstance(value, dict) else {"result": value}
+    return text_result(text, structured=structured)
+
+
+def final_result(rec: TaskRecord) -> types.CallToolResult:
+    """The result of a task that reached a final state."""
+    if rec.state is TaskState.DONE:
+        if rec.mcp is not None:
+            return types.CallToolResult.model_validate(rec.mcp, by_name=False)
+        return value_result(rec.result)
+    where = f" (tree {rec.tree_id}, task {rec.task_id})"
+    if rec.state is TaskState.FAILED:
+        message = rec.error.message if rec.error is not None else rec.reason
+        return text_result(f"tool {rec.tool!r} failed: {message}{where}", error=True)
+    return text_result(f"tool {rec.tool!r} {rec.state.value}: {rec.reason}{where}", error=True)
+
+
+def queued_result(rec: TaskRecord) -> types.CallToolResult:
+    """A call parked as pending_client (offline_strategy queue): the caller fetches it later."""
+    return text_result(
+        f"{rec.reason}. The call waits in the queue for one of your clients; its task id is "
+        f"{rec.tree_id}/{rec.task_id}: fetch its result later with {TREE_STATUS} "
+        f'{{"tree_id": "{rec.tree_id}"}}.',
+        structured={"tree_id": rec.tree_id, "task_id": rec.task_id, "state": rec.state.value},
+    )
+
+
+def waited_result(rec: TaskRecord, waited_s: float) -> types.CallToolResult:
+    """A block-strategy call whose client did not come within its wait: the router's words."""
+    return text_result(
+        f"{rec.reason} (waited {waited_s:g}s; no client of yours offering {rec.tool!r} connected, so the "
+        "call was cancelled). Start the client agent and call again.",
+        error=True,
+    )
+
+
+__all__ = ["final_result", "queued_result", "text_result", "value_result", "waited_result"]

@@ -1,0 +1,387 @@
+"""The gateway's MCP server (layer: brain/gateway, SDK glue): the official SDK's low-level
+``Server`` behind its streamable-HTTP session manager at ``/mcp``, with the SDK's bearer-token
+middleware in front (no valid token: 401, nothing served) and a watcher that sends
+``notifications/tools/list_changed`` to a user's sessions when one of the user's clients
+connects or leaves, or the registry reloads.
+
+Handlers decide nothing themselves: ``catalog``/``pools`` say what a user sees, ``backend``
+submits and reads (in worker threads), ``results`` turns a task record into a result.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import redis
+import redis.asyncio
+from mcp import types
+from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend, RequireAuthMiddleware
+from mcp.server.auth.provider import AccessToken
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.streamable_http_manager import (
+    DEFAULT_SESSION_IDLE_TIMEOUT,
+    StreamableHTTPASGIApp,
+    StreamableHTTPSessionManager,
+)
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.authentication import AuthenticationMiddleware
+from starlette.routing import Route
+
+from brain.errors import BrainError, InvalidTaskTree
+from brain.gateway.backend import Backend, Refused, Submitted
+from brain.gateway.pools import pool_detail, pool_summary, resolve, search
+from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
+from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
+from brain.models import TaskRecord, TaskState
+from workers.contracts import channel_tree_events
+
+log = logging.getLogger("vancetope.gateway")
+
+MCP_PATH = "/mcp"
+# How often the watcher compares presence and the registry's loaded_at (one HGETALL + one GET).
+WATCH_INTERVAL_S = 1.0
+# Between two reads of a call's record when no tree event woke the wait.
+POLL_S = 0.5
+INSTRUCTIONS = (
+    "Vancetope routes each tool call to where it can run: the server's worker pool or one of your "
+    "own workstations (client agents). Tools of a workstation come and go with it. When the list "
+    "holds brain_specialized_cmd, most tools sit in pools: brain_list_pools lists and searches them."
+)
+_PRIMARY_NAMES = frozenset(t.name for t in PRIMARY)
+
+
+class TokenVerifier:
+    """The SDK's ``TokenVerifier`` over the store's gateway tokens: the principal is the user."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        user = await anyio.to_thread.run_sync(self.backend.user_of, token)
+        if user is None:
+            return None
+        return AccessToken(token=token, client_id=f"vancetope-user:{user}", scopes=[], subject=user)
+
+
+@dataclass
+class _Seen:
+    session: ServerSession
+    at: float
+
+
+@dataclass
+class Watch:
+    """The last state the watcher saw, and each user's sessions to tell about changes."""
+
+    loaded_at: float | None = None
+    per_user: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    # user -> MCP session id -> the session (handshake-era clients: notifications on its GET stream)
+    sessions: dict[str, dict[str, _Seen]] = field(default_factory=dict)
+    # user -> the bus of its subscriptions/listen streams (2026-07-28 clients)
+    buses: dict[str, InMemorySubscriptionBus] = field(default_factory=dict)
+    listeners: dict[str, ListenHandler] = field(default_factory=dict)
+
+
+def changed_users(
+    before: tuple[float | None, dict[str, frozenset[tuple[str, str]]]],
+    after: tuple[float, dict[str, frozenset[tuple[str, str]]]],
+    users: set[str],
+) -> set[str]:
+    """Users (of ``users``) whose tools may have changed: all on a registry reload, else those
+    one of whose clients connected, left or reconnected; nobody on the first look. Pure."""
+    if before[0] is None:
+        return set()
+    if before[0] != after[0]:
+        return set(users)
+    return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
+
+
+class _GatewayServer(Server[Any]):
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        # The tool list changes with the user's clients: say so (tools.listChanged).
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities,
+            extensions,
+        )
+
+
+class Gateway:
+    def __init__(self, backend: Backend, redis_url: str) -> None:
+        self.backend = backend
+        self.redis_url = redis_url
+        self.watch = Watch()
+        self.server = _GatewayServer(
+            "vancetope",
+            version="0.1.0",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_subscriptions_listen=self.listen,
+        )
+        self.server.middleware.append(self._remember_session)
+        self._aredis: redis.asyncio.Redis | None = None
+
+    # --- the ASGI app ---------------------------------------------------------------
+    def app(self, host: str) -> Starlette:
+        security = None
+        if host in ("127.0.0.1", "localhost", "::1"):
+            # As the SDK does for a loopback server: no DNS-rebinding from a browser page.
+            security = TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+        manager = StreamableHTTPSessionManager(app=self.server, security_settings=security)
+        endpoint = RequireAuthMiddleware(StreamableHTTPASGIApp(manager), required_scopes=[])
+
+        @asynccontextmanager
+        async def lifespan(_: Starlette) -> AsyncIterator[None]:
+            self._aredis = redis.asyncio.Redis.from_url(self.redis_url)
+            try:
+                async with manager.run(), anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._watch_loop)
+                    yield
+                    tasks.cancel_scope.cancel()
+            finally:
+                await self._aredis.aclose()
+
+        return Starlette(
+            routes=[Route(MCP_PATH, endpoint=endpoint)],
+            middleware=[
+                Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(TokenVerifier(self.backend))),
+                Middleware(AuthContextMiddleware),
+            ],
+            lifespan=lifespan,
+        )
+
+    # --- who is asking ----------------------------------------------------------------
+    @staticmethod
+    def user(ctx: ServerRequestContext[Any, Any]) -> str:
+        found = getattr(ctx.request, "user", None) if ctx.request is not None else None
+        if not isinstance(found, AuthenticatedUser) or not found.access_token.subject:
+            # The bearer middleware lets nothing through without a user; this is a bug guard.
+            raise MCPError(types.INVALID_REQUEST, "no authenticated user on this request")
+        return found.access_token.subject
+
+    async def _remember_session(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """Context middleware: note each user's sessions, so list_changed can reach them."""
+        request = ctx.request
+        session_id = request.headers.get("mcp-session-id") if request is not None else None
+        if session_id:
+            try:
+                user = self.user(ctx)
+            except MCPError:
+                user = None
+            if user is not None:
+                self.watch.sessions.setdefault(user, {})[session_id] = _Seen(ctx.session, time.monotonic())
+        return await call_next(ctx)
+
+    # --- tools/list --------------------------------------------------------------------
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(name=t.name, description=t.description or None, input_schema=t.input_schema)
+                for t in view.listing.tools
+            ]
+        )
+
+    # --- tools/call --------------------------------------------------------------------
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        user = self.user(ctx)
+        name, args = params.name, dict(params.arguments or {})
+        try:
+            if name in (SPECIALIZED_CMD, LIST_POOLS):
+                return await self._pooled(ctx, user, name, args)
+            return await self._call(ctx, user, name, args)
+        except (redis.RedisError, BrainError) as exc:
+            return text_result(f"tool {name!r} could not be called: {exc}", error=True)
+
+    async def _call(
+        self, ctx: ServerRequestContext[Any, Any], user: str, name: str, args: dict[str, Any]
+    ) -> types.CallToolResult:
+        if name in _PRIMARY_NAMES:
+            try:
+                value = await anyio.to_thread.run_sync(self.backend.primary, user, name, args)
+            except (Refused, InvalidTaskTree) as exc:
+                return text_result(f"{name}: {exc}", error=True)
+            return value_result(value)
+        try:
+            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, user, name, args)
+        except InvalidTaskTree as exc:
+            return text_result(f"tool {name!r} was not called: {exc}", error=True)
+        return await self._follow(ctx, submitted)
+
+    async def _pooled(
+        self, ctx: ServerRequestContext[Any, Any], user: str, name: str, args: dict[str, Any]
+    ) -> types.CallToolResult:
+        view = await anyio.to_thread.run_sync(self.backend.view, user)
+        if name == LIST_POOLS:
+            pool, query = args.get("pool"), args.get("query")
+            if isinstance(query, str) and query.strip():
+                return value_result({"query": query, "tools": search(view.pools, query)})
+            if isinstance(pool, str) and pool:
+                if pool not in view.pools:
+                    return text_result(
+                        f"unknown pool {pool!r}; the pools are: {', '.join(sorted(view.pools))}", error=True
+                    )
+                return value_result(pool_detail(view.pools[pool]))
+            return value_result({"pools": [pool_summary(p) for p in view.pools.values()]})
+        found = resolve(view.pools, str(args.get("pool", "")), str(args.get("action", "")))
+        if isinstance(found, str):
+            return text_result(f"{SPECIALIZED_CMD}: {found}", error=True)
+        params = args.get("params") or {}
+        if not isinstance(params, dict):
+            return text_result(
+                f"{SPECIALIZED_CMD}: params must be an object (the arguments of {found.name!r})", error=True
+            )
+        return await self._call(ctx, user, found.name, params)
+
+    async def _follow(
+        self, ctx: ServerRequestContext[Any, Any], submitted: Submitted
+    ) -> types.CallToolResult:
+        """Wait for the call's task: its result, a queued receipt, or the block text after its wait.
+        Progress is forwarded; a cancelled MCP request cancels the task."""
+        tree_id = submitted.tree_id
+        try:
+            async with self._tree_events(tree_id) as woken:
+                return await self._wait(ctx, submitted, woken)
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):
+                cancelled = await anyio.to_thread.run_sync(self.backend.cancel, tree_id)
+                log.info("MCP request cancelled: cancelled %s of tree %s", cancelled or "nothing", tree_id)
+            raise
+
+    async def _wait(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        submitted: Submitted,
+        woken: Callable[[float], Awaitable[None]],
+    ) -> types.CallToolResult:
+        last_progress = None
+        blocked: TaskRecord | None = None  # the call's record while it was blocked
+        while True:
+            rec = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
+            if rec.progress is not None and rec.progress != last_progress:
+                last_progress = rec.progress
+                await ctx.session.report_progress(
+                    rec.progress.progress, rec.progress.total, rec.progress.message
+                )
+            if rec.state is TaskState.EXPIRED and blocked is not None:
+                return waited_result(blocked, submitted.wait_s)  # the brain's sweep was first
+            if rec.state.is_final:
+                return final_result(rec)
+            if rec.state is TaskState.PENDING_CLIENT:
+                return queued_result(rec)
+            blocked = rec if rec.state is TaskState.BLOCKED else None
+            # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
+            if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
+                await anyio.to_thread.run_sync(self.backend.cancel, submitted.tree_id)
+                after = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
+                # It may have started meanwhile (the client came back): then its end counts.
+                if after.state is TaskState.DONE or after.state.is_queued:
+                    continue
+                return waited_result(blocked, submitted.wait_s)
+            await woken(POLL_S)
+
+    @asynccontextmanager
+    async def _tree_events(self, tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        """A wait that returns at the tree's next event (or after ``timeout``)."""
+        assert self._aredis is not None
+        pubsub = self._aredis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(channel_tree_events(tree_id))
+
+        async def woken(timeout: float) -> None:
+            await pubsub.get_message(timeout=timeout)
+
+        try:
+            yield woken
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()
+
+    # --- list_changed -----------------------------------------------------------------
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """subscriptions/listen (2026-07-28 clients): one bus per user, so a user hears only of
+        changes to their own tools."""
+        user = self.user(ctx)
+        bus = self.watch.buses.setdefault(user, InMemorySubscriptionBus())
+        handler = self.watch.listeners.setdefault(user, ListenHandler(bus))
+        return await handler(ctx, params)
+
+    async def _watch_loop(self) -> None:
+        while True:
+            try:
+                await self.check_changes()
+            except (redis.RedisError, BrainError) as exc:
+                log.warning("watching presence and the registry failed (%s); trying again", exc)
+            await anyio.sleep(WATCH_INTERVAL_S)
+
+    async def check_changes(self) -> set[str]:
+        """Compare presence and the registry with the last look; tell the users concerned."""
+        after = await anyio.to_thread.run_sync(self.backend.state)
+        before = (self.watch.loaded_at, self.watch.per_user)
+        self.watch.loaded_at, self.watch.per_user = after
+        self._forget_idle_sessions()
+        users = changed_users(before, after, set(self.watch.sessions) | set(self.watch.buses))
+        for user in sorted(users):
+            await self._tell(user)
+        return users
+
+    async def _tell(self, user: str) -> None:
+        log.info("tools of user %s changed: sending notifications/tools/list_changed", user)
+        for seen in list(self.watch.sessions.get(user, {}).values()):
+            # Best effort (the SDK drops it when the session's stream is gone).
+            await seen.session.send_tool_list_changed()
+        bus = self.watch.buses.get(user)
+        if bus is not None:
+            await bus.publish(ToolsListChanged())
+
+    def _forget_idle_sessions(self) -> None:
+        oldest = time.monotonic() - DEFAULT_SESSION_IDLE_TIMEOUT
+        for user, seen in list(self.watch.sessions.items()):
+            for session_id in [sid for sid, s in seen.items() if s.at < oldest]:
+                del seen[session_id]
+            if not seen:
+                del self.watch.sessions[user]
+
+
+def serve(backend: Backend, redis_url: str, host: str, port: int) -> None:
+    """Serve the gateway until interrupted (uvicorn, which the SDK depends on)."""
+    import uvicorn
+
+    gateway = Gateway(backend, redis_url)
+    config = uvicorn.Config(gateway.app(host), host=host, port=port, log_level="warning", lifespan="on")
+    log.warning("MCP gateway on http://%s:%d%s", host, port, MCP_PATH)
+    uvicorn.Server(config).run()
+
+
+__all__ = ["MCP_PATH", "Gateway", "TokenVerifier", "changed_users", "serve"]

@@ -1,0 +1,123 @@
+"""The active registry of one user (brain.gateway.catalog): tables of registry + sessions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from brain.gateway.catalog import GatewayTool, catalog
+from brain.models import Location, ToolSpec
+from brain.presence import ClientSession
+from workers.contracts import ToolDescriptor, ToolType
+
+
+def spec(name: str, location: str = "server", **extra: Any) -> ToolSpec:
+    return ToolSpec.model_validate({"name": name, "location": location, **extra})
+
+
+def session(client_id: str, user: str, *tools: ToolDescriptor) -> ClientSession:
+    return ClientSession(
+        client_id=client_id, user=user, session_id="s", client_type="cli", tools=list(tools), connected_at=0
+    )
+
+
+def native(name: str) -> ToolDescriptor:
+    return ToolDescriptor(name=name, type=ToolType.NATIVE, input_schema={"type": "object", "title": name})
+
+
+def mcp(server: str, name: str) -> ToolDescriptor:
+    return ToolDescriptor(name=name, type=ToolType.MCP, mcp_server=server, description=f"{server} {name}")
+
+
+REGISTRY = {
+    "echo": spec("echo", type="built_in"),
+    "get_current_time": spec("time/get_current_time", mcp_server="time"),
+    "time/get_current_time": spec("time/get_current_time", mcp_server="time"),
+    "read_local_file": spec("read_local_file", "client", type="native"),
+}
+
+
+def names(tools: list[GatewayTool]) -> list[str]:
+    return [t.name for t in tools]
+
+
+def by_name(tools: list[GatewayTool], name: str) -> GatewayTool:
+    return next(t for t in tools if t.name == name)
+
+
+def test_an_mcp_tool_registered_bare_and_qualified_is_listed_once_under_its_bare_name() -> None:
+    tools = catalog(REGISTRY, [], "ada")
+    assert names(tools) == ["echo", "get_current_time", "read_local_file"]
+    time_tool = by_name(tools, "get_current_time")
+    assert (time_tool.pool, time_tool.action) == ("time", "get_current_time")
+
+
+@pytest.mark.parametrize(
+    ("sessions", "available", "clients"),
+    [
+        ([], False, ()),
+        ([session("laptop", "ada", native("read_local_file"))], True, ("laptop",)),
+        ([session("desk", "bob", native("read_local_file"))], False, ()),  # never another user's client
+        (
+            [session("b", "ada", native("read_local_file")), session("a", "ada", native("read_local_file"))],
+            True,
+            ("a", "b"),
+        ),
+    ],
+)
+def test_a_registry_client_tool_is_available_only_while_a_client_of_the_user_offers_it(
+    sessions: list[ClientSession], available: bool, clients: tuple[str, ...]
+) -> None:
+    tool = by_name(catalog(REGISTRY, sessions, "ada"), "read_local_file")
+    assert (tool.available, tool.clients, tool.location) == (available, clients, Location.CLIENT)
+
+
+def test_client_only_tools_of_the_user_are_added_with_their_announced_schema() -> None:
+    laptop = session("laptop", "ada", native("list_notes"), mcp("git", "git_log"))
+    other = session("desk", "bob", native("bobs_tool"))
+    tools = catalog(REGISTRY, [laptop, other], "ada")
+    assert "bobs_tool" not in names(tools)
+    notes = by_name(tools, "list_notes")
+    assert (notes.pool, notes.input_schema["title"], notes.clients) == ("native", "list_notes", ("laptop",))
+    assert (by_name(tools, "git_log").pool, by_name(tools, "git_log").action) == ("git", "git_log")
+
+
+@pytest.mark.parametrize(
+    ("announced", "listed_as"),
+    [
+        (mcp("notes", "echo"), "notes/echo"),  # a built-in keeps its bare name
+        (mcp("clock", "get_current_time"), "clock/get_current_time"),  # another server's tool
+        (mcp("time", "get_current_time"), None),  # the registry's own tool: listed once, from it
+        (native("echo"), None),  # a server-only name: its calls never reach the client
+    ],
+)
+def test_a_client_tool_whose_bare_name_is_taken_is_listed_qualified_or_not_at_all(
+    announced: ToolDescriptor, listed_as: str | None
+) -> None:
+    tools = catalog(REGISTRY, [session("laptop", "ada", announced)], "ada")
+    extra = [n for n in names(tools) if n not in ("echo", "get_current_time", "read_local_file")]
+    assert extra == ([listed_as] if listed_as else [])
+
+
+def test_the_same_client_only_tool_on_two_clients_of_the_user_is_one_tool() -> None:
+    sessions = [session("a", "ada", mcp("git", "git_log")), session("b", "ada", mcp("git", "git_log"))]
+    tools = catalog({}, sessions, "ada")
+    assert names(tools) == ["git_log"] and tools[0].clients == ("a", "b")
+
+
+def test_two_servers_of_the_users_clients_sharing_a_bare_name_keep_the_first_bare() -> None:
+    sessions = [session("a", "ada", mcp("git", "log"), mcp("hg", "log"))]
+    assert names(catalog({}, sessions, "ada")) == ["log", "hg/log"]
+
+
+def test_the_gateways_own_names_are_never_given_to_another_tool() -> None:
+    registry = {
+        **REGISTRY,
+        "brain_health": spec("ops/brain_health", mcp_server="ops"),
+        "ops/brain_health": spec("ops/brain_health", mcp_server="ops"),
+    }
+    sessions = [session("laptop", "ada", native("brain_cancel"), mcp("notes", "brain_cancel"))]
+    tools = catalog(registry, sessions, "ada", frozenset({"brain_health", "brain_cancel"}))
+    assert {"ops/brain_health", "notes/brain_cancel"} <= set(names(tools))
+    assert not {"brain_health", "brain_cancel"} & set(names(tools))
