@@ -49,35 +49,30 @@ EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything@2026.8.31"
 NPM_CACHE = Path(os.environ.get("VANCETOPE_TEST_NPM_DIR", Path.home() / ".cache" / "vancetope-tests" / "npm"))
 
 
+def npm_binary(package: str, binary: str, needed_for: str) -> Path:
+    """``binary`` of the pinned npm ``package``, installed once per machine into ``NPM_CACHE``.
+    Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM)."""
+    path = NPM_CACHE / "node_modules" / ".bin" / binary
+    if path.exists():
+        return path
+    npm = shutil.which("npm")
+    if npm is None:
+        if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
+            pytest.fail(f"npm is needed for {needed_for} (VANCETOPE_TEST_REQUIRE_NPM is set)")
+        pytest.skip(f"npm not found: {needed_for} need {package}")
+    NPM_CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE), package],
+        check=True,
+        timeout=600,
+    )
+    return path
+
+
 @pytest.fixture(scope="session")
 def everything_server() -> dict[str, Any]:
     """An mcpServers entry that starts the reference 'everything' MCP server over stdio."""
-    binary = NPM_CACHE / "node_modules" / ".bin" / "mcp-server-everything"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
-                pytest.fail(
-                    "npm is needed for the MCP interoperability tests (VANCETOPE_TEST_REQUIRE_NPM is set)"
-                )
-            pytest.skip(
-                "npm not found: the MCP interoperability tests need @modelcontextprotocol/server-everything"
-            )
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                npm,
-                "install",
-                "--silent",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(NPM_CACHE),
-                EVERYTHING_PACKAGE,
-            ],
-            check=True,
-            timeout=600,
-        )
+    binary = npm_binary(EVERYTHING_PACKAGE, "mcp-server-everything", "the MCP interoperability tests")
     return {"command": str(binary), "args": ["stdio"]}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,11 +33,11 @@ from brain.redis_server import free_port
 from brain.stack import EmbeddedStack, gateway_argv, stack_env
 from brain.store import open_store
 from tests.conftest import (
-    NPM_CACHE,
     ROOT,
     agent_with_servers,
     demo_server,
     make_settings,
+    npm_binary,
     time_server,
     wait_until,
     write_mcp_config,
@@ -355,29 +354,7 @@ def test_with_max_tools_5_the_list_holds_5_and_brain_specialized_cmd_reaches_the
 
 @pytest.fixture(scope="session")
 def inspector() -> Path:
-    binary = NPM_CACHE / "node_modules" / ".bin" / "mcp-inspector"
-    if not binary.exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
-                pytest.fail("npm is needed for the MCP Inspector tests (VANCETOPE_TEST_REQUIRE_NPM is set)")
-            pytest.skip("npm not found: the gateway's Inspector tests need @modelcontextprotocol/inspector")
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [
-                npm,
-                "install",
-                "--silent",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-                str(NPM_CACHE),
-                INSPECTOR_PACKAGE,
-            ],
-            check=True,
-            timeout=600,
-        )
-    return binary
+    return npm_binary(INSPECTOR_PACKAGE, "mcp-inspector", "the gateway's Inspector tests")
 
 
 def inspect(binary: Path, url: str, token: str, tmp_path: Path, *args: str) -> dict[str, Any]:
