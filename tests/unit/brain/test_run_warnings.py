@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.cli import _tasks_waiting_for_a_client
+from brain.cli.trees import _tasks_waiting_for_a_client
 from brain.models import TaskTree, ToolSpec
 from brain.registry import RegistrySnapshot
 from brain.routing import ClientView, Presence, client_tools

@@ -1,0 +1,9 @@
+"""The ``vancetope`` command (layer: brain, CLI). Parses flags, calls the brain, shows results.
+
+One module per family of commands; importing them registers their commands on ``cli``.
+"""
+
+from brain.cli import clients, secrets, services, trees  # noqa: F401 - they register commands
+from brain.cli.base import cli, main
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,141 @@
+"""The ``vancetope`` command group and what every command shares (layer: brain, CLI): the
+settings, the one-line failure with its exit code, reaching a running stack.
+
+Exit codes (a contract for scripts, README "Output for scripts"): 0 every task done; 1 the
+tree ended otherwise (failed, skipped or cancelled tasks); 2 bad input (file, tree, config,
+unknown id); 3 the stack or its store could not be reached or started; 4 the tree was still
+running at --timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+import click
+import pymongo.errors
+import redis
+from rich.console import Console
+
+from brain.config import Settings, load_settings
+from brain.errors import (
+    BrainError,
+    ConfigError,
+    StackNotRunning,
+    StoreError,
+)
+from brain.service import Brain, unreachable
+from brain.stack import (
+    EmbeddedStack,
+    running_stack_url,
+    service_argvs,
+    without_agent,
+)
+
+console = Console()
+err = Console(stderr=True)
+
+EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data-dir", type=click.Path(path_type=Path), help="State directory (default .vancetope).")
+@click.option(
+    "--registry",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="Tool registry YAML (default from vancetope.toml / VANCETOPE_REGISTRY).",
+)
+@click.option(
+    "--mcp-config",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="The brain's server-side mcpServers JSON (VANCETOPE_MCP_CONFIG).",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log what the brain does.")
+@click.pass_context
+def cli(
+    ctx: click.Context, data_dir: Path | None, registry: Path | None, mcp_config: Path | None, verbose: bool
+) -> None:
+    """Vancetope: run task trees whose tool calls go to a server worker pool or a client agent."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        ctx.obj = load_settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
+    except ConfigError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+@contextlib.contextmanager
+def stack_for(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -> Iterator[str]:
+    """Yield a Redis URL with a brain behind it: configured, running, or started here."""
+    url = settings.redis_url or running_stack_url(settings)
+    if url:
+        yield url
+        return
+    if not quiet:
+        err.print(
+            f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
+        )
+    # A stack started for one run has no beat: schedules fire under `vancetope up` (or `beat`).
+    services = without_agent(settings) if no_agent else tuple(n for n, _ in service_argvs(settings))
+    stack = EmbeddedStack(settings, only=tuple(n for n in services if n != "beat"))
+    try:
+        stack.start()
+        yield stack.redis_url
+    finally:
+        stack.stop()
+
+
+def fail(message: str, code: int) -> NoReturn:
+    # soft_wrap: a one-line reason stays one line (copyable, greppable) whatever the width.
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    sys.exit(code)
+
+
+@contextlib.contextmanager
+def running_brain(settings: Settings) -> Iterator[Brain]:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
+    try:
+        brain = Brain.connect(settings, url)
+    except StackNotRunning as exc:
+        fail(str(exc), EXIT_STACK)
+    try:
+        yield brain
+    except redis.RedisError as exc:
+        # Redis went away after the connect: one line saying what is unreachable, no traceback.
+        fail(str(unreachable(url, exc)), EXIT_STACK)
+    finally:
+        brain.close()
+
+
+def main() -> None:
+    # MCP servers installed beside Vancetope (mcp-server-time, ...) are found by name even when
+    # its virtualenv is not activated: the same rule the stack's processes get (stack_env).
+    bin_dir = os.path.dirname(sys.executable)
+    os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+    try:
+        cli()
+    except StoreError as exc:
+        # The store is part of the stack: its failure is "unreachable", not the caller's input.
+        fail(f"the store failed: {exc}", EXIT_STACK)
+    except BrainError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    except (sqlite3.Error, pymongo.errors.PyMongoError) as exc:
+        fail(
+            f"the store failed: {exc}; check VANCETOPE_STORE_URL / VANCETOPE_MONGO_URL and that the "
+            "database is up",
+            EXIT_STACK,
+        )
+    except redis.RedisError as exc:
+        # Last resort: every command maps Redis errors itself; none may end in a traceback.
+        fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)

@@ -1,0 +1,148 @@
+"""Commands about client agents and users (layer: brain, CLI): clients, enroll, revoke,
+approve-tools; users token for the MCP gateway."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from brain.cli.base import (
+    EXIT_BAD_INPUT,
+    cli,
+    console,
+    err,
+    fail,
+    running_brain,
+)
+from brain.config import Settings
+from brain.display import clients_table
+from brain.enrollment import enroll, revoke
+from brain.redis_server import write_private
+from brain.report import clients_report
+from brain.store import open_store
+from brain.toolpins import ToolPins
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.pass_context
+def clients(ctx: click.Context, as_json: bool) -> None:
+    """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with running_brain(ctx.obj) as brain:
+        book = brain.scheduler.presence
+        if as_json:
+            report = clients_report(
+                book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), brain.scheduler.registry
+            )
+            click.echo(json.dumps(report, indent=2))
+            return
+        console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
+        registry = brain.scheduler.registry
+        if registry.loaded_at:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(registry.loaded_at))
+            console.print(f"registry: {len(registry.tools)} tools, loaded {when}", highlight=False)
+            for line in registry.changes:
+                console.print(f"  last reload: {line}", highlight=False)
+
+
+@clients.command("enroll")
+@click.argument("client_id")
+@click.option("--user", required=True, help="The user this client belongs to.")
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Also write the credential to this file (mode 0600), for agent.toml's credential_file.",
+)
+@click.pass_obj
+def clients_enroll(settings: Settings, client_id: str, user: str, output: Path | None) -> None:
+    """Allow CLIENT_ID (a client agent of USER) to connect, with a credential of its own.
+
+    Prints one line, VANCETOPE_AGENT_BROKER_URL=<url>: the agent's own Redis user and
+    secret, which reach only that client's keys. The secret is shown once and stored
+    nowhere else; enrolling again issues a new one and the old one stops working.
+    """
+    with running_brain(settings) as brain:
+        try:
+            credential = enroll(
+                brain.scheduler.presence, client_id, user, settings.agent_broker_url or brain.redis_url
+            )
+        except ValueError as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
+    if output is not None:
+        write_private(output, credential.env_line + "\n")
+        err.print(f"wrote the credential to {output} (mode 0600)", highlight=False)
+    err.print(
+        f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}. "
+        "Give the agent this line (it is the client's password):",
+        highlight=False,
+    )
+    click.echo(credential.env_line)
+
+
+@clients.command("revoke")
+@click.argument("client_id")
+@click.pass_obj
+def clients_revoke(settings: Settings, client_id: str) -> None:
+    """Revoke CLIENT_ID: its credential stops working at once (open connections are dropped)
+    and its unfinished calls come back as for a disconnect."""
+    with running_brain(settings) as brain:
+        if not revoke(brain.clients, client_id):
+            fail(f"no enrolled client {client_id!r}; `vancetope clients` lists them", EXIT_BAD_INPUT)
+    console.print(f"revoked client [bold]{client_id}[/]; its credential no longer connects")
+
+
+@clients.command("approve-tools")
+@click.argument("client_id")
+@click.argument("tools", nargs=-1)
+@click.pass_obj
+def clients_approve_tools(settings: Settings, client_id: str, tools: tuple[str, ...]) -> None:
+    """Accept the changed definitions of CLIENT_ID's TOOLS (all its held tools if none named):
+    they are pinned as now announced and routed to again once the agent re-announces."""
+    with running_brain(settings) as brain:
+        session = brain.scheduler.presence.session(client_id)
+        held = session.held_tools if session else []
+        unknown = sorted(set(tools) - {t.name for t in held})
+        if unknown:
+            fail(f"client {client_id!r} holds no changed tool {', '.join(unknown)}; see `vancetope clients`",
+                  EXIT_BAD_INPUT)  # fmt: skip
+        approved = ToolPins(brain.hot.r).approve(client_id, held, tools)
+    if not approved:
+        console.print(f"client {client_id} has no tool whose definition changed")
+        return
+    console.print(
+        f"approved the new definitions of {', '.join(approved)} on client {client_id}", highlight=False
+    )
+
+
+@cli.group()
+def users() -> None:
+    """Users of the MCP gateway: their tokens."""
+
+
+@users.command("token")
+@click.argument("user")
+@click.option("--revoke", is_flag=True, help="Revoke USER's token instead of issuing one.")
+@click.pass_obj
+def users_token(settings: Settings, user: str, revoke: bool) -> None:
+    """Issue USER's gateway token (printed once as VANCETOPE_GATEWAY_TOKEN=<token>; a new one
+    replaces the old), or --revoke it. MCP clients send it as `Authorization: Bearer <token>`."""
+    from brain.gateway import tokens
+
+    if not user.strip() or len(user) > 128:
+        fail("a user name is 1 to 128 characters", EXIT_BAD_INPUT)
+    store = open_store(settings.store)
+    try:
+        if revoke:
+            if not tokens.revoke(store, user):
+                fail(f"user {user!r} has no gateway token", EXIT_BAD_INPUT)
+            err.print(f"revoked the gateway token of {user}; requests with it get 401", highlight=False)
+            return
+        token = tokens.issue(store, user)
+    finally:
+        store.close()
+    click.echo(f"{tokens.TOKEN_VARIABLE}={token}")

@@ -1,0 +1,292 @@
+"""Commands that run the stack or one of its services (layer: brain, CLI): up, brain, worker,
+beat, gateway; reload and submit-url speak to a running brain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import click
+
+from brain.cli.base import (
+    EXIT_BAD_INPUT,
+    EXIT_STACK,
+    EXIT_TREE_FAILED,
+    cli,
+    console,
+    err,
+    fail,
+    running_brain,
+)
+from brain.config import Settings
+from brain.errors import (
+    StackNotRunning,
+)
+from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
+from brain.pools import unknown_pool
+from brain.redis_server import submitter_url
+from brain.registry import RegistrySnapshot
+from brain.reload import RELOAD_REQUEST_KEY
+from brain.stack import (
+    EmbeddedStack,
+    beat_argv,
+    gateway_argv,
+    pool_service,
+    running_stack_url,
+    service_argvs,
+    stack_env,
+    without_agent,
+)
+from brain.supervisor import GaveUp, Supervisor
+from workers.contracts import DEFAULT_POOL
+
+FLOWER_PORT = 5555
+# How long `up` waits for the MCP gateway to listen before it says where to look.
+GATEWAY_READY_S = 30.0
+
+
+@cli.command()
+@click.pass_obj
+def beat(settings: Settings) -> None:
+    """Run Celery beat for the [[schedules]] against VANCETOPE_REDIS_URL, in the foreground.
+
+    `vancetope up` already runs it. Restart it after changing [[schedules]].
+    """
+    if not settings.redis_url:
+        fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run beat alone", EXIT_BAD_INPUT)
+    if not any(s.enabled for s in settings.schedules):
+        fail("no enabled [[schedules]] in vancetope.toml: beat would have nothing to fire", EXIT_BAD_INPUT)
+    argv = beat_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
+
+
+@cli.command()
+@click.option("--flower", is_flag=True, help=f"Also start Flower (default 127.0.0.1:{FLOWER_PORT}).")
+@click.option(
+    "--flower-port",
+    type=click.IntRange(1, 65535),
+    help=f"Start Flower on this port (implies --flower; default {FLOWER_PORT}).",
+)
+@click.option(
+    "--flower-address",
+    metavar="ADDRESS",
+    help="Start Flower on this address (implies --flower; default 127.0.0.1). Beyond loopback "
+    "(e.g. 0.0.0.0) Flower asks for a password: FLOWER_BASIC_AUTH=user:password if set, else user "
+    "'vancetope' and a password generated into <data_dir>/flower.secret.",
+)
+@click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
+@click.option(
+    "--gateway-port",
+    type=click.IntRange(1, 65535),
+    help="Serve the MCP gateway on this port of gateway_host (default: gateway_port, 8765).",
+)
+@click.option("--no-gateway", is_flag=True, help="Do not start the MCP gateway.")
+@click.pass_obj
+def up(
+    settings: Settings,
+    flower: bool,
+    flower_port: int | None,
+    flower_address: str | None,
+    no_agent: bool,
+    gateway_port: int | None,
+    no_gateway: bool,
+) -> None:
+    """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
+
+    With an enabled [[schedules]] table it runs Celery beat too. A service that dies (brain,
+    server pool, client agent, beat, Flower, redis-server) is restarted
+    after a backoff (1 s doubling to 30 s); one that keeps failing at start stops the stack
+    (exit 3) with the reason. Flower is optional: if it cannot start, the stack says why and
+    keeps running.
+    """
+    wants_flower = flower or flower_port is not None or flower_address is not None
+    access = _flower_access(settings, flower_address or "127.0.0.1") if wants_flower else None
+    stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stack.start()
+        if access is not None:
+            _start_flower(stack, flower_port or FLOWER_PORT, access)
+        if not no_gateway:
+            _start_gateway(stack, gateway_port or settings.gateway_port)
+        assert stack.redis is not None
+        console.print(
+            f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
+            f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
+            "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
+        )
+        Supervisor(stack, say=lambda line: err.print(f"[yellow]{line}[/]", highlight=False)).run(stop)
+    except KeyboardInterrupt:
+        pass
+    except (StackNotRunning, GaveUp) as exc:
+        fail(str(exc), EXIT_STACK)
+    finally:
+        stack.stop()
+
+
+def _flower_access(settings: Settings, address: str) -> FlowerAccess:
+    """Decided before anything starts: Flower beyond loopback without a password is bad input."""
+    try:
+        access = flower_access(address, settings.data_dir, os.environ)
+        access.env()
+    except FlowerUnprotected as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    return access
+
+
+def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None:
+    address = access.address
+    if not _port_free(port, address):
+        err.print(
+            f"[yellow]flower not started: {address}:{port} is already in use (another Flower or "
+            "program) or not an address of this machine; pick a free port with --flower-port. "
+            "The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    stack.start_flower(port, access)
+    if access.basic_auth:
+        # The user and where the password is, never the password (this line may be logged).
+        login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
+    else:
+        login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
+    host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
+    console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
+
+
+def _start_gateway(stack: EmbeddedStack, port: int) -> None:
+    host = stack.settings.gateway_host
+    if not _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not started: 127.0.0.1:{port} is already in use; pick a free port with "
+            "--gateway-port (or --no-gateway). The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    service = stack.start_gateway(port)
+    deadline = time.monotonic() + GATEWAY_READY_S
+    while _port_free(port) and time.monotonic() < deadline:
+        if service.process is not None and service.process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if _port_free(port):
+        err.print(
+            f"[yellow]MCP gateway not serving yet on {host}:{port}; see {service.log_path}. "
+            "The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    console.print(
+        f"MCP gateway: http://{host}:{port}/mcp (a token: `vancetope users token U`)", highlight=False
+    )
+
+
+def _port_free(port: int, address: str = "127.0.0.1") -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+@cli.command()
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for the brain to reload.")
+@click.pass_obj
+def reload(settings: Settings, timeout: float) -> None:
+    """Reload the registry file and the server MCP config now, and say what changed.
+
+    The brain also reloads by itself within seconds of either file changing. Calls already
+    sent finish on the definitions they were sent with; new calls use the new ones.
+    Exits 1 if the brain did not answer within --timeout.
+    """
+    with running_brain(settings) as brain:
+        before = brain.scheduler.registry.loaded_at
+        brain.hot.r.set(RELOAD_REQUEST_KEY, b"1")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snapshot = brain.hot.get_registry()
+            if snapshot is not None and snapshot.get("loaded_at", 0.0) != before:
+                registry = RegistrySnapshot.model_validate(snapshot)
+                console.print(f"registry reloaded: {len(registry.tools)} tools")
+                for line in registry.changes:
+                    console.print(f"  {line}", highlight=False)
+                return
+            time.sleep(0.2)
+    fail(
+        f"the brain did not reload within {timeout:g}s; is it running? (`vancetope up`, its log)",
+        EXIT_TREE_FAILED,
+    )
+
+
+@cli.command("submit-url")
+@click.pass_obj
+def submit_url(settings: Settings) -> None:
+    """Print VANCETOPE_SUBMIT_URL=<url>: the Redis URL another Celery app uses to submit trees.
+
+    Its user (vt-submit) may only put messages on queue `submit`, which the brain reads as
+    `vancetope.submit_tree` jobs (README "Python API"). For the stack of `vancetope up`; with
+    an external Redis, create vt-submit with the rules in compose.yaml instead.
+    """
+    if settings.redis_url:
+        fail(
+            "VANCETOPE_REDIS_URL points at an external Redis: give your app a vt-submit user made with "
+            "the rules in compose.yaml (brain/acl.py COMPONENT_RULES), not an admin URL",
+            EXIT_BAD_INPUT,
+        )
+    url = running_stack_url(settings)
+    if not url:
+        fail("no stack is running here: start one with `vancetope up`", EXIT_STACK)
+    click.echo(f"VANCETOPE_SUBMIT_URL={submitter_url(url)}")
+
+
+@cli.command()
+@click.pass_obj
+def brain(settings: Settings) -> None:
+    """Run the brain (result consumer + reconciler) against VANCETOPE_REDIS_URL, in the foreground."""
+    if not settings.redis_url:
+        fail(
+            "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the brain alone", EXIT_BAD_INPUT
+        )
+    _exec(settings, "brain")
+
+
+@cli.command()
+@click.option("--pool", default=DEFAULT_POOL, show_default=True, help="The server pool to serve ([[pools]]).")
+@click.pass_obj
+def worker(settings: Settings, pool: str) -> None:
+    """Run a server worker pool against VANCETOPE_REDIS_URL, in the foreground.
+
+    --pool NAME serves the named pool's queue (server.NAME) with the concurrency of its
+    [[pools]] table; without it, the default pool (queue server, server_concurrency).
+    """
+    if not settings.redis_url:
+        fail("set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run a worker pool", EXIT_BAD_INPUT)
+    if pool != DEFAULT_POOL and settings.pool(pool) is None:
+        fail(f"--pool: {unknown_pool(pool, [p.name for p in settings.pools])}", EXIT_BAD_INPUT)
+    _exec(settings, pool_service(pool))
+
+
+@cli.command()
+@click.pass_obj
+def gateway(settings: Settings) -> None:
+    """Run the MCP gateway (/mcp on gateway_host:gateway_port) against VANCETOPE_REDIS_URL."""
+    if not settings.redis_url:
+        fail(
+            "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the gateway alone; "
+            "`vancetope up` runs one in the embedded stack",
+            EXIT_BAD_INPUT,
+        )
+    argv = gateway_argv()
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
+
+
+def _exec(settings: Settings, service: str) -> None:
+    assert settings.redis_url is not None
+    argv = dict(service_argvs(settings))[service]
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))

@@ -1,0 +1,456 @@
+"""Commands about task trees (layer: brain, CLI): run, explain, status, schedules, cancel."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+import redis
+from rich.markdown import Markdown
+from rich.table import Table
+
+from brain.cli.base import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    EXIT_STACK,
+    EXIT_TIMED_OUT,
+    EXIT_TREE_FAILED,
+    cli,
+    console,
+    err,
+    fail,
+    running_brain,
+    stack_for,
+)
+from brain.config import Settings
+from brain.display import queues_table, task_table, trees_table
+from brain.errors import (
+    InvalidFile,
+    InvalidRegistry,
+    InvalidTaskTree,
+    StackNotRunning,
+)
+from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
+from brain.queues import QueuesReport, queues_report
+from brain.registry import RegistrySnapshot, build_registry
+from brain.report import tree_report, trees_report
+from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.schedule_view import schedules_report, schedules_table, shown_summary
+from brain.service import Brain, unreachable
+from brain.stack import (
+    running_stack_url,
+)
+from brain.store import Store, open_store
+from brain.summary import render_markdown
+from brain.toolnames import clash_lines
+from brain.treefile import load_tree
+from brain.validation import check_tree, unknown_tools
+from brain.watch import watch
+from workers.contracts import MCPServerFailure, client_queue
+
+STDERR_LINES_SHOWN = 12
+
+
+@cli.command()
+@click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--client", "client_id", help="Interactive session bound to this client agent.")
+@click.option(
+    "--autonomous/--interactive",
+    default=None,
+    help="Session kind (default: interactive with --client, else autonomous).",
+)
+@click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
+@click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
+@click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="At the end print the tree's record as JSON (progress goes to stderr).",
+)
+@click.pass_obj
+def run(
+    settings: Settings,
+    tree_file: Path,
+    client_id: str | None,
+    autonomous: bool | None,
+    user: str | None,
+    no_agent: bool,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Run TREE_FILE to the end with a live progress display, then print every task.
+
+    Uses a stack started by `vancetope up` (or VANCETOPE_REDIS_URL); without one it
+    starts the embedded stack — with its local client agent unless --no-agent — for the
+    length of the run. Tasks waiting for an offline client show as blocked or
+    pending_client and run when it connects. Exits 0 only if every task is done.
+    """
+    tree = _load_tree_or_exit(tree_file, settings)
+    # Before anything starts: a tree that cannot run must not cost a stack start-up.
+    _check_before_start(tree, settings, tree_file)
+    if client_id is not None:
+        _check_client_id(client_id)
+    session = (
+        SessionKind.AUTONOMOUS
+        if (autonomous or (autonomous is None and not client_id))
+        else SessionKind.INTERACTIVE
+    )
+    run_user = user or settings.user
+    stack_url = settings.redis_url or ""
+    try:
+        with stack_for(settings, no_agent=no_agent) as url:
+            stack_url = url
+            brain = Brain.connect(settings, url)
+            try:
+                if client_id is not None:
+                    _check_enrolled(brain, client_id)
+                registry = brain.scheduler.registry
+                presence = brain.scheduler.presence.view(run_user, client_id)
+                _validate_or_exit(tree, registry, tree_file, client_tools(presence))
+                waiting = _tasks_waiting_for_a_client(tree, registry) if not (client_id or run_user) else []
+                if waiting:
+                    err.print(
+                        f"[yellow]warning:[/] no --client and no --user: task(s) {', '.join(waiting)} can "
+                        "only wait, since no client may take them (set `user` in vancetope.toml or "
+                        "pass --user)",
+                        highlight=False,
+                    )
+                record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
+                if as_json:
+                    status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
+                    tasks = brain.store.get_tasks(record.tree_id)
+                    final = brain.store.get_tree(record.tree_id) or record
+                    click.echo(json.dumps(_tree_json(brain.store, final, tasks), indent=2))
+                else:
+                    status = watch(brain, record.tree_id, timeout, console, err)
+            finally:
+                brain.close()
+    except StackNotRunning as exc:
+        fail(str(exc), EXIT_STACK)
+    except redis.RedisError as exc:
+        # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.
+        fail(str(unreachable(stack_url, exc)), EXIT_STACK)
+    sys.exit(run_exit_code(status))
+
+
+def run_exit_code(status: TreeStatus | None) -> int:
+    """None: the watch ended before the tree did (--timeout)."""
+    if status is None:
+        return EXIT_TIMED_OUT
+    return EXIT_OK if status is TreeStatus.DONE else EXIT_TREE_FAILED
+
+
+def _check_client_id(client_id: str) -> None:
+    try:
+        client_queue(client_id)
+    except ValueError as exc:
+        fail(f"--client: {exc}", EXIT_BAD_INPUT)
+
+
+def _check_enrolled(brain: Brain, client_id: str) -> None:
+    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent."""
+    if brain.scheduler.presence.enrollment(client_id) is None:
+        fail(
+            f"--client: client {client_id!r} is not enrolled, so no session can be bound to it; "
+            f"`vancetope clients` lists the enrolled ones, `vancetope clients enroll {client_id} --user U` "
+            "enrolls it",
+            EXIT_BAD_INPUT,
+        )
+
+
+def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
+    try:
+        return load_tree(path, max_bytes=settings.max_tree_bytes)
+    except (InvalidFile, InvalidTaskTree) as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
+    """Refuse a tree that is invalid against what is known without starting anything: the
+    built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
+    try:
+        declared = build_registry(settings, discover=False)
+        # Pools are checked once the brain answers: a running stack may know pools this
+        # directory's config does not.
+        check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
+    except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _validate_or_exit(
+    tree: TaskTree, registry: RegistrySnapshot, path: Path, announced: frozenset[str] = frozenset()
+) -> None:
+    """``announced``: tools the run's connected clients offer, so they are not called unknown."""
+    try:
+        check_tree(tree, registry.tools, source=str(path), engines=registry.engines, pools=registry.pools)
+    except InvalidTaskTree as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    for warning in unknown_tools(tree, registry.tools.keys() | announced):
+        err.print(f"[yellow]warning:[/] {warning}{_failed_servers(registry)}", highlight=False)
+
+
+def _failed_servers(registry: RegistrySnapshot) -> str:
+    if not registry.mcp_failures:
+        return ""
+    names = ", ".join(repr(f.server) for f in registry.mcp_failures)
+    return f" (MCP server(s) {names} failed to start, so their tools are missing)"
+
+
+def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple[TaskSpec, Route]]:
+    """Each task's route in an autonomous session with no client connected (what explain shows)."""
+    engine = registry.engines.get(tree.engine) if tree.engine else None
+    return [
+        (
+            spec,
+            decide_route(
+                RouteRequest(
+                    tool=spec.tool,
+                    execution_target=spec.execution_target,
+                    session=SessionKind.AUTONOMOUS,
+                    engine=engine,
+                    pool=spec.pool,
+                    tree_pool=tree.pool,
+                    pools=frozenset(registry.pools),
+                ),
+                registry.tools,
+                Presence(),
+            ),
+        )
+        for spec in tree.tasks
+    ]
+
+
+def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> list[str]:
+    """Tasks the router parks for a client when none may take them: the router's own verdict,
+    so server tools, fallbacks and skips never trigger the warning."""
+    parked = (RouteKind.BLOCKED, RouteKind.PENDING_CLIENT)
+    return [spec.id for spec, route in _autonomous_routes(tree, registry) if route.kind in parked]
+
+
+@cli.command()
+@click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.pass_obj
+def explain(settings: Settings, tree_file: Path) -> None:
+    """Validate TREE_FILE and show, per task, the route the router would choose and why. Runs nothing.
+
+    Exits 2 if the tree is invalid, 1 if it is valid but some task would fail as things
+    stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
+    """
+    tree = _load_tree_or_exit(tree_file, settings)
+    registry = _registry_for_explain(settings)
+    for failure in registry.mcp_failures:
+        err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)
+    for line in clash_lines(registry.clashes):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
+    _validate_or_exit(tree, registry, tree_file)
+    for line in _held_tool_lines(settings, {spec.tool for spec in tree.tasks}):
+        err.print(f"[yellow]warning:[/] {line}", highlight=False)
+    routes = _autonomous_routes(tree, registry)
+    failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
+    verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"
+    table = Table(title=f"{tree_file}: {len(tree.tasks)} task(s), {verdict}", title_justify="left")
+    for col in ("task", "tool", "target", "route", "why"):
+        table.add_column(col, overflow="fold")
+    for spec, route in routes:
+        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason)
+    console.print(table)
+    console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
+    if failing:
+        missing = sorted({spec.tool for spec, route in failing if route.reason.startswith("Tool unknown")})
+        if missing:
+            err.print(
+                f"[red]missing tools:[/] {', '.join(missing)}: not in the registry"
+                f"{_failed_servers(registry)}; a client that announces them could still run them",
+                highlight=False,
+            )
+        sys.exit(EXIT_TREE_FAILED)
+
+
+def _describe_failure(failure: MCPServerFailure) -> str:
+    """The server, its command (in the message) and the last lines it wrote to stderr."""
+    text = f"MCP server {failure.server!r} failed to start: {failure.message}"
+    if failure.stderr_tail:
+        tail = failure.stderr_tail.splitlines()[-STDERR_LINES_SHOWN:]
+        text += "\n  its stderr ended with:\n" + "\n".join(f"    {line}" for line in tail)
+    return text
+
+
+def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
+    url = settings.redis_url or running_stack_url(settings)
+    if url:
+        with contextlib.suppress(StackNotRunning):
+            brain = Brain.connect(settings, url)
+            brain.close()
+            return brain.scheduler.registry
+    try:
+        return build_registry(settings)
+    except (InvalidRegistry, InvalidFile) as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
+    """Tools of the tree that a connected client announced with a changed definition (brain.toolpins)."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        return []
+    with contextlib.suppress(StackNotRunning, redis.RedisError):
+        brain = Brain.connect(settings, url)
+        try:
+            sessions = brain.scheduler.presence.sessions()
+        finally:
+            brain.close()
+        return [
+            f"tool {t.name!r} of client {cid}: its definition changed since it was pinned; not routed to "
+            f"until `vancetope clients approve-tools {cid} {t.name}`"
+            for cid, session in sorted(sessions.items())
+            for t in session.held_tools
+            if t.name in tools
+        ]
+    return []
+
+
+@cli.command()
+@click.argument("tree_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option(
+    "--queues",
+    "queues_only",
+    is_flag=True,
+    help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
+)
+@click.pass_obj
+def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: bool) -> None:
+    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and result.
+
+    Trees come from the store: they show while Redis is down. The queues (per server pool,
+    client and user: work waiting, and whether anyone consumes it) need the stack.
+    --json prints whole results; --queues --json the queues.
+    """
+    if queues_only:
+        _status_queues(settings, as_json)
+        return
+    store = open_store(settings.store)
+    try:
+        if tree_id is None:
+            trees = store.list_trees(limit=20)
+            counts = {t.tree_id: Counter(r.state.value for r in store.get_tasks(t.tree_id)) for t in trees}
+            if as_json:
+                click.echo(json.dumps(trees_report(trees, counts), indent=2))
+            else:
+                console.print(trees_table(trees, counts) if trees else "no task trees yet")
+                _show_queues(settings)
+            return
+        tree_rec = store.get_tree(tree_id)
+        if tree_rec is None:
+            fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
+        tasks = store.get_tasks(tree_id)
+        if as_json:
+            click.echo(json.dumps(_tree_json(store, tree_rec, tasks), indent=2))
+        else:
+            console.print(task_table(tree_rec, tasks, {}))
+            summary = shown_summary(tree_rec, tasks, store.get_summaries(tree_id), time.time())
+            if summary is not None:
+                console.print(Markdown(render_markdown(summary)))
+    finally:
+        store.close()
+
+
+def _status_queues(settings: Settings, as_json: bool) -> None:
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        fail(
+            "no stack is running here: start one with `vancetope up` (or set VANCETOPE_REDIS_URL)", EXIT_STACK
+        )
+    try:
+        report = queues_report(settings, url)
+    except StackNotRunning as exc:
+        fail(str(exc), EXIT_STACK)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_queues(report)
+
+
+def _show_queues(settings: Settings) -> None:
+    """The queues under the trees, when a stack answers; else one dim line saying why not."""
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        console.print("[dim]queues: no stack running here (`vancetope up`)[/]")
+        return
+    try:
+        _print_queues(queues_report(settings, url))
+    except StackNotRunning as exc:
+        console.print(f"[dim]queues: {exc}[/]", highlight=False)
+
+
+def _print_queues(report: QueuesReport) -> None:
+    console.print(queues_table(report))
+    for line in report.alarms():
+        console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
+
+
+def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
+    """The tree as `run --json` and `status TREE_ID --json` print it: the report, its summary."""
+    stored = store.get_summaries(tree_rec.tree_id)
+    summary = shown_summary(tree_rec, tasks, stored, time.time())
+    return {
+        **tree_report(tree_rec, tasks),
+        "summary": summary.model_dump(mode="json") if summary else None,
+        "summaries": [s.model_dump(mode="json") for s in stored],
+    }
+
+
+@cli.command()
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (one object per schedule) instead of a table."
+)
+@click.pass_obj
+def schedules(settings: Settings, as_json: bool) -> None:
+    """List the [[schedules]] of vancetope.toml: when each fires, its last and next fire, its last run.
+
+    Reads the settings and the store only (works without Redis). A next fire in the past
+    means beat is not running: `vancetope up` runs it, or `vancetope beat`.
+    """
+    store = open_store(settings.store)
+    try:
+        last_runs = {
+            s.name: next(iter(store.schedule_runs(s.name, limit=1)), None) for s in settings.schedules
+        }
+        rows = schedules_report(settings.schedules, store.last_fires(), last_runs, time.time())
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    elif rows:
+        console.print(schedules_table(rows, time.time()))
+    else:
+        console.print(
+            "no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)"
+        )
+
+
+@cli.command()
+@click.argument("tree_id")
+@click.argument("task_id", required=False)
+@click.pass_obj
+def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
+    """Cancel TREE_ID (or only its TASK_ID): unfinished tasks end as skipped (cancelled by user).
+
+    Parked work is cancelled too; a run already sent to an offline client is never started
+    when that client comes back.
+    """
+    with running_brain(settings) as brain:
+        if brain.store.get_tree(tree_id) is None:
+            fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
+        if task_id is not None and brain.store.get_task(tree_id, task_id) is None:
+            known = ", ".join(r.task_id for r in brain.store.get_tasks(tree_id))
+            fail(f"tree {tree_id!r} has no task {task_id!r}; its tasks: {known}", EXIT_BAD_INPUT)
+        done = brain.sweeps.cancel(tree_id, task_id)
+    console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")
