@@ -31,10 +31,10 @@ from brain.errors import BrainError
 from brain.models import SessionKind, TreeRecord, TreeStatus
 from brain.scheduler import Scheduler
 from brain.schedules import FireAction, Overlap, Schedule, by_name, decide_overlap, run_tree_id
+from brain.submission import check_submission
 from brain.summary import RunSummary, SummaryKind, summarise
 from brain.summary_sinks import deliver
 from brain.treefile import load_tree
-from brain.validation import check_tree
 from workers.contracts import ScheduleFire, key_schedule_lock, key_schedule_queue
 from workers.scripts import lua
 
@@ -106,8 +106,8 @@ class ScheduleRuns:
     def _start(self, spec: Schedule, fire: ScheduleFire) -> TreeRecord | None:
         try:
             tree = load_tree(spec.tree, max_bytes=self.s.settings.max_tree_bytes)
-            registry = self.s.registry
-            check_tree(tree, registry.tools, source=str(spec.tree), engines=registry.engines)
+            for warning in check_submission(tree, self.s.registry, source=str(spec.tree)):
+                log.warning("schedule %r: %s", spec.name, warning)
         except BrainError as exc:
             log.error("schedule %r: not started: %s", spec.name, exc)
             return None

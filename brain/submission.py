@@ -1,9 +1,9 @@
 """Checking a tree someone submits against the running brain (layer: brain, pure on its inputs).
 
-One rule for every way in — the Python API, the ``vancetope.submit_tree`` Celery task (and
-through them the CLI's checks): the tree is valid against the registry in use, a chosen run id
-is well-formed, and tools nobody offers yet are reported, not refused (a client may announce
-them later).
+One rule for every way in — `vancetope run`, the Python API, the ``vancetope.submit_tree``
+Celery task, a schedule's fire: the tree is valid against the registry in use (its engines
+and named pools included), a chosen run id is well-formed, and tools nobody offers yet are
+reported, not refused (a client may announce them later).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check_submission(
                 f"tree_id {tree_id!r}: use letters, digits, '_', '.', '-' (max 128, starting with a letter or digit)"
             ],
         )
-    check_tree(tree, registry.tools, source=source, engines=registry.engines)
+    check_tree(tree, registry.tools, source=source, engines=registry.engines, pools=registry.pools)
     return unknown_tools(tree, registry.tools.keys() | announced)
 
 

@@ -47,10 +47,11 @@ from brain.stack import (
     running_stack_url,
 )
 from brain.store import Store, open_store
+from brain.submission import check_submission
 from brain.summary import render_markdown
 from brain.toolnames import clash_lines
 from brain.treefile import load_tree
-from brain.validation import check_tree, unknown_tools
+from brain.validation import check_tree
 from brain.watch import watch
 from workers.contracts import MCPServerFailure, client_queue
 
@@ -189,10 +190,10 @@ def _validate_or_exit(
 ) -> None:
     """``announced``: tools the run's connected clients offer, so they are not called unknown."""
     try:
-        check_tree(tree, registry.tools, source=str(path), engines=registry.engines, pools=registry.pools)
+        warnings = check_submission(tree, registry, source=str(path), announced=announced)
     except InvalidTaskTree as exc:
         fail(str(exc), EXIT_BAD_INPUT)
-    for warning in unknown_tools(tree, registry.tools.keys() | announced):
+    for warning in warnings:
         err.print(f"[yellow]warning:[/] {warning}{_failed_servers(registry)}", highlight=False)
 
 

@@ -77,6 +77,11 @@ def test_an_invalid_tree_is_refused_with_every_problem_and_nothing_is_recorded(
     assert "ghost" in str(refused.value)
     with pytest.raises(vancetope.InvalidTaskTree, match="tree_id 'no:colons'"):
         vt.submit(ECHO_TREE, tree_id="no:colons")
+    # a pool nobody configured is refused here, as `vancetope run` refuses it
+    with pytest.raises(vancetope.InvalidTaskTree, match=r"task 'a': .*'gpu'"):
+        vt.submit(
+            {"id": "pooled", "tasks": [{"id": "a", "tool": "echo", "pool": "gpu", "args": {"value": 1}}]}
+        )
     assert len(vt.trees()) == before
 
 
