@@ -17,7 +17,9 @@ MASK = "***"
 MIN_MASKED_CHARS = 4
 
 _lock = threading.Lock()
-_values: frozenset[str] = frozenset()
+# Longest first, sorted once when a value is added (mask runs on every result): a secret
+# that contains another is masked whole.
+_values: tuple[str, ...] = ()
 
 
 def remember(value: str) -> None:
@@ -26,19 +28,18 @@ def remember(value: str) -> None:
     if len(value) < MIN_MASKED_CHARS or value in _values:
         return
     with _lock:
-        _values = _values | {value}
+        _values = tuple(sorted({*_values, value}, key=len, reverse=True))
 
 
 def forget_all() -> None:
     """For tests: a fresh process remembers nothing."""
     global _values
     with _lock:
-        _values = frozenset()
+        _values = ()
 
 
 def mask(text: str) -> str:
-    # Longest first: a secret that contains another is masked whole.
-    for value in sorted(_values, key=len, reverse=True):
+    for value in _values:
         if value in text:
             text = text.replace(value, MASK)
     return text
