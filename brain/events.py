@@ -9,8 +9,11 @@ the calls it routes to them. Flower then lists each agent beside the server work
 from __future__ import annotations
 
 import logging
+import os
 import platform
+import queue
 import threading
+import time
 from typing import Any
 
 from celery import Celery
@@ -28,12 +31,24 @@ def agent_hostname(client_id: str) -> str:
     return f"client-agent@{client_id}"
 
 
+# How long ``close`` waits for the events still queued to go out.
+DRAIN_S = 2.0
+
+
 class ClientEvents:
+    """Sends from a thread of its own: an event is a PUBLISH, a round trip, and neither a
+    client's call nor its result should wait for Flower's copy of it (on the client round
+    trip they were three of the brain's round trips). Events keep their order and the time
+    they happened; Flower sees them a moment later."""
+
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._lock = threading.Lock()
         self._conn: Any = None
         self._dispatchers: dict[str, EventDispatcher] = {}
+        self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
+        self._pid = 0
 
     def _dispatcher(self, client_id: str) -> EventDispatcher:
         d = self._dispatchers.get(client_id)
@@ -49,12 +64,34 @@ class ClientEvents:
         return d
 
     def _send(self, client_id: str, event: str, **fields: Any) -> None:
-        # Events are for watching, not for correctness: a failed send is logged, never raised.
-        try:
-            with self._lock:
-                self._dispatcher(client_id).send(event, **fields)
-        except Exception:
-            log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
+        fields.setdefault("timestamp", time.time())
+        if self._sender is None or self._pid != os.getpid():
+            self._start_sender()
+        self._queue.put((client_id, event, fields))
+
+    def _start_sender(self) -> None:
+        with self._lock:
+            if self._sender is not None and self._pid == os.getpid():
+                return
+            if self._pid != os.getpid():
+                # Forked: the parent's thread, queue and connection are not this process's.
+                self._conn, self._dispatchers, self._pid = None, {}, os.getpid()
+            # Each sender its own queue: one that outlived close()'s wait drains only its own.
+            self._queue = queue.SimpleQueue()
+            self._sender = threading.Thread(
+                target=self._run_sender, args=(self._queue,), name="vancetope-flower-events", daemon=True
+            )
+            self._sender.start()
+
+    def _run_sender(self, events: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None]) -> None:
+        while (item := events.get()) is not None:
+            client_id, event, fields = item
+            # Events are for watching, not for correctness: a failed send is logged, never raised.
+            try:
+                with self._lock:
+                    self._dispatcher(client_id).send(event, **fields)
+            except Exception:
+                log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
 
     def _worker_fields(self) -> dict[str, Any]:
         return {
@@ -137,6 +174,12 @@ class ClientEvents:
             self._send(update.client_id, "task-approved", uuid=update.run_id, timestamp=update.at)
 
     def close(self) -> None:
+        """Send what is queued (waiting at most ``DRAIN_S``), then let the connection go."""
+        sender = self._sender
+        if sender is not None and self._pid == os.getpid() and sender.is_alive():
+            self._queue.put(None)
+            sender.join(DRAIN_S)
+        self._sender = None
         with self._lock:
             for d in self._dispatchers.values():
                 d.close()

@@ -90,10 +90,14 @@ class HotState:
             marks.update({k.decode(): json.loads(v) for k, v in raw.items()})
         return marks
 
-    def forget_running(self, tree_id: str) -> None:
+    def tree_finished(self, tree_id: str) -> None:
         """Drop a finished tree's server running marks at once (marks are not cleared one by
-        one per result; a client's expire with the client's keys)."""
-        self.r.delete(key_tree_running(tree_id))
+        one per result; a client's expire with the client's keys) and wake its watchers: one
+        round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.delete(key_tree_running(tree_id))
+        pipe.publish(channel_tree_events(tree_id), b"1")
+        pipe.execute()
 
     def cancel_runs(self, run_ids: Iterable[str], client_id: str | None = None) -> None:
         """Tell workers (offline ones too, when they come back) never to start these runs."""

@@ -9,6 +9,7 @@ kept in ``vt:presence`` until a graceful disconnect or a missed heartbeat.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,11 +148,19 @@ class PresenceBook:
             if beat is None or beat.decode() != s.session_id
         ]
 
-    def view(self, user: str | None, session_client: str | None) -> Presence:
-        """The router's view for one session; the load of each client it may use is read now."""
-        sessions = list(self.sessions().values())
-        usable = [s.client_id for s in sessions if s.client_id == session_client or (user and s.user == user)]
-        loads = self.loads(usable)
+    def view(
+        self,
+        user: str | None,
+        session_client: str | None,
+        sessions: Mapping[str, ClientSession] | None = None,
+    ) -> Presence:
+        """The router's view for one session, of ``sessions`` (default: read now); the load of
+        each client it may choose among is read now."""
+        seen = list((self.sessions() if sessions is None else sessions).values())
+        # Load only chooses among several clients of the user (the session's own client is
+        # taken first whatever its load): with fewer, it is not worth a round trip.
+        same_user = [s.client_id for s in seen if user and s.user == user]
+        loads = self.loads(same_user) if len(same_user) > 1 else {}
         clients = tuple(
             ClientView(
                 client_id=s.client_id,
@@ -159,7 +168,7 @@ class PresenceBook:
                 tools=s.tool_names(),
                 load=loads.get(s.client_id, 0),
             )
-            for s in sessions
+            for s in seen
         )
         return Presence(session_client=session_client, user=user, clients=clients)
 

@@ -37,7 +37,7 @@ from brain.models import (
 )
 from brain.parked import ParkedRef, ParkedWork, owner_of
 from brain.pools import pool_route
-from brain.presence import PresenceBook
+from brain.presence import ClientSession, PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
 from brain.store import Store
@@ -171,6 +171,7 @@ class Scheduler:
             TaskRecord(tree_id=run_tree_id, task_id=t.id, tool=t.tool, updated_at=now) for t in tree.tasks
         ]
         self.store.put_tree(record, tasks)
+        self._cache_tree(record)  # the record just written: no read and parse of it back
         self.advance(run_tree_id)
         return record
 
@@ -194,20 +195,25 @@ class Scheduler:
             log.info("tree %s finished: %s", tree_id, status.value)
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
-            self.hot.forget_running(tree_id)
-        if ended is None:
-            self.hot.notify(tree_id)  # after a result, on_result wakes watchers with its own write
+            self._woken.pop(tree_id, None)
+            # Its running marks go and its watchers wake in one round trip.
+            self.hot.tree_finished(tree_id)
+        elif ended is None:
+            self.hot.notify(tree_id)  # after a result, on_result wakes watchers (throttled)
         return status
 
     def _advance_all(self, tree_rec: TreeRecord) -> None:
         tree_id = tree_rec.tree_id
         while True:
             step = plan(tree_rec.tree, self.store.task_states(tree_id))
-            changed = False
+            ended = self._ended_here()
             for task_id, why in step.skip:
-                changed |= self._end(tree_id, task_id, TaskState.SKIPPED, why, {TaskState.PENDING})
-            changed |= self._start_ready(tree_rec, step.ready)
-            if not changed:
+                self._end(tree_id, task_id, TaskState.SKIPPED, why, {TaskState.PENDING})
+            self._start_ready(tree_rec, step.ready)
+            # Plan again only when a task ended without running (skipped, failed by its route
+            # or its arguments): its dependents may now be skipped too. Tasks sent or parked
+            # change nothing another plan would see; for a big tree that re-read is its size.
+            if self._ended_here() == ended:
                 return
 
     def _advance_after(self, tree_rec: TreeRecord, ended: Mapping[str, TaskState]) -> None:
@@ -237,6 +243,12 @@ class Scheduler:
     def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
         one store batch, and its messages go out once that batch is written."""
+        try:
+            return self._route_and_send(tree_rec, ready)
+        finally:
+            self._local.sessions = None
+
+    def _route_and_send(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
         changed = False
         presence: Presence | None = None  # read once, and only for a route that needs it
         for start in range(0, len(ready), _DISPATCH_CHUNK):
@@ -308,13 +320,22 @@ class Scheduler:
         if cached is not None:
             return cached
         rec = self.store.get_tree(tree_id)
-        if rec is not None and rec.status is TreeStatus.RUNNING:
-            if len(self._trees) >= _TREE_CACHE:
-                evicted = next(iter(self._trees))
-                self._trees.pop(evicted)
-                self._done.pop(evicted, None)
-            self._trees[tree_id] = rec
+        if rec is not None:
+            self._cache_tree(rec)
         return rec
+
+    def _cache_tree(self, rec: TreeRecord) -> None:
+        if rec.status is not TreeStatus.RUNNING:
+            return
+        if len(self._trees) >= _TREE_CACHE:
+            evicted = next(iter(self._trees))
+            self._trees.pop(evicted)
+            self._done.pop(evicted, None)
+        self._trees[rec.tree_id] = rec
+
+    def _ended_here(self) -> int:
+        """How many tasks this thread ended without running them so far (``_end``)."""
+        return getattr(self._local, "ended", 0)
 
     def upstream(self, tree_id: str, task_ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read."""
@@ -327,7 +348,11 @@ class Scheduler:
         return resolve_args(spec.args, *self.upstream(tree_id, spec.depends_on))
 
     def _presence(self, tree_rec: TreeRecord) -> Presence:
-        return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+        """The router's view; the sessions it was made of describe the client tools this
+        thread sends until ``_start_ready`` ends (``tool_spec``), with no read of their own."""
+        sessions = self.presence.sessions()
+        self._local.sessions = sessions
+        return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id, sessions=sessions)
 
     def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
         return decide_route(self.route_request(tree_rec, spec), self.registry.tools, presence)
@@ -475,8 +500,10 @@ class Scheduler:
         if client_id is None or (spec is not None and spec.location is not Location.SERVER):
             return spec
         # Sent to a client: its own announcement describes the tool, never a server-only
-        # registry entry that happens to share the name (it would lend its schema).
-        session = self.presence.session(client_id)
+        # registry entry that happens to share the name (it would lend its schema). Routed
+        # from a view, the sessions that view was made of say it (the same announcement).
+        sessions: Mapping[str, ClientSession] | None = getattr(self._local, "sessions", None)
+        session = sessions.get(client_id) if sessions is not None else self.presence.session(client_id)
         descriptor = session.tool(tool) if session else None
         return spec_from_descriptor(descriptor, Location.CLIENT) if descriptor else None
 
@@ -583,19 +610,13 @@ class Scheduler:
     ) -> bool:
         """Give a task a final state without running it, if it is still in ``from_states``."""
         now = self.clock()
-        return (
-            self.move(
-                tree_id,
-                task_id,
-                state,
-                from_states,
-                reason=reason,
-                error=error,
-                finished_at=now,
-                updated_at=now,
-            )
-            is not None
+        moved = self.move(
+            tree_id, task_id, state, from_states, reason=reason, error=error, finished_at=now, updated_at=now
         )
+        if moved is None:
+            return False
+        self._local.ended = self._ended_here() + 1
+        return True
 
     # --- results ------------------------------------------------------------------------
     def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
@@ -636,8 +657,8 @@ class Scheduler:
             return False
         if self.events is not None:
             self.events.task_done(result)
-        status = self.advance(result.tree_id, {result.task_id: recorded.state})
-        self._wake_watchers(result.tree_id, finished=status is not None)
+        if self.advance(result.tree_id, {result.task_id: recorded.state}) is None:
+            self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
         return True
 
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
@@ -657,7 +678,7 @@ class Scheduler:
             updated_at=self.clock(),
         )
         if written is not None:
-            self._wake_watchers(update.tree_id, finished=False)
+            self._wake_watchers(update.tree_id)
         return written is not None
 
     def on_awaiting(self, update: ToolAwaiting, from_client: str | None = None) -> bool:
@@ -688,15 +709,15 @@ class Scheduler:
             updated_at=self.clock(),
         )
         if written is not None:
-            self._wake_watchers(update.tree_id, finished=False)
+            self._wake_watchers(update.tree_id)
         return written is not None
 
-    def _wake_watchers(self, tree_id: str, finished: bool) -> None:
-        """Wake the tree's live views: always when it finished, else at most every
-        ``_WAKE_EVERY_S`` from this process (a PUBLISH per result was a round trip per task;
-        a view re-reads the whole tree on each wake-up anyway)."""
+    def _wake_watchers(self, tree_id: str) -> None:
+        """Wake the tree's live views at most every ``_WAKE_EVERY_S`` from this process (a
+        PUBLISH per result was a round trip per task; a view re-reads the whole tree on each
+        wake-up anyway). A tree's end always wakes them (``advance``)."""
         now = time.monotonic()
-        if finished or now - self._woken.get(tree_id, 0.0) >= _WAKE_EVERY_S:
+        if now - self._woken.get(tree_id, 0.0) >= _WAKE_EVERY_S:
             self._woken[tree_id] = now
             if len(self._woken) > _TREE_CACHE:
                 self._woken.pop(next(iter(self._woken)))

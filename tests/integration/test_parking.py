@@ -312,6 +312,34 @@ def test_under_an_engine_with_auto_fallback_an_offline_client_tool_fails_only_if
     assert refused.reason == "tool 'shell_execute' is not allowed by engine 'eng_literature_review'"
 
 
+def test_a_task_its_route_fails_at_submit_skips_its_whole_chain_of_dependents_in_that_submit(
+    brain_on_redis: Brain,
+) -> None:
+    # The submit plans again only after a task ended without running; a chain two deep needs
+    # two more plans, and nothing else (no worker, no sweep) runs here to finish the job.
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "eng-chain",
+                "engine": "eng_literature_review",
+                "tasks": [
+                    {"id": "refused", "tool": "shell_execute", "args": {"command": "ls"}},
+                    {"id": "next", "tool": "echo", "args": {"text": "x"}, "depends_on": ["refused"]},
+                    {"id": "last", "tool": "echo", "args": {"text": "y"}, "depends_on": ["next"]},
+                    {"id": "parked", "tool": "read_local_file", "args": {"path": "x"}},
+                ],
+            }
+        ),
+        user="ada",
+    )
+    got = {t.task_id: (t.state, t.reason) for t in brain.store.get_tasks(rec.tree_id)}
+    assert got["refused"][0] is TaskState.FAILED
+    assert got["next"] == (TaskState.SKIPPED, "upstream task 'refused' failed")
+    assert got["last"] == (TaskState.SKIPPED, "upstream task 'next' skipped")
+    assert got["parked"][0] is TaskState.PENDING_CLIENT
+
+
 def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancelled(
     brain_on_redis: Brain,
 ) -> None:
