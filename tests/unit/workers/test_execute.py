@@ -99,6 +99,20 @@ def test_builtin_timeout_stops_the_sleep_thread() -> None:
         time.sleep(0.02)
 
 
+def test_builtin_calls_reuse_their_threads_and_one_that_hangs_holds_none_of_the_next() -> None:
+    def builtin_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("builtin:")]
+
+    for i in range(50):
+        assert execute(call("echo", args={"value": i}), mcp=None, worker="w").value == i
+    assert len(builtin_threads()) <= 4  # kept spare, not one per call
+
+    hung = execute(call("sleep", args={"seconds": 30}, timeout_s=0.2), mcp=None, worker="w")
+    assert failed(hung) == ("ToolTimeout", "tool 'sleep' did not answer within 0.2s")
+    # the next call runs at once in another thread while the timed-out one winds down
+    assert execute(call("echo", args={"value": "next"}), mcp=None, worker="w").value == "next"
+
+
 def test_result_cap() -> None:
     result = execute(call("echo", args={"value": "x" * 100}, max_result_bytes=50), mcp=None, worker="w")
     assert failed(result) == (
