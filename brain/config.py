@@ -44,6 +44,10 @@ class Settings(BaseModel):
     registry: Path | None = None
     mcp_config: Path | None = None
     server_concurrency: int = Field(default=2, ge=1, le=64)
+    # Celery's own line per task ("received", "succeeded in") in a server pool's log. Off: the
+    # store records every task, and at night-batch rates those lines were a tenth of a
+    # worker's time and most of its log (bench/README.md).
+    task_log: bool = False
     default_timeout_s: float = Field(default=60.0, gt=0, le=MAX_CALL_TIMEOUT_S)
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.

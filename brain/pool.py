@@ -5,6 +5,7 @@ with one change: a finished task's result is recorded in the worker, and its rea
 are dispatched from there (``brain.recorder``); the brain gets the result only if that fails.
 """
 
+import logging
 import os
 
 from brain import vault
@@ -17,8 +18,14 @@ from workers.tools.builtin import builtin_tools
 from workers.tools.http_get import HttpHeaders
 from workers.tools.netguard import HttpAllow
 
+settings = load_settings()
 # ${vault:NAME} in the server mcpServers file is resolved here, as each MCP server starts.
-vault.install(load_settings())
+vault.install(settings)
+if not settings.task_log:
+    # Celery decides once, when a worker builds its task handlers, whether to log a line per
+    # task received (main process) and finished (each child): set before either is built.
+    for name in ("celery.worker.strategy", "celery.app.trace"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 # Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
 app.steps["consumer"].add(PoolPresence)
 recorder = InlineRecorder(app, fallback=send_to_brain(app))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from brain.hotstate import KOMBU_UNACKED
 from brain.models import TaskState, TreeStatus
 from tests.conftest import (
     EXAMPLES,
@@ -47,6 +48,26 @@ def test_readme_first_command_runs_the_night_batch_on_the_embedded_stack(tmp_pat
         assert task in proc.stdout
     assert "BRIEF OF" in proc.stdout  # the last task's result, built from upstream results
     assert "failed" not in proc.stdout
+
+
+@pytest.mark.parametrize("task_log", [False, True])
+def test_the_pool_logs_a_line_per_task_only_when_task_log_is_on(
+    stack_factory, brain_factory, task_log
+) -> None:
+    stack = stack_factory(task_log=task_log)
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(
+        tree({"id": "quiet", "tasks": [{"id": "say", "tool": "echo", "args": {"value": 1}}]})
+    )
+    assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
+    run_id = brain.store.get_task(rec.tree_id, "say").run_id
+    # The result is recorded inside the task; Celery logs its line after the task returns and
+    # before the main process acks the message: once nothing is unacked, the log is complete.
+    wait_until(lambda: brain.hot.r.hlen(KOMBU_UNACKED) == 0, what="the pool acked the message")
+    log = (stack.settings.data_dir / "logs" / "server-pool.log").read_text()
+    assert "ready" in log  # the pool did log (it started)
+    assert (f"run_tool[{run_id}] received" in log) is task_log
+    assert (f"run_tool[{run_id}] succeeded in" in log) is task_log
 
 
 def test_results_flow_between_tasks_through_a_real_third_party_mcp_server(
