@@ -72,7 +72,17 @@ class Brain:
         store = open_store(settings.store)
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
         scheduler.events = ClientEvents(app)
-        clients = ClientWork(scheduler)
+        # The scheduler's own presence book, parked lists and clock: one of each per brain.
+        clients = ClientWork(
+            scheduler,
+            store=store,
+            hot=hot,
+            presence=scheduler.presence,
+            parked=scheduler.parked,
+            clock=scheduler.clock,
+            events=scheduler.events,
+        )
+        sweeps = Sweeps(scheduler, clients)
         return cls(
             settings=settings,
             redis_url=redis_url,
@@ -81,7 +91,7 @@ class Brain:
             hot=hot,
             scheduler=scheduler,
             clients=clients,
-            sweeps=Sweeps(scheduler, clients),
+            sweeps=sweeps,
             schedules=ScheduleRuns(scheduler, settings.schedules),
         )
 
