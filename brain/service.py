@@ -73,16 +73,27 @@ class Brain:
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
         scheduler.events = ClientEvents(app)
         # The scheduler's own presence book, parked lists and clock: one of each per brain.
+        presence, parked, clock = scheduler.presence, scheduler.parked, scheduler.clock
         clients = ClientWork(
             scheduler,
             store=store,
             hot=hot,
-            presence=scheduler.presence,
-            parked=scheduler.parked,
-            clock=scheduler.clock,
+            presence=presence,
+            parked=parked,
+            clock=clock,
             events=scheduler.events,
         )
-        sweeps = Sweeps(scheduler, clients)
+        sweeps = Sweeps(
+            scheduler,
+            clients,
+            store=store,
+            hot=hot,
+            presence=presence,
+            parked=parked,
+            settings=settings,
+            registry=lambda: scheduler.registry,  # replaced on a reload (brain.reload)
+            clock=clock,
+        )
         return cls(
             settings=settings,
             redis_url=redis_url,
