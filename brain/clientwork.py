@@ -13,32 +13,83 @@ places or disappears.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
+from typing import Protocol
 
-from brain.models import TaskState
-from brain.parked import ParkedRef
-from brain.presence import ClientSession, check_announcement
-from brain.scheduler import PARKED, Scheduler
+from brain.events import ClientEvents
+from brain.hotstate import HotState
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.parked import ParkedRef, ParkedWork
+from brain.presence import ClientSession, PresenceBook, check_announcement
+from brain.routing import Presence
+from brain.scheduler import PARKED
+from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
 
 
+class ClientScheduling(Protocol):
+    """What ClientWork asks of the scheduler (brain.scheduler.Scheduler): the scheduler's
+    operations on tasks and trees, nothing of its state."""
+
+    def tree(self, tree_id: str) -> TreeRecord | None: ...
+
+    def start(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        presence: Presence,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool: ...
+
+    def park(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool: ...
+
+    def advance(self, tree_id: str) -> TreeStatus | None: ...
+
+
 class ClientWork:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
+    def __init__(
+        self,
+        scheduler: ClientScheduling,
+        *,
+        store: Store,
+        hot: HotState,
+        presence: PresenceBook,
+        parked: ParkedWork,
+        clock: Callable[[], float],
+        events: ClientEvents | None = None,
+    ) -> None:
+        """``clock`` must be the scheduler's: both stamp the same records."""
+        self.scheduler = scheduler
+        self.store = store
+        self.hot = hot
+        self.presence = presence
+        self.parked = parked
+        self.clock = clock
+        self.events = events  # Flower's view of client agents, when wired
 
     # --- connect -------------------------------------------------------------------------
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
         """Check and record an announcement (``owner``: whose outbox it came through), ack it,
         and requeue parked work when accepted."""
-        enrollment = self.s.presence.enrollment(owner)
+        enrollment = self.presence.enrollment(owner)
         refusal = check_announcement(msg, owner, enrollment)
         if refusal is not None or enrollment is None:
             log.warning("refused announcement of client %r (session %s): %s", owner, msg.session_id, refusal)
             ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal or "not enrolled")
         else:
-            previous = self.s.presence.session(owner)
-            session = self.s.presence.connect(msg, enrollment, self.s.clock())
+            previous = self.presence.session(owner)
+            session = self.presence.connect(msg, enrollment, self.clock())
             if session.held_tools:
                 log.warning(
                     "client %s announced changed definitions of %s: not routed to until "
@@ -57,10 +108,10 @@ class ClientWork:
                 "client %s connected (%s, %d tools)", owner, msg.client_type.value, len(msg.available_tools)
             )
             ack = AnnouncementAck(session_id=msg.session_id, accepted=True, tools=len(msg.available_tools))
-        self.s.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
+        self.hot.r.set(client_key(owner, CLIENT_ACK), ack.model_dump_json())
         if ack.accepted:
-            if self.s.events is not None:
-                self.s.events.online(owner)
+            if self.events is not None:
+                self.events.online(owner)
             self.requeue(owner)
         return ack
 
@@ -68,7 +119,7 @@ class ClientWork:
         """Route every parked task this client may take again: its own list, then its user's,
         each oldest parked first. A list another requeue is working on is left to that one (it
         makes another pass, and routes by presence, which already shows this client)."""
-        session = self.s.presence.session(client_id)
+        session = self.presence.session(client_id)
         if session is None:
             return 0
         owners = [f"client:{client_id}", f"user:{session.user}"]
@@ -78,19 +129,19 @@ class ClientWork:
         def place(refs: list[ParkedRef]) -> None:
             nonlocal placed
             for ref in refs:
-                rec = self.s.store.get_task(ref.tree_id, ref.task_id)
-                tree_rec = self.s.tree(ref.tree_id)
+                rec = self.store.get_task(ref.tree_id, ref.task_id)
+                tree_rec = self.scheduler.tree(ref.tree_id)
                 # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
                 if rec is None or tree_rec is None or rec.state not in PARKED:
                     continue
-                presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
-                if self.s.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
+                presence = self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                if self.scheduler.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
                     placed += 1
                     touched.add(ref.tree_id)
 
-        self.s.parked.requeue(client_id, owners, place)
+        self.parked.requeue(client_id, owners, place)
         for tree_id in touched:
-            self.s.advance(tree_id)
+            self.scheduler.advance(tree_id)
         if placed:
             log.info("requeued %d parked task(s) for client %s", placed, client_id)
         return placed
@@ -98,39 +149,39 @@ class ClientWork:
     # --- disconnect ----------------------------------------------------------------------
     def on_disconnected(self, client_id: str, session_id: str | None, why: str) -> int:
         """Forget the session and take back its unfinished calls. Returns how many were taken."""
-        session = self.s.presence.disconnect(client_id, session_id)
+        session = self.presence.disconnect(client_id, session_id)
         if session is None:
             return 0
         # An agent that is in fact still alive sees its ack gone and announces again.
-        self.s.hot.r.delete(client_key(client_id, CLIENT_ACK))
+        self.hot.r.delete(client_key(client_id, CLIENT_ACK))
         log.warning("client %s disconnected: %s", client_id, why)
-        if self.s.events is not None:
-            self.s.events.offline(client_id)
+        if self.events is not None:
+            self.events.offline(client_id)
         return self._take_back(session)
 
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
         # Every call sent to this client must be looked at, not the first thousand.
-        queued = self.s.store.tasks_in_states(
+        queued = self.store.tasks_in_states(
             {TaskState.QUEUED_CLIENT, TaskState.AWAITING_APPROVAL}, limit=1_000_000
         )
         mine = [r for r in queued if r.client_id == cid]
         # The queue and unacked hash are read once for all of them, not once per run.
-        where_by_run = self.s.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
-        self.s.hot.cancel_runs(where_by_run, cid)
+        where_by_run = self.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
+        self.hot.cancel_runs(where_by_run, cid)
         taken = 0
         touched: set[str] = set()
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
                 continue  # the agent had taken or finished it; its result is on the way
-            tree_rec = self.s.tree(rec.tree_id)
+            tree_rec = self.scheduler.tree(rec.tree_id)
             if tree_rec is None:
                 continue
             if where == "queued":
                 # Never started: it keeps its place and waits for a client (seed: pending-client).
                 reason = f"Queued for Client: {rec.tool} (client {cid} went offline before starting it)"
-                moved = self.s.park(
+                moved = self.scheduler.park(
                     tree_rec,
                     rec,
                     TaskState.PENDING_CLIENT,
@@ -139,8 +190,8 @@ class ClientWork:
                     parked_at=rec.queued_at,
                 )
             else:
-                presence = self.s.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
-                moved = self.s.start(
+                presence = self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                moved = self.scheduler.start(
                     tree_rec,
                     rec,
                     presence,
@@ -151,14 +202,14 @@ class ClientWork:
                 taken += 1
                 touched.add(rec.tree_id)
         for tree_id in touched:
-            self.s.advance(tree_id)
+            self.scheduler.advance(tree_id)
         return taken
 
     def sweep_heartbeats(self) -> None:
         """Drop clients whose heartbeat stopped; tell Flower the others are alive."""
-        silent = {s.client_id for s in self.s.presence.silent()}
-        for session in self.s.presence.sessions().values():
+        silent = {s.client_id for s in self.presence.silent()}
+        for session in self.presence.sessions().values():
             if session.client_id in silent:
                 self.on_disconnected(session.client_id, session.session_id, "missed heartbeat")
-            elif self.s.events is not None:
-                self.s.events.heartbeat(session.client_id)
+            elif self.events is not None:
+                self.events.heartbeat(session.client_id)

@@ -41,7 +41,7 @@ def enroll(presence: PresenceBook, client_id: str, user: str, address_url: str) 
 
 def revoke(clients: ClientWork, client_id: str) -> bool:
     """Revoke ``client_id``: True if it was enrolled. Its unfinished calls come back as for a disconnect."""
-    known = clients.s.store.delete_enrollment(client_id)
-    AclUsers(clients.s.hot.r).revoke(client_id)
+    known = clients.store.delete_enrollment(client_id)
+    AclUsers(clients.hot.r).revoke(client_id)
     clients.on_disconnected(client_id, None, "credential revoked")
     return known

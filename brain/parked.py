@@ -33,6 +33,7 @@ import redis
 
 from brain.hotstate import as_text
 from workers.contracts import KEY_NS, key_parked, key_requeueing
+from workers.scripts import lua
 
 # Chunks keep each EVAL short: one script over 100k refs would stall Redis for
 # everyone (PERFORMANCE.md: ~170 ms), 1,000 at a time costs a few ms each.
@@ -43,108 +44,9 @@ CHUNK = 1000
 # harmless, every dispatch is a compare-and-set in the store).
 LOCK_MS = 60_000
 
-# The reference pass of bench/requeue.py (requeue_100k's baseline): move every ref of some
-# lists into another, 1,000 per EVAL. Requeue itself no longer moves refs.
-_MOVE = """
-local moved = 0
-for i = 2, #KEYS do
-  local items = redis.call('LRANGE', KEYS[i], 0, tonumber(ARGV[1]) - 1)
-  if #items > 0 then
-    redis.call('RPUSH', KEYS[1], unpack(items))
-    redis.call('LTRIM', KEYS[i], #items, -1)
-    moved = moved + #items
-  end
-end
-return moved
-"""
-
-# parked_at of a stored ref: the compact form starts with it; a ref in the older JSON form
-# (written before this format) is decoded.
-_PARKED_AT = """
-local function parked_at(v)
-  if string.sub(v, 1, 1) == '{' then
-    local ok, d = pcall(cjson.decode, v)
-    if ok and type(d) == 'table' then return tonumber(d['parked_at']) or 0 end
-    return 0
-  end
-  return tonumber(string.match(v, '^[^ ]*')) or 0
-end
-"""
-
-# KEYS: list, its lock. ARGV: ref, its parked_at. Appends when the ref is not older than
-# the tail (the usual case, O(1)) or while a requeue holds the list (it drops handed-out
-# refs by position from the head); else binary-searches its place (LINDEX) and inserts it.
-_PARK = (
-    _PARKED_AT
-    + """
-local t = tonumber(ARGV[2])
-local n = redis.call('LLEN', KEYS[1])
-if n == 0 or redis.call('EXISTS', KEYS[2]) == 1
-    or parked_at(redis.call('LINDEX', KEYS[1], -1)) <= t then
-  return redis.call('RPUSH', KEYS[1], ARGV[1])
-end
-local lo, hi = 0, n - 1
-while lo < hi do
-  local mid = math.floor((lo + hi) / 2)
-  if parked_at(redis.call('LINDEX', KEYS[1], mid)) > t then hi = mid else lo = mid + 1 end
-end
-return redis.call('LINSERT', KEYS[1], 'BEFORE', redis.call('LINDEX', KEYS[1], lo), ARGV[1])
-"""
-)
-
-# KEYS: lock, again flag, pending hash, list. ARGV: token, lock ms, list key, client id.
-# Taken: the number of refs this pass covers (the list's length now). Taken by another
-# requeue: -1, after asking that holder for another pass.
-_ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
-  return redis.call('LLEN', KEYS[4])
-end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
-return -1
-"""
-
-# KEYS: lock, list. ARGV: token, lock ms, refs to drop (the chunk handed out last, now
-# placed), refs to hand out. Returns them as one string, one ref per line ('' when the list
-# is empty), or nil when the lock is no longer ours (then nothing is dropped).
-_STEP = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local drop = tonumber(ARGV[3])
-if drop > 0 then redis.call('LTRIM', KEYS[2], drop, -1) end
-local n = tonumber(ARGV[4])
-if n <= 0 then return '' end
-return table.concat(redis.call('LRANGE', KEYS[2], 0, n - 1), '\\n')
-"""
-
-# KEYS: lock, again flag, pending hash, list. ARGV: token, lock ms, list key, refs to drop.
-# Drops the last chunk; if another requeue asked meanwhile, keeps the lock and returns the
-# length of the next pass; else releases the list and returns -1 (-2: the lock was lost).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
-local drop = tonumber(ARGV[4])
-if drop > 0 then redis.call('LTRIM', KEYS[4], drop, -1) end
-if redis.call('DEL', KEYS[2]) == 1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return redis.call('LLEN', KEYS[4])
-end
-redis.call('DEL', KEYS[1])
-redis.call('HDEL', KEYS[3], ARGV[3])
-return -1
-"""
-
-# KEYS: lock. ARGV: token. A pass that failed midway lets go of the list without dropping
-# anything; its entry in the pending hash stays, so the reconciler finishes it.
-_ABANDON = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-# KEYS: list. ARGV: start, stop. One chunk of a list as one string, one ref per line.
-_READ = """
-return table.concat(redis.call('LRANGE', KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])), '\\n')
-"""
+# The reference pass of bench/requeue.py (requeue_100k's baseline), which imports it from
+# here. Requeue itself no longer moves refs.
+_MOVE = lua("brain", "move_chunk")
 
 
 def _nonce() -> str:
@@ -251,12 +153,14 @@ Place = Callable[[list[ParkedRef]], None]
 class ParkedWork:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
-        self._park = r.register_script(_PARK)
-        self._acquire = r.register_script(_ACQUIRE)
-        self._step = r.register_script(_STEP)
-        self._release = r.register_script(_RELEASE)
-        self._abandon = r.register_script(_ABANDON)
-        self._read = r.register_script(_READ)
+        # The scripts live in brain/lua/, one file each, named for what they do.
+        self._park = r.register_script(lua("brain", "park_ref"))
+        self._acquire = r.register_script(lua("brain", "requeue_acquire"))
+        self._step = r.register_script(lua("brain", "requeue_step"))
+        self._release = r.register_script(lua("brain", "requeue_release"))
+        # Letting go of the list without dropping anything is releasing a lock we may have lost.
+        self._abandon = r.register_script(lua("brain", "release_lock"))
+        self._read = r.register_script(lua("brain", "read_chunk"))
 
     def park(self, ref: ParkedRef) -> None:
         key = key_parked(ref.owner)

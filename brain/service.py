@@ -72,7 +72,28 @@ class Brain:
         store = open_store(settings.store)
         scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
         scheduler.events = ClientEvents(app)
-        clients = ClientWork(scheduler)
+        # The scheduler's own presence book, parked lists and clock: one of each per brain.
+        presence, parked, clock = scheduler.presence, scheduler.parked, scheduler.clock
+        clients = ClientWork(
+            scheduler,
+            store=store,
+            hot=hot,
+            presence=presence,
+            parked=parked,
+            clock=clock,
+            events=scheduler.events,
+        )
+        sweeps = Sweeps(
+            scheduler,
+            clients,
+            store=store,
+            hot=hot,
+            presence=presence,
+            parked=parked,
+            settings=settings,
+            registry=lambda: scheduler.registry,  # replaced on a reload (brain.reload)
+            clock=clock,
+        )
         return cls(
             settings=settings,
             redis_url=redis_url,
@@ -81,7 +102,7 @@ class Brain:
             hot=hot,
             scheduler=scheduler,
             clients=clients,
-            sweeps=Sweeps(scheduler, clients),
+            sweeps=sweeps,
             schedules=ScheduleRuns(scheduler, settings.schedules),
         )
 

@@ -8,14 +8,19 @@ re-list parked tasks a crash left unlisted, and advance trees a crash left idle.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Protocol, TypeVar
 
 from brain.clientwork import ClientWork
-from brain.models import TaskRecord, TaskState
-from brain.parked import ParkedRef, owner_of
-from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, Scheduler, new_run_id
-from workers.contracts import BRAIN_QUEUE, ErrorInfo, client_queue, pool_queue
+from brain.config import Settings
+from brain.hotstate import HotState
+from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.parked import ParkedRef, ParkedWork, owner_of
+from brain.presence import PresenceBook
+from brain.registry import RegistrySnapshot
+from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, new_run_id
+from brain.store import Store
+from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolCall, client_queue, pool_queue
 
 log = logging.getLogger("vancetope.brain")
 _T = TypeVar("_T")
@@ -29,10 +34,67 @@ def server_queues(records: Iterable[TaskRecord], pools: Iterable[str]) -> list[s
     return [BRAIN_QUEUE, pool_queue(None), *(pool_queue(p) for p in sorted(named))]
 
 
+class SweepScheduling(Protocol):
+    """What Sweeps asks of the scheduler (brain.scheduler.Scheduler): the scheduler's
+    operations on tasks and trees, nothing of its state."""
+
+    def tree(self, tree_id: str) -> TreeRecord | None: ...
+
+    def advance(self, tree_id: str) -> TreeStatus | None: ...
+
+    def move(
+        self, tree_id: str, task_id: str, state: TaskState, from_states: Collection[TaskState], **changes: Any
+    ) -> TaskRecord | None: ...
+
+    def park(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        parked_at: float | None = None,
+    ) -> bool: ...
+
+    def finish_without_run(
+        self,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        error: ErrorInfo | None = None,
+    ) -> bool: ...
+
+    def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None: ...
+
+    def publish(self, call: ToolCall, pool: str | None = None) -> None: ...
+
+
 class Sweeps:
-    def __init__(self, scheduler: Scheduler, clients: ClientWork) -> None:
-        self.s = scheduler
+    def __init__(
+        self,
+        scheduler: SweepScheduling,
+        clients: ClientWork,
+        *,
+        store: Store,
+        hot: HotState,
+        presence: PresenceBook,
+        parked: ParkedWork,
+        settings: Settings,
+        registry: Callable[[], RegistrySnapshot],
+        clock: Callable[[], float],
+    ) -> None:
+        """``registry`` returns the registry in use (a reload replaces it while the brain
+        runs); ``clock`` must be the scheduler's: both stamp the same records."""
+        self.scheduler = scheduler
         self.clients = clients
+        self.store = store
+        self.hot = hot
+        self.presence = presence
+        self.parked = parked
+        self.settings = settings
+        self.registry = registry
+        self.clock = clock
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
@@ -49,11 +111,11 @@ class Sweeps:
         return resent
 
     def advance_idle(self) -> None:
-        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
+        cutoff = self.clock() - self.settings.reconcile_grace_s
         for tree_id in {
-            r.tree_id for r in self.s.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)
+            r.tree_id for r in self.store.tasks_in_states({TaskState.PENDING}, updated_before=cutoff)
         }:
-            self._guarded(f"advancing tree {tree_id}", self.s.advance, tree_id)
+            self._guarded(f"advancing tree {tree_id}", self.scheduler.advance, tree_id)
 
     def _guarded(self, what: str, step: Callable[..., _T], *args: Any) -> _T | None:
         """``step(*args)``, or None after logging why it failed (the sweep goes on)."""
@@ -67,8 +129,8 @@ class Sweeps:
     def resend_lost(self) -> list[str]:
         """Queued tasks no queue, worker or outbox holds get a new run id and are sent again,
         so a late original is ignored rather than recorded twice."""
-        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
-        stale = self.s.store.tasks_in_states(
+        cutoff = self.clock() - self.settings.reconcile_grace_s
+        stale = self.store.tasks_in_states(
             {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT}, updated_before=cutoff
         )
         held: dict[str | None, set[str]] = {}
@@ -77,9 +139,9 @@ class Sweeps:
             cid = rec.client_id
             if cid not in held:
                 held[cid] = (
-                    self.s.hot.message_ids_held(server_queues(stale, self.s.registry.pools))
+                    self.hot.message_ids_held(server_queues(stale, self.registry().pools))
                     if cid is None
-                    else self.s.hot.message_ids_held([client_queue(cid)], client_id=cid)
+                    else self.hot.message_ids_held([client_queue(cid)], client_id=cid)
                 )
             what = f"re-sending task {rec.task_id!r} of tree {rec.tree_id}"
             if rec.run_id not in held[cid] and self._guarded(what, self._resend, rec, cid):
@@ -87,28 +149,30 @@ class Sweeps:
         return resent
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
-        tree_rec = self.s.tree(rec.tree_id)
+        tree_rec = self.scheduler.tree(rec.tree_id)
         if tree_rec is None:
             return False
-        if rec.attempt >= self.s.settings.max_deliveries + 2:
+        if rec.attempt >= self.settings.max_deliveries + 2:
             error = ErrorInfo(
                 type="LostTooOften",
                 data={"task": rec.task_id, "tool": rec.tool},
                 message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
                 "between the brain and its worker; gave up. Check the worker logs.",
             )
-            failed = self.s.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error)
-            self.s.advance(rec.tree_id)
+            failed = self.scheduler.finish_without_run(
+                rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
+            )
+            self.scheduler.advance(rec.tree_id)
             return failed
-        if client_id is not None and self.s.presence.session(client_id) is None:
+        if client_id is not None and self.presence.session(client_id) is None:
             # Its client is gone: treat it like work taken back on disconnect.
             reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
-            return self.s.park(
+            return self.scheduler.park(
                 tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
             )
         attempt = rec.attempt + 1
-        now = self.s.clock()
-        moved = self.s.move(  # the same state, a new run
+        now = self.clock()
+        moved = self.scheduler.move(  # the same state, a new run
             rec.tree_id,
             rec.task_id,
             rec.state,
@@ -121,7 +185,7 @@ class Sweeps:
         )
         if moved is None:
             return False
-        call = self.s.call_for(tree_rec, moved)
+        call = self.scheduler.call_for(tree_rec, moved)
         if call is None:
             return False
         log.warning(
@@ -131,29 +195,29 @@ class Sweeps:
             rec.run_id,
             moved.run_id,
         )
-        self.s.publish(call, moved.pool)
-        self.s.hot.notify(rec.tree_id)
+        self.scheduler.publish(call, moved.pool)
+        self.hot.notify(rec.tree_id)
         return True
 
     # --- parked work ----------------------------------------------------------------------
     def expire_parked(self) -> list[str]:
         """Parked past ``max_wait_s`` (the tree's, else the tool's, else the default): a clear final state."""
-        now = self.s.clock()
+        now = self.clock()
         return [
             rec.task_id
-            for rec in self.s.store.tasks_in_states(PARKED)
+            for rec in self.store.tasks_in_states(PARKED)
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_parked, rec, now
             )
         ]
 
     def _expire_parked(self, rec: TaskRecord, now: float) -> bool:
-        spec = self.s.registry.tools.get(rec.tool)
-        tree_rec = self.s.tree(rec.tree_id)
+        spec = self.registry().tools.get(rec.tool)
+        tree_rec = self.scheduler.tree(rec.tree_id)
         max_wait = (
             (tree_rec.tree.max_wait_s if tree_rec else None)
             or (spec.max_wait_s if spec else None)
-            or self.s.settings.max_wait_s
+            or self.settings.max_wait_s
         )
         if max_wait is None or rec.queued_at is None or now - rec.queued_at < max_wait:
             return False
@@ -161,44 +225,44 @@ class Sweeps:
             f"expired: waited {now - rec.queued_at:.0f}s for a client with tool {rec.tool!r} "
             f"(max_wait_s {max_wait:g})"
         )
-        if not self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+        if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
-        self._guarded(f"advancing tree {rec.tree_id}", self.s.advance, rec.tree_id)
+        self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
     def expire_overdue(self) -> list[str]:
         """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight
         is cancelled so a worker that has not started it never will."""
-        now = self.s.clock()
+        now = self.clock()
         return [
             rec.task_id
-            for rec in self.s.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
+            for rec in self.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
             )
         ]
 
     def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
-        tree_rec = self.s.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
+        tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
         if tree_rec is None or rec.first_queued_at is None:
             return False
         limit = tree_rec.tree.task(rec.task_id).max_total_s
         if limit is None or now - rec.first_queued_at < limit:
             return False
         reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"
-        if not self.s.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
+        if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
         if rec.run_id:
-            self.s.hot.cancel_runs([rec.run_id], rec.client_id)
-        self._guarded(f"advancing tree {rec.tree_id}", self.s.advance, rec.tree_id)
+            self.hot.cancel_runs([rec.run_id], rec.client_id)
+        self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
     def relist_parked(self) -> int:
         """Parked tasks that no parked list names (a crash between the store write and the
         list push) are listed again; then clients get their requeue. Lists are read a chunk
         at a time."""
-        cutoff = self.s.clock() - self.s.settings.reconcile_grace_s
-        parked = self.s.store.tasks_in_states(PARKED, updated_before=cutoff)
+        cutoff = self.clock() - self.settings.reconcile_grace_s
+        parked = self.store.tasks_in_states(PARKED, updated_before=cutoff)
         if not parked:
             return 0
         listed = self._listed_refs()
@@ -211,28 +275,28 @@ class Sweeps:
         return relisted
 
     def _relist(self, rec: TaskRecord) -> bool:
-        tree_rec = self.s.tree(rec.tree_id)
+        tree_rec = self.scheduler.tree(rec.tree_id)
         if tree_rec is None:
             return False
         owner = owner_of(tree_rec.user, tree_rec.client_id)
-        self.s.parked.park(
+        self.parked.park(
             ParkedRef(
                 tree_id=rec.tree_id,
                 task_id=rec.task_id,
                 owner=owner,
-                parked_at=rec.queued_at or self.s.clock(),
+                parked_at=rec.queued_at or self.clock(),
             )
         )
         return True
 
     def _listed_refs(self) -> set[tuple[str, str]]:
-        parked = self.s.parked
+        parked = self.parked
         return {(ref.tree_id, ref.task_id) for key in parked.listed_keys() for ref in parked.refs_in(key)}
 
     def finish_requeues(self) -> None:
         """Finish requeues a crash (or an error midway) interrupted, for clients still connected."""
-        for cid in self.s.parked.requeueing_clients():
-            if self.s.presence.session(cid) is not None:
+        for cid in self.parked.requeueing_clients():
+            if self.presence.session(cid) is not None:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
@@ -241,14 +305,14 @@ class Sweeps:
         runs in flight are added to the cancelled set their worker checks before starting,
         which an offline client reads when it comes back."""
         cancelled: list[str] = []
-        for rec in self.s.store.get_tasks(tree_id):
+        for rec in self.store.get_tasks(tree_id):
             if task_id is not None and rec.task_id != task_id:
                 continue
             if rec.state not in NOT_FINAL:
                 continue
-            if self.s.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
+            if self.scheduler.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
                 cancelled.append(rec.task_id)
                 if rec.run_id:
-                    self.s.hot.cancel_runs([rec.run_id], rec.client_id)
-        self.s.advance(tree_id)
+                    self.hot.cancel_runs([rec.run_id], rec.client_id)
+        self.scheduler.advance(tree_id)
         return cancelled

@@ -59,7 +59,8 @@ def test_a_sweep_that_fails_on_one_task_logs_it_and_resends_the_others(
 
     monkeypatch.setattr(brain.scheduler, "call", call_failing_for_bad)
     later = time.time() + 60  # past reconcile_grace_s, without waiting for it
-    monkeypatch.setattr(brain.scheduler, "clock", lambda: later)
+    for part in (brain.scheduler, brain.sweeps):  # one clock: the sweep's cutoff, the records' stamps
+        monkeypatch.setattr(part, "clock", lambda: later)
     with caplog.at_level(logging.ERROR, logger="vancetope.brain"):
         resent = brain.sweeps.run_once()
     assert resent == ["good"]

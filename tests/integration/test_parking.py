@@ -234,7 +234,7 @@ def test_concurrent_connects_and_disconnects_never_lose_or_duplicate_a_task(brai
 def test_parked_work_past_max_wait_expires_with_a_clear_reason(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     rec = brain.scheduler.submit(tree(reads(1)), user="ada")
-    brain.scheduler.settings = brain.scheduler.settings.model_copy(update={"max_wait_s": 0.01})
+    brain.sweeps.settings = brain.sweeps.settings.model_copy(update={"max_wait_s": 0.01})
     time.sleep(0.05)  # the wait being measured, not a readiness wait
     assert brain.sweeps.expire_parked() == ["r0"]
     task = brain.store.get_task(rec.tree_id, "r0")

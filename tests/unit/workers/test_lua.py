@@ -14,7 +14,7 @@ SCRIPTS = sorted(ROOT.glob("*/lua/*.lua"))
 
 
 def test_there_are_scripts_to_check() -> None:
-    assert {p.parent.parent.name for p in SCRIPTS} >= {"workers"}
+    assert {p.parent.parent.name for p in SCRIPTS} >= {"workers", "brain"}
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
