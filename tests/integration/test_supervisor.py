@@ -103,7 +103,8 @@ def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_pat
         "id: slow\ntasks:\n  - {id: nap, tool: sleep, args: {seconds: 3}}\n"
         "  - {id: after, tool: echo, args: {value: 1}, depends_on: [nap]}\n"
     )
-    with running_up(tmp_path, "--no-agent") as up:
+    # task_log: the pool logs the run id it takes, which says when to kill redis-server.
+    with running_up(tmp_path, "--no-agent", env={"VANCETOPE_TASK_LOG": "true"}) as up:
         wait_until(lambda: stack_state(data), timeout=120, what="`vancetope up` to write stack.json")
         redis_pid = stack_state(data)["redis_pid"]
         run = subprocess.Popen(
