@@ -42,7 +42,7 @@ from workers.contracts import (
     ClientToolResult,
     client_key,
 )
-from workers.transport import json_depth
+from workers.transport import depth_over
 
 log = logging.getLogger("vancetope.brain")
 
@@ -87,8 +87,8 @@ class Relay:
             )
             # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
             return
-        depth = json_depth(raw)
-        if depth > MAX_JSON_DEPTH:
+        depth = depth_over(raw, MAX_JSON_DEPTH)
+        if depth is not None:
             # Not parsed either: a recursive parser (json.loads below) would run out of stack.
             log.warning(
                 "dropped a message from client %r nested %d deep: over the limit of %d",

@@ -17,7 +17,7 @@ from kombu import Consumer, Queue
 
 from workers.app import make_app
 from workers.contracts import MAX_JSON_DEPTH, RUN_TOOL_TASK
-from workers.transport import GuardedTransport, UnsafeMessage, check_payload, json_depth
+from workers.transport import GuardedTransport, UnsafeMessage, check_payload, depth_over, json_depth
 
 
 def envelope(body: Any = None, *, headers: dict[str, Any] | None = None, **props: Any) -> dict[str, Any]:
@@ -52,6 +52,21 @@ def deep(n: int) -> bytes:
 )
 def test_json_depth_counts_nesting_without_parsing(raw: bytes, depth: int) -> None:
     assert json_depth(raw) == depth
+
+
+@pytest.mark.parametrize(
+    ("raw", "limit", "over"),
+    [
+        (deep(10_000), 128, 10_000),
+        (deep(129), 128, 129),
+        (deep(128), 128, None),
+        (b'{"a": "' + b"[" * 500 + b'"}', 128, None),  # many openings, all inside a string
+        (b'{"a": [1, {"b": []}]}', 3, 4),
+        (b'{"a": [1, {"b": []}]}', 4, None),
+    ],
+)
+def test_depth_over_reports_only_what_is_over_the_limit(raw: bytes, limit: int, over: int | None) -> None:
+    assert depth_over(raw, limit) == over
 
 
 def test_a_message_celery_wrote_passes_unchanged(redis_client: redis.Redis, redis_server: Any) -> None:
