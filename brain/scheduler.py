@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,6 +70,8 @@ _TREE_CACHE = 256
 # Ready tasks dispatched per store batch: big enough to amortise a commit and a pipeline,
 # small enough that workers start on the first chunk while the next is written.
 _DISPATCH_CHUNK = 200
+# Dependencies asked about per lookup when a result may have made a task ready.
+_DEPENDENCY_PROBE = 32
 _WAKE_EVERY_S = 0.05
 
 
@@ -235,10 +237,25 @@ class Scheduler:
                     if self._end(tree_id, dependent, TaskState.SKIPPED, why, {TaskState.PENDING}):
                         work.append((dependent, TaskState.SKIPPED))
                     continue
-                others = [d for d in tree.task(dependent).depends_on if d not in done]
-                if not others or self.store.first_task_in(tree_id, NOT_DONE, among=others) is None:
+                if not self._any_not_done(tree_id, tree.task(dependent).depends_on, done):
                     ready.append(dependent)
         self._start_ready(tree_rec, ready)
+
+    def _any_not_done(self, tree_id: str, task_ids: Sequence[str], done: set[str]) -> bool:
+        """Is any of ``task_ids`` not done yet (``done``: seen done here)? The last listed
+        first, a few at a time: in a fan-in the dependencies still running are the last sent,
+        so the answer is usually in one small lookup, not in one naming all the others (each
+        of 1,000 members asked about 999)."""
+        probe: list[str] = []
+        for task_id in reversed(task_ids):
+            if task_id in done:
+                continue
+            probe.append(task_id)
+            if len(probe) == _DEPENDENCY_PROBE:
+                if self.store.first_task_in(tree_id, NOT_DONE, among=probe) is not None:
+                    return True
+                probe = []
+        return bool(probe) and self.store.first_task_in(tree_id, NOT_DONE, among=probe) is not None
 
     def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
