@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from brain.errors import StoreError
 from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
@@ -32,6 +32,12 @@ _ACCEPTED_URLS: Final = (
 
 # A task's key; transition() takes these as its own arguments, so they are never changes.
 _IDENTITY_FIELDS: Final = frozenset({"tree_id", "task_id"})
+# What ``transition`` may change, each field with its TaskRecord type.
+_CHANGEABLE: Final = {
+    name: TypeAdapter(field.annotation or Any)
+    for name, field in TaskRecord.model_fields.items()
+    if name not in _IDENTITY_FIELDS
+}
 
 
 class _Any(enum.Enum):
@@ -234,17 +240,28 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
     Validation runs before the write so a bad value (``state="done!"``) is refused
     instead of being stored and breaking every later read of the record.
     """
-    where = f"transition of task {task_id!r} in tree {tree_id!r}"
-    unknown = sorted(set(changes) - (set(TaskRecord.model_fields) - _IDENTITY_FIELDS))
+    unknown = sorted(set(changes) - _CHANGEABLE.keys())
     if unknown:
-        known = ", ".join(sorted(set(TaskRecord.model_fields) - _IDENTITY_FIELDS))
-        raise StoreError(f"{where}: unknown TaskRecord field(s) {unknown}; known fields: {known}")
-    try:
-        probe = TaskRecord.model_validate({"tree_id": tree_id, "task_id": task_id, "tool": "-", **changes})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise StoreError(f"{where}: invalid value(s): {problems}") from exc
-    return probe.model_dump(mode="json", include=set(changes))
+        known = ", ".join(sorted(_CHANGEABLE))
+        raise StoreError(
+            f"transition of task {task_id!r} in tree {tree_id!r}: unknown TaskRecord field(s) {unknown}; "
+            f"known fields: {known}"
+        )
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, value in changes.items():
+        # Each field on its own, as TaskRecord would validate it (it has no model-wide
+        # validators): validating a whole probe record per write was a tenth of a result's cost.
+        field = _CHANGEABLE[name]
+        try:
+            values[name] = field.dump_python(field.validate_python(value), mode="json")
+        except ValidationError as exc:
+            problems += [f"{'.'.join(map(str, (name, *e['loc'])))}: {e['msg']}" for e in exc.errors()]
+    if problems:
+        raise StoreError(
+            f"transition of task {task_id!r} in tree {tree_id!r}: invalid value(s): {'; '.join(problems)}"
+        )
+    return values
 
 
 # --- opening a store by URL ----------------------------------------------------------
