@@ -33,7 +33,10 @@ STATE_STYLE = {
 
 
 def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> str:
-    """The store's state, or ``running`` when a worker has marked this very run as started."""
+    """The store's state, or ``running`` when a worker began this very run: a server worker
+    counts it in the store (``deliveries``), a client agent marks it in Redis (``running``)."""
+    if rec.state is TaskState.QUEUED_SERVER and rec.deliveries > 0:
+        return TaskState.RUNNING.value
     mark = running.get(rec.task_id)
     if rec.state.is_queued and mark and mark.get("run_id") == rec.run_id:
         return TaskState.RUNNING.value

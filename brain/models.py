@@ -345,6 +345,9 @@ class TaskRecord(BaseModel):
     # Matches of the client agent's redaction patterns replaced in the result before it was sent.
     redactions: int = 0
     worker: str = ""
+    # How often a server worker began the current run (``Store.begin_run``; 0: not yet). A
+    # run past ``max_deliveries`` killed its worker each time: it fails as a poison task.
+    deliveries: int = 0
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked
     first_queued_at: float | None = None  # when the task first left `pending` (max_total_s)
     started_at: float | None = None

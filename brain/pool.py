@@ -13,7 +13,7 @@ from brain.config import load_settings
 from brain.recorder import InlineRecorder
 from workers.app import app
 from workers.pool_presence import PoolPresence
-from workers.tasks import register, send_to_brain
+from workers.tasks import HotState, register, send_to_brain
 from workers.tools.builtin import builtin_tools
 from workers.tools.http_get import HttpHeaders
 from workers.tools.netguard import HttpAllow
@@ -28,10 +28,11 @@ if not settings.task_log:
         logging.getLogger(name).setLevel(logging.WARNING)
 # Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
 app.steps["consumer"].add(PoolPresence)
-recorder = InlineRecorder(app, fallback=send_to_brain(app))
+recorder = InlineRecorder(app, fallback=send_to_brain(app), begin_fallback=HotState(app).begin_run)
 run_tool = register(
     app,
     sink=recorder,
+    begin=recorder.begin,
     builtins=builtin_tools(HttpAllow.from_env(os.environ), HttpHeaders.from_env(os.environ)),
     progress=recorder.progress,
 )

@@ -495,6 +495,7 @@ class Scheduler:
             expect_run_id=rec.run_id,
             run_id=new_run_id(tree_rec.tree_id, spec.id, attempt),
             attempt=attempt,
+            deliveries=0,
             route=summary,
             client_id=route.client_id if to_client else None,
             pool=None if to_client else route.pool,

@@ -180,6 +180,7 @@ class Sweeps:
             expect_run_id=rec.run_id,
             run_id=new_run_id(rec.tree_id, rec.task_id, attempt),
             attempt=attempt,
+            deliveries=0,
             queued_at=now,
             updated_at=now,
         )

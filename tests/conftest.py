@@ -205,6 +205,18 @@ def tree(data: dict[str, Any]) -> TaskTree:
     return TaskTree.model_validate(data)
 
 
+def server_runs_started(brain: Brain, tree_id: str) -> dict[str, str]:
+    """Task id -> run id of the tree's server calls a worker has begun (the store counts each
+    start: ``TaskRecord.deliveries``)."""
+    from brain.models import TaskState
+
+    return {
+        t.task_id: t.run_id or ""
+        for t in brain.store.get_tasks(tree_id)
+        if t.state is TaskState.QUEUED_SERVER and t.deliveries > 0
+    }
+
+
 def result_for(brain: Brain, tree_id: str, task_id: str, client_id: str | None, value: Any = "forged") -> Any:
     """A successful ToolResult for the task's current run, as its worker (or a forger who
     knows the run id: it travels in the client's message) would send it."""

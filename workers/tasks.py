@@ -47,6 +47,9 @@ log = logging.getLogger("vancetope.worker")
 _DELIVERY_TTL_S = 7 * 24 * 3600
 
 ResultSink = Callable[[ToolResult], None]
+# Asked before a call runs, with the worker's name and the start time: None if the run must
+# not start (cancelled, or no longer the task's run), else this delivery's number.
+RunStart = Callable[[ToolCall, str, float], int | None]
 # Asked before a call runs (a client agent's consent): None to run it, else why it may not.
 CallGate = Callable[[ToolCall], ErrorInfo | None]
 
@@ -116,6 +119,7 @@ def register(
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
     progress: ProgressSink | None = None,
     gate: CallGate | None = None,
+    begin: RunStart | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -123,8 +127,10 @@ def register(
     gets an MCP server's progress notifications while a call runs; each one is also a
     ``task-progress`` event, which Flower shows as the task's state (PROGRESS). ``gate`` is
     asked before each call runs (a client agent's user approving it); the time it takes is
-    not the tool's: ``timeout_s`` starts when the tool starts."""
+    not the tool's: ``timeout_s`` starts when the tool starts. ``begin`` starts a run (default:
+    ``HotState.begin_run``, the cancelled set and a delivery counter in Redis)."""
     hot = HotState(app)
+    start_run = begin or hot.begin_run
 
     def server_mcp() -> MCPClientManager | None:
         return get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
@@ -139,9 +145,13 @@ def register(
         if call is None:
             return {"ok": False, "error": "malformed tool call (see worker log)"}
         started = time.time()
-        deliveries = hot.begin_run(call, worker, started)
+        deliveries = start_run(call, worker, started)
         if deliveries is None:
-            log.info("run %s of task %s was cancelled; not starting it", call.run_id, call.task_id)
+            log.info(
+                "run %s of task %s was cancelled or is no longer its run; not starting it",
+                call.run_id,
+                call.task_id,
+            )
             return {"ok": False, "cancelled": True, "task": call.task_id}
         if deliveries > call.max_deliveries:
             err = PoisonTask(

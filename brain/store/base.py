@@ -114,6 +114,15 @@ class Store(Protocol):
         record, or None."""
         ...
 
+    def begin_run(
+        self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
+    ) -> int | None:
+        """A server worker starts ``run_id``: if it is still the task's run and queued for the
+        server, count this delivery and note the worker and start; return the delivery's
+        number. None when the run is not the one to start (cancelled, expired, taken back,
+        already recorded, superseded): the worker must not run it."""
+        ...
+
     def tasks_in_states(
         self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
     ) -> list[TaskRecord]:

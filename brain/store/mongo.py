@@ -223,6 +223,23 @@ class MongoStore:
                 )
         return None if doc is None else _task(doc)
 
+    def begin_run(
+        self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
+    ) -> int | None:
+        query = {
+            "tree_id": tree_id,
+            "task_id": task_id,
+            "run_id": run_id,
+            "state": TaskState.QUEUED_SERVER.value,
+        }
+        with self._errors(f"begin_run of task {task_id!r} in tree {tree_id!r}"):
+            doc = self._tasks.find_one_and_update(
+                query,
+                {"$inc": {"deliveries": 1}, "$set": {"worker": worker, "started_at": started_at}},
+                return_document=ReturnDocument.AFTER,
+            )
+        return None if doc is None else int(doc["deliveries"])
+
     def tasks_in_states(
         self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
     ) -> list[TaskRecord]:

@@ -348,6 +348,20 @@ class SQLiteStore:
             rows = self._conn().execute(sql, params).fetchall()  # fetchall: finish the statement
         return TaskRecord.model_validate_json(rows[0][0]) if rows else None
 
+    def begin_run(
+        self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
+    ) -> int | None:
+        sql = (
+            "UPDATE tasks SET doc = json_set(doc, '$.deliveries', coalesce(json_extract(doc, '$.deliveries'), 0) + 1, "
+            "'$.worker', ?, '$.started_at', ?) "
+            "WHERE tree_id = ? AND task_id = ? AND run_id = ? AND state = ? "
+            "RETURNING json_extract(doc, '$.deliveries')"
+        )
+        params = (worker, started_at, tree_id, task_id, run_id, TaskState.QUEUED_SERVER.value)
+        with self._errors(f"begin_run of task {task_id!r} in tree {tree_id!r}"):
+            rows = self._conn().execute(sql, params).fetchall()  # fetchall: finish the statement
+        return int(rows[0][0]) if rows else None
+
     def tasks_in_states(
         self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
     ) -> list[TaskRecord]:

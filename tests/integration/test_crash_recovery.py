@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from brain.models import SessionKind, TaskState, TreeStatus
 from brain.service import Brain
 from brain.stack import EmbeddedStack
-from tests.conftest import tree, wait_for_tree, wait_until
+from tests.conftest import server_runs_started, tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
-from workers.contracts import key_deliveries, pool_queue
+from workers.contracts import pool_queue
 
 pytestmark = pytest.mark.integration
 
@@ -57,14 +56,9 @@ def kill_redis(stack: EmbeddedStack) -> None:
     stack.redis.process.wait(10)
 
 
-def deliveries(stack: EmbeddedStack, brain: Brain, tree_id: str) -> dict[str, int]:
-    r = redis.Redis.from_url(stack.redis_url)
-    try:
-        return {
-            t.task_id: int(r.get(key_deliveries(t.run_id or "")) or 0) for t in brain.store.get_tasks(tree_id)
-        }
-    finally:
-        r.close()
+def deliveries(brain: Brain, tree_id: str) -> dict[str, int]:
+    """How often a server worker began each task's current run (the store counts them)."""
+    return {t.task_id: t.deliveries for t in brain.store.get_tasks(tree_id)}
 
 
 def test_a_call_longer_than_the_visibility_timeout_on_a_live_worker_runs_once(
@@ -75,7 +69,7 @@ def test_a_call_longer_than_the_visibility_timeout_on_a_live_worker_runs_once(
     rec = brain.scheduler.submit(sleeps(1, 2.5 * VISIBILITY_S, "long"))
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     assert done.status is TreeStatus.DONE
-    assert deliveries(stack, brain, rec.tree_id) == {"s0": 1}  # its lease was renewed, never restored
+    assert deliveries(brain, rec.tree_id) == {"s0": 1}  # its lease was renewed, never restored
 
 
 def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
@@ -86,7 +80,7 @@ def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
     rec = brain.scheduler.submit(sleeps(6, 3.0))
 
     def running() -> int:
-        return len(brain.hot.running(rec.tree_id, set()))
+        return len(server_runs_started(brain, rec.tree_id))
 
     wait_until(lambda: running() >= 1, timeout=60, what="the pool to start a call")
     kill(stack, "server-pool")
@@ -113,7 +107,9 @@ def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_onl
     )
     brain = brain_factory(stack)
     rec = brain.scheduler.submit(sleeps(2, 3.0, "gpu-crash"))
-    wait_until(lambda: brain.hot.running(rec.tree_id, set()), timeout=60, what="the gpu pool to start a call")
+    wait_until(
+        lambda: server_runs_started(brain, rec.tree_id), timeout=60, what="the gpu pool to start a call"
+    )
     kill(stack, "server-pool-gpu")
     # The leases lapse and a live consumer (the brain) restores the message to `server.gpu`; the
     # default pool, still running, never takes it.
@@ -203,7 +199,7 @@ def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
     stack = stack_factory(visibility_timeout_s=VISIBILITY_S, server_concurrency=2)
     brain = brain_factory(stack)
     rec = brain.scheduler.submit(sleeps(8, 1.0, "redis-crash"))
-    wait_until(lambda: brain.hot.running(rec.tree_id, set()), timeout=60, what="the pool to start a call")
+    wait_until(lambda: server_runs_started(brain, rec.tree_id), timeout=60, what="the pool to start a call")
     kill_redis(stack)
     stack.restart_redis()  # same port, same AOF: what `vancetope up` does
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)

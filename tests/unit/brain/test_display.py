@@ -35,3 +35,23 @@ def test_the_task_table_shows_a_running_task_s_progress() -> None:
     console = Console(width=200, record=True)
     console.print(task_table(record, [rec], {"long": {"run_id": "r1"}}))
     assert "1/4 (25%) step one" in console.export_text()
+
+
+@pytest.mark.parametrize(
+    ("state", "deliveries", "mark_run", "shown"),
+    [
+        (TaskState.QUEUED_SERVER, 0, None, "queued_server"),  # waiting in the pool's queue
+        (TaskState.QUEUED_SERVER, 1, None, "running"),  # a server worker began it (the store says)
+        (TaskState.QUEUED_CLIENT, 0, "r1", "running"),  # a client agent began this run (Redis says)
+        (TaskState.QUEUED_CLIENT, 0, "r0", "queued_client"),  # a mark of an older run
+        (TaskState.DONE, 1, "r1", "done"),  # final states are shown as they are
+    ],
+)
+def test_a_task_shows_running_once_a_worker_began_its_current_run(
+    state: TaskState, deliveries: int, mark_run: str | None, shown: str
+) -> None:
+    from brain.display import shown_state
+
+    rec = TaskRecord(tree_id="t", task_id="a", tool="echo", state=state, run_id="r1", deliveries=deliveries)
+    running = {"a": {"run_id": mark_run}} if mark_run else {}
+    assert shown_state(rec, running) == shown

@@ -299,6 +299,31 @@ def test_transition_stores_models_and_enums_as_json_and_reads_them_back(store: S
     assert store.tasks_in_states({S.FAILED}) == [got]
 
 
+def test_begin_run_counts_deliveries_of_the_current_server_run_only(store: Store) -> None:
+    put(store)
+    assert store.begin_run("t1", "a", "r1", "w1", 5.0) is None  # never dispatched
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", attempt=1)
+    assert store.begin_run("t1", "a", "r0", "w1", 5.0) is None  # a stale message of another run
+    assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
+    assert store.begin_run("t1", "a", "r1", "w2", 6.0) == 2  # its worker died; delivered again
+    got = store.get_task("t1", "a")
+    assert got is not None and (got.deliveries, got.worker, got.started_at, got.state) == (
+        2,
+        "w2",
+        6.0,
+        S.QUEUED_SERVER,
+    )
+    # a new run starts counting afresh (dispatch writes deliveries=0 with the new run id)
+    store.transition("t1", "a", from_states={S.QUEUED_SERVER}, run_id="r2", attempt=2, deliveries=0)
+    assert store.begin_run("t1", "a", "r2", "w1", 7.0) == 1
+    # recorded, cancelled or sent to a client: nothing to begin
+    store.transition("t1", "a", from_states={S.QUEUED_SERVER}, state=S.DONE, result=1)
+    assert store.begin_run("t1", "a", "r2", "w1", 8.0) is None
+    store.transition("t1", "b", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="rb", client_id="c")
+    assert store.begin_run("t1", "b", "rb", "w1", 8.0) is None
+    assert store.get_task("t1", "b").deliveries == 0
+
+
 def test_transition_refuses_unknown_fields_and_bad_values(store: Store) -> None:
     put(store)
     with pytest.raises(StoreError, match=r"unknown TaskRecord field\(s\) \['colour'\]"):
