@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
@@ -198,10 +198,10 @@ class Scheduler:
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
             self._woken.pop(tree_id, None)
-            # Its running marks go and its watchers wake in one round trip.
-            self.hot.tree_finished(tree_id)
+            # Its running marks go and its watchers wake in one round trip, once it is written.
+            self._after_write(lambda: self.hot.tree_finished(tree_id))
         elif ended is None:
-            self.hot.notify(tree_id)  # after a result, on_result wakes watchers (throttled)
+            self._after_write(lambda: self.hot.notify(tree_id))  # after a result, on_result wakes watchers
         return status
 
     def _advance_all(self, tree_rec: TreeRecord) -> None:
@@ -644,6 +644,29 @@ class Scheduler:
         if claim is not None:
             return self._refused(result, from_client, claim)
         ok, value, whole, error = self._capped(result)
+        tree_rec = self.tree(result.tree_id)
+        fan_out = len(tree_rec.tree.dependents.get(result.task_id, ())) if tree_rec else 0
+        # The record and the dispatch of what it made ready: one store transaction, unless
+        # so many become ready that their chunks should each go out as soon as written.
+        with self.batch() if fan_out <= _DISPATCH_CHUNK else nullcontext():
+            finished = self._record(result, from_client, ok, value, whole, error)
+        if finished is None:
+            return False
+        if not finished:
+            self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
+        return True
+
+    def _record(
+        self,
+        result: ToolResult,
+        from_client: str | None,
+        ok: bool,
+        value: Any,
+        whole: dict[str, Any] | None,
+        error: ErrorInfo | None,
+    ) -> bool | None:
+        """Write the result and advance its tree: None if it was not recorded, else whether
+        the tree finished."""
         # The source must be where the record says this run was sent: part of the
         # compare-and-set, so the common case needs no read before the write.
         recorded = self.move(
@@ -666,18 +689,17 @@ class Scheduler:
         if recorded is None:
             refusal = refuse_result(self.store.get_task(result.tree_id, result.task_id), result, from_client)
             if refusal is not None:
-                return self._refused(result, from_client, refusal)
+                self._refused(result, from_client, refusal)
+                return None
             log.info(
                 "ignored result of run %s (task %s): not the task's current run, or already recorded",
                 result.run_id,
                 result.task_id,
             )
-            return False
+            return None
         if self.events is not None:
             self.events.task_done(result)
-        if self.advance(result.tree_id, {result.task_id: recorded.state}) is None:
-            self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
-        return True
+        return self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
 
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
         """Keep a running call's latest progress in its record: only for the current run, only
