@@ -72,7 +72,9 @@ _TREE_CACHE = 256
 _DISPATCH_CHUNK = 200
 # Dependencies asked about per lookup when a result may have made a task ready.
 _DEPENDENCY_PROBE = 32
-_WAKE_EVERY_S = 0.05
+# A live view redraws at most every 0.2 s (brain.watch.REDRAW_EVERY_S) and a tree's end
+# always wakes it: waking it more often from one process only costs PUBLISH round trips.
+_WAKE_EVERY_S = 0.2
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
