@@ -146,7 +146,7 @@ class Relay:
         self.turn += 1
         batches = self._pop_round(order)
         for owner, raw in interleaved(batches):
-            self.handle(owner, raw)
+            self._handle_one(owner, raw)
         if batches:
             return True
         keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order}
@@ -154,8 +154,19 @@ class Relay:
         if item is None:
             return False
         key, message = item
-        self.handle(keys[as_text(key)], as_bytes(message))
+        self._handle_one(keys[as_text(key)], as_bytes(message))
         return True
+
+    def _handle_one(self, owner: str, raw: bytes) -> None:
+        """``handle``, and if it fails (the store or Redis refused), log it and go on: the rest
+        of the batch is already popped, and one message must not take the others with it.
+        A result lost here is re-sent by the reconciler (its task stays queued)."""
+        try:
+            self.handle(owner, raw)
+        except Exception:
+            log.exception(
+                "could not handle a %d-byte message from client %r; going on with the next", len(raw), owner
+            )
 
     def _pop_round(self, order: list[str]) -> list[tuple[str, list[bytes]]]:
         """Per client: trim its outbox to the cap, keeping the oldest messages (the agent

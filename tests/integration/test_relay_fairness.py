@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from brain.errors import StoreError
 from brain.models import SessionKind, TaskState
 from brain.relay import POP_BATCH, Relay
 from brain.service import Brain
@@ -83,3 +84,36 @@ def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes
         assert relay.poll_once(["laptop"]) is True
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
     assert any("from client 'laptop' nested 10001 deep" in r.getMessage() for r in caplog.records)
+
+
+def test_a_message_whose_handling_fails_does_not_take_the_rest_of_its_batch_with_it(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(3)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    record = brain.scheduler.on_result
+
+    def store_fails_for_r1(result, from_client=None):  # type: ignore[no-untyped-def]
+        if result.task_id == "r1":
+            raise StoreError("store .vancetope/store.db: transition failed: disk I/O error")
+        return record(result, from_client)
+
+    monkeypatch.setattr(brain.scheduler, "on_result", store_fails_for_r1)
+    outbox = client_key("laptop", CLIENT_OUTBOX)
+    for task_id in (
+        "r0",
+        "r1",
+        "r2",
+    ):  # one poll pops all three: the agent LPUSHes, the relay pops oldest first
+        brain.hot.r.lpush(outbox, result_message(brain, rec.tree_id, task_id, "laptop"))
+    relay = Relay(brain.scheduler, brain.clients)
+    with caplog.at_level(logging.ERROR, logger="vancetope.brain"):
+        assert relay.poll_once(["laptop"]) is True
+    states = {t.task_id: t.state for t in brain.store.get_tasks(rec.tree_id)}
+    assert states == {"r0": TaskState.DONE, "r1": TaskState.QUEUED_CLIENT, "r2": TaskState.DONE}
+    assert brain.hot.r.llen(outbox) == 0
+    assert any(
+        "message from client 'laptop'; going on with the next" in r.getMessage() for r in caplog.records
+    )
