@@ -234,8 +234,10 @@ def test_flower_api_workers_lists_the_server_pools_and_the_client_agent(flower_s
     def both_listed() -> dict[str, Any] | None:
         workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
         names = set(workers)
-        pools = any(n.startswith("server@") for n in names) and any(
-            n.startswith("server-night@") for n in names
+        # Flower lists a pool from its first inspect broadcast, which it sends as it starts and
+        # which may still be out when the first request comes: wait for the pools' answers.
+        pools = any(n.startswith("server@") and "stats" in workers[n] for n in names) and any(
+            n.startswith("server-night@") and "stats" in workers[n] for n in names
         )
         if "client-agent@laptop" in names and pools:
             return dict(workers)
