@@ -9,12 +9,16 @@ where only that client's agent can read it.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from typing import Any
 
 from celery import Celery
+from celery.events import EventDispatcher
 
 from workers.app import make_app
 from workers.contracts import (
@@ -32,14 +36,24 @@ from workers.lease import VISIBILITY_TIMEOUT_S
 _SOFT_MARGIN_S = 10.0
 _HARD_MARGIN_S = 30.0
 
+log = logging.getLogger("vancetope.brain")
+
 
 class Publisher:
+    """Sends tool calls, and for a server pool's calls the ``task-sent`` events Flower shows
+    while a call waits in its queue (``task_send_sent_event`` is off in the app: Celery sends
+    one event message per task; here a batch's events go out as one ``task.multi``, as a
+    worker sends its own, after the batch's calls). A client's call gets none: its queue's
+    events would land under the client's key prefix, where Flower does not listen; the brain
+    reports a client's calls itself (``brain.events``)."""
+
     def __init__(self, app: Celery) -> None:
         self.app = app
         self._client_apps: dict[str, Celery] = {}
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._dispatchers: list[EventDispatcher] = []
 
     def app_for(self, client_id: str | None) -> Celery:
         if client_id is None:
@@ -57,11 +71,17 @@ class Publisher:
             return app
 
     def close(self) -> None:
-        """Release the per-client connection pools (the main app is the caller's)."""
+        """Release the per-client connection pools and the events' connections (the main app
+        is the caller's)."""
         with self._lock:
             for app in self._client_apps.values():
                 app.close()
             self._client_apps.clear()
+            dispatchers, self._dispatchers = self._dispatchers, []
+        for dispatcher in dispatchers:
+            with suppress(Exception):  # closing: a connection already gone is fine
+                dispatcher.close()
+                dispatcher.connection.release()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -72,11 +92,14 @@ class Publisher:
             yield
             return
         with ExitStack() as stack:
-            self._local.producers, self._local.stack = {}, stack
+            self._local.producers, self._local.stack, self._local.sent = {}, stack, []
             try:
                 yield
             finally:
                 self._local.producers = self._local.stack = None
+        # After the calls went out (the stack flushed their pipelines), their events.
+        sent, self._local.sent = self._local.sent, None
+        self._send_events(sent)
 
     def _producer(self, app: Celery) -> Any:
         producers: dict[int, Any] | None = getattr(self._local, "producers", None)
@@ -111,6 +134,61 @@ class Publisher:
             # The default exchange routes by queue name; nothing needs declaring per message.
             declare=[],
         )
+        if call.client_id is None:
+            event = sent_event(call, queue)
+            pending: list[dict[str, Any]] | None = getattr(self._local, "sent", None)
+            if pending is None:
+                self._send_events([event])
+            else:
+                pending.append(event)
+
+    def _send_events(self, events: list[dict[str, Any]]) -> None:
+        """``task-sent`` events for Flower, as one message. Watching is not correctness: a
+        failure is logged, never raised (the calls are already out)."""
+        if not events:
+            return
+        try:
+            dispatcher = self._dispatcher()
+            for fields in events:
+                dispatcher.send("task-sent", **fields)
+            dispatcher.flush()
+        except Exception:
+            log.warning("could not send %d task-sent event(s) to Flower", len(events), exc_info=True)
+
+    def _dispatcher(self) -> EventDispatcher:
+        dispatcher: EventDispatcher | None = getattr(self._local, "dispatcher", None)
+        if dispatcher is None:
+            # Per thread (a kombu connection is not thread-safe); buffered until flush().
+            dispatcher = self.app.events.Dispatcher(
+                self.app.connection_for_write(),
+                enabled=True,
+                buffer_group=("task",),
+                buffer_limit=sys.maxsize,
+                buffer_while_offline=False,
+            )
+            self._local.dispatcher = dispatcher
+            with self._lock:
+                self._dispatchers.append(dispatcher)
+        return dispatcher
+
+
+def sent_event(call: ToolCall, queue: str) -> dict[str, Any]:
+    """The fields Celery's own ``task-sent`` carries (``celery.app.amqp``), arguments by name only."""
+    return {
+        "uuid": call.run_id,
+        "root_id": call.run_id,
+        "parent_id": None,
+        "name": RUN_TOOL_TASK,
+        "args": args_summary(call),
+        "kwargs": "{}",
+        "retries": 0,
+        "eta": None,
+        "expires": None,
+        "queue": queue,
+        "exchange": "",
+        "routing_key": queue,
+        "timestamp": time.time(),
+    }
 
 
 def args_summary(call: ToolCall) -> str:
