@@ -91,14 +91,14 @@ class Publisher:
         if getattr(self._local, "producers", None) is not None:
             yield
             return
+        sent: list[dict[str, Any]] = []
         with ExitStack() as stack:
-            self._local.producers, self._local.stack, self._local.sent = {}, stack, []
+            self._local.producers, self._local.stack, self._local.sent = {}, stack, sent
             try:
                 yield
             finally:
-                self._local.producers = self._local.stack = None
+                self._local.producers = self._local.stack = self._local.sent = None
         # After the calls went out (the stack flushed their pipelines), their events.
-        sent, self._local.sent = self._local.sent, None
         self._send_events(sent)
 
     def _producer(self, app: Celery) -> Any:
