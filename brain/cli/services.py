@@ -107,6 +107,10 @@ def up(
     stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C stops the stack even when `up` was started in the background of a script: the
+    # shell then hands it SIGINT ignored, the stack's redis-server still stops on it, and
+    # the supervisor would restart it forever instead of stopping.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.start()
         if access is not None:

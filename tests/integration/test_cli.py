@@ -181,6 +181,8 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
             stdout=up_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # as a shell script's `vancetope up &` starts it: SIGINT ignored; Ctrl-C must still stop it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     agent: subprocess.Popen[str] | None = None
     try:
