@@ -1,6 +1,7 @@
 """The brain's events for client agents go out from a thread of their own: in order, all of
-them by ``close``, and a slow or failing Flower channel never holds the call or the result
-that caused them (they were three round trips of a client call's)."""
+them by ``close``, a client's task events gathered into one message, and a slow or failing
+Flower channel never holds the call or the result that caused them (they were three round
+trips of a client call's)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 
 from celery import Celery
 
-from brain.events import ClientEvents
+from brain.events import GATHER_S, ClientEvents
+from workers.contracts import ToolCall, ToolResult, ToolType
 
 
 class Channel:
@@ -18,6 +20,7 @@ class Channel:
 
     def __init__(self, fail_first: bool = False) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.flushes: list[int] = []  # how many events each flush sent
         self.gate = threading.Event()
         self.gate.set()
         self.fail_first = fail_first
@@ -29,14 +32,48 @@ class Channel:
             raise ConnectionError("Redis went away")
         self.sent.append((event, fields))
 
+    def flush(self) -> None:
+        self.flushes.append(len(self.sent) - sum(self.flushes))
+
 
 class Events(ClientEvents):
     def __init__(self, channel: Channel) -> None:
         super().__init__(Celery("test"))
         self.channel = channel
+        self.channels: dict[str, Channel] = {}
 
     def _dispatcher(self, client_id: str) -> Any:
-        return self.channel
+        return self.channel if not self.channels else self.channels.setdefault(client_id, Channel())
+
+
+def call(client_id: str, i: int) -> ToolCall:
+    return ToolCall(
+        run_id=f"r{i}",
+        tree_id="t",
+        task_id=f"k{i}",
+        tool="read_local_file",
+        tool_type=ToolType.BUILT_IN,
+        args={"path": "a"},
+        timeout_s=5,
+        max_result_bytes=1000,
+        max_deliveries=3,
+        client_id=client_id,
+    )
+
+
+def result(client_id: str, i: int) -> ToolResult:
+    return ToolResult(
+        run_id=f"r{i}",
+        tree_id="t",
+        task_id=f"k{i}",
+        tool="read_local_file",
+        ok=True,
+        value="x",
+        worker="w",
+        started_at=1.0,
+        finished_at=2.0,
+        client_id=client_id,
+    )
 
 
 def test_events_are_sent_in_order_with_the_time_they_happened_and_all_of_them_by_close() -> None:
@@ -71,3 +108,37 @@ def test_a_failed_send_is_logged_and_the_next_ones_still_go(caplog: Any) -> None
     events.close()
     assert [e for e, _ in channel.sent] == ["worker-offline"]
     assert "could not send worker-online for client laptop to Flower" in caplog.text
+
+
+def test_a_burst_of_task_events_goes_out_as_one_flush_per_client() -> None:
+    events = Events(Channel())
+    events.channels = {"laptop": Channel(), "desk": Channel()}
+    for channel in events.channels.values():
+        channel.gate.clear()  # the sender holds its first batch until the whole burst is queued
+    for i in range(20):
+        client = "laptop" if i % 2 else "desk"
+        events.task_sent(call(client, i))
+        events.task_done(result(client, i))
+    for channel in events.channels.values():
+        channel.gate.set()
+    events.close()
+    for client, channel in events.channels.items():
+        assert len(channel.sent) == 30, client  # received, started, succeeded for 10 calls each
+        assert sum(channel.flushes) == 30
+        assert len(channel.flushes) <= 2, channel.flushes  # not one per event
+    assert [f["uuid"] for e, f in events.channels["desk"].sent if e == "task-received"] == [
+        f"r{i}" for i in range(0, 20, 2)
+    ]
+
+
+def test_events_go_out_after_the_gathering_window_without_close() -> None:
+    channel = Channel()
+    events = Events(channel)
+    events.online("laptop")
+    waited = threading.Event()
+    for _ in range(3000):  # up to 30 s on a busy machine; passes after about GATHER_S
+        if channel.sent:
+            break
+        waited.wait(GATHER_S)
+    assert [e for e, _ in channel.sent] == ["worker-online"]
+    events.close()
