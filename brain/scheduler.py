@@ -174,18 +174,26 @@ class Scheduler:
         tasks = [
             TaskRecord(tree_id=run_tree_id, task_id=t.id, tool=t.tool, updated_at=now) for t in tree.tasks
         ]
-        self.store.put_tree(record, tasks)
-        self._cache_tree(record)  # the record just written: no read and parse of it back
-        self.advance(run_tree_id)
+        # A small tree's record and the dispatch of its first tasks are one store transaction
+        # (its calls go out once both are written); a big tree's chunks go out as each is.
+        with self.batch() if len(tasks) <= _DISPATCH_CHUNK else nullcontext():
+            self.store.put_tree(record, tasks)
+            self._cache_tree(record)  # the record just written: no read and parse of it back
+            # No wake-up: nobody can be watching a tree before submit has returned its id.
+            self.advance(run_tree_id, wake=False)
         return record
 
     # --- advance -------------------------------------------------------------------
-    def advance(self, tree_id: str, ended: Mapping[str, TaskState] | None = None) -> TreeStatus | None:
+    def advance(
+        self, tree_id: str, ended: Mapping[str, TaskState] | None = None, *, wake: bool = True
+    ) -> TreeStatus | None:
         """Skip what cannot run, dispatch what is ready, finish the tree when all is final.
 
         ``ended``: tasks that just reached these final states. Only their dependents can
         change, so only those are looked at, and a result costs O(its dependents) whatever
-        the tree's size. Without it (submit, sweeps) the whole tree is planned from its states.
+        the tree's size. Without it (submit, sweeps) the whole tree is planned from its states
+        and, with ``wake``, its live views are woken (after a result ``on_result`` wakes them).
+        A finished tree always wakes them.
         """
         tree_rec = self.tree(tree_id)
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
@@ -202,8 +210,8 @@ class Scheduler:
             self._woken.pop(tree_id, None)
             # Its running marks go and its watchers wake in one round trip, once it is written.
             self._after_write(lambda: self.hot.tree_finished(tree_id))
-        elif ended is None:
-            self._after_write(lambda: self.hot.notify(tree_id))  # after a result, on_result wakes watchers
+        elif ended is None and wake:
+            self._after_write(lambda: self.hot.notify(tree_id))
         return status
 
     def _advance_all(self, tree_rec: TreeRecord) -> None:
