@@ -204,12 +204,13 @@ class Scheduler:
             self._advance_after(tree_rec, ended)
         status = self._tree_status(tree_id)
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
-            log.info("tree %s finished: %s", tree_id, status.value)
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
             self._woken.pop(tree_id, None)
-            # Its running marks go and its watchers wake in one round trip, once it is written.
+            # Its running marks go and its watchers wake in one round trip, once it is written;
+            # the log line after that (formatting it cost more than the round trip).
             self._after_write(lambda: self.hot.tree_finished(tree_id))
+            self._after_write(lambda: log.info("tree %s finished: %s", tree_id, status.value))
         elif ended is None and wake:
             self._after_write(lambda: self.hot.notify(tree_id))
         return status
@@ -707,9 +708,11 @@ class Scheduler:
                 result.task_id,
             )
             return None
+        finished = self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
         if self.events is not None:
-            self.events.task_done(result)
-        return self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
+            events = self.events  # Flower's copy after what the tree's watchers wait for
+            self._after_write(lambda: events.task_done(result))
+        return finished
 
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
         """Keep a running call's latest progress in its record: only for the current run, only
