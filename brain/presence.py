@@ -83,6 +83,9 @@ class PresenceBook:
     def __init__(self, r: redis.Redis, store: Store) -> None:
         self.r = r
         self.store = store
+        # Each client's session as last read and parsed: routing a client's call reads them
+        # all, and an announcement (with its tools' schemas) changes far less often than that.
+        self._parsed: dict[str, tuple[bytes, ClientSession]] = {}
 
     # enrollment ---------------------------------------------------------------------
     def enroll(
@@ -131,7 +134,20 @@ class PresenceBook:
 
     def sessions(self) -> dict[str, ClientSession]:
         raw = self.r.hgetall(key_presence())
-        return {as_text(k): ClientSession.model_validate_json(v) for k, v in raw.items()}
+        sessions = {as_text(k): self._parse(as_text(k), v) for k, v in raw.items()}
+        parsed = self._parsed
+        if len(parsed) > len(sessions):  # clients gone: their sessions go from the cache too
+            self._parsed = {cid: parsed[cid] for cid in sessions if cid in parsed}
+        return sessions
+
+    def _parse(self, client_id: str, raw: bytes) -> ClientSession:
+        """``raw`` parsed, or the session parsed from the very same bytes last time."""
+        cached = self._parsed.get(client_id)
+        if cached is not None and cached[0] == raw:
+            return cached[1]
+        session = ClientSession.model_validate_json(raw)
+        self._parsed[client_id] = (raw, session)
+        return session
 
     def silent(self) -> list[ClientSession]:
         """Connected clients whose heartbeat key expired or belongs to another session."""

@@ -125,6 +125,26 @@ def test_connect_requeues_parked_tasks_in_order_on_the_clients_own_queue(brain_o
     assert all(t.route == "client:laptop" for t in brain.store.get_tasks(rec.tree_id))
 
 
+def test_routing_sees_a_new_announcement_and_a_gone_client_at_once(brain_on_redis: Brain) -> None:
+    """The router keeps each session as it last parsed it, and only while its bytes in Redis
+    are the same: a client that re-announces with other tools, or leaves, is routed by
+    what Redis says now."""
+    brain = brain_on_redis
+    presence = brain.scheduler.presence
+    presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    first = presence.sessions()["laptop"]
+    assert presence.sessions()["laptop"] is first  # same bytes: not parsed again
+    brain.hot.r.set(client_key("laptop", CLIENT_HEARTBEAT), "s2", ex=60)
+    Relay(brain.scheduler, brain.clients).handle("laptop", connected("laptop", "s2", tools=(LIST,)))
+    again = presence.sessions()["laptop"]
+    assert again.session_id == "s2" and again.tool("read_local_file") is None
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.BLOCKED  # it no longer has the tool
+    brain.clients.on_disconnected("laptop", "s2", "test")
+    assert presence.sessions() == {}
+
+
 def test_work_goes_to_another_client_of_the_same_user_never_to_another_users(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     for cid, user in (("desk", "ada"), ("cli", "ada"), ("bobs", "bob")):
