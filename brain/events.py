@@ -98,10 +98,12 @@ class ClientEvents:
         done = False
         while not done and (first := events.get()) is not None:
             batch = [first]
-            deadline = time.monotonic() + GATHER_S
-            while (left := deadline - time.monotonic()) > 0:
+            # Asleep while the rest gathers: an event put meanwhile wakes no thread, so the
+            # call or result that sent it is not interrupted by this one.
+            time.sleep(GATHER_S)
+            while True:
                 try:
-                    item = events.get(timeout=left)
+                    item = events.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
