@@ -11,7 +11,7 @@ Baseline: plain Celery routed to a second worker's queue (``client.bench``, a wo
 with ``-P threads -c 2`` like the agent) with ``delay().get()`` on Celery's Redis result
 backend on the same redis-server; the task returns its argument.
 
-Sides alternate call by call after a warm-up; ``calls`` each (quick 15, full 60).
+Sides alternate call by call after a warm-up; ``calls`` each (quick 15, full 200).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def one_call_tree() -> TaskTree:
 
 
 def run(quick: bool = False) -> list[Row]:
-    calls = 15 if quick else 60
+    calls = 15 if quick else 200
     base_ms: list[float] = []
     vt_ms: list[float] = []
     with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp:
