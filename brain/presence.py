@@ -85,7 +85,7 @@ class PresenceBook:
         self.store = store
         # Each client's session as last read and parsed: routing a client's call reads them
         # all, and an announcement (with its tools' schemas) changes far less often than that.
-        self._parsed: dict[str, tuple[bytes, ClientSession]] = {}
+        self._parsed: dict[str, tuple[bytes | str, ClientSession]] = {}
 
     # enrollment ---------------------------------------------------------------------
     def enroll(
@@ -140,7 +140,7 @@ class PresenceBook:
             self._parsed = {cid: parsed[cid] for cid in sessions if cid in parsed}
         return sessions
 
-    def _parse(self, client_id: str, raw: bytes) -> ClientSession:
+    def _parse(self, client_id: str, raw: bytes | str) -> ClientSession:
         """``raw`` parsed, or the session parsed from the very same bytes last time."""
         cached = self._parsed.get(client_id)
         if cached is not None and cached[0] == raw:

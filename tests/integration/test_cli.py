@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -175,14 +176,14 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:
         up = subprocess.Popen(
-            [sys.executable, "-m", "brain", "up", "--no-agent"],
+            # As a shell script's `vancetope up &` starts it: with SIGINT ignored (exec keeps
+            # that). Ctrl-C (SIGINT to its group, below) must still stop it.
+            ["sh", "-c", f"trap '' INT; exec {shlex.quote(sys.executable)} -m brain up --no-agent"],
             cwd=ROOT,
             env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
             stdout=up_log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # as a shell script's `vancetope up &` starts it: SIGINT ignored; Ctrl-C must still stop it
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
         )
     agent: subprocess.Popen[str] | None = None
     try:
