@@ -199,10 +199,12 @@ class Scheduler:
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
             return tree_rec.status if tree_rec else None
         if ended is None:
-            self._advance_all(tree_rec)
+            placed = self._advance_all(tree_rec)
         else:
-            self._advance_after(tree_rec, ended)
-        status = self._tree_status(tree_id)
+            placed = self._advance_after(tree_rec, ended)
+        # A task just sent or parked is not final, so the tree goes on: no need to ask. (Its
+        # result may be recorded elsewhere at once; whoever records the last one asks.)
+        status = None if placed else self._tree_status(tree_id)
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
@@ -215,25 +217,27 @@ class Scheduler:
             self._after_write(lambda: self.hot.notify(tree_id))
         return status
 
-    def _advance_all(self, tree_rec: TreeRecord) -> None:
+    def _advance_all(self, tree_rec: TreeRecord) -> int:
+        """Plan the whole tree and act on it; how many tasks it sent or parked."""
         tree_id = tree_rec.tree_id
+        placed = 0
         while True:
             step = plan(tree_rec.tree, self.store.task_states(tree_id))
             ended = self._ended_here()
             for task_id, why in step.skip:
                 self._end(tree_id, task_id, TaskState.SKIPPED, why, {TaskState.PENDING})
-            self._start_ready(tree_rec, step.ready)
+            placed += self._start_ready(tree_rec, step.ready)
             # Plan again only when a task ended without running (skipped, failed by its route
             # or its arguments): its dependents may now be skipped too. Tasks sent or parked
             # change nothing another plan would see; for a big tree that re-read is its size.
             if self._ended_here() == ended:
-                return
+                return placed
 
-    def _advance_after(self, tree_rec: TreeRecord, ended: Mapping[str, TaskState]) -> None:
+    def _advance_after(self, tree_rec: TreeRecord, ended: Mapping[str, TaskState]) -> int:
         """A task that ended unsuccessfully skips its pending dependents (and theirs); one that
         is done makes ready each dependent whose other dependencies are done too. A dependent
         with another dependency that failed was skipped when that one ended (or the idle-tree
-        sweep's full plan skips it)."""
+        sweep's full plan skips it). How many tasks it sent or parked."""
         tree_id, tree = tree_rec.tree_id, tree_rec.tree
         done = self._done.setdefault(tree_id, set())
         work = list(ended.items())
@@ -250,7 +254,7 @@ class Scheduler:
                     continue
                 if not self._any_not_done(tree_id, tree.task(dependent).depends_on, done):
                     ready.append(dependent)
-        self._start_ready(tree_rec, ready)
+        return self._start_ready(tree_rec, ready)
 
     def _any_not_done(self, tree_id: str, task_ids: Sequence[str], done: set[str]) -> bool:
         """Is any of ``task_ids`` not done yet (``done``: seen done here)? The last listed
@@ -268,16 +272,17 @@ class Scheduler:
                 probe = []
         return bool(probe) and self.store.first_task_in(tree_id, NOT_DONE, among=probe) is not None
 
-    def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
+    def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> int:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
-        one store batch, and its messages go out once that batch is written."""
+        one store batch, and its messages go out once that batch is written. How many were
+        sent or parked (not ended without running, not moved on meanwhile)."""
         try:
             return self._route_and_send(tree_rec, ready)
         finally:
             self._local.sessions = None
 
-    def _route_and_send(self, tree_rec: TreeRecord, ready: list[str]) -> bool:
-        changed = False
+    def _route_and_send(self, tree_rec: TreeRecord, ready: list[str]) -> int:
+        placed = 0
         presence: Presence | None = None  # read once, and only for a route that needs it
         for start in range(0, len(ready), _DISPATCH_CHUNK):
             chunk = ready[start : start + _DISPATCH_CHUNK]
@@ -290,13 +295,14 @@ class Scheduler:
                     if route is None:
                         presence = presence or self._presence(tree_rec)
                         route = decide_route(req, self.registry.tools, presence)
+                    ended = self._ended_here()
                     if self.act(tree_rec, rec, route, {TaskState.PENDING}):
-                        changed = True
+                        placed += self._ended_here() == ended
                         if route.kind is RouteKind.CLIENT and route.client_id is not None and presence:
                             # One view serves the whole loop: count what it sends, so ready tasks
                             # spread over the user's clients instead of all taking the first.
                             presence = presence.with_call_sent_to(route.client_id)
-        return changed
+        return placed
 
     def _tree_status(self, tree_id: str) -> TreeStatus | None:
         """The tree's final status once every task is final (two index lookups), else None."""
