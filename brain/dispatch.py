@@ -10,15 +10,18 @@ where only that client's agent can read it.
 from __future__ import annotations
 
 import logging
-import sys
+import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from celery import Celery
-from celery.events import EventDispatcher
+from celery.events import Event
+from celery.events.event import get_exchange
+from celery.utils.nodenames import anon_nodename
+from celery.utils.time import utcoffset
 
 from workers.app import make_app
 from workers.contracts import (
@@ -45,7 +48,8 @@ class Publisher:
     one event message per task; here a batch's events go out as one ``task.multi``, as a
     worker sends its own, after the batch's calls). A client's call gets none: its queue's
     events would land under the client's key prefix, where Flower does not listen; the brain
-    reports a client's calls itself (``brain.events``)."""
+    reports a client's calls itself (``brain.events``). The events ride in the batch's own
+    pipeline, after its calls: no round trip of their own."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -53,7 +57,6 @@ class Publisher:
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._dispatchers: list[EventDispatcher] = []
 
     def app_for(self, client_id: str | None) -> Celery:
         if client_id is None:
@@ -71,17 +74,11 @@ class Publisher:
             return app
 
     def close(self) -> None:
-        """Release the per-client connection pools and the events' connections (the main app
-        is the caller's)."""
+        """Release the per-client connection pools (the main app is the caller's)."""
         with self._lock:
             for app in self._client_apps.values():
                 app.close()
             self._client_apps.clear()
-            dispatchers, self._dispatchers = self._dispatchers, []
-        for dispatcher in dispatchers:
-            with suppress(Exception):  # closing: a connection already gone is fine
-                dispatcher.close()
-                dispatcher.connection.release()
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -96,10 +93,10 @@ class Publisher:
             self._local.producers, self._local.stack, self._local.sent = {}, stack, sent
             try:
                 yield
+                # Last in the pipeline, so after the calls; flushed with them when the stack exits.
+                self._publish_events(sent)
             finally:
                 self._local.producers = self._local.stack = self._local.sent = None
-        # After the calls went out (the stack flushed their pipelines), their events.
-        self._send_events(sent)
 
     def _producer(self, app: Celery) -> Any:
         producers: dict[int, Any] | None = getattr(self._local, "producers", None)
@@ -114,6 +111,10 @@ class Publisher:
 
     def send(self, call: ToolCall, pool: str | None = None) -> None:
         """Publish ``call`` on its client's queue, else on ``pool``'s (None: the default pool)."""
+        if getattr(self._local, "producers", None) is None:
+            with self.batch():  # a batch of one: the call and its event in one pipeline
+                self.send(call, pool)
+            return
         app = self.app_for(call.client_id)
         queue = pool_queue(pool) if call.client_id is None else client_queue(call.client_id)
         limit_cap = float(app.conf.task_time_limit or 3600)
@@ -135,41 +136,41 @@ class Publisher:
             declare=[],
         )
         if call.client_id is None:
-            event = sent_event(call, queue)
-            pending: list[dict[str, Any]] | None = getattr(self._local, "sent", None)
-            if pending is None:
-                self._send_events([event])
-            else:
-                pending.append(event)
+            self._local.sent.append(sent_event(call, queue))
 
-    def _send_events(self, events: list[dict[str, Any]]) -> None:
-        """``task-sent`` events for Flower, as one message. Watching is not correctness: a
-        failure is logged, never raised (the calls are already out)."""
-        if not events:
+    def _publish_events(self, sent: list[dict[str, Any]]) -> None:
+        """``task-sent`` events for Flower as one ``task.multi`` message, as Celery's buffered
+        event dispatcher sends a worker's (same fields, exchange and headers). Watching is not
+        correctness: a failure is logged, never raised (the calls still go out)."""
+        if not sent:
             return
         try:
-            dispatcher = self._dispatcher()
-            for fields in events:
-                dispatcher.send("task-sent", **fields)
-            dispatcher.flush()
-        except Exception:
-            log.warning("could not send %d task-sent event(s) to Flower", len(events), exc_info=True)
-
-    def _dispatcher(self) -> EventDispatcher:
-        dispatcher: EventDispatcher | None = getattr(self._local, "dispatcher", None)
-        if dispatcher is None:
-            # Per thread (a kombu connection is not thread-safe); buffered until flush().
-            dispatcher = self.app.events.Dispatcher(
-                self.app.connection_for_write(),
-                enabled=True,
-                buffer_group=("task",),
-                buffer_limit=sys.maxsize,
-                buffer_while_offline=False,
+            producer = self._producer(self.app)
+            exchange = get_exchange(producer.connection, name=self.app.conf.event_exchange)
+            hostname, pid, offset = anon_nodename(), os.getpid(), utcoffset()
+            events = [
+                Event(
+                    "task-sent",
+                    hostname=hostname,
+                    utcoffset=offset,
+                    pid=pid,
+                    clock=self.app.clock.forward(),
+                    **fields,
+                )
+                for fields in sent
+            ]
+            producer.publish(
+                events,
+                routing_key="task.multi",
+                exchange=exchange.name,
+                declare=[exchange],
+                serializer=self.app.conf.event_serializer,
+                headers={"hostname": hostname},
+                delivery_mode=1,  # transient, as Celery's dispatcher sends events
+                retry=False,
             )
-            self._local.dispatcher = dispatcher
-            with self._lock:
-                self._dispatchers.append(dispatcher)
-        return dispatcher
+        except Exception:
+            log.warning("could not send %d task-sent event(s) to Flower", len(sent), exc_info=True)
 
 
 def sent_event(call: ToolCall, queue: str) -> dict[str, Any]:
