@@ -372,9 +372,15 @@ class Scheduler:
         return getattr(self._local, "ended", 0)
 
     def upstream(self, tree_id: str, task_ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read."""
+        """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read,
+        none for the result this thread is recording (a chain's next task takes just that)."""
+        fresh: TaskRecord | None = getattr(self._local, "recorded", None)
         ids = list(task_ids)
-        records = self.store.get_tasks(tree_id, ids) if ids else []
+        if fresh is not None and fresh.tree_id == tree_id and fresh.task_id in ids:
+            ids.remove(fresh.task_id)
+            records = [fresh, *(self.store.get_tasks(tree_id, ids) if ids else [])]
+        else:
+            records = self.store.get_tasks(tree_id, ids) if ids else []
         return {r.task_id: r.result for r in records}, {r.task_id: r.mcp for r in records}
 
     def resolved_args(self, tree_id: str, spec: TaskSpec) -> dict[str, Any]:
@@ -714,7 +720,11 @@ class Scheduler:
                 result.task_id,
             )
             return None
-        finished = self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
+        self._local.recorded = recorded  # what upstream() would read back, while its dependents start
+        try:
+            finished = self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
+        finally:
+            self._local.recorded = None
         if self.events is not None:
             events = self.events  # Flower's copy after what the tree's watchers wait for
             self._after_write(lambda: events.task_done(result))
