@@ -199,12 +199,13 @@ class Scheduler:
         if tree_rec is None or tree_rec.status is not TreeStatus.RUNNING:
             return tree_rec.status if tree_rec else None
         if ended is None:
-            placed = self._advance_all(tree_rec)
+            unfinished = self._advance_all(tree_rec)
         else:
-            placed = self._advance_after(tree_rec, ended)
-        # A task just sent or parked is not final, so the tree goes on: no need to ask. (Its
-        # result may be recorded elsewhere at once; whoever records the last one asks.)
-        status = None if placed else self._tree_status(tree_id)
+            unfinished = self._advance_after(tree_rec, ended)
+        # A task just sent or parked, or seen in flight, is not final, so the tree goes on: no
+        # need to ask. (Its result may be recorded elsewhere at once; whoever records the
+        # last one asks.)
+        status = None if unfinished else self._tree_status(tree_id)
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
@@ -237,11 +238,13 @@ class Scheduler:
         """A task that ended unsuccessfully skips its pending dependents (and theirs); one that
         is done makes ready each dependent whose other dependencies are done too. A dependent
         with another dependency that failed was skipped when that one ended (or the idle-tree
-        sweep's full plan skips it). How many tasks it sent or parked."""
+        sweep's full plan skips it). How many tasks it knows to be unfinished: those it sent or
+        parked, plus one if a dependency it waits on is still in flight."""
         tree_id, tree = tree_rec.tree_id, tree_rec.tree
         done = self._done.setdefault(tree_id, set())
         work = list(ended.items())
         ready: list[str] = []
+        in_flight = 0
         while work:
             task_id, state = work.pop()
             if state is TaskState.DONE:
@@ -252,25 +255,31 @@ class Scheduler:
                     if self._end(tree_id, dependent, TaskState.SKIPPED, why, {TaskState.PENDING}):
                         work.append((dependent, TaskState.SKIPPED))
                     continue
-                if not self._any_not_done(tree_id, tree.task(dependent).depends_on, done):
+                waiting_on = self._not_done(tree_id, tree.task(dependent).depends_on, done)
+                if waiting_on is None:
                     ready.append(dependent)
-        return self._start_ready(tree_rec, ready)
+                elif not waiting_on[1].is_final:
+                    in_flight = 1  # the tree goes on: no "is anything unfinished?" lookup
+        return self._start_ready(tree_rec, ready) + in_flight
 
-    def _any_not_done(self, tree_id: str, task_ids: Sequence[str], done: set[str]) -> bool:
-        """Is any of ``task_ids`` not done yet (``done``: seen done here)? The last listed
-        first, a few at a time: in a fan-in the dependencies still running are the last sent,
-        so the answer is usually in one small lookup, not in one naming all the others (each
-        of 1,000 members asked about 999)."""
+    def _not_done(
+        self, tree_id: str, task_ids: Sequence[str], done: set[str]
+    ) -> tuple[str, TaskState] | None:
+        """One of ``task_ids`` that is not done yet, with its state, or None (``done``: seen
+        done here). The last listed first, a few at a time: in a fan-in the dependencies
+        still running are the last sent, so the answer is usually in one small lookup, not
+        in one naming all the others (each of 1,000 members asked about 999)."""
         probe: list[str] = []
         for task_id in reversed(task_ids):
             if task_id in done:
                 continue
             probe.append(task_id)
             if len(probe) == _DEPENDENCY_PROBE:
-                if self.store.first_task_in(tree_id, NOT_DONE, among=probe) is not None:
-                    return True
+                found = self.store.first_task_in(tree_id, NOT_DONE, among=probe)
+                if found is not None:
+                    return found
                 probe = []
-        return bool(probe) and self.store.first_task_in(tree_id, NOT_DONE, among=probe) is not None
+        return self.store.first_task_in(tree_id, NOT_DONE, among=probe) if probe else None
 
     def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> int:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are

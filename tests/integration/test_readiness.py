@@ -8,9 +8,10 @@ import random
 
 import pytest
 
-from brain.models import TaskState
+from brain.models import TaskState, TreeStatus
 from brain.service import Brain
 from tests.conftest import result_for, tree
+from workers.contracts import ErrorInfo
 
 pytestmark = pytest.mark.integration
 
@@ -41,3 +42,29 @@ def test_a_fan_in_is_ready_exactly_when_its_last_member_is_done(brain_on_redis: 
         assert brain.store.get_task(rec.tree_id, "join").state is TaskState.PENDING, member
     assert brain.scheduler.on_result(result_for(brain, rec.tree_id, last, None, "last"))
     assert brain.store.get_task(rec.tree_id, "join").state is TaskState.QUEUED_SERVER
+
+
+def test_a_fan_in_with_a_failed_member_ends_failed_exactly_when_its_last_member_is_recorded(
+    brain_on_redis: Brain,
+) -> None:
+    """The failure skips the join at once; the tree goes on while any member is in flight (a
+    result that sees one still queued does not even ask) and ends when the last is recorded."""
+    brain = brain_on_redis
+    rec = brain.scheduler.submit(tree(fan_in("fan-failed")))
+    failed = result_for(brain, rec.tree_id, "m50", None).model_copy(
+        update={"ok": False, "value": None, "error": ErrorInfo(type="Boom", message="m50 broke")}
+    )
+    assert brain.scheduler.on_result(failed)
+    assert brain.store.get_task(rec.tree_id, "join").state is TaskState.SKIPPED
+    order = [f"m{i}" for i in range(N) if i != 50]
+    random.Random(11).shuffle(order)
+    for i, member in enumerate(order[:-1]):
+        if i % 2:  # recorded by another worker: this scheduler never saw it
+            brain.store.transition(
+                rec.tree_id, member, from_states={TaskState.QUEUED_SERVER}, state=TaskState.DONE, result=i
+            )
+        else:
+            assert brain.scheduler.on_result(result_for(brain, rec.tree_id, member, None, i))
+        assert brain.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING, member
+    assert brain.scheduler.on_result(result_for(brain, rec.tree_id, order[-1], None, "last"))
+    assert brain.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
