@@ -46,34 +46,19 @@ class Events(ClientEvents):
         return self.channel if not self.channels else self.channels.setdefault(client_id, Channel())
 
 
+def ids(i: int) -> dict[str, str]:
+    """The ids a call and its result share."""
+    return {"run_id": f"r{i}", "tree_id": "t", "task_id": f"k{i}", "tool": "read_local_file"}
+
+
 def call(client_id: str, i: int) -> ToolCall:
-    return ToolCall(
-        run_id=f"r{i}",
-        tree_id="t",
-        task_id=f"k{i}",
-        tool="read_local_file",
-        tool_type=ToolType.BUILT_IN,
-        args={"path": "a"},
-        timeout_s=5,
-        max_result_bytes=1000,
-        max_deliveries=3,
-        client_id=client_id,
-    )
+    limits = {"timeout_s": 5, "max_result_bytes": 1000, "max_deliveries": 3}
+    return ToolCall(**ids(i), tool_type=ToolType.BUILT_IN, args={"path": "a"}, **limits, client_id=client_id)
 
 
 def result(client_id: str, i: int) -> ToolResult:
-    return ToolResult(
-        run_id=f"r{i}",
-        tree_id="t",
-        task_id=f"k{i}",
-        tool="read_local_file",
-        ok=True,
-        value="x",
-        worker="w",
-        started_at=1.0,
-        finished_at=2.0,
-        client_id=client_id,
-    )
+    times = {"started_at": 1.0, "finished_at": 2.0}
+    return ToolResult(**ids(i), ok=True, value="x", worker="w", **times, client_id=client_id)
 
 
 def test_events_are_sent_in_order_with_the_time_they_happened_and_all_of_them_by_close() -> None:
