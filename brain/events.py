@@ -21,7 +21,7 @@ from celery import Celery
 from celery.events import EventDispatcher
 
 from brain.dispatch import args_summary
-from workers.contracts import RUN_TOOL_TASK, ToolAwaiting, ToolCall, ToolProgress, ToolResult
+from workers.contracts import RUN_TOOL_TASK, ToolAwaiting, ToolCall, ToolProgress, ToolResult, shown_failure
 
 log = logging.getLogger("vancetope.brain")
 
@@ -177,10 +177,8 @@ class ClientEvents:
                 result=repr({"ok": True, "tool": result.tool, "task": result.task_id}),
             )
         else:
-            # The error's type only: its message may quote argument values or file contents
-            # (the store keeps it whole), as Flower never shows a server pool task's either.
-            kind = result.error.type if result.error else "failed"
-            shown = f"{kind} (the message: vancetope status {result.tree_id})"
+            # As a server pool's task shows it (workers.contracts.shown_failure): never the message.
+            shown = shown_failure(result)
             self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
 
     def task_progress(self, update: ToolProgress) -> None:

@@ -273,6 +273,13 @@ class ToolResult(BaseModel):
     redactions: int = Field(default=0, ge=0)
 
 
+def shown_failure(result: ToolResult) -> str:
+    """What Flower shows of a failed call: the error's type and where its message is. The
+    message may quote argument values or file contents (the store keeps it whole)."""
+    kind = result.error.type if result.error else "failed"
+    return f"{kind} (the message: vancetope status {result.tree_id})"
+
+
 class ToolDescriptor(BaseModel):
     """What an executor knows of one tool it can run: announced by a client agent,
     discovered from an MCP server with ``list_tools``, or declared by a built-in."""

@@ -48,5 +48,12 @@ class InvalidArguments(WorkerError):
     """The arguments do not match the tool's input schema."""
 
 
+class CallFailed(WorkerError):
+    """Raised by the server pool's Celery task after a failed call's result was handed on
+    (recorded, or sent to the brain), so that Celery's ``task-failed`` event tells Flower the
+    truth. It names the error's type and where to read its message, never the message: that
+    may quote argument values or file contents (the store keeps it whole)."""
+
+
 class PoisonTask(WorkerError):
     """A task run was delivered more often than allowed (its worker keeps dying)."""

@@ -35,8 +35,9 @@ from workers.contracts import (
     key_cancelled,
     key_deliveries,
     key_tree_running,
+    shown_failure,
 )
-from workers.errors import PoisonTask
+from workers.errors import CallFailed, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
 from workers.scripts import lua
@@ -138,7 +139,8 @@ def register(
     deliver = sink or send_to_brain(app)
     mcp_manager = mcp or server_mcp
 
-    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True)
+    # ``throws``: a failed call is an expected outcome, logged by Celery without a traceback.
+    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, throws=(CallFailed,))
     def run_tool(self: Task, payload: Any) -> dict[str, Any]:
         worker = self.request.hostname or "worker"
         call = _decode(payload, worker, client_id)
@@ -175,6 +177,10 @@ def register(
                 _reporter(self, progress, flower=client_id is None),
             )
         deliver(masked(result))
+        if not result.ok and client_id is None:
+            # Handed on already; raising only makes Celery's own event (and so Flower) say
+            # FAILURE. A client agent sends no events: the brain tells Flower about its calls.
+            raise CallFailed(shown_failure(result), task=call.task_id, tool=call.tool)
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
     return run_tool

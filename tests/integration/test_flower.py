@@ -355,29 +355,35 @@ def test_flower_dashboard_in_chromium_shows_the_server_pool_the_client_agent_and
     assert "Access denied" not in workers + tasks
 
 
-def test_flower_shows_a_failed_client_task_by_its_error_type_not_its_message(
-    flower_stack: FlowerStack,
+@pytest.mark.parametrize(
+    "where, failing",
+    [
+        ("client", {"tool": "read_local_file", "args": {"path": f"no-{PLANTED}"}}),
+        # A server pool's task: Celery's own events say FAILURE (before, the task returned
+        # ok: false and Flower showed SUCCESS for a tool that failed).
+        ("server", {"tool": "json_transform", "args": {"data": {"a": 1}, "pick": PLANTED}}),
+    ],
+)
+def test_flower_shows_a_failed_task_by_its_error_type_not_its_message(
+    flower_stack: FlowerStack, where: str, failing: dict[str, Any]
 ) -> None:
     fs = flower_stack
     rec = fs.brain.scheduler.submit(
-        tree(
-            {
-                "id": "flower-fail",
-                "tasks": [{"id": "missing", "tool": "read_local_file", "args": {"path": f"no-{PLANTED}"}}],
-            }
-        ),
+        tree({"id": f"flower-fail-{where}", "tasks": [{"id": "fails", **failing}]}),
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
     wait_for_tree(fs.brain, rec.tree_id, timeout=60)
-    task = fs.brain.store.get_task(rec.tree_id, "missing")
-    assert task is not None and task.error is not None
+    task = fs.brain.store.get_task(rec.tree_id, "fails")
+    assert task is not None and task.error is not None and task.state.value == "failed"
+    assert (task.client_id is None) is (where == "server")
     assert PLANTED in task.error.message  # the store keeps the whole message
 
     def failed() -> dict[str, Any] | None:
         shown = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(task.run_id, {})
-        return dict(shown) if shown.get("state") == "FAILURE" else None
+        return dict(shown) if shown.get("state") in ("FAILURE", "SUCCESS") else None
 
-    shown = wait_until(failed, timeout=30, what="Flower to show the client's task as failed")
-    assert shown["exception"].startswith(task.error.type)
+    shown = wait_until(failed, timeout=30, what=f"Flower to show the {where} task as finished")
+    assert shown["state"] == "FAILURE", shown
+    assert f"{task.error.type} (the message: vancetope status {rec.tree_id})" in shown["exception"]
     assert PLANTED not in json.dumps(shown)
