@@ -5,7 +5,8 @@ parent, which stops them in order). If the parent itself is killed (SIGKILL, OOM
 would keep running as orphans, retrying a Redis that is gone, forever. On Linux each
 service is started through this module: it asks the kernel for SIGTERM when its parent
 dies (``PR_SET_PDEATHSIG``, kept across exec), checks the parent is still the one that
-started it, then execs the real command. (Not a ``preexec_fn``: that runs between fork
+started it, then execs the real command. A Celery worker whose warm shutdown then
+does not finish is killed by ``workers.orphans``. (Not a ``preexec_fn``: that runs between fork
 and exec, unsafe in a process with threads.) Elsewhere commands run as they are.
 """
 
@@ -15,6 +16,8 @@ import ctypes
 import os
 import signal
 import sys
+
+from workers.orphans import STACK_PID_VARIABLE
 
 _PR_SET_PDEATHSIG = 1
 
@@ -33,6 +36,8 @@ def main(args: list[str]) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
         sys.exit(0)  # the parent died before the request took effect: nothing to serve
+    # How a Celery worker knows later that its stack is gone (workers.orphans).
+    os.environ[STACK_PID_VARIABLE] = str(parent)
     os.execvp(argv[0], argv)
 
 

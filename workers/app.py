@@ -16,6 +16,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import orphans
 from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE
 from workers.event_batching import BatchedTaskEvents
 from workers.lease import RESTORE_EVERY_S, VISIBILITY_TIMEOUT_S, LeaseRenewal
@@ -91,6 +92,7 @@ def make_app(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> Celery:
     app = Celery("vancetope", set_as_current=False)
+    orphans.install()  # a worker of a stack that was killed stops anyway
     app.steps["consumer"].add(LeaseRenewal)
     app.steps["consumer"].add(BatchedTaskEvents)
     app.conf.update(

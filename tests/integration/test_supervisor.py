@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -195,18 +196,69 @@ def running_program(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def program_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else "(no log)"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
-def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed(tmp_path: Path) -> None:
+def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_task_under_way(
+    tmp_path: Path,
+) -> None:
+    """The kernel's SIGTERM starts each worker's warm shutdown, which would wait for the pool's
+    ten-minute call (or, seen in CI, retry a Redis that died with the stack for ever): a worker
+    whose stack is gone is killed after its grace (workers.orphans)."""
+    from brain.store import open_store
+    from tests.conftest import make_settings
+
     data = tmp_path / "data"
-    with running_up(tmp_path, "--no-agent") as up:
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("id: slow\ntasks:\n  - {id: nap, tool: sleep, args: {seconds: 600}}\n")
+    with running_up(tmp_path, "--no-agent", env={"VANCETOPE_TASK_LOG": "true"}) as up:
         wait_until(lambda: stack_state(data).get("services"), timeout=90, what="the stack to be up")
-        state = stack_state(data)
-        children = [state["redis_pid"], *state["services"].values()]
-        assert all(running_program(pid) for pid in children)
-        os.kill(up.pid, signal.SIGKILL)  # no handler runs: only the kernel can tell the children
-        up.wait(10)
-        wait_until(
-            lambda: not any(running_program(pid) for pid in children),
-            timeout=60,
-            what="the stack's processes to stop after their parent was killed",
+        run = subprocess.Popen(
+            [sys.executable, "-m", "brain", "run", str(slow), "--timeout", "900"],
+            cwd=ROOT,
+            env={**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+        try:
+            store = open_store(make_settings(tmp_path, data_dir=data).store)
+            try:
+
+                def napping() -> bool:
+                    trees = store.list_trees(limit=1)
+                    nap = store.get_task(trees[0].tree_id, "nap") if trees else None
+                    pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
+                    return nap is not None and nap.run_id is not None and nap.run_id in pool_log
+
+                wait_until(napping, timeout=60, what="the server pool to take the ten-minute task")
+            finally:
+                store.close()
+            state = stack_state(data)
+            children = {"redis-server": state["redis_pid"], **state["services"]}
+            assert all(running_program(pid) for pid in children.values())
+            os.kill(up.pid, signal.SIGKILL)  # no handler runs: only the kernel can tell the children
+            up.wait(10)
+            deadline = time.monotonic() + 60
+            while (
+                alive := [n for n, pid in children.items() if running_program(pid)]
+            ) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            run.kill()
+            run.wait(10)
+    tails = "\n".join(
+        f"--- {n} (pid {children[n]}): {program_of(children[n])}\n{tail(data / 'logs' / f'{n}.log')}"
+        for n in alive
+    )
+    assert not alive, f"still running 60 s after their parent was killed: {alive}\n{tails}"
+    pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
+    assert "the stack that started this worker is gone" in pool_log, tail(data / "logs" / "server-pool.log")
