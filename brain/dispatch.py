@@ -51,8 +51,9 @@ class Publisher:
     reports a client's calls itself (``brain.events``). The events ride in the batch's own
     pipeline, after its calls: no round trip of their own."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, task_events: bool = True) -> None:
         self.app = app
+        self.task_events = task_events  # Settings.task_events: off, no task-sent events
         self._client_apps: dict[str, Celery] = {}
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
@@ -135,7 +136,7 @@ class Publisher:
             # The default exchange routes by queue name; nothing needs declaring per message.
             declare=[],
         )
-        if call.client_id is None:
+        if call.client_id is None and self.task_events:
             self._local.sent.append(sent_event(call, queue))
 
     def _publish_events(self, sent: list[dict[str, Any]]) -> None:

@@ -49,8 +49,10 @@ class ClientEvents:
     ``kombu`` publish costs more CPU than the call's own record). Events keep their order
     and the time they happened; Flower sees them up to ``GATHER_S`` later."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, task_events: bool = True) -> None:
         self.app = app
+        # Settings.task_events: off, only the agents' worker events (Flower still lists them).
+        self.task_events = task_events
         self._lock = threading.Lock()
         self._conn: Any = None
         self._dispatchers: dict[str, EventDispatcher] = {}
@@ -75,6 +77,8 @@ class ClientEvents:
         return d
 
     def _send(self, client_id: str, event: str, **fields: Any) -> None:
+        if not self.task_events and event.startswith("task-"):
+            return
         fields.setdefault("timestamp", time.time())
         if self._sender is None or self._pid != os.getpid():
             self._start_sender()

@@ -26,6 +26,8 @@ if not settings.task_log:
     # task received (main process) and finished (each child): set before either is built.
     for name in ("celery.worker.strategy", "celery.app.trace"):
         logging.getLogger(name).setLevel(logging.WARNING)
+# workers.app turns them on for every worker; -E (brain.stack.celery_argv) follows the setting too.
+app.conf.worker_send_task_events = settings.task_events
 # Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
 app.steps["consumer"].add(PoolPresence)
 recorder = InlineRecorder(app, fallback=send_to_brain(app), begin_fallback=HotState(app).begin_run)
@@ -35,6 +37,7 @@ run_tool = register(
     begin=recorder.begin,
     builtins=builtin_tools(HttpAllow.from_env(os.environ), HttpHeaders.from_env(os.environ)),
     progress=recorder.progress,
+    task_events=settings.task_events,
 )
 
 __all__ = ["app", "run_tool"]

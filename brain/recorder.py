@@ -145,9 +145,13 @@ class InlineRecorder:
         settings = load_settings()
         hot = HotState.from_url(self.app.conf.broker_url)
         scheduler = Scheduler(
-            open_store(settings.store), hot, ViaBrainPublisher(self.app), self._registry(hot), settings
+            open_store(settings.store),
+            hot,
+            ViaBrainPublisher(self.app, task_events=settings.task_events),
+            self._registry(hot),
+            settings,
         )
-        scheduler.events = ClientEvents(self.app)
+        scheduler.events = ClientEvents(self.app, task_events=settings.task_events)
         return scheduler
 
     @staticmethod

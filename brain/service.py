@@ -70,8 +70,10 @@ class Brain:
                 )
             registry = RegistrySnapshot.model_validate(snapshot)
         store = open_store(settings.store)
-        scheduler = Scheduler(store, hot, Publisher(app), registry, settings)
-        scheduler.events = ClientEvents(app)
+        scheduler = Scheduler(
+            store, hot, Publisher(app, task_events=settings.task_events), registry, settings
+        )
+        scheduler.events = ClientEvents(app, task_events=settings.task_events)
         # The scheduler's own presence book, parked lists and clock: one of each per brain.
         presence, parked, clock = scheduler.presence, scheduler.parked, scheduler.clock
         clients = ClientWork(

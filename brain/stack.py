@@ -94,9 +94,21 @@ def pool_argv(settings: Settings, pool: str | None) -> list[str]:
     spec = settings.pool(pool) if pool not in (None, DEFAULT_POOL) else None
     if spec is None:
         return celery_argv(
-            "brain.pool", pool_queue(None), "server@%h", "-c", str(settings.server_concurrency)
+            "brain.pool",
+            pool_queue(None),
+            "server@%h",
+            "-c",
+            str(settings.server_concurrency),
+            task_events=settings.task_events,
         )
-    return celery_argv("brain.pool", spec.queue, f"server-{spec.name}@%h", "-c", str(spec.concurrency))
+    return celery_argv(
+        "brain.pool",
+        spec.queue,
+        f"server-{spec.name}@%h",
+        "-c",
+        str(spec.concurrency),
+        task_events=settings.task_events,
+    )
 
 
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:

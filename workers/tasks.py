@@ -121,6 +121,7 @@ def register(
     progress: ProgressSink | None = None,
     gate: CallGate | None = None,
     begin: RunStart | None = None,
+    task_events: bool = True,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -129,7 +130,8 @@ def register(
     ``task-progress`` event, which Flower shows as the task's state (PROGRESS). ``gate`` is
     asked before each call runs (a client agent's user approving it); the time it takes is
     not the tool's: ``timeout_s`` starts when the tool starts. ``begin`` starts a run (default:
-    ``HotState.begin_run``, the cancelled set and a delivery counter in Redis)."""
+    ``HotState.begin_run``, the cancelled set and a delivery counter in Redis). Without
+    ``task_events`` a server pool sends no ``task-progress`` events either."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
 
@@ -174,7 +176,7 @@ def register(
                 worker,
                 client_id,
                 started,
-                _reporter(self, progress, flower=client_id is None),
+                _reporter(self, progress, flower=client_id is None and task_events),
             )
         deliver(masked(result))
         if not result.ok and client_id is None:

@@ -1,32 +1,37 @@
 """The task-sent events Flower shows while a call waits in its queue: one per server call,
 with the tool and argument names (never values), none twice
-(a real Redis, a Celery event receiver; no workers, so every call stays queued)."""
+(a real Redis, a Celery event receiver; no workers, so every call stays queued). With
+``task_events = false`` a stack sends no task events at all, and its workers still their
+heartbeats (a real stack)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from brain.service import Brain
-from tests.conftest import tree, wait_until
+from brain.stack import EmbeddedStack
+from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import RUN_TOOL_TASK
 
 pytestmark = pytest.mark.integration
 
 
 class Captured:
-    """task-sent events, from Celery's own event receiver in a thread."""
+    """Events of the given types (default: task-sent), from Celery's own event receiver in a
+    thread."""
 
-    def __init__(self, brain: Brain) -> None:
+    def __init__(self, brain: Brain, kinds: Callable[[str], bool] = "task-sent".__eq__) -> None:
         self.events: list[dict[str, Any]] = []
         app = brain.scheduler.publisher.app
         self.conn = app.connection_for_read()
 
         def on_any(event: dict[str, Any]) -> None:
-            if event["type"] == "task-sent":
+            if kinds(event["type"]):
                 self.events.append(event)
 
         self.receiver = app.events.Receiver(self.conn, handlers={"*": on_any})
@@ -66,3 +71,52 @@ def test_a_submit_sends_one_task_sent_per_server_call_with_argument_names_only(b
     one = captured.events[0]
     assert one["name"] == RUN_TOOL_TASK and one["args"] == "echo(value)" and one["queue"] == "server"
     assert not any("secret-" in str(e) for e in captured.events)
+
+
+@pytest.mark.parametrize("task_events", [True, False])
+def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    task_events: bool,
+) -> None:
+    stack = stack_factory(task_events=task_events)
+    brain = brain_factory(stack)
+    captured = Captured(brain, kinds=lambda kind: kind.startswith(("task-", "worker-")))
+    try:
+        time.sleep(0.3)  # the receiver's subscription is in place before anything is sent
+        rec = brain.scheduler.submit(
+            tree(
+                {
+                    "id": "events",
+                    "tasks": [
+                        *({"id": f"t{i}", "tool": "echo", "args": {"value": i}} for i in range(5)),
+                        # A failed call: its task-failed event is a task event too.
+                        {"id": "fails", "tool": "json_transform", "args": {"data": {}, "pick": "nope"}},
+                    ],
+                }
+            )
+        )
+        assert wait_for_tree(brain, rec.tree_id).status.value == "failed"
+
+        def pool_heard() -> bool:
+            return any(
+                e["type"] == "worker-heartbeat" and e["hostname"].startswith("server@")
+                for e in captured.events
+            )
+
+        # Heartbeats come every 2 s: the worker is listed in Flower either way.
+        wait_until(pool_heard, timeout=30, what="a heartbeat of the server pool")
+        if task_events:
+            wait_until(
+                lambda: (
+                    {"task-sent", "task-succeeded", "task-failed"} <= {e["type"] for e in captured.events}
+                ),
+                timeout=30,
+                what="the tree's task events",
+            )
+        else:
+            time.sleep(1.0)  # what would have been sent is sent by now (events gather for 10 ms)
+    finally:
+        captured.close()
+    sent = sorted({e["type"] for e in captured.events if e["type"].startswith("task-")})
+    assert bool(sent) is task_events, sent
