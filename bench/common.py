@@ -98,6 +98,24 @@ def not_measured(benchmark: str, metric: str, goal: float | None, why: str) -> R
         return "vt/base" if self.kind == "latency" else "base/vt"
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, all) CPU time of the whole machine so far, from /proc/stat (None elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of all CPUs that was busy between two :func:`cpu_jiffies` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def percentile(samples: Sequence[float], pct: float) -> float:
     """Nearest-rank percentile: with few samples p99 is simply the slowest one."""
     if not samples:

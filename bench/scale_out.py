@@ -12,6 +12,11 @@ Cost ratio = seconds for one tree of N independent ``echo`` tasks with two brain
 with one (goal <= 0.625, i.e. 1.6x the throughput). Every tree must end ``done``; the
 notes say how many results the second brain recorded (from its worker log).
 Median of 2 trees per side (quick: 1 each, smaller N).
+
+The notes also say how busy the machine's CPUs were during the one-brain trees
+(/proc/stat): a second process adds no CPU and takes none of the same work away, so
+with the box busy a share ``u`` of the time, two brains cannot take less than ``u`` of
+one brain's time - the best this row can show on that box.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import BenchError, Child, Row, redis_only_stack, wait_until
+from bench.common import BenchError, Child, Row, busy_share, cpu_jiffies, redis_only_stack, wait_until
 from bench.rigs import echo_tree, vancetope_on
 from brain.stack import celery_argv, stack_env
 from workers.contracts import RECORD_RESULT_TASK
@@ -42,8 +47,10 @@ def run(quick: bool = False) -> list[Row]:
         redis_only_stack(Path(tmp)) as stack,
         vancetope_on(stack) as vt,
     ):
+        before = cpu_jiffies()
         for _ in range(reps):
             one.append(vt.run_tree(echo_tree("scale-one", n, chained=False), timeout)[2])
+        busy = busy_share(before, cpu_jiffies())
         log_path = stack.settings.data_dir / "logs" / "brain-2.log"
         argv = celery_argv("brain.worker", "brain", "brain2@%h", "-P", "solo")
         argv[0] = sys.executable
@@ -82,13 +89,19 @@ def run(quick: bool = False) -> list[Row]:
             kind="latency",
             baseline_label="the same tree with one brain process",
             goal=GOAL,
-            extra={"n": n},
+            extra={"n": n, "one_brain_cpu_busy": busy},
             notes=(
                 f"one tree of {n:,} independent echo tasks{' (quick size; full: 2,000)' if quick else ''}, "
                 f"{'median of ' + str(reps) + ' ' if reps > 1 else ''}"
                 f"one brain {n / one_s:.0f} tasks/s, two brains {n / two_s:.0f} tasks/s; the 2nd brain's log "
                 f"shows {handled:,} of the {reps * n:,} record_result jobs; server pool -c 2, "
                 "all on one 2-vCPU box"
+                + (
+                    f"; the CPUs were {busy:.0%} busy during the one-brain trees, so two brains "
+                    f"cannot take less than {busy:.2f} of its time here"
+                    if busy is not None
+                    else ""
+                )
             ),
         )
     ]
