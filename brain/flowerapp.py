@@ -1,5 +1,5 @@
 """The Celery app module Flower is started with (layer: brain, Flower glue):
-``celery -A brain.flowerapp flower``. It is the server pool's app, plus one change to Flower.
+``celery -A brain.flowerapp flower``. It is the server pool's app, plus two changes to Flower.
 
 Flower's ``/api/workers`` answers from ``inspect`` broadcasts only, and client agents run
 with remote control off (DESIGN.md decision 7), so it omitted them while the dashboard,
@@ -12,13 +12,25 @@ The change replaces one entry of Flower's URL table before Flower builds its app
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
 change is skipped with an error in Flower's log and Flower runs as released;
 ``tests/unit/brain/test_flowerapp.py`` fails on such a release.
+
+Flower stops on SIGTERM by raising SystemExit in its main thread and letting the interpreter
+exit. With Redis gone (stopped first, or gone with a stack that was killed) it never did:
+exiting joins Flower's executor threads, and one of them retries its ``enable_events``
+broadcast for ever (seen every time: still running 30 s after SIGTERM). Nor did it when the
+SystemExit landed in a weakref callback, which swallows it (seen in CI). So SIGTERM still
+takes Flower's clean way out, and ``EXIT_GRACE_S`` later ends the process if that way hangs.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from types import FrameType
 from typing import Any
 
+from flower import command as flower_command
 from flower import urls
 from flower.api import workers as flower_workers
 from tornado import web
@@ -28,6 +40,9 @@ from workers.server_worker import app
 log = logging.getLogger("vancetope.flower")
 
 WORKERS_API = r"/api/workers"
+# Flower has no work to finish on its way out (it keeps no state on disk here).
+EXIT_GRACE_S = 5.0
+_flower_sigterm = flower_command.sigterm_handler
 
 
 def event_workers(state: Any) -> dict[str, dict[str, Any]]:
@@ -87,6 +102,23 @@ def install() -> bool:
     return False
 
 
-install()
+def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Flower's SIGTERM handler, with a timer that ends the process if its exit hangs."""
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(0,))
+    timer.daemon = True
+    timer.start()
+    _flower_sigterm(signum, frame)
 
-__all__ = ["ListWorkers", "app", "install"]
+
+def install_exit() -> None:
+    """Flower's command installs ``flower.command.sigterm_handler`` when it starts, after the
+    ``-A`` module is imported: it installs this one instead."""
+    flower_command.sigterm_handler = exit_on_sigterm
+    if signal.getsignal(signal.SIGTERM) is _flower_sigterm:  # already installed
+        signal.signal(signal.SIGTERM, exit_on_sigterm)
+
+
+install()
+install_exit()
+
+__all__ = ["EXIT_GRACE_S", "ListWorkers", "app", "exit_on_sigterm", "install", "install_exit"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from brain.flowerapp import EXIT_GRACE_S
 from brain.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
 from brain.models import SessionKind
 from brain.redis_server import RedisServer, free_port
@@ -118,6 +119,40 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     finally:
         flower.terminate()
         flower.wait(20)
+
+
+def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> None:
+    """Seen every time before brain.flowerapp's exit timer: with Redis stopped first (or gone
+    with a killed stack), Flower ignored SIGTERM for good - its exit waits on a thread that
+    retries the broker without end."""
+    server = RedisServer(tmp_path / "redis").start()
+    log_path = tmp_path / "flower.log"
+    env = {
+        **os.environ,
+        "VANCETOPE_REDIS_URL": server.url_for("vt-flower"),
+        BASIC_AUTH_VARIABLE: ":".join(OPS),
+    }
+    with open(log_path, "w") as log:
+        flower = subprocess.Popen(flower_argv(free_port()), env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "Visit me at" in log_path.read_text(), timeout=60, what="Flower to start")
+        # Flower's enable_events timer (every 5 s) fires once with Redis up, so its broker
+        # connection is pooled: its next broadcast, with Redis gone, retries it for ever.
+        time.sleep(6)
+        server.stop()
+        # Twice: by then the timer has fired with Redis gone.
+        wait_until(
+            lambda: log_path.read_text().count("Failed to capture events") >= 2,
+            timeout=60,
+            what="Flower to lose Redis",
+        )
+        flower.terminate()
+        assert flower.wait(EXIT_GRACE_S + 15) == 0, log_path.read_text()[-2000:]
+    finally:
+        if flower.poll() is None:
+            flower.kill()
+            flower.wait(10)
+        server.stop()
 
 
 # --- Flower as `vancetope up --flower-address` runs it: a real stack, a real client agent ---------
