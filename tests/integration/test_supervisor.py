@@ -220,8 +220,13 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
     data = tmp_path / "data"
     slow = tmp_path / "slow.yaml"
     slow.write_text("id: slow\ntasks:\n  - {id: nap, tool: sleep, args: {seconds: 600}}\n")
-    with running_up(tmp_path, "--no-agent", env={"VANCETOPE_TASK_LOG": "true"}) as up:
-        wait_until(lambda: stack_state(data).get("services"), timeout=90, what="the stack to be up")
+    flower = ("--flower-port", str(free_port()))  # every kind of service: Flower is no Celery worker
+    with running_up(tmp_path, "--no-agent", *flower, env={"VANCETOPE_TASK_LOG": "true"}) as up:
+        wait_until(
+            lambda: {"brain", "server-pool", "flower"} <= set(stack_state(data).get("services", {})),
+            timeout=90,
+            what="the stack to be up, Flower too",
+        )
         run = subprocess.Popen(
             [sys.executable, "-m", "brain", "run", str(slow), "--timeout", "900"],
             cwd=ROOT,
