@@ -1,5 +1,7 @@
 """How trees and tasks look in the terminal (layer: brain, presentation). Pure: records in,
-rich renderables out."""
+rich renderables out. Every value from a record goes in as ``Text``, never as a str: rich
+reads a str as markup, and results, errors and tool names are anyone's text ("see [/x]"
+made `vancetope status` crash; a client could name a tool to restyle the table)."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def task_table(
     tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]
 ) -> Table:
     on = f" (schedule {tree.schedule})" if tree.schedule else ""
-    table = Table(title=f"tree {tree.tree_id}{on} — {tree.status.value}", title_justify="left")
+    table = Table(title=Text(f"tree {tree.tree_id}{on} — {tree.status.value}"), title_justify="left")
     for col in ("task", "tool", "state", "route", "duration", "result / reason"):
         table.add_column(col, overflow="fold")
     for rec in records:
@@ -82,12 +84,12 @@ def task_table(
         else:
             detail = rec.reason
         table.add_row(
-            rec.task_id,
-            rec.tool,
+            Text(rec.task_id),
+            Text(rec.tool),
             Text(state, style=STATE_STYLE.get(state, "")),
-            rec.route,
-            duration(rec),
-            detail,
+            Text(rec.route),
+            Text(duration(rec)),
+            Text(detail),
         )
     return table
 
@@ -113,11 +115,11 @@ def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]])
     for t in trees:
         c = counts.get(t.tree_id, Counter())
         table.add_row(
-            t.tree_id,
-            t.status.value,
-            t.session.value + (f" (schedule {t.schedule})" if t.schedule else ""),
-            ", ".join(f"{n} {s}" for s, n in sorted(c.items())),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at)),
+            Text(t.tree_id),
+            Text(t.status.value),
+            Text(t.session.value + (f" (schedule {t.schedule})" if t.schedule else "")),
+            Text(", ".join(f"{n} {s}" for s, n in sorted(c.items()))),
+            Text(time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.submitted_at))),
         )
     return table
 
@@ -137,12 +139,12 @@ def clients_table(
             tools += f" (changed, held until `vancetope clients approve-tools {cid}`: {', '.join(held)})"
         wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
         table.add_row(
-            cid,
-            enrollment.user,
+            Text(cid),
+            Text(enrollment.user),
             Text("connected", style="green") if session else Text("offline", style="dim"),
-            session.client_type.value if session else "",
-            tools,
-            str(wait) if wait else "",
+            Text(session.client_type.value if session else ""),
+            Text(tools),
+            Text(str(wait) if wait else ""),
         )
     return table
 
@@ -154,7 +156,13 @@ def queues_table(report: QueuesReport) -> Table:
     for col in ("", "name", "queue", "waiting", "taken by"):
         table.add_column(col, overflow="fold")
     for p in report.pools:
-        table.add_row("pool", p.pool, p.queue, str(p.waiting), _consumers(p.nobody_consuming, p.workers))
+        table.add_row(
+            "pool",
+            Text(p.pool),
+            Text(p.queue),
+            Text(str(p.waiting)),
+            _consumers(p.nobody_consuming, p.workers),
+        )
     for c in report.clients:
         waiting = f"{c.waiting}" + (f" (+{c.parked} parked)" if c.parked else "")
         taken = (
@@ -163,11 +171,19 @@ def queues_table(report: QueuesReport) -> Table:
             else []
         )
         table.add_row(
-            f"client ({c.user})", c.client_id, c.queue, waiting, _consumers(c.nobody_consuming, taken)
+            Text(f"client ({c.user})"),
+            Text(c.client_id),
+            Text(c.queue),
+            Text(waiting),
+            _consumers(c.nobody_consuming, taken),
         )
     for u in report.users:
         table.add_row(
-            "user", u.user, "(parked)", str(u.parked), _consumers(u.nobody_consuming, u.connected_clients)
+            "user",
+            Text(u.user),
+            "(parked)",
+            Text(str(u.parked)),
+            _consumers(u.nobody_consuming, u.connected_clients),
         )
     return table
 

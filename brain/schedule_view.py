@@ -81,14 +81,14 @@ def schedules_table(rows: Sequence[Mapping[str, Any]], now: float) -> Table:
             shown_next = Text(f"{_when(nxt)} (overdue: is beat running?)", style="yellow")
         run = row["last_run"]
         table.add_row(
-            row["name"],
-            when,
+            Text(row["name"]),
+            Text(when),
             "yes" if row["enabled"] else Text("no", style="dim"),
             row["overlap"],
             row["catch_up"],
             _when(row["last_fired_at"]),
             shown_next,
-            f"{run['tree_id']} ({run['status']})" if run else "",
+            Text(f"{run['tree_id']} ({run['status']})" if run else ""),
         )
     return table
 

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from client_agent import service_manager
 from client_agent.approvals import ConsentDir
@@ -451,18 +453,21 @@ def _print_tools(config: AgentConfig, policy: Policy, mcp: MCPTools) -> None:
     for column in ("tool", "type", "MCP server", "description"):
         table.add_column(column, overflow="fold")
     for tool in [*policy.announced_native(), *mcp.tools]:
-        table.add_row(tool.name, tool.type.value, tool.mcp_server or "", _first_line(tool.description))
+        # Text, not markup: names and descriptions come from the MCP servers.
+        table.add_row(
+            *map(Text, (tool.name, tool.type.value, tool.mcp_server or "", _first_line(tool.description)))
+        )
     console.print(table)
     if not policy.shell_enabled:
         console.print("shell_execute is not offered: shell_enabled = false")
     for note in mcp.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")
     if mcp.failures:
         failed = Table(title="MCP servers that failed (not announced)")
         for column in ("server", "problem", "stderr tail"):
             failed.add_column(column, overflow="fold")
         for failure in mcp.failures:
-            failed.add_row(failure.server, failure.message, failure.stderr_tail)
+            failed.add_row(*map(Text, (failure.server, failure.message, failure.stderr_tail)))
         console.print(failed)
 
 

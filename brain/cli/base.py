@@ -22,6 +22,7 @@ import click
 import pymongo.errors
 import redis
 from rich.console import Console
+from rich.markup import escape
 
 from brain.config import Settings, load_settings
 from brain.errors import (
@@ -94,7 +95,8 @@ def stack_for(settings: Settings, *, quiet: bool = False, no_agent: bool = False
 
 def fail(message: str, code: int) -> NoReturn:
     # soft_wrap: a one-line reason stays one line (copyable, greppable) whatever the width.
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escape: a reason quotes paths and tool output, and "[/tmp/x]" is rich markup.
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from brain.cli.base import (
     EXIT_BAD_INPUT,
@@ -45,9 +46,9 @@ def clients(ctx: click.Context, as_json: bool) -> None:
         registry = brain.scheduler.registry
         if registry.loaded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(registry.loaded_at))
-            console.print(f"registry: {len(registry.tools)} tools, loaded {when}", highlight=False)
+            console.print(escape(f"registry: {len(registry.tools)} tools, loaded {when}"), highlight=False)
             for line in registry.changes:
-                console.print(f"  last reload: {line}", highlight=False)
+                console.print(f"  last reload: {escape(line)}", highlight=False)
 
 
 @clients.command("enroll")
@@ -75,7 +76,7 @@ def clients_enroll(settings: Settings, client_id: str, user: str, output: Path |
             fail(str(exc), EXIT_BAD_INPUT)
     if output is not None:
         write_private(output, credential.env_line + "\n")
-        err.print(f"wrote the credential to {output} (mode 0600)", highlight=False)
+        err.print(escape(f"wrote the credential to {output} (mode 0600)"), highlight=False)
     err.print(
         f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}. "
         "Give the agent this line (it is the client's password):",
@@ -140,7 +141,9 @@ def users_token(settings: Settings, user: str, revoke: bool) -> None:
         if revoke:
             if not tokens.revoke(store, user):
                 fail(f"user {user!r} has no gateway token", EXIT_BAD_INPUT)
-            err.print(f"revoked the gateway token of {user}; requests with it get 401", highlight=False)
+            err.print(
+                escape(f"revoked the gateway token of {user}; requests with it get 401"), highlight=False
+            )
             return
         token = tokens.issue(store, user)
     finally:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import click
 from cryptography.fernet import Fernet
+from rich.markup import escape
 from rich.table import Table
 
 from brain.cli.base import (
@@ -148,4 +149,4 @@ def secrets_rotate_key(settings: Settings) -> None:
         fail(str(exc), EXIT_BAD_INPUT)
     finally:
         store.close()
-    console.print(f"re-encrypted {count} secret(s) with a new key in {path}; the old key is gone")
+    console.print(escape(f"re-encrypted {count} secret(s) with a new key in {path}; the old key is gone"))

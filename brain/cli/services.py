@@ -10,6 +10,7 @@ import threading
 import time
 
 import click
+from rich.markup import escape
 
 from brain.cli.base import (
     EXIT_BAD_INPUT,
@@ -123,7 +124,7 @@ def up(
             f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
             "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
         )
-        Supervisor(stack, say=lambda line: err.print(f"[yellow]{line}[/]", highlight=False)).run(stop)
+        Supervisor(stack, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False)).run(stop)
     except KeyboardInterrupt:
         pass
     except (StackNotRunning, GaveUp) as exc:
@@ -159,7 +160,7 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
     else:
         login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
-    console.print(f"flower: http://{host}:{port} ({login})", highlight=False, soft_wrap=True)
+    console.print(escape(f"flower: http://{host}:{port} ({login})"), highlight=False, soft_wrap=True)
 
 
 def _start_gateway(stack: EmbeddedStack, port: int) -> None:
@@ -219,7 +220,7 @@ def reload(settings: Settings, timeout: float) -> None:
                 registry = RegistrySnapshot.model_validate(snapshot)
                 console.print(f"registry reloaded: {len(registry.tools)} tools")
                 for line in registry.changes:
-                    console.print(f"  {line}", highlight=False)
+                    console.print(f"  {escape(line)}", highlight=False)
                 return
             time.sleep(0.2)
     fail(

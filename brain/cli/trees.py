@@ -13,7 +13,9 @@ from typing import Any
 import click
 import redis
 from rich.markdown import Markdown
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from brain.cli.base import (
     EXIT_BAD_INPUT,
@@ -194,7 +196,7 @@ def _validate_or_exit(
     except InvalidTaskTree as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     for warning in warnings:
-        err.print(f"[yellow]warning:[/] {warning}{_failed_servers(registry)}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(warning + _failed_servers(registry))}", highlight=False)
 
 
 def _failed_servers(registry: RegistrySnapshot) -> str:
@@ -247,20 +249,22 @@ def explain(settings: Settings, tree_file: Path) -> None:
     tree = _load_tree_or_exit(tree_file, settings)
     registry = _registry_for_explain(settings)
     for failure in registry.mcp_failures:
-        err.print(f"[yellow]warning:[/] {_describe_failure(failure)}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(_describe_failure(failure))}", highlight=False)
     for line in clash_lines(registry.clashes):
-        err.print(f"[yellow]warning:[/] {line}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     _validate_or_exit(tree, registry, tree_file)
     for line in _held_tool_lines(settings, {spec.tool for spec in tree.tasks}):
-        err.print(f"[yellow]warning:[/] {line}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     routes = _autonomous_routes(tree, registry)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
     verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"
-    table = Table(title=f"{tree_file}: {len(tree.tasks)} task(s), {verdict}", title_justify="left")
+    table = Table(title=Text(f"{tree_file}: {len(tree.tasks)} task(s), {verdict}"), title_justify="left")
     for col in ("task", "tool", "target", "route", "why"):
         table.add_column(col, overflow="fold")
     for spec, route in routes:
-        table.add_row(spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason)
+        table.add_row(
+            *map(Text, (spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason))
+        )
     console.print(table)
     console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
     if failing:
@@ -388,13 +392,15 @@ def _show_queues(settings: Settings) -> None:
     try:
         _print_queues(queues_report(settings, url))
     except StackNotRunning as exc:
-        console.print(f"[dim]queues: {exc}[/]", highlight=False)
+        console.print(f"[dim]queues: {escape(str(exc))}[/]", highlight=False)
 
 
 def _print_queues(report: QueuesReport) -> None:
     console.print(queues_table(report))
     for line in report.alarms():
-        console.print(f"[bold red]work waiting, nobody consuming:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[bold red]work waiting, nobody consuming:[/] {escape(line)}", highlight=False, soft_wrap=True
+        )
 
 
 def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:
@@ -433,7 +439,7 @@ def schedules(settings: Settings, as_json: bool) -> None:
         console.print(schedules_table(rows, time.time()))
     else:
         console.print(
-            "no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)"
+            escape("no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)")
         )
 
 

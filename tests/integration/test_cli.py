@@ -172,6 +172,27 @@ def test_a_store_that_fails_exits_3_with_one_line(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
+def test_results_and_errors_that_look_like_rich_markup_are_shown_as_written(tmp_path: Path) -> None:
+    """Seen by a new user: `run` and `status` died with rich's MarkupError on a result "see [/x]"
+    or a sandbox error quoting "[/tmp/...]", and the tree could never be shown again."""
+    markup = tmp_path / "markup.yaml"
+    markup.write_text(
+        "id: markup\n"
+        "tasks:\n"
+        '  - {id: said, tool: echo, args: {value: "see [/x] and [bold]not bold"}}\n'
+        '  - {id: missed, tool: json_transform, args: {data: {"[/k]": 1}, pick: "[/nope]"}}\n'
+    )
+    data = tmp_path / "data"
+    run = vancetope("run", str(markup), data=data)
+    assert "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
+    assert run.returncode == 1, run.stdout + run.stderr  # the tree failed (one task), and says so
+    tree_id = json.loads(vancetope("status", "--json", data=data).stdout)[0]["tree_id"]
+    status = vancetope("status", tree_id, data=data)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "see [/x] and [bold]not bold" in status.stdout
+    assert "no key '[/nope]' (keys: [/k])" in status.stdout
+
+
 def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with open(tmp_path / "up.log", "w") as up_log:
