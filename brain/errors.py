@@ -47,6 +47,10 @@ class StackNotRunning(BrainError):
     """No Vancetope stack (Redis + brain + workers) answers at the configured address."""
 
 
+class StackAlreadyRunning(BrainError):
+    """A stack already runs with this data dir: a second would share its Redis files."""
+
+
 class StoreError(BrainError):
     """The durable store failed or was given something it cannot hold."""
 

@@ -10,6 +10,7 @@ one for the length of the run.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from brain.acl import AclUsers
 from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
-from brain.errors import StackNotRunning
+from brain.errors import StackAlreadyRunning, StackNotRunning
 from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
@@ -38,6 +39,9 @@ from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_presence, key_registry, pool_queue
 
 STACK_FILE = "stack.json"
+# Held (flock) by the process whose stack runs on this data dir, from before its redis-server
+# starts until it stopped; the kernel lets go if that process dies, even by SIGKILL.
+STACK_LOCK = "stack.lock"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
 # Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
@@ -201,6 +205,7 @@ class EmbeddedStack:
     # The MCP gateway's port once start_gateway() ran.
     gateway_port: int | None = None
     started_at: float = 0.0
+    _lock_fd: int | None = field(default=None, repr=False)
 
     @property
     def redis_url(self) -> str:
@@ -211,6 +216,7 @@ class EmbeddedStack:
         data = self.settings.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)  # the store, logs and the admin secret: owner only
+        self._lock_fd = lock_data_dir(self.settings)
         self.redis = RedisServer(data / REDIS_DIR).start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry())  # a stale snapshot is not readiness
@@ -393,7 +399,10 @@ class EmbeddedStack:
         self.services.clear()
         if self.redis is not None:
             self.redis.stop()
-        (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
+        if self._lock_fd is not None:  # only the stack that holds the data dir removes its file
+            (self.settings.data_dir / STACK_FILE).unlink(missing_ok=True)
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> Self:
         return self.start()
@@ -422,6 +431,30 @@ def agent_env(agent_url: str) -> dict[str, str]:
         if not k.startswith("VANCETOPE_") or k.startswith("VANCETOPE_AGENT_")
     }
     return {**env, AGENT_URL_VARIABLE: agent_url, "PATH": _path_with_bin_dir()}
+
+
+def lock_data_dir(settings: Settings) -> int:
+    """Take the data dir for one stack (the lock's file descriptor), or raise
+    StackAlreadyRunning. A second stack would run a second redis-server on the same
+    append-only file, and stopping it removed the first one's stack.json, leaving the CLI
+    unable to find the stack still running (seen by a new user)."""
+    fd = os.open(settings.data_dir / STACK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        try:
+            pid = json.loads((settings.data_dir / STACK_FILE).read_text()).get("pid")
+        except (OSError, ValueError, AttributeError):
+            pid = None  # still starting: stack.json is written once the brain answers
+        by = f"pid {pid}" if pid else "still starting"
+        stop = f"Ctrl-C where it runs, or kill -INT {pid}" if pid else "Ctrl-C where it runs"
+        raise StackAlreadyRunning(
+            f"a stack is already running with data in {settings.data_dir} ({by}): use it "
+            f"(`vancetope run` finds it), stop it first ({stop}), or give this one another "
+            "VANCETOPE_DATA_DIR"
+        ) from None
+    return fd
 
 
 def running_stack_url(settings: Settings) -> str | None:

@@ -24,6 +24,7 @@ from brain.cli.base import (
 )
 from brain.config import Settings
 from brain.errors import (
+    StackAlreadyRunning,
     StackNotRunning,
 )
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
@@ -127,7 +128,7 @@ def up(
         Supervisor(stack, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False)).run(stop)
     except KeyboardInterrupt:
         pass
-    except (StackNotRunning, GaveUp) as exc:
+    except (StackNotRunning, StackAlreadyRunning, GaveUp) as exc:
         fail(str(exc), EXIT_STACK)
     finally:
         stack.stop()

@@ -36,6 +36,7 @@ from brain.errors import (
     InvalidFile,
     InvalidRegistry,
     InvalidTaskTree,
+    StackAlreadyRunning,
     StackNotRunning,
 )
 from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
@@ -135,7 +136,7 @@ def run(
                     status = watch(brain, record.tree_id, timeout, console, err)
             finally:
                 brain.close()
-    except StackNotRunning as exc:
+    except (StackNotRunning, StackAlreadyRunning) as exc:
         fail(str(exc), EXIT_STACK)
     except redis.RedisError as exc:
         # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.

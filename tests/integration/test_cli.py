@@ -212,6 +212,13 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         wait_until(stack_file.exists, timeout=90, what="`vancetope up` to write stack.json")
         admin_secret = (data / "redis" / "admin.secret").read_text().strip()
         assert admin_secret not in stack_file.read_text()
+        # A second `up` on the same data dir is refused, and leaves the first one findable (it
+        # used to start a second redis-server on the same files, and its stop removed stack.json).
+        second = vancetope("up", "--no-agent", "--no-gateway", data=data)
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert f"a stack is already running with data in {data} (pid {up.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert stack_file.exists()
         # The laptop gets a credential of its own, printed as the one line the agent needs.
         enrolled = vancetope("clients", "enroll", "laptop", "--user", "demo", data=data)
         assert enrolled.returncode == 0, enrolled.stderr
