@@ -35,7 +35,13 @@ def enroll(presence: PresenceBook, client_id: str, user: str, address_url: str) 
     ``address_url``: the Redis URL as agents reach it (credentials in it are ignored)."""
     secret = new_secret()
     enrollment = presence.enroll(client_id, user, secret_sha256=secret_sha256(secret))
-    AclUsers(presence.r).provision(enrollment)
+    acl = AclUsers(presence.r)
+    # Redis keeps connections open that were authenticated with the old secret: a running
+    # agent went on taking calls it could no longer answer (its new connections refused), and
+    # they stuck. Deleting the user first closes them; that agent then meets the refusal and
+    # stops with the reason, as a revoked one does.
+    acl.revoke(client_id)
+    acl.provision(enrollment)
     return Credential(enrollment, with_credentials(address_url, client_username(client_id), secret))
 
 

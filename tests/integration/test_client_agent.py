@@ -341,9 +341,11 @@ def test_an_unenrolled_agent_is_told_so_and_exits_instead_of_retrying_forever(
     assert "did not acknowledge" not in agent.output()
 
 
-def test_a_revoked_agent_stops_with_the_reason(
-    workspace: Workspace, brain_on_redis: Any, redis_server: RedisServer, tmp_path: Path
+@pytest.mark.parametrize("how", ["revoked", "re-enrolled"])
+def test_a_revoked_or_re_enrolled_agent_stops_with_the_reason(
+    workspace: Workspace, brain_on_redis: Any, redis_server: RedisServer, tmp_path: Path, how: str
 ) -> None:
+    """Re-enrolled: seen by a new user, the old agent went on taking calls it could not answer."""
     credential = enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
     agent = AgentProcess(workspace.config, credential.broker_url, tmp_path / "agent.log")
     try:
@@ -352,7 +354,10 @@ def test_a_revoked_agent_stops_with_the_reason(
             60,
             "the agent's heartbeat",
         )
-        assert revoke(brain_on_redis.clients, CID)
+        if how == "revoked":
+            assert revoke(brain_on_redis.clients, CID)
+        else:
+            enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
         code = exit_code_within(agent, timeout=60)
     finally:
         agent.stop()
