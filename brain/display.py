@@ -111,7 +111,8 @@ def progress(
 def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]]) -> Table:
     table = Table(title="task trees (newest first)", title_justify="left")
     for col in ("tree", "status", "session", "tasks", "submitted"):
-        table.add_column(col)
+        # fold, not "…": the tree id is what `vancetope status ID` and `cancel` need whole.
+        table.add_column(col, overflow="fold")
     for t in trees:
         c = counts.get(t.tree_id, Counter())
         table.add_row(

@@ -71,7 +71,12 @@ STDERR_LINES_SHOWN = 12
 )
 @click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
 @click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
-@click.option("--timeout", type=float, default=None, help="Stop watching after this many seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Stop watching after this many seconds (0: never; the tree goes on either way).",
+)
 @click.option(
     "--json",
     "as_json",

@@ -82,6 +82,13 @@ def test_an_invalid_tree_is_refused_naming_the_task_and_the_problem(tmp_path: Pa
     assert "task 'c': execution_target: Input should be 'auto', 'server', 'client' or 'any'" in proc.stderr
 
 
+def test_run_with_a_negative_timeout_exits_2_before_anything_starts(tmp_path: Path) -> None:
+    proc = vancetope("run", str(EXAMPLES / "night-batch.yaml"), "--timeout", "-1", data=tmp_path / "data")
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # it used to stop watching at once (exit 4)
+    assert "Invalid value for '--timeout': -1.0 is not in the range x>=0" in proc.stderr
+    assert not (tmp_path / "data" / "stack.json").exists()
+
+
 def test_run_with_an_invalid_client_id_exits_2_before_anything_starts(tmp_path: Path) -> None:
     proc = vancetope(
         "run", str(EXAMPLES / "offline-client.yaml"), "--client", "no/such", data=tmp_path / "data"

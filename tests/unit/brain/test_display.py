@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from brain.display import progress_text, task_table
+from brain.display import progress_text, task_table, trees_table
 from brain.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
 
 
@@ -35,6 +35,27 @@ def test_the_task_table_shows_a_running_task_s_progress() -> None:
     console = Console(width=200, record=True)
     console.print(task_table(record, [rec], {"long": {"run_id": "r1"}}))
     assert "1/4 (25%) step one" in console.export_text()
+
+
+def test_a_result_that_looks_like_markup_is_shown_as_written() -> None:
+    tree = TaskTree.model_validate({"id": "t", "tasks": [{"id": "said", "tool": "echo"}]})
+    record = TreeRecord(tree_id="t-1", tree=tree, submitted_at=0)
+    rec = TaskRecord(
+        tree_id="t-1", task_id="said", tool="echo", state=TaskState.DONE, result="see [/x] [bold]b"
+    )
+    console = Console(width=200, record=True)
+    console.print(task_table(record, [rec], {}))  # rich.errors.MarkupError before
+    assert "see [/x] [bold]b" in console.export_text()
+
+
+def test_the_tree_list_never_cuts_a_tree_id_on_a_narrow_terminal() -> None:
+    tree = TaskTree.model_validate({"id": "t", "tasks": [{"id": "a", "tool": "x"}]})
+    tree_id = "an-unusually-long-tree-name-20261201-113649-4f2a9c"
+    console = Console(width=80, record=True)
+    console.print(trees_table([TreeRecord(tree_id=tree_id, tree=tree, submitted_at=0)], {}))
+    text = console.export_text()
+    assert "…" not in text
+    assert tree_id in "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2)
 
 
 @pytest.mark.parametrize(
