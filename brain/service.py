@@ -136,7 +136,7 @@ def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
         if "CERTIFICATE_VERIFY_FAILED" in str(exc)
         else "; is the stack running (`vancetope up`), or is VANCETOPE_REDIS_URL right?"
     )
-    return StackNotRunning(f"cannot reach Redis at {where}: {exc}{hint}")
+    return StackNotRunning(f"cannot reach Redis at {where}: {str(exc).rstrip('.')}{hint}")
 
 
 def start_brain(settings: Settings, redis_url: str) -> Brain:

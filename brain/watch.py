@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.text import Text
 
 from brain.display import progress, task_table
+from brain.errors import StackNotRunning
 from brain.models import TaskRecord, TreeRecord, TreeStatus
 from brain.service import Brain, unreachable
 from workers.contracts import channel_tree_events
@@ -117,7 +118,8 @@ def watch(
                 running = link.running(records)
                 view: RenderableType = progress(tree_rec, records, running)
                 if link.down_since is not None:
-                    view = Group(view, Text(REDIS_DOWN, style="dim"))
+                    # Above the table: below it, a tree taller than the terminal cut it off.
+                    view = Group(Text(REDIS_DOWN, style="dim"), view)
                 live.update(view)
                 if tree_rec.status is not TreeStatus.RUNNING:
                     break
@@ -129,6 +131,11 @@ def watch(
                 link.wait()
     except KeyboardInterrupt:
         err.print(f"[yellow]stopped watching; the tree goes on: `vancetope status {tree_id}`[/]")
+    except StackNotRunning as exc:
+        # Given up on Redis: say which tree, and that it is not lost.
+        raise StackNotRunning(
+            f"{exc} The tree {tree_id} goes on once the stack is back: `vancetope status {tree_id}`"
+        ) from exc
     finally:
         link.close()
     tree_rec, records = _read(brain, tree_id)

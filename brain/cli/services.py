@@ -24,10 +24,12 @@ from brain.cli.base import (
 )
 from brain.config import Settings
 from brain.errors import (
+    BrainError,
     StackAlreadyRunning,
     StackNotRunning,
 )
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
+from brain.models import TreeStatus
 from brain.pools import unknown_pool
 from brain.redis_server import submitter_url
 from brain.registry import RegistrySnapshot
@@ -42,6 +44,7 @@ from brain.stack import (
     stack_env,
     without_agent,
 )
+from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
 from workers.contracts import DEFAULT_POOL
 
@@ -120,18 +123,45 @@ def up(
         if not no_gateway:
             _start_gateway(stack, gateway_port or settings.gateway_port)
         assert stack.redis is not None
+        # soft_wrap: whole lines in a log file, whatever the terminal's width (grep finds them).
         console.print(
-            f"[green]stack up[/]: redis {stack.redis.address_url}, data in {settings.data_dir}, "
-            f"logs in {settings.data_dir / 'logs'}. Ctrl-C to stop.\n"
-            "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL."
+            f"[green]stack up[/]: redis {escape(stack.redis.address_url)}, data in {escape(str(settings.data_dir))}, "
+            f"logs in {escape(str(settings.data_dir / 'logs'))}. Ctrl-C to stop.\n"
+            "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL.",
+            soft_wrap=True,
         )
-        Supervisor(stack, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False)).run(stop)
+        Supervisor(
+            stack, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
+        ).run(stop)
     except KeyboardInterrupt:
         pass
     except (StackNotRunning, StackAlreadyRunning, GaveUp) as exc:
         fail(str(exc), EXIT_STACK)
     finally:
+        if stack.started_at:
+            err.print("stopping the stack…", highlight=False)
         stack.stop()
+        if stack.started_at:
+            err.print(_unfinished_note(settings), highlight=False, soft_wrap=True)
+
+
+def _unfinished_note(settings: Settings) -> str:
+    """What the operator should know once the stack stopped: the trees it leaves unfinished."""
+    try:
+        store = open_store(settings.store)
+        try:
+            running = [t.tree_id for t in store.list_trees(limit=200) if t.status is TreeStatus.RUNNING]
+        finally:
+            store.close()
+    except BrainError:
+        return "stack stopped."
+    if not running:
+        return "stack stopped; no tree was left unfinished."
+    shown = ", ".join(running[:5]) + (f" and {len(running) - 5} more" if len(running) > 5 else "")
+    return (
+        f"stack stopped; {len(running)} tree(s) unfinished: {shown}. They go on at the next "
+        "`vancetope up` (`vancetope status` follows them)."
+    )
 
 
 def _flower_access(settings: Settings, address: str) -> FlowerAccess:

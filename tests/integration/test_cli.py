@@ -298,4 +298,8 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
     up_output = (tmp_path / "up.log").read_text()
     assert "stack up" in up_output and admin_secret not in up_output
+    # Ctrl-C: it says it stops, and what it leaves unfinished (the offline-client tree finished,
+    # the cancelled one ended): nothing.
+    assert "stopping the stack…" in up_output
+    assert "stack stopped; no tree was left unfinished." in up_output
     assert not (data / "stack.json").exists()
