@@ -4,12 +4,13 @@
 when the stack's process dies (SIGKILL, OOM), and Celery turns that SIGTERM into a warm
 shutdown. A warm shutdown waits for the tasks under way, and its flag is only read by the
 consumer's loop: a worker still starting when Redis went down with the stack retries its
-``worker-online`` event without end and never reads it (seen in CI: the pool ran on for
-hours, "could not renew pool presence ... Connection refused" every 5 s). When ``vancetope
-up`` stops the stack it sends SIGKILL after its timeout, as systemd would; when the stack
-itself is gone nobody is left to. So a worker the stack started, whose stack is gone,
-gets ``ORPHAN_GRACE_S`` for its warm shutdown and is then killed with its process group
-(its pool's children). A task cut off this way is delivered again (late ack).
+``worker-online`` event without end and never reads it (seen in CI: the pool was still
+running minutes later, logging "could not renew pool presence ... Connection refused" every
+5 s). When ``vancetope up`` stops the stack it sends SIGKILL after its timeout, as systemd
+would; when the stack itself is gone nobody is left to. So a worker the stack started,
+whose stack is gone, gets ``ORPHAN_GRACE_S`` for its warm shutdown and is then killed with
+its process group (its pool's children). A task cut off this way is delivered again (late
+ack).
 """
 
 from __future__ import annotations
