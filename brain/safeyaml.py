@@ -1,6 +1,7 @@
 """Bounded YAML (layer: brain, pure).
 
-One job: parse YAML text without letting aliases expand it beyond a bound. A
+One job: parse YAML text without letting aliases expand it beyond a bound, and without
+dropping a key written twice. A
 "billion laughs" document is a few hundred bytes whose anchors and aliases expand
 to 10^9 nodes: PyYAML builds it as a small shared graph, and whatever walks the
 result afterwards (validation, JSON) hangs for good. ``load`` composes the node
@@ -33,6 +34,24 @@ class _BoundedLoader(yaml.SafeLoader):
         if node is not None:
             check_expansion(node, self.max_expansion)
         return node
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # PyYAML keeps the last of two equal keys: `id: x` then `id: y` read as y, silently.
+        seen: dict[tuple[str, str], yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # keys merged in with << may be overridden: that is what << is for
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"the key {key_node.value!r} appears twice (first at line "
+                    f"{seen[key].start_mark.line + 1}); only one of them can be meant",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep)
 
 
 def load(text: str, max_expansion: int = MAX_ALIAS_EXPANSION) -> Any:

@@ -100,3 +100,25 @@ def test_the_size_limit_is_checked_before_decoding_so_a_cut_character_does_not_m
     path.write_text("id: t\ngoal: " + "é" * 100 + "\ntasks: []\n", encoding="utf-8")
     with pytest.raises(InvalidFile, match="larger than the limit of 20 bytes"):
         load_tree(path, max_bytes=20)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "first"),
+    [
+        ("id: x\ntasks:\n  - {id: a, tool: echo}\nid: y\n", 4, "id", 1),  # the later one won, silently
+        ("id: t\ntasks:\n  - id: a\n    tool: echo\n    tool: sleep\n", 5, "tool", 4),
+    ],
+)
+def test_a_key_written_twice_is_refused_naming_both_lines(
+    tmp_path: Path, text: str, line: int, key: str, first: int
+) -> None:
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(InvalidFile) as raised:
+        load_tree(path)
+    assert f"line {line}, column" in str(raised.value)
+    assert f"the key {key!r} appears twice (first at line {first})" in str(raised.value)
+
+
+def test_keys_merged_in_with_an_alias_may_still_be_overridden() -> None:
+    assert safeyaml.load("base: &b {k: 1, j: 2}\nmine:\n  <<: *b\n  k: 3\n")["mine"] == {"k": 3, "j": 2}
