@@ -253,7 +253,10 @@ def explain(settings: Settings, tree_file: Path) -> None:
     stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
     """
     tree = _load_tree_or_exit(tree_file, settings)
-    registry = _registry_for_explain(settings)
+    given = click.get_current_context().find_root().params
+    registry = _registry_for_explain(
+        settings, from_files=bool(given.get("registry") or given.get("mcp_config"))
+    )
     for failure in registry.mcp_failures:
         err.print(f"[yellow]warning:[/] {escape(_describe_failure(failure))}", highlight=False)
     for line in clash_lines(registry.clashes):
@@ -293,8 +296,10 @@ def _describe_failure(failure: MCPServerFailure) -> str:
     return text
 
 
-def _registry_for_explain(settings: Settings) -> RegistrySnapshot:
-    url = settings.redis_url or running_stack_url(settings)
+def _registry_for_explain(settings: Settings, from_files: bool = False) -> RegistrySnapshot:
+    """The running brain's registry (what a run would meet), unless ``from_files``: files named
+    on the command line (--registry, --mcp-config) were ignored while a stack ran, silently."""
+    url = None if from_files else settings.redis_url or running_stack_url(settings)
     if url:
         with contextlib.suppress(StackNotRunning):
             brain = Brain.connect(settings, url)

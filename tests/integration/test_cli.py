@@ -226,6 +226,15 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         assert f"a stack is already running with data in {data} (pid {up.pid})" in second.stderr
         assert "Traceback" not in second.stderr
         assert stack_file.exists()
+        # explain reads a --registry named on the command line even while a stack runs (it used
+        # the running brain's and said "valid" for a registry file that does not parse).
+        broken = tmp_path / "broken-registry.yaml"
+        broken.write_text("tools: [unclosed\n")
+        explained = vancetope(
+            "--registry", str(broken), "explain", str(EXAMPLES / "night-batch.yaml"), data=data
+        )
+        assert explained.returncode == 2, explained.stdout + explained.stderr
+        assert f"{broken}: YAML syntax error at line" in explained.stderr
         # The laptop gets a credential of its own, printed as the one line the agent needs.
         enrolled = vancetope("clients", "enroll", "laptop", "--user", "demo", data=data)
         assert enrolled.returncode == 0, enrolled.stderr
