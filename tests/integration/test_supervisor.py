@@ -60,6 +60,32 @@ def running_up(
             up.wait(60)
 
 
+def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
+    """Until the newest tree's ``task_id`` is queued with a run id the server pool's log names
+    (the stack runs with task_log on): the pool has taken it."""
+    from brain.store import open_store
+    from tests.conftest import make_settings
+
+    data = tmp_path / "data"
+    store = open_store(make_settings(tmp_path, data_dir=data).store)
+    try:
+
+        def taken() -> bool:
+            trees = store.list_trees(limit=1)
+            task = store.get_task(trees[0].tree_id, task_id) if trees else None
+            pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
+            return (
+                task is not None
+                and task.state.is_queued
+                and task.run_id is not None
+                and task.run_id in pool_log
+            )
+
+        wait_until(taken, timeout=60, what=what)
+    finally:
+        store.close()
+
+
 def up_log(tmp_path: Path) -> str:
     return " ".join((tmp_path / "up.log").read_text().split())
 
@@ -95,8 +121,6 @@ def test_up_restarts_every_service_killed_with_sigkill_and_a_tree_still_runs(tmp
 
 
 def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_path: Path) -> None:
-    from brain.store import open_store
-    from tests.conftest import make_settings
 
     data = tmp_path / "data"
     tree = tmp_path / "slow.yaml"
@@ -117,20 +141,7 @@ def test_a_run_under_way_finishes_when_up_restarts_a_killed_redis_server(tmp_pat
             text=True,
         )
         try:
-            store = open_store(make_settings(tmp_path, data_dir=data).store)
-            try:
-
-                def napping() -> bool:
-                    """The pool has taken the first task (its run id is in the pool's log)."""
-                    trees = store.list_trees(limit=1)
-                    tasks = store.get_tasks(trees[0].tree_id) if trees else []
-                    nap = next((t for t in tasks if t.task_id == "nap" and t.state.is_queued), None)
-                    pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
-                    return nap is not None and nap.run_id is not None and nap.run_id in pool_log
-
-                wait_until(napping, timeout=60, what="the server pool to take the first task")
-            finally:
-                store.close()
+            wait_for_the_pool_to_take(tmp_path, "nap", "the server pool to take the first task")
             os.kill(redis_pid, signal.SIGKILL)
             out, err = run.communicate(timeout=150)
         finally:
@@ -214,8 +225,6 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
     """The kernel's SIGTERM starts each worker's warm shutdown, which would wait for the pool's
     ten-minute call (or, seen in CI, retry a Redis that died with the stack for ever): a worker
     whose stack is gone is killed after its grace (workers.orphans)."""
-    from brain.store import open_store
-    from tests.conftest import make_settings
 
     data = tmp_path / "data"
     slow = tmp_path / "slow.yaml"
@@ -235,18 +244,7 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
             stderr=subprocess.DEVNULL,
         )
         try:
-            store = open_store(make_settings(tmp_path, data_dir=data).store)
-            try:
-
-                def napping() -> bool:
-                    trees = store.list_trees(limit=1)
-                    nap = store.get_task(trees[0].tree_id, "nap") if trees else None
-                    pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
-                    return nap is not None and nap.run_id is not None and nap.run_id in pool_log
-
-                wait_until(napping, timeout=60, what="the server pool to take the ten-minute task")
-            finally:
-                store.close()
+            wait_for_the_pool_to_take(tmp_path, "nap", "the server pool to take the ten-minute task")
             state = stack_state(data)
             children = {"redis-server": state["redis_pid"], **state["services"]}
             assert all(running_program(pid) for pid in children.values())
