@@ -124,11 +124,13 @@ def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path
             run = vancetope("run", str(tree), "--timeout", "60", data=data)
             assert run.returncode == 0, run.stdout + run.stderr
             assert up.poll() is None
+            # Nothing stopped it before the Ctrl-C below (its own "stopping the stack…" line).
+            assert "stopping" not in (tmp_path / "up.log").read_text().lower()
         finally:
             if up.poll() is None:
                 os.killpg(up.pid, signal.SIGINT)
                 up.wait(60)
-    assert "stopping" not in (tmp_path / "up.log").read_text()
+    assert "stopping the stack…" in (tmp_path / "up.log").read_text()
 
 
 def test_one_unusable_mcp_server_entry_does_not_take_the_others_tools_away(tmp_path: Path) -> None:
