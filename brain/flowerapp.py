@@ -8,6 +8,11 @@ Here ``/api/workers`` also lists each worker the dashboard shows that did not an
 ``inspect``, with the fields the dashboard has for it and ``"source": "events"``. Workers
 that answered ``inspect`` are listed exactly as Flower lists them.
 
+Two more for who may read it (``brain.flowerauth`` always gives Flower a password): Flower
+serves ``/metrics`` to anyone, password or not, so here it asks for the password like every
+page; and a Flower on loopback answers only requests whose Host header names loopback, so a
+web page that rebinds its own DNS name to 127.0.0.1 gets 421, not the dashboard.
+
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
 change is skipped with an error in Flower's log and Flower runs as released;
@@ -33,13 +38,17 @@ from typing import Any
 from flower import command as flower_command
 from flower import urls
 from flower.api import workers as flower_workers
-from tornado import web
+from flower.app import Flower
+from flower.views import monitor as flower_monitor
+from tornado import httputil, web
 
+from brain.flowerauth import host_allowed
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
 
 WORKERS_API = r"/api/workers"
+METRICS = r"/metrics"
 # Flower has no work to finish on its way out (it keeps no state on disk here).
 EXIT_GRACE_S = 5.0
 _flower_sigterm = flower_command.sigterm_handler
@@ -86,20 +95,61 @@ class ListWorkers(flower_workers.ListWorkers):
         super().write(chunk)
 
 
-def install() -> bool:
-    """Serve ``/api/workers`` with ``ListWorkers``; False (and logged) if Flower's table changed."""
+class Metrics(flower_monitor.Metrics):
+    """Flower's Prometheus page, behind the password like the rest of Flower (it names every
+    worker and client agent, and counts their tasks)."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        await super().get()
+
+
+class WrongHost(web.RequestHandler):
+    """The answer to a request whose Host header is not Flower's own address."""
+
+    def prepare(self) -> None:
+        raise web.HTTPError(421, "this Flower answers only to its own address, not %s", self.request.host)
+
+
+def _find_handler(self: Flower, request: httputil.HTTPServerRequest, **kwargs: Any) -> Any:
+    if not host_allowed(request.host, self.options.address or "0.0.0.0"):
+        return self.get_handler_delegate(request, WrongHost)
+    return _flower_find_handler(self, request, **kwargs)
+
+
+_flower_find_handler = Flower.find_handler
+
+
+def _replace(path: str, released: type, ours: type) -> bool:
     for i, handler in enumerate(urls.handlers):
-        if isinstance(handler, tuple) and handler[0] == WORKERS_API:
-            if handler[1] not in (flower_workers.ListWorkers, ListWorkers):
+        if isinstance(handler, tuple) and handler[0] == path:
+            if handler[1] not in (released, ours):
                 break
-            urls.handlers[i] = (WORKERS_API, ListWorkers)
+            urls.handlers[i] = (path, ours)
             return True
-    log.error(
-        "this Flower release serves %s differently; client agents are missing from it "
-        "(the dashboard still shows them). Install the Flower version pyproject.toml names.",
-        WORKERS_API,
-    )
     return False
+
+
+def install() -> bool:
+    """Serve ``/api/workers`` with ``ListWorkers``, ``/metrics`` behind the password, and check
+    the Host header; False (and logged) if Flower's table changed."""
+    Flower.find_handler = _find_handler  # type: ignore[method-assign]
+    installed = True
+    if not _replace(WORKERS_API, flower_workers.ListWorkers, ListWorkers):
+        installed = False
+        log.error(
+            "this Flower release serves %s differently; client agents are missing from it "
+            "(the dashboard still shows them). Install the Flower version pyproject.toml names.",
+            WORKERS_API,
+        )
+    if not _replace(METRICS, flower_monitor.Metrics, Metrics):
+        installed = False
+        log.error(
+            "this Flower release serves %s differently and it may answer without the password. "
+            "Install the Flower version pyproject.toml names.",
+            METRICS,
+        )
+    return installed
 
 
 def exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -121,4 +171,4 @@ def install_exit() -> None:
 install()
 install_exit()
 
-__all__ = ["EXIT_GRACE_S", "ListWorkers", "app", "exit_on_sigterm", "install", "install_exit"]
+__all__ = ["EXIT_GRACE_S", "ListWorkers", "Metrics", "app", "exit_on_sigterm", "install", "install_exit"]

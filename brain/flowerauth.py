@@ -1,17 +1,22 @@
 """Who may open Flower (layer: brain; a pure decision, then the secret file).
 
-Flower shows every task and can send tasks and shut workers down, so it asks for a
-password whenever it listens beyond loopback: the operator's ``FLOWER_BASIC_AUTH``
-(``user:password``, Flower's own variable) if set, else user ``vancetope`` with a random
-password made on first use and kept in ``<data_dir>/flower.secret`` (mode 0600, like the
-Redis admin secret). The password goes to Flower in its environment, never on its command
-line (``ps`` shows that) nor in a log.
+Flower shows every task and can send tasks and shut workers down, so it always asks for a
+password, on loopback too: the operator's ``FLOWER_BASIC_AUTH`` (``user:password``,
+Flower's own variable) if set, else user ``vancetope`` with a random password made on first
+use and kept in ``<data_dir>/flower.secret`` (mode 0600, like the Redis admin secret). The
+password goes to Flower in its environment, never on its command line (``ps`` shows that)
+nor in a log.
+
+Loopback is no boundary: every local user of the machine reaches 127.0.0.1, and a web page
+the operator visits reaches it too through DNS rebinding (a name of the attacker's that
+resolves to 127.0.0.1, so the browser treats Flower as that page's own origin). Without a
+password, Flower served such a page the task list (``/tasks/datatable``) and ``/metrics``;
+``brain.flowerapp`` also refuses a Host header that is not Flower's own address.
 
 Flower's ``FLOWER_UNAUTHENTICATED_API`` is never set: it opens the API to any caller
 without a password and, with no password configured, Flower then also sends
 ``Access-Control-Allow-Origin: *`` and skips its XSRF check, so any web page the operator
-visits could read tasks or send one. Without a password (loopback only) the dashboard
-works and the API answers 401.
+visits could read tasks or send one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from brain.errors import ConfigError
 from brain.redis_server import read_or_create_secret
@@ -32,7 +38,7 @@ UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"
 
 
 class FlowerUnprotected(ConfigError):
-    """Flower would listen beyond loopback without a password."""
+    """Flower would listen without a password."""
 
     def __init__(self, address: str, problem: str) -> None:
         self.address = address
@@ -58,10 +64,10 @@ class FlowerAccess:
         return not is_loopback(self.address)
 
     def env(self) -> dict[str, str]:
-        """Flower's environment entries for this access; refuses an unprotected wide one."""
-        if self.beyond_loopback and not self.basic_auth:
+        """Flower's environment entries for this access; refuses one without a password."""
+        if not self.basic_auth:
             raise FlowerUnprotected(self.address, "no password is set")
-        return {BASIC_AUTH_VARIABLE: self.basic_auth} if self.basic_auth else {}
+        return {BASIC_AUTH_VARIABLE: self.basic_auth}
 
 
 def is_loopback(address: str) -> bool:
@@ -74,6 +80,18 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def host_allowed(host_header: str, listen_address: str) -> bool:
+    """Whether Flower listening on ``listen_address`` answers a request with this Host header.
+
+    On loopback only loopback names (and the listening address itself) are accepted: any other
+    name reaching 127.0.0.1 is a DNS rebinding. Beyond loopback operators reach Flower by names
+    of their own, and the password guards it."""
+    if not is_loopback(listen_address):
+        return True
+    host = urlsplit(f"//{host_header}").hostname if host_header else None
+    return host is not None and (is_loopback(host) or host == listen_address.lower())
+
+
 def users_of(basic_auth: str) -> tuple[str, ...]:
     """The user names in Flower's ``user:password[,user:password...]``; ValueError for a
     malformed value, which Flower would accept and then never match."""
@@ -84,16 +102,14 @@ def users_of(basic_auth: str) -> tuple[str, ...]:
 
 
 def decide_access(address: str, env: Mapping[str, str], secret_file: Path) -> FlowerAccess:
-    """The operator's credentials if set (on any address), else a generated password beyond
-    loopback, else none. Creates ``secret_file`` (0600) the first time it is needed."""
+    """The operator's credentials if set, else a generated password, on any address.
+    Creates ``secret_file`` (0600) the first time it is needed."""
     given = env.get(BASIC_AUTH_VARIABLE)
     if given is not None:
         try:
             return FlowerAccess(address, given, users_of(given))
         except ValueError as exc:
             raise FlowerUnprotected(address, str(exc)) from None
-    if is_loopback(address):
-        return FlowerAccess(address)
     password = read_or_create_secret(secret_file)
     return FlowerAccess(address, f"{FLOWER_USER}:{password}", (FLOWER_USER,), secret_file)
 

@@ -31,7 +31,7 @@ from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackAlreadyRunning, StackNotRunning
-from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess
+from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
@@ -262,9 +262,9 @@ class EmbeddedStack:
         )
 
     def start_flower(self, port: int, access: FlowerAccess | None = None) -> Service:
-        """Flower on ``access`` (default: loopback, no password). Raises ``FlowerUnprotected``
-        rather than listen beyond loopback without a password."""
-        access = access or FlowerAccess("127.0.0.1")
+        """Flower on ``access`` (default: loopback, with the generated password). Raises
+        ``FlowerUnprotected`` rather than listen without a password."""
+        access = access or flower_access("127.0.0.1", self.settings.data_dir, {})
         access.env()  # refuse now, not in the supervisor's restart loop
         self.flower_access = access
         self.flower_port = port

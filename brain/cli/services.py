@@ -78,8 +78,8 @@ def beat(settings: Settings) -> None:
 @click.option(
     "--flower-address",
     metavar="ADDRESS",
-    help="Start Flower on this address (implies --flower; default 127.0.0.1). Beyond loopback "
-    "(e.g. 0.0.0.0) Flower asks for a password: FLOWER_BASIC_AUTH=user:password if set, else user "
+    help="Start Flower on this address (implies --flower; default 127.0.0.1). On every address "
+    "Flower asks for a password: FLOWER_BASIC_AUTH=user:password if set, else user "
     "'vancetope' and a password generated into <data_dir>/flower.secret.",
 )
 @click.option("--no-agent", is_flag=True, help="Do not start the local client agent.")
@@ -165,7 +165,7 @@ def _unfinished_note(settings: Settings) -> str:
 
 
 def _flower_access(settings: Settings, address: str) -> FlowerAccess:
-    """Decided before anything starts: Flower beyond loopback without a password is bad input."""
+    """Decided before anything starts: malformed FLOWER_BASIC_AUTH is bad input."""
     try:
         access = flower_access(address, settings.data_dir, os.environ)
         access.env()
@@ -185,11 +185,8 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
         )
         return
     stack.start_flower(port, access)
-    if access.basic_auth:
-        # The user and where the password is, never the password (this line may be logged).
-        login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
-    else:
-        login = "no password on loopback; its API needs one: FLOWER_BASIC_AUTH=user:password"
+    # The user and where the password is, never the password (this line may be logged).
+    login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
     console.print(escape(f"flower: http://{host}:{port} ({login})"), highlight=False, soft_wrap=True)
 

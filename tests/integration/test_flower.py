@@ -160,10 +160,11 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
 PLANTED = "planted-3c1f9e-value"  # an argument value that must never reach Flower
 
 
-def fetch(url: str, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
-    """(status, body) of a GET, with HTTP basic auth when ``auth`` is given; status 0 when
+def fetch(url: str, auth: tuple[str, str] | None = None, host: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET, with HTTP basic auth when ``auth`` is given and ``host`` in the
+    Host header when given (as a browser sends a name rebound to 127.0.0.1); status 0 when
     nothing answers."""
-    request = urllib.request.Request(url)
+    request = urllib.request.Request(url, headers={"Host": host} if host else {})
     if auth is not None:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")

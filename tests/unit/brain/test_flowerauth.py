@@ -1,4 +1,5 @@
-"""Who may open Flower: a password whenever it listens beyond loopback, never in the clear."""
+"""Who may open Flower: always a password, on loopback too, never in the clear; on loopback only
+its own address in the Host header."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from brain.flowerauth import (
     FlowerAccess,
     FlowerUnprotected,
     decide_access,
+    host_allowed,
     is_loopback,
 )
 
@@ -34,20 +36,21 @@ def test_only_loopback_addresses_count_as_loopback(address: str, loopback: bool)
     assert is_loopback(address) is loopback
 
 
-def test_beyond_loopback_a_password_is_generated_once_into_a_private_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("address", ["0.0.0.0", "127.0.0.1"])
+def test_a_password_is_generated_once_into_a_private_file_on_every_address(
+    tmp_path: Path, address: str
+) -> None:
     secret = tmp_path / "flower.secret"
-    first = decide_access("0.0.0.0", {}, secret)
+    first = decide_access(address, {}, secret)
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert first.users == (FLOWER_USER,) and first.secret_file == secret
     assert first.env() == {BASIC_AUTH_VARIABLE: f"{FLOWER_USER}:{secret.read_text().strip()}"}
-    assert decide_access("0.0.0.0", {}, secret).basic_auth == first.basic_auth  # kept across starts
+    assert decide_access(address, {}, secret).basic_auth == first.basic_auth  # kept across starts
     assert first.basic_auth is not None and first.basic_auth not in repr(first)
 
 
-def test_on_loopback_no_password_is_asked_unless_the_operator_sets_one(tmp_path: Path) -> None:
+def test_on_loopback_the_operators_password_is_used_and_none_generated(tmp_path: Path) -> None:
     secret = tmp_path / "flower.secret"
-    assert decide_access("127.0.0.1", {}, secret).env() == {}
-    assert not secret.exists()
     given = decide_access("127.0.0.1", {BASIC_AUTH_VARIABLE: "ops:pw,ann:pw2"}, secret)
     assert given.users == ("ops", "ann") and given.secret_file is None
     assert given.env() == {BASIC_AUTH_VARIABLE: "ops:pw,ann:pw2"}
@@ -65,6 +68,29 @@ def test_malformed_credentials_are_refused_naming_the_variable(tmp_path: Path, g
         decide_access("0.0.0.0", {BASIC_AUTH_VARIABLE: given}, tmp_path / "flower.secret")
 
 
-def test_flower_beyond_loopback_without_a_password_is_refused() -> None:
-    with pytest.raises(FlowerUnprotected, match="flower not started on 0.0.0.0: no password is set"):
-        FlowerAccess("0.0.0.0").env()
+@pytest.mark.parametrize("address", ["0.0.0.0", "127.0.0.1"])
+def test_flower_without_a_password_is_refused_on_every_address(address: str) -> None:
+    with pytest.raises(FlowerUnprotected, match=f"flower not started on {address}: no password is set"):
+        FlowerAccess(address).env()
+
+
+# (Host header, Flower's address, answered). On loopback any other name is a DNS rebinding:
+# a page of the attacker's whose name now resolves to 127.0.0.1.
+@pytest.mark.parametrize(
+    ("host", "address", "answered"),
+    [
+        ("127.0.0.1:5555", "127.0.0.1", True),
+        ("localhost:5555", "127.0.0.1", True),
+        ("LOCALHOST", "127.0.0.1", True),
+        ("[::1]:5555", "::1", True),
+        ("127.0.0.2:5555", "127.0.0.2", True),
+        ("evil.example:5555", "127.0.0.1", False),
+        ("127.0.0.1.nip.io:5555", "127.0.0.1", False),
+        ("127.0.0.1:5555@evil.example", "127.0.0.1", False),
+        ("evil.example#@127.0.0.1", "127.0.0.1", False),
+        ("", "127.0.0.1", False),
+        ("flower.example.org", "0.0.0.0", True),  # beyond loopback the password guards it
+    ],
+)
+def test_on_loopback_only_a_loopback_host_header_is_answered(host: str, address: str, answered: bool) -> None:
+    assert host_allowed(host, address) is answered
