@@ -57,15 +57,17 @@ def clients(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--output",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Also write the credential to this file (mode 0600), for agent.toml's credential_file.",
+    help="Write the credential to this file (mode 0600), for agent.toml's credential_file, "
+    "instead of printing it.",
 )
 @click.pass_obj
 def clients_enroll(settings: Settings, client_id: str, user: str, output: Path | None) -> None:
     """Allow CLIENT_ID (a client agent of USER) to connect, with a credential of its own.
 
     Prints one line, VANCETOPE_AGENT_BROKER_URL=<url>: the agent's own Redis user and
-    secret, which reach only that client's keys. The secret is shown once and stored
-    nowhere else; enrolling again issues a new one and the old one stops working.
+    secret, which reach only that client's keys (with --output, writes it to that file
+    instead and prints no secret). The secret is shown once and stored nowhere else;
+    enrolling again issues a new one and the old one stops working.
     """
     with running_brain(settings) as brain:
         try:
@@ -75,8 +77,18 @@ def clients_enroll(settings: Settings, client_id: str, user: str, output: Path |
         except ValueError as exc:
             fail(str(exc), EXIT_BAD_INPUT)
     if output is not None:
+        # The file is the one copy: a terminal's scrollback, a CI log or `script` would keep
+        # another if the line were printed as well.
         write_private(output, credential.env_line + "\n")
-        err.print(escape(f"wrote the credential to {output} (mode 0600)"), highlight=False)
+        err.print(
+            escape(
+                f"enrolled client {client_id} for user {user}; its queue is client.{client_id}. Its credential "
+                f"is in {output} (mode 0600, printed nowhere): copy it beside the agent's agent.toml and set "
+                f"credential_file = {output.name!r} there."
+            ),
+            highlight=False,
+        )
+        return
     err.print(
         f"enrolled client [bold]{client_id}[/] for user [bold]{user}[/]; its queue is client.{client_id}. "
         "Give the agent this line (it is the client's password):",

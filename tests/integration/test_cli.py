@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -244,6 +245,18 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         )
         url = line.split("=", 1)[1]
         assert admin_secret not in url
+        # With --output the file is the one copy: nothing secret on the terminal.
+        desk_file = tmp_path / "desk.credential"
+        desk = vancetope("clients", "enroll", "desk", "--user", "demo", "--output", str(desk_file), data=data)
+        assert desk.returncode == 0, desk.stderr
+        desk_line = desk_file.read_text().strip()
+        assert stat.S_IMODE(desk_file.stat().st_mode) == 0o600
+        desk_secret = re.fullmatch(r"VANCETOPE_AGENT_BROKER_URL=redis://vtc-desk:(\S+)@\S+", desk_line).group(
+            1
+        )
+        assert desk.stdout == "" and desk_secret not in desk.stderr, desk.stdout + desk.stderr
+        assert "credential_file = 'desk.credential'" in desk.stderr
+        assert vancetope("clients", "revoke", "desk", data=data).returncode == 0
         # The laptop is offline: its work parks, the server part finishes.
         run = vancetope(
             "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "10", data=data
