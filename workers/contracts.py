@@ -412,7 +412,7 @@ ClientMessage = Annotated[
     ClientConnected | ClientDisconnected | ClientToolResult | ClientToolProgress | ClientToolAwaiting,
     Field(discriminator="type"),
 ]
-CLIENT_MESSAGE = TypeAdapter(ClientMessage)
+CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
 
 
 class AnnouncementAck(BaseModel):
