@@ -7,8 +7,11 @@ such an object fails as a whole; one entry that cannot be used (``"disabled": tr
 a transport we do not speak such as ``sse``, a missing command) is skipped with its
 reason in ``MCPConfig.skipped``, so the other servers' tools are still offered. ``${VAR}`` in
 ``env`` and ``headers`` values is expanded from the process environment at load
-time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env``, ``headers`` and
-``args``) is left as it is and resolved only when the server starts (``workers.secret_refs``).
+time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env`` and ``headers``) is left
+as it is and resolved only when the server starts (``workers.secret_refs``). A ``${vault:NAME}``
+in ``command`` or ``args`` is refused: a command line is readable by every local user (``ps``,
+``/proc/<pid>/cmdline``), so the server is skipped with a reason that says to pass the secret
+through ``env`` instead.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
+from workers.secret_refs import references
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_TYPES = ("stdio",)
@@ -141,11 +145,36 @@ def _parse_server(source: str, name: str, entry: Any, env: Mapping[str, str]) ->
     for key in ("env", "headers"):
         if isinstance(fields.get(key), dict):
             fields[key] = _expand_values(where, key, fields[key], env)
+    if kind == "stdio":
+        _refuse_vault_on_command_line(where, fields)
     model: type[StdioServerSpec | HttpServerSpec] = StdioServerSpec if kind == "stdio" else HttpServerSpec
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
         raise MCPConfigError(f"{where}: {_first_problem(exc)}") from exc
+
+
+def _refuse_vault_on_command_line(where: str, fields: dict[str, Any]) -> None:
+    """A secret resolved into argv would be in clear in ``ps`` for every local user: refuse it
+    here, as the file is loaded, so explain, reload and the brain's start all report it."""
+    args = fields.get("args")
+    words = [("command", fields.get("command"))]
+    if isinstance(args, list):
+        words += [(f"args[{index}]", arg) for index, arg in enumerate(args)]
+    for place, word in words:
+        names = references(word) if isinstance(word, str) else []
+        if names:
+            name = names[0]
+            raise MCPConfigError(
+                f"{where}: {place} holds ${{vault:{name}}}; a secret on a command line is readable by "
+                "every local user (ps, /proc/<pid>/cmdline), so this server is not started. Pass it "
+                f'through "env" instead, e.g. "env": {{"{_env_name(name)}": "${{vault:{name}}}"}}, and '
+                "have the server read that variable (most servers take their token from one)"
+            )
+
+
+def _env_name(secret: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", secret).upper()
 
 
 def _server_kind(where: str, entry: dict[str, Any]) -> Literal["stdio", "http"]:
