@@ -98,7 +98,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
         tmp_path,
         mcp_config=mcp_config,
         http_allow=("127.0.0.1",),
-        http_headers={"127.0.0.1": {"Authorization": "Bearer ${vault:CANARY}"}},
+        http_headers={f"http://127.0.0.1:{echo_server}": {"Authorization": "Bearer ${vault:CANARY}"}},
     )
     stack = EmbeddedStack(settings, only=("brain", "server-pool")).start()
     try:
