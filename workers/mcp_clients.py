@@ -40,6 +40,7 @@ from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolT
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
 from workers.secret_refs import resolve_values
+from workers.tools.process import mcp_server_env
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,9 @@ class _Session:
             params = StdioServerParameters(
                 command=spec.command,
                 args=list(spec.args),
-                env=resolve_values(spec.env, f"{where} env"),
+                # The whole environment, not added to ours: no VANCETOPE_* (Redis URL, store,
+                # vault key) reaches a server (workers.tools.process.mcp_server_env).
+                env=mcp_server_env(resolve_values(spec.env, f"{where} env")),
                 cwd=spec.cwd,
             )
             return stdio_client(params, errlog=cast(TextIO, self.stderr.file))

@@ -30,6 +30,7 @@ from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
 from workers.secret_refs import references
 
+_STACK_PREFIX = "VANCETOPE_"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_TYPES = ("stdio",)
 _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
@@ -205,6 +206,11 @@ def _expand_values(where: str, key: str, values: dict[str, Any], env: Mapping[st
 
         def lookup(match: re.Match[str]) -> str:
             var = match.group(1)
+            if var.startswith(_STACK_PREFIX):
+                raise MCPConfigError(
+                    f"{where}: {key} {name!r} refers to ${{{var}}}; the stack's own settings (Redis and "
+                    "store URLs, the vault key) are never given to an MCP server"
+                )
             if var not in env:
                 raise MCPConfigError(
                     f"{where}: {key} {name!r} refers to ${{{var}}}, but {var} is not set in the environment"
@@ -213,6 +219,12 @@ def _expand_values(where: str, key: str, values: dict[str, Any], env: Mapping[st
 
         return _VAR.sub(lookup, value)
 
+    for name in values:
+        if key == "env" and isinstance(name, str) and name.upper().startswith(_STACK_PREFIX):
+            raise MCPConfigError(
+                f"{where}: env {name!r}: VANCETOPE_* variables are the stack's own and are never "
+                "given to an MCP server; name it otherwise"
+            )
     return {name: expand(name, value) for name, value in values.items()}
 
 
