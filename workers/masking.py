@@ -130,4 +130,14 @@ def mask_logs() -> None:
         logging.setLogRecordFactory(_MaskedRecords(current))
 
 
-__all__ = ["MASK", "MIN_MASKED_CHARS", "WINDOW", "active", "forget_all", "mask", "mask_data", "mask_logs", "remember"]
+__all__ = [
+    "MASK",
+    "MIN_MASKED_CHARS",
+    "WINDOW",
+    "active",
+    "forget_all",
+    "mask",
+    "mask_data",
+    "mask_logs",
+    "remember",
+]

@@ -124,4 +124,10 @@ def protect_process(what: str) -> None:
     )
 
 
-__all__ = ["SECRET_VARIABLES", "forget_secret_environment", "make_undumpable", "protect_process", "secret_variables"]
+__all__ = [
+    "SECRET_VARIABLES",
+    "forget_secret_environment",
+    "make_undumpable",
+    "protect_process",
+    "secret_variables",
+]

@@ -21,6 +21,7 @@ from brain.service import Brain
 from tests.conftest import ROOT, demo_server, make_settings, write_mcp_config
 from workers.mcp_config import parse_mcp_config
 
+
 def _config(tmp_path: Path) -> Path:
     marker = tmp_path / "argv-server-ran"  # the refused server would make it if it ever ran
     return write_mcp_config(

@@ -53,11 +53,14 @@ def test_a_secret_echoed_cut_reversed_or_encoded_is_masked_everywhere(
             }
         },
     )
-    stack = EmbeddedStack(make_settings(tmp_path, mcp_config=mcp_config), only=("brain", "server-pool")).start()
+    stack = EmbeddedStack(
+        make_settings(tmp_path, mcp_config=mcp_config), only=("brain", "server-pool")
+    ).start()
     try:
         brain = brain_factory(stack)
         tasks = [
-            {"id": how, "tool": "vaulted/variant", "args": {"name": "DEMO_TOKEN", "how": how}} for how in LEAKED
+            {"id": how, "tool": "vaulted/variant", "args": {"name": "DEMO_TOKEN", "how": how}}
+            for how in LEAKED
         ]
         record = brain.scheduler.submit(tree({"id": "variants", "tasks": tasks}))
         assert wait_for_tree(brain, record.tree_id, 90).status.value == "done"
@@ -82,6 +85,9 @@ def test_a_secret_echoed_cut_reversed_or_encoded_is_masked_everywhere(
         stack.stop()
     files = [path for path in sorted(data.rglob("*")) if path.is_file()]
     at_rest = [
-        (str(path), how) for path in files for how, leaked in LEAKED.items() if leaked.encode() in path.read_bytes()
+        (str(path), how)
+        for path in files
+        for how, leaked in LEAKED.items()
+        if leaked.encode() in path.read_bytes()
     ]
     assert at_rest == [], f"a variant of the canary is in plaintext: {at_rest}"

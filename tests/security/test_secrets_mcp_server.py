@@ -95,7 +95,9 @@ def test_a_server_side_mcp_server_finds_no_stack_credential_in_any_environment(
             assert parent[0].startswith("ERROR PermissionError"), parent
             assert found["parent_maps_readable"] is False
         # (Settings that are no credential, such as VANCETOPE_DATA_DIR, may stay.)
-        assert not [e for e in parent if e.startswith(("VANCETOPE_REDIS_URL=", "VANCETOPE_VAULT_KEY="))], parent
+        assert not [e for e in parent if e.startswith(("VANCETOPE_REDIS_URL=", "VANCETOPE_VAULT_KEY="))], (
+            parent
+        )
         seen = json.dumps({k: v for k, v in found.items() if k != "files"})
         leaked = [name for name, value in credentials.items() if value in seen]
         assert leaked == [], f"the MCP server read {leaked} from an environment"

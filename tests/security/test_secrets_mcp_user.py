@@ -33,7 +33,9 @@ pytestmark = [
 NOBODY = 65534
 
 
-def test_a_server_run_as_another_user_cannot_open_the_stacks_secrets(tmp_path: Path, brain_factory: Any) -> None:
+def test_a_server_run_as_another_user_cannot_open_the_stacks_secrets(
+    tmp_path: Path, brain_factory: Any
+) -> None:
     data = tmp_path / "data"
     admin_file, vault_file = data / "redis" / ADMIN_SECRET_FILE, data / "vault.key"
     mcp_config = write_mcp_config(
@@ -72,4 +74,7 @@ def test_a_server_run_as_another_user_cannot_open_the_stacks_secrets(tmp_path: P
     assert found["parent_environ"][0].startswith("ERROR PermissionError"), found["parent_environ"][:3]
     assert found["parent_maps_readable"] is False
     for path in (admin_file, vault_file):
-        assert found["files"][str(path)].startswith("ERROR PermissionError"), (path, found["files"][str(path)])
+        assert found["files"][str(path)].startswith("ERROR PermissionError"), (
+            path,
+            found["files"][str(path)],
+        )

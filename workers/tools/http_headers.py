@@ -108,9 +108,20 @@ class HttpHeaders:
         headers = self.by_origin.get(origin, {})
         if not headers or (origin.scheme != "https" and not all_loopback):
             return {}
-        return {name: resolve(value, f"http_headers for {str(origin)!r} {name!r}") for name, value in headers.items()}
+        return {
+            name: resolve(value, f"http_headers for {str(origin)!r} {name!r}")
+            for name, value in headers.items()
+        }
 
 
 NO_HEADERS = HttpHeaders()
 
-__all__ = ["HEADERS_ENV_VAR", "NO_HEADERS", "HttpHeaders", "Origin", "is_loopback_host", "origin_of", "parse_origin"]
+__all__ = [
+    "HEADERS_ENV_VAR",
+    "NO_HEADERS",
+    "HttpHeaders",
+    "Origin",
+    "is_loopback_host",
+    "origin_of",
+    "parse_origin",
+]

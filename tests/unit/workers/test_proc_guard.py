@@ -21,7 +21,10 @@ PASSWORD = "pw-1f2e3d4c5b6a"
     [
         ({"VANCETOPE_REDIS_URL": "redis://127.0.0.1/0"}, ["VANCETOPE_REDIS_URL"]),
         ({"VANCETOPE_VAULT_KEY": "k", "VANCETOPE_DATA_DIR": "/d"}, ["VANCETOPE_VAULT_KEY"]),
-        ({"VANCETOPE_MONGO_URL": "mongodb://m/", "VANCETOPE_STORE_URL": "x"}, ["VANCETOPE_MONGO_URL", "VANCETOPE_STORE_URL"]),
+        (
+            {"VANCETOPE_MONGO_URL": "mongodb://m/", "VANCETOPE_STORE_URL": "x"},
+            ["VANCETOPE_MONGO_URL", "VANCETOPE_STORE_URL"],
+        ),
         ({"VANCETOPE_HTTP_HEADERS": "{}"}, ["VANCETOPE_HTTP_HEADERS"]),
         ({"VANCETOPE_SOMETHING_URL": f"rediss://u:{PASSWORD}@h:1/0"}, ["VANCETOPE_SOMETHING_URL"]),
         ({"VANCETOPE_AGENT_BROKER_URL": "rediss://broker.example:6380/0"}, []),  # no credential in it
@@ -45,7 +48,14 @@ def test_an_mcp_server_gets_the_basics_and_its_own_env_never_the_stacks() -> Non
         "FLOWER_BASIC_AUTH": "op:pw",
     }
     env = mcp_server_env({"TOKEN": "t", "VANCETOPE_X": "sneaked"}, environ)
-    assert env == {"PATH": "/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C", "TMPDIR": "/tmp/x", "TOKEN": "t"}
+    assert env == {
+        "PATH": "/bin",
+        "HOME": "/home/u",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C",
+        "TMPDIR": "/tmp/x",
+        "TOKEN": "t",
+    }
 
 
 CHILD = textwrap.dedent(
@@ -70,9 +80,11 @@ def test_a_child_cannot_read_the_credentials_in_its_parents_environ(mode: str) -
         "VANCETOPE_REDIS_URL": f"redis://vt-pool:{PASSWORD}@127.0.0.1:1/0",
         "VANCETOPE_DATA_DIR": "/kept",
     }
-    ran = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert ran.returncode == 0, ran.stderr
-    code, out, err, still_in_os_environ = eval(ran.stdout)  # noqa: S307 - our own repr
+    code, out, err, still_in_os_environ = eval(ran.stdout)
     if mode == "control":  # without protection the child reads it: the test can fail
         assert PASSWORD.encode() in out and still_in_os_environ
         return
