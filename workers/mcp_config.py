@@ -11,7 +11,8 @@ time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env`` and ``heade
 as it is and resolved only when the server starts (``workers.secret_refs``). A ``${vault:NAME}``
 in ``command`` or ``args`` is refused: a command line is readable by every local user (``ps``,
 ``/proc/<pid>/cmdline``), so the server is skipped with a reason that says to pass the secret
-through ``env`` instead.
+through ``env`` instead. A ``${vault:NAME}`` in the ``headers`` of a plain ``http://`` server
+that is not on loopback is refused too: it would cross the network in clear.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
 from workers.secret_refs import references
+from workers.tools.http_headers import is_loopback_host
 
 _STACK_PREFIX = "VANCETOPE_"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -148,6 +151,8 @@ def _parse_server(source: str, name: str, entry: Any, env: Mapping[str, str]) ->
             fields[key] = _expand_values(where, key, fields[key], env)
     if kind == "stdio":
         _refuse_vault_on_command_line(where, fields)
+    else:
+        _refuse_vault_over_plain_http(where, fields)
     model: type[StdioServerSpec | HttpServerSpec] = StdioServerSpec if kind == "stdio" else HttpServerSpec
     try:
         return model.model_validate(fields)
@@ -171,6 +176,26 @@ def _refuse_vault_on_command_line(where: str, fields: dict[str, Any]) -> None:
                 "every local user (ps, /proc/<pid>/cmdline), so this server is not started. Pass it "
                 f'through "env" instead, e.g. "env": {{"{_env_name(name)}": "${{vault:{name}}}"}}, and '
                 "have the server read that variable (most servers take their token from one)"
+            )
+
+
+def _refuse_vault_over_plain_http(where: str, fields: dict[str, Any]) -> None:
+    """A vault secret in a header goes over https only (loopback excepted), as http_headers do."""
+    url, headers = fields.get("url"), fields.get("headers")
+    if not isinstance(url, str) or not isinstance(headers, dict):
+        return
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return  # the model rejects it with its own message
+    if parts.scheme.lower() != "http" or is_loopback_host((parts.hostname or "").rstrip(".")):
+        return
+    for name, value in headers.items():
+        if isinstance(value, str) and references(value):
+            raise MCPConfigError(
+                f"{where}: header {name!r} holds ${{vault:{references(value)[0]}}} but the url is plain "
+                "http://, which anyone on the network can read; use https:// (plain http is accepted "
+                "for a loopback server only)"
             )
 
 

@@ -94,3 +94,16 @@ def test_explain_warns_naming_the_server_the_argument_and_the_fix(tmp_path: Path
     assert "warning: MCP server 'argv_secret' failed to start" in said, shown.stderr
     assert all(part in said for part in _expected(tmp_path)), said
     assert not (tmp_path / "argv-server-ran").exists()
+
+
+def test_a_vault_header_for_a_plain_http_server_off_loopback_is_refused() -> None:
+    text = """{"mcpServers": {
+        "remote": {"url": "http://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${vault:T}"}},
+        "tls": {"url": "https://mcp.example.com/mcp", "headers": {"Authorization": "Bearer ${vault:T}"}},
+        "local": {"url": "http://127.0.0.1:9/mcp", "headers": {"Authorization": "Bearer ${vault:T}"}}
+    }}"""
+    config = parse_mcp_config(text, "cfg.json", environ={})
+    assert sorted(config.servers) == ["local", "tls"]
+    assert config.skipped["remote"].startswith(
+        "cfg.json: server 'remote': header 'Authorization' holds ${vault:T} but the url is plain http://"
+    )
