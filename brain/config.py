@@ -20,6 +20,7 @@ from brain.pools import PoolSpec, check_unique
 from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
+from workers.tools.http_headers import HttpHeaders
 from workers.tools.netguard import HttpAllow
 from workers.urls import check_redis_url
 
@@ -84,8 +85,9 @@ class Settings(BaseModel):
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
 
-    # Headers http_get adds for a host, e.g. {"api.example.com": {"Authorization": "Bearer
-    # ${vault:EXAMPLE_TOKEN}"}} (env: JSON). Sent to that exact host only, never shown.
+    # Headers http_get adds for an origin, e.g. {"api.example.com": {"Authorization": "Bearer
+    # ${vault:EXAMPLE_TOKEN}"}} (env: JSON). A bare host means https://host:443; plain http://
+    # only for loopback (workers.tools.http_headers). Sent to that exact origin only, never shown.
     http_headers: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @field_validator("http_headers", mode="before")
@@ -93,9 +95,11 @@ class Settings(BaseModel):
     def _json_http_headers(cls, value: object) -> object:
         if isinstance(value, str):
             try:
-                return json.loads(value) if value.strip() else {}
+                value = json.loads(value) if value.strip() else {}
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not JSON: {exc}") from exc
+        if isinstance(value, dict) and all(isinstance(v, dict) for v in value.values()):
+            HttpHeaders.parse(value)  # a bad key fails here, naming itself, not in a worker later
         return value
 
     # The vault's keys (brain.vault), primary first, comma-separated; unset: the key file.

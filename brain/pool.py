@@ -13,6 +13,7 @@ from brain.config import load_settings
 from brain.recorder import InlineRecorder
 from workers.app import app
 from workers.pool_presence import PoolPresence
+from workers.proc_guard import protect_process
 from workers.tasks import HotState, register, send_to_brain
 from workers.tools.builtin import builtin_tools
 from workers.tools.http_get import HttpHeaders
@@ -30,7 +31,9 @@ if not settings.task_log:
 app.conf.worker_send_task_events = settings.task_events
 # Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
 app.steps["consumer"].add(PoolPresence)
-recorder = InlineRecorder(app, fallback=send_to_brain(app), begin_fallback=HotState(app).begin_run)
+recorder = InlineRecorder(
+    app, fallback=send_to_brain(app), begin_fallback=HotState(app).begin_run, settings=settings
+)
 run_tool = register(
     app,
     sink=recorder,
@@ -39,5 +42,8 @@ run_tool = register(
     progress=recorder.progress,
     task_events=settings.task_events,
 )
+# Everything is read: the credentials leave the environment, and the pool's memory and
+# /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard).
+protect_process("server pool")
 
 __all__ = ["app", "run_tool"]

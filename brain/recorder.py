@@ -30,7 +30,7 @@ from typing import Any
 
 from celery import Celery
 
-from brain.config import load_settings
+from brain.config import Settings, load_settings
 from brain.dispatch import Publisher, args_summary
 from brain.events import ClientEvents
 from brain.hotstate import HotState
@@ -80,9 +80,16 @@ class InlineRecorder:
     and where a run starts: ``Store.begin_run`` here, else ``begin_fallback`` (Redis)."""
 
     def __init__(
-        self, app: Celery, fallback: Callable[[ToolResult], None], begin_fallback: RunStart | None = None
+        self,
+        app: Celery,
+        fallback: Callable[[ToolResult], None],
+        begin_fallback: RunStart | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self.app = app
+        # The pool's settings as it read them at start: it then drops the credential
+        # variables from its environment (workers.proc_guard), so a child cannot re-read them.
+        self.settings = settings
         self.fallback = fallback
         self.begin_fallback = begin_fallback
         self._scheduler: Scheduler | None = None
@@ -142,7 +149,7 @@ class InlineRecorder:
         return self._scheduler
 
     def _build(self) -> Scheduler:
-        settings = load_settings()
+        settings = self.settings or load_settings()
         hot = HotState.from_url(self.app.conf.broker_url)
         scheduler = Scheduler(
             open_store(settings.store),

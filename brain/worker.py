@@ -33,6 +33,7 @@ from workers.contracts import (
     ToolResult,
 )
 from workers.errors import WorkerError
+from workers.proc_guard import protect_process
 
 log = logging.getLogger("vancetope.brain")
 # No task events for the brain's own jobs (record_result, publish_call): bookkeeping an
@@ -48,7 +49,11 @@ EXIT_START_FAILED = 1
 def get_brain() -> Brain:
     brain = _state.get("brain")
     if brain is None:
-        brain = _state["brain"] = start_brain(load_settings(), app.conf.broker_url)
+        settings = load_settings()
+        # Before discovery starts the MCP servers: the credentials leave the environment and
+        # this process's memory is closed to its children (workers.proc_guard).
+        protect_process("brain")
+        brain = _state["brain"] = start_brain(settings, app.conf.broker_url)
     return brain
 
 

@@ -39,7 +39,8 @@ from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
-from workers.secret_refs import resolve, resolve_values
+from workers.secret_refs import resolve_values
+from workers.tools.process import mcp_server_env
 
 logger = logging.getLogger(__name__)
 
@@ -145,14 +146,17 @@ class _Session:
     async def _transport(self, stack: AsyncExitStack) -> Any:
         spec = self.spec
         # ${vault:NAME} is resolved here, as the server starts, and only into its process
-        # environment, arguments or request headers (workers.secret_refs).
+        # environment or request headers (workers.secret_refs); never into its arguments,
+        # which every local user can read (workers.mcp_config refuses them there).
         where = f"MCP server {self.name!r}"
         if isinstance(spec, StdioServerSpec):
             assert self.stderr is not None
             params = StdioServerParameters(
                 command=spec.command,
-                args=[resolve(arg, f"{where} args") for arg in spec.args],
-                env=resolve_values(spec.env, f"{where} env"),
+                args=list(spec.args),
+                # The whole environment, not added to ours: no VANCETOPE_* (Redis URL, store,
+                # vault key) reaches a server (workers.tools.process.mcp_server_env).
+                env=mcp_server_env(resolve_values(spec.env, f"{where} env")),
                 cwd=spec.cwd,
             )
             return stdio_client(params, errlog=cast(TextIO, self.stderr.file))

@@ -7,8 +7,12 @@ such an object fails as a whole; one entry that cannot be used (``"disabled": tr
 a transport we do not speak such as ``sse``, a missing command) is skipped with its
 reason in ``MCPConfig.skipped``, so the other servers' tools are still offered. ``${VAR}`` in
 ``env`` and ``headers`` values is expanded from the process environment at load
-time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env``, ``headers`` and
-``args``) is left as it is and resolved only when the server starts (``workers.secret_refs``).
+time, so secrets stay out of the file; ``${vault:NAME}`` (in ``env`` and ``headers``) is left
+as it is and resolved only when the server starts (``workers.secret_refs``). A ``${vault:NAME}``
+in ``command`` or ``args`` is refused: a command line is readable by every local user (``ps``,
+``/proc/<pid>/cmdline``), so the server is skipped with a reason that says to pass the secret
+through ``env`` instead. A ``${vault:NAME}`` in the ``headers`` of a plain ``http://`` server
+that is not on loopback is refused too: it would cross the network in clear.
 """
 
 from __future__ import annotations
@@ -20,12 +24,16 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
+from workers.secret_refs import references
+from workers.tools.http_headers import is_loopback_host
 
+_STACK_PREFIX = "VANCETOPE_"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_TYPES = ("stdio",)
 _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
@@ -141,11 +149,58 @@ def _parse_server(source: str, name: str, entry: Any, env: Mapping[str, str]) ->
     for key in ("env", "headers"):
         if isinstance(fields.get(key), dict):
             fields[key] = _expand_values(where, key, fields[key], env)
+    if kind == "stdio":
+        _refuse_vault_on_command_line(where, fields)
+    else:
+        _refuse_vault_over_plain_http(where, fields)
     model: type[StdioServerSpec | HttpServerSpec] = StdioServerSpec if kind == "stdio" else HttpServerSpec
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
         raise MCPConfigError(f"{where}: {_first_problem(exc)}") from exc
+
+
+def _refuse_vault_on_command_line(where: str, fields: dict[str, Any]) -> None:
+    """A secret resolved into argv would be in clear in ``ps`` for every local user: refuse it
+    here, as the file is loaded, so explain, reload and the brain's start all report it."""
+    args = fields.get("args")
+    words = [("command", fields.get("command"))]
+    if isinstance(args, list):
+        words += [(f"args[{index}]", arg) for index, arg in enumerate(args)]
+    for place, word in words:
+        names = references(word) if isinstance(word, str) else []
+        if names:
+            name = names[0]
+            raise MCPConfigError(
+                f"{where}: {place} holds ${{vault:{name}}}; a secret on a command line is readable by "
+                "every local user (ps, /proc/<pid>/cmdline), so this server is not started. Pass it "
+                f'through "env" instead, e.g. "env": {{"{_env_name(name)}": "${{vault:{name}}}"}}, and '
+                "have the server read that variable (most servers take their token from one)"
+            )
+
+
+def _refuse_vault_over_plain_http(where: str, fields: dict[str, Any]) -> None:
+    """A vault secret in a header goes over https only (loopback excepted), as http_headers do."""
+    url, headers = fields.get("url"), fields.get("headers")
+    if not isinstance(url, str) or not isinstance(headers, dict):
+        return
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return  # the model rejects it with its own message
+    if parts.scheme.lower() != "http" or is_loopback_host((parts.hostname or "").rstrip(".")):
+        return
+    for name, value in headers.items():
+        if isinstance(value, str) and references(value):
+            raise MCPConfigError(
+                f"{where}: header {name!r} holds ${{vault:{references(value)[0]}}} but the url is plain "
+                "http://, which anyone on the network can read; use https:// (plain http is accepted "
+                "for a loopback server only)"
+            )
+
+
+def _env_name(secret: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", secret).upper()
 
 
 def _server_kind(where: str, entry: dict[str, Any]) -> Literal["stdio", "http"]:
@@ -176,6 +231,11 @@ def _expand_values(where: str, key: str, values: dict[str, Any], env: Mapping[st
 
         def lookup(match: re.Match[str]) -> str:
             var = match.group(1)
+            if var.startswith(_STACK_PREFIX):
+                raise MCPConfigError(
+                    f"{where}: {key} {name!r} refers to ${{{var}}}; the stack's own settings (Redis and "
+                    "store URLs, the vault key) are never given to an MCP server"
+                )
             if var not in env:
                 raise MCPConfigError(
                     f"{where}: {key} {name!r} refers to ${{{var}}}, but {var} is not set in the environment"
@@ -184,6 +244,12 @@ def _expand_values(where: str, key: str, values: dict[str, Any], env: Mapping[st
 
         return _VAR.sub(lookup, value)
 
+    for name in values:
+        if key == "env" and isinstance(name, str) and name.upper().startswith(_STACK_PREFIX):
+            raise MCPConfigError(
+                f"{where}: env {name!r}: VANCETOPE_* variables are the stack's own and are never "
+                "given to an MCP server; name it otherwise"
+            )
     return {name: expand(name, value) for name, value in values.items()}
 
 

@@ -1,7 +1,8 @@
 """``${vault:NAME}`` references, resolved late (layer: workers; issue 12 item 2).
 
 Server-side settings may name a vault secret instead of holding it: in an ``mcpServers``
-entry's ``env``, ``headers`` and ``args``, and in ``http_headers``. The reference stays a
+entry's ``env`` and ``headers``, and in ``http_headers`` — never in ``args`` or ``command``,
+which every local user can read (``workers.mcp_config`` refuses them there). The reference stays a
 reference in every file, message and record; it is resolved only in the process that needs
 the value, at the moment it starts a server or makes a call, and the value is remembered for
 masking (``workers.masking``). The brain installs the resolver (``brain.vault``): this layer

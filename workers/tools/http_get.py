@@ -7,6 +7,8 @@ resolved again, so DNS cannot answer differently between check and connect). Eac
 redirect is followed by hand (at most ``MAX_REDIRECTS``) and judged the same way.
 Proxy settings in the environment are not used: a proxy would connect on our behalf
 to an address we never judged (a loopback proxy reaching internal hosts was seen).
+The server's ``http_headers`` are added per hop for that hop's origin only
+(``workers.tools.http_headers``): a redirect elsewhere does not carry them.
 """
 
 from __future__ import annotations
@@ -14,18 +16,14 @@ from __future__ import annotations
 import email.message
 import http.client
 import ipaddress
-import json
 import socket
 import ssl
 import time
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from workers.errors import InvalidArguments, ToolFailed
-from workers.secret_refs import resolve
+from workers.tools.http_headers import HEADERS_ENV_VAR, NO_HEADERS, HttpHeaders, origin_of
 from workers.tools.netguard import HttpAllow, IPAddress, refusal
 
 MAX_REDIRECTS = 5
@@ -33,39 +31,10 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _HEADERS_KEPT = ("content-type", "content-length", "last-modified", "etag", "location")
 _BODY_HEAD = 500
 _AGENT = "vancetope-http_get/1"
-HEADERS_ENV_VAR = "VANCETOPE_HTTP_HEADERS"
 
 
 class DestinationRefused(ToolFailed):
     """The URL (or a redirect) leads to an internal address that is not allow-listed."""
-
-
-class HttpHeaders(BaseModel):
-    """Headers the server adds to ``http_get`` requests, by exact host: the ``http_headers``
-    setting (``VANCETOPE_HTTP_HEADERS``, JSON). Values may be ``${vault:NAME}``, resolved per
-    request (``workers.secret_refs``); a header goes only to its own host — a redirect to
-    another host does not carry it — and never appears in a task's arguments or result."""
-
-    model_config = ConfigDict(frozen=True)
-
-    by_host: dict[str, dict[str, str]] = Field(default_factory=dict)
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> HttpHeaders:
-        raw = environ.get(HEADERS_ENV_VAR, "")
-        return cls.parse(json.loads(raw) if raw else {})
-
-    @classmethod
-    def parse(cls, table: Mapping[str, Mapping[str, str]]) -> HttpHeaders:
-        return cls(by_host={host.lower().rstrip("."): dict(headers) for host, headers in table.items()})
-
-    def for_host(self, host: str) -> dict[str, str]:
-        key = host.lower().rstrip(".")
-        headers = self.by_host.get(key, {})
-        return {name: resolve(value, f"http_headers for {key!r} {name!r}") for name, value in headers.items()}
-
-
-NO_HEADERS = HttpHeaders()
 
 
 def http_get(
@@ -107,7 +76,10 @@ def _fetch(
     conn = _connection(parts.scheme, host, port, addresses, max(0.001, _left(deadline)))
     try:
         path = parts.path or "/"
-        sent = {**extra.for_host(host), "User-Agent": _AGENT}
+        # Bound to scheme, host and port: a redirect to another origin sends none of them.
+        origin = origin_of(parts.scheme, host, parts.port)
+        mine = extra.for_origin(origin, all_loopback=all(address.is_loopback for address in addresses))
+        sent = {**mine, "User-Agent": _AGENT}
         conn.request("GET", f"{path}?{parts.query}" if parts.query else path, headers=sent)
         response = conn.getresponse()
         body = response.read(max_bytes + 1)
@@ -195,3 +167,6 @@ def _http_value(status: int, headers: email.message.Message, body: bytes, max_by
         text = body[:max_bytes].decode("utf-8", "replace")
     kept = {name: headers[name] for name in _HEADERS_KEPT if headers.get(name) is not None}
     return {"status": status, "headers": kept, "text": text, "truncated": len(body) > max_bytes}
+
+
+__all__ = ["HEADERS_ENV_VAR", "NO_HEADERS", "DestinationRefused", "HttpHeaders", "http_get"]

@@ -21,6 +21,7 @@ INHERITED_ENV = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE", "TMPDIR", "TEMP", "TMP"}
 )
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+STACK_PREFIX = "VANCETOPE_"
 
 
 def minimal_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -28,6 +29,15 @@ def minimal_env(environ: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k in INHERITED_ENV or k.startswith("LC_")}
     env.setdefault("PATH", DEFAULT_PATH)
     return env
+
+
+def mcp_server_env(configured: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of an MCP server process: ``minimal_env`` of ours plus the
+    server's own configured ``env`` (vault references already resolved). Never a ``VANCETOPE_*``
+    variable: the stack's Redis URL, store URL and vault key are not a server's business
+    (``workers.mcp_config`` refuses them in a server's ``env`` too)."""
+    env = {**minimal_env(os.environ if environ is None else environ), **configured}
+    return {k: v for k, v in env.items() if not k.startswith(STACK_PREFIX)}
 
 
 def run_bounded(

@@ -102,6 +102,14 @@ def test_a_file_that_is_not_an_mcp_servers_object_fails_naming_the_file(text: st
             "cfg.json: server 'a': env 'TOKEN' refers to ${NOPE_UNSET}, but NOPE_UNSET is not set in the environment",
         ),
         ('{"command": "x", "disabled": true}', "cfg.json: server 'a' is disabled in the file; skipped"),
+        (
+            '{"command": "x", "env": {"U": "${VANCETOPE_REDIS_URL}"}}',
+            "cfg.json: server 'a': env 'U' refers to ${VANCETOPE_REDIS_URL}; the stack's own settings",
+        ),
+        (
+            '{"command": "x", "env": {"vancetope_vault_key": "k"}}',
+            "cfg.json: server 'a': env 'vancetope_vault_key': VANCETOPE_* variables are the stack's own",
+        ),
     ],
 )
 def test_an_entry_that_cannot_be_used_is_skipped_with_its_reason_and_the_others_load(

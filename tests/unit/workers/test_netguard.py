@@ -34,7 +34,21 @@ INTRANET = HttpAllow.parse(["intranet.example", "10.1.0.0/16", "127.0.0.1", "fd1
         ("x", "224.0.0.1", NONE, "a multicast address"),
         ("x", "ff02::1", NONE, "a multicast address"),
         ("x", "100.64.0.1", NONE, "not a globally routable address"),
-        ("x", "::ffff:127.0.0.1", NONE, "a private address"),
+        # IPv4 inside IPv6 is judged as the IPv4 it embeds (issue 20, L row).
+        ("x", "::ffff:127.0.0.1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        ("x", "::ffff:7f00:1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        ("x", "::127.0.0.1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        ("x", "::a9fe:a9fe", NONE, "a cloud metadata address (it embeds IPv4 169.254.169.254)"),
+        ("x", "::8.8.8.8", NONE, "a deprecated IPv4-compatible IPv6 address"),
+        ("x", "::ffff:0:7f00:1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        ("x", "64:ff9b:1::a00:1", NONE, "a private address (it embeds IPv4 10.0.0.1)"),
+        ("x", "2002:7f00:1::1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        # Teredo: server 65.54.227.120, client 127.0.0.1 (stored inverted: 80ff:fffe).
+        ("x", "2001:0:4136:e378:8000:63bf:80ff:fffe", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
+        ("x", "2001:db8::5efe:a00:1", NONE, "a private address (it embeds IPv4 10.0.0.1)"),  # ISATAP
+        ("x", "::ffff:8.8.8.8", NONE, None),
+        ("x", "2002:808:808::1", NONE, None),
+        ("x", "::ffff:127.0.0.1", INTRANET, "a loopback address (it embeds IPv4 127.0.0.1)"),
         ("x", "64:ff9b::7f00:1", NONE, "a loopback address (it embeds IPv4 127.0.0.1)"),
         ("x", "2002:a9fe:a9fe::1", NONE, "a cloud metadata address (it embeds IPv4 169.254.169.254)"),
         ("intranet.example", "10.9.9.9", INTRANET, None),
