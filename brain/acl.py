@@ -19,7 +19,15 @@ import redis
 
 from brain.hotstate import as_text
 from brain.models import Enrollment
-from workers.contracts import KEY_NS, client_keyprefix
+from workers.contracts import (
+    GATEWAY_QUEUE,
+    KEY_NS,
+    channel_tree_events,
+    client_keyprefix,
+    key_presence,
+    key_registry,
+    key_registry_loaded_at,
+)
 
 log = logging.getLogger("vancetope.brain.acl")
 
@@ -67,18 +75,18 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", "&*",
         "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
-    # The MCP gateway (brain.gateway) submits one-task trees through the scheduler, which publishes
-    # to client queues itself, and reads presence, the registry and tree events: the brain's
-    # rules without managing client users (ACL SETUSER/DELUSER).
-    "vt-gateway": ("~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING),
-    # Other Celery apps that submit trees (``vancetope.submit_tree``): they may put messages on
-    # queue ``submit`` and nothing else — no server, brain or client queue, no events, no reading.
-    # (kombu adds priority suffixes to queue keys: hence the star.)
-    "vt-submit": (
-        "~submit*", "~_kombu.binding*.submit", "resetchannels", "-@all",
-        "+lpush", "+llen", "+sadd", "+smembers", "+multi", "+exec", "+discard", "+ping", "+select", "+echo",
-        *_HOUSEKEEPING,
+    # The MCP gateway (brain.gateway) asks the brain to submit and cancel (queue `gateway`, with
+    # the caller's token: brain.gateway.door) and waits for its reply; it reads the registry and
+    # presence the brain publishes and wakes on tree events. No client key, no store key it could
+    # write with these commands (reads only there), no SCAN/KEYS, PSUBSCRIBE, scripts or admin.
+    "vt-gateway": (
+        f"~{key_registry()}", f"~{key_registry_loaded_at()}", f"~{key_presence()}",
+        f"~{GATEWAY_QUEUE}", f"~{GATEWAY_QUEUE}.reply.*", "resetchannels", f"&{channel_tree_events('*')}",
+        "-@all", "+get", "+hget", "+hgetall", "+lpush", "+blpop", "+subscribe", "+unsubscribe",
+        "+ping", "+select", "+echo", *_HOUSEKEEPING,
     ),
+    # Other Celery apps submit trees with a credential of one user (`vancetope submit-url --user
+    # U`): ACL users vts-<user>, made by the brain from the store (brain.submitters), not here.
 }  # fmt: skip
 
 

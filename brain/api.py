@@ -10,7 +10,9 @@ a program and follow them, as `vancetope run` does from a shell.
 
 A tree is a file path, a mapping (the file's content as data) or a ``TaskTree``; it is
 validated against the running brain's registry before anything is recorded, and an invalid
-one raises ``InvalidTaskTree`` listing every problem, as the CLI prints them.
+one raises ``InvalidTaskTree`` listing every problem, as the CLI prints them. A tree over
+``max_tree_bytes`` or ``max_tasks_per_tree``, or over the user's
+``max_unfinished_tasks_per_user``, raises ``TreeRefused`` naming the setting.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from brain.config import Settings, load_settings
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
+from brain.limits import check_tree_data
 from brain.models import SessionKind, TaskRecord, TaskTree, TreeRecord, TreeStatus
 from brain.report import tree_report
 from brain.service import Brain
@@ -249,6 +252,7 @@ class Vancetope:
         if isinstance(tree, TaskTree):
             return tree
         if isinstance(tree, Mapping):
+            check_tree_data(tree, self.brain.settings, source="<tree given as data>")
             return tree_from_data(tree, source="<tree given as data>")
         if isinstance(tree, (str, os.PathLike)):
             return load_tree(Path(tree), max_bytes=self.brain.settings.max_tree_bytes)

@@ -59,6 +59,11 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.
     max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)
+    # Issue 20 (brain.limits): a tree's tasks, and a user's unfinished tasks over all their running
+    # trees, on every way in. 50,000 = five trees of the largest size: a night batch of thousands
+    # fits many times, while one submitter can no longer fill the pool for everyone else.
+    max_tasks_per_tree: int = Field(default=10_000, gt=0)
+    max_unfinished_tasks_per_user: int = Field(default=50_000, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
     # A reserved message whose worker stopped renewing its lease (it died) is put back on its
     # queue after this (plus a few seconds): the bound on work stranded by a crash.

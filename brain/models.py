@@ -407,3 +407,15 @@ class GatewayToken(BaseModel):
     user: str = Field(min_length=1, max_length=MAX_TOOL_ID_CHARS)
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_at: float
+
+
+class SubmitCredential(BaseModel):
+    """The credential `vancetope submit-url --user U` issued (issue 20): the store keeps only its
+    SHA-256; Redis mirrors it as ACL user ``vts-<user>``, restored by the brain after a restart.
+    One per user: issuing a new one replaces (and so revokes) the old."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    secret_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_at: float

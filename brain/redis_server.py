@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
-from urllib.parse import unquote, urlsplit
 
 import redis
 
@@ -218,12 +217,3 @@ def component_secret(admin_secret: str, component: str) -> str:
 
 def admin_url(address_url: str, secret: str) -> str:
     return with_credentials(address_url, ADMIN_USER, secret)
-
-
-SUBMIT_USER = "vt-submit"
-
-
-def submitter_url(admin_url_: str) -> str:
-    """The URL of the stack's submitter user (``vt-submit``), derived from the admin URL."""
-    password = unquote(urlsplit(admin_url_).password or "")
-    return with_credentials(admin_url_, SUBMIT_USER, component_secret(password, SUBMIT_USER))

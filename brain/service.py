@@ -24,6 +24,7 @@ from brain.reload import Reloader, Signature, signature, sources
 from brain.schedule_runs import ScheduleRuns
 from brain.scheduler import Scheduler
 from brain.store import Store, open_store
+from brain.submitters import SubmitterUsers
 from brain.sweeps import Sweeps
 from brain.toolnames import clash_lines
 from workers.app import make_app, message_limit
@@ -111,6 +112,7 @@ class Brain:
     def sync_client_users(self) -> None:
         """Make Redis's client ACL users match the store's enrollments (the record)."""
         AclUsers(self.hot.r).sync(self.store.list_enrollments())
+        SubmitterUsers(self.hot.r).sync(self.store.list_submitters())  # and the submit credentials
 
     def publish_registry(self) -> None:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))

@@ -1,14 +1,19 @@
-"""Trees other Celery apps submit (layer: brain, Celery glue): queue ``submit``.
+"""Trees other Celery apps submit (layer: brain, Celery glue): queue ``submit.<user>``.
 
-Other apps send the Celery task ``vancetope.submit_tree`` on queue ``submit`` (README
-"Python API"). The brain does not register it as a task: a Celery worker runs a registered
-task from whichever of its queues the message came, and the server pool may write the
-``brain`` queue. So the submit queue has a consumer of its own (a bootstep), and only what
-arrives on it is taken: a ``submit_tree`` message put on ``brain`` is an unregistered task.
+Other apps send the Celery task ``vancetope.submit_tree`` on their user's queue
+``submit.<user>`` with the credential `vancetope submit-url --user U` printed (README
+"Python API"), which may write that queue and nothing else (``brain.submitters``). The brain
+does not register it as a task: a Celery worker runs a registered task from whichever of its
+queues the message came, and the server pool may write the ``brain`` queue. So each submit
+queue has a consumer of its own (a bootstep), bound to its user: a tree runs as the user of
+the queue it came through, and a message naming another user is refused (issue 20, H5).
+The queues follow the store's submit credentials, looked at every ``REFRESH_S``. The same
+bootstep consumes queue ``gateway``: the MCP gateway's requests (``brain.gateway.door``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -20,27 +25,35 @@ from kombu import Consumer, Queue
 from pydantic import ValidationError
 
 from brain.errors import BrainError
+from brain.gateway import door
+from brain.limits import check_tree_data
 from brain.models import SessionKind
 from brain.service import Brain
 from brain.submission import check_submission
 from brain.treefile import tree_from_data
-from workers.contracts import SUBMIT_QUEUE, SUBMIT_TREE_TASK, SubmitTree
+from workers.contracts import GATEWAY_QUEUE, SUBMIT_TREE_TASK, SubmitTree, submit_queue_of
 
 log = logging.getLogger("vancetope.brain.submit")
 MAX_TRIES = 5
 RETRY_PAUSE_S = 1.0
+# How often the consumed queues are matched to the store's submit credentials: a credential
+# issued while the brain runs is served within this (its messages wait in Redis meanwhile).
+REFRESH_S = 2.0
 
 
-def submit_message(brain: Brain, body: Any, headers: dict[str, Any]) -> str | None:
-    """Submit the tree of one ``submit_tree`` message (Celery protocol 2); the run's id, or
-    None when it is refused (logged with every problem; nothing is recorded).
+def submit_message(brain: Brain, body: Any, headers: dict[str, Any], user: str) -> str | None:
+    """Submit the tree of one ``submit_tree`` message (Celery protocol 2) that came through
+    ``user``'s submit queue; the run's id, or None when it is refused (logged with every
+    problem; nothing is recorded).
 
-    Without ``tree_id`` the run is named after the message id, which a redelivery keeps: a
-    message delivered twice (at-least-once) still makes one run.
+    The run is ``user``'s: the queue says who sent it, the message cannot. Without
+    ``tree_id`` the run is named after the message id, which a redelivery keeps: a message
+    delivered twice (at-least-once) still makes one run.
     """
+    queue = submit_queue_of(user)
     task, message_id = headers.get("task"), str(headers.get("id") or "")
     if task != SUBMIT_TREE_TASK or not message_id:
-        log.error("dropped a message on queue %r: task %r, expected %r", SUBMIT_QUEUE, task, SUBMIT_TREE_TASK)
+        log.error("dropped a message on queue %r: task %r, expected %r", queue, task, SUBMIT_TREE_TASK)
         return None
     try:
         args, kwargs = body[0], body[1]
@@ -48,20 +61,27 @@ def submit_message(brain: Brain, body: Any, headers: dict[str, Any]) -> str | No
             raise ValueError("pass the tree, user and tree_id as keyword arguments")
         request = SubmitTree.model_validate(kwargs)
     except (ValidationError, ValueError, TypeError, IndexError, KeyError) as exc:
-        log.error("refused submit_tree message %s: %s", message_id, exc)
+        log.error("refused submit_tree message %s on queue %r: %s", message_id, queue, exc)
         return None
-    source = f"submit_tree (message {message_id})"
+    if request.user is not None and request.user != user:
+        log.error(
+            "refused submit_tree message %s on queue %r: it names user %r, but it came with the submit "
+            "credential of user %r; a credential submits as its own user only (`vancetope submit-url "
+            "--user U` issues one per user)",
+            message_id, queue, request.user, user,
+        )  # fmt: skip
+        return None
+    source = f"submit_tree (message {message_id}, user {user})"
     run_id = request.tree_id or run_id_of(request.tree, message_id)
     try:
+        check_tree_data(request.tree, brain.settings, source=source)
         tree = tree_from_data(request.tree, source=source)
         for warning in check_submission(tree, brain.scheduler.registry, source=source, tree_id=run_id):
             log.warning("%s", warning)
         if brain.store.get_tree(run_id) is not None:
             log.info("submit_tree: run %r is already recorded (a redelivered message); nothing to do", run_id)
             return run_id
-        record = brain.scheduler.submit(
-            tree, tree_id=run_id, session=SessionKind.AUTONOMOUS, user=request.user or brain.settings.user
-        )
+        record = brain.scheduler.submit(tree, tree_id=run_id, session=SessionKind.AUTONOMOUS, user=user)
     except BrainError as exc:
         log.error("refused a submitted tree: %s", exc)
         return None
@@ -75,29 +95,90 @@ def run_id_of(tree: dict[str, Any], message_id: str) -> str:
 
 
 def submit_consumer(get_brain: Callable[[], Brain]) -> type[bootsteps.ConsumerStep]:
-    """A worker bootstep consuming queue ``submit`` with ``submit_message``."""
+    """A worker bootstep consuming each user's queue ``submit.<user>`` with ``submit_message``."""
 
-    class SubmitQueue(bootsteps.ConsumerStep):
-        def get_consumers(self, channel: Any) -> list[Consumer]:
-            return [
-                Consumer(
-                    channel,
-                    queues=[Queue(SUBMIT_QUEUE)],
-                    callbacks=[self.on_message],
-                    accept=["json"],
-                    prefetch_count=1,
-                )
-            ]
-
+    class SubmitQueues(bootsteps.ConsumerStep):
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
             self.failures: dict[str, int] = {}
+            self.channel: Any = None
+            self.by_user: dict[str, Consumer] = {}
+            self.timer_ref: Any = None
+            self.gateway: Any = None
 
-        def on_message(self, body: Any, message: Any) -> None:
+        def get_consumers(self, channel: Any) -> list[Consumer]:
+            self.channel, self.by_user = channel, {}
+            for credential in get_brain().store.list_submitters():
+                self.by_user[credential.user] = self._consumer(credential.user)
+            # The MCP gateway's requests (brain.gateway.door): it submits and cancels through here.
+            self.gateway = Consumer(
+                channel,
+                queues=[Queue(GATEWAY_QUEUE)],
+                callbacks=[self.on_gateway],
+                accept=["json"],
+                prefetch_count=1,
+            )
+            return [self.gateway, *self.by_user.values()]
+
+        def start(self, c: Any) -> None:
+            super().start(c)
+            # The worker's timer runs in its event loop, where the consumers live.
+            self.timer_ref = c.timer.call_repeatedly(REFRESH_S, self.refresh)
+
+        def stop(self, c: Any) -> None:
+            self._cancel_timer()
+            super().stop(c)
+
+        def shutdown(self, c: Any) -> None:
+            self._cancel_timer()
+            super().shutdown(c)
+
+        def _cancel_timer(self) -> None:
+            if self.timer_ref is not None:
+                self.timer_ref.cancel()
+                self.timer_ref = None
+
+        def _consumer(self, user: str) -> Consumer:
+            return Consumer(
+                self.channel,
+                queues=[Queue(submit_queue_of(user))],
+                callbacks=[functools.partial(self.on_message, user)],
+                accept=["json"],
+                prefetch_count=1,
+            )
+
+        def refresh(self) -> None:
+            """Consume the queue of each new credential; stop on a revoked one's."""
+            try:
+                wanted = {c.user for c in get_brain().store.list_submitters()}
+            except Exception:
+                log.exception("reading the submit credentials failed; the submit queues stay as they are")
+                return
+            for user in sorted(wanted - self.by_user.keys()):
+                consumer = self._consumer(user)
+                consumer.consume()
+                self.by_user[user] = consumer
+                self.consumers = [self.gateway, *self.by_user.values()]
+                log.info("consuming queue %s (submit credential of user %s)", submit_queue_of(user), user)
+            for user in sorted(self.by_user.keys() - wanted):
+                self.by_user.pop(user).cancel()
+                self.consumers = [self.gateway, *self.by_user.values()]
+                log.info("stopped consuming queue %s: its credential was revoked", submit_queue_of(user))
+
+        def on_gateway(self, body: Any, message: Any) -> None:
+            # A request the gateway waits for: no retries (the gateway's wait is bounded and it
+            # tells its caller); a failure is logged and the gateway's wait ends with its words.
+            try:
+                door.on_request(get_brain(), body)
+            except Exception:
+                log.exception("a gateway request failed")
+            message.ack()
+
+        def on_message(self, user: str, body: Any, message: Any) -> None:
             headers = dict(message.headers or {})
             message_id = str(headers.get("id"))
             try:
-                submit_message(get_brain(), body, headers)
+                submit_message(get_brain(), body, headers, user)
             except Exception:
                 # A store or Redis outage must not lose a submission: put it back and try
                 # again, a few times, pausing so an outage is not a busy loop.
@@ -113,7 +194,7 @@ def submit_consumer(get_brain: Callable[[], Brain]) -> type[bootsteps.ConsumerSt
             self.failures.pop(message_id, None)
             message.ack()
 
-    return SubmitQueue
+    return SubmitQueues
 
 
-__all__ = ["run_id_of", "submit_consumer", "submit_message"]
+__all__ = ["REFRESH_S", "run_id_of", "submit_consumer", "submit_message"]

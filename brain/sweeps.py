@@ -65,6 +65,8 @@ class SweepScheduling(Protocol):
         error: ErrorInfo | None = None,
     ) -> bool: ...
 
+    def cancel_tasks(self, tree_id: str, task_id: str | None = None) -> list[str]: ...
+
     def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None: ...
 
     def publish(self, call: ToolCall, pool: str | None = None) -> None: ...
@@ -305,15 +307,4 @@ class Sweeps:
         """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled);
         runs in flight are added to the cancelled set their worker checks before starting,
         which an offline client reads when it comes back."""
-        cancelled: list[str] = []
-        for rec in self.store.get_tasks(tree_id):
-            if task_id is not None and rec.task_id != task_id:
-                continue
-            if rec.state not in NOT_FINAL:
-                continue
-            if self.scheduler.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
-                cancelled.append(rec.task_id)
-                if rec.run_id:
-                    self.hot.cancel_runs([rec.run_id], rec.client_id)
-        self.scheduler.advance(tree_id)
-        return cancelled
+        return self.scheduler.cancel_tasks(tree_id, task_id)

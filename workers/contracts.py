@@ -23,6 +23,25 @@ SUBMIT_QUEUE = "submit"
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
+def submit_queue_of(user: str) -> str:
+    """The queue a user's submit credential may write (``vancetope submit-url --user U``): only
+    the brain reads it, and every tree on it runs as ``user``."""
+    if not _CLIENT_ID.match(user):
+        raise ValueError(f"invalid user {user!r}: use letters, digits, '_', '.', '-' (max 64)")
+    return f"{SUBMIT_QUEUE}.{user}"
+
+
+# The MCP gateway's requests to the brain (brain.gateway.door): only the gateway writes it.
+GATEWAY_QUEUE = "gateway"
+
+
+def key_gateway_reply(request_id: str) -> str:
+    """List: the brain's one reply to the gateway's request ``request_id`` (32 hex)."""
+    if not re.fullmatch(r"[0-9a-f]{32}", request_id):
+        raise ValueError(f"invalid gateway request id {request_id!r}")
+    return f"{GATEWAY_QUEUE}.reply.{request_id}"
+
+
 def client_queue(client_id: str) -> str:
     """The Celery queue a client agent consumes: ``client.<client_id>``."""
     if not _CLIENT_ID.match(client_id):
@@ -237,8 +256,10 @@ class ScheduleFire(BaseModel):
 
 class SubmitTree(BaseModel):
     """The keyword arguments of a ``vancetope.submit_tree`` job: an autonomous run of ``tree``
-    (a tree file's content as data) for ``user``. ``tree_id`` lets the sender follow the run
-    it asked for (there is no result backend to return one)."""
+    (a tree file's content as data). The run's user is the one of the submit queue the message
+    came through (``submit_queue_of``); ``user``, if given, must be that one or the message is
+    refused. ``tree_id`` lets the sender follow the run it asked for (there is no result
+    backend to return one)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

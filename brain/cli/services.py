@@ -10,8 +10,10 @@ import threading
 import time
 
 import click
+import redis
 from rich.markup import escape
 
+from brain import submitters
 from brain.cli.base import (
     EXIT_BAD_INPUT,
     EXIT_STACK,
@@ -31,7 +33,6 @@ from brain.errors import (
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
 from brain.models import TreeStatus
 from brain.pools import unknown_pool
-from brain.redis_server import submitter_url
 from brain.registry import RegistrySnapshot
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.stack import (
@@ -39,14 +40,14 @@ from brain.stack import (
     beat_argv,
     gateway_argv,
     pool_service,
-    running_stack_url,
     service_argvs,
     stack_env,
     without_agent,
 )
 from brain.store import open_store
 from brain.supervisor import GaveUp, Supervisor
-from workers.contracts import DEFAULT_POOL
+from workers.contracts import DEFAULT_POOL, submit_queue_of
+from workers.urls import with_credentials
 
 FLOWER_PORT = 5555
 # How long `up` waits for the MCP gateway to listen before it says where to look.
@@ -258,24 +259,50 @@ def reload(settings: Settings, timeout: float) -> None:
 
 
 @cli.command("submit-url")
+@click.option(
+    "--user", "user", help="The user whose trees this credential submits (default: the `user` setting)."
+)
+@click.option("--revoke", is_flag=True, help="Revoke the user's submit credential instead.")
 @click.pass_obj
-def submit_url(settings: Settings) -> None:
-    """Print VANCETOPE_SUBMIT_URL=<url>: the Redis URL another Celery app uses to submit trees.
+def submit_url(settings: Settings, user: str | None, revoke: bool) -> None:
+    """Print VANCETOPE_SUBMIT_URL=<url>: the credential another Celery app submits trees with,
+    for one user only.
 
-    Its user (vt-submit) may only put messages on queue `submit`, which the brain reads as
-    `vancetope.submit_tree` jobs (README "Python API"). For the stack of `vancetope up`; with
-    an external Redis, create vt-submit with the rules in compose.yaml instead.
+    Its Redis user (vts-<user>) may only put messages on queue `submit.<user>`; the brain
+    runs every tree from that queue as <user>, whatever the message says (README "Python
+    API"). Without --user: the stack's `user` setting. Issuing again replaces the old secret.
     """
-    if settings.redis_url:
+    user = user or settings.user
+    if not user:
         fail(
-            "VANCETOPE_REDIS_URL points at an external Redis: give your app a vt-submit user made with "
-            "the rules in compose.yaml (brain/acl.py COMPONENT_RULES), not an admin URL",
+            "a submit credential submits for one user: pass --user U (or set `user` in vancetope.toml)",
             EXIT_BAD_INPUT,
         )
-    url = running_stack_url(settings)
-    if not url:
-        fail("no stack is running here: start one with `vancetope up`", EXIT_STACK)
-    click.echo(f"VANCETOPE_SUBMIT_URL={submitter_url(url)}")
+    try:
+        queue = submit_queue_of(user)
+    except ValueError as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+    with running_brain(settings) as brain:
+        try:
+            if revoke:
+                found = submitters.revoke(brain.store, brain.hot.r, user)
+                err.print(escape(f"revoked the submit credential of user {user}" if found else
+                                 f"user {user} had no submit credential"), highlight=False)  # fmt: skip
+                return
+            secret = submitters.issue(brain.store, brain.hot.r, user)
+        except redis.exceptions.NoPermissionError as exc:
+            fail(
+                f"Redis refused to create ACL user {submitters.submit_username(user)} ({exc}): run this "
+                "with the admin's or the brain's Redis URL",
+                EXIT_STACK,
+            )
+        address = settings.agent_broker_url or brain.redis_url
+    err.print(
+        escape(f"submit credential of user {user}: send vancetope.submit_tree on queue {queue}; "
+               "the old one, if any, stopped working"),
+        highlight=False,
+    )  # fmt: skip
+    click.echo(f"VANCETOPE_SUBMIT_URL={with_credentials(address, submitters.submit_username(user), secret)}")
 
 
 @cli.command()

@@ -39,6 +39,7 @@ from brain.errors import (
     StackAlreadyRunning,
     StackNotRunning,
 )
+from brain.limits import TreeRefused
 from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.queues import QueuesReport, queues_report
 from brain.registry import RegistrySnapshot, build_registry
@@ -131,7 +132,10 @@ def run(
                         "pass --user)",
                         highlight=False,
                     )
-                record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
+                try:
+                    record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
+                except TreeRefused as exc:
+                    fail(str(exc), EXIT_BAD_INPUT)
                 if as_json:
                     status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
                     tasks = brain.store.get_tasks(record.tree_id)

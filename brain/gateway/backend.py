@@ -4,8 +4,13 @@ run in worker threads by ``brain.gateway.server``).
 A routed call is a one-task tree submitted as an *interactive session* of the token's user,
 with no client bound: the router picks the user's least loaded connected client offering the
 tool, or the server pool, and applies the tool's offline strategy (seed 000 §4) — the same
-path as any tree, so the store records it and ``brain_tree_status`` finds it later. The
-scheduler is not made for concurrent use: submits and cancels hold one lock.
+path as any tree, so the store records it and ``brain_tree_status`` finds it later.
+
+The gateway decides and writes nothing itself (issue 20, H6): it submits and cancels by
+asking the brain (``brain.gateway.door``) with the caller's token, from which the brain takes
+the user; it reads the registry and presence the brain publishes in Redis, and the store
+through a read-only connection (SQLite ``mode=ro``; MongoDB: the URL's user). Its Redis user
+(``vt-gateway``) reaches no client key and runs no SCAN, PSUBSCRIBE or script.
 """
 
 from __future__ import annotations
@@ -13,31 +18,47 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from brain.config import CONFIG_FILE, Settings
-from brain.errors import BrainError
-from brain.gateway import tokens
+from brain.errors import BrainError, StackNotRunning
+from brain.gateway import door, tokens
 from brain.gateway.catalog import GatewayTool, catalog, user_sessions
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
-from brain.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskSpec, TaskTree
-from brain.presence import ClientSession
+from brain.hotstate import HotState
+from brain.limits import check_tree_data
+from brain.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskTree
+from brain.presence import ClientSession, PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.report import tree_report, trees_report
-from brain.service import Brain
+from brain.service import unreachable
+from brain.store import Store, open_store
 from brain.submission import check_submission
 from brain.treefile import tree_from_data
+from workers.urls import redact_url
 
 CALL_TASK = "call"
 # Trees of a user that brain_tree_status lists without a tree id.
 RECENT_TREES = 20
+# How long a submit or cancel waits for the brain's reply.
+ASK_TIMEOUT_S = 30.0
 
 
 class Refused(BrainError):
     """A primary tool's call that cannot be served; the text tells the caller what to do."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the token's user, and the token itself, which the brain checks again."""
+
+    user: str
+    token: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -64,8 +85,18 @@ def call_tree_id(tool: str) -> str:
 
 
 class Backend:
-    def __init__(self, brain: Brain, settings: Settings, pool_config: list[PoolConfig]) -> None:
-        self.brain = brain
+    def __init__(
+        self,
+        hot: HotState,
+        store: Store,
+        registry: RegistrySnapshot,
+        settings: Settings,
+        pool_config: list[PoolConfig],
+    ) -> None:
+        self.hot = hot
+        self.store = store
+        self.presence = PresenceBook(hot.r, store)
+        self._registry = registry
         self.settings = settings
         self.pool_config = pool_config
         self.lock = threading.Lock()
@@ -74,28 +105,44 @@ class Backend:
     def connect(cls, settings: Settings, redis_url: str, cwd: Path | None = None) -> Backend:
         """Connect to a running stack (raises StackNotRunning without a brain's registry)."""
         pools = load_tool_pools((cwd or Path.cwd()) / CONFIG_FILE)
-        return cls(Brain.connect(settings, redis_url), settings, pools)
+        hot = HotState.from_url(redis_url)
+        try:
+            raw = hot.get_registry()
+        except redis.RedisError as exc:
+            hot.close()
+            raise unreachable(redis_url, exc) from exc
+        if raw is None:
+            hot.close()
+            raise StackNotRunning(
+                f"no brain has published its registry in Redis at {redact_url(redis_url)}; start one with "
+                "`vancetope up` (or `vancetope brain` beside an external Redis)"
+            )
+        store = open_store(settings.store, read_only=True)
+        return cls(hot, store, RegistrySnapshot.model_validate(raw), settings, pools)
 
     def close(self) -> None:
-        self.brain.close()
+        try:
+            self.store.close()
+        finally:
+            self.hot.close()
 
     # --- who and what ----------------------------------------------------------------
     def user_of(self, token: str) -> str | None:
-        return tokens.user_of(self.brain.store, token)
+        return tokens.user_of(self.store, token)
 
     def registry(self) -> RegistrySnapshot:
         """The brain's published registry; a reload is picked up here, and routing follows it."""
-        raw = self.brain.hot.get_registry()
-        current = self.brain.scheduler.registry
+        raw = self.hot.get_registry()
+        current = self._registry
         if raw is not None and raw.get("loaded_at") != current.loaded_at:
             snapshot = RegistrySnapshot.model_validate(raw)
             with self.lock:
-                self.brain.scheduler.registry = snapshot
+                self._registry = snapshot
             return snapshot
         return current
 
     def sessions(self) -> dict[str, ClientSession]:
-        return self.brain.scheduler.presence.sessions()
+        return self.presence.sessions()
 
     def view(self, user: str) -> UserView:
         registry = self.registry()
@@ -112,8 +159,8 @@ class Backend:
     def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
         """(the registry's loaded_at, each user's connected client sessions): what list_changed
         follows. A small GET and one HGETALL; the snapshot itself is read only when it changed."""
-        published = self.brain.hot.registry_loaded_at()
-        registry = self.brain.scheduler.registry
+        published = self.hot.registry_loaded_at()
+        registry = self._registry
         if published is None or published != registry.loaded_at:
             registry = self.registry()
         per_user: dict[str, set[tuple[str, str]]] = {}
@@ -122,9 +169,10 @@ class Backend:
         return registry.loaded_at, {user: frozenset(found) for user, found in per_user.items()}
 
     # --- routed calls ----------------------------------------------------------------
-    def submit_call(self, user: str, tool: str, args: Mapping[str, Any]) -> Submitted:
-        """Submit ``tool(args)`` as a one-task interactive tree of ``user``. Raises
-        InvalidTaskTree (every problem named) when the call cannot be valid."""
+    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
+        """Submit ``tool(args)`` as a one-task interactive tree of the caller, through the
+        brain. Raises InvalidTaskTree (every problem named) when the call cannot be valid,
+        DoorRefused with the brain's words when it refuses."""
         registry = self.registry()
         spec = registry.tools.get(tool)
         wait_s = (
@@ -132,40 +180,45 @@ class Backend:
             or self.settings.max_wait_s
             or self.settings.gateway_max_wait_s
         )
-        tree = TaskTree(
-            id=call_tree_id(tool),
-            max_wait_s=wait_s,
-            tasks=[TaskSpec(id=CALL_TASK, tool=tool, args=dict(args))],
-        )
+        data = {
+            "id": call_tree_id(tool),
+            "max_wait_s": wait_s,
+            "tasks": [{"id": CALL_TASK, "tool": tool, "args": dict(args)}],
+        }
+        tree = TaskTree.model_validate(data)
         announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), user) for n in s.tool_names()
+            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
         )
+        # Checked here for the caller's sake (every problem named at once); the brain checks again.
         check_submission(tree, registry, source=f"tools/call {tool}", announced=announced)
-        with self.lock:
-            record = self.brain.scheduler.submit(tree, session=SessionKind.INTERACTIVE, user=user)
-        return Submitted(tree_id=record.tree_id, wait_s=wait_s)
+        reply = self._ask(caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE)
+        assert reply.tree_id is not None
+        return Submitted(tree_id=reply.tree_id, wait_s=wait_s)
 
     def call_record(self, tree_id: str) -> TaskRecord:
-        rec = self.brain.store.get_task(tree_id, CALL_TASK)
+        rec = self.store.get_task(tree_id, CALL_TASK)
         if rec is None:
             raise BrainError(f"the gateway's call {tree_id!r} has no record in the store")
         return rec
 
-    def cancel(self, tree_id: str, task_id: str | None = None) -> list[str]:
-        with self.lock:
-            return self.brain.sweeps.cancel(tree_id, task_id)
+    def cancel(self, caller: Caller, tree_id: str, task_id: str | None = None) -> list[str]:
+        return self._ask(caller, kind="cancel", tree_id=tree_id, task_id=task_id).cancelled
+
+    def _ask(self, caller: Caller, **fields: Any) -> door.GatewayReply:
+        return door.ask(self.hot.r, ASK_TIMEOUT_S, token=caller.token, **fields)
 
     # --- the primary tools ----------------------------------------------------------
-    def primary(self, user: str, tool: str, args: Mapping[str, Any]) -> Any:
+    def primary(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Any:
         """Answer one primary tool; raises Refused with what to do instead."""
+        user = caller.user
         if tool == HEALTH:
             return self._health(user)
         if tool == SUBMIT_TREE:
-            return self._submit_tree(user, args.get("tree"), bool(args.get("autonomous", False)))
+            return self._submit_tree(caller, args.get("tree"), bool(args.get("autonomous", False)))
         if tool == TREE_STATUS:
             return self._tree_status(user, args.get("tree_id"))
         if tool == CANCEL:
-            return self._cancel(user, _text_arg(args, "tree_id"), args.get("task_id"))
+            return self._cancel(caller, _text_arg(args, "tree_id"), args.get("task_id"))
         if tool == LIST_CLIENTS:
             return self._clients(user)
         raise Refused(f"{tool!r} is not a primary tool")
@@ -187,22 +240,22 @@ class Backend:
             "max_tools": self.settings.gateway_max_tools,
         }
 
-    def _submit_tree(self, user: str, data: Any, autonomous: bool) -> dict[str, Any]:
+    def _submit_tree(self, caller: Caller, data: Any, autonomous: bool) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise Refused("brain_submit_tree needs 'tree': the tree as an object {id, tasks: [...]}")
+        check_tree_data(data, self.settings, source="brain_submit_tree")
         registry = self.registry()
         tree = tree_from_data(data, source="brain_submit_tree")
         announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), user) for n in s.tool_names()
+            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
         )
-        warnings = check_submission(tree, registry, source="brain_submit_tree", announced=announced)
+        check_submission(tree, registry, source="brain_submit_tree", announced=announced)
         session = SessionKind.AUTONOMOUS if autonomous else SessionKind.INTERACTIVE
-        with self.lock:
-            record = self.brain.scheduler.submit(tree, session=session, user=user)
-        return {"tree_id": record.tree_id, "session": session.value, "warnings": warnings}
+        reply = self._ask(caller, kind="submit", tree=data, session=session)
+        return {"tree_id": reply.tree_id, "session": session.value, "warnings": reply.warnings}
 
     def _own_tree(self, user: str, tree_id: str) -> Any:
-        record = self.brain.store.get_tree(tree_id)
+        record = self.store.get_tree(tree_id)
         if record is None or record.user != user:
             # Another user's tree is as unknown as a tree that does not exist.
             raise Refused(f"no tree {tree_id!r} of yours; brain_tree_status without tree_id lists your trees")
@@ -210,21 +263,21 @@ class Backend:
 
     def _tree_status(self, user: str, tree_id: Any) -> Any:
         if tree_id is None:
-            trees = [t for t in self.brain.store.list_trees(limit=200) if t.user == user][:RECENT_TREES]
-            counts = {t.tree_id: _counts(self.brain.store.get_tasks(t.tree_id)) for t in trees}
+            trees = [t for t in self.store.list_trees(limit=200) if t.user == user][:RECENT_TREES]
+            counts = {t.tree_id: _counts(self.store.get_tasks(t.tree_id)) for t in trees}
             return {"trees": trees_report(trees, counts)}
         record = self._own_tree(user, str(tree_id))
-        return tree_report(record, self.brain.store.get_tasks(record.tree_id))
+        return tree_report(record, self.store.get_tasks(record.tree_id))
 
-    def _cancel(self, user: str, tree_id: str, task_id: Any) -> dict[str, Any]:
-        self._own_tree(user, tree_id)
-        if task_id is not None and self.brain.store.get_task(tree_id, str(task_id)) is None:
+    def _cancel(self, caller: Caller, tree_id: str, task_id: Any) -> dict[str, Any]:
+        self._own_tree(caller.user, tree_id)
+        if task_id is not None and self.store.get_task(tree_id, str(task_id)) is None:
             raise Refused(f"tree {tree_id!r} has no task {task_id!r}")
-        return {"cancelled": self.cancel(tree_id, None if task_id is None else str(task_id))}
+        return {"cancelled": self.cancel(caller, tree_id, None if task_id is None else str(task_id))}
 
     def _clients(self, user: str) -> dict[str, Any]:
         sessions = self.sessions()
-        enrolled = [e for e in self.brain.store.list_enrollments() if e.user == user]
+        enrolled = [e for e in self.store.list_enrollments() if e.user == user]
         return {
             "clients": [
                 {
@@ -254,4 +307,4 @@ def _counts(tasks: list[TaskRecord]) -> dict[str, int]:
     return found
 
 
-__all__ = ["CALL_TASK", "Backend", "Refused", "Submitted", "UserView", "call_tree_id"]
+__all__ = ["CALL_TASK", "Backend", "Caller", "Refused", "Submitted", "UserView", "call_tree_id"]

@@ -42,7 +42,8 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import Backend, Refused, Submitted
+from brain.gateway.backend import Backend, Caller, Refused, Submitted
+from brain.gateway.door import DoorRefused
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
@@ -183,6 +184,14 @@ class Gateway:
             raise MCPError(types.INVALID_REQUEST, "no authenticated user on this request")
         return found.access_token.subject
 
+    @classmethod
+    def caller(cls, ctx: ServerRequestContext[Any, Any]) -> Caller:
+        """The user and the token: the brain takes the user from the token again."""
+        user = cls.user(ctx)
+        found = getattr(ctx.request, "user", None)
+        assert isinstance(found, AuthenticatedUser)
+        return Caller(user=user, token=found.access_token.token)
+
     async def _remember_session(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
@@ -214,34 +223,34 @@ class Gateway:
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        user = self.user(ctx)
+        caller = self.caller(ctx)
         name, args = params.name, dict(params.arguments or {})
         try:
             if name in (SPECIALIZED_CMD, LIST_POOLS):
-                return await self._pooled(ctx, user, name, args)
-            return await self._call(ctx, user, name, args)
+                return await self._pooled(ctx, caller, name, args)
+            return await self._call(ctx, caller, name, args)
         except (redis.RedisError, BrainError) as exc:
             return text_result(f"tool {name!r} could not be called: {exc}", error=True)
 
     async def _call(
-        self, ctx: ServerRequestContext[Any, Any], user: str, name: str, args: dict[str, Any]
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, name: str, args: dict[str, Any]
     ) -> types.CallToolResult:
         if name in _PRIMARY_NAMES:
             try:
-                value = await anyio.to_thread.run_sync(self.backend.primary, user, name, args)
-            except (Refused, InvalidTaskTree) as exc:
+                value = await anyio.to_thread.run_sync(self.backend.primary, caller, name, args)
+            except (Refused, InvalidTaskTree, DoorRefused) as exc:
                 return text_result(f"{name}: {exc}", error=True)
             return value_result(value)
         try:
-            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, user, name, args)
-        except InvalidTaskTree as exc:
+            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, name, args)
+        except (InvalidTaskTree, DoorRefused) as exc:
             return text_result(f"tool {name!r} was not called: {exc}", error=True)
-        return await self._follow(ctx, submitted)
+        return await self._follow(ctx, caller, submitted)
 
     async def _pooled(
-        self, ctx: ServerRequestContext[Any, Any], user: str, name: str, args: dict[str, Any]
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, name: str, args: dict[str, Any]
     ) -> types.CallToolResult:
-        view = await anyio.to_thread.run_sync(self.backend.view, user)
+        view = await anyio.to_thread.run_sync(self.backend.view, caller.user)
         if name == LIST_POOLS:
             pool, query = args.get("pool"), args.get("query")
             if isinstance(query, str) and query.strip():
@@ -261,26 +270,27 @@ class Gateway:
             return text_result(
                 f"{SPECIALIZED_CMD}: params must be an object (the arguments of {found.name!r})", error=True
             )
-        return await self._call(ctx, user, found.name, params)
+        return await self._call(ctx, caller, found.name, params)
 
     async def _follow(
-        self, ctx: ServerRequestContext[Any, Any], submitted: Submitted
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, submitted: Submitted
     ) -> types.CallToolResult:
         """Wait for the call's task: its result, a queued receipt, or the block text after its wait.
         Progress is forwarded; a cancelled MCP request cancels the task."""
         tree_id = submitted.tree_id
         try:
             async with self._tree_events(tree_id) as woken:
-                return await self._wait(ctx, submitted, woken)
+                return await self._wait(ctx, caller, submitted, woken)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
-                cancelled = await anyio.to_thread.run_sync(self.backend.cancel, tree_id)
+                cancelled = await anyio.to_thread.run_sync(self.backend.cancel, caller, tree_id)
                 log.info("MCP request cancelled: cancelled %s of tree %s", cancelled or "nothing", tree_id)
             raise
 
     async def _wait(
         self,
         ctx: ServerRequestContext[Any, Any],
+        caller: Caller,
         submitted: Submitted,
         woken: Callable[[float], Awaitable[None]],
     ) -> types.CallToolResult:
@@ -302,7 +312,7 @@ class Gateway:
             blocked = rec if rec.state is TaskState.BLOCKED else None
             # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
             if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
-                await anyio.to_thread.run_sync(self.backend.cancel, submitted.tree_id)
+                await anyio.to_thread.run_sync(self.backend.cancel, caller, submitted.tree_id)
                 after = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
                 # It may have started meanwhile (the client came back): then its end counts.
                 if after.state is TaskState.DONE or after.state.is_queued:

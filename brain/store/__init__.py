@@ -4,8 +4,8 @@
 Callers depend on the ``Store`` protocol only.
 """
 
-from brain.store.base import ANY, Store, open_store
+from brain.store.base import ANY, Ended, Store, open_store
 from brain.store.mongo import MongoStore
 from brain.store.sqlite import SQLiteStore
 
-__all__ = ["ANY", "MongoStore", "SQLiteStore", "Store", "open_store"]
+__all__ = ["ANY", "Ended", "MongoStore", "SQLiteStore", "Store", "open_store"]

@@ -13,13 +13,22 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection
 from contextlib import AbstractContextManager
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import (
+    Enrollment,
+    GatewayToken,
+    SecretRecord,
+    SubmitCredential,
+    TaskRecord,
+    TaskState,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.summary import RunSummary
 from workers.urls import redact_url
 
@@ -51,6 +60,14 @@ class _Any(enum.Enum):
 
 ANY: Final = _Any.ANY
 """``transition(expect_run_id=ANY)``: do not compare the run id (``None`` means "is null")."""
+
+
+class Ended(NamedTuple):
+    """A task ``end_tasks`` gave a final state: what its run was (to cancel it in Redis)."""
+
+    task_id: str
+    run_id: str | None
+    client_id: str | None
 
 
 @runtime_checkable
@@ -129,6 +146,26 @@ class Store(Protocol):
         """Tasks of every tree in ``states`` (optionally ``updated_at < updated_before``), stalest first."""
         ...
 
+    def end_tasks(
+        self,
+        tree_id: str,
+        *,
+        from_states: Collection[TaskState],
+        state: TaskState,
+        reason: str,
+        finished_at: float,
+        task_id: str | None = None,
+    ) -> list[Ended]:
+        """Give every task of the tree (or only ``task_id``) whose state is in ``from_states`` the
+        final ``state`` with ``reason`` (error cleared), in one statement (SQLite) or one
+        find and one update (MongoDB), whatever the tree's size: cancelling a 100,000-task tree
+        must not be 100,000 round trips. The tasks it ended, with their run and client."""
+        ...
+
+    def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:
+        """How many tasks in ``states`` the running trees of ``user`` hold (the per-user quota)."""
+        ...
+
     # --- enrollments (the record of which client agents may connect, and as whom) ---
 
     def put_enrollment(self, enrollment: Enrollment) -> None:
@@ -201,6 +238,20 @@ class Store(Protocol):
 
     def delete_gateway_token(self, user: str) -> bool:
         """Revoke ``user``'s token; True if there was one."""
+        ...
+
+    # --- submit credentials (`vancetope submit-url --user U`; only their SHA-256) ---
+
+    def put_submitter(self, credential: SubmitCredential) -> None:
+        """Insert or replace the submit credential of ``credential.user``."""
+        ...
+
+    def list_submitters(self) -> list[SubmitCredential]:
+        """Every submit credential, by user."""
+        ...
+
+    def delete_submitter(self, user: str) -> bool:
+        """Revoke ``user``'s submit credential; True if there was one."""
         ...
 
     def close(self) -> None: ...
@@ -276,8 +327,11 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
 # --- opening a store by URL ----------------------------------------------------------
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, read_only: bool = False) -> Store:
     """Open the store named by ``url`` (see ``_ACCEPTED_URLS``; ``Settings.store`` builds one).
+
+    ``read_only``: SQLite connections that cannot write (the MCP gateway's); MongoDB is as
+    read-only as the URL's user is (give the gateway a user with the ``read`` role).
 
     ``sqlite:///`` follows the SQLAlchemy convention: three slashes then a relative
     path, four slashes for an absolute one (``sqlite:///`` + ``/abs/path.db``).
@@ -292,7 +346,7 @@ def open_store(url: str) -> Store:
             )
         from brain.store.sqlite import SQLiteStore
 
-        return SQLiteStore(path)
+        return SQLiteStore(path, read_only=read_only)
     if url.startswith(("mongodb://", "mongodb+srv://")):
         database = urlsplit(url).path.lstrip("/") or DEFAULT_MONGO_DATABASE
         from brain.store.mongo import MongoStore
@@ -301,5 +355,5 @@ def open_store(url: str) -> Store:
     if "://" not in url and url.endswith(".db"):
         from brain.store.sqlite import SQLiteStore
 
-        return SQLiteStore(url)
+        return SQLiteStore(url, read_only=read_only)
     raise StoreError(f"unsupported store URL {redact_url(url)!r}; accepted forms: {_ACCEPTED_URLS}")

@@ -22,10 +22,20 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from brain.errors import StoreError
-from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import (
+    Enrollment,
+    GatewayToken,
+    SecretRecord,
+    SubmitCredential,
+    TaskRecord,
+    TaskState,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
+    Ended,
     _Any,
     check_final_status,
     check_new_tree,
@@ -93,6 +103,8 @@ class MongoStore:
             self._gateway_tokens = self._db["gateway_tokens"]
             self._gateway_tokens.create_index([("user", ASCENDING)], unique=True)
             self._gateway_tokens.create_index([("token_sha256", ASCENDING)], unique=True)
+            self._submitters = self._db["submitters"]
+            self._submitters.create_index([("user", ASCENDING)], unique=True)
         self.database = database
 
     @contextmanager
@@ -256,6 +268,56 @@ class MongoStore:
             docs = list(cursor.limit(limit))
         return [_task(d) for d in docs]
 
+    def end_tasks(
+        self,
+        tree_id: str,
+        *,
+        from_states: Collection[TaskState],
+        state: TaskState,
+        reason: str,
+        finished_at: float,
+        task_id: str | None = None,
+    ) -> list[Ended]:
+        states = state_values(from_states)
+        if not states:
+            return []
+        query: dict[str, Any] = {"tree_id": tree_id, "state": {"$in": states}}
+        if task_id is not None:
+            query["task_id"] = task_id
+        changes = {
+            "state": TaskState(state).value, "reason": reason, "error": json.dumps(None),
+            "finished_at": finished_at, "updated_at": finished_at,
+        }  # fmt: skip
+        # One find and one update_many (no multi-document transaction without a replica set): a
+        # task re-sent between the two is ended too, and the run it got meanwhile is refused
+        # anyway, since its record is final (begin_run, result acceptance).
+        with self._errors(f"end_tasks({tree_id!r})"):
+            found = list(
+                self._tasks.find(query, {"_id": 0, "task_id": 1, "run_id": 1, "client_id": 1}).sort(
+                    "ord", ASCENDING
+                )
+            )
+            if not found:
+                return []
+            query["task_id"] = {"$in": [d["task_id"] for d in found]}
+            self._tasks.update_many(query, {"$set": changes})
+        return [Ended(d["task_id"], d.get("run_id"), d.get("client_id")) for d in found]
+
+    def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:
+        values = state_values(states)
+        if not values:
+            return 0
+        with self._errors("count_unfinished"):
+            trees = [
+                d["tree_id"]
+                for d in self._trees.find(
+                    {"status": TreeStatus.RUNNING.value, "user": user}, {"_id": 0, "tree_id": 1}
+                )
+            ]
+            if not trees:
+                return 0
+            return int(self._tasks.count_documents({"tree_id": {"$in": trees}, "state": {"$in": values}}))
+
     # --- enrollments ------------------------------------------------------------------
 
     def put_enrollment(self, enrollment: Enrollment) -> None:
@@ -355,6 +417,23 @@ class MongoStore:
     def delete_gateway_token(self, user: str) -> bool:
         with self._errors(f"delete_gateway_token({user!r})"):
             return self._gateway_tokens.delete_one({"user": user}).deleted_count == 1
+
+    # --- submit credentials -------------------------------------------------------------
+
+    def put_submitter(self, credential: SubmitCredential) -> None:
+        with self._errors(f"put_submitter({credential.user!r})"):
+            self._submitters.replace_one(
+                {"user": credential.user}, credential.model_dump(mode="json"), upsert=True
+            )
+
+    def list_submitters(self) -> list[SubmitCredential]:
+        with self._errors("list_submitters"):
+            docs = list(self._submitters.find({}, {"_id": 0}).sort("user", ASCENDING))
+        return [SubmitCredential.model_validate(d) for d in docs]
+
+    def delete_submitter(self, user: str) -> bool:
+        with self._errors(f"delete_submitter({user!r})"):
+            return self._submitters.delete_one({"user": user}).deleted_count == 1
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"

@@ -22,9 +22,19 @@ from pathlib import Path
 from typing import Any, Final
 
 from brain.errors import StoreError
-from brain.models import Enrollment, GatewayToken, SecretRecord, TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.models import (
+    Enrollment,
+    GatewayToken,
+    SecretRecord,
+    SubmitCredential,
+    TaskRecord,
+    TaskState,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.store.base import (
     ANY,
+    Ended,
     _Any,
     check_final_status,
     check_new_tree,
@@ -84,6 +94,10 @@ CREATE TABLE IF NOT EXISTS gateway_tokens (
     token_sha256 TEXT NOT NULL UNIQUE,
     doc          TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS submitters (
+    user TEXT PRIMARY KEY,
+    doc  TEXT NOT NULL
+);
 """
 
 # Columns mirrored from the JSON doc, so the WHERE clauses and indexes can see them.
@@ -93,8 +107,11 @@ _TASK_COLUMNS: Final = ("state", "run_id", "updated_at")
 class SQLiteStore:
     """``Store`` on a SQLite file; safe for several threads and processes at once."""
 
-    def __init__(self, path: str | PathLike[str]) -> None:
+    def __init__(self, path: str | PathLike[str], *, read_only: bool = False) -> None:
         self.path = Path(path)
+        # read_only: connections opened with mode=ro (the MCP gateway reads, never writes: issue
+        # 20); the schema is the writers' to create, so the file must exist.
+        self.read_only = read_only
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -104,6 +121,12 @@ class SQLiteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the directory of store file {self.path}: {exc}") from exc
+        if read_only:
+            if not self.path.is_file():
+                raise StoreError(
+                    f"store file {self.path} does not exist (a read-only store opens an existing one)"
+                )
+            return
         with self._errors("open"):
             self._create_schema()
 
@@ -123,8 +146,9 @@ class SQLiteStore:
             return conn
         # isolation_level=None: no implicit transactions; BEGIN IMMEDIATE where we need one.
         # check_same_thread=False only so close() may close other threads' connections.
+        target = f"{self.path.resolve().as_uri()}?mode=ro" if self.read_only else str(self.path)
         conn = sqlite3.connect(
-            self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False, uri=self.read_only
         )
         with self._lock:
             if self._closed:
@@ -379,6 +403,49 @@ class SQLiteStore:
             rows = self._conn().execute(sql, params).fetchall()
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
 
+    def end_tasks(
+        self,
+        tree_id: str,
+        *,
+        from_states: Collection[TaskState],
+        state: TaskState,
+        reason: str,
+        finished_at: float,
+        task_id: str | None = None,
+    ) -> list[Ended]:
+        states = state_values(from_states)
+        if not states:
+            return []
+        # One UPDATE: the check and the write are atomic per row, as transition()'s are.
+        sql = (
+            "UPDATE tasks SET state = ?, updated_at = ?, doc = json_set(doc, '$.state', ?, '$.reason', ?, "
+            "'$.error', json('null'), '$.finished_at', ?, '$.updated_at', ?) "
+            f"WHERE tree_id = ? AND state IN ({_marks(states)})"
+        )
+        params: list[Any] = [
+            TaskState(state).value, finished_at, TaskState(state).value, reason, finished_at, finished_at,
+            tree_id, *states,
+        ]  # fmt: skip
+        if task_id is not None:
+            sql += " AND task_id = ?"
+            params.append(task_id)
+        sql += " RETURNING seq, task_id, run_id, json_extract(doc, '$.client_id')"
+        with self._errors(f"end_tasks({tree_id!r})"):
+            rows = self._conn().execute(sql, params).fetchall()
+        return [Ended(*row[1:]) for row in sorted(rows)]  # RETURNING's order is arbitrary: put_tree's
+
+    def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:
+        values = state_values(states)
+        if not values:
+            return 0
+        sql = (
+            f"SELECT COUNT(*) FROM tasks WHERE state IN ({_marks(values)}) AND tree_id IN "
+            "(SELECT tree_id FROM trees WHERE status = ? AND json_extract(doc, '$.user') IS ?)"
+        )
+        with self._errors("count_unfinished"):
+            row = self._conn().execute(sql, (*values, TreeStatus.RUNNING.value, user)).fetchone()
+        return int(row[0])
+
     # --- enrollments ------------------------------------------------------------------
 
     def put_enrollment(self, enrollment: Enrollment) -> None:
@@ -501,6 +568,25 @@ class SQLiteStore:
     def delete_gateway_token(self, user: str) -> bool:
         with self._errors(f"delete_gateway_token({user!r})"):
             cur = self._conn().execute("DELETE FROM gateway_tokens WHERE user = ?", (user,))
+        return cur.rowcount == 1
+
+    # --- submit credentials -------------------------------------------------------------
+
+    def put_submitter(self, credential: SubmitCredential) -> None:
+        with self._errors(f"put_submitter({credential.user!r})"):
+            self._conn().execute(
+                "INSERT INTO submitters (user, doc) VALUES (?, ?) ON CONFLICT (user) DO UPDATE SET doc = excluded.doc",
+                (credential.user, credential.model_dump_json()),
+            )
+
+    def list_submitters(self) -> list[SubmitCredential]:
+        with self._errors("list_submitters"):
+            rows = self._conn().execute("SELECT doc FROM submitters ORDER BY user").fetchall()
+        return [SubmitCredential.model_validate_json(r[0]) for r in rows]
+
+    def delete_submitter(self, user: str) -> bool:
+        with self._errors(f"delete_submitter({user!r})"):
+            cur = self._conn().execute("DELETE FROM submitters WHERE user = ?", (user,))
         return cur.rowcount == 1
 
     def __repr__(self) -> str:

@@ -275,11 +275,13 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         assert laptop["client_id"] == "laptop" and laptop["user"] == "demo" and not laptop["connected"]
         assert laptop["waiting"]["client"] + laptop["waiting"]["user"] == 2, laptop
         assert as_json["registry"]["tools"] > 0
-        # what another Celery app connects with: the submitter user, never the admin secret
+        # what another Celery app connects with: a credential of one user (the `user` setting,
+        # demo, without --user), never the admin secret
         submit = vancetope("submit-url", data=data)
         assert re.fullmatch(
-            r"VANCETOPE_SUBMIT_URL=redis://vt-submit:\S+@127\.0\.0\.1:\d+/0", submit.stdout.strip()
-        )
+            r"VANCETOPE_SUBMIT_URL=redis://vts-demo:\S+@127\.0\.0\.1:\d+/0", submit.stdout.strip()
+        ), submit.stdout + submit.stderr
+        assert "queue submit.demo" in submit.stderr
         assert admin_secret not in submit.stdout
 
         # a second run of the same tree, cancelled while parked: it must never run

@@ -105,12 +105,38 @@ def test_unknown_trees_and_no_stack_are_clear_errors(vt: vancetope.Vancetope, tm
 # --- the Celery task, sent by another Celery app ----------------------------------------
 
 
-def other_app(stack: EmbeddedStack, user: str = "vt-submit") -> Celery:
-    """A plain Celery app of someone else's, with the stack's submitter credential."""
+def submit_url(stack: EmbeddedStack, user: str) -> str:
+    """What `vancetope submit-url --user U` prints the URL of: a credential for ``user`` only."""
+    from brain import submitters
+    from brain.store import open_store
+    from workers.urls import with_credentials
+
     assert stack.redis is not None
-    app = Celery("someone-elses-app", broker=stack.redis.url_for(user), set_as_current=False)
+    store, r = open_store(stack.settings.store), redis.Redis.from_url(stack.redis.url)
+    try:
+        secret = submitters.issue(store, r, user)
+    finally:
+        store.close()
+        r.close()
+    return with_credentials(stack.redis.url, submitters.submit_username(user), secret)
+
+
+def other_app(stack: EmbeddedStack, user: str | None = None, *, url: str | None = None) -> Celery:
+    """A plain Celery app of someone else's: with a submit credential of ``user`` (demo), or the
+    stack's component user ``user`` when it starts with vt-."""
+    assert stack.redis is not None
+    if url is None:
+        url = (
+            stack.redis.url_for(user)
+            if user and user.startswith("vt-")
+            else submit_url(stack, user or "demo")
+        )
+    app = Celery("someone-elses-app", broker=url, set_as_current=False)
     app.conf.broker_connection_retry_on_startup = True
     return app
+
+
+DEMO_QUEUE = "submit.demo"
 
 
 def test_another_celery_app_submits_a_tree_through_the_submit_queue(
@@ -121,7 +147,7 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
         app.send_task(
             vancetope.SUBMIT_TREE_TASK,
             kwargs={"tree": ECHO_TREE, "user": "demo", "tree_id": "from-celery"},
-            queue=vancetope.SUBMIT_QUEUE,
+            queue=DEMO_QUEUE,
         )
         # the same message delivered twice (at-least-once) makes one run
         message_id = str(uuid.uuid4())
@@ -129,7 +155,7 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
             app.send_task(
                 vancetope.SUBMIT_TREE_TASK,
                 kwargs={"tree": ECHO_TREE},
-                queue=vancetope.SUBMIT_QUEUE,
+                queue=DEMO_QUEUE,
                 task_id=message_id,
             )
         # a refused tree: logged by the brain with its problem, never recorded
@@ -138,7 +164,7 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
             kwargs={
                 "tree": {"id": "broken", "tasks": [{"id": "a", "tool": "echo", "depends_on": ["ghost"]}]}
             },
-            queue=vancetope.SUBMIT_QUEUE,
+            queue=DEMO_QUEUE,
         )
     finally:
         app.close()
@@ -154,15 +180,17 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
     assert not [t for t in vt.trees(100) if t.tree.id == "broken"]
 
 
-def test_the_submitter_credential_reaches_only_the_submit_queue(stack: EmbeddedStack) -> None:
+def test_the_submitter_credential_reaches_only_its_users_submit_queue(stack: EmbeddedStack) -> None:
     assert stack.redis is not None
-    submitter = redis.Redis.from_url(stack.redis.url_for("vt-submit"))
+    submitter = redis.Redis.from_url(submit_url(stack, "demo"))
     try:
+        assert submitter.llen("submit.demo") == 0  # its own queue: yes
         for forbidden in (
             lambda: submitter.lpush("server", b"{}"),  # no work for the server pool
             lambda: submitter.lpush("brain", b"{}"),  # no forged results
             lambda: submitter.lpush("client.laptop", b"{}"),  # no work for a workstation
-            lambda: submitter.lpop("submit"),  # no reading what others submit
+            lambda: submitter.lpush("submit.demo2", b"{}"),  # no other user's queue, even one named alike
+            lambda: submitter.lpop("submit.demo"),  # no reading what others submit
             lambda: submitter.get("vt:registry"),
             lambda: submitter.publish("celeryev", b"{}"),
         ):
@@ -218,6 +246,6 @@ def test_a_malformed_submit_message_is_refused_with_the_reason_and_records_nothi
 
     before = len(vt.trees(100))
     with caplog.at_level("ERROR", logger="vancetope.brain.submit"):
-        assert submit_message(vt.brain, body, headers) is None
+        assert submit_message(vt.brain, body, headers, "demo") is None
     assert logged in caplog.text
     assert len(vt.trees(100)) == before

@@ -608,3 +608,79 @@ def test_a_gateway_token_is_found_by_its_hash_replaced_per_user_and_revoked(stor
     assert store.delete_gateway_token("demo") is False
     assert store.find_gateway_token("c" * 64) is None
     assert store.find_gateway_token("b" * 64) is not None
+
+
+# --- ending many tasks at once (cancel) and the per-user count (quota) --------------------
+
+
+def test_end_tasks_ends_every_unfinished_task_of_a_tree_in_one_call(store: Store) -> None:
+    put(store, "t1", task_ids=("a", "b", "c", "d"))
+    put(store, "t2", task_ids=("a",))
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.DONE)
+    store.transition("t1", "b", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="r-b", client_id="lap")
+    store.transition("t1", "c", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r-c")
+    unfinished = {S.PENDING, S.QUEUED_CLIENT, S.QUEUED_SERVER, S.RUNNING, S.BLOCKED}
+    ended = store.end_tasks(
+        "t1", from_states=unfinished, state=S.SKIPPED, reason="cancelled by user", finished_at=500.0
+    )
+    assert sorted(ended) == [("b", "r-b", "lap"), ("c", "r-c", None), ("d", None, None)]
+    by_id = {t.task_id: t for t in store.get_tasks("t1")}
+    assert by_id["a"].state is S.DONE
+    for tid in "bcd":
+        rec = by_id[tid]
+        assert (rec.state, rec.reason, rec.finished_at, rec.updated_at, rec.error) == (
+            S.SKIPPED, "cancelled by user", 500.0, 500.0, None,
+        )  # fmt: skip
+    assert store.task_states("t1")["b"] is S.SKIPPED  # the state column follows the doc
+    assert [t.state for t in store.get_tasks("t2")] == [S.PENDING]  # another tree is untouched
+    # a second call finds nothing left to end; one task alone may be ended too
+    assert store.end_tasks("t1", from_states=unfinished, state=S.SKIPPED, reason="x", finished_at=1.0) == []
+    assert store.end_tasks(
+        "t2", from_states=unfinished, state=S.SKIPPED, reason="x", finished_at=1.0, task_id="a"
+    ) == [("a", None, None)]
+    assert store.tasks_in_states({S.SKIPPED}, limit=10)[0].state is S.SKIPPED
+
+
+def test_count_unfinished_counts_the_running_trees_of_one_user(store: Store) -> None:
+    for tree_id, user in (("t1", "alice"), ("t2", "alice"), ("t3", "bob")):
+        record, tasks = make_tree(tree_id)
+        store.put_tree(record.model_copy(update={"user": user}), tasks)
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.DONE)
+    unfinished = {S.PENDING, S.QUEUED_SERVER}
+    assert store.count_unfinished("alice", unfinished) == 5
+    assert store.count_unfinished("bob", unfinished) == 3
+    assert store.count_unfinished("carol", unfinished) == 0
+    store.finish_tree("t2", TreeStatus.FAILED, 9.0)  # a finished tree's tasks no longer count
+    assert store.count_unfinished("alice", unfinished) == 2
+
+
+def test_a_submit_credential_is_stored_replaced_listed_and_deleted(store: Store) -> None:
+    from brain.models import SubmitCredential
+
+    store.put_submitter(SubmitCredential(user="bob", secret_sha256="b" * 64, created_at=1.0))
+    store.put_submitter(SubmitCredential(user="alice", secret_sha256="a" * 64, created_at=2.0))
+    again = SubmitCredential(user="bob", secret_sha256="c" * 64, created_at=3.0)
+    store.put_submitter(again)
+    assert [c.user for c in store.list_submitters()] == ["alice", "bob"]
+    assert store.list_submitters()[1] == again
+    assert store.delete_submitter("bob") is True
+    assert store.delete_submitter("bob") is False
+    assert [c.user for c in store.list_submitters()] == ["alice"]
+
+
+def test_a_read_only_sqlite_store_reads_and_refuses_every_write(tmp_path: Path) -> None:
+    writer = SQLiteStore(tmp_path / "store.db")
+    put(writer, "t1")
+    reader = open_store(f"sqlite:///{tmp_path / 'store.db'}", read_only=True)
+    try:
+        assert reader.get_tree("t1") is not None and len(reader.get_tasks("t1")) == 3
+        with pytest.raises(StoreError, match="readonly"):
+            reader.transition("t1", "a", from_states={S.PENDING}, state=S.DONE)
+        with pytest.raises(StoreError, match="readonly"):
+            put(reader, "t2")
+        assert writer.get_task("t1", "a").state is S.PENDING
+    finally:
+        reader.close()
+        writer.close()
+    with pytest.raises(StoreError, match="does not exist"):
+        SQLiteStore(tmp_path / "absent.db", read_only=True)
