@@ -11,6 +11,11 @@ re-sent by the reconciler, which finds its task queued and held nowhere) and pop
 most ``POP_BATCH`` messages per client, starting at a client that rotates every poll,
 so a chatty client delays another by at most one round. With every outbox empty it
 blocks in BRPOP instead of spinning.
+
+Isolated: each client's replies in that round are checked on their own, so an outbox
+turned into a string refuses only its owner's commands and every other client's popped
+messages are handled. A client whose outbox or message is malformed is suspended
+(``ClientWork.suspend``: marked misbehaving, logged once per cause); the others go on.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import zip_longest
+from typing import TypeVar
 
+import redis
 from pydantic import ValidationError
 
+from brain.client_health import Cause, reply_cause
 from brain.clientwork import ClientWork
 from brain.events import HEARTBEAT_S
 from brain.hotstate import as_bytes, as_text
@@ -51,6 +59,7 @@ POP_TIMEOUT_S = 1
 # client's burst can delay another's message.
 POP_BATCH = 32
 _ENVELOPE_SLACK = 64 * 1024
+_T = TypeVar("_T")
 
 
 def rotated(items: Sequence[str], turn: int) -> list[str]:
@@ -79,29 +88,22 @@ class Relay:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
         a lost result is re-sent by the reconciler, a refused announcement is acked as refused."""
         if len(raw) > self.max_bytes:
-            log.warning(
-                "dropped a %d-byte message from client %r: over the %d-byte limit",
-                len(raw),
-                owner,
-                self.max_bytes,
-            )
             # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
+            detail = f"sent a {len(raw)}-byte message, over the {self.max_bytes}-byte limit (dropped)"
+            self.clients.suspend(owner, Cause(kind="oversized message", detail=detail))
             return
         depth = depth_over(raw, MAX_JSON_DEPTH)
         if depth is not None:
             # Not parsed either: a recursive parser (json.loads below) would run out of stack.
-            log.warning(
-                "dropped a message from client %r nested %d deep: over the limit of %d",
-                owner,
-                depth,
-                MAX_JSON_DEPTH,
-            )
+            detail = f"sent a message nested {depth} deep, over the limit of {MAX_JSON_DEPTH} (dropped)"
+            self.clients.suspend(owner, Cause(kind="message nested too deep", detail=detail))
             return
         try:
             msg = CLIENT_MESSAGE.validate_json(raw)
         except ValidationError as exc:
             reason = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            log.warning("dropped a malformed message from client %r: %s", owner, reason)
+            detail = f"sent a malformed message (dropped): {reason}"[:1000]
+            self.clients.suspend(owner, Cause(kind="malformed message", detail=detail))
             self._refuse_if_announcement(owner, raw, f"malformed announcement: {reason}")
             return
         if isinstance(msg, ClientConnected):
@@ -127,7 +129,7 @@ class Relay:
     def _refuse_if_announcement(self, owner: str, raw: bytes, reason: str) -> None:
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if (
             isinstance(data, dict)
@@ -144,18 +146,33 @@ class Relay:
             return False
         order = rotated(enrolled, self.turn)
         self.turn += 1
-        batches = self._pop_round(order)
+        batches, faults = self._pop_round(order)
         for owner, raw in interleaved(batches):
             self._handle_one(owner, raw)
+        for owner, cause in faults.items():
+            self._suspend_one(owner, cause)
         if batches:
             return True
-        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order}
-        item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
+        # An outbox that is not a list would make BRPOP fail for everyone: it waits on the others.
+        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order if cid not in faults}
+        if not keys:
+            return False
+        try:
+            item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
+        except redis.ResponseError:
+            # A client changed its outbox's type since the round: the next round names it.
+            return False
         if item is None:
             return False
         key, message = item
         self._handle_one(keys[as_text(key)], as_bytes(message))
         return True
+
+    def _suspend_one(self, owner: str, cause: Cause) -> None:
+        try:
+            self.clients.suspend(owner, cause)
+        except Exception:
+            log.exception("could not suspend client %r (%s); going on with the others", owner, cause.detail)
 
     def _handle_one(self, owner: str, raw: bytes) -> None:
         """``handle``, and if it fails (the store or Redis refused), log it and go on: the rest
@@ -168,19 +185,29 @@ class Relay:
                 "could not handle a %d-byte message from client %r; going on with the next", len(raw), owner
             )
 
-    def _pop_round(self, order: list[str]) -> list[tuple[str, list[bytes]]]:
+    def _pop_round(self, order: list[str]) -> tuple[list[tuple[str, list[bytes]]], dict[str, Cause]]:
         """Per client: trim its outbox to the cap, keeping the oldest messages (the agent
-        LPUSHes, so they are at the tail), and pop up to ``POP_BATCH`` of them, oldest first."""
+        LPUSHes, so they are at the tail), and pop up to ``POP_BATCH`` of them, oldest first.
+
+        Each reply is checked on its own (``raise_on_error=False``): a client whose outbox is
+        not a list gets a refusal in its own replies and a cause (it popped nothing), and what
+        was popped from every other outbox in the same transaction is handled, never lost."""
         pipe = self.s.hot.r.pipeline(transaction=True)
         for cid in order:
             key = client_key(cid, CLIENT_OUTBOX)
             pipe.llen(key)
             pipe.ltrim(key, -self.max_messages, -1)
             pipe.rpop(key, POP_BATCH)
-        replies = pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
         batches: list[tuple[str, list[bytes]]] = []
+        faults: dict[str, Cause] = {}
         for i, cid in enumerate(order):
-            length, _, popped = replies[3 * i : 3 * i + 3]
+            row = replies[3 * i : 3 * i + 3]
+            cause = reply_cause("outbox", client_key(cid, CLIENT_OUTBOX), row)
+            if cause is not None:
+                faults[cid] = cause
+                continue
+            length, _, popped = row
             if length > self.max_messages:
                 log.warning(
                     "dropped %d message(s) from client %r: its outbox %r held %d, over the cap of %d "
@@ -191,27 +218,45 @@ class Relay:
                     length,
                     self.max_messages,
                 )
-            if popped:
+            if isinstance(popped, list) and popped:
                 batches.append((cid, [as_bytes(m) for m in popped]))
-        return batches
+        return batches, faults
 
     def run(self, stop: threading.Event) -> threading.Thread:
+        failing: set[str] = set()
+
+        def step(what: str, action: Callable[..., _T], *args: object) -> _T | None:
+            """``action(*args)``, or None when it failed: logged once until it works again, and the
+            loop's other steps run regardless (a failed sweep never skips the outboxes)."""
+            try:
+                value = action(*args)
+            except Exception:
+                if what not in failing:
+                    log.exception("client relay: %s failed; going on with the other steps", what)
+                failing.add(what)
+                return None
+            if what in failing:
+                log.info("client relay: %s works again", what)
+                failing.discard(what)
+            return value
+
         def loop() -> None:
             enrolled: list[str] = []
             refreshed = beat_checked = 0.0
             while not stop.is_set():
-                try:
-                    now = time.monotonic()
-                    if now - refreshed > 2.0:
-                        enrolled, refreshed = sorted(self.s.presence.enrolled()), now
-                    if now - beat_checked > HEARTBEAT_S / 2:
-                        self.clients.sweep_heartbeats()
-                        beat_checked = now
-                    if not self.poll_once(enrolled) and not enrolled:
-                        stop.wait(POP_TIMEOUT_S)
-                except Exception:
-                    log.exception("client relay step failed")
-                    stop.wait(0.5)
+                now = time.monotonic()
+                if now - refreshed > 2.0:
+                    fresh = step("reading the enrollments", lambda: sorted(self.s.presence.enrolled()))
+                    if fresh is not None:
+                        enrolled, refreshed = fresh, now
+                if now - beat_checked > HEARTBEAT_S / 2:
+                    step("the heartbeat sweep", self.clients.sweep_heartbeats)
+                    beat_checked = now
+                polled = step("polling the outboxes", self.poll_once, enrolled)
+                if polled is None:
+                    stop.wait(0.5)  # Redis itself refused (down?): do not spin
+                elif not polled and not enrolled:
+                    stop.wait(POP_TIMEOUT_S)
 
         thread = threading.Thread(target=loop, name="vancetope-relay", daemon=True)
         thread.start()
