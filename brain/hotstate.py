@@ -11,7 +11,7 @@ import base64
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -117,7 +117,9 @@ class HotState:
         except redis.ResponseError as exc:
             # The client replaced its own cancelled set: only its own workstation may now run
             # a cancelled call, whose result is refused (the task has moved on).
-            raise ClientKeyUnreadable(client_id, "cancelled set", exc) from exc
+            raise ClientKeyUnreadable(
+                client_id, "cancelled set", client_key(client_id, key_cancelled()), exc
+            ) from exc
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:
@@ -143,16 +145,16 @@ class HotState:
         to the hash is still seen)."""
         prefix = client_key(client_id, "") if client_id else ""
         ids: set[str] = set()
-        with _client_keys(client_id, "queue"):
-            for q in queues:
+        for q in queues:
+            with _client_keys(client_id, "queue", prefix + q):
                 for items in self._list_chunks(prefix + q):
                     for raw in items:
                         ids.update(_task_id(raw))
-        with _client_keys(client_id, "unacked hash"):
+        with _client_keys(client_id, "unacked hash", prefix + KOMBU_UNACKED):
             for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
                 ids.update(_unacked_task_id(raw))
         if client_id:
-            with _client_keys(client_id, "outbox"):
+            with _client_keys(client_id, "outbox", prefix + CLIENT_OUTBOX):
                 for items in self._list_chunks(prefix + CLIENT_OUTBOX):
                     for raw in items:
                         ids.update(_outbox_run_id(raw))
@@ -192,7 +194,7 @@ class HotState:
             return unknown
         pipe = self.r.pipeline(transaction=False)
         for raw in queued.values():
-            pipe.lrem(queue_key, 1, as_text(raw))
+            pipe.lrem(queue_key, 1, cast(str, raw))  # the bytes as stored; redis-py sends them as they are
         for tag in reserved.values():
             pipe.hdel(unacked, tag)
         answers = pipe.execute(raise_on_error=False)
@@ -214,22 +216,22 @@ class HotState:
 class ClientKeyUnreadable(BrainError):
     """One of a client's keys the brain needs has the wrong type (the client wrote it)."""
 
-    def __init__(self, client_id: str, name: str, exc: Exception) -> None:
+    def __init__(self, client_id: str, name: str, key: str, exc: Exception) -> None:
         self.client_id = client_id
         self.name = name
-        self.detail = f"its {name} cannot be read ({(str(exc).splitlines() or [''])[0][:200]})"
+        self.detail = f"its {name} {key!r} cannot be read ({(str(exc).splitlines() or [''])[0][:200]})"
         super().__init__(f"client {client_id!r}: {self.detail}")
 
 
 @contextmanager
-def _client_keys(client_id: str | None, name: str) -> Iterator[None]:
+def _client_keys(client_id: str | None, name: str, key: str) -> Iterator[None]:
     """Redis's refusal to read one of a client's keys, as ClientKeyUnreadable naming it."""
     try:
         yield
     except redis.ResponseError as exc:
         if client_id is None:
             raise
-        raise ClientKeyUnreadable(client_id, name, exc) from exc
+        raise ClientKeyUnreadable(client_id, name, key, exc) from exc
 
 
 # Every parser below reads what a client may have written: anything that is not the shape

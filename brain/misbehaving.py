@@ -13,7 +13,7 @@ import logging
 import redis
 from pydantic import ValidationError
 
-from brain.client_health import Cause, Mark
+from brain.client_health import QUOTA_KIND, Cause, Mark
 from brain.hotstate import as_text
 from workers.contracts import key_misbehaving
 
@@ -35,6 +35,10 @@ class MisbehavingBook:
         """Add ``cause`` to the client's mark; True (and one log line) when its kind is new."""
         current = self.get(client_id)
         new = current is None or cause.kind not in current.causes
+        # A known kind keeps the detail it was found with (two checks may word one fault
+        # differently), but for the quota: its detail says how much, now.
+        if not new and cause.kind != QUOTA_KIND:
+            return False
         updated = (current or Mark(causes={}, since=now)).with_cause(cause)
         if current is None or updated != current:
             self.r.hset(key_misbehaving(), client_id, updated.model_dump_json())
