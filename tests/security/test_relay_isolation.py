@@ -13,9 +13,11 @@ clear cause in `vancetope clients --json`, and the brain's log says so once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,15 +27,18 @@ import pytest
 import redis
 
 from brain.enrollment import Credential, enroll
+from brain.errors import StoreError
 from brain.models import SessionKind, TaskState, TreeStatus
+from brain.relay import Relay
 from brain.service import Brain
-from tests.conftest import ROOT, tree, wait_for_tree, wait_until
+from tests.conftest import ROOT, result_for, tree, wait_for_tree, wait_until
 from tests.integration.test_parking import READ, connect, connected, reads
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_HEARTBEAT,
     CLIENT_OUTBOX,
     AnnouncementAck,
+    ClientToolResult,
     client_key,
     client_queue,
 )
@@ -236,3 +241,61 @@ def test_resend_lost_still_resends_other_clients_work_while_one_queue_is_a_strin
     assert mark is not None and "its queue 'c:mallory:client.mallory' cannot be read" in mark.shown()
     # the attacker's own call is taken back (its queue is gone), never lost in a queued state
     assert brain.store.get_task(theirs.tree_id, "r0").state is not TaskState.QUEUED_CLIENT
+
+
+def test_a_failing_relay_step_never_stops_the_outboxes_and_is_logged_once(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(2)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    sweeps: list[float] = []
+
+    def sweep_fails() -> None:
+        sweeps.append(time.monotonic())
+        raise StoreError("store .vancetope/store.db: disk I/O error")
+
+    monkeypatch.setattr(brain.clients, "sweep_heartbeats", sweep_fails)
+    stop = threading.Event()
+    with caplog.at_level(logging.INFO, logger="vancetope.brain"):
+        thread = Relay(brain.scheduler, brain.clients).run(stop)
+        try:
+            for task_id in ("r0", "r1"):
+                result = result_for(brain, rec.tree_id, task_id, "laptop", value="read")
+                brain.hot.r.lpush(
+                    client_key("laptop", CLIENT_OUTBOX),
+                    ClientToolResult(client_id="laptop", result=result).model_dump_json(),
+                )
+                wait_until(
+                    lambda t=task_id: brain.store.get_task(rec.tree_id, t).state is TaskState.DONE,
+                    timeout=10,
+                    what=f"{task_id}'s result to be recorded while the sweep fails",
+                )
+            wait_until(lambda: len(sweeps) >= 3, timeout=10, what="three failed sweeps")
+        finally:
+            stop.set()
+            thread.join(10)
+    failures = [r for r in caplog.records if "the heartbeat sweep failed" in r.getMessage()]
+    assert len(failures) == 1
+
+
+def test_what_a_client_put_in_its_kombu_keys_never_breaks_the_reconcilers_reads(
+    brain_on_redis: Brain,
+) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("mallory", "eve")
+    connect(brain, "mallory")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="mallory")
+    run_id = brain.store.get_task(rec.tree_id, "r0").run_id
+    queue = client_key("mallory", client_queue("mallory"))
+    garbage = [b"\xff\xfe", b"[1]", b'{"headers": [1]}', b'{"headers": "x"}', b"[" * 5000, b'{"a": 1}']
+    brain.hot.r.lpush(queue, *garbage)
+    unacked = client_key("mallory", "unacked")
+    brain.hot.r.hset(unacked, mapping={f"t{i}": g for i, g in enumerate([*garbage, b'{"0": 1}', b"[[1]]"])})
+    brain.hot.r.lpush(client_key("mallory", CLIENT_OUTBOX), *garbage)
+    marks = client_key("mallory", f"vt:tree:{rec.tree_id}:running")
+    brain.hot.r.hset(marks, mapping={"r0": b"\xff", "r1": b"[1]"})
+    assert run_id in brain.hot.message_ids_held([client_queue("mallory")], client_id="mallory")
+    assert brain.hot.running(rec.tree_id, ["mallory"]) == {}
+    assert brain.hot.take_client_runs("mallory", [run_id or ""]) == {run_id: "queued"}
