@@ -140,22 +140,26 @@ class Sweeps:
         stale = self.store.tasks_in_states(
             {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT}, updated_before=cutoff
         )
+        # None: could not be read (Redis refused): nothing of that owner is called lost this
+        # sweep, and the other owners are still looked at.
         held: dict[str | None, set[str] | None] = {}
         resent: list[str] = []
         for rec in stale:
             cid = rec.client_id
             if cid not in held:
-                held[cid] = self._held(cid, stale)
+                owner = "the server queues" if cid is None else f"client {cid!r}'s queues"
+                held[cid] = self._guarded(f"reading {owner}", self._held, cid, stale)
             ids = held[cid]
             what = f"re-sending task {rec.task_id!r} of tree {rec.tree_id}"
             if ids is not None and rec.run_id not in ids and self._guarded(what, self._resend, rec, cid):
                 resent.append(rec.task_id)
         return resent
 
-    def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str] | None:
-        """Run ids the server queues (None) or a client's keys hold; None when that client's
-        keys cannot be read: it is suspended, its tasks wait for the take-back, and every
-        other client's are still looked at."""
+    def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str]:
+        """Run ids the server queues (None) or a client's keys hold. A client whose keys
+        cannot be read is suspended (its session ends, its calls are taken back) and holds
+        nothing: what the take-back left queued is parked like any lost call of a client
+        gone. Every other client's are still looked at."""
         if client_id is None:
             return self.hot.message_ids_held(server_queues(stale, self.registry().pools))
         try:
@@ -163,7 +167,7 @@ class Sweeps:
         except ClientKeyUnreadable as exc:
             cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
             self._guarded(f"suspending client {client_id!r}", self.clients.suspend, client_id, cause)
-            return None
+            return set()
 
     # --- quotas ----------------------------------------------------------------------------
     def check_quotas(self) -> dict[str, int]:
