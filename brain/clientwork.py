@@ -142,7 +142,7 @@ class ClientWork:
         log.info("client %r announced cleanly: no longer suspended (it was for: %s)", client_id, mark.shown())
         return None
 
-    def suspend(self, client_id: str, cause: Cause, session_id: str = "") -> None:
+    def suspend(self, client_id: str, cause: Cause) -> None:
         """Mark the client misbehaving for ``cause``: its session ends (nothing more is routed
         to it, its unstarted calls come back as for a disconnect) and its ack says why, until
         it announces cleanly. The cause is logged once (brain.misbehaving)."""
@@ -153,7 +153,7 @@ class ClientWork:
         if new or session is not None:
             mark = self.misbehaving.get(client_id)
             reason = suspension_reason(mark.shown() if mark else cause.detail)
-            sid = session.session_id if session is not None else session_id
+            sid = session.session_id if session is not None else ""
             self.hot.r.set(
                 client_key(client_id, CLIENT_ACK),
                 AnnouncementAck(session_id=sid, accepted=False, reason=reason).model_dump_json(),

@@ -60,6 +60,9 @@ POP_TIMEOUT_S = 1
 POP_BATCH = 32
 _ENVELOPE_SLACK = 64 * 1024
 _T = TypeVar("_T")
+# How long the relay pauses when a client changes its outbox's type between the round and
+# BRPOP (it then refuses BRPOP for everyone): short, the next round skips that outbox.
+RACE_PAUSE_S = 0.1
 
 
 def rotated(items: Sequence[str], turn: int) -> list[str]:
@@ -83,6 +86,7 @@ class Relay:
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
         self.max_messages = scheduler.settings.outbox_max_messages
         self.turn = 0
+        self._stop = threading.Event()  # run()'s, so a pause in poll_once ends with it
 
     def handle(self, owner: str, raw: bytes) -> None:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
@@ -156,11 +160,13 @@ class Relay:
         # An outbox that is not a list would make BRPOP fail for everyone: it waits on the others.
         keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order if cid not in faults}
         if not keys:
+            self._stop.wait(POP_TIMEOUT_S)  # as BRPOP would have, rather than spin
             return False
         try:
             item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
         except redis.ResponseError:
             # A client changed its outbox's type since the round: the next round names it.
+            self._stop.wait(RACE_PAUSE_S)
             return False
         if item is None:
             return False
@@ -223,6 +229,7 @@ class Relay:
         return batches, faults
 
     def run(self, stop: threading.Event) -> threading.Thread:
+        self._stop = stop
         failing: set[str] = set()
 
         def step(what: str, action: Callable[..., _T], *args: object) -> _T | None:

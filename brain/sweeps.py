@@ -299,7 +299,7 @@ class Sweeps:
         if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
         if rec.run_id:
-            self.hot.cancel_runs([rec.run_id], rec.client_id)
+            self._cancel_run(rec)
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
@@ -346,6 +346,15 @@ class Sweeps:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
+    def _cancel_run(self, rec: TaskRecord) -> None:
+        """Add the task's run to the cancelled set its worker checks. A client that replaced
+        its own set is suspended; the task is cancelled in the store regardless."""
+        try:
+            self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
+        except ClientKeyUnreadable as exc:
+            cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
+            self._guarded(f"suspending client {exc.client_id!r}", self.clients.suspend, exc.client_id, cause)
+
     def cancel(self, tree_id: str, task_id: str | None = None) -> list[str]:
         """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled);
         runs in flight are added to the cancelled set their worker checks before starting,
@@ -359,6 +368,6 @@ class Sweeps:
             if self.scheduler.finish_without_run(rec, TaskState.SKIPPED, "cancelled by user", {rec.state}):
                 cancelled.append(rec.task_id)
                 if rec.run_id:
-                    self.hot.cancel_runs([rec.run_id], rec.client_id)
+                    self._cancel_run(rec)
         self.scheduler.advance(tree_id)
         return cancelled

@@ -299,3 +299,32 @@ def test_what_a_client_put_in_its_kombu_keys_never_breaks_the_reconcilers_reads(
     assert run_id in brain.hot.message_ids_held([client_queue("mallory")], client_id="mallory")
     assert brain.hot.running(rec.tree_id, ["mallory"]) == {}
     assert brain.hot.take_client_runs("mallory", [run_id or ""]) == {run_id: "queued"}
+
+
+def test_one_poll_hands_over_what_it_popped_even_when_another_outbox_is_a_string(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
+) -> None:
+    brain = brain_on_redis
+    for cid in ("aaa-mallory", "victim"):  # the attacker's outbox comes first in the round
+        brain.scheduler.presence.enroll(cid, "ada")
+        connect(brain, cid, session=f"s-{cid}")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="victim")
+    brain.hot.r.set(client_key("aaa-mallory", CLIENT_OUTBOX), "not a list")
+    result = result_for(brain, rec.tree_id, "r0", "victim", value="read")
+    brain.hot.r.lpush(
+        client_key("victim", CLIENT_OUTBOX),
+        ClientToolResult(client_id="victim", result=result).model_dump_json(),
+    )
+    relay = Relay(brain.scheduler, brain.clients)
+    with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
+        assert relay.poll_once(["aaa-mallory", "victim"]) is True
+        assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE  # popped, and kept
+        for _ in range(3):  # rounds with only the broken outbox: no error, no new line
+            assert relay.poll_once(["aaa-mallory"]) is False
+    assert brain.hot.r.llen(client_key("victim", CLIENT_OUTBOX)) == 0
+    logged = [r.getMessage() for r in caplog.records if "misbehaves" in r.getMessage()]
+    assert len(logged) == 1
+    assert logged[0].startswith(
+        "client 'aaa-mallory' misbehaves: its outbox 'c:aaa-mallory:outbox' cannot be read (WRONGTYPE"
+    )
+    assert set(brain.scheduler.presence.sessions()) == {"victim"}
