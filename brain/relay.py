@@ -8,9 +8,9 @@ through — not what the message claims — says which client sent it.
 Fair and bounded: each poll is one MULTI round that trims every outbox to
 ``outbox_max_messages`` (the excess is dropped and logged; a result lost this way is
 re-sent by the reconciler, which finds its task queued and held nowhere) and pops at
-most ``POP_BATCH`` messages per client, starting at a client that rotates every poll,
-so a chatty client delays another by at most one round. With every outbox empty it
-blocks in BRPOP instead of spinning.
+most ``POP_BATCH`` messages per client (one from a suspended client), starting at a
+client that rotates every poll, so a chatty client delays another by at most one round.
+With every outbox empty it blocks in BRPOP instead of spinning.
 
 Isolated: each client's replies in that round are checked on their own, so an outbox
 turned into a string refuses only its owner's commands and every other client's popped
@@ -58,6 +58,9 @@ POP_TIMEOUT_S = 1
 # Messages popped per client per poll: bounds what the brain holds and how long one
 # client's burst can delay another's message.
 POP_BATCH = 32
+# ... and from a suspended client (brain.misbehaving): its messages still count (a result
+# of a call it ran is not thrown away), but it gets no more than this of any round.
+SUSPENDED_POP_BATCH = 1
 _ENVELOPE_SLACK = 64 * 1024
 _T = TypeVar("_T")
 # How long the relay pauses when a client changes its outbox's type between the round and
@@ -86,6 +89,8 @@ class Relay:
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
         self.max_messages = scheduler.settings.outbox_max_messages
         self.turn = 0
+        # Clients suspended, as last read (every enrollment refresh) or suspended here since.
+        self.suspended: set[str] = set()
         self._stop = threading.Event()  # run()'s, so a pause in poll_once ends with it
 
     def handle(self, owner: str, raw: bytes) -> None:
@@ -94,24 +99,25 @@ class Relay:
         if len(raw) > self.max_bytes:
             # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
             detail = f"sent a {len(raw)}-byte message, over the {self.max_bytes}-byte limit (dropped)"
-            self.clients.suspend(owner, Cause(kind="oversized message", detail=detail))
+            self._suspend(owner, Cause(kind="oversized message", detail=detail))
             return
         depth = depth_over(raw, MAX_JSON_DEPTH)
         if depth is not None:
             # Not parsed either: a recursive parser (json.loads below) would run out of stack.
             detail = f"sent a message nested {depth} deep, over the limit of {MAX_JSON_DEPTH} (dropped)"
-            self.clients.suspend(owner, Cause(kind="message nested too deep", detail=detail))
+            self._suspend(owner, Cause(kind="message nested too deep", detail=detail))
             return
         try:
             msg = CLIENT_MESSAGE.validate_json(raw)
         except ValidationError as exc:
             reason = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             detail = f"sent a malformed message (dropped): {reason}"[:1000]
-            self.clients.suspend(owner, Cause(kind="malformed message", detail=detail))
+            self._suspend(owner, Cause(kind="malformed message", detail=detail))
             self._refuse_if_announcement(owner, raw, f"malformed announcement: {reason}")
             return
         if isinstance(msg, ClientConnected):
-            self.clients.on_connected(msg, owner)
+            if self.clients.on_connected(msg, owner).accepted:
+                self.suspended.discard(owner)
         elif isinstance(msg, ClientDisconnected):
             if msg.client_id == owner:
                 self.clients.on_disconnected(owner, msg.session_id, f"graceful disconnect ({msg.reason})")
@@ -174,9 +180,13 @@ class Relay:
         self._handle_one(keys[as_text(key)], as_bytes(message))
         return True
 
+    def _suspend(self, owner: str, cause: Cause) -> None:
+        self.suspended.add(owner)
+        self.clients.suspend(owner, cause)
+
     def _suspend_one(self, owner: str, cause: Cause) -> None:
         try:
-            self.clients.suspend(owner, cause)
+            self._suspend(owner, cause)
         except Exception:
             log.exception("could not suspend client %r (%s); going on with the others", owner, cause.detail)
 
@@ -203,7 +213,7 @@ class Relay:
             key = client_key(cid, CLIENT_OUTBOX)
             pipe.llen(key)
             pipe.ltrim(key, -self.max_messages, -1)
-            pipe.rpop(key, POP_BATCH)
+            pipe.rpop(key, SUSPENDED_POP_BATCH if cid in self.suspended else POP_BATCH)
         replies = pipe.execute(raise_on_error=False)
         batches: list[tuple[str, list[bytes]]] = []
         faults: dict[str, Cause] = {}
@@ -256,6 +266,9 @@ class Relay:
                     fresh = step("reading the enrollments", lambda: sorted(self.s.presence.enrolled()))
                     if fresh is not None:
                         enrolled, refreshed = fresh, now
+                    marks = step("reading the suspended clients", self.clients.misbehaving.all)
+                    if marks is not None:
+                        self.suspended = set(marks)
                 if now - beat_checked > HEARTBEAT_S / 2:
                     step("the heartbeat sweep", self.clients.sweep_heartbeats)
                     beat_checked = now

@@ -328,3 +328,18 @@ def test_one_poll_hands_over_what_it_popped_even_when_another_outbox_is_a_string
         "client 'aaa-mallory' misbehaves: its outbox 'c:aaa-mallory:outbox' cannot be read (WRONGTYPE"
     )
     assert set(brain.scheduler.presence.sessions()) == {"victim"}
+
+
+def test_a_suspended_client_gets_one_message_a_round(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("mallory", "eve")
+    connect(brain, "mallory")
+    outbox = client_key("mallory", CLIENT_OUTBOX)
+    brain.hot.r.lpush(outbox, b"\xff not json")
+    relay = Relay(brain.scheduler, brain.clients)
+    assert relay.poll_once(["mallory"]) is True
+    mark = brain.clients.misbehaving.get("mallory")
+    assert mark is not None and "sent a malformed message (dropped)" in mark.shown()
+    brain.hot.r.lpush(outbox, *[b"junk %d" % i for i in range(5)])
+    assert relay.poll_once(["mallory"]) is True
+    assert brain.hot.r.llen(outbox) == 4  # an unsuspended client's round takes up to POP_BATCH
