@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import redis
 
+from brain.client_health import QUOTA_KIND, Cause
 from brain.enrollment import Credential, enroll
 from brain.errors import StoreError
 from brain.models import SessionKind, TaskState, TreeStatus
@@ -343,3 +344,21 @@ def test_a_suspended_client_gets_one_message_a_round(brain_on_redis: Brain) -> N
     brain.hot.r.lpush(outbox, *[b"junk %d" % i for i in range(5)])
     assert relay.poll_once(["mallory"]) is True
     assert brain.hot.r.llen(outbox) == 4  # an unsuspended client's round takes up to POP_BATCH
+
+
+def test_each_cause_is_logged_once_and_a_quota_mark_follows_the_measure(
+    brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
+) -> None:
+    book = brain_on_redis.clients.misbehaving
+    heartbeat = Cause(kind="heartbeat encoding", detail="its heartbeat is not UTF-8 text")
+    with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
+        assert [book.mark("mallory", heartbeat, 1.0) for _ in range(5)] == [True, False, False, False, False]
+        assert book.mark("mallory", Cause(kind=QUOTA_KIND, detail="over quota: 9 bytes > 8"), 2.0)
+        assert not book.mark("mallory", Cause(kind=QUOTA_KIND, detail="over quota: 10 bytes > 8"), 3.0)
+    assert len([r for r in caplog.records if "client 'mallory' misbehaves" in r.getMessage()]) == 2
+    mark = book.get("mallory")
+    assert mark is not None and mark.since == 1.0
+    assert mark.shown() == "its heartbeat is not UTF-8 text; over quota: 10 bytes > 8"
+    assert book.clear("mallory", {QUOTA_KIND}) is not None
+    assert book.all()["mallory"].causes == {"heartbeat encoding": "its heartbeat is not UTF-8 text"}
+    assert book.clear("mallory") is not None and book.get("mallory") is None
