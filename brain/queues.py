@@ -97,7 +97,7 @@ class QueuesReport(BaseModel):
             if c.nobody_consuming
         ]
         lines += [
-            f"client {c.client_id!r} (user {c.user!r}) is suspended: {c.misbehaving}"
+            f"client {c.client_id!r} (user {c.user!r}) misbehaves, suspended: {c.misbehaving}"
             for c in self.clients
             if c.misbehaving
         ]
@@ -166,7 +166,8 @@ def read_queues(
             for name, reply in (("queue", queued), ("unacked hash", taken))
             if (cause := reply_cause(name, typed_keys(cid)[name][0], [reply])) is not None
         ]
-        why = "; ".join([*([mark.shown()] if mark else []), *unreadable]) or None
+        # The mark, once the brain has found it; until then what this read found.
+        why = mark.shown() if mark else "; ".join(unreadable) or None
         client_rows.append(
             ClientQueue(
                 client_id=cid,

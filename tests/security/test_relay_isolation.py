@@ -30,6 +30,7 @@ from brain.client_health import QUOTA_KIND, Cause
 from brain.enrollment import Credential, enroll
 from brain.errors import StoreError
 from brain.models import SessionKind, TaskState, TreeStatus
+from brain.queues import read_queues
 from brain.relay import Relay
 from brain.service import Brain
 from tests.conftest import ROOT, result_for, tree, wait_for_tree, wait_until
@@ -362,3 +363,22 @@ def test_each_cause_is_logged_once_and_a_quota_mark_follows_the_measure(
     assert book.clear("mallory", {QUOTA_KIND}) is not None
     assert book.all()["mallory"].causes == {"heartbeat encoding": "its heartbeat is not UTF-8 text"}
     assert book.clear("mallory") is not None and book.get("mallory") is None
+
+
+def test_status_queues_reads_every_client_while_one_queue_is_a_string(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    for cid in ("mallory", "victim"):
+        brain.scheduler.presence.enroll(cid, "ada")
+        connect(brain, cid, session=f"s-{cid}")
+    brain.scheduler.submit(tree(reads(2)), session=SessionKind.INTERACTIVE, client_id="victim")
+    brain.hot.r.set(client_key("mallory", client_queue("mallory")), "not a list")
+    report = read_queues(brain.hot.r, brain.scheduler.presence, brain.scheduler.parked, [])
+    rows = {c.client_id: c for c in report.clients}
+    assert (rows["victim"].waiting, rows["victim"].misbehaving) == (2, None)
+    assert rows["mallory"].waiting == 0
+    assert "its queue 'c:mallory:client.mallory' cannot be read (WRONGTYPE" in (
+        rows["mallory"].misbehaving or ""
+    )
+    assert any(
+        line.startswith("client 'mallory' (user 'ada') misbehaves, suspended: its queue") for line in report.alarms()
+    )
