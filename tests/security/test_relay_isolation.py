@@ -380,5 +380,6 @@ def test_status_queues_reads_every_client_while_one_queue_is_a_string(brain_on_r
         rows["mallory"].misbehaving or ""
     )
     assert any(
-        line.startswith("client 'mallory' (user 'ada') misbehaves, suspended: its queue") for line in report.alarms()
+        line.startswith("client 'mallory' (user 'ada') misbehaves, suspended: its queue")
+        for line in report.alarms()
     )
