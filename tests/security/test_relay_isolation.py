@@ -383,3 +383,30 @@ def test_status_queues_reads_every_client_while_one_queue_is_a_string(brain_on_r
         line.startswith("client 'mallory' (user 'ada') misbehaves, suspended: its queue")
         for line in report.alarms()
     )
+
+
+def test_a_real_agent_over_its_quota_is_told_why_and_comes_back_once_under_it(
+    tmp_path: Path, stack_factory: Callable[..., Any], brain_factory: Callable[..., Brain]
+) -> None:
+    stack = stack_factory(
+        services=("brain", "client-agent"), agent_config=victim_agent(tmp_path), client_quota_bytes=QUOTA
+    )
+    brain = brain_factory(stack)
+    first = wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="the agent")
+    junk = client_key("laptop", "junk")
+    brain.hot.r.set(junk, b"x" * (2 * QUOTA))  # as if the workstation had stored it
+    agent_log = stack.service("client-agent").log_path
+    assert agent_log is not None
+    wait_until(
+        lambda: (
+            "the brain suspended this agent: suspended by the brain: over quota: " in agent_log.read_text()
+        ),
+        timeout=30,
+        what="the agent to log why it was suspended",
+    )
+    assert brain.scheduler.presence.session("laptop") is None
+    brain.hot.r.delete(junk)
+    back = wait_until(
+        lambda: brain.scheduler.presence.session("laptop"), timeout=90, what="the agent to come back"
+    )
+    assert back.session_id == first.session_id and brain.clients.misbehaving.get("laptop") is None
