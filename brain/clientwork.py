@@ -16,8 +16,11 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
+from brain.client_health import QUOTA_KIND, Cause
+from brain.client_keys import read_client_keys
 from brain.events import ClientEvents
-from brain.hotstate import HotState
+from brain.hotstate import ClientKeyUnreadable, HotState
+from brain.misbehaving import MisbehavingBook
 from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.parked import ParkedRef, ParkedWork
 from brain.presence import ClientSession, PresenceBook, check_announcement
@@ -77,6 +80,9 @@ class ClientWork:
         self.parked = parked
         self.clock = clock
         self.events = events  # Flower's view of client agents, when wired
+        # Clients suspended for what they wrote (brain.misbehaving), in the brain's own key.
+        self.misbehaving = MisbehavingBook(hot.r)
+        self._sweep_failing: set[str] = set()
 
     # --- connect -------------------------------------------------------------------------
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
@@ -84,7 +90,12 @@ class ClientWork:
         and requeue parked work when accepted."""
         enrollment = self.presence.enrollment(owner)
         refusal = check_announcement(msg, owner, enrollment)
-        if refusal is not None or enrollment is None:
+        suspended = None if refusal is not None else self._still_misbehaving(owner)
+        if suspended is not None:
+            # Its cause was logged once when found; each refused retry is not worth a line.
+            log.debug("refused announcement of suspended client %r: %s", owner, suspended)
+            ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=suspended)
+        elif refusal is not None or enrollment is None:
             log.warning("refused announcement of client %r (session %s): %s", owner, msg.session_id, refusal)
             ack = AnnouncementAck(session_id=msg.session_id, accepted=False, reason=refusal or "not enrolled")
         else:
@@ -114,6 +125,39 @@ class ClientWork:
                 self.events.online(owner)
             self.requeue(owner)
         return ack
+
+    def _still_misbehaving(self, client_id: str) -> str | None:
+        """Why an otherwise valid announcement is refused: a key of the client's is still
+        malformed, or it is still over its quota; None when it announces cleanly, which
+        clears the rest of its mark (a malformed message it sent before)."""
+        reading = read_client_keys(self.hot.r, [client_id])[client_id]
+        for cause in reading.all_causes():
+            self.misbehaving.mark(client_id, cause, self.clock())
+        mark = self.misbehaving.get(client_id)
+        if mark is None:
+            return None
+        if reading.all_causes() or QUOTA_KIND in mark.causes:
+            return suspension_reason(mark.shown())
+        self.misbehaving.clear(client_id)
+        log.info("client %r announced cleanly: no longer suspended (it was for: %s)", client_id, mark.shown())
+        return None
+
+    def suspend(self, client_id: str, cause: Cause) -> None:
+        """Mark the client misbehaving for ``cause``: its session ends (nothing more is routed
+        to it, its unstarted calls come back as for a disconnect) and its ack says why, until
+        it announces cleanly. The cause is logged once (brain.misbehaving)."""
+        new = self.misbehaving.mark(client_id, cause, self.clock())
+        session = self.presence.session(client_id)
+        if session is not None:
+            self.on_disconnected(client_id, session.session_id, f"suspended: {cause.detail}")
+        if new or session is not None:
+            mark = self.misbehaving.get(client_id)
+            reason = suspension_reason(mark.shown() if mark else cause.detail)
+            sid = session.session_id if session is not None else ""
+            self.hot.r.set(
+                client_key(client_id, CLIENT_ACK),
+                AnnouncementAck(session_id=sid, accepted=False, reason=reason).model_dump_json(),
+            )
 
     def requeue(self, client_id: str) -> int:
         """Route every parked task this client may take again: its own list, then its user's,
@@ -168,7 +212,11 @@ class ClientWork:
         mine = [r for r in queued if r.client_id == cid]
         # The queue and unacked hash are read once for all of them, not once per run.
         where_by_run = self.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
-        self.hot.cancel_runs(where_by_run, cid)
+        try:
+            self.hot.cancel_runs(where_by_run, cid)
+        except ClientKeyUnreadable as exc:
+            # Its own cancelled set, replaced by the client: the calls still come back here.
+            self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())
         taken = 0
         touched: set[str] = set()
         for rec in mine:
@@ -206,10 +254,30 @@ class ClientWork:
         return taken
 
     def sweep_heartbeats(self) -> None:
-        """Drop clients whose heartbeat stopped; tell Flower the others are alive."""
-        silent = {s.client_id for s in self.presence.silent()}
-        for session in self.presence.sessions().values():
-            if session.client_id in silent:
-                self.on_disconnected(session.client_id, session.session_id, "missed heartbeat")
-            elif self.events is not None:
-                self.events.heartbeat(session.client_id)
+        """Drop clients whose heartbeat stopped, suspend those whose keys are malformed, tell
+        Flower the others are alive. One client's failure is logged (once until it
+        recovers) and the others are still swept."""
+        for cid, (session, reading) in self.presence.inspect().items():
+            try:
+                causes = reading.all_causes()
+                for cause in causes:
+                    self.suspend(cid, cause)
+                if causes:
+                    continue
+                if reading.beat.session_id != session.session_id:
+                    self.on_disconnected(cid, session.session_id, "missed heartbeat")
+                elif self.events is not None:
+                    self.events.heartbeat(cid)
+                self._sweep_failing.discard(cid)
+            except Exception:
+                if cid not in self._sweep_failing:
+                    log.exception("heartbeat sweep of client %r failed; going on with the others", cid)
+                self._sweep_failing.add(cid)
+
+
+def suspension_reason(causes: str) -> str:
+    """What a suspended client's agent is told (its ack's reason)."""
+    return (
+        f"suspended by the brain: {causes}. Fix it (or ask the operator); "
+        "the next clean announcement is accepted"
+    )

@@ -139,6 +139,9 @@ class Settings(BaseModel):
     # Messages a client's outbox may hold; the relay drops the excess (the reconciler re-sends
     # a result lost this way), so a flooding client cannot fill Redis.
     outbox_max_messages: int = Field(default=1000, ge=1)
+    # Bytes a client may keep in Redis under its own keys c:<id>:* (MEMORY USAGE, measured by
+    # the reconciler): over it the client is suspended, and told why, until it is back under.
+    client_quota_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
     # The `[[schedules]]` tables of vancetope.toml (brain.schedules); env: their JSON.
     schedules: tuple[Schedule, ...] = ()
 

@@ -126,9 +126,14 @@ def trees_table(trees: Sequence[TreeRecord], counts: Mapping[str, Counter[str]])
 
 
 def clients_table(
-    enrolled: Mapping[str, Any], sessions: Mapping[str, Any], waiting: Mapping[str, int]
+    enrolled: Mapping[str, Any],
+    sessions: Mapping[str, Any],
+    waiting: Mapping[str, int],
+    misbehaving: Mapping[str, Any] | None = None,
 ) -> Table:
-    """Enrolled clients, their sessions and tools, and the parked work each could take."""
+    """Enrolled clients, their sessions and tools, the parked work each could take, and why
+    a suspended one is (brain.misbehaving)."""
+    marks = misbehaving or {}
     table = Table(title="client agents", title_justify="left")
     for col in ("client", "user", "state", "type", "tools", "waiting for it"):
         table.add_column(col, overflow="fold")
@@ -139,10 +144,14 @@ def clients_table(
         if held:  # brain.toolpins: changed definitions, not routed to
             tools += f" (changed, held until `vancetope clients approve-tools {cid}`: {', '.join(held)})"
         wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
+        if cid in marks:
+            state = Text(f"misbehaving: {marks[cid].shown()}", style="bold red")
+        else:
+            state = Text("connected", style="green") if session else Text("offline", style="dim")
         table.add_row(
             Text(cid),
             Text(enrollment.user),
-            Text("connected", style="green") if session else Text("offline", style="dim"),
+            state,
             Text(session.client_type.value if session else ""),
             Text(tools),
             Text(str(wait) if wait else ""),

@@ -10,10 +10,12 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, cast
 
 import redis
 
+from brain.errors import BrainError
 from workers.contracts import (
     CLIENT_OUTBOX,
     RECORD_RESULT_TASK,
@@ -86,8 +88,11 @@ class HotState:
         for cid in clients:
             pipe.hgetall(client_key(cid, key_tree_running(tree_id)))
         marks: dict[str, dict[str, Any]] = {}
-        for raw in pipe.execute():
-            marks.update({k.decode(): json.loads(v) for k, v in raw.items()})
+        # A client writes its own marks: one that is not a hash of JSON objects is skipped,
+        # and never hides the others'.
+        for raw in pipe.execute(raise_on_error=False):
+            if isinstance(raw, dict):
+                marks.update(_running_marks(raw))
         return marks
 
     def tree_finished(self, tree_id: str) -> None:
@@ -102,9 +107,19 @@ class HotState:
     def cancel_runs(self, run_ids: Iterable[str], client_id: str | None = None) -> None:
         """Tell workers (offline ones too, when they come back) never to start these runs."""
         ids = list(run_ids)
-        if ids:
-            key = key_cancelled() if client_id is None else client_key(client_id, key_cancelled())
-            self.r.sadd(key, *ids)
+        if not ids:
+            return
+        if client_id is None:
+            self.r.sadd(key_cancelled(), *ids)
+            return
+        try:
+            self.r.sadd(client_key(client_id, key_cancelled()), *ids)
+        except redis.ResponseError as exc:
+            # The client replaced its own cancelled set: only its own workstation may now run
+            # a cancelled call, whose result is refused (the task has moved on).
+            raise ClientKeyUnreadable(
+                client_id, "cancelled set", client_key(client_id, key_cancelled()), exc
+            ) from exc
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:
@@ -131,15 +146,18 @@ class HotState:
         prefix = client_key(client_id, "") if client_id else ""
         ids: set[str] = set()
         for q in queues:
-            for items in self._list_chunks(prefix + q):
-                for raw in items:
-                    ids.update(_task_id(raw))
-        for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
-            ids.update(_unacked_task_id(raw))
+            with _client_keys(client_id, "queue", prefix + q):
+                for items in self._list_chunks(prefix + q):
+                    for raw in items:
+                        ids.update(_task_id(raw))
+        with _client_keys(client_id, "unacked hash", prefix + KOMBU_UNACKED):
+            for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
+                ids.update(_unacked_task_id(raw))
         if client_id:
-            for items in self._list_chunks(prefix + CLIENT_OUTBOX):
-                for raw in items:
-                    ids.update(_outbox_run_id(raw))
+            with _client_keys(client_id, "outbox", prefix + CLIENT_OUTBOX):
+                for items in self._list_chunks(prefix + CLIENT_OUTBOX):
+                    for raw in items:
+                        ids.update(_outbox_run_id(raw))
         return ids
 
     def take_client_runs(self, client_id: str, run_ids: Iterable[str]) -> dict[str, str]:
@@ -154,44 +172,101 @@ class HotState:
         queue_key = client_key(client_id, client_queue(client_id))
         unacked = client_key(client_id, KOMBU_UNACKED)
         queued: dict[str, bytes] = {}
-        for items in self._list_chunks(queue_key):
-            for raw in items:
-                for run_id in _task_id(raw) & wanted:
-                    queued.setdefault(run_id, raw)
+        # A queue or hash the client replaced with another type holds none of our messages
+        # any more: what it held is lost with it, so those runs are taken back as running.
+        lost = False
+        try:
+            for items in self._list_chunks(queue_key):
+                for raw in items:
+                    for run_id in _task_id(raw) & wanted:
+                        queued.setdefault(run_id, raw)
+        except redis.ResponseError:
+            lost = True
         reserved: dict[str, bytes] = {}
-        for tag, raw in self._hash_items(unacked):
-            for run_id in _unacked_task_id(raw) & (wanted - queued.keys()):
-                reserved.setdefault(run_id, tag)
+        try:
+            for tag, raw in self._hash_items(unacked):
+                for run_id in _unacked_task_id(raw) & (wanted - queued.keys()):
+                    reserved.setdefault(run_id, tag)
+        except redis.ResponseError:
+            lost = True
+        unknown = {run_id: "running" for run_id in wanted - queued.keys() - reserved.keys()} if lost else {}
         if not queued and not reserved:
-            return {}
+            return unknown
         pipe = self.r.pipeline(transaction=False)
         for raw in queued.values():
-            pipe.lrem(queue_key, 1, as_text(raw))
+            pipe.lrem(queue_key, 1, cast(str, raw))  # the bytes as stored; redis-py sends them as they are
         for tag in reserved.values():
             pipe.hdel(unacked, tag)
-        answers = pipe.execute()
-        taken = {run_id: "queued" for run_id, n in zip(queued, answers) if n}
-        won = [(run_id, tag) for (run_id, tag), n in zip(reserved.items(), answers[len(queued) :]) if n]
+        answers = pipe.execute(raise_on_error=False)
+        taken = {run_id: "queued" for run_id, n in zip(queued, answers) if isinstance(n, int) and n}
+        won = [
+            (run_id, tag)
+            for (run_id, tag), n in zip(reserved.items(), answers[len(queued) :])
+            if isinstance(n, int) and n
+        ]
         taken.update((run_id, "running") for run_id, _tag in won)
         if won:
-            self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), *(tag for _run, tag in won))
-        return taken
+            try:
+                self.r.zrem(client_key(client_id, KOMBU_UNACKED_INDEX), *(tag for _run, tag in won))
+            except redis.ResponseError:
+                pass  # its index replaced by the client: kombu's restore finds nothing to restore
+        return {**unknown, **taken}
+
+
+class ClientKeyUnreadable(BrainError):
+    """One of a client's keys the brain needs has the wrong type (the client wrote it)."""
+
+    def __init__(self, client_id: str, name: str, key: str, exc: Exception) -> None:
+        self.client_id = client_id
+        self.name = name
+        self.detail = f"its {name} {key!r} cannot be read ({(str(exc).splitlines() or [''])[0][:200]})"
+        super().__init__(f"client {client_id!r}: {self.detail}")
+
+
+@contextmanager
+def _client_keys(client_id: str | None, name: str, key: str) -> Iterator[None]:
+    """Redis's refusal to read one of a client's keys, as ClientKeyUnreadable naming it."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if client_id is None:
+            raise
+        raise ClientKeyUnreadable(client_id, name, key, exc) from exc
+
+
+# Every parser below reads what a client may have written: anything that is not the shape
+# kombu writes stands for no run id, and none of them raises.
+def _running_marks(raw: dict[Any, Any]) -> dict[str, dict[str, Any]]:
+    marks: dict[str, dict[str, Any]] = {}
+    for k, v in raw.items():
+        try:
+            mark = json.loads(v)
+            if isinstance(mark, dict):
+                marks[as_bytes(k).decode()] = mark
+        except (ValueError, RecursionError):
+            continue
+    return marks
 
 
 def _unacked_task_id(raw: bytes) -> set[str]:
     # unacked values are [message, exchange, routing_key]
     try:
-        return _task_id(json.dumps(json.loads(raw)[0]))
-    except (ValueError, IndexError, TypeError):
+        entry = json.loads(raw)
+    except (ValueError, RecursionError):
         return set()
+    if not isinstance(entry, list) or not entry or not isinstance(entry[0], dict):
+        return set()
+    return _ids_of(entry[0])
 
 
 def _outbox_run_id(raw: bytes) -> set[str]:
     try:
         msg = json.loads(raw)
-        return {msg["result"]["run_id"]} if msg.get("type") == "tool_result" else set()
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, RecursionError):
         return set()
+    result = msg.get("result") if isinstance(msg, dict) and msg.get("type") == "tool_result" else None
+    run_id = result.get("run_id") if isinstance(result, dict) else None
+    return {run_id} if isinstance(run_id, str) else set()
 
 
 def _task_id(raw: bytes | str) -> set[str]:
@@ -199,17 +274,25 @@ def _task_id(raw: bytes | str) -> set[str]:
     id inside a ``record_result`` job (a result on its way counts as held, not lost)."""
     try:
         msg = json.loads(raw)
-        headers = msg.get("headers", {})
-    except (ValueError, AttributeError):
+    except (ValueError, RecursionError):
+        return set()
+    return _ids_of(msg) if isinstance(msg, dict) else set()
+
+
+def _ids_of(msg: dict[str, Any]) -> set[str]:
+    headers = msg.get("headers")
+    if not isinstance(headers, dict):
         return set()
     ids = {headers["id"]} if isinstance(headers.get("id"), str) else set()
     if headers.get("task") == RECORD_RESULT_TASK:
         try:
             body = msg["body"]
-            if msg.get("properties", {}).get("body_encoding") == "base64":
+            properties = msg.get("properties")
+            if isinstance(properties, dict) and properties.get("body_encoding") == "base64":
                 body = base64.b64decode(body)
             run_id = json.loads(body)[0][0]["run_id"]
-            ids.add(run_id)
-        except (ValueError, KeyError, IndexError, TypeError):
+            if isinstance(run_id, str):
+                ids.add(run_id)
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
             pass
     return ids

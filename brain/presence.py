@@ -8,12 +8,14 @@ kept in ``vt:presence`` until a graceful disconnect or a missed heartbeat.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from brain.client_keys import KeyReading, read_client_keys
 from brain.hotstate import KOMBU_UNACKED, as_text
 from brain.models import Enrollment
 from brain.routing import ClientView, Presence
@@ -21,7 +23,6 @@ from brain.store import Store
 from brain.toolnames import qualified
 from brain.toolpins import ToolPins
 from workers.contracts import (
-    CLIENT_HEARTBEAT,
     MAX_ANNOUNCED_TOOLS,
     ClientConnected,
     ClientType,
@@ -30,6 +31,8 @@ from workers.contracts import (
     client_queue,
     key_presence,
 )
+
+log = logging.getLogger("vancetope.brain")
 
 
 class ClientSession(BaseModel):
@@ -86,6 +89,7 @@ class PresenceBook:
         # Each client's session as last read and parsed: routing a client's call reads them
         # all, and an announcement (with its tools' schemas) changes far less often than that.
         self._parsed: dict[str, tuple[bytes | str, ClientSession]] = {}
+        self._bad: dict[str, bytes | str] = {}
 
     # enrollment ---------------------------------------------------------------------
     def enroll(
@@ -130,11 +134,26 @@ class PresenceBook:
 
     def session(self, client_id: str) -> ClientSession | None:
         raw = self.r.hget(key_presence(), client_id)
-        return ClientSession.model_validate_json(raw) if raw else None
+        if not raw:
+            return None
+        try:
+            return ClientSession.model_validate_json(raw)
+        except ValidationError:
+            return None  # as in ``sessions``: an entry that does not parse is no session
 
     def sessions(self) -> dict[str, ClientSession]:
         raw = self.r.hgetall(key_presence())
-        sessions = {as_text(k): self._parse(as_text(k), v) for k, v in raw.items()}
+        sessions: dict[str, ClientSession] = {}
+        for k, v in raw.items():
+            cid = as_text(k)
+            try:
+                sessions[cid] = self._parse(cid, v)
+            except ValidationError:
+                # The brain writes these; one that does not parse must not hide every other
+                # client. Logged once per entry (the cache of bad ones).
+                if self._bad.get(cid) != v:
+                    log.error("ignoring client %r's session in %s: not a session", cid, key_presence())
+                    self._bad[cid] = v
         parsed = self._parsed
         if len(parsed) > len(sessions):  # clients gone: their sessions go from the cache too
             self._parsed = {cid: parsed[cid] for cid in sessions if cid in parsed}
@@ -149,20 +168,17 @@ class PresenceBook:
         self._parsed[client_id] = (raw, session)
         return session
 
+    def inspect(self) -> dict[str, tuple[ClientSession, KeyReading]]:
+        """Each connected client's session with its heartbeat and the health of its keys
+        (brain.client_keys): one round trip, and no client's key can make it raise."""
+        sessions = self.sessions()
+        readings = read_client_keys(self.r, sessions)
+        return {cid: (s, readings[cid]) for cid, s in sessions.items()}
+
     def silent(self) -> list[ClientSession]:
-        """Connected clients whose heartbeat key expired or belongs to another session."""
-        sessions = list(self.sessions().values())
-        if not sessions:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for s in sessions:
-            pipe.get(client_key(s.client_id, CLIENT_HEARTBEAT))
-        beats = pipe.execute()
-        return [
-            s
-            for s, beat in zip(sessions, beats, strict=True)
-            if beat is None or beat.decode() != s.session_id
-        ]
+        """Connected clients whose heartbeat key expired or belongs to another session (a
+        heartbeat that cannot be read counts as none)."""
+        return [s for s, reading in self.inspect().values() if reading.beat.session_id != s.session_id]
 
     def view(
         self,
@@ -197,5 +213,16 @@ class PresenceBook:
         for cid in client_ids:
             pipe.llen(client_key(cid, client_queue(cid)))
             pipe.hlen(client_key(cid, KOMBU_UNACKED))
-        counts = pipe.execute()
-        return {cid: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, cid in enumerate(client_ids)}
+        counts = pipe.execute(raise_on_error=False)
+        return {cid: _load(counts[2 * i], counts[2 * i + 1]) for i, cid in enumerate(client_ids)}
+
+
+# The load of a client whose queue or unacked hash cannot be read (its agent changed their
+# type): chosen last. The heartbeat sweep suspends it (brain.clientwork).
+UNREADABLE_LOAD = 1 << 30
+
+
+def _load(queued: object, taken: object) -> int:
+    if not isinstance(queued, int) or not isinstance(taken, int):
+        return UNREADABLE_LOAD
+    return queued + taken

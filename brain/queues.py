@@ -15,8 +15,10 @@ from collections.abc import Collection, Mapping
 import redis
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from brain.client_health import reply_cause, typed_keys
 from brain.config import Settings
 from brain.hotstate import KOMBU_UNACKED, HotState
+from brain.misbehaving import MisbehavingBook
 from brain.parked import ParkedWork
 from brain.presence import PresenceBook
 from brain.service import unreachable
@@ -49,6 +51,8 @@ class ClientQueue(BaseModel):
     waiting: int  # calls on its queue
     taken: int  # calls its agent took and has not finished
     parked: int  # blocked / pending_client work waiting for this very client
+    # Why the brain suspended it (brain.misbehaving), or why its queue could not be read.
+    misbehaving: str | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -91,6 +95,11 @@ class QueuesReport(BaseModel):
             "not connected; start its agent (vancetope-agent run)"
             for c in self.clients
             if c.nobody_consuming
+        ]
+        lines += [
+            f"client {c.client_id!r} (user {c.user!r}) misbehaves, suspended: {c.misbehaving}"
+            for c in self.clients
+            if c.misbehaving
         ]
         lines += [
             f"user {u.user!r}: {u.parked} task(s) parked for any of the user's clients, none connected; "
@@ -144,19 +153,33 @@ def read_queues(
     for cid in ids:
         pipe.llen(client_key(cid, client_queue(cid)))
         pipe.hlen(client_key(cid, KOMBU_UNACKED))
-    counts = pipe.execute()
-    client_rows = [
-        ClientQueue(
-            client_id=cid,
-            user=enrolled[cid].user,
-            connected=cid in sessions,
-            queue=client_queue(cid),
-            waiting=int(counts[2 * i]),
-            taken=int(counts[2 * i + 1]),
-            parked=waiting.get(f"client:{cid}", 0),
+    # A client may have turned its queue or unacked hash into another type: its own row says
+    # so, every other row is read as usual.
+    counts = pipe.execute(raise_on_error=False)
+    marks = MisbehavingBook(r).all()
+    client_rows = []
+    for i, cid in enumerate(ids):
+        queued, taken = counts[2 * i], counts[2 * i + 1]
+        mark = marks.get(cid)
+        unreadable = [
+            cause.detail
+            for name, reply in (("queue", queued), ("unacked hash", taken))
+            if (cause := reply_cause(name, typed_keys(cid)[name][0], [reply])) is not None
+        ]
+        # The mark, once the brain has found it; until then what this read found.
+        why = mark.shown() if mark else "; ".join(unreadable) or None
+        client_rows.append(
+            ClientQueue(
+                client_id=cid,
+                user=enrolled[cid].user,
+                connected=cid in sessions,
+                queue=client_queue(cid),
+                waiting=queued if isinstance(queued, int) else 0,
+                taken=taken if isinstance(taken, int) else 0,
+                parked=waiting.get(f"client:{cid}", 0),
+                misbehaving=why,
+            )
         )
-        for i, cid in enumerate(ids)
-    ]
     users = user_queues(waiting, {cid: s.user for cid, s in sessions.items()})
     return QueuesReport(pools=pool_rows, clients=client_rows, users=users)
 

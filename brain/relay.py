@@ -8,9 +8,14 @@ through — not what the message claims — says which client sent it.
 Fair and bounded: each poll is one MULTI round that trims every outbox to
 ``outbox_max_messages`` (the excess is dropped and logged; a result lost this way is
 re-sent by the reconciler, which finds its task queued and held nowhere) and pops at
-most ``POP_BATCH`` messages per client, starting at a client that rotates every poll,
-so a chatty client delays another by at most one round. With every outbox empty it
-blocks in BRPOP instead of spinning.
+most ``POP_BATCH`` messages per client (one from a suspended client), starting at a
+client that rotates every poll, so a chatty client delays another by at most one round.
+With every outbox empty it blocks in BRPOP instead of spinning.
+
+Isolated: each client's replies in that round are checked on their own, so an outbox
+turned into a string refuses only its owner's commands and every other client's popped
+messages are handled. A client whose outbox or message is malformed is suspended
+(``ClientWork.suspend``: marked misbehaving, logged once per cause); the others go on.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import zip_longest
+from typing import TypeVar
 
+import redis
 from pydantic import ValidationError
 
+from brain.client_health import Cause, reply_cause
 from brain.clientwork import ClientWork
 from brain.events import HEARTBEAT_S
 from brain.hotstate import as_bytes, as_text
@@ -50,7 +58,14 @@ POP_TIMEOUT_S = 1
 # Messages popped per client per poll: bounds what the brain holds and how long one
 # client's burst can delay another's message.
 POP_BATCH = 32
+# ... and from a suspended client (brain.misbehaving): its messages still count (a result
+# of a call it ran is not thrown away), but it gets no more than this of any round.
+SUSPENDED_POP_BATCH = 1
 _ENVELOPE_SLACK = 64 * 1024
+_T = TypeVar("_T")
+# How long the relay pauses when a client changes its outbox's type between the round and
+# BRPOP (it then refuses BRPOP for everyone): short, the next round skips that outbox.
+RACE_PAUSE_S = 0.1
 
 
 def rotated(items: Sequence[str], turn: int) -> list[str]:
@@ -74,38 +89,35 @@ class Relay:
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
         self.max_messages = scheduler.settings.outbox_max_messages
         self.turn = 0
+        # Clients suspended, as last read (every enrollment refresh) or suspended here since.
+        self.suspended: set[str] = set()
+        self._stop = threading.Event()  # run()'s, so a pause in poll_once ends with it
 
     def handle(self, owner: str, raw: bytes) -> None:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
         a lost result is re-sent by the reconciler, a refused announcement is acked as refused."""
         if len(raw) > self.max_bytes:
-            log.warning(
-                "dropped a %d-byte message from client %r: over the %d-byte limit",
-                len(raw),
-                owner,
-                self.max_bytes,
-            )
             # Not parsed, not even to ack it: parsing is what an oversized message would cost us.
+            detail = f"sent a {len(raw)}-byte message, over the {self.max_bytes}-byte limit (dropped)"
+            self._suspend(owner, Cause(kind="oversized message", detail=detail))
             return
         depth = depth_over(raw, MAX_JSON_DEPTH)
         if depth is not None:
             # Not parsed either: a recursive parser (json.loads below) would run out of stack.
-            log.warning(
-                "dropped a message from client %r nested %d deep: over the limit of %d",
-                owner,
-                depth,
-                MAX_JSON_DEPTH,
-            )
+            detail = f"sent a message nested {depth} deep, over the limit of {MAX_JSON_DEPTH} (dropped)"
+            self._suspend(owner, Cause(kind="message nested too deep", detail=detail))
             return
         try:
             msg = CLIENT_MESSAGE.validate_json(raw)
         except ValidationError as exc:
             reason = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            log.warning("dropped a malformed message from client %r: %s", owner, reason)
+            detail = f"sent a malformed message (dropped): {reason}"[:1000]
+            self._suspend(owner, Cause(kind="malformed message", detail=detail))
             self._refuse_if_announcement(owner, raw, f"malformed announcement: {reason}")
             return
         if isinstance(msg, ClientConnected):
-            self.clients.on_connected(msg, owner)
+            if self.clients.on_connected(msg, owner).accepted:
+                self.suspended.discard(owner)
         elif isinstance(msg, ClientDisconnected):
             if msg.client_id == owner:
                 self.clients.on_disconnected(owner, msg.session_id, f"graceful disconnect ({msg.reason})")
@@ -127,7 +139,7 @@ class Relay:
     def _refuse_if_announcement(self, owner: str, raw: bytes, reason: str) -> None:
         try:
             data = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return
         if (
             isinstance(data, dict)
@@ -144,18 +156,39 @@ class Relay:
             return False
         order = rotated(enrolled, self.turn)
         self.turn += 1
-        batches = self._pop_round(order)
+        batches, faults = self._pop_round(order)
         for owner, raw in interleaved(batches):
             self._handle_one(owner, raw)
+        for owner, cause in faults.items():
+            self._suspend_one(owner, cause)
         if batches:
             return True
-        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order}
-        item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
+        # An outbox that is not a list would make BRPOP fail for everyone: it waits on the others.
+        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order if cid not in faults}
+        if not keys:
+            self._stop.wait(POP_TIMEOUT_S)  # as BRPOP would have, rather than spin
+            return False
+        try:
+            item = self.s.hot.r.brpop(list(keys), timeout=POP_TIMEOUT_S)
+        except redis.ResponseError:
+            # A client changed its outbox's type since the round: the next round names it.
+            self._stop.wait(RACE_PAUSE_S)
+            return False
         if item is None:
             return False
         key, message = item
         self._handle_one(keys[as_text(key)], as_bytes(message))
         return True
+
+    def _suspend(self, owner: str, cause: Cause) -> None:
+        self.suspended.add(owner)
+        self.clients.suspend(owner, cause)
+
+    def _suspend_one(self, owner: str, cause: Cause) -> None:
+        try:
+            self._suspend(owner, cause)
+        except Exception:
+            log.exception("could not suspend client %r (%s); going on with the others", owner, cause.detail)
 
     def _handle_one(self, owner: str, raw: bytes) -> None:
         """``handle``, and if it fails (the store or Redis refused), log it and go on: the rest
@@ -168,19 +201,29 @@ class Relay:
                 "could not handle a %d-byte message from client %r; going on with the next", len(raw), owner
             )
 
-    def _pop_round(self, order: list[str]) -> list[tuple[str, list[bytes]]]:
+    def _pop_round(self, order: list[str]) -> tuple[list[tuple[str, list[bytes]]], dict[str, Cause]]:
         """Per client: trim its outbox to the cap, keeping the oldest messages (the agent
-        LPUSHes, so they are at the tail), and pop up to ``POP_BATCH`` of them, oldest first."""
+        LPUSHes, so they are at the tail), and pop up to ``POP_BATCH`` of them, oldest first.
+
+        Each reply is checked on its own (``raise_on_error=False``): a client whose outbox is
+        not a list gets a refusal in its own replies and a cause (it popped nothing), and what
+        was popped from every other outbox in the same transaction is handled, never lost."""
         pipe = self.s.hot.r.pipeline(transaction=True)
         for cid in order:
             key = client_key(cid, CLIENT_OUTBOX)
             pipe.llen(key)
             pipe.ltrim(key, -self.max_messages, -1)
-            pipe.rpop(key, POP_BATCH)
-        replies = pipe.execute()
+            pipe.rpop(key, SUSPENDED_POP_BATCH if cid in self.suspended else POP_BATCH)
+        replies = pipe.execute(raise_on_error=False)
         batches: list[tuple[str, list[bytes]]] = []
+        faults: dict[str, Cause] = {}
         for i, cid in enumerate(order):
-            length, _, popped = replies[3 * i : 3 * i + 3]
+            row = replies[3 * i : 3 * i + 3]
+            cause = reply_cause("outbox", client_key(cid, CLIENT_OUTBOX), row)
+            if cause is not None:
+                faults[cid] = cause
+                continue
+            length, _, popped = row
             if length > self.max_messages:
                 log.warning(
                     "dropped %d message(s) from client %r: its outbox %r held %d, over the cap of %d "
@@ -191,27 +234,49 @@ class Relay:
                     length,
                     self.max_messages,
                 )
-            if popped:
+            if isinstance(popped, list) and popped:
                 batches.append((cid, [as_bytes(m) for m in popped]))
-        return batches
+        return batches, faults
 
     def run(self, stop: threading.Event) -> threading.Thread:
+        self._stop = stop
+        failing: set[str] = set()
+
+        def step(what: str, action: Callable[..., _T], *args: object) -> _T | None:
+            """``action(*args)``, or None when it failed: logged once until it works again, and the
+            loop's other steps run regardless (a failed sweep never skips the outboxes)."""
+            try:
+                value = action(*args)
+            except Exception:
+                if what not in failing:
+                    log.exception("client relay: %s failed; going on with the other steps", what)
+                failing.add(what)
+                return None
+            if what in failing:
+                log.info("client relay: %s works again", what)
+                failing.discard(what)
+            return value
+
         def loop() -> None:
             enrolled: list[str] = []
             refreshed = beat_checked = 0.0
             while not stop.is_set():
-                try:
-                    now = time.monotonic()
-                    if now - refreshed > 2.0:
-                        enrolled, refreshed = sorted(self.s.presence.enrolled()), now
-                    if now - beat_checked > HEARTBEAT_S / 2:
-                        self.clients.sweep_heartbeats()
-                        beat_checked = now
-                    if not self.poll_once(enrolled) and not enrolled:
-                        stop.wait(POP_TIMEOUT_S)
-                except Exception:
-                    log.exception("client relay step failed")
-                    stop.wait(0.5)
+                now = time.monotonic()
+                if now - refreshed > 2.0:
+                    fresh = step("reading the enrollments", lambda: sorted(self.s.presence.enrolled()))
+                    if fresh is not None:
+                        enrolled, refreshed = fresh, now
+                    marks = step("reading the suspended clients", self.clients.misbehaving.all)
+                    if marks is not None:
+                        self.suspended = set(marks)
+                if now - beat_checked > HEARTBEAT_S / 2:
+                    step("the heartbeat sweep", self.clients.sweep_heartbeats)
+                    beat_checked = now
+                polled = step("polling the outboxes", self.poll_once, enrolled)
+                if polled is None:
+                    stop.wait(0.5)  # Redis itself refused (down?): do not spin
+                elif not polled and not enrolled:
+                    stop.wait(POP_TIMEOUT_S)
 
         thread = threading.Thread(target=loop, name="vancetope-relay", daemon=True)
         thread.start()

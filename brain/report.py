@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from brain.client_health import Mark
 from brain.models import Enrollment, TaskRecord, TreeRecord
 from brain.presence import ClientSession
 from brain.registry import RegistrySnapshot
@@ -48,9 +49,12 @@ def clients_report(
     sessions: Mapping[str, ClientSession],
     waiting: Mapping[str, int],
     registry: RegistrySnapshot | None = None,
+    misbehaving: Mapping[str, Mark] | None = None,
 ) -> dict[str, Any]:
-    """`vancetope clients --json`: every enrolled client (never its secret's hash), its session
-    and the parked work it could take; and the registry's last (re)load."""
+    """`vancetope clients --json`: every enrolled client (never its secret's hash), its session,
+    the parked work it could take and why it is suspended, if it is; and the registry's last
+    (re)load."""
+    marks = misbehaving or {}
     clients = []
     for cid, enrollment in sorted(enrolled.items()):
         session = sessions.get(cid)
@@ -65,6 +69,8 @@ def clients_report(
                 "tools": sorted(t.name for t in session.tools) if session else [],
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],
+                # Suspended for what it wrote (brain.misbehaving): the causes, else null.
+                "misbehaving": marks[cid].shown() if cid in marks else None,
                 # Parked for this client by name, and for any client of its user.
                 "waiting": {
                     "client": waiting.get(f"client:{cid}", 0),

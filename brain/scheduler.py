@@ -22,7 +22,7 @@ from typing import Any
 from brain.config import Settings
 from brain.dispatch import Publisher
 from brain.events import ClientEvents
-from brain.hotstate import HotState
+from brain.hotstate import ClientKeyUnreadable, HotState
 from brain.limits import check_limits
 from brain.models import (
     Location,
@@ -647,11 +647,18 @@ class Scheduler:
     ) -> bool:
         return self._end(rec.tree_id, rec.task_id, state, reason, from_states, error)
 
-    def cancel_tasks(self, tree_id: str, task_id: str | None = None) -> list[str]:
+    def cancel_tasks(
+        self,
+        tree_id: str,
+        task_id: str | None = None,
+        on_unreadable: Callable[[ClientKeyUnreadable], None] | None = None,
+    ) -> list[str]:
         """Cancel a tree's unfinished tasks (or only ``task_id``): one store call ends them all
         ``skipped``, one Redis call per client (and one for the server) adds their runs to the
         cancelled set workers check before starting; then the tree is advanced once. A
-        100,000-task tree is a few round trips, not 100,000 compare-and-sets. The ids cancelled."""
+        100,000-task tree is a few round trips, not 100,000 compare-and-sets. A client whose own
+        cancelled set is broken goes to ``on_unreadable`` (raised without one) and stops no other
+        client's marks; its tasks are cancelled in the store all the same. The ids cancelled."""
         check_move(NOT_FINAL, TaskState.SKIPPED)
         now = self.clock()
         ended = self.store.end_tasks(
@@ -667,8 +674,13 @@ class Scheduler:
             if task.run_id:
                 runs.setdefault(task.client_id, []).append(task.run_id)
         for client_id, run_ids in runs.items():
-            for start in range(0, len(run_ids), _CANCEL_CHUNK):
-                self.hot.cancel_runs(run_ids[start : start + _CANCEL_CHUNK], client_id)
+            try:
+                for start in range(0, len(run_ids), _CANCEL_CHUNK):
+                    self.hot.cancel_runs(run_ids[start : start + _CANCEL_CHUNK], client_id)
+            except ClientKeyUnreadable as exc:
+                if on_unreadable is None:
+                    raise
+                on_unreadable(exc)
         if ended:
             self._local.ended = self._ended_here() + len(ended)
         self.advance(tree_id)

@@ -2,18 +2,23 @@
 
 The store is the record (DESIGN.md decision 6); these sweeps make Redis agree with it:
 re-send queued work no queue holds, expire work parked past its ``max_wait``,
-re-list parked tasks a crash left unlisted, and advance trees a crash left idle.
+re-list parked tasks a crash left unlisted, and advance trees a crash left idle. They
+also suspend a client that keeps more than its quota in Redis. A client whose keys
+cannot be read is suspended and skipped; every other client is still swept.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
+from brain.client_health import QUOTA_KIND, Cause, quota_cause
+from brain.client_quota import QUOTA_EVERY_S, measure_client_usage
 from brain.clientwork import ClientWork
 from brain.config import Settings
-from brain.hotstate import HotState
+from brain.hotstate import ClientKeyUnreadable, HotState
 from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.parked import ParkedRef, ParkedWork, owner_of
 from brain.presence import PresenceBook
@@ -97,12 +102,14 @@ class Sweeps:
         self.settings = settings
         self.registry = registry
         self.clock = clock
+        self._quota_checked = -QUOTA_EVERY_S
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
         the next one still runs: one bad record must not stop every repair."""
         resent = self._guarded("re-sending lost tasks", self.resend_lost) or []
         for what, step in (
+            ("measuring what clients keep in Redis", self.check_quotas),
             ("expiring parked tasks", self.expire_parked),
             ("expiring overdue tasks", self.expire_overdue),
             ("re-listing parked tasks", self.relist_parked),
@@ -135,20 +142,58 @@ class Sweeps:
         stale = self.store.tasks_in_states(
             {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT}, updated_before=cutoff
         )
-        held: dict[str | None, set[str]] = {}
+        # None: could not be read (Redis refused): nothing of that owner is called lost this
+        # sweep, and the other owners are still looked at.
+        held: dict[str | None, set[str] | None] = {}
         resent: list[str] = []
         for rec in stale:
             cid = rec.client_id
             if cid not in held:
-                held[cid] = (
-                    self.hot.message_ids_held(server_queues(stale, self.registry().pools))
-                    if cid is None
-                    else self.hot.message_ids_held([client_queue(cid)], client_id=cid)
-                )
+                owner = "the server queues" if cid is None else f"client {cid!r}'s queues"
+                held[cid] = self._guarded(f"reading {owner}", self._held, cid, stale)
+            ids = held[cid]
             what = f"re-sending task {rec.task_id!r} of tree {rec.tree_id}"
-            if rec.run_id not in held[cid] and self._guarded(what, self._resend, rec, cid):
+            if ids is not None and rec.run_id not in ids and self._guarded(what, self._resend, rec, cid):
                 resent.append(rec.task_id)
         return resent
+
+    def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str]:
+        """Run ids the server queues (None) or a client's keys hold. A client whose keys
+        cannot be read is suspended (its session ends, its calls are taken back) and holds
+        nothing: what the take-back left queued is parked like any lost call of a client
+        gone. Every other client's are still looked at."""
+        if client_id is None:
+            return self.hot.message_ids_held(server_queues(stale, self.registry().pools))
+        try:
+            return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id)
+        except ClientKeyUnreadable as exc:
+            cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
+            self._guarded(f"suspending client {client_id!r}", self.clients.suspend, client_id, cause)
+            return set()
+
+    # --- quotas ----------------------------------------------------------------------------
+    def check_quotas(self) -> dict[str, int]:
+        """Suspend each enrolled client keeping more than ``client_quota_bytes`` in Redis, and
+        lift that cause from one back under it. At most every ``QUOTA_EVERY_S``; returns
+        what was measured (empty when it was not time)."""
+        now = time.monotonic()
+        if now - self._quota_checked < QUOTA_EVERY_S:
+            return {}
+        self._quota_checked = now
+        used = measure_client_usage(self.hot.r)
+        quota = self.settings.client_quota_bytes
+        for cid in self.presence.enrolled():
+            cause = quota_cause(used.get(cid, 0), quota)
+            if cause is not None:
+                self._guarded(f"suspending client {cid!r}", self.clients.suspend, cid, cause)
+            elif self.clients.misbehaving.clear(cid, {QUOTA_KIND}) is not None:
+                log.info(
+                    "client %r keeps %d bytes, back under its quota of %d: its next announcement is accepted",
+                    cid,
+                    used.get(cid, 0),
+                    quota,
+                )
+        return used
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
         tree_rec = self.scheduler.tree(rec.tree_id)
@@ -256,7 +301,7 @@ class Sweeps:
         if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
         if rec.run_id:
-            self.hot.cancel_runs([rec.run_id], rec.client_id)
+            self._cancel_run(rec)
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
@@ -303,8 +348,20 @@ class Sweeps:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
+    def _cancel_run(self, rec: TaskRecord) -> None:
+        """Add the task's run to the cancelled set its worker checks. A client that replaced
+        its own set is suspended; the task is cancelled in the store regardless."""
+        try:
+            self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
+        except ClientKeyUnreadable as exc:
+            self._suspend_unreadable(exc)
+
+    def _suspend_unreadable(self, exc: ClientKeyUnreadable) -> None:
+        cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
+        self._guarded(f"suspending client {exc.client_id!r}", self.clients.suspend, exc.client_id, cause)
+
     def cancel(self, tree_id: str, task_id: str | None = None) -> list[str]:
         """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled);
         runs in flight are added to the cancelled set their worker checks before starting,
         which an offline client reads when it comes back."""
-        return self.scheduler.cancel_tasks(tree_id, task_id)
+        return self.scheduler.cancel_tasks(tree_id, task_id, on_unreadable=self._suspend_unreadable)

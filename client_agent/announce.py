@@ -201,9 +201,10 @@ class Announcer(threading.Thread):
 class Heartbeat(threading.Thread):
     """``SET heartbeat <session_id> PX ttl`` every interval; the brain reads a missing key as gone.
 
-    The brain deletes the ack when it drops this agent (say, a beat arrived too late): seeing
-    the ack gone after it was accepted, the heartbeat asks the announcer to announce again,
-    or the agent would stay alive but never be sent work.
+    The brain deletes the ack when it drops this agent (say, a beat arrived too late), or
+    replaces it with a refusal saying why when it suspends it: seeing either after it was
+    accepted, the heartbeat asks the announcer to announce again, or the agent would stay
+    alive but never be sent work.
     """
 
     def __init__(
@@ -231,8 +232,12 @@ class Heartbeat(threading.Thread):
     def _check_remembered(self) -> None:
         if self.announcer is None or not self.announcer.accepted.is_set():
             return
-        if self.channel.read_ack() is None:
+        ack = self.channel.read_ack()
+        if ack is None:
             log.warning("the brain dropped this agent (its ack is gone); announcing again")
+            self.announcer.request()
+        elif not ack.accepted:  # the brain suspended it, and says why (brain.misbehaving)
+            log.warning("the brain suspended this agent: %s; announcing again", ack.reason or "(no reason)")
             self.announcer.request()
 
     def run(self) -> None:

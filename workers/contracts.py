@@ -89,6 +89,12 @@ def client_keyprefix(client_id: str) -> str:
     return f"c:{client_id}:"
 
 
+def client_keys_match() -> str:
+    """SCAN MATCH pattern of every client's keys (``client_keyprefix`` of any id): what the
+    brain measures against each client's quota. Client ids hold no ':' or glob character."""
+    return "c:*"
+
+
 # --- Celery task names ----------------------------------------------------
 
 RUN_TOOL_TASK = "vancetope.run_tool"
@@ -166,6 +172,12 @@ def key_tool_pins(client_id: str) -> str:
     brain's own key, outside ``c:<id>:``: a client must not be able to re-pin its tools)."""
     client_queue(client_id)  # validates
     return f"{KEY_NS}toolpins:{client_id}"
+
+
+def key_misbehaving() -> str:
+    """Hash: client id -> why the brain suspended that client (brain.misbehaving), its causes
+    as JSON. The brain's own key, outside ``c:<id>:``: a client must not clear its own mark."""
+    return f"{KEY_NS}misbehaving"
 
 
 def key_pool_workers(pool: str) -> str:

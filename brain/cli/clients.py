@@ -36,13 +36,20 @@ def clients(ctx: click.Context, as_json: bool) -> None:
         return
     with running_brain(ctx.obj) as brain:
         book = brain.scheduler.presence
+        marks = brain.clients.misbehaving.all()
         if as_json:
             report = clients_report(
-                book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), brain.scheduler.registry
+                book.enrolled(),
+                book.sessions(),
+                brain.scheduler.parked.waiting(),
+                brain.scheduler.registry,
+                misbehaving=marks,
             )
             click.echo(json.dumps(report, indent=2))
             return
-        console.print(clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting()))
+        console.print(
+            clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), marks)
+        )
         registry = brain.scheduler.registry
         if registry.loaded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(registry.loaded_at))

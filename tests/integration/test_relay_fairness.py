@@ -71,19 +71,26 @@ def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes
     brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
 ) -> None:
     brain = brain_on_redis
-    brain.scheduler.presence.enroll("laptop", "ada")
-    connect(brain, "laptop")
+    for cid in ("laptop", "mallory"):
+        brain.scheduler.presence.enroll(cid, "ada")
+        connect(brain, cid, session=f"s-{cid}")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
     deep = (
         b'{"type": "client_connected", "session_id": "x", "available_tools": ' + b"[" * 10_000 + b"]" * 10_000
     )
-    outbox = client_key("laptop", CLIENT_OUTBOX)
-    brain.hot.r.lpush(outbox, deep + b"}", result_message(brain, rec.tree_id, "r0", "laptop"))
+    brain.hot.r.lpush(client_key("mallory", CLIENT_OUTBOX), deep + b"}")
+    brain.hot.r.lpush(client_key("laptop", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "laptop"))
     relay = Relay(brain.scheduler, brain.clients)
     with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
-        assert relay.poll_once(["laptop"]) is True
+        assert relay.poll_once(["laptop", "mallory"]) is True
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
-    assert any("from client 'laptop' nested 10001 deep" in r.getMessage() for r in caplog.records)
+    # the sender is suspended for it, and only the sender
+    assert any(
+        "client 'mallory' misbehaves: sent a message nested 10001 deep" in r.getMessage() for r in caplog.records
+    )
+    mark = brain.clients.misbehaving.get("mallory")
+    assert mark is not None and "nested 10001 deep" in mark.shown()
+    assert set(brain.scheduler.presence.sessions()) == {"laptop"}
 
 
 def test_a_message_whose_handling_fails_does_not_take_the_rest_of_its_batch_with_it(
