@@ -70,7 +70,12 @@ class SweepScheduling(Protocol):
         error: ErrorInfo | None = None,
     ) -> bool: ...
 
-    def cancel_tasks(self, tree_id: str, task_id: str | None = None) -> list[str]: ...
+    def cancel_tasks(
+        self,
+        tree_id: str,
+        task_id: str | None = None,
+        on_unreadable: Callable[[ClientKeyUnreadable], None] | None = None,
+    ) -> list[str]: ...
 
     def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None: ...
 
