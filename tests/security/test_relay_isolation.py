@@ -43,6 +43,7 @@ from workers.contracts import (
     ClientToolResult,
     client_key,
     client_queue,
+    key_cancelled,
 )
 
 pytestmark = pytest.mark.integration
@@ -410,3 +411,20 @@ def test_a_real_agent_over_its_quota_is_told_why_and_comes_back_once_under_it(
         lambda: brain.scheduler.presence.session("laptop"), timeout=90, what="the agent to come back"
     )
     assert back.session_id == first.session_id and brain.clients.misbehaving.get("laptop") is None
+
+
+def test_cancelling_a_tree_whose_client_broke_its_cancelled_set_cancels_it_and_suspends_that_client(
+    brain_on_redis: Brain, redis_server: Any
+) -> None:
+    brain = brain_on_redis
+    mallory = enroll(brain.scheduler.presence, "mallory", "eve", redis_server.address_url)
+    connect(brain, "mallory", session="s-mallory")
+    theirs = brain.scheduler.submit(tree(reads(2, "m")), session=SessionKind.INTERACTIVE, client_id="mallory")
+    attacker = as_client(mallory)
+    attacker.set(client_key("mallory", key_cancelled()), "not a set")
+    attacker.close()
+
+    assert sorted(brain.sweeps.cancel(theirs.tree_id)) == ["r0", "r1"]
+    assert {t.state for t in brain.store.get_tasks(theirs.tree_id)} == {TaskState.SKIPPED}
+    mark = brain.clients.misbehaving.get("mallory")
+    assert mark is not None and "cancelled set" in mark.shown()
