@@ -213,6 +213,11 @@ class HotState:
         return {**unknown, **taken}
 
 
+def is_wrong_type(exc: redis.ResponseError) -> bool:
+    """Redis's answer to a command on a key of another type than the command's."""
+    return str(exc).startswith("WRONGTYPE")
+
+
 class ClientKeyUnreadable(BrainError):
     """One of a client's keys the brain needs has the wrong type (the client wrote it)."""
 

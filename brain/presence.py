@@ -16,7 +16,7 @@ import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brain.client_keys import KeyReading, read_client_keys
-from brain.hotstate import KOMBU_UNACKED, as_text
+from brain.hotstate import KOMBU_UNACKED, as_text, is_wrong_type
 from brain.models import Enrollment
 from brain.routing import ClientView, Presence
 from brain.store import Store
@@ -121,8 +121,24 @@ class PresenceBook:
             connected_at=now,
             held_tools=pinned.held,
         )
-        self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
+        try:
+            self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            self._replace_wrong_type(msg.client_id, session.model_dump_json())
         return session
+
+    def _replace_wrong_type(self, client_id: str, session_json: str) -> None:
+        """Delete a presence key that is not a hash. The gateway may reach the key (Redis 6.2 has
+        no read-only key patterns) and could create it as a list while no client is connected, so
+        that every session write failed; a key that is no hash holds no session, so nothing is
+        lost. Delete and write happen in one MULTI: a hash with a field cannot be made a list."""
+        log.error("%s was not a hash (another party wrote it): replaced by the sessions", key_presence())
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(key_presence())
+        pipe.hset(key_presence(), client_id, session_json)
+        pipe.execute()
 
     def disconnect(self, client_id: str, session_id: str | None = None) -> ClientSession | None:
         """Forget a client's session (only that session, when ``session_id`` is given)."""
@@ -133,7 +149,12 @@ class PresenceBook:
         return current
 
     def session(self, client_id: str) -> ClientSession | None:
-        raw = self.r.hget(key_presence(), client_id)
+        try:
+            raw = self.r.hget(key_presence(), client_id)
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            return None  # no hash, no session (``connect`` replaces the key)
         if not raw:
             return None
         try:
@@ -142,7 +163,12 @@ class PresenceBook:
             return None  # as in ``sessions``: an entry that does not parse is no session
 
     def sessions(self) -> dict[str, ClientSession]:
-        raw = self.r.hgetall(key_presence())
+        try:
+            raw = self.r.hgetall(key_presence())
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            return {}  # no hash, no session (``connect`` replaces the key)
         sessions: dict[str, ClientSession] = {}
         for k, v in raw.items():
             cid = as_text(k)

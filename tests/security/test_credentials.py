@@ -22,11 +22,14 @@ from brain import submitters
 from brain.errors import StoreError
 from brain.gateway import door
 from brain.models import TaskState
+from brain.redis_server import RedisServer
 from brain.service import Brain
 from brain.stack import EmbeddedStack
 from brain.store import open_store
 from tests.conftest import agent_with_servers, make_settings, wait_until, write_mcp_config
 from tests.integration.test_gateway import mcp_client, start_gateway, token_for
+from tests.integration.test_parking import connect
+from workers.contracts import key_presence
 from workers.urls import with_credentials
 
 pytestmark = pytest.mark.integration
@@ -343,3 +346,22 @@ def test_a_submit_credential_lost_by_redis_is_restored_from_the_store_and_a_revo
         assert not pings()
     finally:
         admin.close()
+
+
+def test_a_presence_key_the_gateway_made_a_list_is_replaced_at_the_next_connect(
+    redis_server: RedisServer, brain_on_redis: Brain, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis 6.2 has no read-only key patterns: the gateway's credential can LPUSH the presence key
+    while no client is connected. The brain reads that as no session and replaces it."""
+    brain = brain_on_redis
+    gateway = redis.Redis.from_url(redis_server.url_for("vt-gateway"))
+    try:
+        gateway.lpush(key_presence(), b"not a session")
+    finally:
+        gateway.close()
+    assert brain.scheduler.presence.sessions() == {}
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    assert set(brain.scheduler.presence.sessions()) == {"laptop"}
+    assert brain.scheduler.presence.session("laptop") is not None
+    assert f"{key_presence()} was not a hash (another party wrote it)" in caplog.text
