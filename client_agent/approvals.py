@@ -11,6 +11,10 @@ Layout: ``pending/<id>.json`` (what waits, written by the agent), ``decisions/<i
 -> digest of its approved command), ``pinned_tools.json`` (``server/tool`` -> its approved
 definition), ``approvals.stamp`` (touched on every approval; the agent reloads its MCP
 servers when it changes). Writes are atomic (a temporary file renamed into place).
+
+Each server approval, tool pin and call decision carries a MAC by ``approval.key``
+(client_agent.approval_key): one the key does not verify is ignored, so a forged file
+makes nothing start, and the stamp only makes the agent check again.
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from client_agent.approval_key import KEY_FILE, ApprovalKey
 from client_agent.config import AgentConfig, AskScope
 from client_agent.consent import (
     Decision,
     PendingRequest,
     RequestKind,
     asks,
+    digest,
     split_servers,
     split_tools,
+    tool_digest,
     tool_key,
     tree_scope_key,
 )
@@ -66,6 +73,9 @@ class ConsentDir:
         self.servers_file = root / "approved_servers.json"
         self.tools_file = root / "pinned_tools.json"
         self.stamp = root / "approvals.stamp"
+        self.key_file = root / KEY_FILE
+        self._key: ApprovalKey | None = None
+        self._ignored: set[str] = set()
 
     @classmethod
     def for_config(cls, config: AgentConfig) -> ConsentDir:
@@ -86,9 +96,28 @@ class ConsentDir:
                 os.chmod(self.root, 0o700)
             for sub in (self.pending_dir, self.decisions_dir):
                 sub.mkdir(mode=0o700, exist_ok=True)
+            with self._locked():  # the agent and its CLI may both make the key at once
+                self._key = ApprovalKey.load_or_create(self.key_file)
         except OSError as exc:
             raise ConsentStateError(f"cannot use the consent state directory {self.root}: {exc}") from exc
         return self
+
+    @property
+    def key(self) -> ApprovalKey:
+        if self._key is None:
+            raise ConsentStateError(f"the consent state directory {self.root} was not opened")
+        return self._key
+
+    def _forged(self, what: str, path: Path) -> None:
+        """Log once per entry: something other than vancetope-agent approve wrote it."""
+        if what not in self._ignored:
+            self._ignored.add(what)
+            log.error(
+                "ignoring the approval of %s in %s: it is not signed by this agent's approval key, so it "
+                "was not written by vancetope-agent approve; it counts as not approved",
+                what,
+                path,
+            )
 
     # --- files -----------------------------------------------------------------------------
     def _write(self, path: Path, data: Any) -> None:
@@ -150,38 +179,73 @@ class ConsentDir:
             self.add_pending(request)
 
     def decide(self, request_id: str, approved: bool, reason: str = "") -> None:
-        decision = Decision(id=request_id, approved=approved, reason=reason, at=time.time())
+        mac = self.key.sign("decision", request_id, str(approved))
+        decision = Decision(id=request_id, approved=approved, reason=reason, at=time.time(), mac=mac)
         self._write(self.decisions_dir / f"{request_id}.json", decision.model_dump_json())
 
     def decision(self, request_id: str) -> Decision | None:
-        raw = self._read(self.decisions_dir / f"{request_id}.json")
+        path = self.decisions_dir / f"{request_id}.json"
+        raw = self._read(path)
         try:
-            return None if raw is None else Decision.model_validate(raw)
+            decision = None if raw is None else Decision.model_validate(raw)
         except ValidationError:
             return None
+        if decision is None or decision.id != request_id:
+            return None
+        if not self.key.verify(decision.mac, "decision", request_id, str(decision.approved)):
+            self._forged(f"call {request_id}", path)
+            return None
+        return decision
 
     def forget_decision(self, request_id: str) -> None:
         (self.decisions_dir / f"{request_id}.json").unlink(missing_ok=True)
 
     # --- servers and tools --------------------------------------------------------------------
     def approved_servers(self) -> dict[str, str]:
+        """Server name -> the digest the user approved (entries whose MAC verifies only)."""
         raw = self._read(self.servers_file)
-        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        approved: dict[str, str] = {}
+        for name, entry in raw.items() if isinstance(raw, dict) else ():
+            sha = entry.get("digest") if isinstance(entry, dict) else None
+            if isinstance(sha, str) and self.key.verify(entry.get("mac"), "server", str(name), sha):
+                approved[str(name)] = sha
+            else:
+                self._forged(f"MCP server {name!r}", self.servers_file)
+        return approved
 
     def pinned_tools(self) -> dict[str, dict[str, Any]]:
+        """``server/tool`` -> its approved definition (entries whose MAC verifies only)."""
         raw = self._read(self.tools_file)
-        return {str(k): v for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}
+        pinned: dict[str, dict[str, Any]] = {}
+        for key, entry in raw.items() if isinstance(raw, dict) else ():
+            definition = entry.get("definition") if isinstance(entry, dict) else None
+            if isinstance(definition, dict) and self.key.verify(
+                entry.get("mac"), "tool", str(key), tool_digest(definition)
+            ):
+                pinned[str(key)] = definition
+            else:
+                self._forged(f"MCP tool {key!r}", self.tools_file)
+        return pinned
 
-    def approve_servers(self, digests: Mapping[str, str]) -> None:
+    def approve_servers(self, digests: Mapping[str, str], notify: bool = True) -> None:
         with self._locked():
-            self._write(self.servers_file, {**self.approved_servers(), **digests})
-        self.touch()
+            merged = {**self.approved_servers(), **digests}
+            signed = {
+                name: {"digest": sha, "mac": self.key.sign("server", name, sha)}
+                for name, sha in merged.items()
+            }
+            self._write(self.servers_file, signed)
+        if notify:
+            self.touch()
 
     def pin_tools(self, definitions: Mapping[str, Mapping[str, Any]], notify: bool = True) -> None:
         with self._locked():
-            self._write(
-                self.tools_file, {**self.pinned_tools(), **{k: dict(v) for k, v in definitions.items()}}
-            )
+            merged = {**self.pinned_tools(), **{k: dict(v) for k, v in definitions.items()}}
+            signed = {
+                key: {"definition": d, "mac": self.key.sign("tool", key, tool_digest(d))}
+                for key, d in merged.items()
+            }
+            self._write(self.tools_file, signed)
         if notify:
             self.touch()
 
@@ -195,7 +259,8 @@ class ConsentDir:
             self.decide(request.id, True)
             return
         if request.kind is RequestKind.SERVER:
-            self.approve_servers({request.mcp_server or "": request.digest})
+            # The digest of the definition the user was shown, not the one the file claims.
+            self.approve_servers({request.mcp_server or "": digest(request.definition)})
         else:
             self.pin_tools({tool_key(request.mcp_server or "", request.tool): request.definition})
         self.remove_pending(request.id)
@@ -206,6 +271,8 @@ class ConsentDir:
     ) -> tuple[MCPConfig, list[MCPServerFailure]]:
         """The servers that may start; the others become requests (and failures saying why)."""
         split = split_servers(config.servers, self.approved_servers(), trusted, now)
+        if split.new_pins:  # trusted servers seen for the first time: a later change is asked
+            self.approve_servers(split.new_pins, notify=False)
         self.sync_pending([RequestKind.SERVER], split.waiting)
         failures = [
             MCPServerFailure(

@@ -64,6 +64,8 @@ class Decision(BaseModel):
     approved: bool
     reason: str = ""
     at: float
+    # HMAC by the approval key (client_agent.approval_key): a decision without it counts for nothing.
+    mac: str = ""
 
 
 # --- calls ----------------------------------------------------------------------------------
@@ -150,6 +152,8 @@ def request_id(kind: RequestKind, what: str) -> str:
 class ServerSplit:
     start: list[str] = field(default_factory=list)
     waiting: list[PendingRequest] = field(default_factory=list)
+    # Trusted servers seen for the first time, name -> digest: recorded as approved now.
+    new_pins: dict[str, str] = field(default_factory=dict)
 
 
 def split_servers(
@@ -158,14 +162,20 @@ def split_servers(
     trusted: Iterable[str],
     now: float,
 ) -> ServerSplit:
-    """Which servers may start: trusted by name in agent.toml, or approved with this very
-    definition (``approved``: name -> digest). The others wait, each as one request."""
+    """Which servers may start: approved with this very definition (``approved``: name ->
+    digest), or trusted by name in agent.toml and seen for the first time (then pinned in
+    ``new_pins``: trust covers what the user reviewed, not a later edit of mcp.json). The
+    others wait, each as one request."""
     trust = set(trusted)
     split = ServerSplit()
     for name, spec in servers.items():
         sha = server_digest(spec)
-        if name in trust or approved.get(name) == sha:
+        if approved.get(name) == sha:
             split.start.append(name)
+            continue
+        if name in trust and name not in approved:
+            split.start.append(name)
+            split.new_pins[name] = sha
             continue
         split.waiting.append(
             PendingRequest(
