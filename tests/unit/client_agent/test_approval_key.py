@@ -70,7 +70,9 @@ def test_approving_a_server_request_pins_what_was_shown_not_its_digest_field(tmp
     )  # fmt: skip
     state = ConsentDir(tmp_path / "c").open()
     state.approve(request)
-    assert state.approved_servers() == {"git": digest(server_definition(shown))} != {"git": server_digest(EVIL)}
+    assert (
+        state.approved_servers() == {"git": digest(server_definition(shown))} != {"git": server_digest(EVIL)}
+    )
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640])
