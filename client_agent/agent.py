@@ -22,9 +22,10 @@ from pathlib import Path
 import redis
 
 from client_agent.announce import Announcer, Heartbeat, encode_announcement
-from client_agent.approvals import ConsentDir, ConsentGate
+from client_agent.approvals import ConsentDir
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
+from client_agent.consent_gate import ConsentGate
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.local_state import AgentState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools

@@ -152,7 +152,7 @@ def request_id(kind: RequestKind, what: str) -> str:
 class ServerSplit:
     start: list[str] = field(default_factory=list)
     waiting: list[PendingRequest] = field(default_factory=list)
-    # Trusted servers seen for the first time, name -> digest: recorded as approved now.
+    # Trusted servers seen for the first time in this mcp.json, name -> digest: pinned now.
     new_pins: dict[str, str] = field(default_factory=dict)
 
 
@@ -161,21 +161,22 @@ def split_servers(
     approved: Mapping[str, str],
     trusted: Iterable[str],
     now: float,
+    trusted_pins: Mapping[str, str] | None = None,
 ) -> ServerSplit:
     """Which servers may start: approved with this very definition (``approved``: name ->
-    digest), or trusted by name in agent.toml and seen for the first time (then pinned in
-    ``new_pins``: trust covers what the user reviewed, not a later edit of mcp.json). The
-    others wait, each as one request."""
+    digest), or trusted by name in agent.toml with the definition first seen in this
+    mcp.json (``trusted_pins``; one seen for the first time is pinned in ``new_pins``):
+    trust covers what the user reviewed, not a later edit. The others wait, each as one
+    request."""
     trust = set(trusted)
+    pins = {} if trusted_pins is None else trusted_pins
     split = ServerSplit()
     for name, spec in servers.items():
         sha = server_digest(spec)
-        if approved.get(name) == sha:
+        if approved.get(name) == sha or (name in trust and pins.get(name, sha) == sha):
             split.start.append(name)
-            continue
-        if name in trust and name not in approved:
-            split.start.append(name)
-            split.new_pins[name] = sha
+            if name in trust and name not in pins:
+                split.new_pins[name] = sha
             continue
         split.waiting.append(
             PendingRequest(

@@ -126,8 +126,8 @@ def test_write_local_file_cannot_reach_the_agents_own_files(
     brain = start(stack_factory, brain_factory, tmp_path, {"demo": DEMO})
     sandbox, consent = tmp_path / "sandbox", tmp_path / ".vancetope-agent" / "consent"
     marker = tmp_path / "server-ran"
-    wait_until(lambda: (consent / "approved_servers.json").exists(), 30, "the trusted server pinned")
-    own = [tmp_path / "mcp.json", consent / "approved_servers.json", tmp_path / "agent.toml"]
+    wait_until(lambda: (consent / "trusted_servers.json").exists(), 30, "the trusted server pinned")
+    own = [tmp_path / "mcp.json", consent / "trusted_servers.json", tmp_path / "agent.toml"]
     before = {p: p.read_bytes() for p in own}
     os.link(tmp_path / "mcp.json", sandbox / "hard.json")  # a hard link planted earlier
     (sandbox / "soft.json").symlink_to(tmp_path / "mcp.json")
@@ -164,6 +164,7 @@ def test_write_local_file_cannot_reach_the_agents_own_files(
         assert rec.state is TaskState.FAILED and rec.error is not None, (task, rec.state)
         assert rec.error.type == kind and words in rec.error.message, (task, rec.error)
     assert {p: p.read_bytes() for p in own} == before
+    assert not (consent / "approved_servers.json").exists()  # nothing was approved, nothing forged
     assert not (consent / "approvals.stamp").exists() or (consent / "approvals.stamp").read_text() != "1\n"
     assert not any(p.name == "config" for p in sandbox.rglob("*"))
     assert "evil" not in pending_servers(tmp_path / "agent.toml") and not marker.exists()
@@ -181,7 +182,7 @@ def test_forged_mcp_json_approvals_and_stamp_start_nothing_until_the_user_approv
     config, mcp_json = tmp_path / "agent.toml", tmp_path / "mcp.json"
     consent = tmp_path / ".vancetope-agent" / "consent"
     marker, trusted_marker = tmp_path / "evil-ran", tmp_path / "trusted-ran"
-    wait_until(lambda: (consent / "approved_servers.json").exists(), 30, "the trusted server pinned")
+    wait_until(lambda: (consent / "trusted_servers.json").exists(), 30, "the trusted server pinned")
 
     write_mcp_config(mcp_json, {"helper": DEMO, "evil": marker_server(marker)})
     spec = localize(load_mcp_config(mcp_json), mcp_json.parent).servers["evil"]

@@ -88,3 +88,20 @@ def test_a_hard_linked_key_is_refused(tmp_path: Path) -> None:
     os.link(state.key_file, tmp_path / "copy")
     with pytest.raises(ApprovalKeyError, match="2 hard links"):
         ConsentDir(tmp_path / "c").open()
+
+
+def test_trust_pins_the_definition_first_seen_in_each_mcp_json(tmp_path: Path) -> None:
+    state = ConsentDir(tmp_path / "c").open()
+    good = StdioServerSpec(command="mcp-server-git", args=["-r", "r"])
+    first = MCPConfig(source=str(tmp_path / "mcp.json"), servers={"git": good})
+    assert list(state.gate_servers(first, ["git"], 1.0)[0].servers) == ["git"]  # seen first: pinned
+    edited = MCPConfig(source=first.source, servers={"git": EVIL})
+    allowed, failures = state.gate_servers(edited, ["git"], 2.0)
+    assert allowed.servers == {} and "vancetope-agent approve" in failures[0].message
+    # A forged pin neither moves the pin nor resets it to a first sight; another mcp.json the
+    # user points the agent at is its own first sight.
+    state.trusted_file.write_text(json.dumps({first.source: {"git": {"digest": server_digest(EVIL)}}}))
+    assert state.gate_servers(edited, ["git"], 3.0)[0].servers == {}
+    assert state.trusted_pins(first.source) == {"git": ""}
+    other = MCPConfig(source=str(tmp_path / "other.json"), servers={"git": EVIL})
+    assert list(state.gate_servers(other, ["git"], 4.0)[0].servers) == ["git"]

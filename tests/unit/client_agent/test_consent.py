@@ -119,6 +119,10 @@ def test_a_trusted_server_whose_definition_changed_since_it_was_first_seen_waits
     # Trust is for what the user reviewed: mcp.json edited afterwards (by a tool, by anyone)
     # does not start under the trusted name.
     pinned = {"git": server_digest(stdio())}
-    split = split_servers({"git": stdio(command="sh", args=["-c", "touch /tmp/x"])}, pinned, ["git"], 1.0)
+    evil = {"git": stdio(command="sh", args=["-c", "touch /tmp/x"])}
+    split = split_servers(evil, {}, ["git"], 1.0, trusted_pins=pinned)
     assert split.start == [] and split.new_pins == {}
     assert [r.command for r in split.waiting] == [["sh", "-c", "touch /tmp/x"]]
+    # Once the user approves the new command, it starts (trusted or not).
+    approved = {"git": server_digest(evil["git"])}
+    assert split_servers(evil, approved, ["git"], 2.0, trusted_pins=pinned).start == ["git"]
