@@ -40,6 +40,7 @@ from client_agent.consent import (
     Decision,
     PendingRequest,
     RequestKind,
+    as_approved,
     digest,
     split_servers,
     split_tools,
@@ -143,11 +144,14 @@ class ConsentDir:
 
     # --- pending requests and decisions ---------------------------------------------------
     def pending(self) -> list[PendingRequest]:
+        """What waits, each shown as approving it would record it (consent.as_approved)."""
         found = []
-        for path in sorted(self.pending_dir.glob("*.json")):
+        paths = sorted(self.pending_dir.glob("*.json"))
+        pinned = self.pinned_tools() if paths else {}
+        for path in paths:
             raw = self._read(path)
             try:
-                found.append(PendingRequest.model_validate(raw))
+                found.append(as_approved(PendingRequest.model_validate(raw), pinned))
             except ValidationError:
                 log.error("ignoring a malformed pending request %s", path)
         return sorted(found, key=lambda r: (r.since, r.id))

@@ -140,6 +140,23 @@ def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "\n".join(difflib.unified_diff(before, after, "approved", "now", lineterm=""))
 
 
+def as_approved(request: PendingRequest, pinned: Mapping[str, Mapping[str, Any]]) -> PendingRequest:
+    """``request`` with what the user is shown derived from what approving it records: a
+    server's command and digest from its definition, a tool's diff from the pinned one.
+    A pending file is written by the agent, but must not be able to show one thing and
+    have ``approve`` record another."""
+    d = request.definition
+    if request.kind is RequestKind.SERVER:
+        command = (
+            [d.get("url", "")] if d.get("type") == "http" else [d.get("command", ""), *d.get("args", [])]
+        )
+        return request.model_copy(update={"command": [str(c) for c in command], "digest": digest(d)})
+    if request.kind is RequestKind.TOOL:
+        old = pinned.get(tool_key(request.mcp_server or "", request.tool), {})
+        return request.model_copy(update={"diff": definition_diff(old, d), "digest": tool_digest(d)})
+    return request
+
+
 def request_id(kind: RequestKind, what: str) -> str:
     """A stable id for a server or tool request (the same change asks under the same id)."""
     return f"{kind.value[0]}-{digest(what)[:12]}"
