@@ -81,7 +81,7 @@ def run(config_path: Path, log_level: str | None, log_file: Path | None) -> None
     from client_agent.agent import EXIT_NOT_ENROLLED, Agent  # slow (Celery); `tools` does not need it
 
     try:
-        code = Agent(config).run()
+        code = Agent(config, config_file=config_path.expanduser().absolute()).run()
     except NotEnrolled as exc:
         logging.getLogger("vancetope.agent").error("%s", exc)
         sys.exit(EXIT_NOT_ENROLLED)
@@ -101,7 +101,7 @@ def tools(config_path: Path) -> None:
     _setup_logging("WARNING")
     # Its failures and notes are printed in the tables below; do not print them twice.
     logging.getLogger("vancetope.agent.mcp").setLevel(logging.CRITICAL)
-    policy = Policy.from_config(config)
+    policy = Policy.from_config(config, config_path.expanduser().absolute())
     native = policy.native()
     consent = _consent(config)
     mcp = load_mcp_tools(

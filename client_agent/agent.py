@@ -17,18 +17,21 @@ import signal
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import redis
 
 from client_agent.announce import Announcer, Heartbeat, encode_announcement
-from client_agent.approvals import ConsentDir, ConsentGate
+from client_agent.approvals import ConsentDir
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
+from client_agent.consent_gate import ConsentGate
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.local_state import AgentState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
+from client_agent.self_protection import check_sandbox_roots
 from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
 from workers.contracts import (
     ClientDisconnected,
@@ -61,10 +64,14 @@ def new_session_id() -> str:
 class Agent:
     """A client agent: ``run()`` blocks until a signal, then shuts down cleanly."""
 
-    def __init__(self, config: AgentConfig, session_id: str | None = None) -> None:
+    def __init__(
+        self, config: AgentConfig, session_id: str | None = None, config_file: Path | None = None
+    ) -> None:
+        # load_config checked this already; an Agent built from a config in code is held to it too.
+        check_sandbox_roots(config, config_file)
         self.config = config
         self.session_id = session_id or new_session_id()
-        self.policy = Policy.from_config(config)
+        self.policy = Policy.from_config(config, config_file)
         self.native = self.policy.native()
         self._mcp = MCPTools()
         self._mcp_lock = threading.Lock()

@@ -2,15 +2,20 @@
 
 One job: the consent state directory ``<data_dir>/consent`` (mode 0700, owned by the
 user running the agent) through which ``vancetope-agent pending/approve/deny`` talk to the
-running agent, and the gate that holds a call of an ``ask`` tool until it is answered.
+running agent (the gate that holds a call of an ``ask`` tool is client_agent.consent_gate).
 Nothing here goes through Redis: the brain (and anyone who can write the agent's
 ``c:<id>:`` keys) can forge a message, not a file in this directory.
 
 Layout: ``pending/<id>.json`` (what waits, written by the agent), ``decisions/<id>.json``
 (the user's answer to a call, written by the CLI), ``approved_servers.json`` (server name
--> digest of its approved command), ``pinned_tools.json`` (``server/tool`` -> its approved
+-> digest of its approved command), ``trusted_servers.json`` (mcp.json path -> trusted
+server -> the digest first seen), ``pinned_tools.json`` (``server/tool`` -> its approved
 definition), ``approvals.stamp`` (touched on every approval; the agent reloads its MCP
 servers when it changes). Writes are atomic (a temporary file renamed into place).
+
+Each server approval, tool pin and call decision carries a MAC by ``approval.key``
+(client_agent.approval_key): one the key does not verify is ignored, so a forged file
+makes nothing start, and the stamp only makes the agent check again.
 """
 
 from __future__ import annotations
@@ -21,35 +26,32 @@ import logging
 import os
 import secrets
 import stat
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from client_agent.config import AgentConfig, AskScope
+from client_agent.approval_key import KEY_FILE, ApprovalKey
+from client_agent.config import AgentConfig
 from client_agent.consent import (
     Decision,
     PendingRequest,
     RequestKind,
-    asks,
+    as_approved,
+    digest,
     split_servers,
     split_tools,
+    tool_digest,
     tool_key,
-    tree_scope_key,
 )
 from client_agent.errors import AgentError
-from workers.contracts import ErrorInfo, MCPServerFailure, ToolAwaiting, ToolCall, ToolDescriptor
+from workers.contracts import MCPServerFailure, ToolDescriptor
 from workers.mcp_config import MCPConfig
 
 log = logging.getLogger("vancetope.agent.consent")
-
-_POLL_S = 0.2
-_TREE_SCOPES_KEPT = 4096
 
 
 class ConsentStateError(AgentError):
@@ -66,6 +68,10 @@ class ConsentDir:
         self.servers_file = root / "approved_servers.json"
         self.tools_file = root / "pinned_tools.json"
         self.stamp = root / "approvals.stamp"
+        self.key_file = root / KEY_FILE
+        self.trusted_file = root / "trusted_servers.json"
+        self._key: ApprovalKey | None = None
+        self._ignored: set[str] = set()
 
     @classmethod
     def for_config(cls, config: AgentConfig) -> ConsentDir:
@@ -86,9 +92,28 @@ class ConsentDir:
                 os.chmod(self.root, 0o700)
             for sub in (self.pending_dir, self.decisions_dir):
                 sub.mkdir(mode=0o700, exist_ok=True)
+            with self._locked():  # the agent and its CLI may both make the key at once
+                self._key = ApprovalKey.load_or_create(self.key_file)
         except OSError as exc:
             raise ConsentStateError(f"cannot use the consent state directory {self.root}: {exc}") from exc
         return self
+
+    @property
+    def key(self) -> ApprovalKey:
+        if self._key is None:
+            raise ConsentStateError(f"the consent state directory {self.root} was not opened")
+        return self._key
+
+    def _forged(self, what: str, path: Path) -> None:
+        """Log once per entry: something other than vancetope-agent approve wrote it."""
+        if what not in self._ignored:
+            self._ignored.add(what)
+            log.error(
+                "ignoring the approval of %s in %s: it is not signed by this agent's approval key, so it "
+                "was not written by vancetope-agent approve; it counts as not approved",
+                what,
+                path,
+            )
 
     # --- files -----------------------------------------------------------------------------
     def _write(self, path: Path, data: Any) -> None:
@@ -119,11 +144,14 @@ class ConsentDir:
 
     # --- pending requests and decisions ---------------------------------------------------
     def pending(self) -> list[PendingRequest]:
+        """What waits, each shown as approving it would record it (consent.as_approved)."""
         found = []
-        for path in sorted(self.pending_dir.glob("*.json")):
+        paths = sorted(self.pending_dir.glob("*.json"))
+        pinned = self.pinned_tools() if paths else {}
+        for path in paths:
             raw = self._read(path)
             try:
-                found.append(PendingRequest.model_validate(raw))
+                found.append(as_approved(PendingRequest.model_validate(raw), pinned))
             except ValidationError:
                 log.error("ignoring a malformed pending request %s", path)
         return sorted(found, key=lambda r: (r.since, r.id))
@@ -150,38 +178,100 @@ class ConsentDir:
             self.add_pending(request)
 
     def decide(self, request_id: str, approved: bool, reason: str = "") -> None:
-        decision = Decision(id=request_id, approved=approved, reason=reason, at=time.time())
+        mac = self.key.sign("decision", request_id, str(approved))
+        decision = Decision(id=request_id, approved=approved, reason=reason, at=time.time(), mac=mac)
         self._write(self.decisions_dir / f"{request_id}.json", decision.model_dump_json())
 
     def decision(self, request_id: str) -> Decision | None:
-        raw = self._read(self.decisions_dir / f"{request_id}.json")
+        path = self.decisions_dir / f"{request_id}.json"
+        raw = self._read(path)
         try:
-            return None if raw is None else Decision.model_validate(raw)
+            decision = None if raw is None else Decision.model_validate(raw)
         except ValidationError:
             return None
+        if decision is None or decision.id != request_id:
+            return None
+        if not self.key.verify(decision.mac, "decision", request_id, str(decision.approved)):
+            self._forged(f"call {request_id}", path)
+            return None
+        return decision
 
     def forget_decision(self, request_id: str) -> None:
         (self.decisions_dir / f"{request_id}.json").unlink(missing_ok=True)
 
     # --- servers and tools --------------------------------------------------------------------
     def approved_servers(self) -> dict[str, str]:
+        """Server name -> the digest the user approved (entries whose MAC verifies only)."""
         raw = self._read(self.servers_file)
-        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+        approved: dict[str, str] = {}
+        for name, entry in raw.items() if isinstance(raw, dict) else ():
+            sha = entry.get("digest") if isinstance(entry, dict) else None
+            if isinstance(sha, str) and self.key.verify(entry.get("mac"), "server", str(name), sha):
+                approved[str(name)] = sha
+            else:
+                self._forged(f"MCP server {name!r}", self.servers_file)
+        return approved
+
+    def trusted_pins(self, source: str) -> dict[str, str]:
+        """Trusted server name -> the digest first seen in mcp.json ``source``. An entry the key
+        does not verify maps to "" (matches no definition): a tampered pin asks, it does not
+        start the server as seen for the first time."""
+        raw = self._read(self.trusted_file)
+        entries = raw.get(source) if isinstance(raw, dict) else None
+        pins: dict[str, str] = {}
+        for name, entry in entries.items() if isinstance(entries, dict) else ():
+            sha = entry.get("digest") if isinstance(entry, dict) else None
+            if isinstance(sha, str) and self.key.verify(entry.get("mac"), "trusted", source, str(name), sha):
+                pins[str(name)] = sha
+            else:
+                pins[str(name)] = ""
+                self._forged(f"trusted MCP server {name!r} of {source}", self.trusted_file)
+        return pins
+
+    def pin_trusted(self, source: str, digests: Mapping[str, str]) -> None:
+        with self._locked():
+            raw = self._read(self.trusted_file)
+            kept = {k: v for k, v in raw.items() if k != source} if isinstance(raw, dict) else {}
+            merged = {**self.trusted_pins(source), **digests}
+            kept[source] = {
+                name: {"digest": sha, "mac": self.key.sign("trusted", source, name, sha)}
+                for name, sha in merged.items()
+            }
+            self._write(self.trusted_file, kept)
 
     def pinned_tools(self) -> dict[str, dict[str, Any]]:
+        """``server/tool`` -> its approved definition (entries whose MAC verifies only)."""
         raw = self._read(self.tools_file)
-        return {str(k): v for k, v in raw.items() if isinstance(v, dict)} if isinstance(raw, dict) else {}
+        pinned: dict[str, dict[str, Any]] = {}
+        for key, entry in raw.items() if isinstance(raw, dict) else ():
+            definition = entry.get("definition") if isinstance(entry, dict) else None
+            if isinstance(definition, dict) and self.key.verify(
+                entry.get("mac"), "tool", str(key), tool_digest(definition)
+            ):
+                pinned[str(key)] = definition
+            else:
+                self._forged(f"MCP tool {key!r}", self.tools_file)
+        return pinned
 
-    def approve_servers(self, digests: Mapping[str, str]) -> None:
+    def approve_servers(self, digests: Mapping[str, str], notify: bool = True) -> None:
         with self._locked():
-            self._write(self.servers_file, {**self.approved_servers(), **digests})
-        self.touch()
+            merged = {**self.approved_servers(), **digests}
+            signed = {
+                name: {"digest": sha, "mac": self.key.sign("server", name, sha)}
+                for name, sha in merged.items()
+            }
+            self._write(self.servers_file, signed)
+        if notify:
+            self.touch()
 
     def pin_tools(self, definitions: Mapping[str, Mapping[str, Any]], notify: bool = True) -> None:
         with self._locked():
-            self._write(
-                self.tools_file, {**self.pinned_tools(), **{k: dict(v) for k, v in definitions.items()}}
-            )
+            merged = {**self.pinned_tools(), **{k: dict(v) for k, v in definitions.items()}}
+            signed = {
+                key: {"definition": d, "mac": self.key.sign("tool", key, tool_digest(d))}
+                for key, d in merged.items()
+            }
+            self._write(self.tools_file, signed)
         if notify:
             self.touch()
 
@@ -195,7 +285,8 @@ class ConsentDir:
             self.decide(request.id, True)
             return
         if request.kind is RequestKind.SERVER:
-            self.approve_servers({request.mcp_server or "": request.digest})
+            # The digest of the definition the user was shown, not the one the file claims.
+            self.approve_servers({request.mcp_server or "": digest(request.definition)})
         else:
             self.pin_tools({tool_key(request.mcp_server or "", request.tool): request.definition})
         self.remove_pending(request.id)
@@ -205,7 +296,12 @@ class ConsentDir:
         self, config: MCPConfig, trusted: Iterable[str], now: float
     ) -> tuple[MCPConfig, list[MCPServerFailure]]:
         """The servers that may start; the others become requests (and failures saying why)."""
-        split = split_servers(config.servers, self.approved_servers(), trusted, now)
+        source = os.path.realpath(config.source)
+        split = split_servers(
+            config.servers, self.approved_servers(), trusted, now, self.trusted_pins(source)
+        )
+        if split.new_pins:  # trusted servers seen for the first time: a later change is asked
+            self.pin_trusted(source, split.new_pins)
         self.sync_pending([RequestKind.SERVER], split.waiting)
         failures = [
             MCPServerFailure(
@@ -245,139 +341,7 @@ class ConsentDir:
         return split.offered, held
 
 
-class ConsentGate:
-    """``workers.tasks`` asks this before each call: a call of an ``ask`` tool waits here (as
-    ``awaiting_approval``, reported through ``report``) until the user answers, the wait
-    times out, the run is cancelled or the agent stops. The waiting call keeps its worker
-    thread and its message (whose lease the worker keeps renewing), and ``timeout_s``
-    starts only once it runs."""
+# The gate lived here; its importers keep working.
+from client_agent.consent_gate import ConsentGate
 
-    def __init__(
-        self,
-        config: AgentConfig,
-        state: ConsentDir,
-        report: Callable[[ToolAwaiting], None],
-        stop: threading.Event,
-        cancelled: Callable[[str], bool] = lambda run_id: False,
-        poll_s: float = _POLL_S,
-    ) -> None:
-        self.patterns = config.ask
-        self.scope = config.ask_scope
-        self.timeout_s = config.ask_timeout_s
-        self.client_id = config.client_id
-        self.state = state
-        self.report = report
-        self.stop = stop
-        self.cancelled = cancelled
-        self.poll_s = poll_s
-        self._lock = threading.Lock()
-        self._tree_ok: OrderedDict[str, None] = OrderedDict()
-
-    def __call__(self, call: ToolCall) -> ErrorInfo | None:
-        if not asks(self.patterns, call.tool, call.mcp_server):
-            return None
-        key = tree_scope_key(call.tree_id, call.tool, call.mcp_server)
-        if self._covered(key):
-            log.info("task %s (tool %s): approved for this tree already", call.task_id, call.tool)
-            return None
-        now = time.time()
-        request = PendingRequest(
-            id=f"c-{secrets.token_hex(4)}",
-            kind=RequestKind.CALL,
-            since=now,
-            tool=call.tool,
-            mcp_server=call.mcp_server,
-            tree_id=call.tree_id,
-            task_id=call.task_id,
-            run_id=call.run_id,
-            args=call.args,
-            expires_at=now + self.timeout_s,
-            scope=self.scope.value,
-        )
-        self.state.add_pending(request)
-        log.warning(
-            "task %s of tree %s wants to run %s: waiting for your approval (vancetope-agent pending; "
-            "vancetope-agent approve %s / deny %s; denied in %gs without an answer)",
-            call.task_id, call.tree_id, call.tool, request.id, request.id, self.timeout_s,
-        )  # fmt: skip
-        self._report(call, request.id, waiting=True)
-        try:
-            error = self._wait(call, request, key)
-        finally:
-            self.state.remove_pending(request.id)
-            self.state.forget_decision(request.id)
-        if error is None:
-            log.info("task %s (tool %s) approved (%s)", call.task_id, call.tool, request.id)
-            self._report(call, request.id, waiting=False)
-        else:
-            log.warning("%s", error.message)
-        return error
-
-    def _covered(self, key: str) -> bool:
-        with self._lock:
-            return self.scope is AskScope.TREE and key in self._tree_ok
-
-    def _approve_tree(self, key: str) -> None:
-        if self.scope is not AskScope.TREE:
-            return
-        with self._lock:
-            self._tree_ok[key] = None
-            while len(self._tree_ok) > _TREE_SCOPES_KEPT:
-                self._tree_ok.popitem(last=False)
-
-    def _wait(self, call: ToolCall, request: PendingRequest, key: str) -> ErrorInfo | None:
-        deadline = time.monotonic() + self.timeout_s
-        turns = 0
-        what = f"task {call.task_id!r} of tree {call.tree_id} (tool {call.tool!r})"
-        data = {"task": call.task_id, "tool": call.tool, "approval": request.id}
-        while True:
-            decision = self.state.decision(request.id)
-            if decision is not None and decision.approved:
-                self._approve_tree(key)
-                return None
-            if decision is not None:
-                why = f": {decision.reason}" if decision.reason else ""
-                return ErrorInfo(
-                    type="ApprovalDenied",
-                    message=f"{what} was denied by the workstation's user{why}; nothing ran",
-                    data=data,
-                )
-            if self._covered(key):  # another call of this tree and tool was approved meanwhile
-                return None
-            if time.monotonic() >= deadline:
-                return ErrorInfo(
-                    type="ApprovalTimeout",
-                    message=f"{what}: no approval within {self.timeout_s:g}s on client agent "
-                    f"{self.client_id!r}; nothing ran (the user can answer with vancetope-agent approve, "
-                    "or raise ask_timeout_s)",
-                    data=data,
-                )
-            if self.stop.is_set():
-                return ErrorInfo(
-                    type="ApprovalAborted",
-                    message=f"{what}: the client agent stopped while the call awaited approval; "
-                    "nothing ran (run the task again)",
-                    data=data,
-                )
-            turns += 1
-            if turns % 10 == 0 and self._cancelled(call.run_id):  # a round trip: not every poll
-                return ErrorInfo(
-                    type="Cancelled", message=f"{what} was cancelled while it awaited approval", data=data
-                )
-            self.stop.wait(self.poll_s)
-
-    def _cancelled(self, run_id: str) -> bool:
-        try:
-            return self.cancelled(run_id)
-        except Exception:  # noqa: BLE001 - a broker hiccup must not end the wait
-            return False
-
-    def _report(self, call: ToolCall, approval_id: str, waiting: bool) -> None:
-        update = ToolAwaiting(
-            run_id=call.run_id, tree_id=call.tree_id, task_id=call.task_id, waiting=waiting,
-            approval_id=approval_id, at=time.time(), client_id=self.client_id,
-        )  # fmt: skip
-        try:
-            self.report(update)
-        except Exception as exc:  # noqa: BLE001 - the brain's view is for watching, the wait goes on
-            log.warning("could not tell the brain that task %s awaits approval: %s", call.task_id, exc)
+__all__ = ["ConsentDir", "ConsentGate", "ConsentStateError"]

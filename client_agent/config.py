@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from client_agent.errors import AgentConfigError
+from client_agent.self_protection import check_sandbox_roots
 from workers.contracts import ClientType, client_queue
 from workers.urls import check_redis_url
 
@@ -171,9 +172,12 @@ def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None 
         )
         sources["broker_url"] = f"{values['credential_file']} (credential_file)"
     try:
-        return AgentConfig.model_validate(values)
+        config = AgentConfig.model_validate(values)
     except ValidationError as exc:
         raise _config_error(exc, sources, str(file)) from exc
+    # The agent's own files must be out of its tools' reach (client_agent.self_protection).
+    check_sandbox_roots(config, file.absolute())
+    return config
 
 
 def read_credential_file(path: Path, source: str) -> str:

@@ -64,6 +64,8 @@ class Decision(BaseModel):
     approved: bool
     reason: str = ""
     at: float
+    # HMAC by the approval key (client_agent.approval_key): a decision without it counts for nothing.
+    mac: str = ""
 
 
 # --- calls ----------------------------------------------------------------------------------
@@ -138,6 +140,23 @@ def definition_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
     return "\n".join(difflib.unified_diff(before, after, "approved", "now", lineterm=""))
 
 
+def as_approved(request: PendingRequest, pinned: Mapping[str, Mapping[str, Any]]) -> PendingRequest:
+    """``request`` with what the user is shown derived from what approving it records: a
+    server's command and digest from its definition, a tool's diff from the pinned one.
+    A pending file is written by the agent, but must not be able to show one thing and
+    have ``approve`` record another."""
+    d = request.definition
+    if request.kind is RequestKind.SERVER:
+        command = (
+            [d.get("url", "")] if d.get("type") == "http" else [d.get("command", ""), *d.get("args", [])]
+        )
+        return request.model_copy(update={"command": [str(c) for c in command], "digest": digest(d)})
+    if request.kind is RequestKind.TOOL:
+        old = pinned.get(tool_key(request.mcp_server or "", request.tool), {})
+        return request.model_copy(update={"diff": definition_diff(old, d), "digest": tool_digest(d)})
+    return request
+
+
 def request_id(kind: RequestKind, what: str) -> str:
     """A stable id for a server or tool request (the same change asks under the same id)."""
     return f"{kind.value[0]}-{digest(what)[:12]}"
@@ -150,6 +169,8 @@ def request_id(kind: RequestKind, what: str) -> str:
 class ServerSplit:
     start: list[str] = field(default_factory=list)
     waiting: list[PendingRequest] = field(default_factory=list)
+    # Trusted servers seen for the first time in this mcp.json, name -> digest: pinned now.
+    new_pins: dict[str, str] = field(default_factory=dict)
 
 
 def split_servers(
@@ -157,15 +178,22 @@ def split_servers(
     approved: Mapping[str, str],
     trusted: Iterable[str],
     now: float,
+    trusted_pins: Mapping[str, str] | None = None,
 ) -> ServerSplit:
-    """Which servers may start: trusted by name in agent.toml, or approved with this very
-    definition (``approved``: name -> digest). The others wait, each as one request."""
+    """Which servers may start: approved with this very definition (``approved``: name ->
+    digest), or trusted by name in agent.toml with the definition first seen in this
+    mcp.json (``trusted_pins``; one seen for the first time is pinned in ``new_pins``):
+    trust covers what the user reviewed, not a later edit. The others wait, each as one
+    request."""
     trust = set(trusted)
+    pins = {} if trusted_pins is None else trusted_pins
     split = ServerSplit()
     for name, spec in servers.items():
         sha = server_digest(spec)
-        if name in trust or approved.get(name) == sha:
+        if approved.get(name) == sha or (name in trust and pins.get(name, sha) == sha):
             split.start.append(name)
+            if name in trust and name not in pins:
+                split.new_pins[name] = sha
             continue
         split.waiting.append(
             PendingRequest(

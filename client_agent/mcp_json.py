@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from client_agent.errors import PolicyViolation
+from client_agent.git_server import confine_git_servers
 from client_agent.policy import Policy
 from workers.contracts import MCPServerFailure, ToolDescriptor
 from workers.errors import WorkerError
@@ -157,6 +158,10 @@ def load_mcp_tools(
     waiting: list[MCPServerFailure] = []
     if consent is not None:
         config, waiting = consent.gate_servers(config, trusted, time.time())
+    config, confined = confine_git_servers(config)
+    for failure in confined:
+        log.error("MCP server %r %s", failure.server, failure.message)
+    waiting += confined
     manager = GuardedMCPManager(config, start_timeout=timeout)
     discovered, failures = manager.discover(timeout)
     held: dict[Pair, str] = {}

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from client_agent.config import AgentConfig
 from client_agent.errors import PolicyViolation
+from client_agent.self_protection import protected_paths
 from workers.contracts import ToolDescriptor
 from workers.tools.builtin import BuiltinContext, BuiltinTool
 from workers.tools.native import Sandbox, native_tools
@@ -29,9 +31,10 @@ class Policy:
     default_timeout_s: float = 30.0
 
     @classmethod
-    def from_config(cls, config: AgentConfig) -> Policy:
+    def from_config(cls, config: AgentConfig, config_file: Path | None = None) -> Policy:
+        """The native tools are confined to the sandbox roots and refuse the agent's own files."""
         return cls(
-            sandbox=Sandbox(config.sandbox_roots),
+            sandbox=Sandbox(config.sandbox_roots, protected_paths(config, config_file)),
             shell_enabled=config.shell_enabled,
             allowed_tools=config.allowed_tools,
             default_timeout_s=config.default_timeout_s,

@@ -106,6 +106,10 @@ class _Session:
         self.stderr = _StderrLog() if isinstance(spec, StdioServerSpec) else None
         self.client: Client | None = None
         self.broken = False
+        # Set when the server wrote a line that is not JSON-RPC after initializing: a call in
+        # flight fails at once (not at its timeout) and the next call restarts the server.
+        self.garbage = asyncio.Event()
+        self.garbage_error: Exception | None = None
         self._stop = asyncio.Event()
         self._scope: anyio.CancelScope | None = None
         self._task: asyncio.Task[None] | None = None
@@ -128,7 +132,8 @@ class _Session:
                 self._scope = scope
                 async with AsyncExitStack() as stack:
                     transport = await self._transport(stack)
-                    self.client = await stack.enter_async_context(Client(transport))
+                    client = Client(transport, message_handler=self._on_message)
+                    self.client = await stack.enter_async_context(client)
                     scope.deadline = math.inf
                     _settle(ready)
                     await self._stop.wait()
@@ -165,6 +170,22 @@ class _Session:
         await stack.enter_async_context(http)
         return streamable_http_client(spec.url, http_client=http)
 
+    async def _on_message(self, message: Any) -> None:
+        """The SDK hands over what the transport could not parse as an Exception. Before the
+        session is ready it is tolerated (a banner printed while starting); after, the server
+        broke the protocol: fail what waits and restart it on the next call. Stdio only: a
+        line of a local server's stdout is the whole message there (an HTTP transport's
+        faults are its own, and fail their request already)."""
+        if not isinstance(message, Exception) or self.stderr is None:
+            return
+        if self.client is None:
+            logger.debug("MCP server %r wrote a non-JSON-RPC line while starting: %r", self.name, message)
+            return
+        logger.warning("MCP server %r wrote a line that is not JSON-RPC: %s", self.name, _garbage(message))
+        self.garbage_error = message
+        self.garbage.set()
+        self.mark_broken()
+
     def tail(self, lines: int) -> str:
         return self.stderr.tail(lines) if self.stderr is not None else ""
 
@@ -188,6 +209,44 @@ class _Session:
 def _settle(future: asyncio.Future[None], exc: BaseException | None = None) -> None:
     if not future.done():
         future.set_result(None) if exc is None else future.set_exception(exc)
+
+
+class _ProtocolGarbage(Exception):
+    """The server wrote a non-JSON-RPC line while a call waited for its answer."""
+
+
+_GARBAGE_SHOWN = 300
+
+
+async def _unless_garbage(session: _Session, tool: str, call: Coroutine[Any, Any, _T]) -> _T:
+    """``call``'s result, or _ProtocolGarbage as soon as the server writes protocol garbage
+    (the SDK drops such a line and would let the call wait for its timeout)."""
+    running = asyncio.ensure_future(call)
+    garbage = asyncio.ensure_future(session.garbage.wait())
+    try:
+        await asyncio.wait({running, garbage}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (running, garbage):
+            if not task.done():
+                task.cancel()
+    if running.done() and not running.cancelled():
+        return running.result()
+    what = _garbage(session.garbage_error)
+    raise _ProtocolGarbage(
+        mask(
+            f"tool {tool!r} on MCP server {session.name!r}: the server wrote a reply that is not JSON-RPC "
+            f"({what}); the call failed at once and the server is restarted on the next call"
+        )
+    )
+
+
+def _garbage(exc: Exception | None) -> str:
+    """What the server wrote and why it is not JSON-RPC, on one line (pydantic's error, or
+    whatever the transport raised, without its help links)."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        err = exc.errors()[0]
+        return f"{err['msg']}; it wrote {str(err.get('input', ''))[:_GARBAGE_SHOWN]!r}"
+    return " ".join(_describe(exc).split())[:_GARBAGE_SHOWN] if exc is not None else "unreadable output"
 
 
 def _describe(exc: BaseException) -> str:
@@ -478,7 +537,13 @@ class MCPClientManager:
             raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
         try:
             with anyio.fail_after(timeout):
-                result = await client.call_tool(tool, args, progress_callback=_progress_callback(on_progress))
+                result = await _unless_garbage(
+                    session,
+                    tool,
+                    client.call_tool(tool, args, progress_callback=_progress_callback(on_progress)),
+                )
+        except _ProtocolGarbage as exc:
+            raise ToolFailed(str(exc), server=server, tool=tool) from None
         except TimeoutError:
             raise ToolTimeout(
                 f"tool {tool!r} on MCP server {server!r} did not answer within {timeout:g}s",

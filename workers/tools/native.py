@@ -13,8 +13,14 @@ the user's rights, which is why it is off unless the agent's config turns it on.
 A tree may be hostile. So file tools read and write regular files only (a FIFO must
 not hang a call, a device must not be touched), ``write_local_file`` refuses
 repository control files (``.git/``, ``.gitattributes``, ... : writing them is how a
-tree makes git run its programs), commands see a minimal environment (never the
-agent's ``VANCETOPE_*`` variables) and git runs through ``safe_git``.
+tree makes git run its programs) under every spelling a filesystem may take for the
+same name (``.GIT``, ``.git.``, ``.git `` and ``GIT~1`` are ``.git`` on Windows or macOS),
+commands see a minimal environment (never the agent's ``VANCETOPE_*`` variables) and git
+runs through ``safe_git``. A file with more than one hard link is neither read nor
+written: its other name may be outside every root (realpath cannot see a hard link).
+The agent's own files (its config, ``mcp.json``, credential, state directory), passed
+as ``protected``, are refused even inside a root: a tool that could rewrite them could
+approve its own MCP servers.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import base64
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +64,47 @@ class NotARegularFile(ToolFailed):
     """A FIFO, socket or device where a file tool needs a regular file."""
 
 
+class HardLinkRefused(ToolFailed):
+    """A file with more than one hard link: its other name may lie outside every root."""
+
+
+class AgentFileRefused(ToolFailed):
+    """A path that is (or is inside) one of the client agent's own files."""
+
+
+def canonical_name(part: str) -> str:
+    """The name a case-insensitive filesystem that drops trailing dots and spaces (Windows),
+    or ignores case (macOS), opens for ``part``; an NTFS stream suffix (``name::$DATA``) and
+    the 8.3 short name of a dot-name (``GIT~1``) are folded as well."""
+    folded = part.casefold().split(":", 1)[0].rstrip(". ")
+    if len(folded) > 2 and folded[-2] == "~" and folded[-1].isdigit():  # GIT~1 is .git's short name
+        folded = "." + folded[:-2]
+    return folded
+
+
 def control_part(real: Path, root: Path) -> str | None:
     """The first component of ``real`` below ``root`` that is repository control data, if any.
-    Compared case-insensitively: on macOS and Windows ``.GIT/config`` is ``.git/config``."""
+    Compared as the filesystem may: ``.GIT``, ``.git.`` and ``.git `` are ``.git``."""
     for part in real.relative_to(root).parts:
-        folded = part.casefold()
+        folded = canonical_name(part)
         if folded in CONTROL_DIRS or folded in CONTROL_FILES:
             return part
     return None
 
 
 class Sandbox:
-    """Root folders a native tool may touch; relative paths are taken from the first root."""
+    """Root folders a native tool may touch; relative paths are taken from the first root.
+    ``protected`` (label -> path): files and folders refused even inside a root."""
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]]) -> None:
+    def __init__(
+        self,
+        roots: Sequence[str | os.PathLike[str]],
+        protected: Mapping[str, str | os.PathLike[str]] | None = None,
+    ) -> None:
         self.roots: tuple[Path, ...] = tuple(Path(os.path.realpath(root)) for root in roots)
+        self.protected: dict[Path, str] = {
+            Path(os.path.realpath(path)): label for label, path in (protected or {}).items()
+        }
 
     def root_of(self, real: Path) -> Path:
         """The root ``real`` (a path from ``resolve``) lies in."""
@@ -91,6 +123,14 @@ class Sandbox:
         real = Path(os.path.realpath(given))
         if not any(real == root or real.is_relative_to(root) for root in self.roots):
             raise self._violation(tool, path, real)
+        for own, label in self.protected.items():
+            if real == own or real.is_relative_to(own):
+                raise AgentFileRefused(
+                    f"{tool}: path {path!r} is the client agent's own {label} ({own}); tools may not "
+                    "touch it (it decides what this agent runs)",
+                    tool=tool,
+                    path=path,
+                )
         return real
 
     def _violation(self, tool: str, path: str, real: Path | None) -> SandboxViolation:
@@ -141,23 +181,33 @@ def _read_local_file(sandbox: Sandbox, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _require_regular(tool: str, path: str, real: Path) -> None:
-    """Refuse an existing non-regular file before opening it (opening a device can act)."""
+    """Refuse an existing non-regular or hard-linked file before opening it (opening a device can act)."""
     try:
-        mode = os.lstat(real).st_mode
+        info = os.lstat(real)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise _fail(tool, path, exc) from exc
-    if not stat.S_ISREG(mode):
-        raise _not_regular(tool, path, mode)
+    _require_single(tool, path, info)
 
 
 def _regular_size(tool: str, path: str, fd: int) -> int:
-    """The size of the open file, or NotARegularFile if something else was swapped in."""
+    """The size of the open file, or NotARegularFile / HardLinkRefused if something else was swapped in."""
     info = os.fstat(fd)
+    _require_single(tool, path, info)
+    return info.st_size
+
+
+def _require_single(tool: str, path: str, info: os.stat_result) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise _not_regular(tool, path, info.st_mode)
-    return info.st_size
+    if info.st_nlink > 1:
+        raise HardLinkRefused(
+            f"{tool}: {path!r} has {info.st_nlink} hard links; file tools refuse it, since another "
+            "name of the same file may be outside the sandbox roots",
+            tool=tool,
+            path=path,
+        )
 
 
 def _not_regular(tool: str, path: str, mode: int) -> NotARegularFile:

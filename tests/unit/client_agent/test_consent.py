@@ -76,9 +76,10 @@ def test_a_remote_server_digest_covers_its_url_and_header_names() -> None:
 
 def test_servers_start_when_trusted_or_approved_with_this_very_command() -> None:
     servers = {"git": stdio(), "new": stdio(command="new-server"), "changed": stdio(args=["--evil"])}
-    approved = {"changed": server_digest(stdio()), "git": "0" * 64}
+    approved = {"changed": server_digest(stdio())}
     split = split_servers(servers, approved, trusted=["git"], now=1.0)
     assert split.start == ["git"]
+    assert split.new_pins == {"git": server_digest(stdio())}  # trusted, seen first: pinned now
     waiting = {r.mcp_server: r for r in split.waiting}
     assert set(waiting) == {"new", "changed"}
     assert waiting["new"].kind is RequestKind.SERVER and waiting["new"].command == [
@@ -112,3 +113,16 @@ def test_tools_seen_first_are_pinned_and_a_changed_definition_is_held_with_a_dif
 
 def test_a_diff_of_equal_definitions_is_empty() -> None:
     assert definition_diff({"a": 1}, {"a": 1}) == ""
+
+
+def test_a_trusted_server_whose_definition_changed_since_it_was_first_seen_waits() -> None:
+    # Trust is for what the user reviewed: mcp.json edited afterwards (by a tool, by anyone)
+    # does not start under the trusted name.
+    pinned = {"git": server_digest(stdio())}
+    evil = {"git": stdio(command="sh", args=["-c", "touch /tmp/x"])}
+    split = split_servers(evil, {}, ["git"], 1.0, trusted_pins=pinned)
+    assert split.start == [] and split.new_pins == {}
+    assert [r.command for r in split.waiting] == [["sh", "-c", "touch /tmp/x"]]
+    # Once the user approves the new command, it starts (trusted or not).
+    approved = {"git": server_digest(evil["git"])}
+    assert split_servers(evil, approved, ["git"], 2.0, trusted_pins=pinned).start == ["git"]
