@@ -28,10 +28,15 @@ CLIENT_USER_PREFIX = "vtc-"
 # What a client agent sends: its kombu/Celery worker on the c:<id>: prefix, its
 # outbox/ack/heartbeat channel, the run_tool task's cancel and running marks. This is
 # RELIABILITY.md's list (seen working) plus incrby/sismember, with nothing outside the
-# data-structure, transaction and script families; a whole agent session shows no refusal
-# in ACL LOG but redis-py's CLIENT SETINFO (unknown to Redis 6.2 anyway). MONITOR of a
-# running agent saw BRPOP EVALSHA EXEC EXPIRE GET HDEL HSET INCRBY LPUSH MULTI SET
-# SISMEMBER ZADD ZRANGE ZREM; the rest serve start-up, restore and shutdown.
+# data-structure and transaction families. No scripting (EVAL, EVALSHA, SCRIPT, FUNCTION,
+# FCALL): a script runs to its end with Redis serving nobody else, so one busy loop stopped
+# every user's work (issue 20, H3); what the agent does atomically is a MULTI/EXEC
+# (workers.tasks.HotState.begin_run). No INFO: the server's memory, clients and keyspace are
+# not a workstation's business, and neither kombu, Celery nor redis-py asks for it (a whole
+# agent session shows no refusal in ACL LOG but redis-py's CLIENT SETINFO, unknown to Redis
+# 6.2 anyway: tests/security/test_redis_limits.py). MONITOR of a running agent saw BRPOP
+# EXEC EXPIRE GET HDEL HSET INCRBY LPUSH MULTI SET SISMEMBER WATCH ZADD ZRANGE ZREM; the
+# rest serve start-up, restore and shutdown.
 CLIENT_COMMANDS: tuple[str, ...] = (
     # kombu Redis transport: queues, the unacked hash/zset and its mutex, bindings
     "brpop", "lpush", "rpush", "lpop", "rpop", "llen", "lrange", "lrem",
@@ -40,9 +45,8 @@ CLIENT_COMMANDS: tuple[str, ...] = (
     "sadd", "srem", "smembers", "sismember",
     "set", "get", "setnx", "del", "exists", "expire", "pexpire", "incrby",
     "multi", "exec", "discard", "watch", "unwatch",
-    "eval", "evalsha", "script|load", "script|exists",
     # connection housekeeping by redis-py and kombu
-    "ping", "select", "info", "time", "client|setname", "client|setinfo", "echo",
+    "ping", "select", "time", "client|setname", "client|setinfo", "echo",
 )  # fmt: skip
 
 

