@@ -34,7 +34,7 @@ from brain.errors import StackAlreadyRunning, StackNotRunning
 from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
-from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
+from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_presence, key_registry, pool_queue
 
@@ -217,7 +217,8 @@ class EmbeddedStack:
         (data / "logs").mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)  # the store, logs and the admin secret: owner only
         self._lock_fd = lock_data_dir(self.settings)
-        self.redis = RedisServer(data / REDIS_DIR).start()
+        limits = redis_limits(self.settings.redis_maxmemory, self.settings.max_result_bytes)
+        self.redis = RedisServer(data / REDIS_DIR, limits=limits).start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry())  # a stale snapshot is not readiness
         if self.settings.agent_config:

@@ -9,6 +9,7 @@ server pool and beat each reach only the keys of their own job, never presence.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,11 +21,14 @@ import redis
 from brain.acl import CLIENT_COMMANDS
 from brain.enrollment import Credential, enroll, revoke
 from brain.models import SessionKind, TaskState, TreeStatus
-from brain.redis_server import RedisServer
+from brain.presence import PresenceBook
+from brain.redis_server import RedisServer, redis_limits
 from brain.service import Brain
+from brain.store import open_store
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
-from workers.contracts import client_key, key_deliveries
+from workers.app import message_limit
+from workers.contracts import CLIENT_OUTBOX, client_key, client_queue, key_deliveries
 
 pytestmark = pytest.mark.integration
 
@@ -171,3 +175,95 @@ def test_an_attackers_busy_script_cannot_stop_another_users_tree_which_runs_each
     assert {e["object"] for e in agent_refusals(admin, "vtc-mallory")} == {"eval"}
     assert admin.ping()
     admin.close()
+
+
+# --- M1: Redis holds no value larger than a message, and no more than maxmemory ----------
+
+
+def test_the_stacks_redis_runs_with_limits_fitted_to_max_result_bytes(
+    tmp_path: Path, stack_factory: Callable[..., Any]
+) -> None:
+    stack = stack_factory(services=("brain",), max_result_bytes=4 * 1024 * 1024, redis_maxmemory="300mb")
+    admin = redis.Redis.from_url(stack.redis_url)
+    try:
+        config = admin.config_get("*")
+    finally:
+        admin.close()
+    assert config["maxmemory"] == str(300 * 1024 * 1024) and config["maxmemory-policy"] == "noeviction"
+    # room for a 4 MiB result JSON-escaped, base64 and enveloped: what every consumer accepts
+    assert int(config["proto-max-bulk-len"]) == message_limit(4 * 1024 * 1024) == 12 * 1024 * 1024
+    assert int(config["client-query-buffer-limit"]) > int(config["proto-max-bulk-len"])
+
+
+def test_a_value_larger_than_any_message_is_refused_by_redis_and_other_clients_go_on(
+    brain_on_redis: Brain, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    presence = brain_on_redis.scheduler.presence
+    victim = enroll(presence, "victim", "ada", redis_server.address_url)
+    attacker = enroll(presence, "mallory", "eve", redis_server.address_url)
+    limit = int(redis_client.config_get("proto-max-bulk-len")["proto-max-bulk-len"])
+    assert limit == message_limit(brain_on_redis.settings.max_result_bytes)
+    good = redis.Redis.from_url(victim.broker_url, socket_timeout=10)
+    bad = redis.Redis.from_url(attacker.broker_url, socket_timeout=10)
+    try:
+        good.lpush(client_key("victim", CLIENT_OUTBOX), "before")
+        # redis-py sends the whole value at once: Redis refuses at the length and hangs up
+        with pytest.raises(redis.exceptions.ConnectionError):
+            bad.set(client_key("mallory", "big"), b"x" * (limit + 1))
+        # what Redis answered, read as a client that sends the length first would see it
+        with socket.create_connection(("127.0.0.1", redis_server.port), timeout=10) as raw:
+            password = attacker.broker_url.split(":")[2].split("@")[0]
+            raw.sendall(f"AUTH vtc-mallory {password}\r\n".encode())
+            assert raw.recv(100) == b"+OK\r\n"
+            key = client_key("mallory", "big")
+            raw.sendall(f"*3\r\n$3\r\nSET\r\n${len(key)}\r\n{key}\r\n${limit + 1}\r\n".encode())
+            assert raw.recv(200).startswith(b"-ERR Protocol error: invalid bulk length")
+        assert not redis_client.exists(client_key("mallory", "big"))
+        # the victim never noticed; the attacker may reconnect and store what fits
+        good.lpush(client_key("victim", CLIENT_OUTBOX), "after")
+        assert good.lrange(client_key("victim", CLIENT_OUTBOX), 0, -1) == [b"after", b"before"]
+        assert bad.set(client_key("mallory", "small"), b"x" * 1024)
+    finally:
+        good.close()
+        bad.close()
+        for cid in ("victim", "mallory"):
+            revoke(brain_on_redis.clients, cid)
+
+
+def test_with_maxmemory_reached_writes_fail_oom_and_no_queue_is_evicted(tmp_path: Path) -> None:
+    server = RedisServer(
+        tmp_path / "redis", appendonly=False, limits=redis_limits("16mb", 1024 * 1024)
+    ).start()
+    admin = redis.Redis.from_url(server.url)
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        presence = PresenceBook(admin, store)
+        victim = enroll(presence, "victim", "ada", server.address_url)
+        attacker = enroll(presence, "mallory", "eve", server.address_url)
+        queue = client_key("victim", client_queue("victim"))
+        admin.lpush(queue, *(f"call-{i}" for i in range(100)))  # the victim's waiting calls
+        bad = redis.Redis.from_url(attacker.broker_url, socket_timeout=10)
+        refused = None
+        for i in range(64):  # 64 x 1 MiB: four times maxmemory
+            try:
+                bad.set(client_key("mallory", f"fill-{i}"), b"x" * (1024 * 1024))
+            except redis.exceptions.OutOfMemoryError as exc:
+                refused = str(exc)
+                break
+        assert refused is not None and "maxmemory" in refused, refused
+        # nothing was evicted: the victim's queue and the attacker's own keys are all there
+        assert admin.llen(queue) == 100
+        assert admin.dbsize() == 1 + i + len(admin.keys("_kombu*"))
+        used = int(admin.info("memory")["used_memory"])
+        assert used <= 16 * 1024 * 1024 + 2 * 1024 * 1024
+        # the victim still takes its work; the brain may still delete what the attacker holds
+        good = redis.Redis.from_url(victim.broker_url, socket_timeout=10)
+        assert good.rpop(queue) == b"call-0"
+        assert admin.delete(*(client_key("mallory", f"fill-{n}") for n in range(i))) == i
+        assert good.lpush(client_key("victim", CLIENT_OUTBOX), "result") == 1  # writes work again
+        good.close()
+        bad.close()
+    finally:
+        store.close()
+        admin.close()
+        server.stop()

@@ -66,6 +66,20 @@ def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off()
         assert url.startswith("redis://vt-"), f"{service} connects as its own user"
 
 
+def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:
+    """Issue 20 M1: maxmemory with noeviction, and values no larger than a message."""
+    from brain.redis_server import DEFAULT_MAXMEMORY, redis_limits
+
+    command = compose()["services"]["redis"]["command"]
+    options = dict(zip(command[1::2], command[2::2], strict=False))
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert options["--maxmemory"] == "${VANCETOPE_REDIS_MAXMEMORY:-" + DEFAULT_MAXMEMORY + "}"
+    assert DEFAULT_MAXMEMORY == Settings().redis_maxmemory
+    limits = redis_limits(DEFAULT_MAXMEMORY, Settings().max_result_bytes).args()
+    for option in ("--proto-max-bulk-len", "--client-query-buffer-limit"):
+        assert options[option] == limits[limits.index(option) + 1], option
+
+
 def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_api() -> None:
     from brain.flowerauth import BASIC_AUTH_VARIABLE, UNAUTHENTICATED_API_VARIABLE, users_of
     from brain.stack import flower_argv
