@@ -19,7 +19,14 @@ import redis
 
 from brain.hotstate import as_text
 from brain.models import Enrollment
-from workers.contracts import KEY_NS, client_keyprefix
+from workers.contracts import (
+    KEY_NS,
+    client_keyprefix,
+    key_cancelled,
+    key_deliveries,
+    key_pool_registry,
+    key_tree_running,
+)
 
 log = logging.getLogger("vancetope.brain.acl")
 
@@ -60,10 +67,27 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
         "+acl|setuser", "+acl|deluser", "+acl|users", "+acl|save",
     ),
+    # The server pool: its own queues and kombu's bookkeeping, results and client dependents to
+    # the brain's queue, and of the hot state only what a server run writes — its pool's
+    # liveness, the tree's running marks, a run's delivery counter, the cancel set it checks
+    # (workers.tasks.HotState.begin_run) — and the pools' copy of the registry snapshot (Redis 6.2
+    # cannot make the brain's read-only). No presence, no parked lists, no tool pins, no client
+    # key, not the registry others route with: work that needs presence to route goes to the
+    # brain (brain.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
+    # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
     "vt-pool": (
-        # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
-        f"~{KEY_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+        f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
+        f"~{key_cancelled()}", f"~{key_pool_registry()}",
+        "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+    ),
+    # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no
+    # other queue, no hot state, no events (task_send_sent_event is off), no reading a queue (LLEN:
+    # kombu's declare asks for its length).
+    "vt-beat": (
+        "~brain*", "~_kombu.binding*.brain", "resetchannels", "-@all",
+        "+lpush", "+llen", "+sadd", "+smembers", "+multi", "+exec", "+discard", "+ping", "+select", "+echo",
+        *_HOUSEKEEPING,
     ),
     # Redis 6.2 has no read-only key patterns (7's %R~): Flower may still write the server
     # and brain queues it reads the length of, but no client's key, and runs no admin command.

@@ -23,12 +23,27 @@ from brain.enrollment import Credential, enroll, revoke
 from brain.models import SessionKind, TaskState, TreeStatus
 from brain.presence import PresenceBook
 from brain.redis_server import RedisServer, redis_limits
+from brain.reload import RELOAD_REQUEST_KEY
 from brain.service import Brain
 from brain.store import open_store
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 from workers.app import message_limit
-from workers.contracts import CLIENT_OUTBOX, client_key, client_queue, key_deliveries
+from workers.contracts import (
+    CLIENT_OUTBOX,
+    client_key,
+    client_queue,
+    key_cancelled,
+    key_deliveries,
+    key_parked,
+    key_pool_registry,
+    key_presence,
+    key_registry,
+    key_requeueing,
+    key_schedule_lock,
+    key_tool_pins,
+    key_tree_running,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -267,3 +282,113 @@ def test_with_maxmemory_reached_writes_fail_oom_and_no_queue_is_evicted(tmp_path
         store.close()
         admin.close()
         server.stop()
+
+
+# --- M6: the pool and beat reach only the keys of their own job -------------------------
+
+POOL_REFUSALS: list[tuple[str, Callable[[redis.Redis], Any]]] = [
+    ("rewrite presence", lambda r: r.hset(key_presence(), "laptop", "{}")),
+    ("set presence", lambda r: r.set(key_presence(), "x")),
+    ("delete presence", lambda r: r.delete(key_presence())),
+    ("read presence", lambda r: r.hgetall(key_presence())),
+    ("park work for a user", lambda r: r.rpush(key_parked("user:ada"), "{}")),
+    ("take parked work", lambda r: r.lpop(key_parked("user:ada"))),
+    ("requeue for a client", lambda r: r.rpush(key_requeueing("laptop"), "{}")),
+    ("re-pin a client's tools", lambda r: r.hset(key_tool_pins("laptop"), "x", "y")),
+    ("take a schedule's lock", lambda r: r.set(key_schedule_lock("nightly"), "x")),
+    ("ask the brain to reload", lambda r: r.set(RELOAD_REQUEST_KEY, "1")),
+    ("rewrite the registry the brain, CLI and gateway route with", lambda r: r.set(key_registry(), "{}")),
+    ("write a client's queue", lambda r: r.lpush(client_key("laptop", client_queue("laptop")), "{}")),
+    ("cancel a client's run", lambda r: r.sadd(client_key("laptop", key_cancelled()), "x")),
+]
+
+
+@pytest.mark.parametrize(("what", "probe"), POOL_REFUSALS, ids=[w for w, _ in POOL_REFUSALS])
+def test_the_pool_user_reaches_no_key_that_decides_routing(
+    what: str, probe: Callable[[redis.Redis], Any], redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    r = redis.Redis.from_url(redis_server.url_for("vt-pool"))
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            probe(r)
+    finally:
+        r.close()
+
+
+BEAT_REFUSALS: list[tuple[str, Callable[[redis.Redis], Any]]] = [
+    *POOL_REFUSALS,
+    ("read the brain's queue", lambda r: r.lrange("brain", 0, -1)),
+    ("pop the brain's queue", lambda r: r.rpop("brain")),
+    ("push onto the server queue", lambda r: r.lpush("server", "{}")),
+    ("write the pools' registry", lambda r: r.set(key_pool_registry(), "{}")),
+    ("write a running mark", lambda r: r.hset(key_tree_running("t"), "k", "{}")),
+    ("publish an event", lambda r: r.publish("celeryev", "{}")),
+    ("run a script", lambda r: r.eval("return 1", 0)),
+    ("delete the brain's queue", lambda r: r.delete("brain")),
+]
+
+
+@pytest.mark.parametrize(("what", "probe"), BEAT_REFUSALS, ids=[w for w, _ in BEAT_REFUSALS])
+def test_the_beat_user_may_only_put_jobs_on_the_brains_queue(
+    what: str, probe: Callable[[redis.Redis], Any], redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    r = redis.Redis.from_url(redis_server.url_for("vt-beat"))
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            probe(r)
+        assert r.lpush("brain", "a fire") == 1  # its job
+    finally:
+        r.close()
+    assert redis_client.rpop("brain") == b"a fire"
+
+
+def test_the_pool_and_beat_do_their_jobs_with_no_refusal_and_client_work_still_routes(
+    tmp_path: Path, stack_factory: Callable[..., Any], brain_factory: Callable[..., Brain]
+) -> None:
+    """A whole stack — brain, pool, beat firing every second, an agent — runs server chains,
+    a server task whose dependent is a client's, and scheduled runs: ACL LOG shows the pool
+    and beat were refused nothing, so presence is never needed by either."""
+    (tmp_path / "tick.yaml").write_text("id: tick\ntasks:\n  - {id: a, tool: echo, args: {value: tick}}\n")
+    (tmp_path / "vancetope.toml").write_text(
+        '[[schedules]]\nname = "tick"\ntree = "tick.yaml"\nevery_s = 1\nuser = "ada"\n'
+    )
+    stack = stack_factory(
+        services=("brain", "server-pool", "beat", "client-agent"), agent_config=make_agent(tmp_path)
+    )
+    assert stack.wait_connected("laptop", 90)
+    brain = brain_factory(stack)
+    admin = redis.Redis.from_url(stack.redis_url)
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "mixed",
+                "tasks": [
+                    {"id": "one", "tool": "text_transform", "args": {"op": "upper", "text": "a"}},
+                    {"id": "two", "tool": "text_transform", "depends_on": ["one"],
+                     "args": {"op": "upper", "text": "${tasks.one.result}b"}},
+                    {"id": "read", "tool": "read_local_file", "depends_on": ["two"],
+                     "args": {"path": "notes.txt"}},
+                    {"id": "after", "tool": "text_transform", "depends_on": ["read"],
+                     "args": {"op": "upper", "text": "${tasks.read.result.content}"}},
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )  # fmt: skip
+    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
+    assert tasks["two"].result == "AB" and tasks["after"].result == "KEPT ON THE LAPTOP\n"
+    assert tasks["read"].route == "client:laptop" and tasks["read"].attempt == 1
+    assert admin.get(client_key("laptop", key_deliveries(tasks["read"].run_id or ""))) == b"1"
+    assert all(t.attempt == 1 for t in tasks.values())
+    wait_until(
+        lambda: (
+            len([r for r in brain.store.schedule_runs("tick", limit=10) if r.status is TreeStatus.DONE]) >= 2
+        ),
+        timeout=60,
+        what="two scheduled runs done",
+    )
+    for user in ("vt-pool", "vt-beat"):
+        assert agent_refusals(admin, user) == [], user
+    admin.close()
