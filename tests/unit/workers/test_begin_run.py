@@ -165,3 +165,21 @@ def test_kombus_mutex_is_taken_and_released_by_a_client_user_without_a_script(
             first.release()
         assert redis_client.get(client_key(CLIENT, "unacked_mutex")) == b"someone else"
     app.close()
+
+
+def test_the_pools_fallback_start_works_with_the_pools_own_user(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The server pool starts a run against Redis when the store cannot be asked: vt-pool
+    reaches the cancel set, the counters and the marks it needs, unprefixed."""
+    app = make_app(redis_server.url_for("vt-pool"))
+    state = HotState(app)
+    try:
+        server_call = call().model_copy(update={"client_id": None})
+        assert state.begin_run(server_call, "server@x", 1.0) == 1
+        assert redis_client.get(key_deliveries("t-k-1")) == b"1"
+        redis_client.sadd(key_cancelled(), "t-k-2")
+        assert state.begin_run(call("t-k-2").model_copy(update={"client_id": None}), "server@x", 1.0) is None
+    finally:
+        state.client.close()
+        app.close()
