@@ -3,7 +3,7 @@
 The packages live once, at the repository root (``../client_agent``, ``../workers``). In a
 checkout they are taken from there; in an unpacked sdist (which carries its own copies) from
 beside this file. ``workers/server_worker.py`` (the server pool's entry point) stays out.
-Every ``.py`` file and the ``workers/lua`` scripts go in; caches and anything else do not.
+Every ``.py`` file (and any ``.lua`` script beside one) goes in; caches and anything else do not.
 """
 
 from __future__ import annotations

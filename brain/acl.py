@@ -24,9 +24,13 @@ from workers.contracts import (
     KEY_NS,
     channel_tree_events,
     client_keyprefix,
+    key_cancelled,
+    key_deliveries,
+    key_pool_registry,
     key_presence,
     key_registry,
     key_registry_loaded_at,
+    key_tree_running,
 )
 
 log = logging.getLogger("vancetope.brain.acl")
@@ -36,10 +40,15 @@ CLIENT_USER_PREFIX = "vtc-"
 # What a client agent sends: its kombu/Celery worker on the c:<id>: prefix, its
 # outbox/ack/heartbeat channel, the run_tool task's cancel and running marks. This is
 # RELIABILITY.md's list (seen working) plus incrby/sismember, with nothing outside the
-# data-structure, transaction and script families; a whole agent session shows no refusal
-# in ACL LOG but redis-py's CLIENT SETINFO (unknown to Redis 6.2 anyway). MONITOR of a
-# running agent saw BRPOP EVALSHA EXEC EXPIRE GET HDEL HSET INCRBY LPUSH MULTI SET
-# SISMEMBER ZADD ZRANGE ZREM; the rest serve start-up, restore and shutdown.
+# data-structure and transaction families. No scripting (EVAL, EVALSHA, SCRIPT, FUNCTION,
+# FCALL): a script runs to its end with Redis serving nobody else, so one busy loop stopped
+# every user's work (issue 20, H3); what the agent does atomically is a MULTI/EXEC
+# (workers.tasks.HotState.begin_run). No INFO: the server's memory, clients and keyspace are
+# not a workstation's business, and neither kombu, Celery nor redis-py asks for it (a whole
+# agent session shows no refusal in ACL LOG but redis-py's CLIENT SETINFO, unknown to Redis
+# 6.2 anyway: tests/security/test_redis_limits.py). MONITOR of a running agent saw BRPOP
+# EXEC EXPIRE GET HDEL HSET INCRBY LPUSH MULTI SET SISMEMBER WATCH ZADD ZRANGE ZREM; the
+# rest serve start-up, restore and shutdown.
 CLIENT_COMMANDS: tuple[str, ...] = (
     # kombu Redis transport: queues, the unacked hash/zset and its mutex, bindings
     "brpop", "lpush", "rpush", "lpop", "rpop", "llen", "lrange", "lrem",
@@ -48,9 +57,8 @@ CLIENT_COMMANDS: tuple[str, ...] = (
     "sadd", "srem", "smembers", "sismember",
     "set", "get", "setnx", "del", "exists", "expire", "pexpire", "incrby",
     "multi", "exec", "discard", "watch", "unwatch",
-    "eval", "evalsha", "script|load", "script|exists",
     # connection housekeeping by redis-py and kombu
-    "ping", "select", "info", "time", "client|setname", "client|setinfo", "echo",
+    "ping", "select", "time", "client|setname", "client|setinfo", "echo",
 )  # fmt: skip
 
 
@@ -64,10 +72,27 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
         "+acl|setuser", "+acl|deluser", "+acl|users", "+acl|save",
     ),
+    # The server pool: its own queues and kombu's bookkeeping, results and client dependents to
+    # the brain's queue, and of the hot state only what a server run writes — its pool's
+    # liveness, the tree's running marks, a run's delivery counter, the cancel set it checks
+    # (workers.tasks.HotState.begin_run) — and the pools' copy of the registry snapshot (Redis 6.2
+    # cannot make the brain's read-only). No presence, no parked lists, no tool pins, no client
+    # key, not the registry others route with: work that needs presence to route goes to the
+    # brain (brain.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
+    # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
     "vt-pool": (
-        # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
-        f"~{KEY_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+        f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
+        f"~{key_cancelled()}", f"~{key_pool_registry()}",
+        "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+    ),
+    # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no
+    # other queue, no hot state, no events (task_send_sent_event is off), no reading a queue (LLEN:
+    # kombu's declare asks for its length).
+    "vt-beat": (
+        "~brain*", "~_kombu.binding*.brain", "resetchannels", "-@all",
+        "+lpush", "+llen", "+sadd", "+smembers", "+multi", "+exec", "+discard", "+ping", "+select", "+echo",
+        *_HOUSEKEEPING,
     ),
     # Redis 6.2 has no read-only key patterns (7's %R~): Flower may still write the server
     # and brain queues it reads the length of, but no client's key, and runs no admin command.

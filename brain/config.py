@@ -65,6 +65,13 @@ class Settings(BaseModel):
     max_tasks_per_tree: int = Field(default=10_000, gt=0)
     max_unfinished_tasks_per_user: int = Field(default=50_000, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
+    # The embedded redis-server's memory cap (Redis units: 512mb, 2gb; 0 = none). Policy is
+    # noeviction, so over it Redis refuses writes (OOM) and never evicts a queue: a client
+    # storing 5 x 100 MB cannot take the machine's memory (issue 20, M1). 1 GB holds a night
+    # batch of 100,000 queued calls several times over, or 125 messages of the largest size
+    # consumers accept, and stays a modest share of a workstation's memory. compose.yaml
+    # passes VANCETOPE_REDIS_MAXMEMORY to its Redis; an external Redis is configured by its owner.
+    redis_maxmemory: str = Field(default="1gb", pattern=r"(?i)^[0-9]+(b|k|kb|m|mb|g|gb)?$")
     # A reserved message whose worker stopped renewing its lease (it died) is put back on its
     # queue after this (plus a few seconds): the bound on work stranded by a crash.
     visibility_timeout_s: int = Field(default=VISIBILITY_TIMEOUT_S, ge=10)

@@ -23,6 +23,7 @@ from workers.contracts import (
     client_key,
     client_queue,
     key_cancelled,
+    key_pool_registry,
     key_registry,
     key_registry_loaded_at,
     key_tree_running,
@@ -60,7 +61,9 @@ class HotState:
     # registry snapshot ----------------------------------------------------------
     def put_registry(self, snapshot: dict[str, Any]) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.set(key_registry(), json.dumps(snapshot))
+        text = json.dumps(snapshot)
+        pipe.set(key_registry(), text)
+        pipe.set(key_pool_registry(), text)  # the pools' copy (they cannot reach key_registry)
         pipe.set(key_registry_loaded_at(), repr(float(snapshot.get("loaded_at") or 0.0)))
         pipe.execute()
 
@@ -72,8 +75,9 @@ class HotState:
         except ValueError:
             return None
 
-    def get_registry(self) -> dict[str, Any] | None:
-        raw = self.r.get(key_registry())
+    def get_registry(self, key: str | None = None) -> dict[str, Any] | None:
+        """The brain's published snapshot (``key``: the pools' copy, ``key_pool_registry``)."""
+        raw = self.r.get(key or key_registry())
         return json.loads(raw) if raw else None
 
     # tree wake-ups ----------------------------------------------------------------

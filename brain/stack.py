@@ -34,9 +34,9 @@ from brain.errors import StackAlreadyRunning, StackNotRunning
 from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
 from brain.hotstate import HotState
 from brain.presence import PresenceBook
-from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url
+from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
 from brain.store import open_store
-from workers.contracts import DEFAULT_POOL, key_presence, key_registry, pool_queue
+from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
 
 STACK_FILE = "stack.json"
 # Held (flock) by the process whose stack runs on this data dir, from before its redis-server
@@ -49,7 +49,7 @@ SERVICE_USERS = {
     "brain": "vt-brain",
     "server-pool": "vt-pool",
     "flower": "vt-flower",
-    "beat": "vt-pool",
+    "beat": "vt-beat",
     "gateway": "vt-gateway",
 }
 log = logging.getLogger("vancetope.stack")
@@ -217,9 +217,10 @@ class EmbeddedStack:
         (data / "logs").mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)  # the store, logs and the admin secret: owner only
         self._lock_fd = lock_data_dir(self.settings)
-        self.redis = RedisServer(data / REDIS_DIR).start()
+        limits = redis_limits(self.settings.redis_maxmemory, self.settings.max_result_bytes)
+        self.redis = RedisServer(data / REDIS_DIR, limits=limits).start()
         hot = HotState.from_url(self.redis.url)
-        hot.r.delete(key_registry())  # a stale snapshot is not readiness
+        hot.r.delete(key_registry(), key_pool_registry())  # a stale snapshot is not readiness
         if self.settings.agent_config:
             # The stack's own agent connects as its own client user too, never as admin. A
             # new secret each start: nobody else holds it (the agent gets it in its env, even

@@ -117,6 +117,13 @@ def key_registry() -> str:
     return f"{KEY_NS}registry"
 
 
+def key_pool_registry() -> str:
+    """The same snapshot, written with ``key_registry`` for the server pools: the only registry
+    key their Redis user reaches (Redis 6.2 has no read-only keys), so whatever a pool writes
+    there changes how pools route and nobody else's routing (issue 20, M6)."""
+    return f"{KEY_NS}pool-registry"
+
+
 def key_registry_loaded_at() -> str:
     """When the snapshot in ``key_registry`` was built (a float as text), written with it: what
     a watcher (the MCP gateway) polls instead of reading the whole snapshot."""

@@ -40,12 +40,13 @@ from workers.contracts import (
 from workers.errors import CallFailed, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
-from workers.scripts import lua
 from workers.tools.builtin import BUILTINS, BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
 
 _DELIVERY_TTL_S = 7 * 24 * 3600
+# Tries of the begin-run transaction before giving up (each lost only to a concurrent write).
+_BEGIN_ATTEMPTS = 50
 
 ResultSink = Callable[[ToolResult], None]
 # Asked before a call runs, with the worker's name and the start time: None if the run must
@@ -69,28 +70,46 @@ class HotState:
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
             self._client = redis.Redis.from_url(self._app.conf.broker_url)
-            self._begin = self._client.register_script(lua("workers", "begin_run"))
             self._pid = os.getpid()
         return self._client
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """None if the run was cancelled; else this delivery's number, the run marked running
-        when that is within ``call.max_deliveries``."""
-        client = self.client
+        when that is within ``call.max_deliveries``.
+
+        One transaction (MULTI/EXEC under WATCH, no Lua: a client's Redis user may run no
+        script, so none can block Redis for everyone): the cancel check, the count and the
+        mark see the same state. A cancel, or another delivery of the same run counted
+        meanwhile, aborts the EXEC and the step is tried again, so two deliveries running at
+        once never get the same number and a run cancelled before its mark never starts.
+        Marks are never deleted one by one (a round trip per result): the hash expires, and
+        the brain deletes it when the tree finishes; readers trust a mark only for the run
+        the store still has in flight (brain.display.shown_state)."""
+        cancelled = self.prefix + key_cancelled()
+        deliveries = self.prefix + key_deliveries(call.run_id)
+        running = self.prefix + key_tree_running(call.tree_id)
         mark = json.dumps({"run_id": call.run_id, "worker": worker, "started_at": started_at})
-        keys = [
-            self.prefix + key_cancelled(),
-            self.prefix + key_deliveries(call.run_id),
-            self.prefix + key_tree_running(call.tree_id),
-        ]
-        n = int(
-            self._begin(
-                keys=keys,
-                args=[call.run_id, _DELIVERY_TTL_S, call.max_deliveries, call.task_id, mark],
-                client=client,
-            )
+        for _ in range(_BEGIN_ATTEMPTS):
+            with self.client.pipeline(transaction=True) as pipe:
+                try:
+                    pipe.watch(cancelled, deliveries)
+                    if pipe.sismember(cancelled, call.run_id):
+                        return None
+                    n = int(pipe.get(deliveries) or 0) + 1
+                    pipe.multi()
+                    # INCRBY, not INCR: a client agent's ACL user is granted the command redis-py sends.
+                    pipe.incrby(deliveries, 1)
+                    pipe.expire(deliveries, _DELIVERY_TTL_S)
+                    if n <= call.max_deliveries:
+                        pipe.hset(running, call.task_id, mark)
+                        pipe.expire(running, _DELIVERY_TTL_S)
+                    return int(pipe.execute()[0])
+                except redis.WatchError:
+                    continue  # a cancel or another delivery of this run came first: look again
+        raise redis.WatchError(
+            f"could not start run {call.run_id}: its cancel set or delivery counter kept changing "
+            f"({_BEGIN_ATTEMPTS} tries)"
         )
-        return None if n < 0 else n
 
 
 def send_to_brain(app: Celery) -> ResultSink:

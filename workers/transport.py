@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import re
 from itertools import accumulate
@@ -30,6 +31,7 @@ from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.contracts import MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
+from workers.redis_lock import ScriptFreeLocks
 
 log = logging.getLogger("vancetope.transport")
 
@@ -143,6 +145,14 @@ def _body_bytes(envelope: Envelope) -> bytes:
         raise UnsafeMessage(f"body is not base64 ({exc})") from None
 
 
+class _Client(ScriptFreeLocks, redis.Redis):
+    """redis-py's client whose locks need no script."""
+
+
+class _PrefixedClient(ScriptFreeLocks, kombu_redis.PrefixedStrictRedis):
+    """kombu's key-prefixing client whose locks need no script."""
+
+
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel, except that a payload ``check_payload`` refuses is dropped and
     logged instead of raised into the consumer loop."""
@@ -155,6 +165,13 @@ class GuardedChannel(kombu_redis.Channel):
     )
     vt_max_message_bytes: int = MAX_MESSAGE_BYTES
     vt_max_json_depth: int = MAX_JSON_DEPTH
+
+    def _get_client(self) -> Any:
+        # kombu's client classes, with a lock released without a script (workers.redis_lock):
+        # a client agent's Redis user may run none.
+        if self.global_keyprefix:
+            return functools.partial(_PrefixedClient, global_keyprefix=self.global_keyprefix)
+        return _Client
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         # kombu 5.7: when the broker connection is lost, Celery closes the connection, the

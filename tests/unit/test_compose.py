@@ -61,9 +61,46 @@ def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off()
         assert rules[0] == "on" and rules[1].startswith(">${"), f"{name}: password from .env"
         assert tuple(rules[2:]) == COMPONENT_RULES[name], f"{name}: differs from brain/acl.py"
     assert set(users) == set(COMPONENT_RULES)
-    for service in ("brain", "server-pool", "flower"):
+    from brain.stack import SERVICE_USERS
+
+    for service in ("brain", "server-pool", "flower", "beat", "gateway"):
         url = compose()["services"][service]["environment"]["VANCETOPE_REDIS_URL"]
-        assert url.startswith("redis://vt-"), f"{service} connects as its own user"
+        # each as its own user, the one the embedded stack gives it (beat: vt-beat, not the pool's)
+        assert url.startswith(f"redis://{SERVICE_USERS[service]}:"), f"{service} connects as its own user"
+
+
+def test_compose_mongodb_asks_for_a_password_from_env_and_every_store_url_carries_it() -> None:
+    """Issue 20 M6: compose's MongoDB had no authentication."""
+    services = compose()["services"]
+    mongo = services["mongo"]["environment"]
+    for var in ("MONGO_INITDB_ROOT_USERNAME", "MONGO_INITDB_ROOT_PASSWORD"):
+        assert mongo[var].startswith("${") and ":?set it in .env}" in mongo[var], var
+    user, password = (
+        mongo[v][2:].split(":?")[0] for v in ("MONGO_INITDB_ROOT_USERNAME", "MONGO_INITDB_ROOT_PASSWORD")
+    )
+    for name, service in services.items():
+        url = (service.get("environment") or {}).get("VANCETOPE_MONGO_URL")
+        if url is None:
+            continue
+        assert url.startswith(
+            f"mongodb://${{{user}:?set it in .env}}:${{{password}:?set it in .env}}@mongo:"
+        ), name
+        assert url.endswith("?authSource=admin"), name
+    assert "ports" not in services["mongo"], "MongoDB is reached inside the compose network only"
+
+
+def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:
+    """Issue 20 M1: maxmemory with noeviction, and values no larger than a message."""
+    from brain.redis_server import DEFAULT_MAXMEMORY, redis_limits
+
+    command = compose()["services"]["redis"]["command"]
+    options = dict(zip(command[1::2], command[2::2], strict=False))
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert options["--maxmemory"] == "${VANCETOPE_REDIS_MAXMEMORY:-" + DEFAULT_MAXMEMORY + "}"
+    assert DEFAULT_MAXMEMORY == Settings().redis_maxmemory
+    limits = redis_limits(DEFAULT_MAXMEMORY, Settings().max_result_bytes).args()
+    for option in ("--proto-max-bulk-len", "--client-query-buffer-limit"):
+        assert options[option] == limits[limits.index(option) + 1], option
 
 
 def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_api() -> None:

@@ -1,0 +1,185 @@
+"""Starting a run (``workers.tasks.HotState.begin_run``) is one MULTI/EXEC, no script: as a
+client agent's own Redis user, on a real redis-server.
+
+What the Lua script it replaced guaranteed still holds: a cancelled run never starts and is
+not counted; every delivery gets its own number, even two at once; the running mark is
+written only within ``max_deliveries``; a cancel that lands while a run is being started
+wins. kombu's mutex is released without a script too (``workers.redis_lock``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from redis.client import Pipeline
+from redis.exceptions import LockNotOwnedError
+
+from brain.enrollment import enroll, revoke
+from brain.redis_server import RedisServer
+from brain.service import Brain
+from workers.app import make_app
+from workers.contracts import (
+    ToolCall,
+    ToolType,
+    client_key,
+    client_keyprefix,
+    key_cancelled,
+    key_deliveries,
+    key_tree_running,
+)
+from workers.tasks import HotState
+from workers.transport import GuardedChannel
+
+CLIENT = "laptop"
+
+
+def call(run: str = "t-k-1", max_deliveries: int = 3) -> ToolCall:
+    return ToolCall(
+        run_id=run, tree_id="t", task_id="k", tool="read_local_file", tool_type=ToolType.BUILT_IN,
+        timeout_s=5, max_result_bytes=1000, max_deliveries=max_deliveries, client_id=CLIENT,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def agent_url(brain_on_redis: Brain, redis_server: RedisServer) -> Iterator[str]:
+    """The broker URL of an enrolled client: its own ACL user, no script, its keys only."""
+    credential = enroll(brain_on_redis.scheduler.presence, CLIENT, "ada", redis_server.address_url)
+    yield credential.broker_url
+    revoke(brain_on_redis.clients, CLIENT)
+
+
+@pytest.fixture
+def hot(agent_url: str) -> Iterator[HotState]:
+    app = make_app(agent_url, keyprefix=client_keyprefix(CLIENT))
+    state = HotState(app)
+    yield state
+    state.client.close()
+    app.close()
+
+
+def deliveries(r: redis.Redis, run: str) -> bytes | None:
+    return r.get(client_key(CLIENT, key_deliveries(run)))
+
+
+def test_each_delivery_is_counted_and_marks_the_run_running(hot: HotState, redis_client: redis.Redis) -> None:
+    assert hot.begin_run(call(), "w1", 10.0) == 1
+    assert hot.begin_run(call(), "w2", 11.0) == 2
+    mark = json.loads(redis_client.hget(client_key(CLIENT, key_tree_running("t")), "k"))
+    assert mark == {"run_id": "t-k-1", "worker": "w2", "started_at": 11.0}
+    for key in (key_deliveries("t-k-1"), key_tree_running("t")):
+        assert 0 < redis_client.ttl(client_key(CLIENT, key)) <= 7 * 24 * 3600
+
+
+def test_a_cancelled_run_does_not_start_and_is_not_counted(hot: HotState, redis_client: redis.Redis) -> None:
+    redis_client.sadd(client_key(CLIENT, key_cancelled()), "t-k-1")
+    assert hot.begin_run(call(), "w", 1.0) is None
+    assert deliveries(redis_client, "t-k-1") is None
+    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+
+
+def test_over_the_delivery_limit_the_run_is_counted_but_not_marked(
+    hot: HotState, redis_client: redis.Redis
+) -> None:
+    assert [hot.begin_run(call(max_deliveries=1), "w", 1.0) for _ in range(2)] == [1, 2]
+    redis_client.delete(client_key(CLIENT, key_tree_running("t")))
+    assert hot.begin_run(call(max_deliveries=1), "w", 2.0) == 3
+    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+
+
+def test_deliveries_started_at_once_each_get_their_own_number(
+    agent_url: str, redis_client: redis.Redis
+) -> None:
+    app = make_app(agent_url, keyprefix=client_keyprefix(CLIENT))
+    numbers: list[int | None] = []
+    barrier = threading.Barrier(8)
+
+    def start() -> None:
+        state = HotState(app)  # a connection of its own, as each worker process has
+        barrier.wait()
+        numbers.append(state.begin_run(call(max_deliveries=100), threading.current_thread().name, 1.0))
+        state.client.close()
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    app.close()
+    assert sorted(n for n in numbers if n is not None) == list(range(1, 9))
+    assert deliveries(redis_client, "t-k-1") == b"8"
+
+
+class CancelDuringStart(Pipeline):
+    """A pipeline that, right after begin_run read the counter under WATCH, lets the brain
+    cancel the run (as it may at any moment), once."""
+
+    cancel: Any = None
+
+    def get(self, name: Any) -> Any:
+        value = super().get(name)
+        if CancelDuringStart.cancel is not None:
+            CancelDuringStart.cancel, cancel = None, CancelDuringStart.cancel
+            cancel()
+        return value
+
+
+class CancellingClient(redis.Redis):
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+        return CancelDuringStart(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+def test_a_cancel_that_lands_while_the_run_starts_wins(
+    hot: HotState, agent_url: str, redis_client: redis.Redis
+) -> None:
+    CancelDuringStart.cancel = lambda: redis_client.sadd(client_key(CLIENT, key_cancelled()), "t-k-1")
+    hot._client, hot._pid = CancellingClient.from_url(agent_url), os.getpid()
+    assert hot.begin_run(call(), "w", 1.0) is None  # the EXEC was aborted; looked again: cancelled
+    assert deliveries(redis_client, "t-k-1") is None
+    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+
+
+def test_kombus_mutex_is_taken_and_released_by_a_client_user_without_a_script(
+    agent_url: str, redis_client: redis.Redis
+) -> None:
+    app = make_app(agent_url, keyprefix=client_keyprefix(CLIENT))
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        assert isinstance(channel, GuardedChannel)
+        client = channel.client
+        lock = client.lock("unacked_mutex", timeout=30)
+        assert lock.acquire(blocking=False)
+        assert redis_client.exists(client_key(CLIENT, "unacked_mutex"))
+        lock.release()
+        assert not redis_client.exists(client_key(CLIENT, "unacked_mutex"))
+        # a lock that expired and was taken by another owner is not released by the first one
+        first = client.lock("unacked_mutex", timeout=30)
+        assert first.acquire(blocking=False)
+        redis_client.set(client_key(CLIENT, "unacked_mutex"), b"someone else")
+        with pytest.raises(LockNotOwnedError):
+            first.release()
+        assert redis_client.get(client_key(CLIENT, "unacked_mutex")) == b"someone else"
+    app.close()
+
+
+def test_the_pools_fallback_start_works_with_the_pools_own_user(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    """The server pool starts a run against Redis when the store cannot be asked: vt-pool
+    reaches the cancel set, the counters and the marks it needs, unprefixed."""
+    app = make_app(redis_server.url_for("vt-pool"))
+    state = HotState(app)
+    try:
+        server_call = call().model_copy(update={"client_id": None})
+        assert state.begin_run(server_call, "server@x", 1.0) == 1
+        assert redis_client.get(key_deliveries("t-k-1")) == b"1"
+        redis_client.sadd(key_cancelled(), "t-k-2")
+        assert state.begin_run(call("t-k-2").model_copy(update={"client_id": None}), "server@x", 1.0) is None
+    finally:
+        state.client.close()
+        app.close()
