@@ -341,7 +341,4 @@ class ConsentDir:
         return split.offered, held
 
 
-# The gate lived here; its importers keep working.
-from client_agent.consent_gate import ConsentGate
-
-__all__ = ["ConsentDir", "ConsentGate", "ConsentStateError"]
+__all__ = ["ConsentDir", "ConsentStateError"]

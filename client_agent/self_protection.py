@@ -14,18 +14,32 @@ refused even if a path reaches them some other way (defence in depth).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from client_agent.errors import AgentConfigError
 
-if TYPE_CHECKING:
-    from client_agent.config import AgentConfig
+
+class AgentFiles(Protocol):
+    """What this module reads of the agent's config (``client_agent.config.AgentConfig``)."""
+
+    @property
+    def mcp_json(self) -> Path | None: ...
+    @property
+    def credential_file(self) -> Path | None: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def log_file(self) -> Path | None: ...
+    @property
+    def sandbox_roots(self) -> Sequence[Path]: ...
+
 
 STATE_DIR = "state directory (data_dir)"
 
 
-def protected_paths(config: AgentConfig, config_file: Path | None) -> dict[str, Path]:
+def protected_paths(config: AgentFiles, config_file: Path | None) -> dict[str, Path]:
     """Label -> real path of every file and folder of the agent itself."""
     named: dict[str, Path | None] = {
         "config file": config_file,
@@ -48,7 +62,7 @@ def exposure(root: Path, label: str, own: Path) -> str | None:
     return None
 
 
-def check_sandbox_roots(config: AgentConfig, config_file: Path | None) -> None:
+def check_sandbox_roots(config: AgentFiles, config_file: Path | None) -> None:
     """AgentConfigError naming the root and the file when a sandbox root exposes one of them."""
     own = protected_paths(config, config_file)
     for root in config.sandbox_roots:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from client_agent.approvals import ConsentDir, ConsentGate
+from client_agent.approvals import ConsentDir
 from client_agent.config import AgentConfig
 from client_agent.consent import RequestKind
+from client_agent.consent_gate import ConsentGate
 from workers.contracts import ToolAwaiting, ToolCall, ToolType
 
 
