@@ -11,13 +11,21 @@ server's environment. A folder a tree could have shaped into a repository readin
 another one's objects (a bare layout, ``objects/info/alternates``, a ``.git`` file or
 link) is refused the same way, as is a server without ``--repository`` (it would open
 any path it is asked for) or one given ``GIT_DIR``-like variables.
+
+Once started, every call's ``repo_path`` must be that repository itself
+(``repo_path_problem``): mcp-server-git accepts any folder below it, and a tree can write
+``HEAD``, ``objects/``, ``refs/`` and a ``config`` naming ``core.fsmonitor`` into a sandbox
+folder (none of them a control file), which GitPython opens as a bare repository and git then
+runs the program it names. The server also starts with ``safe.bareRepository=explicit``
+(``workers.tools.safe_git.ALWAYS``' rule for the native git_status).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from workers.contracts import MCPServerFailure
 from workers.mcp_config import MCPConfig, StdioServerSpec
@@ -56,6 +64,47 @@ def enclosing_top(path: Path) -> Path | None:
     return None
 
 
+def repository(spec: StdioServerSpec) -> Path | None:
+    """The real path of an ``mcp-server-git``'s ``--repository``; None for another server."""
+    given = repository_arg(spec.args) if is_git_server(spec) else None
+    return None if given is None else _real(spec, given)
+
+
+def _real(spec: StdioServerSpec, path: str) -> Path:
+    # mcp-server-git resolves a relative path against its own folder, which is spec.cwd.
+    return Path(os.path.realpath(Path(spec.cwd or ".") / Path(path).expanduser()))
+
+
+def repo_path_problem(spec: StdioServerSpec, args: Mapping[str, Any]) -> str | None:
+    """Why a call of this server may not run: its ``repo_path`` is not the server's repository."""
+    own = repository(spec)
+    if own is None:
+        return None
+    given = args.get("repo_path")
+    if not isinstance(given, str) or _real(spec, given) != own:
+        return (
+            f"repo_path {given!r} is not this MCP server's repository {own}: mcp-server-git is held to "
+            "its --repository itself (a folder below it could be shaped into another repository)"
+        )
+    return None
+
+
+# Git's command-line scope (GIT_CONFIG_COUNT) wins over a repository's own config.
+_GIT_OVERRIDES = (("safe.bareRepository", "explicit"),)
+
+
+def with_safe_git_env(spec: StdioServerSpec) -> StdioServerSpec:
+    """``spec`` whose git opens no bare repository it finds by itself, after the user's own
+    ``GIT_CONFIG_*`` entries (if any)."""
+    env = dict(spec.env)
+    given = env.get("GIT_CONFIG_COUNT", "0")
+    count = int(given) if given.isdigit() else 0
+    for n, (key, value) in enumerate(_GIT_OVERRIDES, start=count):
+        env[f"GIT_CONFIG_KEY_{n}"], env[f"GIT_CONFIG_VALUE_{n}"] = key, value
+    env["GIT_CONFIG_COUNT"] = str(count + len(_GIT_OVERRIDES))
+    return spec.model_copy(update={"env": env})
+
+
 def problem(spec: StdioServerSpec) -> str | None:
     """Why this ``mcp-server-git`` could read a repository other than its ``--repository``, or None."""
     if not is_git_server(spec):
@@ -66,7 +115,7 @@ def problem(spec: StdioServerSpec) -> str | None:
     given = repository_arg(spec.args)
     if given is None:
         return "it has no --repository, so it would open any repository path a call names"
-    path = Path(os.path.realpath(Path(spec.cwd or ".") / Path(given).expanduser()))
+    path = _real(spec, given)
     if (path / "HEAD").is_file() and (path / "objects").is_dir():
         return f"--repository {given!r} ({path}) is laid out as a bare repository; give a working tree"
     top = enclosing_top(path)
@@ -90,7 +139,9 @@ def confine_git_servers(config: MCPConfig) -> tuple[MCPConfig, list[MCPServerFai
     for name, spec in config.servers.items():
         why = problem(spec) if isinstance(spec, StdioServerSpec) else None
         if why is None:
-            kept[name] = spec
+            kept[name] = (
+                with_safe_git_env(spec) if isinstance(spec, StdioServerSpec) and is_git_server(spec) else spec
+            )
         else:
             failures.append(MCPServerFailure(server=name, message=f"not started (mcp-server-git): {why}"))
     return MCPConfig(source=config.source, servers=kept, skipped=config.skipped), failures

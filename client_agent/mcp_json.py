@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from client_agent.errors import PolicyViolation
-from client_agent.git_server import confine_git_servers
+from client_agent.git_server import confine_git_servers, repo_path_problem
 from client_agent.policy import Policy
 from workers.contracts import MCPServerFailure, ToolDescriptor
 from workers.errors import WorkerError
@@ -66,6 +66,9 @@ class GuardedMCPManager(MCPClientManager):
             why = self._refused.get(
                 (server, tool), f"is not offered by MCP server {server!r} on this client agent"
             )
+            raise PolicyViolation(tool, None, why)
+        spec = self.config.servers.get(server)
+        if isinstance(spec, StdioServerSpec) and (why := repo_path_problem(spec, args)) is not None:
             raise PolicyViolation(tool, None, why)
         return super().call_tool(server, tool, args, timeout)
 

@@ -42,8 +42,11 @@ PROGRAM_VARIABLES = frozenset(
 PROGRAM_SECTIONS = frozenset({"pager"})
 PROGRAM_PATHS = frozenset({"browser", "man", "difftool", "mergetool"})
 
-# Always set: hooks and fsmonitor are off even when the config does not mention them.
-ALWAYS = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"))
+# Always set: hooks and fsmonitor are off even when the config does not mention them, and git
+# opens no bare repository it finds by itself: a tree can write HEAD, objects/, refs/ and a
+# config naming any program or a working tree outside the sandbox (core.worktree) into a sandbox
+# folder (none of them a control file), and git would take that folder for a repository.
+ALWAYS = (("core.fsmonitor", "false"), ("core.hooksPath", "/dev/null"), ("safe.bareRepository", "explicit"))
 NEUTRAL = {"core.fsmonitor": "false", "core.hookspath": "/dev/null"}
 # Only reads: no optional index lock, no submodule recursion (a submodule has its own config).
 STATUS_ARGS = ("--no-pager", "status", "--porcelain=v1", "-b", "--ignore-submodules=all")

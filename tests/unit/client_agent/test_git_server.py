@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from client_agent.git_server import confine_git_servers, is_git_server, problem, repository_arg
+from client_agent.git_server import (
+    confine_git_servers,
+    is_git_server,
+    problem,
+    repo_path_problem,
+    repository_arg,
+    with_safe_git_env,
+)
 from workers.mcp_config import MCPConfig, StdioServerSpec
 
 
@@ -82,3 +89,47 @@ def test_confine_keeps_the_others_and_reports_the_refused(tmp_path: Path) -> Non
     kept, failures = confine_git_servers(config)
     assert list(kept.servers) == ["time"]
     assert [f.server for f in failures] == ["git"] and "not started (mcp-server-git)" in failures[0].message
+
+
+@pytest.mark.parametrize(
+    ("repo_path", "refused"),
+    [
+        ("sandbox", False),
+        ("sandbox/", False),
+        ("sandbox/../sandbox", False),
+        ("sandbox/evil", True),  # a folder below it, which a tree can shape into a bare repository
+        ("sandbox/evil/..", False),
+        (".", True),
+        (None, True),
+        (42, True),
+    ],
+)
+def test_a_call_is_held_to_the_servers_own_repository(
+    tmp_path: Path, repo_path: object, refused: bool
+) -> None:
+    (tmp_path / "sandbox" / "evil").mkdir(parents=True)
+    git = spec(tmp_path, "--repository", "sandbox")
+    why = repo_path_problem(git, {} if repo_path is None else {"repo_path": repo_path})
+    assert (why is not None) is refused, why
+    if refused:
+        assert f"is not this MCP server's repository {(tmp_path / 'sandbox').resolve()}" in (why or "")
+
+
+def test_another_server_is_not_held_to_a_repository(tmp_path: Path) -> None:
+    other = StdioServerSpec(command="mcp-server-time", cwd=str(tmp_path))
+    assert repo_path_problem(other, {"repo_path": "/anywhere"}) is None
+
+
+def test_a_git_server_opens_no_bare_repository_after_the_users_own_git_config(tmp_path: Path) -> None:
+    mine = spec(
+        tmp_path,
+        "--repository",
+        "r",
+        GIT_CONFIG_COUNT="1",
+        GIT_CONFIG_KEY_0="user.name",
+        GIT_CONFIG_VALUE_0="me",
+    )
+    env = with_safe_git_env(mine).env
+    assert env["GIT_CONFIG_COUNT"] == "2" and env["GIT_CONFIG_KEY_0"] == "user.name"
+    assert (env["GIT_CONFIG_KEY_1"], env["GIT_CONFIG_VALUE_1"]) == ("safe.bareRepository", "explicit")
+    assert with_safe_git_env(spec(tmp_path, "--repository", "r")).env["GIT_CONFIG_COUNT"] == "1"
