@@ -68,8 +68,8 @@ class GuardedMCPManager(MCPClientManager):
             )
             raise PolicyViolation(tool, None, why)
         spec = self.config.servers.get(server)
-        if isinstance(spec, StdioServerSpec) and (why := repo_path_problem(spec, args)) is not None:
-            raise PolicyViolation(tool, None, why)
+        if isinstance(spec, StdioServerSpec) and (held := repo_path_problem(spec, args)) is not None:
+            raise PolicyViolation(tool, None, held)
         return super().call_tool(server, tool, args, timeout)
 
 
