@@ -57,8 +57,9 @@ CLIENT_COMMANDS: tuple[str, ...] = (
     "sadd", "srem", "smembers", "sismember",
     "set", "get", "setnx", "del", "exists", "expire", "pexpire", "incrby",
     "multi", "exec", "discard", "watch", "unwatch",
-    # connection housekeeping by redis-py and kombu
-    "ping", "select", "time", "client|setname", "client|setinfo", "echo",
+    # connection housekeeping by redis-py and kombu (no SELECT: in another database a client's
+    # keys would be out of its quota's sight; redis-py sends none for db 0)
+    "ping", "time", "client|setname", "client|setinfo", "echo",
 )  # fmt: skip
 
 

@@ -2,8 +2,15 @@
 
 A client may write any key under its own prefix ``c:<id>:``; the brain measures them all
 with one SCAN of the keyspace (the brain's user may SCAN; a client's may not) and a
-pipelined ``MEMORY USAGE`` per key found, ``SCAN_COUNT`` keys a round trip, so Redis is
-never held for long. The reconciler calls it at most every ``QUOTA_EVERY_S``.
+pipelined ``MEMORY USAGE ... SAMPLES 0`` per key found (every element counted: by default
+Redis samples five, and five tiny members beside large ones measured a few KB), ``SCAN_COUNT``
+keys a round trip, so Redis is never held for long. The reconciler calls it at most every
+``QUOTA_EVERY_S``. Clients may not ``SELECT`` another database (``brain.acl``), so db 0 is
+where all their keys are.
+
+Redis 6.2 cannot bound what one user writes, so a measurement is the only check: a client
+found over its quota is suspended, and once its work is taken back ``free_client_keys``
+deletes what it keeps (the memory is free at once, not when it chooses to stop).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import redis
 
 from brain.client_health import usage_by_client
-from workers.contracts import client_keys_match
+from workers.contracts import client_key, client_keys_match
 
 SCAN_COUNT = 1000
 # The quota is measured at most this often, whatever reconcile_interval_s says.
@@ -27,9 +34,24 @@ def measure_client_usage(r: redis.Redis) -> dict[str, int]:
         if keys:
             pipe = r.pipeline(transaction=False)
             for key in keys:
-                pipe.memory_usage(key)
+                pipe.memory_usage(key, samples=0)
             sizes = pipe.execute(raise_on_error=False)
             for cid, n in usage_by_client(zip(keys, sizes, strict=True)).items():
                 used[cid] = used.get(cid, 0) + n
         if cursor == 0:
             return used
+
+
+def free_client_keys(r: redis.Redis, client_id: str, keep: frozenset[str] = frozenset()) -> int:
+    """Delete every key of ``client_id`` but ``keep``; the number deleted. For a client over its
+    quota, after its session was ended (its unstarted calls taken back): what its outbox still
+    held is lost, and the reconciler re-sends those calls, as for any result lost in transit."""
+    deleted = 0
+    cursor: int = 0
+    while True:
+        cursor, keys = r.scan(cursor, match=client_key(client_id, "*"), count=SCAN_COUNT)
+        doomed = [k for k in keys if (k.decode() if isinstance(k, bytes) else k) not in keep]
+        if doomed:
+            deleted += int(r.unlink(*doomed))
+        if cursor == 0:
+            return deleted

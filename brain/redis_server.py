@@ -64,6 +64,14 @@ DEFAULT_MAXMEMORY = "1gb"
 # Room in a client's query buffer beside its largest value: the command, its key and the
 # RESP framing (Redis reads a pipeline as it arrives, so one command is what it holds).
 QUERY_BUFFER_SLACK = 1024 * 1024
+# A normal connection whose replies pile up unread is cut: Redis keeps unread replies without
+# limit by default, so any credential could fill memory past maxmemory with GETs of its own
+# largest value on a socket it never reads (the attacker trial: 329 MB against a 200 MB cap,
+# everyone's writes refused with OOM). The largest reply a consumer asks for is a chunk of
+# ``brain.hotstate.READ_CHUNK`` messages, far below this on any queue that fits in maxmemory.
+OUTPUT_BUFFER_MIN = 256 * 1024 * 1024
+OUTPUT_BUFFER_BULKS = 32
+OUTPUT_BUFFER_SOFT_S = 60
 
 
 @dataclass(frozen=True)
@@ -79,12 +87,19 @@ class RedisLimits:
     def query_buffer_bytes(self) -> int:
         return self.max_bulk_bytes + QUERY_BUFFER_SLACK
 
+    @property
+    def output_buffer(self) -> tuple[str, str, str, str]:
+        """``client-output-buffer-limit`` of normal connections: class, hard, soft for 60 s."""
+        hard = max(OUTPUT_BUFFER_MIN, OUTPUT_BUFFER_BULKS * self.max_bulk_bytes)
+        return ("normal", str(hard), str(hard // 4), str(OUTPUT_BUFFER_SOFT_S))
+
     def args(self) -> list[str]:
         """redis-server options (compose.yaml's redis command carries the same)."""
         return [
             "--maxmemory", self.maxmemory,
             "--proto-max-bulk-len", str(self.max_bulk_bytes),
             "--client-query-buffer-limit", str(self.query_buffer_bytes),
+            "--client-output-buffer-limit", *self.output_buffer,
         ]  # fmt: skip
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
 from brain.client_health import QUOTA_KIND, Cause, quota_cause
-from brain.client_quota import QUOTA_EVERY_S, measure_client_usage
+from brain.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
 from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.hotstate import ClientKeyUnreadable, HotState
@@ -25,7 +25,15 @@ from brain.presence import PresenceBook
 from brain.registry import RegistrySnapshot
 from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, new_run_id
 from brain.store import Store
-from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolCall, client_queue, pool_queue
+from workers.contracts import (
+    BRAIN_QUEUE,
+    CLIENT_ACK,
+    ErrorInfo,
+    ToolCall,
+    client_key,
+    client_queue,
+    pool_queue,
+)
 
 log = logging.getLogger("vancetope.brain")
 _T = TypeVar("_T")
@@ -191,6 +199,10 @@ class Sweeps:
             cause = quota_cause(used.get(cid, 0), quota)
             if cause is not None:
                 self._guarded(f"suspending client {cid!r}", self.clients.suspend, cid, cause)
+                freed = self._guarded(
+                    f"freeing client {cid!r}'s keys", free_client_keys, self.hot.r, cid, self._ack_only(cid)
+                )
+                log.warning("client %r was over its quota: deleted %s of its keys in Redis", cid, freed)
             elif self.clients.misbehaving.clear(cid, {QUOTA_KIND}) is not None:
                 log.info(
                     "client %r keeps %d bytes, back under its quota of %d: its next announcement is accepted",
@@ -199,6 +211,11 @@ class Sweeps:
                     quota,
                 )
         return used
+
+    @staticmethod
+    def _ack_only(client_id: str) -> frozenset[str]:
+        # The ack says why it was suspended: the one key the agent is told to read.
+        return frozenset({client_key(client_id, CLIENT_ACK)})
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
         tree_rec = self.scheduler.tree(rec.tree_id)

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from brain.acl import CLIENT_COMMANDS
+from brain.client_quota import measure_client_usage
 from brain.enrollment import Credential, enroll, revoke
 from brain.models import SessionKind, TaskState, TreeStatus
 from brain.presence import PresenceBook
@@ -30,6 +31,7 @@ from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 from workers.app import message_limit
 from workers.contracts import (
+    CLIENT_ACK,
     CLIENT_OUTBOX,
     client_key,
     client_queue,
@@ -291,6 +293,73 @@ def test_with_maxmemory_reached_writes_fail_oom_and_no_queue_is_evicted(tmp_path
         store.close()
         admin.close()
         server.stop()
+
+
+def test_replies_a_client_never_reads_cannot_fill_redis_past_the_output_buffer_limit(tmp_path: Path) -> None:
+    """Found by the attacker trial: Redis keeps unread replies without limit by default, so GETs of
+    one's own largest value on a socket one never reads filled Redis past maxmemory."""
+    limits = redis_limits("1gb", 1024 * 1024)
+    server = RedisServer(tmp_path / "redis", appendonly=False, limits=limits).start()
+    admin = redis.Redis.from_url(server.url)
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        attacker = enroll(PresenceBook(admin, store), "mallory", "eve", server.address_url)
+        key = client_key("mallory", "big")
+        bad = redis.Redis.from_url(attacker.broker_url, socket_timeout=10)
+        bad.set(key, b"x" * (4 * 1024 * 1024))
+        bad.close()
+        hard = int(limits.output_buffer[1])
+        password = attacker.broker_url.split(":")[2].split("@")[0]
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw:
+            raw.sendall(f"AUTH vtc-mallory {password}\r\n".encode())
+            assert raw.recv(100) == b"+OK\r\n"
+            get = f"*2\r\n$3\r\nGET\r\n${len(key)}\r\n{key}\r\n".encode()
+            raw.sendall(get * 200)  # 800 MiB of replies, never read
+            wait_until(
+                lambda: not [c for c in admin.client_list() if c.get("user") == "vtc-mallory"],
+                timeout=30,
+                what="Redis to cut the connection whose replies pile up",
+            )
+        assert int(admin.info("memory")["used_memory"]) < hard + 64 * 1024 * 1024
+        assert admin.lpush("brain", "still writable") == 1  # nobody else's writes were refused
+    finally:
+        store.close()
+        admin.close()
+        server.stop()
+
+
+def test_a_client_may_not_keep_its_keys_in_another_database(mallory: Credential) -> None:
+    r = redis.Redis.from_url(mallory.broker_url.rsplit("/", 1)[0] + "/7", socket_timeout=5)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.set(client_key("mallory", "hidden"), b"x")
+    finally:
+        r.close()
+
+
+def test_the_quota_counts_every_element_and_frees_an_over_quota_clients_keys(
+    brain_on_redis: Brain, mallory: Credential, redis_client: redis.Redis
+) -> None:
+    """MEMORY USAGE samples five elements by default: five tiny members beside large ones measured
+    a few KB. Once the client is suspended, what it keeps is deleted, not only measured."""
+    bad = redis.Redis.from_url(mallory.broker_url, socket_timeout=10)
+    try:
+        zset = client_key("mallory", "hidden")
+        bad.zadd(zset, {f"tiny-{i}": i for i in range(5)})
+        bad.zadd(zset, {f"big-{i}-".encode() + b"x" * (2 * 1024 * 1024): 100 + i for i in range(4)})
+    finally:
+        bad.close()
+    sweeps = brain_on_redis.sweeps
+    sweeps.settings = sweeps.settings.model_copy(update={"client_quota_bytes": 1024 * 1024})
+    used = measure_client_usage(redis_client)
+    assert used["mallory"] > 8 * 1024 * 1024, used
+    sweeps._quota_checked = float("-inf")  # measure now
+    sweeps.check_quotas()
+    mark = brain_on_redis.clients.misbehaving.get("mallory")
+    assert mark is not None and "over quota" in mark.shown()
+    assert not redis_client.exists(zset)
+    ack = redis_client.get(client_key("mallory", CLIENT_ACK))
+    assert ack is not None and b"over quota" in ack  # told why: the one key left
 
 
 # --- M6: the pool and beat reach only the keys of their own job -------------------------

@@ -101,6 +101,8 @@ def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:
     limits = redis_limits(DEFAULT_MAXMEMORY, Settings().max_result_bytes).args()
     for option in ("--proto-max-bulk-len", "--client-query-buffer-limit"):
         assert options[option] == limits[limits.index(option) + 1], option
+    at, ours = command.index("--client-output-buffer-limit"), limits.index("--client-output-buffer-limit")
+    assert command[at + 1 : at + 5] == limits[ours + 1 : ours + 5]
 
 
 def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_api() -> None:
