@@ -428,3 +428,35 @@ def test_cancelling_a_tree_whose_client_broke_its_cancelled_set_cancels_it_and_s
     assert {t.state for t in brain.store.get_tasks(theirs.tree_id)} == {TaskState.SKIPPED}
     mark = brain.clients.misbehaving.get("mallory")
     assert mark is not None and "cancelled set" in mark.shown()
+
+
+def test_a_client_sending_many_large_results_gets_one_largest_messages_worth_of_a_round(
+    brain_on_redis: Brain,
+) -> None:
+    """Found by the attacker trial: 64 results of ~1 MB each for no task held every round 10-13 s."""
+    brain = brain_on_redis
+    for cid in ("aaa-mallory", "victim"):
+        brain.scheduler.presence.enroll(cid, "ada")
+        connect(brain, cid, session=f"s-{cid}")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="victim")
+    relay = Relay(brain.scheduler, brain.clients)
+    big = result_for(brain, rec.tree_id, "r0", "aaa-mallory", value="x" * (relay.max_bytes // 2))
+    flood = [
+        ClientToolResult(client_id="aaa-mallory", result=big.model_copy(update={"run_id": f"run-{i}"}))
+        .model_dump_json()
+        .encode()
+        for i in range(8)
+    ]
+    outbox = client_key("aaa-mallory", CLIENT_OUTBOX)
+    brain.hot.r.lpush(outbox, *flood)  # the agent LPUSHes: the first sent is at the tail
+    result = result_for(brain, rec.tree_id, "r0", "victim", value="read")
+    brain.hot.r.lpush(
+        client_key("victim", CLIENT_OUTBOX),
+        ClientToolResult(client_id="victim", result=result).model_dump_json(),
+    )
+    assert relay.poll_once(["aaa-mallory", "victim"]) is True
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
+    # one largest message's worth of the attacker's was handled; the rest waits, in order
+    left = brain.hot.r.lrange(outbox, 0, -1)
+    assert len(left) == len(flood) - 1
+    assert left[::-1] == flood[1:]
