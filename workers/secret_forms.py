@@ -3,7 +3,8 @@
 One job: for one secret value, every string ``workers.masking`` must mask. A text gives the
 secret away when it shows ``WINDOW`` consecutive characters of one of its *forms*:
 
-- the value itself, and reversed;
+- the value itself, and reversed, each also in upper and in lower case (a server that shouts
+  the secret back, ``SK-LIVE-…``, gives it away all the same);
 - its UTF-8 bytes in hex, lower and upper case;
 - its UTF-8 bytes in base64, standard and url-safe alphabets, at each of the 3 alignments
   (the secret's first byte at offset 0, 1 or 2 of a 3-byte group of a longer blob). Only the
@@ -43,7 +44,8 @@ def base64_forms(data: bytes) -> set[str]:
 def forms(value: str) -> tuple[set[str], set[str]]:
     """(plain forms, encoded forms) of ``value``."""
     data = value.encode("utf-8")
-    return {value, value[::-1]}, {data.hex(), data.hex().upper(), *base64_forms(data)}
+    plain = {form for v in (value, value[::-1]) for form in (v, v.upper(), v.lower())}
+    return plain, {data.hex(), data.hex().upper(), *base64_forms(data)}
 
 
 def masked_runs(value: str) -> set[str]:

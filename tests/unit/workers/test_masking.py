@@ -41,6 +41,9 @@ def b64(data: bytes, *, url: bool = False, pad: bool = True) -> str:
         (f"[{SECRET[7:19]}]", "[***]"),  # any 12-character run
         (f"[{SECRET[::-1]}]", "[***]"),  # reversed
         (f"[{SECRET[::-1][3:15]}]", "[***]"),
+        (f"[{SECRET.upper()}]", "[***]"),  # shouted back
+        (f"[{SECRET.lower()[2:14]}]", "[***]"),
+        (f"[{SECRET[::-1].upper()}]", "[***]"),
         (RAW.hex(), "***"),
         (RAW.hex().upper(), "***"),
         (f"0x{RAW[2:9].hex()}", "0x***"),
