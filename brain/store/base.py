@@ -330,8 +330,9 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
 def open_store(url: str, *, read_only: bool = False) -> Store:
     """Open the store named by ``url`` (see ``_ACCEPTED_URLS``; ``Settings.store`` builds one).
 
-    ``read_only``: SQLite connections that cannot write (the MCP gateway's); MongoDB is as
-    read-only as the URL's user is (give the gateway a user with the ``read`` role).
+    ``read_only``: SQLite connections that cannot write (the MCP gateway's); on MongoDB no index
+    is created, and the store is as read-only as the URL's user (compose.yaml gives the gateway
+    a user with the ``read`` role).
 
     ``sqlite:///`` follows the SQLAlchemy convention: three slashes then a relative
     path, four slashes for an absolute one (``sqlite:///`` + ``/abs/path.db``).
@@ -351,7 +352,7 @@ def open_store(url: str, *, read_only: bool = False) -> Store:
         database = urlsplit(url).path.lstrip("/") or DEFAULT_MONGO_DATABASE
         from brain.store.mongo import MongoStore
 
-        return MongoStore(url, database=database)
+        return MongoStore(url, database=database, read_only=read_only)
     if "://" not in url and url.endswith(".db"):
         from brain.store.sqlite import SQLiteStore
 

@@ -72,8 +72,15 @@ class MongoStore:
     (e.g. ``mongomock.MongoClient()``; the caller keeps ownership and closes it)."""
 
     def __init__(
-        self, url: str | None = None, *, client: Any = None, database: str = DEFAULT_MONGO_DATABASE
+        self,
+        url: str | None = None,
+        *,
+        client: Any = None,
+        database: str = DEFAULT_MONGO_DATABASE,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: creates no index (the MCP gateway's user has MongoDB's ``read`` role only,
+        and a writer has made them already)."""
         if (url is None) == (client is None):
             raise StoreError("MongoStore needs exactly one of url (mongodb://...) or client")
         with self._errors("connect"):
@@ -82,30 +89,34 @@ class MongoStore:
             self._db = self._client[database]
             self._trees = self._db["trees"]
             self._tasks = self._db["tasks"]
-            # create_index is idempotent; the unique ones are what make duplicates impossible.
-            self._trees.create_index([("tree_id", ASCENDING)], unique=True)
-            self._trees.create_index([("submitted_at", DESCENDING)])
-            self._tasks.create_index([("tree_id", ASCENDING), ("task_id", ASCENDING)], unique=True)
-            self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
-            self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
-            self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
             self._enrollments = self._db["enrollments"]
-            self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
-            self._trees.create_index(
-                [("schedule", ASCENDING), ("status", ASCENDING), ("submitted_at", DESCENDING)]
-            )
             self._fires = self._db["schedule_fires"]
-            self._fires.create_index([("schedule", ASCENDING)], unique=True)
             self._summaries = self._db["summaries"]
-            self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
             self._secrets = self._db["secrets"]
-            self._secrets.create_index([("name", ASCENDING)], unique=True)
             self._gateway_tokens = self._db["gateway_tokens"]
-            self._gateway_tokens.create_index([("user", ASCENDING)], unique=True)
-            self._gateway_tokens.create_index([("token_sha256", ASCENDING)], unique=True)
             self._submitters = self._db["submitters"]
-            self._submitters.create_index([("user", ASCENDING)], unique=True)
+            if not read_only:
+                self._create_indexes()
         self.database = database
+
+    def _create_indexes(self) -> None:
+        # create_index is idempotent; the unique ones are what make duplicates impossible.
+        self._trees.create_index([("tree_id", ASCENDING)], unique=True)
+        self._trees.create_index([("submitted_at", DESCENDING)])
+        self._trees.create_index(
+            [("schedule", ASCENDING), ("status", ASCENDING), ("submitted_at", DESCENDING)]
+        )
+        self._tasks.create_index([("tree_id", ASCENDING), ("task_id", ASCENDING)], unique=True)
+        self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
+        self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
+        self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
+        self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
+        self._fires.create_index([("schedule", ASCENDING)], unique=True)
+        self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
+        self._secrets.create_index([("name", ASCENDING)], unique=True)
+        self._gateway_tokens.create_index([("user", ASCENDING)], unique=True)
+        self._gateway_tokens.create_index([("token_sha256", ASCENDING)], unique=True)
+        self._submitters.create_index([("user", ASCENDING)], unique=True)
 
     @contextmanager
     def _errors(self, what: str) -> Iterator[None]:

@@ -80,13 +80,36 @@ def test_compose_mongodb_asks_for_a_password_from_env_and_every_store_url_carrie
     )
     for name, service in services.items():
         url = (service.get("environment") or {}).get("VANCETOPE_MONGO_URL")
-        if url is None:
+        if url is None or name == "gateway":
             continue
         assert url.startswith(
             f"mongodb://${{{user}:?set it in .env}}:${{{password}:?set it in .env}}@mongo:"
         ), name
         assert url.endswith("?authSource=admin"), name
     assert "ports" not in services["mongo"], "MongoDB is reached inside the compose network only"
+
+
+def test_compose_gives_the_gateway_a_mongodb_user_that_may_only_read() -> None:
+    """The gateway opens the store read-only (brain.store.open_store); its credential must not
+    be able to write either: a user with MongoDB's read role, made by deploy/mongo-init."""
+    services = compose()["services"]
+    url = services["gateway"]["environment"]["VANCETOPE_MONGO_URL"]
+    assert url.startswith(
+        "mongodb://${VANCETOPE_MONGO_GATEWAY_USER:?set it in .env}:${VANCETOPE_MONGO_GATEWAY_PASSWORD:?set it in .env}@mongo:"
+    )
+    mongo = services["mongo"]
+    for var in ("USER", "PASSWORD"):
+        assert (
+            mongo["environment"][f"MONGO_GATEWAY_{var}"]
+            == "${VANCETOPE_MONGO_GATEWAY_" + var + ":?set it in .env}"
+        )
+    assert "./deploy/mongo-init:/docker-entrypoint-initdb.d:ro" in mongo["volumes"]
+    script = (ROOT / "deploy" / "mongo-init" / "10-gateway-reader.js").read_text()
+    assert (
+        "process.env.MONGO_GATEWAY_USER" in script
+        and "process.env.MONGO_GATEWAY_PASSWORD" in script
+    )
+    assert 'roles: [{ role: "read", db: "vancetope" }]' in script
 
 
 def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:

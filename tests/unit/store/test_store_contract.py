@@ -473,12 +473,14 @@ def test_open_store_accepts_mongodb_urls_and_takes_the_database_from_the_path(
     url: str, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Only the parsing is under test: a real MongoStore would wait for a server to make indexes.
-    calls: list[tuple[str, str]] = []
+    calls: list[tuple[str, str, bool]] = []
     monkeypatch.setattr(
-        "brain.store.mongo.MongoStore", lambda url, *, database: calls.append((url, database))
+        "brain.store.mongo.MongoStore",
+        lambda url, *, database, read_only: calls.append((url, database, read_only)),
     )
     open_store(url)
-    assert calls == [(url, database)]
+    open_store(url, read_only=True)
+    assert calls == [(url, database, False), (url, database, True)]
 
 
 @pytest.mark.parametrize(
@@ -684,3 +686,15 @@ def test_a_read_only_sqlite_store_reads_and_refuses_every_write(tmp_path: Path) 
         writer.close()
     with pytest.raises(StoreError, match="does not exist"):
         SQLiteStore(tmp_path / "absent.db", read_only=True)
+
+
+def test_a_read_only_mongodb_store_creates_no_index() -> None:
+    """The gateway's MongoDB user has the read role only: createIndex would fail on its open."""
+    client = mongomock.MongoClient()
+    try:
+        MongoStore(client=client, read_only=True)
+        assert client["vancetope"].list_collection_names() == []
+        MongoStore(client=client)  # a writer makes them
+        assert "tree_id_1" in client["vancetope"]["trees"].index_information()
+    finally:
+        client.close()
