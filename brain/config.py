@@ -20,6 +20,7 @@ from brain.pools import PoolSpec, check_unique
 from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
+from workers.sandbox import SandboxMode
 from workers.tools.http_headers import HttpHeaders
 from workers.tools.netguard import HttpAllow
 from workers.urls import check_redis_url
@@ -149,6 +150,9 @@ class Settings(BaseModel):
     # Bytes a client may keep in Redis under its own keys c:<id>:* (MEMORY USAGE, measured by
     # the reconciler): over it the client is suspended, and told why, until it is back under.
     client_quota_bytes: int = Field(default=64 * 1024 * 1024, ge=64 * 1024)
+    # Server-side MCP servers in bubblewrap, without the data dir (workers.sandbox): auto uses it
+    # when it runs here, bwrap insists, none never.
+    mcp_sandbox: SandboxMode = "auto"
     # The `[[schedules]]` tables of vancetope.toml (brain.schedules); env: their JSON.
     schedules: tuple[Schedule, ...] = ()
 

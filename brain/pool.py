@@ -11,6 +11,7 @@ import os
 from brain import vault
 from brain.config import load_settings
 from brain.recorder import InlineRecorder
+from workers import sandbox
 from workers.app import app
 from workers.pool_presence import PoolPresence
 from workers.proc_guard import protect_process
@@ -43,7 +44,9 @@ run_tool = register(
     task_events=settings.task_events,
 )
 # Everything is read: the credentials leave the environment, and the pool's memory and
-# /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard).
+# /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard); they
+# start in bubblewrap without the data dir where it runs (workers.sandbox).
 protect_process("server pool")
+sandbox.install_chosen(settings.mcp_sandbox, [settings.data_dir])
 
 __all__ = ["app", "run_tool"]

@@ -23,6 +23,7 @@ from brain.config import load_settings
 from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
 from brain.submit_queue import submit_consumer
+from workers import sandbox
 from workers.app import app
 from workers.contracts import (
     PUBLISH_CALL_TASK,
@@ -53,6 +54,7 @@ def get_brain() -> Brain:
         # Before discovery starts the MCP servers: the credentials leave the environment and
         # this process's memory is closed to its children (workers.proc_guard).
         protect_process("brain")
+        sandbox.install_chosen(settings.mcp_sandbox, [settings.data_dir])
         brain = _state["brain"] = start_brain(settings, app.conf.broker_url)
     return brain
 

@@ -35,6 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
 from pydantic import ValidationError
 
+from workers import sandbox
 from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
@@ -156,9 +157,12 @@ class _Session:
         where = f"MCP server {self.name!r}"
         if isinstance(spec, StdioServerSpec):
             assert self.stderr is not None
+            command, args = spec.command, list(spec.args)
+            if (confined := sandbox.current()) is not None:  # server side only (workers.sandbox)
+                command, args = confined.wrap(command, args)
             params = StdioServerParameters(
-                command=spec.command,
-                args=list(spec.args),
+                command=command,
+                args=args,
                 # The whole environment, not added to ours: no VANCETOPE_* (Redis URL, store,
                 # vault key) reaches a server (workers.tools.process.mcp_server_env).
                 env=mcp_server_env(resolve_values(spec.env, f"{where} env")),

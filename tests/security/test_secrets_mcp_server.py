@@ -27,6 +27,7 @@ from brain.stack import EmbeddedStack
 from brain.store import open_store
 from brain.vault import Vault, load_keys
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
+from workers.sandbox import choose
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +102,17 @@ def test_a_server_side_mcp_server_finds_no_stack_credential_in_any_environment(
         seen = json.dumps({k: v for k, v in found.items() if k != "files"})
         leaked = [name for name, value in credentials.items() if value in seen]
         assert leaked == [], f"the MCP server read {leaked} from an environment"
-    # The files are owner-only; a server running as the stack's own user can still open them
-    # (docs/security.md, "Server-side MCP servers").
     assert admin_file.stat().st_mode & 0o777 == 0o600
+    # In bubblewrap (mcp_sandbox = auto, where it runs) the data dir is an empty folder for it:
+    # the admin secret, vault key and store do not exist there (workers.sandbox). Without
+    # bubblewrap a server running as the stack's own user can still open them.
+    sandboxed, _ = choose("auto", [data])
+    if os.environ.get("VANCETOPE_TEST_REQUIRE_BWRAP") == "1":
+        assert sandboxed is not None, "bubblewrap must run here (CI installs it)"
+    for found in [*started, from_task]:
+        read = found["files"][str(admin_file)]
+        if sandboxed is not None:
+            assert read.startswith("ERROR FileNotFoundError"), read
+            assert credentials["admin"] not in read
+        else:
+            assert credentials["admin"] in read
