@@ -72,6 +72,19 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("VANCETOPE_")}
 
 
+def status_json(tree_id: str, data: Path) -> str:
+    """What ``vancetope status TREE --json`` prints for the stack with its data in ``data``."""
+    return subprocess.run(
+        [sys.executable, "-m", "brain", "status", tree_id, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
+        check=True,
+    ).stdout
+
+
 def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
     tmp_path: Path, echo_server: int, brain_factory: Any
 ) -> None:
@@ -152,16 +165,8 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
         assert tasks["leak"].state.value == "failed"
         assert "failed while holding ***" in tasks["leak"].error.message, tasks["leak"].error
 
-        status_json = subprocess.run(
-            [sys.executable, "-m", "brain", "status", record.tree_id, "--json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
-            check=True,
-        ).stdout
-        assert "***" in status_json and CANARY not in status_json
+        shown = status_json(record.tree_id, data)
+        assert "***" in shown and CANARY not in shown
 
         # Flower saw every task (its events) and shows no copy either.
         def flower_tasks() -> bytes:

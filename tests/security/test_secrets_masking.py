@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,8 @@ from typing import Any
 import pytest
 
 from brain.stack import EmbeddedStack
-from tests.conftest import FIXTURES, ROOT, make_settings, tree, wait_for_tree, write_mcp_config
-from tests.integration.test_vault import _env, secrets_cli
+from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
+from tests.integration.test_vault import secrets_cli, status_json
 
 pytestmark = pytest.mark.integration
 
@@ -69,18 +68,10 @@ def test_a_secret_echoed_cut_reversed_or_encoded_is_masked_everywhere(
         for how, value in results.items():
             assert "***" in value and LEAKED[how] not in value, (how, value)
         assert results["truncated"] == results["reversed"] == results["hex"] == results["base64"] == "***"
-        status_json = subprocess.run(
-            [sys.executable, "-m", "brain", "status", record.tree_id, "--json"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
-            check=True,
-        ).stdout
-        shown = {t["task_id"]: t.get("result") for t in json.loads(status_json)["tasks"]}
+        printed = status_json(record.tree_id, data)
+        shown = {t["task_id"]: t.get("result") for t in json.loads(printed)["tasks"]}
         assert shown == results
-        assert not [how for how, leaked in LEAKED.items() if leaked in status_json]
+        assert not [how for how, leaked in LEAKED.items() if leaked in printed]
     finally:
         stack.stop()
     files = [path for path in sorted(data.rglob("*")) if path.is_file()]
