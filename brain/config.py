@@ -204,6 +204,20 @@ class Settings(BaseModel):
         return env
 
 
+def sandbox_hidden(settings: Settings, cwd: Path | None = None) -> list[Path]:
+    """What a server-side MCP server's sandbox hides (workers.sandbox): the data dir (admin
+    secret, vault key, store, Flower's password), and wherever else the settings put one of
+    those or hold credentials: the vault key file, a SQLite store, ``vancetope.toml``; and the
+    files that say what the stack runs (the ``mcpServers`` file, whose ``env`` may name any
+    ``${vault:…}``, and the registry), which a server could otherwise rewrite under ``/tmp``."""
+    hidden = [settings.data_dir, settings.vault_key_file or settings.data_dir / "vault.key"]
+    hidden += [path for path in (settings.mcp_config, settings.registry) if path is not None]
+    if settings.store.startswith("sqlite:///"):
+        store = Path(settings.store.removeprefix("sqlite:///"))
+        hidden += [store, store.with_name(store.name + "-wal"), store.with_name(store.name + "-shm")]
+    return [*hidden, (cwd or Path.cwd()) / CONFIG_FILE]
+
+
 def load_settings(
     env: Mapping[str, str] | None = None, cwd: Path | None = None, **overrides: object
 ) -> Settings:

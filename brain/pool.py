@@ -9,7 +9,7 @@ import logging
 import os
 
 from brain import vault
-from brain.config import load_settings
+from brain.config import load_settings, sandbox_hidden
 from brain.recorder import InlineRecorder
 from workers import sandbox
 from workers.app import app
@@ -47,6 +47,6 @@ run_tool = register(
 # /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard); they
 # start in bubblewrap without the data dir where it runs (workers.sandbox).
 protect_process("server pool")
-sandbox.install_chosen(settings.mcp_sandbox, [settings.data_dir])
+sandbox.install_chosen(settings.mcp_sandbox, sandbox_hidden(settings))
 
 __all__ = ["app", "run_tool"]

@@ -19,7 +19,7 @@ from typing import Any
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 from pydantic import ValidationError
 
-from brain.config import load_settings
+from brain.config import load_settings, sandbox_hidden
 from brain.errors import BrainError
 from brain.service import Brain, run_background, start_brain
 from brain.submit_queue import submit_consumer
@@ -54,7 +54,7 @@ def get_brain() -> Brain:
         # Before discovery starts the MCP servers: the credentials leave the environment and
         # this process's memory is closed to its children (workers.proc_guard).
         protect_process("brain")
-        sandbox.install_chosen(settings.mcp_sandbox, [settings.data_dir])
+        sandbox.install_chosen(settings.mcp_sandbox, sandbox_hidden(settings))
         brain = _state["brain"] = start_brain(settings, app.conf.broker_url)
     return brain
 

@@ -9,13 +9,20 @@ user's password derives from it), ``vault.key``, the SQLite store, ``flower.secr
 With ``mcp_sandbox = "auto"`` (the default) and bubblewrap (``bwrap``) on the machine, each
 such server starts inside ``bwrap``:
 
-- ``--dev-bind / /``: the same filesystem, so the server runs as it would without;
-- ``--tmpfs <data_dir>``: an empty folder in place of the stack's data dir, so none of those
-  files exist for it;
+- ``--ro-bind / /``: the same filesystem, read-only, so the server runs as it would but cannot
+  rewrite what the stack runs next (the ``mcpServers`` file, whose ``env`` may name any
+  ``${vault:…}``; ``vancetope.toml``; the registry; a ``.pth`` file in site-packages);
+  ``--dev /dev`` and ``--bind /tmp /tmp``: devices, and ``/tmp`` writable as usual;
+- ``--tmpfs`` over each hidden folder (the data dir: an empty folder in its place) and
+  ``/dev/null`` over each hidden file (the vault key file, ``vancetope.toml``, a SQLite store
+  kept elsewhere), so none of them can be read;
 - ``--unshare-pid --proc /proc``: it sees its own processes only, not the pool's
   ``/proc/<pid>/environ`` or ``mem``;
 - ``--die-with-parent`` (it ends with its worker) and ``--new-session`` (it cannot push
   keystrokes into a terminal).
+
+A server that must write somewhere writes under ``/tmp`` (``TMPDIR``); keep the stack's own
+files out of ``/tmp``, which stays writable.
 
 ``"bwrap"`` insists (a server is not started without it), ``"none"`` starts servers as they
 are. ``auto`` uses bwrap only if it runs here (one probe at start: unprivileged user
@@ -47,30 +54,35 @@ class SandboxUnavailable(WorkerError):
 
 @dataclass(frozen=True)
 class Sandbox:
-    """How to start a server-side MCP server: inside ``bwrap``, with ``hidden`` folders empty."""
+    """How to start a server-side MCP server: inside ``bwrap``, with ``hidden`` folders empty
+    and ``masked`` files unreadable."""
 
     bwrap: str
     hidden: tuple[str, ...]
+    masked: tuple[str, ...] = ()
 
     def wrap(self, command: str, args: Sequence[str]) -> tuple[str, list[str]]:
         """The command line that runs ``command args`` in the sandbox."""
-        return self.bwrap, [*bwrap_options(self.hidden), "--", command, *args]
+        return self.bwrap, [*bwrap_options(self.hidden, self.masked), "--", command, *args]
 
 
-def bwrap_options(hidden: Sequence[str]) -> list[str]:
-    """bubblewrap's options: the whole filesystem, an empty tmpfs over each hidden folder, a PID
-    namespace with its own /proc, gone with its parent, in a session of its own."""
-    options = ["--dev-bind", "/", "/"]
+def bwrap_options(hidden: Sequence[str], masked: Sequence[str] = ()) -> list[str]:
+    """bubblewrap's options: the whole filesystem read-only but devices and /tmp, an empty tmpfs
+    over each hidden folder, /dev/null over each masked file, a PID namespace with its own /proc,
+    gone with its parent, in a session of its own."""
+    options = ["--ro-bind", "/", "/", "--dev", "/dev", "--bind", "/tmp", "/tmp"]
     for folder in hidden:
         options += ["--tmpfs", folder]
+    for file in masked:
+        options += ["--ro-bind", "/dev/null", file]
     return [*options, "--unshare-pid", "--proc", "/proc", "--die-with-parent", "--new-session"]
 
 
-def probe(bwrap: str, hidden: Sequence[str]) -> str | None:
+def probe(bwrap: str, hidden: Sequence[str], masked: Sequence[str] = ()) -> str | None:
     """None if ``bwrap`` runs a command with these options here, else why not."""
     try:
         proc = subprocess.run(
-            [bwrap, *bwrap_options(hidden), "--", "true"],
+            [bwrap, *bwrap_options(hidden, masked), "--", "true"],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -87,19 +99,23 @@ def choose(
     mode: SandboxMode,
     hidden: Sequence[Path],
     which: Callable[[str], str | None] = shutil.which,
-    try_it: Callable[[str, Sequence[str]], str | None] = probe,
+    try_it: Callable[[str, Sequence[str], Sequence[str]], str | None] = probe,
 ) -> tuple[Sandbox | None, str]:
-    """The sandbox for ``mode`` and a line saying what was decided. Only folders that exist are
-    hidden (bwrap mounts over a folder, it does not make one)."""
+    """The sandbox for ``mode`` and a line saying what was decided. ``hidden`` folders become
+    empty, ``hidden`` files unreadable; only what exists is hidden (bwrap mounts over a path, it
+    does not make one, and what does not exist holds no secret)."""
     if mode == "none":
         return None, "server-side MCP servers run without a sandbox (mcp_sandbox = none)"
-    folders = tuple(str(p.resolve()) for p in hidden if p.is_dir())
+    folders = tuple(dict.fromkeys(str(p.resolve()) for p in hidden if p.is_dir()))
+    files = tuple(dict.fromkeys(str(p.resolve()) for p in hidden if p.is_file()))
     found = which("bwrap")
-    why = "bubblewrap (bwrap) is not installed" if found is None else try_it(found, folders)
+    why = "bubblewrap (bwrap) is not installed" if found is None else try_it(found, folders, files)
     if found is not None and why is None:
-        return Sandbox(
-            found, folders
-        ), f"server-side MCP servers run in bubblewrap, without {', '.join(folders)}"
+        unseen = ", ".join((*folders, *files)) or "nothing hidden"
+        line = (
+            f"server-side MCP servers run in bubblewrap, the filesystem read-only but /tmp, without {unseen}"
+        )
+        return Sandbox(found, folders, files), line
     if mode == "bwrap":
         raise SandboxUnavailable(
             f"mcp_sandbox = bwrap, but {why}: install bubblewrap (apt-get install bubblewrap), allow "

@@ -86,7 +86,8 @@ def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
     # the sender is suspended for it, and only the sender
     assert any(
-        "client 'mallory' misbehaves: sent a message nested 10001 deep" in r.getMessage() for r in caplog.records
+        "client 'mallory' misbehaves: sent a message nested 10001 deep" in r.getMessage()
+        for r in caplog.records
     )
     mark = brain.clients.misbehaving.get("mallory")
     assert mark is not None and "nested 10001 deep" in mark.shown()

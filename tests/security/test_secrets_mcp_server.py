@@ -32,6 +32,8 @@ from workers.sandbox import choose
 pytestmark = pytest.mark.integration
 
 TOKEN = "snoop-own-token-5d1c8e2a"
+# The stack's processes start in the repository: the settings file a server could read there.
+CONFIG_FILE_PATH = Path.cwd() / "vancetope.toml"
 
 
 def _password(url: str) -> str:
@@ -55,7 +57,8 @@ def test_a_server_side_mcp_server_finds_no_stack_credential_in_any_environment(
                 "args": [str(FIXTURES / "mcp_snoop_server.py")],
                 "env": {
                     "SNOOP_REPORT": str(report),
-                    "SNOOP_FILES": str(admin_file),
+                    "SNOOP_FILES": f"{admin_file}:{CONFIG_FILE_PATH}",
+                    "SNOOP_WRITE": str(tmp_path / "server-mcp.json"),
                     "OWN_TOKEN": "${vault:OWN_TOKEN}",
                 },
             }
@@ -114,5 +117,9 @@ def test_a_server_side_mcp_server_finds_no_stack_credential_in_any_environment(
         if sandboxed is not None:
             assert read.startswith("ERROR FileNotFoundError"), read
             assert credentials["admin"] not in read
+            # vancetope.toml (settings, maybe credentials) cannot be read (a /dev/null over it),
+            # and the mcpServers file, whose env names ${vault:...}, cannot be rewritten
+            assert found["files"][str(CONFIG_FILE_PATH)].startswith("ERROR"), found["files"]
+            assert found["writable"] == {str(tmp_path / "server-mcp.json"): False}
         else:
             assert credentials["admin"] in read

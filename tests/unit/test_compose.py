@@ -105,10 +105,7 @@ def test_compose_gives_the_gateway_a_mongodb_user_that_may_only_read() -> None:
         )
     assert "./deploy/mongo-init:/docker-entrypoint-initdb.d:ro" in mongo["volumes"]
     script = (ROOT / "deploy" / "mongo-init" / "10-gateway-reader.js").read_text()
-    assert (
-        "process.env.MONGO_GATEWAY_USER" in script
-        and "process.env.MONGO_GATEWAY_PASSWORD" in script
-    )
+    assert "process.env.MONGO_GATEWAY_USER" in script and "process.env.MONGO_GATEWAY_PASSWORD" in script
     assert 'roles: [{ role: "read", db: "vancetope" }]' in script
 
 
