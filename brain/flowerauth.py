@@ -44,8 +44,7 @@ class FlowerUnprotected(ConfigError):
         self.address = address
         super().__init__(
             f"flower not started on {address}: {problem}. Set {BASIC_AUTH_VARIABLE}=user:password, "
-            f"or leave it unset to use user {FLOWER_USER!r} with a generated password, "
-            "or listen on 127.0.0.1 (--flower-address)"
+            f"or leave it unset to use user {FLOWER_USER!r} with a generated password"
         )
 
 

@@ -107,7 +107,14 @@ def choose(
     if mode == "none":
         return None, "server-side MCP servers run without a sandbox (mcp_sandbox = none)"
     folders = tuple(dict.fromkeys(str(p.resolve()) for p in hidden if p.is_dir()))
-    files = tuple(dict.fromkeys(str(p.resolve()) for p in hidden if p.is_file()))
+    # A file inside a hidden folder is gone with it already.
+    files = tuple(
+        dict.fromkeys(
+            str(p.resolve())
+            for p in hidden
+            if p.is_file() and not any(p.resolve().is_relative_to(folder) for folder in folders)
+        )
+    )
     found = which("bwrap")
     why = "bubblewrap (bwrap) is not installed" if found is None else try_it(found, folders, files)
     if found is not None and why is None:

@@ -60,7 +60,8 @@ def test_the_sandbox_is_chosen_by_mode_and_by_what_runs_here(
 ) -> None:
     (tmp_path / "data").mkdir()
     (tmp_path / "vault.key").write_text("k")
-    hidden = [tmp_path / "data", tmp_path / "vault.key", tmp_path / "absent"]
+    (tmp_path / "data" / "store.db").write_text("")
+    hidden = [tmp_path / "data", tmp_path / "vault.key", tmp_path / "data" / "store.db", tmp_path / "absent"]
     sandbox, line = choose(mode, hidden, which=which, try_it=probe)  # type: ignore[arg-type]
     assert (sandbox is not None) is sandboxed and said in line
     if sandbox is not None:  # what does not exist is not mounted over
