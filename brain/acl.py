@@ -1,6 +1,6 @@
 """Per-client Redis credentials (layer: brain; pure rules, then the Redis glue).
 
-DESIGN decision 7: each client agent connects as its own Redis ACL user, confined to
+docs/security.md ("A workstation"): each client agent connects as its own Redis ACL user, confined to
 its own keys ``c:<id>:*``, no pub/sub channel, and only the commands the agent uses.
 The store holds the enrollment and the SHA-256 of the client's secret; the ACL user is
 derived from it (``ACL SETUSER ... #<sha256>``), so a Redis restart or flush loses
@@ -39,7 +39,7 @@ CLIENT_USER_PREFIX = "vtc-"
 
 # What a client agent sends: its kombu/Celery worker on the c:<id>: prefix, its
 # outbox/ack/heartbeat channel, the run_tool task's cancel and running marks. This is
-# RELIABILITY.md's list (seen working) plus incrby/sismember, with nothing outside the
+# the list seen working with celery and kombu 5.7 plus incrby/sismember, with nothing outside the
 # data-structure and transaction families. No scripting (EVAL, EVALSHA, SCRIPT, FUNCTION,
 # FCALL): a script runs to its end with Redis serving nobody else, so one busy loop stopped
 # every user's work (issue 20, H3); what the agent does atomically is a MULTI/EXEC
@@ -63,7 +63,7 @@ CLIENT_COMMANDS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-# The stack's own processes, each with only what it needs (DESIGN decision 7). The brain
+# The stack's own processes, each with only what it needs (docs/security.md, "The parties"). The brain
 # manages client users, so it may run ACL SETUSER/DELUSER; nothing else may. The server
 # pool and Flower never see a client's keys. No component may FLUSHALL, CONFIG, KEYS,
 # MONITOR or DEBUG (-@dangerous). Operators: compose.yaml gives the same rules.
@@ -169,7 +169,7 @@ class AclUsers:
 
     def revoke(self, client_id: str) -> bool:
         """Delete the client's ACL user, which also closes its open connections (a disabled user's
-        connections would stay open: RELIABILITY.md)."""
+        connections would stay open)."""
         deleted = bool(self.r.execute_command("ACL", "DELUSER", client_username(client_id)))
         self._save()
         return deleted

@@ -18,6 +18,7 @@ from __future__ import annotations
 import redis
 
 from brain.client_health import usage_by_client
+from brain.hotstate import as_text
 from workers.contracts import client_key, client_keys_match
 
 SCAN_COUNT = 1000
@@ -50,7 +51,7 @@ def free_client_keys(r: redis.Redis, client_id: str, keep: frozenset[str] = froz
     cursor: int = 0
     while True:
         cursor, keys = r.scan(cursor, match=client_key(client_id, "*"), count=SCAN_COUNT)
-        doomed = [k for k in keys if (k.decode() if isinstance(k, bytes) else k) not in keep]
+        doomed = [k for k in keys if as_text(k) not in keep]
         if doomed:
             deleted += int(r.unlink(*doomed))
         if cursor == 0:

@@ -2,7 +2,7 @@
 ``celery -A brain.flowerapp flower``. It is the server pool's app, plus two changes to Flower.
 
 Flower's ``/api/workers`` answers from ``inspect`` broadcasts only, and client agents run
-with remote control off (DESIGN.md decision 7), so it omitted them while the dashboard,
+with remote control off (docs/security.md, "A workstation"), so it omitted them while the dashboard,
 built from events, listed them (the brain sends their worker events, ``brain.events``).
 Here ``/api/workers`` also lists each worker the dashboard shows that did not answer
 ``inspect``, with the fields the dashboard has for it and ``"source": "events"``. Workers
