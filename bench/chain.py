@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common import Row, redis_only_stack
 from bench.rigs import baseline_on, echo_tree, vancetope_on
-from brain.models import TaskRecord
+from brain.core.models import TaskRecord
 
 NAME = "chain"
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from bench import celery_baseline
 from bench.common import BenchError, Row, bench_settings, percentile, start_vancetope
 from bench.rigs import Vancetope, baseline_on
-from brain.models import SessionKind, TaskTree
+from brain.core.models import SessionKind, TaskTree
 from brain.service import Brain
 from brain.stack import EmbeddedStack
 

@@ -29,7 +29,7 @@ from celery import chord
 from bench import celery_baseline
 from bench.common import Row, redis_only_stack
 from bench.rigs import baseline_on, vancetope_on
-from brain.models import TaskTree
+from brain.core.models import TaskTree
 
 NAME = "fan_in_1000"
 QUEUE = "bench-chord"

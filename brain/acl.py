@@ -17,8 +17,8 @@ from collections.abc import Iterable
 
 import redis
 
+from brain.core.models import Enrollment
 from brain.hotstate import as_text
-from brain.models import Enrollment
 from workers.contracts import (
     GATEWAY_QUEUE,
     KEY_NS,

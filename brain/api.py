@@ -29,14 +29,14 @@ import redis
 from pydantic import BaseModel, ConfigDict
 
 from brain.config import Settings, load_settings
+from brain.core.limits import check_tree_data
+from brain.core.models import SessionKind, TaskRecord, TaskTree, TreeRecord, TreeStatus
+from brain.core.report import tree_report
+from brain.core.submission import check_submission
+from brain.core.treefile import load_tree, tree_from_data
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
-from brain.limits import check_tree_data
-from brain.models import SessionKind, TaskRecord, TaskTree, TreeRecord, TreeStatus
-from brain.report import tree_report
 from brain.service import Brain
 from brain.stack import EmbeddedStack, running_stack_url, without_agent
-from brain.submission import check_submission
-from brain.treefile import load_tree, tree_from_data
 from workers.contracts import channel_tree_events, client_queue
 
 log = logging.getLogger("vancetope.api")

@@ -24,8 +24,8 @@ from typing import Any
 from celery.beat import ScheduleEntry, Scheduler
 
 from brain.config import Settings, load_settings
+from brain.core.schedules import Schedule, fires_to_catch_up
 from brain.errors import BrainError
-from brain.schedules import Schedule, fires_to_catch_up
 from brain.store import Store, open_store
 from workers.app import app
 from workers.contracts import BRAIN_QUEUE, RUN_SCHEDULE_TASK, ScheduleFire

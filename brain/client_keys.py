@@ -2,7 +2,7 @@
 
 One pipeline, never raising on a refused command (``raise_on_error=False``): a client
 that turned one of its keys into another type makes its own reply an error, and every
-other client's replies are still read. The verdicts are ``brain.client_health``'s.
+other client's replies are still read. The verdicts are ``brain.core.client_health``'s.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.client_health import MAX_HEARTBEAT_BYTES, Beat, Cause, read_heartbeat, type_causes, typed_keys
+from brain.core.client_health import MAX_HEARTBEAT_BYTES, Beat, Cause, read_heartbeat, type_causes, typed_keys
 from workers.contracts import CLIENT_HEARTBEAT, client_key
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import redis
 
-from brain.client_health import usage_by_client
+from brain.core.client_health import usage_by_client
 from brain.hotstate import as_text
 from workers.contracts import client_key, client_keys_match
 

@@ -16,15 +16,16 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from brain.client_health import QUOTA_KIND, Cause
 from brain.client_keys import read_client_keys
+from brain.core.client_health import QUOTA_KIND, Cause
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.routing import Presence
+from brain.core.sessions import ClientSession, check_announcement
 from brain.events import ClientEvents
 from brain.hotstate import ClientKeyUnreadable, HotState
 from brain.misbehaving import MisbehavingBook
-from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.parked import ParkedRef, ParkedWork
-from brain.presence import ClientSession, PresenceBook, check_announcement
-from brain.routing import Presence
+from brain.presence import PresenceBook
 from brain.scheduler import PARKED
 from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from brain.core.pools import PoolSpec, check_unique
+from brain.core.schedules import Schedule, parse_schedules
+from brain.core.treefile import MAX_TREE_BYTES
 from brain.errors import ConfigError
-from brain.pools import PoolSpec, check_unique
-from brain.schedules import Schedule, parse_schedules
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.sandbox import SandboxMode
@@ -27,8 +28,6 @@ from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
-# Default of max_tree_bytes: far above any hand-written tree or registry file.
-MAX_TREE_BYTES = 4 * 1024 * 1024
 
 
 class Settings(BaseModel):
@@ -60,7 +59,7 @@ class Settings(BaseModel):
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.
     max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)
-    # Issue 20 (brain.limits): a tree's tasks, and a user's unfinished tasks over all their running
+    # Issue 20 (brain.core.limits): a tree's tasks, and a user's unfinished tasks over all their running
     # trees, on every way in. 50,000 = five trees of the largest size: a night batch of thousands
     # fits many times, while one submitter can no longer fill the pool for everyone else.
     max_tasks_per_tree: int = Field(default=10_000, gt=0)
@@ -119,7 +118,7 @@ class Settings(BaseModel):
     vault_key: str | None = Field(default=None, repr=False)
     # The vault's key file when vault_key is unset (default: <data_dir>/vault.key, mode 0600).
     vault_key_file: Path | None = None
-    # Named server pools: the top-level [[pools]] tables of vancetope.toml (brain.pools), or
+    # Named server pools: the top-level [[pools]] tables of vancetope.toml (brain.core.pools), or
     # VANCETOPE_POOLS as a JSON list of them. The default pool is always there.
     pools: tuple[PoolSpec, ...] = ()
 
@@ -153,7 +152,7 @@ class Settings(BaseModel):
     # Server-side MCP servers in bubblewrap, without the data dir (workers.sandbox): auto uses it
     # when it runs here, bwrap insists, none never.
     mcp_sandbox: SandboxMode = "auto"
-    # The `[[schedules]]` tables of vancetope.toml (brain.schedules); env: their JSON.
+    # The `[[schedules]]` tables of vancetope.toml (brain.core.schedules); env: their JSON.
     schedules: tuple[Schedule, ...] = ()
 
     @field_validator("schedules", mode="before")

@@ -16,7 +16,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from brain.models import Progress, TaskRecord, TaskState, TreeRecord
+from brain.core.models import Progress, TaskRecord, TaskState, TreeRecord
 from brain.queues import QueuesReport
 
 STATE_STYLE = {

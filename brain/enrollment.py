@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from brain.acl import AclUsers, client_username, new_secret, secret_sha256
 from brain.clientwork import ClientWork
-from brain.models import Enrollment
+from brain.core.models import Enrollment
 from brain.presence import PresenceBook
 from workers.urls import with_credentials
 

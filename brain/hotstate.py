@@ -18,6 +18,8 @@ import redis
 from brain.errors import BrainError
 from workers.contracts import (
     CLIENT_OUTBOX,
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
     RECORD_RESULT_TASK,
     channel_tree_events,
     client_key,
@@ -29,10 +31,6 @@ from workers.contracts import (
     key_tree_running,
 )
 
-# kombu's Redis transport keeps in-flight (reserved, unacked) messages in this hash,
-# with delivery times in the sorted set beside it.
-KOMBU_UNACKED = "unacked"
-KOMBU_UNACKED_INDEX = "unacked_index"
 # How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
 # one reply (it stalls Redis for everyone, PERFORMANCE.md).
 READ_CHUNK = 1000

@@ -13,7 +13,7 @@ import logging
 import redis
 from pydantic import ValidationError
 
-from brain.client_health import QUOTA_KIND, Cause, Mark
+from brain.core.client_health import QUOTA_KIND, Cause, Mark
 from brain.hotstate import as_text
 from workers.contracts import key_misbehaving
 

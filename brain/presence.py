@@ -13,71 +13,23 @@ import time
 from collections.abc import Mapping
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from brain.client_keys import KeyReading, read_client_keys
+from brain.core.models import Enrollment
+from brain.core.routing import ClientView, Presence
+from brain.core.sessions import ClientSession
 from brain.hotstate import KOMBU_UNACKED, as_text, is_wrong_type
-from brain.models import Enrollment
-from brain.routing import ClientView, Presence
 from brain.store import Store
-from brain.toolnames import qualified
 from brain.toolpins import ToolPins
 from workers.contracts import (
-    MAX_ANNOUNCED_TOOLS,
     ClientConnected,
-    ClientType,
-    ToolDescriptor,
     client_key,
     client_queue,
     key_presence,
 )
 
 log = logging.getLogger("vancetope.brain")
-
-
-class ClientSession(BaseModel):
-    """A connected client: its accepted announcement."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    client_id: str
-    user: str
-    session_id: str
-    client_type: ClientType
-    tools: list[ToolDescriptor] = Field(default_factory=list)
-    connected_at: float
-    # Announced with a definition that changed since it was pinned: not routed to until
-    # `vancetope clients approve-tools` (brain.toolpins).
-    held_tools: list[ToolDescriptor] = Field(default_factory=list)
-
-    def tool(self, name: str) -> ToolDescriptor | None:
-        """The announced tool ``name`` names: its bare name, or ``<mcp server>/<tool>``."""
-        return next((t for t in self.tools if name in names_of(t)), None)
-
-    def tool_names(self) -> frozenset[str]:
-        """Every name a task may use for this client's tools (brain.toolnames)."""
-        return frozenset(n for t in self.tools for n in names_of(t))
-
-
-def names_of(tool: ToolDescriptor) -> tuple[str, ...]:
-    """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
-    means whatever else (a built-in, another server) shares its bare name."""
-    return (tool.name, qualified(tool.mcp_server, tool.name)) if tool.mcp_server else (tool.name,)
-
-
-def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:
-    """Why an announcement is refused, or None. Pure: the relay logs and acks the answer."""
-    if enrollment is None:
-        return f"client {owner!r} is not enrolled; run `vancetope clients enroll {owner} --user NAME` on the brain"
-    if msg.client_id != owner:
-        return f"announcement names client {msg.client_id!r} but came through {owner!r}'s outbox"
-    if len(msg.available_tools) > MAX_ANNOUNCED_TOOLS:
-        return f"{len(msg.available_tools)} tools announced; at most {MAX_ANNOUNCED_TOOLS}"
-    names = [t.name for t in msg.available_tools]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        return f"tools announced twice: {', '.join(dupes)}"
-    return None
 
 
 class PresenceBook:

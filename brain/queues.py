@@ -15,8 +15,8 @@ from collections.abc import Collection, Mapping
 import redis
 from pydantic import BaseModel, ConfigDict, computed_field
 
-from brain.client_health import reply_cause, typed_keys
 from brain.config import Settings
+from brain.core.client_health import reply_cause, typed_keys
 from brain.hotstate import KOMBU_UNACKED, HotState
 from brain.misbehaving import MisbehavingBook
 from brain.parked import ParkedWork

@@ -38,11 +38,11 @@ from typing import Any
 from celery import Celery
 
 from brain.config import Settings, load_settings
+from brain.core.routing import route_without_presence
+from brain.core.snapshot import RegistrySnapshot
 from brain.dispatch import Publisher, args_summary
 from brain.events import ClientEvents
 from brain.hotstate import HotState
-from brain.registry import RegistrySnapshot
-from brain.routing import route_without_presence
 from brain.scheduler import Scheduler
 from brain.store import open_store
 from workers.contracts import (

@@ -1,7 +1,7 @@
 """The brain's server-side registry (layer: brain, glue around pure merging).
 
 Built-ins + tools discovered from the brain's ``mcpServers`` (location ``server``)
-+ the registry file, merged by ``brain.treefile.merge_registry``. The snapshot is
++ the registry file, merged by ``brain.core.treefile.merge_registry``. The snapshot is
 published in Redis so the CLI validates trees against what the brain really has.
 """
 
@@ -10,46 +10,19 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from brain.config import Settings
+from brain.core.models import Location, ToolSpec
+from brain.core.pools import registry_pool_problems
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import place, qualified
+from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
-from brain.models import Location, ToolSpec
-from brain.pools import registry_pool_problems
-from brain.routing import Engine
-from brain.toolnames import clash_lines, place, qualified
-from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from workers.contracts import MCPServerFailure
 from workers.mcp_clients import MCPClientManager
 from workers.mcp_config import load_mcp_config, skipped_servers
 from workers.tools.builtin import builtin_descriptors
 
 DISCOVERY_TIMEOUT_S = 30.0
-
-
-class RegistrySnapshot(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    tools: dict[str, ToolSpec] = Field(default_factory=dict)
-    engines: dict[str, Engine] = Field(default_factory=dict)
-    mcp_failures: list[MCPServerFailure] = Field(default_factory=list)
-    # bare tool name -> who offers it, when several do (brain.toolnames)
-    clashes: dict[str, list[str]] = Field(default_factory=dict)
-    # The named server pools the brain routes to (the default pool is always there).
-    pools: list[str] = Field(default_factory=list)
-    # When this snapshot was built, and what changed from the one before (brain.reload).
-    loaded_at: float = 0.0
-    changes: list[str] = Field(default_factory=list)
-
-    def failure_hint(self, tool: str | None = None) -> str:
-        """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""
-        hint = ""
-        if tool is not None and tool in self.clashes:
-            hint += f"; {clash_lines({tool: self.clashes[tool]})[0]}"
-        if self.mcp_failures:
-            names = ", ".join(f"{f.server!r} ({f.message})" for f in self.mcp_failures)
-            hint += f"; note: MCP server(s) failed to start: {names}"
-        return hint
 
 
 def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnapshot:

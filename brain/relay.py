@@ -31,8 +31,8 @@ from typing import TypeVar
 import redis
 from pydantic import ValidationError
 
-from brain.client_health import Cause, reply_cause
 from brain.clientwork import ClientWork
+from brain.core.client_health import Cause, reply_cause
 from brain.events import HEARTBEAT_S
 from brain.hotstate import as_bytes, as_text
 from brain.scheduler import Scheduler

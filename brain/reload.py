@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from brain.config import Settings
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import clash_lines
 from brain.errors import BrainError
-from brain.registry import RegistrySnapshot, build_registry
-from brain.toolnames import clash_lines
+from brain.registry import build_registry
 from workers.contracts import KEY_NS
 from workers.errors import WorkerError
 

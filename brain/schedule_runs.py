@@ -1,7 +1,7 @@
 """Act on schedule fires and summarise scheduled runs (layer: brain, glue around pure decisions).
 
 Beat (``brain.beat``) only says "schedule X fired"; the brain decides here, at submit time,
-what that fire does (``brain.schedules.decide_overlap``) by looking at the store for an
+what that fire does (``brain.core.schedules.decide_overlap``) by looking at the store for an
 unfinished run of X. The look and the submit happen under a Redis lock per schedule
 (``SET NX`` with an expiry, released by compare-and-delete), so two brains, two beats or a
 fire delivered twice never start two runs of an ``overlap = "skip"`` schedule: whoever
@@ -9,7 +9,7 @@ holds the lock second finds the first one's run already in the store. A re-deliv
 also names the same tree id (``run_tree_id``), which the store refuses a second time.
 
 The brain's reconciler calls ``sweep`` every ``reconcile_interval_s``: it starts queued
-fires whose schedule has become free, and makes the summaries (``brain.summary``) of
+fires whose schedule has become free, and makes the summaries (``brain.core.summary``) of
 scheduled runs that ended or passed their schedule's ``deadline_s``. Summaries are made by
 this sweep rather than where a tree finishes because a tree finishes in many processes (the
 brain, a server worker recording a result, the CLI's cancel): the sweep sees every one,
@@ -27,14 +27,14 @@ from contextlib import contextmanager
 
 from pydantic import ValidationError
 
+from brain.core.models import SessionKind, TreeRecord, TreeStatus
+from brain.core.schedules import FireAction, Overlap, Schedule, by_name, decide_overlap, run_tree_id
+from brain.core.submission import check_submission
+from brain.core.summary import RunSummary, SummaryKind, summarise
+from brain.core.treefile import load_tree
 from brain.errors import BrainError
-from brain.models import SessionKind, TreeRecord, TreeStatus
 from brain.scheduler import Scheduler
-from brain.schedules import FireAction, Overlap, Schedule, by_name, decide_overlap, run_tree_id
-from brain.submission import check_submission
-from brain.summary import RunSummary, SummaryKind, summarise
 from brain.summary_sinks import deliver
-from brain.treefile import load_tree
 from workers.contracts import ScheduleFire, key_schedule_lock, key_schedule_queue
 from workers.scripts import lua
 

@@ -2,7 +2,7 @@
 
 ``vancetope schedules [--json]``: each schedule with its last and next fire and its last
 run; ``vancetope status TREE_ID``: the run's summary. Values in, JSON-ready dicts and rich
-renderables out; the JSON shape is a contract like ``brain.report``'s (add, never rename).
+renderables out; the JSON shape is a contract like ``brain.core.report``'s (add, never rename).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from brain.models import TaskRecord, TreeRecord, TreeStatus
-from brain.schedules import Schedule
-from brain.summary import RunSummary, SummaryKind, summarise
+from brain.core.models import TaskRecord, TreeRecord, TreeStatus
+from brain.core.schedules import Schedule
+from brain.core.summary import RunSummary, SummaryKind, summarise
 
 
 def next_fire(spec: Schedule, last_fired_at: float | None, now: float) -> float | None:

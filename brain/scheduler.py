@@ -20,11 +20,8 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
-from brain.dispatch import Publisher
-from brain.events import ClientEvents
-from brain.hotstate import ClientKeyUnreadable, HotState
-from brain.limits import check_limits
-from brain.models import (
+from brain.core.limits import check_limits
+from brain.core.models import (
     Location,
     Progress,
     SessionKind,
@@ -36,16 +33,20 @@ from brain.models import (
     TreeRecord,
     TreeStatus,
 )
+from brain.core.pools import pool_route
+from brain.core.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
+from brain.core.sessions import ClientSession
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import name_on_server
+from brain.core.transitions import check_move, plan
+from brain.core.treefile import spec_from_descriptor
+from brain.core.validation import UnresolvedReference, resolve_args
+from brain.dispatch import Publisher
+from brain.events import ClientEvents
+from brain.hotstate import ClientKeyUnreadable, HotState
 from brain.parked import ParkedRef, ParkedWork, owner_of
-from brain.pools import pool_route
-from brain.presence import ClientSession, PresenceBook
-from brain.registry import RegistrySnapshot
-from brain.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
+from brain.presence import PresenceBook
 from brain.store import Store
-from brain.toolnames import name_on_server
-from brain.transitions import check_move, plan
-from brain.treefile import spec_from_descriptor
-from brain.validation import UnresolvedReference, resolve_args
 from workers.contracts import (
     BRAIN_QUEUE,
     MAX_WIRE_ID_CHARS,

@@ -14,11 +14,13 @@ from brain import vault
 from brain.acl import AclUsers
 from brain.clientwork import ClientWork
 from brain.config import Settings
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import clash_lines
 from brain.dispatch import Publisher
 from brain.errors import StackNotRunning
 from brain.events import ClientEvents
 from brain.hotstate import HotState
-from brain.registry import RegistrySnapshot, build_registry
+from brain.registry import build_registry
 from brain.relay import Relay
 from brain.reload import Reloader, Signature, signature, sources
 from brain.schedule_runs import ScheduleRuns
@@ -26,7 +28,6 @@ from brain.scheduler import Scheduler
 from brain.store import Store, open_store
 from brain.submitters import SubmitterUsers
 from brain.sweeps import Sweeps
-from brain.toolnames import clash_lines
 from workers.app import make_app, message_limit
 from workers.urls import redact_url
 

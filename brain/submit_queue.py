@@ -24,13 +24,13 @@ from celery import bootsteps
 from kombu import Consumer, Queue
 from pydantic import ValidationError
 
+from brain.core.limits import check_tree_data
+from brain.core.models import SessionKind
+from brain.core.submission import check_submission
+from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
 from brain.gateway import door
-from brain.limits import check_tree_data
-from brain.models import SessionKind
 from brain.service import Brain
-from brain.submission import check_submission
-from brain.treefile import tree_from_data
 from workers.contracts import GATEWAY_QUEUE, SUBMIT_TREE_TASK, SubmitTree, submit_queue_of
 
 log = logging.getLogger("vancetope.brain.submit")

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 import redis
 
 from brain.acl import new_secret, secret_sha256
+from brain.core.models import SubmitCredential
 from brain.hotstate import as_text
-from brain.models import SubmitCredential
 from brain.store import Store
 from workers.contracts import submit_queue_of
 

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import httpx2
 
-from brain.schedules import Schedule, summary_format, zone_of
-from brain.summary import RunSummary, render_markdown
+from brain.core.schedules import Schedule, summary_format, zone_of
+from brain.core.summary import RunSummary, render_markdown
 
 log = logging.getLogger("vancetope.brain")
 WEBHOOK_TIMEOUT_S: Final = 10.0

@@ -24,8 +24,8 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from pydantic import BaseModel, ConfigDict
 
 from brain.config import Settings
+from brain.core.models import SecretRecord
 from brain.errors import BrainError
-from brain.models import SecretRecord
 from brain.store import Store, open_store
 from workers import masking, secret_refs
 

@@ -18,9 +18,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from brain.core.models import TaskRecord, TreeRecord, TreeStatus
 from brain.display import progress, task_table
 from brain.errors import StackNotRunning
-from brain.models import TaskRecord, TreeRecord, TreeStatus
 from brain.service import Brain, unreachable
 from workers.contracts import channel_tree_events
 

@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from brain.config import Settings, load_settings
-from brain.models import TaskTree, TreeRecord, TreeStatus
+from brain.core.models import TaskTree, TreeRecord, TreeStatus
 from brain.redis_server import RedisServer
 from brain.service import Brain
 from brain.stack import EmbeddedStack
@@ -208,7 +208,7 @@ def tree(data: dict[str, Any]) -> TaskTree:
 def server_runs_started(brain: Brain, tree_id: str) -> dict[str, str]:
     """Task id -> run id of the tree's server calls a worker has begun (the store counts each
     start: ``TaskRecord.deliveries``)."""
-    from brain.models import TaskState
+    from brain.core.models import TaskState
 
     return {
         t.task_id: t.run_id or ""
@@ -249,9 +249,9 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def brain_on_redis(tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Brain]:
     """A brain wired to a real Redis and a SQLite store, with no workers: for tests that
     drive the scheduler directly and read what it published."""
-    from brain.models import Location
-    from brain.registry import RegistrySnapshot
-    from brain.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
+    from brain.core.models import Location
+    from brain.core.snapshot import RegistrySnapshot
+    from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
     from workers.tools.builtin import builtin_descriptors
 
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}

@@ -9,9 +9,9 @@ See ``brain.api`` for the whole surface, and the README ("Python API").
 """
 
 from brain.api import TimedOut, TreeReport, TreeRun, Vancetope, connect, embedded
+from brain.core.limits import TreeRefused
+from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.errors import BrainError, InvalidFile, InvalidTaskTree, StackNotRunning, StoreError, TreeNotFound
-from brain.limits import TreeRefused
-from brain.models import SessionKind, TaskRecord, TaskSpec, TaskState, TaskTree, TreeRecord, TreeStatus
 from workers.contracts import SUBMIT_QUEUE, SUBMIT_TREE_TASK, submit_queue_of
 
 __all__ = [

@@ -207,7 +207,7 @@ class ToolType(StrEnum):
     BUILT_IN = "built_in"
 
 
-# Wire limits of the ids and names a ToolCall carries; brain.models derives what a tree may hold.
+# Wire limits of the ids and names a ToolCall carries; brain.core.models derives what a tree may hold.
 MAX_WIRE_ID_CHARS = 128
 # A run's id when its submitter chooses it: it names Redis keys and channels, so no ':' or space.
 TREE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -352,6 +352,10 @@ class MCPServerFailure(BaseModel):
 CLIENT_OUTBOX = "outbox"  # list: ClientMessage JSON, LPUSH by the agent, popped by the brain
 CLIENT_HEARTBEAT = "heartbeat"  # string: the agent's session id, with a TTL
 CLIENT_ACK = "ack"  # string: the brain's AnnouncementAck JSON for the latest announcement
+# kombu's Redis transport keeps a connection's in-flight (reserved, unacked) messages in this
+# hash, with delivery times in the sorted set beside it (under the client's prefix too).
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"
 
 MAX_ANNOUNCEMENT_BYTES = 256 * 1024
 MAX_ANNOUNCED_TOOLS = 500

@@ -19,10 +19,10 @@ from brain.cli.base import (
     running_brain,
 )
 from brain.config import Settings
+from brain.core.report import clients_report
 from brain.display import clients_table
 from brain.enrollment import enroll, revoke
 from brain.redis_server import write_private
-from brain.report import clients_report
 from brain.store import open_store
 from brain.toolpins import ToolPins
 

@@ -25,15 +25,15 @@ from brain.cli.base import (
     running_brain,
 )
 from brain.config import Settings
+from brain.core.models import TreeStatus
+from brain.core.pools import unknown_pool
+from brain.core.snapshot import RegistrySnapshot
 from brain.errors import (
     BrainError,
     StackAlreadyRunning,
     StackNotRunning,
 )
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
-from brain.models import TreeStatus
-from brain.pools import unknown_pool
-from brain.registry import RegistrySnapshot
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.stack import (
     EmbeddedStack,

@@ -31,6 +31,16 @@ from brain.cli.base import (
     stack_for,
 )
 from brain.config import Settings
+from brain.core.limits import TreeRefused
+from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
+from brain.core.report import tree_report, trees_report
+from brain.core.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.submission import check_submission
+from brain.core.summary import render_markdown
+from brain.core.toolnames import clash_lines
+from brain.core.treefile import load_tree
+from brain.core.validation import check_tree
 from brain.display import queues_table, task_table, trees_table
 from brain.errors import (
     InvalidFile,
@@ -39,23 +49,14 @@ from brain.errors import (
     StackAlreadyRunning,
     StackNotRunning,
 )
-from brain.limits import TreeRefused
-from brain.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.queues import QueuesReport, queues_report
-from brain.registry import RegistrySnapshot, build_registry
-from brain.report import tree_report, trees_report
-from brain.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.registry import build_registry
 from brain.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.service import Brain, unreachable
 from brain.stack import (
     running_stack_url,
 )
 from brain.store import Store, open_store
-from brain.submission import check_submission
-from brain.summary import render_markdown
-from brain.toolnames import clash_lines
-from brain.treefile import load_tree
-from brain.validation import check_tree
 from brain.watch import watch
 from workers.contracts import MCPServerFailure, client_queue
 

@@ -25,21 +25,22 @@ from typing import Any
 import redis
 
 from brain.config import CONFIG_FILE, Settings
+from brain.core.limits import check_tree_data
+from brain.core.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskTree
+from brain.core.report import tree_report, trees_report
+from brain.core.sessions import ClientSession, user_sessions
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.submission import check_submission
+from brain.core.treefile import tree_from_data
 from brain.errors import BrainError, StackNotRunning
 from brain.gateway import door, tokens
-from brain.gateway.catalog import GatewayTool, catalog, user_sessions
+from brain.gateway.catalog import GatewayTool, catalog
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
 from brain.hotstate import HotState
-from brain.limits import check_tree_data
-from brain.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskTree
-from brain.presence import ClientSession, PresenceBook
-from brain.registry import RegistrySnapshot
-from brain.report import tree_report, trees_report
+from brain.presence import PresenceBook
 from brain.service import unreachable
 from brain.store import Store, open_store
-from brain.submission import check_submission
-from brain.treefile import tree_from_data
 from workers.urls import redact_url
 
 CALL_TASK = "call"

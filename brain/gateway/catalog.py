@@ -2,7 +2,7 @@
 
 Seed 000 §5: the server's tools (the brain's registry snapshot) + the tools of the user's
 connected clients = the active registry. Each tool is listed once, under a name the router
-understands (``brain.toolnames``): an MCP tool under its bare name while nothing else has it,
+understands (``brain.core.toolnames``): an MCP tool under its bare name while nothing else has it,
 else as ``<server>/<tool>``. A registry tool that runs only on a workstation is *available*
 only while one of the user's clients offers it; it stays in the catalog (the pools say it is
 offline) and a call to it is routed anyway, so its ``offline_strategy`` applies. Never
@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.models import Location, ToolSpec
-from brain.presence import ClientSession
-from brain.toolnames import name_on_server, qualified
+from brain.core.models import Location, ToolSpec
+from brain.core.sessions import ClientSession, user_sessions
+from brain.core.toolnames import name_on_server, qualified
 from workers.contracts import ToolDescriptor, ToolType
 
 BUILTIN_POOL = "builtin"
@@ -46,11 +46,6 @@ def default_pool(tool_type: ToolType, mcp_server: str | None) -> str:
     if tool_type is ToolType.MCP and mcp_server:
         return mcp_server
     return NATIVE_POOL if tool_type is ToolType.NATIVE else BUILTIN_POOL
-
-
-def user_sessions(sessions: Iterable[ClientSession], user: str) -> list[ClientSession]:
-    """The connected clients of ``user`` only, in client_id order."""
-    return sorted((s for s in sessions if s.user == user), key=lambda s: s.client_id)
 
 
 def catalog(
@@ -158,4 +153,4 @@ def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) 
     )
 
 
-__all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool", "user_sessions"]
+__all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool"]

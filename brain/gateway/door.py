@@ -21,14 +21,14 @@ from typing import Any, Literal
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from brain.core.limits import check_tree_data
+from brain.core.models import SessionKind
+from brain.core.sessions import user_sessions
+from brain.core.submission import check_submission
+from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
 from brain.gateway import tokens
-from brain.gateway.catalog import user_sessions
-from brain.limits import check_tree_data
-from brain.models import SessionKind
 from brain.service import Brain
-from brain.submission import check_submission
-from brain.treefile import tree_from_data
 from workers.contracts import GATEWAY_QUEUE, key_gateway_reply
 
 log = logging.getLogger("vancetope.gateway.door")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from brain.core.models import Location
 from brain.gateway.catalog import GatewayTool
-from brain.models import Location
 
 BRAIN_POOL = "brain"
 HEALTH = "brain_health"

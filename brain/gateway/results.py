@@ -13,8 +13,8 @@ from typing import Any
 
 from mcp import types
 
+from brain.core.models import TaskRecord, TaskState
 from brain.gateway.primary import TREE_STATUS
-from brain.models import TaskRecord, TaskState
 
 
 def text_result(

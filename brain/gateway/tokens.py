@@ -11,7 +11,7 @@ import hmac
 import secrets
 import time
 
-from brain.models import GatewayToken
+from brain.core.models import GatewayToken
 from brain.store import Store
 
 TOKEN_PREFIX = "vtg_"

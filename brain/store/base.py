@@ -18,8 +18,7 @@ from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
-from brain.errors import StoreError
-from brain.models import (
+from brain.core.models import (
     Enrollment,
     GatewayToken,
     SecretRecord,
@@ -29,7 +28,8 @@ from brain.models import (
     TreeRecord,
     TreeStatus,
 )
-from brain.summary import RunSummary
+from brain.core.summary import RunSummary
+from brain.errors import StoreError
 from workers.urls import redact_url
 
 DEFAULT_MONGO_DATABASE: Final = "vancetope"
@@ -199,7 +199,7 @@ class Store(Protocol):
         """Schedule name -> when beat last fired it."""
         ...
 
-    # --- run summaries (brain.summary) ---
+    # --- run summaries (brain.core.summary) ---
 
     def put_summary(self, summary: RunSummary) -> bool:
         """Keep a run's summary of its kind; True only for the call that stored it (a second

@@ -21,8 +21,7 @@ import pymongo
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.errors import DuplicateKeyError, PyMongoError
 
-from brain.errors import StoreError
-from brain.models import (
+from brain.core.models import (
     Enrollment,
     GatewayToken,
     SecretRecord,
@@ -32,6 +31,8 @@ from brain.models import (
     TreeRecord,
     TreeStatus,
 )
+from brain.core.summary import RunSummary
+from brain.errors import StoreError
 from brain.store.base import (
     ANY,
     DEFAULT_MONGO_DATABASE,
@@ -43,7 +44,6 @@ from brain.store.base import (
     state_values,
     task_changes,
 )
-from brain.summary import RunSummary
 
 _TREE_OPAQUE: Final = frozenset({"tree"})
 _TASK_OPAQUE: Final = frozenset({"result", "error"})

@@ -21,8 +21,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, Final
 
-from brain.errors import StoreError
-from brain.models import (
+from brain.core.models import (
     Enrollment,
     GatewayToken,
     SecretRecord,
@@ -32,6 +31,8 @@ from brain.models import (
     TreeRecord,
     TreeStatus,
 )
+from brain.core.summary import RunSummary
+from brain.errors import StoreError
 from brain.store.base import (
     ANY,
     Ended,
@@ -42,7 +43,6 @@ from brain.store.base import (
     state_values,
     task_changes,
 )
-from brain.summary import RunSummary
 
 BUSY_TIMEOUT_S: Final = 10.0
 SCHEMA_VERSION: Final = 1

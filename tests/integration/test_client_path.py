@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import (
     CLIENT_HEARTBEAT,

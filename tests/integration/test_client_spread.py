@@ -1,11 +1,11 @@
-"""Client work spreads over a user's connected clients that offer the tool (brain.routing picks the
+"""Client work spreads over a user's connected clients that offer the tool (brain.core.routing picks the
 least loaded; brain.presence reads each client's load from its queue and unacked hash in Redis)."""
 
 from __future__ import annotations
 
 import pytest
 
-from brain.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState
 from brain.service import Brain
 from tests.conftest import tree
 from tests.integration.test_parking import connect, queued_task_ids, reads, states

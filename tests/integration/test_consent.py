@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brain.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from client_agent.redact import REPLACEMENT
 from tests.conftest import (
     FIXTURES,

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from brain.core.models import SessionKind
 from brain.flowerapp import EXIT_GRACE_S
 from brain.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
-from brain.models import SessionKind
 from brain.redis_server import RedisServer, free_port
 from brain.service import Brain
 from brain.stack import EmbeddedStack, flower_argv

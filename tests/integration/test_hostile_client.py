@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
+from brain.core.models import SessionKind, TaskState
 from brain.enrollment import AGENT_URL_VARIABLE, Credential, enroll, revoke
-from brain.models import SessionKind, TaskState
 from brain.redis_server import RedisServer
 from brain.relay import Relay
 from brain.service import Brain

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from brain.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE, client_key, client_queue

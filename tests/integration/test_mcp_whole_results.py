@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from brain.models import SessionKind, TaskRecord, TreeStatus
+from brain.core.models import SessionKind, TaskRecord, TreeStatus
 from tests.conftest import brain_with_client, tree, wait_for_tree, write_mcp_config
 
 TASKS: list[dict[str, Any]] = [

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from brain.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState
 from brain.relay import Relay
 from brain.service import Brain
 from tests.conftest import result_for, tree

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from brain.models import TaskState, TreeStatus
+from brain.core.models import TaskState, TreeStatus
 from brain.service import Brain
 from brain.stack import EmbeddedStack, stack_env
 from tests.conftest import tree, wait_for_tree, wait_until

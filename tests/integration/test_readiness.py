@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from brain.models import TaskState, TreeStatus
+from brain.core.models import TaskState, TreeStatus
 from brain.service import Brain
 from tests.conftest import result_for, tree
 from workers.contracts import ErrorInfo

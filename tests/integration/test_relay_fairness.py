@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
+from brain.core.models import SessionKind, TaskState
 from brain.errors import StoreError
-from brain.models import SessionKind, TaskState
 from brain.relay import POP_BATCH, Relay
 from brain.service import Brain
 from tests.conftest import result_for, tree

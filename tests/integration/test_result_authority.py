@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState
 from brain.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads

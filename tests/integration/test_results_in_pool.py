@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brain.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 

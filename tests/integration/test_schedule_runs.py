@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from brain.models import TreeStatus
+from brain.core.models import TreeStatus
+from brain.core.schedules import Overlap, Schedule
+from brain.core.summary import SummaryKind
 from brain.schedule_runs import ScheduleRuns
-from brain.schedules import Overlap, Schedule
 from brain.service import Brain
-from brain.summary import SummaryKind
 from workers.contracts import ScheduleFire, key_schedule_queue
 
 pytestmark = pytest.mark.integration

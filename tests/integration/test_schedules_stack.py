@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.models import TreeRecord, TreeStatus
+from brain.core.models import TreeRecord, TreeStatus
 from brain.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import wait_until, write_mcp_config

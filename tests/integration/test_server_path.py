@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from brain.core.models import TaskState, TreeStatus
 from brain.hotstate import KOMBU_UNACKED
-from brain.models import TaskState, TreeStatus
 from tests.conftest import (
     EXAMPLES,
     FIXTURES,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from brain.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.registry import build_registry
 from tests.conftest import (
     brain_with_client,

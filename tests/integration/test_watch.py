@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from brain.core.models import Location
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.treefile import spec_from_descriptor
 from brain.errors import StackNotRunning
-from brain.models import Location
 from brain.redis_server import RedisServer
-from brain.registry import RegistrySnapshot
 from brain.service import Brain
-from brain.treefile import spec_from_descriptor
 from brain.watch import REDIS_RETRY_FOR_S, watch
 from tests.conftest import make_settings, tree
 from workers.tools.builtin import builtin_descriptors

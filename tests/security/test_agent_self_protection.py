@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from brain.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState
 from client_agent.consent import server_digest
 from client_agent.mcp_json import localize
 from tests.conftest import (

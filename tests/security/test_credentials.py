@@ -20,9 +20,9 @@ from celery import Celery
 
 import vancetope
 from brain import submitters
+from brain.core.models import TaskState
 from brain.errors import StoreError
 from brain.gateway import door
-from brain.models import TaskState
 from brain.redis_server import RedisServer
 from brain.service import Brain
 from brain.stack import EmbeddedStack
@@ -209,9 +209,9 @@ def test_the_per_user_quota_of_unfinished_tasks_refuses_a_submit_naming_the_user
 def test_a_100000_task_tree_is_cancelled_in_a_few_batched_store_calls(
     tmp_path: Path, redis_server: Any
 ) -> None:
-    from brain.models import Location
-    from brain.registry import RegistrySnapshot
-    from brain.treefile import load_registry, merge_registry, spec_from_descriptor, tree_from_data
+    from brain.core.models import Location
+    from brain.core.snapshot import RegistrySnapshot
+    from brain.core.treefile import load_registry, merge_registry, spec_from_descriptor, tree_from_data
     from tests.conftest import EXAMPLES
     from workers.tools.builtin import builtin_descriptors
 

@@ -20,8 +20,8 @@ import redis
 
 from brain.acl import CLIENT_COMMANDS
 from brain.client_quota import measure_client_usage
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.enrollment import Credential, enroll, revoke
-from brain.models import SessionKind, TaskState, TreeStatus
 from brain.presence import PresenceBook
 from brain.redis_server import RedisServer, redis_limits
 from brain.reload import RELOAD_REQUEST_KEY

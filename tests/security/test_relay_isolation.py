@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import redis
 
-from brain.client_health import QUOTA_KIND, Cause
+from brain.core.client_health import QUOTA_KIND, Cause
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.enrollment import Credential, enroll
 from brain.errors import StoreError
-from brain.models import SessionKind, TaskState, TreeStatus
 from brain.queues import read_queues
 from brain.relay import Relay
 from brain.service import Brain

@@ -8,9 +8,9 @@ from typing import Any
 
 from celery.events.state import State
 
+from brain.core.models import TaskRecord, TaskState
 from brain.display import shown_state
 from brain.events import ClientEvents
-from brain.models import TaskRecord, TaskState
 from workers.contracts import ToolAwaiting
 
 

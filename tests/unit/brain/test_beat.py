@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from brain.beat import ScheduleBeat, fire_token, first_last_run
-from brain.schedules import Schedule
+from brain.core.schedules import Schedule
 from brain.store import open_store
 from workers.app import make_app
 

@@ -1,11 +1,11 @@
-"""brain.client_health: what a client wrote, judged from the replies Redis gave (pure)."""
+"""brain.core.client_health: what a client wrote, judged from the replies Redis gave (pure)."""
 
 from __future__ import annotations
 
 import pytest
 from redis.exceptions import ResponseError
 
-from brain.client_health import (
+from brain.core.client_health import (
     MAX_HEARTBEAT_BYTES,
     QUOTA_KIND,
     Cause,

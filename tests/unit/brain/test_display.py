@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
+from brain.core.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
 from brain.display import progress_text, task_table, trees_table
-from brain.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
 
 
 @pytest.mark.parametrize(

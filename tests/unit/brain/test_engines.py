@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from brain.core.models import Location, TaskTree, ToolSpec
+from brain.core.routing import Engine
+from brain.core.validation import check_tree, engine_problems
 from brain.errors import InvalidTaskTree
-from brain.models import Location, TaskTree, ToolSpec
-from brain.routing import Engine
-from brain.validation import check_tree, engine_problems
 
 ENGINES = {
     "review": Engine(

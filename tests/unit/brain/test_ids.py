@@ -1,4 +1,4 @@
-"""The id grammar (brain.models) and the reference grammar (brain.validation) decided together,
+"""The id grammar (brain.core.models) and the reference grammar (brain.core.validation) decided together,
 and sized so that whatever a tree file may hold fits the wire (workers.contracts.ToolCall)."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from brain.core.models import MAX_TASK_ID_CHARS, MAX_TREE_ID_CHARS, TaskSpec, TaskTree
+from brain.core.treefile import load_tree
+from brain.core.validation import resolve_args, validate_tree
 from brain.errors import InvalidTaskTree
-from brain.models import MAX_TASK_ID_CHARS, MAX_TREE_ID_CHARS, TaskSpec, TaskTree
 from brain.scheduler import new_run_id
-from brain.treefile import load_tree
-from brain.validation import resolve_args, validate_tree
 from workers.contracts import MAX_WIRE_ID_CHARS, ToolCall, ToolType
 
 

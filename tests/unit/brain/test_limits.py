@@ -1,12 +1,12 @@
-"""brain.limits: a tree's size and a user's quota, refused with the setting named."""
+"""brain.core.limits: a tree's size and a user's quota, refused with the setting named."""
 
 from __future__ import annotations
 
 import pytest
 
 from brain.config import load_settings
-from brain.limits import TreeRefused, check_limits, check_tree_data
-from brain.models import TaskTree
+from brain.core.limits import TreeRefused, check_limits, check_tree_data
+from brain.core.models import TaskTree
 
 
 def settings(**values: object):  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """Named server pools: [[pools]] config, queue names, pool names in trees and registries
-(brain.pools, brain.config), and the stack's process per pool (brain.stack)."""
+(brain.core.pools, brain.config), and the stack's process per pool (brain.stack)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from brain.config import load_settings
+from brain.core.models import TaskRecord, TaskTree, ToolSpec
+from brain.core.validation import check_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
-from brain.models import TaskRecord, TaskTree, ToolSpec
 from brain.registry import build_registry
 from brain.stack import pool_service, service_argvs
 from brain.sweeps import server_queues
-from brain.validation import check_tree
 from tests.conftest import make_settings
 from workers.contracts import pool_of_queue, pool_queue
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.models import TaskRecord, TaskState
+from brain.core.models import TaskRecord, TaskState
 from brain.scheduler import refuse_claim, refuse_result
 from workers.contracts import ToolResult
 

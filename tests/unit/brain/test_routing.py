@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from brain.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, ToolSpec
-from brain.routing import (
+from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, ToolSpec
+from brain.core.routing import (
     ClientView,
     Engine,
     Presence,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from brain.models import ExecutionTarget, SessionKind, ToolSpec
-from brain.routing import (
+from brain.core.models import ExecutionTarget, SessionKind, ToolSpec
+from brain.core.routing import (
     ClientView,
     Engine,
     Presence,

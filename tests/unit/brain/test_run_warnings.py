@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from brain.cli.trees import _tasks_waiting_for_a_client
-from brain.models import TaskTree, ToolSpec
-from brain.registry import RegistrySnapshot
-from brain.routing import ClientView, Presence, client_tools
+from brain.core.models import TaskTree, ToolSpec
+from brain.core.routing import ClientView, Presence, client_tools
+from brain.core.snapshot import RegistrySnapshot
 
 TOOLS = {
     s.name: s

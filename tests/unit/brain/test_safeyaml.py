@@ -1,5 +1,5 @@
-"""Input limits on tree and registry files: file size and YAML alias expansion (brain.safeyaml,
-brain.treefile). Each is refused with InvalidFile before anything is built from the file."""
+"""Input limits on tree and registry files: file size and YAML alias expansion (brain.core.safeyaml,
+brain.core.treefile). Each is refused with InvalidFile before anything is built from the file."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from brain import safeyaml
+from brain.core import safeyaml
+from brain.core.treefile import load_registry, load_tree
 from brain.errors import InvalidFile
-from brain.treefile import load_registry, load_tree
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 TREE = "id: t\ntasks:\n  - id: a\n    tool: echo\n    args: {text: hi}\n"

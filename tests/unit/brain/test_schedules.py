@@ -1,4 +1,4 @@
-"""brain.schedules: reading [[schedules]] tables, and the overlap and catch-up decisions (tables)."""
+"""brain.core.schedules: reading [[schedules]] tables, and the overlap and catch-up decisions (tables)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from brain.config import load_settings
-from brain.errors import ConfigError
-from brain.schedules import (
+from brain.core.schedules import (
     MAX_CATCH_UP_RUNS,
     CatchUp,
     FireAction,
@@ -23,6 +22,7 @@ from brain.schedules import (
     parse_schedules,
     run_tree_id,
 )
+from brain.errors import ConfigError
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -6,7 +6,7 @@ import fnmatch
 
 import pytest
 
-from brain.models import SubmitCredential
+from brain.core.models import SubmitCredential
 from brain.submitters import submit_username, submitter_acl_rules
 
 PRIORITY = "\x06\x16"  # kombu's separator before a queue's priority

@@ -1,11 +1,11 @@
-"""brain.summary: what a run did and for whom its waiting work waits, from records alone."""
+"""brain.core.summary: what a run did and for whom its waiting work waits, from records alone."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from brain.models import SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
-from brain.summary import SummaryCounts, SummaryKind, TaskLine, WaitingFor, render_markdown, summarise
+from brain.core.models import SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.core.summary import SummaryCounts, SummaryKind, TaskLine, WaitingFor, render_markdown, summarise
 
 S = TaskState
 

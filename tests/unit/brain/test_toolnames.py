@@ -1,10 +1,10 @@
-"""Tool names never collide silently (brain.toolnames, pure; issue 10 item 3)."""
+"""Tool names never collide silently (brain.core.toolnames, pure; issue 10 item 3)."""
 
 from __future__ import annotations
 
-from brain.models import Location, ToolSpec, ToolType
+from brain.core.models import Location, ToolSpec, ToolType
+from brain.core.toolnames import clash_lines, name_on_server, place
 from brain.registry import bind_to_servers
-from brain.toolnames import clash_lines, name_on_server, place
 
 
 def builtin(name: str) -> ToolSpec:

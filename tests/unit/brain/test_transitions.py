@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from brain.models import TaskState, TaskTree, TreeStatus
-from brain.transitions import MOVES, InvalidMove, check_move, plan, tree_status
+from brain.core.models import TaskState, TaskTree, TreeStatus
+from brain.core.transitions import MOVES, InvalidMove, check_move, plan, tree_status
 
 P, D, F, S, X, Q = (
     TaskState.PENDING,

@@ -1,4 +1,4 @@
-"""Loading task-tree and registry files, and layering registries (brain.treefile)."""
+"""Loading task-tree and registry files, and layering registries (brain.core.treefile)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from textwrap import dedent
 
 import pytest
 
-from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
-from brain.models import Location, OfflineStrategy, Side, ToolSpec
-from brain.routing import Engine
-from brain.treefile import (
+from brain.core.models import Location, OfflineStrategy, Side, ToolSpec
+from brain.core.routing import Engine
+from brain.core.treefile import (
     load_engines,
     load_registry,
     load_tree,
     merge_registry,
     spec_from_descriptor,
 )
+from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
 from workers.contracts import ToolDescriptor, ToolType
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

@@ -1,4 +1,4 @@
-"""Whole-tree validation, topological order and argument references (brain.validation)."""
+"""Whole-tree validation, topological order and argument references (brain.core.validation)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from brain.errors import BrainError, InvalidTaskTree
-from brain.models import TaskTree, ToolSpec
-from brain.validation import (
+from brain.core.models import TaskTree, ToolSpec
+from brain.core.validation import (
     UnresolvedReference,
     check_tree,
     resolve_args,
@@ -16,6 +15,7 @@ from brain.validation import (
     unknown_tools,
     validate_tree,
 )
+from brain.errors import BrainError, InvalidTaskTree
 
 
 def _spec(name: str, location: str = "server", **fields: Any) -> ToolSpec:

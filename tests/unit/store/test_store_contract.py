@@ -18,8 +18,8 @@ import mongomock
 import pymongo
 import pytest
 
+from brain.core.models import Enrollment, SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.errors import StoreError
-from brain.models import Enrollment, SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.store import ANY, MongoStore, SQLiteStore, Store, open_store
 from workers.contracts import ErrorInfo
 
@@ -558,7 +558,7 @@ def test_the_last_fire_of_each_schedule_is_kept_and_replaced(store: Store) -> No
 
 
 def test_a_summary_is_stored_once_per_tree_and_kind_and_read_back_oldest_first(store: Store) -> None:
-    from brain.summary import SummaryKind, summarise
+    from brain.core.summary import SummaryKind, summarise
 
     record = _scheduled(store, "n1", "nightly", 100.0)
     tasks = store.get_tasks("n1")
@@ -575,7 +575,7 @@ def test_a_summary_is_stored_once_per_tree_and_kind_and_read_back_oldest_first(s
 
 
 def test_a_secret_is_stored_replaced_listed_and_deleted(store: Store) -> None:
-    from brain.models import SecretRecord
+    from brain.core.models import SecretRecord
 
     first = SecretRecord(name="API_TOKEN", ciphertext="gAAAA-one", created_at=1.0, updated_at=1.0)
     store.put_secret(first)
@@ -595,7 +595,7 @@ def test_a_secret_is_stored_replaced_listed_and_deleted(store: Store) -> None:
 
 
 def test_a_gateway_token_is_found_by_its_hash_replaced_per_user_and_revoked(store: Store) -> None:
-    from brain.models import GatewayToken
+    from brain.core.models import GatewayToken
 
     first = GatewayToken(user="demo", token_sha256="a" * 64, created_at=1.0)
     store.put_gateway_token(first)
@@ -657,7 +657,7 @@ def test_count_unfinished_counts_the_running_trees_of_one_user(store: Store) -> 
 
 
 def test_a_submit_credential_is_stored_replaced_listed_and_deleted(store: Store) -> None:
-    from brain.models import SubmitCredential
+    from brain.core.models import SubmitCredential
 
     store.put_submitter(SubmitCredential(user="bob", secret_sha256="b" * 64, created_at=1.0))
     store.put_submitter(SubmitCredential(user="alice", secret_sha256="a" * 64, created_at=2.0))

@@ -79,7 +79,7 @@ def test_bad_args_are_invalid_arguments(tool: str, args: dict[str, Any], message
 
 
 def test_every_argument_problem_is_listed_in_the_words_the_brain_uses() -> None:
-    """Issue 10 item 7: the same wording as `vancetope explain` (brain.validation), all problems."""
+    """Issue 10 item 7: the same wording as `vancetope explain` (brain.core.validation), all problems."""
     kind, text = failed(execute(call("sleep", args={"seconds": "5", "extra": 1}), mcp=None, worker="w"))
     assert kind == "InvalidArguments"
     assert text == (

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from brain.core.models import Location, ToolSpec
+from brain.core.sessions import ClientSession
 from brain.gateway.catalog import GatewayTool, catalog
-from brain.models import Location, ToolSpec
-from brain.presence import ClientSession
 from workers.contracts import ToolDescriptor, ToolType
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from brain.core.models import Location
 from brain.errors import ConfigError
 from brain.gateway.catalog import GatewayTool
 from brain.gateway.pools import (
@@ -18,7 +19,6 @@ from brain.gateway.pools import (
     search,
 )
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
-from brain.models import Location
 
 
 def tool(

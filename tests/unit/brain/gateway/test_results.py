@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from brain.core.models import TaskRecord, TaskState
 from brain.gateway.results import final_result, queued_result, value_result, waited_result
 from brain.gateway.server import changed_users
-from brain.models import TaskRecord, TaskState
 from workers.contracts import ErrorInfo
 
 WHOLE = {

@@ -24,8 +24,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import crontab, schedule
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from brain.core.models import check_id
 from brain.errors import ConfigError
-from brain.models import check_id
 
 # A night batch that missed a month of minutes must not flood the pool when beat comes back.
 MAX_CATCH_UP_RUNS: Final = 100

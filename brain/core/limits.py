@@ -12,11 +12,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from brain.config import Settings
+from brain.core.models import TaskTree
 from brain.errors import BrainError
-from brain.models import TaskTree
+
+
+class TreeLimits(Protocol):
+    """The settings the limits read (``brain.config.Settings`` has them): core reads no config."""
+
+    @property
+    def max_tree_bytes(self) -> int: ...
+    @property
+    def max_tasks_per_tree(self) -> int: ...
+    @property
+    def max_unfinished_tasks_per_user(self) -> int: ...
 
 
 class TreeRefused(BrainError):
@@ -27,7 +37,7 @@ def _setting(name: str) -> str:
     return f"{name} (VANCETOPE_{name.upper()})"
 
 
-def check_tree_data(data: Any, settings: Settings, *, source: str) -> None:
+def check_tree_data(data: Any, settings: TreeLimits, *, source: str) -> None:
     """Refuse a tree given as data (a message, a gateway call) that is over ``max_tree_bytes``
     as JSON or lists more than ``max_tasks_per_tree`` tasks, before it is validated: parsing
     100,000 task models is the cost being refused."""
@@ -44,7 +54,7 @@ def check_tree_data(data: Any, settings: Settings, *, source: str) -> None:
 
 
 def check_limits(
-    tree: TaskTree, settings: Settings, *, source: str, user: str | None, unfinished: int
+    tree: TaskTree, settings: TreeLimits, *, source: str, user: str | None, unfinished: int
 ) -> None:
     """Refuse ``tree`` when it has more than ``max_tasks_per_tree`` tasks, or when with the
     ``unfinished`` tasks ``user`` already has it would pass ``max_unfinished_tasks_per_user``."""
@@ -60,7 +70,7 @@ def check_limits(
         )
 
 
-def _check_count(count: int, settings: Settings, source: str) -> None:
+def _check_count(count: int, settings: TreeLimits, source: str) -> None:
     if count > settings.max_tasks_per_tree:
         raise TreeRefused(
             f"{source}: refused: the tree has {count:,} tasks, over {_setting('max_tasks_per_tree')} "
@@ -68,4 +78,4 @@ def _check_count(count: int, settings: Settings, source: str) -> None:
         )
 
 
-__all__ = ["TreeRefused", "check_limits", "check_tree_data"]
+__all__ = ["TreeLimits", "TreeRefused", "check_limits", "check_tree_data"]

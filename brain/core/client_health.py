@@ -14,9 +14,10 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.hotstate import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
 from workers.contracts import (
     CLIENT_OUTBOX,
+    KOMBU_UNACKED,
+    KOMBU_UNACKED_INDEX,
     client_key,
     client_queue,
     key_cancelled,

@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from brain.models import TaskSpec, TaskState, TaskTree, TreeStatus
+from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 
 _S = TaskState
 _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
@@ -47,7 +47,7 @@ def check_move(from_states: Collection[TaskState], to: TaskState) -> None:
     """Raise InvalidMove unless ``to`` may follow every state in ``from_states``."""
     bad = sorted(s.value for s in from_states if to not in MOVES[s])
     if bad:
-        raise InvalidMove(f"a task cannot move from {', '.join(bad)} to {to.value} (brain.transitions.MOVES)")
+        raise InvalidMove(f"a task cannot move from {', '.join(bad)} to {to.value} (brain.core.transitions.MOVES)")
 
 
 @dataclass(frozen=True)

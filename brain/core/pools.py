@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from brain.models import TaskTree, ToolSpec
+from brain.core.models import TaskTree, ToolSpec
 from workers.contracts import DEFAULT_POOL, SERVER_QUEUE, check_pool_name, pool_queue
 
 

@@ -17,14 +17,15 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import TypeAdapter, ValidationError
 
-from brain import safeyaml
-from brain.config import MAX_TREE_BYTES
+from brain.core import safeyaml
+from brain.core.models import Location, RegistryFile, TaskTree, ToolSpec
+from brain.core.routing import Engine
+from brain.core.validation import check_tree, numbered
 from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
-from brain.models import Location, RegistryFile, TaskTree, ToolSpec
-from brain.routing import Engine
-from brain.validation import check_tree, numbered
 from workers.contracts import ToolDescriptor
 
+# Default of max_tree_bytes: far above any hand-written tree or registry file.
+MAX_TREE_BYTES = 4 * 1024 * 1024
 _ENGINES = TypeAdapter(list[Engine])
 
 # Fields that together say *where and how* a tool runs: a later registry layer that
@@ -43,7 +44,7 @@ def load_tree(
     """Read and validate a task tree file (YAML or JSON).
 
     The file holds the tree's fields (``id``, ``goal``, ``tasks``) at the top level or
-    under a single ``tree:`` key. Whole-tree checks (``brain.validation.check_tree``)
+    under a single ``tree:`` key. Whole-tree checks (``brain.core.validation.check_tree``)
     run too, against ``registry`` when given; without one, only the checks that need
     no registry (ids, dependencies, cycles, references).
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 
 WAITING = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
 IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})

@@ -1,11 +1,11 @@
 """Whole-tree validation and argument references (layer: brain, pure).
 
 One job: decide whether a parsed task tree can run, and fill in the references
-between its tasks. Field-level checks already happened in ``brain.models``; here
+between its tasks. Field-level checks already happened in ``brain.core.models``; here
 are the checks that need the whole tree or the registry: duplicate ids, unknown
 or cyclic dependencies, references to tasks outside ``depends_on``, arguments
 against the tool's input_schema, execution_target against the tool's location, and the
-server pools named against the configured ones (``brain.pools``).
+server pools named against the configured ones (``brain.core.pools``).
 
 References: a string argument ``${tasks.<id>.result}`` or ``${tasks.<id>.result.a.0}``
 is replaced by (a part of) an upstream task's result. The task must be named
@@ -30,14 +30,14 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError
 from referencing.exceptions import Unresolvable
 
+from brain.core.models import ID_BODY, ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
+from brain.core.pools import tree_pool_problems
+from brain.core.routing import Engine
 from brain.errors import BrainError, InvalidTaskTree
-from brain.models import ID_BODY, ExecutionTarget, Location, TaskSpec, TaskTree, ToolSpec
-from brain.pools import tree_pool_problems
-from brain.routing import Engine
 from workers import argcheck
 
 # Ids may contain dots, so the id part is lazy and the regex backtracks to the first ".result"
-# that ends the reference; task ids never hold a ".result" part (brain.models.check_task_id),
+# that ends the reference; task ids never hold a ".result" part (brain.core.models.check_task_id),
 # so that first one is the right one.
 # ``.result`` is the convenient value; ``.mcp`` the whole MCP CallToolResult (content blocks).
 _REF = re.compile(r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.(?P<root>result|mcp)(?P<path>(?:\.[^.}]+)*)\}")

@@ -31,7 +31,7 @@ Decision order (every step leaves its explanation in ``Route.reason``):
 
 Pool: a server route names the pool that runs it (``Route.pool``, None for the default
 pool): the task's ``pool``, else the called tool's (a ``fallback_tool``'s own, when it
-replaces the tool), else the tree's (``brain.pools``). A pool that is not configured
+replaces the tool), else the tree's (``brain.core.pools``). A pool that is not configured
 (``RouteRequest.pools``) fails the call.
 
 Usable clients: the session's own client first; else, among the connected clients
@@ -50,8 +50,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from brain.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
-from brain.pools import pool_route, unknown_pool
+from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
+from brain.core.pools import pool_route, unknown_pool
 from workers.contracts import DEFAULT_POOL, client_queue, pool_queue
 
 
@@ -175,7 +175,7 @@ class RouteRequest(BaseModel):
     execution_target: ExecutionTarget = ExecutionTarget.AUTO
     session: SessionKind = SessionKind.AUTONOMOUS
     engine: Engine | None = None
-    # The pool the task names, and the one its tree names (brain.pools for the order).
+    # The pool the task names, and the one its tree names (brain.core.pools for the order).
     pool: str | None = None
     tree_pool: str | None = None
     # The configured named pools (the default pool is always there).

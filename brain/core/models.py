@@ -2,7 +2,7 @@
 
 Tool specs and the registry (seed 000 §3), task trees (§6), and the records the
 store keeps. Field-level checks live here; whole-tree checks (cycles, references,
-argument schemas) live in ``brain.validation``.
+argument schemas) live in ``brain.core.validation``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ ID_BODY = r"[A-Za-z0-9][A-Za-z0-9_.:-]*"
 _ID = re.compile(ID_BODY)
 _ID_ADVICE = "use letters, digits, '_', '.', ':' and '-', starting with a letter or digit"
 # A task id may not hold a dot-segment `result` after its first one: `${tasks.a.result.b.result}`
-# could not tell task `a.result.b` from task `a`. The reference grammar (brain.validation._REF)
+# could not tell task `a.result.b` from task `a`. The reference grammar (brain.core.validation._REF)
 # relies on this to find the id unambiguously.
 _RESULT_SEGMENT = re.compile(r"\.(?:result|mcp)(?:\.|$)")  # the two roots of a reference
 # A run's tree id is `<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>` (Scheduler.submit): 23 characters on top.
@@ -65,7 +65,7 @@ def check_task_id(value: str) -> str:
 
 def check_pool(value: str | None) -> str | None:
     """A pool name (``[[pools]]`` in vancetope.toml, or ``default``); whether it is configured
-    is checked against the configuration (``brain.pools``), not here."""
+    is checked against the configuration (``brain.core.pools``), not here."""
     return None if value is None else check_pool_name(value)
 
 
@@ -128,7 +128,7 @@ class ToolSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
-        # A tool of an MCP server may be named ``<server>/<tool>`` (brain.toolnames).
+        # A tool of an MCP server may be named ``<server>/<tool>`` (brain.core.toolnames).
         server, slash, tool = v.partition("/")
         if slash:
             check_id(server, MAX_TOOL_ID_CHARS)
@@ -177,7 +177,7 @@ class ToolSpec(BaseModel):
 
 class RegistryFile(BaseModel):
     """The ``tools:`` list of a registry file (seed 000 §3). Its ``engines:`` are parsed by
-    ``brain.treefile``, which removes them before validating against this model."""
+    ``brain.core.treefile``, which removes them before validating against this model."""
 
     model_config = ConfigDict(extra="forbid")
 

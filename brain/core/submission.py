@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
+from brain.core.models import TaskTree
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.validation import check_tree, unknown_tools
 from brain.errors import InvalidTaskTree
-from brain.models import TaskTree
-from brain.registry import RegistrySnapshot
-from brain.validation import check_tree, unknown_tools
 from workers.contracts import TREE_ID_PATTERN
 
 _TREE_ID = re.compile(TREE_ID_PATTERN)

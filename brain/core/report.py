@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from brain.client_health import Mark
-from brain.models import Enrollment, TaskRecord, TreeRecord
-from brain.presence import ClientSession
-from brain.registry import RegistrySnapshot
+from brain.core.client_health import Mark
+from brain.core.models import Enrollment, TaskRecord, TreeRecord
+from brain.core.sessions import ClientSession
+from brain.core.snapshot import RegistrySnapshot
 
 
 def tree_summary(tree: TreeRecord, counts: Mapping[str, int]) -> dict[str, Any]:

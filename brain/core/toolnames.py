@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from brain.models import ToolSpec
+from brain.core.models import ToolSpec
 
 SEPARATOR = "/"
 

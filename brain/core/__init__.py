@@ -1,0 +1,1 @@
+"""brain/core: see docs/architecture.md."""
