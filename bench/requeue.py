@@ -1,7 +1,7 @@
 """Requeue: handing K parked client tasks to a connecting client, and what other clients feel.
 
 When a client connects, the brain requeues every ref parked for it (its
-``client:<id>`` list, then ``user:<name>``) with ``brain.parked.ParkedWork.requeue``: per
+``client:<id>`` list, then ``user:<name>``) with ``brain.hot.parked.ParkedWork.requeue``: per
 list a short lock, then one Lua step per 1,000 refs that drops the chunk placed before
 and returns the next one as a single reply, which is decoded and sorted in Python. The
 refs leave their list only once placed; nothing is moved to another list.
@@ -35,7 +35,7 @@ from pathlib import Path
 import redis
 
 from bench.common import BenchError, Child, Row, child_env, percentile
-from brain.parked import _MOVE, CHUNK, ParkedRef, ParkedWork, decode_chunk
+from brain.hot.parked import _MOVE, CHUNK, ParkedRef, ParkedWork, decode_chunk
 from brain.redis_server import RedisServer
 from workers.contracts import key_parked, key_requeueing
 
@@ -133,7 +133,7 @@ def run_big(quick: bool = False) -> list[Row]:
     next as one reply), decode and sort each chunk, drop the last and let go. Its placing
     step only counts: the per-task store read, compare-and-set and dispatch of
     ``Scheduler.start`` are NOT included (at the throughput rows' rates 100,000 of them
-    would take many minutes). Baseline: the ``brain.parked._MOVE`` script, 1,000 refs per
+    would take many minutes). Baseline: the ``brain.hot.parked._MOVE`` script, 1,000 refs per
     EVAL, moving both lists into another until they are empty - nothing else (no reply
     to decode). Median of ``BIG_ROUNDS`` alternating rounds on freshly filled lists.
     """

@@ -1,7 +1,7 @@
 """Clients coming and going (layer: brain, glue around the scheduler).
 
 Connect: accept the announcement into the active registry, then requeue the work
-parked for that client, then for its user, in chunks (brain.parked: oldest parked
+parked for that client, then for its user, in chunks (brain.hot.parked: oldest parked
 first within a list; the lists are not interleaved). Disconnect (graceful, or a
 missed heartbeat): pull that client's unstarted calls back out of its queue as
 pending_client, and let calls it was running follow their offline strategy; both
@@ -16,16 +16,16 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from brain.client_keys import read_client_keys
 from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
 from brain.events import ClientEvents
-from brain.hotstate import ClientKeyUnreadable, HotState
-from brain.misbehaving import MisbehavingBook
-from brain.parked import ParkedRef, ParkedWork
-from brain.presence import PresenceBook
+from brain.hot.client_keys import read_client_keys
+from brain.hot.misbehaving import MisbehavingBook
+from brain.hot.parked import ParkedRef, ParkedWork
+from brain.hot.presence import PresenceBook
+from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.scheduler import PARKED
 from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
@@ -81,7 +81,7 @@ class ClientWork:
         self.parked = parked
         self.clock = clock
         self.events = events  # Flower's view of client agents, when wired
-        # Clients suspended for what they wrote (brain.misbehaving), in the brain's own key.
+        # Clients suspended for what they wrote (brain.hot.misbehaving), in the brain's own key.
         self.misbehaving = MisbehavingBook(hot.r)
         self._sweep_failing: set[str] = set()
 
@@ -146,7 +146,7 @@ class ClientWork:
     def suspend(self, client_id: str, cause: Cause) -> None:
         """Mark the client misbehaving for ``cause``: its session ends (nothing more is routed
         to it, its unstarted calls come back as for a disconnect) and its ack says why, until
-        it announces cleanly. The cause is logged once (brain.misbehaving)."""
+        it announces cleanly. The cause is logged once (brain.hot.misbehaving)."""
         new = self.misbehaving.mark(client_id, cause, self.clock())
         session = self.presence.session(client_id)
         if session is not None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from brain.core.models import Progress, TaskRecord, TaskState, TreeRecord
-from brain.queues import QueuesReport
+from brain.hot.queues import QueuesReport
 
 STATE_STYLE = {
     "pending": "dim",
@@ -132,7 +132,7 @@ def clients_table(
     misbehaving: Mapping[str, Any] | None = None,
 ) -> Table:
     """Enrolled clients, their sessions and tools, the parked work each could take, and why
-    a suspended one is (brain.misbehaving)."""
+    a suspended one is (brain.hot.misbehaving)."""
     marks = misbehaving or {}
     table = Table(title="client agents", title_justify="left")
     for col in ("client", "user", "state", "type", "tools", "waiting for it"):
@@ -141,7 +141,7 @@ def clients_table(
         session = sessions.get(cid)
         tools = ", ".join(sorted(t.name for t in session.tools)) if session else ""
         held = sorted(t.name for t in getattr(session, "held_tools", ())) if session else []
-        if held:  # brain.toolpins: changed definitions, not routed to
+        if held:  # brain.hot.toolpins: changed definitions, not routed to
             tools += f" (changed, held until `vancetope clients approve-tools {cid}`: {', '.join(held)})"
         wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
         if cid in marks:

@@ -13,7 +13,7 @@ What the pool's Redis user may not do is left to the brain:
 - a result with a dependent whose route depends on who is connected (a client tool, an
   offline strategy: ``routes_here`` is False) goes to the brain unrecorded, as a
   ``record_result`` job, and the brain records it and routes the dependent: the pool's Redis
-  user reaches no presence, parked list or client key (``vt-pool`` in ``brain.acl``), so it
+  user reaches no presence, parked list or client key (``vt-pool`` in ``brain.hot.acl``), so it
   can neither read who is connected nor reroute anyone's client call (issue 20, M6). A client
   call sent from here anyway goes through the brain (``ViaBrainPublisher``, ``publish_call``),
   which checks the store says exactly that run before it publishes;
@@ -42,7 +42,7 @@ from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
 from brain.dispatch import Publisher, args_summary
 from brain.events import ClientEvents
-from brain.hotstate import HotState
+from brain.hot.state import HotState
 from brain.scheduler import Scheduler
 from brain.store import open_store
 from workers.contracts import (

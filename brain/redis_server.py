@@ -11,7 +11,7 @@ is refused by Redis as it arrives instead of being stored for a consumer to drop
 
 Nothing is served without credentials (DESIGN decision 7): the ``default`` user is off,
 and the stack's own processes connect as ``vt-admin`` with a secret kept in a 0600 file
-in the data dir; client agents get ACL users of their own (``brain.acl``).
+in the data dir; client agents get ACL users of their own (``brain.hot.acl``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from typing import Self
 
 import redis
 
-from brain.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
 from brain.children import dies_with_this_process
 from brain.errors import BrainError
+from brain.hot.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
 from workers.app import message_limit
 from workers.urls import with_credentials
 
@@ -68,7 +68,7 @@ QUERY_BUFFER_SLACK = 1024 * 1024
 # limit by default, so any credential could fill memory past maxmemory with GETs of its own
 # largest value on a socket it never reads (the attacker trial: 329 MB against a 200 MB cap,
 # everyone's writes refused with OOM). The largest reply a consumer asks for is a chunk of
-# ``brain.hotstate.READ_CHUNK`` messages, far below this on any queue that fits in maxmemory.
+# ``brain.hot.state.READ_CHUNK`` messages, far below this on any queue that fits in maxmemory.
 OUTPUT_BUFFER_MIN = 256 * 1024 * 1024
 OUTPUT_BUFFER_BULKS = 32
 OUTPUT_BUFFER_SOFT_S = 60

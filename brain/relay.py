@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from brain.clientwork import ClientWork
 from brain.core.client_health import Cause, reply_cause
 from brain.events import HEARTBEAT_S
-from brain.hotstate import as_bytes, as_text
+from brain.hot.state import as_bytes, as_text
 from brain.scheduler import Scheduler
 from workers.contracts import (
     CLIENT_ACK,
@@ -58,7 +58,7 @@ POP_TIMEOUT_S = 1
 # Messages popped per client per poll: bounds what the brain holds and how long one
 # client's burst can delay another's message.
 POP_BATCH = 32
-# ... and from a suspended client (brain.misbehaving): its messages still count (a result
+# ... and from a suspended client (brain.hot.misbehaving): its messages still count (a result
 # of a call it ran is not thrown away), but it gets no more than this of any round.
 SUSPENDED_POP_BATCH = 1
 _ENVELOPE_SLACK = 64 * 1024

@@ -137,7 +137,7 @@ class ScheduleRuns:
             yield held
         finally:
             if held:
-                r.eval(lua("brain", "release_lock"), 1, key, token)
+                r.eval(lua("brain.hot", "release_lock"), 1, key, token)
 
     # --- the sweep -------------------------------------------------------------------------
     def sweep(self) -> None:

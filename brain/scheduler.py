@@ -43,9 +43,9 @@ from brain.core.treefile import spec_from_descriptor
 from brain.core.validation import UnresolvedReference, resolve_args
 from brain.dispatch import Publisher
 from brain.events import ClientEvents
-from brain.hotstate import ClientKeyUnreadable, HotState
-from brain.parked import ParkedRef, ParkedWork, owner_of
-from brain.presence import PresenceBook
+from brain.hot.parked import ParkedRef, ParkedWork, owner_of
+from brain.hot.presence import PresenceBook
+from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.store import Store
 from workers.contracts import (
     BRAIN_QUEUE,

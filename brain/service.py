@@ -11,7 +11,6 @@ import redis
 from celery import Celery
 
 from brain import vault
-from brain.acl import AclUsers
 from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.core.snapshot import RegistrySnapshot
@@ -19,7 +18,9 @@ from brain.core.toolnames import clash_lines
 from brain.dispatch import Publisher
 from brain.errors import StackNotRunning
 from brain.events import ClientEvents
-from brain.hotstate import HotState
+from brain.hot.acl import AclUsers
+from brain.hot.boundary import unreachable
+from brain.hot.state import HotState
 from brain.registry import build_registry
 from brain.relay import Relay
 from brain.reload import Reloader, Signature, signature, sources
@@ -125,21 +126,6 @@ class Brain:
         self.app.close()
         self.store.close()
         self.hot.close()
-
-
-def unreachable(redis_url: str, exc: redis.RedisError) -> StackNotRunning:
-    """Redis's refusal in words a user can act on (the URL without its password)."""
-    where = redact_url(redis_url)
-    if isinstance(exc, redis.AuthenticationError | redis.exceptions.NoPermissionError):
-        return StackNotRunning(
-            f"Redis at {where} refused these credentials ({exc}); check the user and password"
-        )
-    hint = (
-        " (certificate not trusted: point ssl_ca_certs in the URL at the CA that signed the server's certificate)"
-        if "CERTIFICATE_VERIFY_FAILED" in str(exc)
-        else "; is the stack running (`vancetope up`), or is VANCETOPE_REDIS_URL right?"
-    )
-    return StackNotRunning(f"cannot reach Redis at {where}: {str(exc).rstrip('.')}{hint}")
 
 
 def start_brain(settings: Settings, redis_url: str) -> Brain:

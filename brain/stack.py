@@ -26,14 +26,14 @@ from typing import Self
 
 import redis
 
-from brain.acl import AclUsers
 from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackAlreadyRunning, StackNotRunning
 from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
-from brain.hotstate import HotState
-from brain.presence import PresenceBook
+from brain.hot.acl import AclUsers
+from brain.hot.presence import PresenceBook
+from brain.hot.state import HotState
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
@@ -44,7 +44,7 @@ STACK_FILE = "stack.json"
 STACK_LOCK = "stack.lock"
 # Where the stack's redis-server keeps its AOF, ACL file and admin secret, in the data dir.
 REDIS_DIR = "redis"
-# Each service's Redis user (brain.acl.COMPONENT_RULES says what each may do).
+# Each service's Redis user (brain.hot.acl.COMPONENT_RULES says what each may do).
 SERVICE_USERS = {
     "brain": "vt-brain",
     "server-pool": "vt-pool",

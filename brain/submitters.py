@@ -5,7 +5,7 @@ in the message), so it ran on bob's workstation. Now `vancetope submit-url --use
 credential for U only: Redis ACL user ``vts-<U>``, which may put messages on queue
 ``submit.<U>`` and nothing else. The brain consumes each such queue with the user bound to
 the queue it came through (``brain.submit_queue``), never to what a message says. As for the
-per-client users (``brain.acl``), the store holds the user and the SHA-256 of the secret; the
+per-client users (``brain.hot.acl``), the store holds the user and the SHA-256 of the secret; the
 ACL user is derived from it, so a Redis restart loses nothing the brain cannot put back
 (``SubmitterUsers.sync``), and the secret itself is never stored.
 """
@@ -18,9 +18,9 @@ from collections.abc import Iterable
 
 import redis
 
-from brain.acl import new_secret, secret_sha256
 from brain.core.models import SubmitCredential
-from brain.hotstate import as_text
+from brain.hot.acl import new_secret, secret_sha256
+from brain.hot.state import as_text
 from brain.store import Store
 from workers.contracts import submit_queue_of
 

@@ -21,7 +21,8 @@ from rich.text import Text
 from brain.core.models import TaskRecord, TreeRecord, TreeStatus
 from brain.display import progress, task_table
 from brain.errors import StackNotRunning
-from brain.service import Brain, unreachable
+from brain.hot.boundary import unreachable
+from brain.service import Brain
 from workers.contracts import channel_tree_events
 
 REDRAW_EVERY_S = 0.2

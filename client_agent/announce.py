@@ -236,7 +236,7 @@ class Heartbeat(threading.Thread):
         if ack is None:
             log.warning("the brain dropped this agent (its ack is gone); announcing again")
             self.announcer.request()
-        elif not ack.accepted:  # the brain suspended it, and says why (brain.misbehaving)
+        elif not ack.accepted:  # the brain suspended it, and says why (brain.hot.misbehaving)
             log.warning("the brain suspended this agent: %s; announcing again", ack.reason or "(no reason)")
             self.announcer.request()
 

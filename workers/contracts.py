@@ -182,7 +182,7 @@ def key_tool_pins(client_id: str) -> str:
 
 
 def key_misbehaving() -> str:
-    """Hash: client id -> why the brain suspended that client (brain.misbehaving), its causes
+    """Hash: client id -> why the brain suspended that client (brain.hot.misbehaving), its causes
     as JSON. The brain's own key, outside ``c:<id>:``: a client must not clear its own mark."""
     return f"{KEY_NS}misbehaving"
 

@@ -31,7 +31,8 @@ from brain.errors import (
     StackNotRunning,
     StoreError,
 )
-from brain.service import Brain, unreachable
+from brain.hot.boundary import unreachable
+from brain.service import Brain
 from brain.stack import (
     EmbeddedStack,
     running_stack_url,

@@ -22,9 +22,9 @@ from brain.config import Settings
 from brain.core.report import clients_report
 from brain.display import clients_table
 from brain.enrollment import enroll, revoke
+from brain.hot.toolpins import ToolPins
 from brain.redis_server import write_private
 from brain.store import open_store
-from brain.toolpins import ToolPins
 
 
 @cli.group(invoke_without_command=True)

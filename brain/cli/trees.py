@@ -49,10 +49,11 @@ from brain.errors import (
     StackAlreadyRunning,
     StackNotRunning,
 )
-from brain.queues import QueuesReport, queues_report
+from brain.hot.boundary import unreachable
+from brain.hot.queues import QueuesReport, queues_report
 from brain.registry import build_registry
 from brain.schedule_view import schedules_report, schedules_table, shown_summary
-from brain.service import Brain, unreachable
+from brain.service import Brain
 from brain.stack import (
     running_stack_url,
 )
@@ -317,7 +318,7 @@ def _registry_for_explain(settings: Settings, from_files: bool = False) -> Regis
 
 
 def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
-    """Tools of the tree that a connected client announced with a changed definition (brain.toolpins)."""
+    """Tools of the tree that a connected client announced with a changed definition (brain.hot.toolpins)."""
     url = settings.redis_url or running_stack_url(settings)
     if not url:
         return []

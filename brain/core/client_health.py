@@ -3,9 +3,9 @@
 Everything under ``c:<id>:`` is written by that client's agent, so the brain treats it
 as hostile input: before a heartbeat, an outbox, a kombu queue or hash of a client is
 used, its type, encoding and size are checked here, from the replies of one pipeline
-(``brain.client_keys`` reads them; an ``Exception`` stands for a command Redis refused,
+(``brain.hot.client_keys`` reads them; an ``Exception`` stands for a command Redis refused,
 say WRONGTYPE). A check answers with a ``Cause``: a stable ``kind`` (what is logged once
-and shown) and a ``detail`` for the operator. ``brain.misbehaving`` keeps the marks.
+and shown) and a ``detail`` for the operator. ``brain.hot.misbehaving`` keeps the marks.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def clients_report(
                 "tools": sorted(t.name for t in session.tools) if session else [],
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],
-                # Suspended for what it wrote (brain.misbehaving): the causes, else null.
+                # Suspended for what it wrote (brain.hot.misbehaving): the causes, else null.
                 "misbehaving": marks[cid].shown() if cid in marks else None,
                 # Parked for this client by name, and for any client of its user.
                 "waiting": {

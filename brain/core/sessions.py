@@ -27,7 +27,7 @@ class ClientSession(BaseModel):
     tools: list[ToolDescriptor] = Field(default_factory=list)
     connected_at: float
     # Announced with a definition that changed since it was pinned: not routed to until
-    # `vancetope clients approve-tools` (brain.toolpins).
+    # `vancetope clients approve-tools` (brain.hot.toolpins).
     held_tools: list[ToolDescriptor] = Field(default_factory=list)
 
     def tool(self, name: str) -> ToolDescriptor | None:

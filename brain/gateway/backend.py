@@ -37,9 +37,9 @@ from brain.gateway import door, tokens
 from brain.gateway.catalog import GatewayTool, catalog
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
-from brain.hotstate import HotState
-from brain.presence import PresenceBook
-from brain.service import unreachable
+from brain.hot.boundary import unreachable
+from brain.hot.presence import PresenceBook
+from brain.hot.state import HotState
 from brain.store import Store, open_store
 from workers.urls import redact_url
 

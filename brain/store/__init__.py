@@ -4,7 +4,8 @@
 Callers depend on the ``Store`` protocol only.
 """
 
-from brain.store.base import ANY, Ended, Store, open_store
+from brain.store.base import ANY, Ended, Store
+from brain.store.by_url import open_store
 from brain.store.mongo import MongoStore
 from brain.store.sqlite import SQLiteStore
 

@@ -14,7 +14,6 @@ import enum
 from collections.abc import Collection
 from contextlib import AbstractContextManager
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -30,14 +29,9 @@ from brain.core.models import (
 )
 from brain.core.summary import RunSummary
 from brain.errors import StoreError
-from workers.urls import redact_url
 
 DEFAULT_MONGO_DATABASE: Final = "vancetope"
 
-_ACCEPTED_URLS: Final = (
-    "sqlite:///relative/path.db, sqlite:////absolute/path.db, a file path ending in .db, "
-    "mongodb://host[:port]/database or mongodb+srv://host/database"
-)
 
 # A task's key; transition() takes these as its own arguments, so they are never changes.
 _IDENTITY_FIELDS: Final = frozenset({"tree_id", "task_id"})
@@ -327,34 +321,3 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
 # --- opening a store by URL ----------------------------------------------------------
 
 
-def open_store(url: str, *, read_only: bool = False) -> Store:
-    """Open the store named by ``url`` (see ``_ACCEPTED_URLS``; ``Settings.store`` builds one).
-
-    ``read_only``: SQLite connections that cannot write (the MCP gateway's); on MongoDB no index
-    is created, and the store is as read-only as the URL's user (compose.yaml gives the gateway
-    a user with the ``read`` role).
-
-    ``sqlite:///`` follows the SQLAlchemy convention: three slashes then a relative
-    path, four slashes for an absolute one (``sqlite:///`` + ``/abs/path.db``).
-    """
-    if url.startswith("sqlite:"):
-        rest = url.removeprefix("sqlite:")
-        path = rest.removeprefix("///") if rest.startswith("///") else ""
-        if not path or path in (":memory:", "/:memory:"):
-            raise StoreError(
-                f"store URL {redact_url(url)!r} names no database file "
-                f"(an in-memory database cannot be shared by processes); accepted forms: {_ACCEPTED_URLS}"
-            )
-        from brain.store.sqlite import SQLiteStore
-
-        return SQLiteStore(path, read_only=read_only)
-    if url.startswith(("mongodb://", "mongodb+srv://")):
-        database = urlsplit(url).path.lstrip("/") or DEFAULT_MONGO_DATABASE
-        from brain.store.mongo import MongoStore
-
-        return MongoStore(url, database=database, read_only=read_only)
-    if "://" not in url and url.endswith(".db"):
-        from brain.store.sqlite import SQLiteStore
-
-        return SQLiteStore(url, read_only=read_only)
-    raise StoreError(f"unsupported store URL {redact_url(url)!r}; accepted forms: {_ACCEPTED_URLS}")

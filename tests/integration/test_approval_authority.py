@@ -9,9 +9,9 @@ import time
 import pytest
 
 from brain.core.models import SessionKind, TaskState
+from brain.hot.toolpins import ToolPins
 from brain.relay import Relay
 from brain.service import Brain
-from brain.toolpins import ToolPins
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import READ, connect, connected, reads
 from workers.contracts import ClientToolAwaiting, ToolAwaiting

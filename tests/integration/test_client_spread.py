@@ -1,5 +1,5 @@
 """Client work spreads over a user's connected clients that offer the tool (brain.core.routing picks the
-least loaded; brain.presence reads each client's load from its queue and unacked hash in Redis)."""
+least loaded; brain.hot.presence reads each client's load from its queue and unacked hash in Redis)."""
 
 from __future__ import annotations
 

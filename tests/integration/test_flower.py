@@ -50,7 +50,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
     tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
 ) -> None:
     port = free_port()
-    # Flower runs as its own Redis user, as in the stack (brain.acl.COMPONENT_RULES).
+    # Flower runs as its own Redis user, as in the stack (brain.hot.acl.COMPONENT_RULES).
     flower_url = redis_server.url_for("vt-flower")
     env = {**os.environ, "VANCETOPE_REDIS_URL": flower_url, BASIC_AUTH_VARIABLE: ":".join(OPS)}
     with open(tmp_path / "flower.log", "w") as log:

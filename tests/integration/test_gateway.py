@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
 
 from brain.gateway import tokens
-from brain.hotstate import HotState
+from brain.hot.state import HotState
 from brain.redis_server import free_port
 from brain.stack import EmbeddedStack, gateway_argv, stack_env
 from brain.store import open_store

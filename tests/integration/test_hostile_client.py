@@ -316,7 +316,7 @@ def test_the_embedded_stacks_agent_runs_on_its_own_credential_without_the_admin_
     assert "vtc-laptop" in users
 
 
-# --- the stack's own users: each only what it needs (brain.acl.COMPONENT_RULES) ---------
+# --- the stack's own users: each only what it needs (brain.hot.acl.COMPONENT_RULES) ---------
 
 COMPONENT_REFUSALS: list[tuple[str, str, Callable[[redis.Redis], Any]]] = [
     ("vt-pool", "read a client's queue", lambda r: r.lrange(VICTIM_QUEUE, 0, -1)),

@@ -1,4 +1,4 @@
-"""Parked lists in a real Redis (brain.parked): order, chunked requeue, crashes and
+"""Parked lists in a real Redis (brain.hot.parked): order, chunked requeue, crashes and
 concurrent requeues. The brain-level behaviour is in test_parking.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import pytest
 import redis
 
-from brain import parked as parked_mod
-from brain.parked import CHUNK, ParkedRef, ParkedWork, decode_chunk, key_requeue_lock
+from brain.hot import parked as parked_mod
+from brain.hot.parked import CHUNK, ParkedRef, ParkedWork, decode_chunk, key_requeue_lock
 from workers.contracts import key_parked, key_requeueing
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from brain.core.models import TaskState, TreeStatus
-from brain.hotstate import KOMBU_UNACKED
+from brain.hot.state import KOMBU_UNACKED
 from tests.conftest import (
     EXAMPLES,
     FIXTURES,

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import redis
 
-from brain.acl import CLIENT_COMMANDS
-from brain.client_quota import measure_client_usage
 from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.enrollment import Credential, enroll, revoke
-from brain.presence import PresenceBook
+from brain.hot.acl import CLIENT_COMMANDS
+from brain.hot.client_quota import measure_client_usage
+from brain.hot.presence import PresenceBook
 from brain.redis_server import RedisServer, redis_limits
 from brain.reload import RELOAD_REQUEST_KEY
 from brain.service import Brain

@@ -30,7 +30,7 @@ from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.enrollment import Credential, enroll
 from brain.errors import StoreError
-from brain.queues import read_queues
+from brain.hot.queues import read_queues
 from brain.relay import Relay
 from brain.service import Brain
 from tests.conftest import ROOT, result_for, tree, wait_for_tree, wait_until

@@ -47,7 +47,7 @@ def test_compose_environment_uses_the_settings_names() -> None:
 
 
 def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off() -> None:
-    from brain.acl import COMPONENT_RULES
+    from brain.hot.acl import COMPONENT_RULES
 
     command = compose()["services"]["redis"]["command"]
     users: dict[str, list[str]] = {}
@@ -59,7 +59,7 @@ def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off()
     assert users.pop("default") == ["off"]
     for name, rules in users.items():
         assert rules[0] == "on" and rules[1].startswith(">${"), f"{name}: password from .env"
-        assert tuple(rules[2:]) == COMPONENT_RULES[name], f"{name}: differs from brain/acl.py"
+        assert tuple(rules[2:]) == COMPONENT_RULES[name], f"{name}: differs from brain/hot/acl.py"
     assert set(users) == set(COMPONENT_RULES)
     from brain.stack import SERVICE_USERS
 

@@ -1,8 +1,8 @@
-"""The queue report: work waiting and who consumes it, and the alarm when nobody does (brain.queues)."""
+"""The queue report: work waiting and who consumes it, and the alarm when nobody does (brain.hot.queues)."""
 
 from __future__ import annotations
 
-from brain.queues import ClientQueue, PoolQueue, QueuesReport, UserQueue, pool_names, user_queues
+from brain.hot.queues import ClientQueue, PoolQueue, QueuesReport, UserQueue, pool_names, user_queues
 
 
 def test_work_waiting_with_nobody_consuming_is_an_alarm_saying_what_to_start() -> None:

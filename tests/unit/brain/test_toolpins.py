@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brain.toolpins import pin_of, split_pinned
+from brain.hot.toolpins import pin_of, split_pinned
 from workers.contracts import ToolDescriptor, ToolType
 
 

@@ -1,5 +1,5 @@
 """client_agent.announce: an agent the brain suspends (its ack replaced by a refusal saying
-why, brain.misbehaving) logs the reason and announces again, against a real redis-server."""
+why, brain.hot.misbehaving) logs the reason and announces again, against a real redis-server."""
 
 from __future__ import annotations
 

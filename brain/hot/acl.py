@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import redis
 
 from brain.core.models import Enrollment
-from brain.hotstate import as_text
+from brain.hot.state import as_text
 from workers.contracts import (
     GATEWAY_QUEUE,
     KEY_NS,

@@ -5,7 +5,7 @@ with one SCAN of the keyspace (the brain's user may SCAN; a client's may not) an
 pipelined ``MEMORY USAGE ... SAMPLES 0`` per key found (every element counted: by default
 Redis samples five, and five tiny members beside large ones measured a few KB), ``SCAN_COUNT``
 keys a round trip, so Redis is never held for long. The reconciler calls it at most every
-``QUOTA_EVERY_S``. Clients may not ``SELECT`` another database (``brain.acl``), so db 0 is
+``QUOTA_EVERY_S``. Clients may not ``SELECT`` another database (``brain.hot.acl``), so db 0 is
 where all their keys are.
 
 Redis 6.2 cannot bound what one user writes, so a measurement is the only check: a client
@@ -18,7 +18,7 @@ from __future__ import annotations
 import redis
 
 from brain.core.client_health import usage_by_client
-from brain.hotstate import as_text
+from brain.hot.state import as_text
 from workers.contracts import client_key, client_keys_match
 
 SCAN_COUNT = 1000

@@ -14,7 +14,7 @@ import redis
 from pydantic import ValidationError
 
 from brain.core.client_health import QUOTA_KIND, Cause, Mark
-from brain.hotstate import as_text
+from brain.hot.state import as_text
 from workers.contracts import key_misbehaving
 
 log = logging.getLogger("vancetope.brain")

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import redis
 
-from brain.hotstate import as_text
+from brain.hot.state import as_text
 from workers.contracts import CLIENT_ACK, ToolDescriptor, client_key, key_tool_pins
 
 

@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from brain.config import Settings
 from brain.core.client_health import reply_cause, typed_keys
-from brain.hotstate import KOMBU_UNACKED, HotState
-from brain.misbehaving import MisbehavingBook
-from brain.parked import ParkedWork
-from brain.presence import PresenceBook
-from brain.service import unreachable
+from brain.hot.boundary import unreachable
+from brain.hot.misbehaving import MisbehavingBook
+from brain.hot.parked import ParkedWork
+from brain.hot.presence import PresenceBook
+from brain.hot.state import KOMBU_UNACKED, HotState
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, client_key, client_queue, pool_queue
 from workers.pool_presence import live_pool_workers
@@ -51,7 +51,7 @@ class ClientQueue(BaseModel):
     waiting: int  # calls on its queue
     taken: int  # calls its agent took and has not finished
     parked: int  # blocked / pending_client work waiting for this very client
-    # Why the brain suspended it (brain.misbehaving), or why its queue could not be read.
+    # Why the brain suspended it (brain.hot.misbehaving), or why its queue could not be read.
     misbehaving: str | None = None
 
     @computed_field  # type: ignore[prop-decorator]

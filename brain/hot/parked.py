@@ -31,7 +31,7 @@ from typing import NamedTuple, Self
 
 import redis
 
-from brain.hotstate import as_text
+from brain.hot.state import as_text
 from workers.contracts import KEY_NS, key_parked, key_requeueing
 from workers.scripts import lua
 
@@ -46,7 +46,7 @@ LOCK_MS = 60_000
 
 # The reference pass of bench/requeue.py (requeue_100k's baseline), which imports it from
 # here. Requeue itself no longer moves refs.
-_MOVE = lua("brain", "move_chunk")
+_MOVE = lua("brain.hot", "move_chunk")
 
 
 def _nonce() -> str:
@@ -153,14 +153,14 @@ Place = Callable[[list[ParkedRef]], None]
 class ParkedWork:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
-        # The scripts live in brain/lua/, one file each, named for what they do.
-        self._park = r.register_script(lua("brain", "park_ref"))
-        self._acquire = r.register_script(lua("brain", "requeue_acquire"))
-        self._step = r.register_script(lua("brain", "requeue_step"))
-        self._release = r.register_script(lua("brain", "requeue_release"))
+        # The scripts live in brain/hot/lua/, one file each, named for what they do.
+        self._park = r.register_script(lua("brain.hot", "park_ref"))
+        self._acquire = r.register_script(lua("brain.hot", "requeue_acquire"))
+        self._step = r.register_script(lua("brain.hot", "requeue_step"))
+        self._release = r.register_script(lua("brain.hot", "requeue_release"))
         # Letting go of the list without dropping anything is releasing a lock we may have lost.
-        self._abandon = r.register_script(lua("brain", "release_lock"))
-        self._read = r.register_script(lua("brain", "read_chunk"))
+        self._abandon = r.register_script(lua("brain.hot", "release_lock"))
+        self._read = r.register_script(lua("brain.hot", "read_chunk"))
 
     def park(self, ref: ParkedRef) -> None:
         key = key_parked(ref.owner)

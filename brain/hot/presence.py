@@ -15,13 +15,13 @@ from collections.abc import Mapping
 import redis
 from pydantic import ValidationError
 
-from brain.client_keys import KeyReading, read_client_keys
 from brain.core.models import Enrollment
 from brain.core.routing import ClientView, Presence
 from brain.core.sessions import ClientSession
-from brain.hotstate import KOMBU_UNACKED, as_text, is_wrong_type
+from brain.hot.client_keys import KeyReading, read_client_keys
+from brain.hot.state import KOMBU_UNACKED, as_text, is_wrong_type
+from brain.hot.toolpins import ToolPins
 from brain.store import Store
-from brain.toolpins import ToolPins
 from workers.contracts import (
     ClientConnected,
     client_key,
@@ -148,7 +148,7 @@ class PresenceBook:
 
     def inspect(self) -> dict[str, tuple[ClientSession, KeyReading]]:
         """Each connected client's session with its heartbeat and the health of its keys
-        (brain.client_keys): one round trip, and no client's key can make it raise."""
+        (brain.hot.client_keys): one round trip, and no client's key can make it raise."""
         sessions = self.sessions()
         readings = read_client_keys(self.r, sessions)
         return {cid: (s, readings[cid]) for cid, s in sessions.items()}

@@ -1,0 +1,1 @@
+"""brain/hot: see docs/architecture.md."""
