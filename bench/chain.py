@@ -7,7 +7,7 @@ side hand-off is the cheapest plain-Celery chain and needs no result backend.
 
 Vancetope: one tree of M ``echo`` tasks, task i ``depends_on`` task i-1 and takes its
 result as its argument (``${tasks.t<i-1>.result}``). Each hop is: the server worker runs
-the echo, records the result itself (a compare-and-set in the store, ``brain.recorder``),
+the echo, records the result itself (a compare-and-set in the store, ``brain.runtime.recorder``),
 finds the dependent ready, writes its queued state and sends its ``run_tool`` job. So a
 Vancetope hop is one Celery message, like the baseline's, plus three store round trips
 (record, read the dependent, queue it) and two Redis scripts (start the run, clear its mark).
@@ -84,7 +84,7 @@ def hop_phases(records: list[TaskRecord]) -> dict[str, float]:
       pickup, its pre-checks (cancelled? delivery count, running mark);
     - run: the echo itself inside ``execute`` (argument schema check included);
     - finished->next queued: in the same worker, the result's compare-and-set, the
-      dependent's readiness check and its queued write (``brain.recorder``).
+      dependent's readiness check and its queued write (``brain.runtime.recorder``).
     """
     by_id = {r.task_id: r for r in records}
     chain = [by_id[f"t{i}"] for i in range(len(by_id))]

@@ -25,7 +25,7 @@ from bench import celery_baseline
 from bench.common import BenchError, Row, bench_settings, percentile, start_vancetope
 from bench.rigs import Vancetope, baseline_on
 from brain.core.models import SessionKind, TaskTree
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 
 NAME = "client_round_trip"

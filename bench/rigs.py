@@ -21,7 +21,7 @@ from celery import Celery
 from bench import celery_baseline
 from bench.common import BenchError, Child, child_env, stack_logs, start_vancetope, wait_until
 from brain.core.models import TaskTree, TreeRecord, TreeStatus
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from workers.contracts import channel_tree_events
 

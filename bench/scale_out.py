@@ -1,6 +1,6 @@
 """Brain scale-out: one tree's time with two brain processes consuming queue ``brain`` vs one.
 
-Two brains at once are safe by design (brain/scheduler.py: every task state change is
+Two brains at once are safe by design (brain/runtime/scheduler.py: every task state change is
 a compare-and-set on (state, run_id) in the store, so two brains advancing the same
 tree never complete a task or dispatch a dependent twice; brain/worker.py holds no
 state but a per-process brain; the tree-spec cache is read-only and a stale status is

@@ -9,7 +9,7 @@ Vancetope: ``Brain.connect(...).scheduler.submit(tree)`` of one tree with N inde
 prefork ``-c 2``). Time: submit() called -> the store says the tree is done. This
 includes everything Vancetope adds per task: a store row and a compare-and-set at
 dispatch, the worker's hot-state script, the worker recording the result itself (a
-compare-and-set, ``brain.recorder``) and its "is the tree done?" index lookup.
+compare-and-set, ``brain.runtime.recorder``) and its "is the tree done?" index lookup.
 
 Both sides run on the same redis-server (AOF everysec, as the stack starts it), all
 workers up (idle ones only wait in BRPOP), runs alternating baseline / Vancetope so a

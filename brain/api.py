@@ -35,7 +35,7 @@ from brain.core.report import tree_report
 from brain.core.submission import check_submission
 from brain.core.treefile import load_tree, tree_from_data
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack, running_stack_url, without_agent
 from workers.contracts import channel_tree_events, client_queue
 

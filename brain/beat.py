@@ -4,7 +4,7 @@
 stack run). ``ScheduleBeat`` is a ``celery.beat.Scheduler`` whose entries come from the
 settings, not from ``beat_schedule``: each enabled schedule is a Celery ``crontab`` (in its
 own time zone) or ``schedule`` (``every_s``). A due entry sends a ``vancetope.run_schedule``
-job to the brain's queue; the brain decides what the fire does (``brain.schedule_runs``).
+job to the brain's queue; the brain decides what the fire does (``brain.runtime.schedule_runs``).
 
 Last fire times live in the store (``record_fire``), not in a shelve file beside beat, so
 ``catch_up`` after downtime survives a new container and is the same for SQLite and

@@ -114,7 +114,7 @@ class Settings(BaseModel):
             HttpHeaders.parse(value)  # a bad key fails here, naming itself, not in a worker later
         return value
 
-    # The vault's keys (brain.vault), primary first, comma-separated; unset: the key file.
+    # The vault's keys (brain.runtime.vault), primary first, comma-separated; unset: the key file.
     vault_key: str | None = Field(default=None, repr=False)
     # The vault's key file when vault_key is unset (default: <data_dir>/vault.key, mode 0600).
     vault_key_file: Path | None = None

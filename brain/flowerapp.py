@@ -3,7 +3,7 @@
 
 Flower's ``/api/workers`` answers from ``inspect`` broadcasts only, and client agents run
 with remote control off (docs/security.md, "A workstation"), so it omitted them while the dashboard,
-built from events, listed them (the brain sends their worker events, ``brain.events``).
+built from events, listed them (the brain sends their worker events, ``brain.runtime.events``).
 Here ``/api/workers`` also lists each worker the dashboard shows that did not answer
 ``inspect``, with the fields the dashboard has for it and ``"source": "events"``. Workers
 that answered ``inspect`` are listed exactly as Flower lists them.

@@ -2,15 +2,15 @@
 
 ``celery -A brain.pool worker -Q server`` (or ``-Q server.<pool>``) is ``workers.server_worker``
 with one change: a finished task's result is recorded in the worker, and its ready dependents
-are dispatched from there (``brain.recorder``); the brain gets the result only if that fails.
+are dispatched from there (``brain.runtime.recorder``); the brain gets the result only if that fails.
 """
 
 import logging
 import os
 
-from brain import vault
 from brain.config import load_settings, sandbox_hidden
-from brain.recorder import InlineRecorder
+from brain.runtime import vault
+from brain.runtime.recorder import InlineRecorder
 from workers import sandbox
 from workers.app import app
 from workers.pool_presence import PoolPresence

@@ -28,13 +28,13 @@ import redis
 
 from brain.children import dies_with_this_process
 from brain.config import Settings
-from brain.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.errors import StackAlreadyRunning, StackNotRunning
 from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
 from brain.hot.acl import AclUsers
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
+from brain.runtime.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
 
@@ -157,7 +157,7 @@ def without_agent(settings: Settings) -> tuple[str, ...]:
 
 
 # Every task is vancetope.run_tool: its args (``tool(argument names)``, never values: see
-# brain.dispatch.args_summary) are what tells tasks apart, so the tasks page shows them.
+# brain.runtime.dispatch.args_summary) are what tells tasks apart, so the tasks page shows them.
 FLOWER_TASK_COLUMNS = "name,uuid,state,args,received,runtime,worker"
 
 

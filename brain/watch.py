@@ -22,7 +22,7 @@ from brain.core.models import TaskRecord, TreeRecord, TreeStatus
 from brain.display import progress, task_table
 from brain.errors import StackNotRunning
 from brain.hot.boundary import unreachable
-from brain.service import Brain
+from brain.runtime.service import Brain
 from workers.contracts import channel_tree_events
 
 REDRAW_EVERY_S = 0.2

@@ -2,7 +2,7 @@
 
 ``celery -A brain.worker worker -Q brain -P solo`` consumes results and advances trees; a
 reconciler thread re-sends lost work; a consumer of its own takes the trees other Celery
-apps put on queue ``submit`` (``brain.submit_queue``). The tasks hold no logic.
+apps put on queue ``submit`` (``brain.runtime.submit_queue``). The tasks hold no logic.
 
 The brain is built (registry discovered and published) once logging is set up and before
 the worker consumes anything; if it cannot be built — an invalid registry, a bad
@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from brain.config import load_settings, sandbox_hidden
 from brain.errors import BrainError
-from brain.service import Brain, run_background, start_brain
-from brain.submit_queue import submit_consumer
+from brain.runtime.service import Brain, run_background, start_brain
+from brain.runtime.submit_queue import submit_consumer
 from workers import sandbox
 from workers.app import app
 from workers.contracts import (
@@ -39,7 +39,7 @@ from workers.proc_guard import protect_process
 log = logging.getLogger("vancetope.brain")
 # No task events for the brain's own jobs (record_result, publish_call): bookkeeping an
 # operator never needs in Flower, three events per job. The brain still sends worker
-# heartbeats (Flower lists it) and the client agents' events (brain.events).
+# heartbeats (Flower lists it) and the client agents' events (brain.runtime.events).
 app.conf.worker_send_task_events = False
 _state: dict[str, Any] = {}
 _stop = threading.Event()
@@ -72,7 +72,7 @@ def record_result(payload: Any) -> bool:
 @app.task(name=PUBLISH_CALL_TASK, acks_late=True, reject_on_worker_lost=True)
 def publish_call(payload: Any) -> bool:
     """A server worker recorded a result and dispatched a dependent to a client: send that
-    call to the client's queue, which only the brain may write (``brain.recorder``)."""
+    call to the client's queue, which only the brain may write (``brain.runtime.recorder``)."""
     try:
         ref = QueuedRun.model_validate(payload)
     except ValidationError as exc:

@@ -21,7 +21,7 @@ import redis
 from brain.config import Settings, load_settings
 from brain.core.models import TaskTree, TreeRecord, TreeStatus
 from brain.redis_server import RedisServer
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 
 ROOT = Path(__file__).resolve().parent.parent

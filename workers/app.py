@@ -74,7 +74,7 @@ def celery_config(
         "result_extended": False,
         "task_track_started": True,
         "task_default_queue": SERVER_QUEUE,
-        # Off here: brain.dispatch.Publisher sends the tool calls' task-sent events itself,
+        # Off here: brain.runtime.dispatch.Publisher sends the tool calls' task-sent events itself,
         # a batch of them as one message (Celery's was one message per task, ~10% of a run
         # of no-op tasks on 2 cores); bookkeeping jobs (record_result, publish_call) need none.
         "task_send_sent_event": False,

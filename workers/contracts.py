@@ -31,7 +31,7 @@ def submit_queue_of(user: str) -> str:
     return f"{SUBMIT_QUEUE}.{user}"
 
 
-# The MCP gateway's requests to the brain (brain.gateway.door): only the gateway writes it.
+# The MCP gateway's requests to the brain (brain.runtime.gateway_door): only the gateway writes it.
 GATEWAY_QUEUE = "gateway"
 
 
@@ -101,10 +101,10 @@ RUN_TOOL_TASK = "vancetope.run_tool"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"
-# Celery beat fires a `[[schedules]]` entry: the brain submits its tree (brain.schedule_runs).
+# Celery beat fires a `[[schedules]]` entry: the brain submits its tree (brain.runtime.schedule_runs).
 RUN_SCHEDULE_TASK = "vancetope.run_schedule"
 # Another Celery app submits a tree (README "Python API"): a message only the brain's own
-# consumer of SUBMIT_QUEUE takes (brain.submit_queue); no worker registers it as a task.
+# consumer of SUBMIT_QUEUE takes (brain.runtime.submit_queue); no worker registers it as a task.
 SUBMIT_TREE_TASK = "vancetope.submit_tree"
 
 # --- Redis keys (hot state lives under vt:) ----------------------------------

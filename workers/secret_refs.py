@@ -5,7 +5,7 @@ entry's ``env`` and ``headers``, and in ``http_headers`` — never in ``args`` o
 which every local user can read (``workers.mcp_config`` refuses them there). The reference stays a
 reference in every file, message and record; it is resolved only in the process that needs
 the value, at the moment it starts a server or makes a call, and the value is remembered for
-masking (``workers.masking``). The brain installs the resolver (``brain.vault``): this layer
+masking (``workers.masking``). The brain installs the resolver (``brain.runtime.vault``): this layer
 knows no store and no key.
 """
 
@@ -29,7 +29,7 @@ class SecretUnavailable(WorkerError):
 
 
 def use_resolver(resolver: Resolver | None) -> None:
-    """Install how this process reads a secret by name (``brain.vault.install``)."""
+    """Install how this process reads a secret by name (``brain.runtime.vault.install``)."""
     global _resolver
     _resolver = resolver
 

@@ -32,7 +32,7 @@ from brain.errors import (
     StoreError,
 )
 from brain.hot.boundary import unreachable
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import (
     EmbeddedStack,
     running_stack_url,

@@ -21,9 +21,9 @@ from brain.cli.base import (
 from brain.config import Settings
 from brain.core.report import clients_report
 from brain.display import clients_table
-from brain.enrollment import enroll, revoke
 from brain.hot.toolpins import ToolPins
 from brain.redis_server import write_private
+from brain.runtime.enrollment import enroll, revoke
 from brain.store import open_store
 
 
@@ -151,7 +151,7 @@ def users() -> None:
 def users_token(settings: Settings, user: str, revoke: bool) -> None:
     """Issue USER's gateway token (printed once as VANCETOPE_GATEWAY_TOKEN=<token>; a new one
     replaces the old), or --revoke it. MCP clients send it as `Authorization: Bearer <token>`."""
-    from brain.gateway import tokens
+    from brain.runtime import gateway_tokens as tokens
 
     if not user.strip() or len(user) > 128:
         fail("a user name is 1 to 128 characters", EXIT_BAD_INPUT)

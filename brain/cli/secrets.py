@@ -21,8 +21,8 @@ from brain.cli.base import (
     fail,
 )
 from brain.config import Settings
+from brain.runtime.vault import SecretInfo, Vault, VaultError, check_name, key_file, load_keys, write_keys
 from brain.store import open_store
-from brain.vault import SecretInfo, Vault, VaultError, check_name, key_file, load_keys, write_keys
 
 
 @cli.group()

@@ -13,7 +13,6 @@ import click
 import redis
 from rich.markup import escape
 
-from brain import submitters
 from brain.cli.base import (
     EXIT_BAD_INPUT,
     EXIT_STACK,
@@ -34,7 +33,8 @@ from brain.errors import (
     StackNotRunning,
 )
 from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
-from brain.reload import RELOAD_REQUEST_KEY
+from brain.runtime import submitters
+from brain.runtime.reload import RELOAD_REQUEST_KEY
 from brain.stack import (
     EmbeddedStack,
     beat_argv,

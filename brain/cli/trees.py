@@ -51,9 +51,9 @@ from brain.errors import (
 )
 from brain.hot.boundary import unreachable
 from brain.hot.queues import QueuesReport, queues_report
-from brain.registry import build_registry
+from brain.runtime.registry import build_registry
+from brain.runtime.service import Brain
 from brain.schedule_view import schedules_report, schedules_table, shown_summary
-from brain.service import Brain
 from brain.stack import (
     running_stack_url,
 )

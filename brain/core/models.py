@@ -388,7 +388,7 @@ class Enrollment(BaseModel):
 
 class SecretRecord(BaseModel):
     """One vault entry as the store keeps it: the name, and the value only as ciphertext
-    (``brain.vault``: encrypted with the vault key and bound to the name)."""
+    (``brain.runtime.vault``: encrypted with the vault key and bound to the name)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -7,7 +7,7 @@ Time comes in as arguments; nothing here reads the clock, Redis or the store.
 
 The times themselves come from Celery's own ``celery.schedules``: a ``cron`` expression is
 a ``crontab`` in the schedule's ``timezone``, ``every_s`` a ``schedule`` — what Celery beat
-users already know. ``brain.beat`` runs them; ``brain.schedule_runs`` acts on a fire.
+users already know. ``brain.beat`` runs them; ``brain.runtime.schedule_runs`` acts on a fire.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The registry snapshot the brain publishes: every server-side tool, engine and pool (layer:
-brain/core; a model). Built by ``brain.registry.build_registry``; read by validation, routing,
+brain/core; a model). Built by ``brain.runtime.registry.build_registry``; read by validation, routing,
 the CLI and the gateway."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class RegistrySnapshot(BaseModel):
     clashes: dict[str, list[str]] = Field(default_factory=dict)
     # The named server pools the brain routes to (the default pool is always there).
     pools: list[str] = Field(default_factory=list)
-    # When this snapshot was built, and what changed from the one before (brain.reload).
+    # When this snapshot was built, and what changed from the one before (brain.runtime.reload).
     loaded_at: float = 0.0
     changes: list[str] = Field(default_factory=list)
 

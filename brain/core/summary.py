@@ -4,7 +4,7 @@ One job: from a tree's record and its task records, say what the run did — how
 are done, failed, expired, skipped, still waiting for a client, still in flight — and for
 whom the waiting work waits (which client of which user must come online, with which
 tools). Records in, a ``RunSummary`` out, and its Markdown; storing and sending it is
-``brain.summary_sinks`` / ``brain.schedule_runs``.
+``brain.runtime.summary_sinks`` / ``brain.runtime.schedule_runs``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ tool, or the server pool, and applies the tool's offline strategy (seed 000 §4)
 path as any tree, so the store records it and ``brain_tree_status`` finds it later.
 
 The gateway decides and writes nothing itself (issue 20, H6): it submits and cancels by
-asking the brain (``brain.gateway.door``) with the caller's token, from which the brain takes
+asking the brain (``brain.runtime.gateway_door``) with the caller's token, from which the brain takes
 the user; it reads the registry and presence the brain publishes in Redis, and the store
 through a read-only connection (SQLite ``mode=ro``; MongoDB: the URL's user). Its Redis user
 (``vt-gateway``) reaches no client key and runs no SCAN, PSUBSCRIBE or script.
@@ -33,13 +33,14 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
 from brain.errors import BrainError, StackNotRunning
-from brain.gateway import door, tokens
 from brain.gateway.catalog import GatewayTool, catalog
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
 from brain.hot.boundary import unreachable
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
+from brain.runtime import gateway_door as door
+from brain.runtime import gateway_tokens as tokens
 from brain.store import Store, open_store
 from workers.urls import redact_url
 

@@ -44,10 +44,10 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import Backend, Caller, Refused, Submitted
-from brain.gateway.door import DoorRefused
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
+from brain.runtime.gateway_door import DoorRefused
 from workers.contracts import channel_tree_events
 
 log = logging.getLogger("vancetope.gateway")

@@ -79,7 +79,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # (workers.tasks.HotState.begin_run) — and the pools' copy of the registry snapshot (Redis 6.2
     # cannot make the brain's read-only). No presence, no parked lists, no tool pins, no client
     # key, not the registry others route with: work that needs presence to route goes to the
-    # brain (brain.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
+    # brain (brain.runtime.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
     # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
     "vt-pool": (
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
@@ -102,7 +102,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # The MCP gateway (brain.gateway) asks the brain to submit and cancel (queue `gateway`, with
-    # the caller's token: brain.gateway.door) and waits for its reply; it reads the registry and
+    # the caller's token: brain.runtime.gateway_door) and waits for its reply; it reads the registry and
     # presence the brain publishes and wakes on tree events. No client key, no store key it could
     # write with these commands (reads only there), no SCAN/KEYS, PSUBSCRIBE, scripts or admin.
     "vt-gateway": (
@@ -112,7 +112,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "+ping", "+select", "+echo", *_HOUSEKEEPING,
     ),
     # Other Celery apps submit trees with a credential of one user (`vancetope submit-url --user
-    # U`): ACL users vts-<user>, made by the brain from the store (brain.submitters), not here.
+    # U`): ACL users vts-<user>, made by the brain from the store (brain.runtime.submitters), not here.
 }  # fmt: skip
 
 

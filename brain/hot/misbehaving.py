@@ -3,7 +3,7 @@
 A mark lives in the brain's own hash ``vt:misbehaving`` (no client can write ``vt:``),
 so it survives a brain restart, `vancetope clients` shows it, and each cause is logged
 once per client (``mark`` logs only a kind the mark did not hold yet), not every time
-the relay or a sweep finds it again. A clean announcement clears it (brain.clientwork).
+the relay or a sweep finds it again. A clean announcement clears it (brain.runtime.clientwork).
 """
 
 from __future__ import annotations

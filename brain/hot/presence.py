@@ -196,7 +196,7 @@ class PresenceBook:
 
 
 # The load of a client whose queue or unacked hash cannot be read (its agent changed their
-# type): chosen last. The heartbeat sweep suspends it (brain.clientwork).
+# type): chosen last. The heartbeat sweep suspends it (brain.runtime.clientwork).
 UNREADABLE_LOAD = 1 << 30
 
 

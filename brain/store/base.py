@@ -176,7 +176,7 @@ class Store(Protocol):
         """Forget an enrollment; True if there was one."""
         ...
 
-    # --- schedules (brain.schedule_runs, brain.beat) ---
+    # --- schedules (brain.runtime.schedule_runs, brain.beat) ---
 
     def schedule_runs(
         self, schedule: str, *, running_only: bool = False, limit: int = 20
@@ -204,7 +204,7 @@ class Store(Protocol):
         """The tree's summaries, oldest first."""
         ...
 
-    # --- secrets (the vault's ciphertexts; brain.vault encrypts and decrypts) ---
+    # --- secrets (the vault's ciphertexts; brain.runtime.vault encrypts and decrypts) ---
 
     def put_secret(self, secret: SecretRecord) -> None:
         """Insert or replace the secret ``secret.name``."""

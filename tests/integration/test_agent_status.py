@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brain.enrollment import revoke
+from brain.runtime.enrollment import revoke
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

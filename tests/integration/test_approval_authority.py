@@ -10,8 +10,8 @@ import pytest
 
 from brain.core.models import SessionKind, TaskState
 from brain.hot.toolpins import ToolPins
-from brain.relay import Relay
-from brain.service import Brain
+from brain.runtime.relay import Relay
+from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import READ, connect, connected, reads
 from workers.contracts import ClientToolAwaiting, ToolAwaiting

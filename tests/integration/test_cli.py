@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from brain.core.models import TaskState
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import EXAMPLES, ROOT, tree, wait_until
 

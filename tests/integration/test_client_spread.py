@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import SessionKind, TaskState
-from brain.service import Brain
+from brain.runtime.service import Brain
 from tests.conftest import tree
 from tests.integration.test_parking import connect, queued_task_ids, reads, states
 

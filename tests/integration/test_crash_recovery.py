@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from brain.core.models import SessionKind, TaskState, TreeStatus
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import server_runs_started, tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent

@@ -21,7 +21,7 @@ from brain.core.models import SessionKind
 from brain.flowerapp import EXIT_GRACE_S
 from brain.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
 from brain.redis_server import RedisServer, free_port
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack, flower_argv
 from tests.conftest import (
     agent_with_servers,

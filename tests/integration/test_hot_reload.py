@@ -11,7 +11,7 @@ from pathlib import Path
 
 from brain.core.models import Location, ToolSpec, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
-from brain.reload import RELOAD_REQUEST_KEY, registry_changes
+from brain.runtime.reload import RELOAD_REQUEST_KEY, registry_changes
 from tests.conftest import demo_server, tree, wait_for_tree, wait_until, write_mcp_config
 
 

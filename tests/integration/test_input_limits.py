@@ -10,7 +10,7 @@ import time
 import pytest
 
 from brain.core.models import MAX_TASK_ID_CHARS, MAX_TREE_ID_CHARS, TaskRecord, TaskState
-from brain.service import Brain
+from brain.runtime.service import Brain
 from tests.conftest import tree
 from workers.contracts import SERVER_QUEUE, ToolCall
 

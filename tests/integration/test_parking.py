@@ -15,8 +15,8 @@ import time
 import pytest
 
 from brain.core.models import SessionKind, TaskState
-from brain.relay import Relay
-from brain.service import Brain
+from brain.runtime.relay import Relay
+from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from workers.contracts import (
     CLIENT_ACK,

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from brain.core.models import TaskState, TreeStatus
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack, stack_env
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import pool_queue

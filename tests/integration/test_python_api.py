@@ -107,7 +107,7 @@ def test_unknown_trees_and_no_stack_are_clear_errors(vt: vancetope.Vancetope, tm
 
 def submit_url(stack: EmbeddedStack, user: str) -> str:
     """What `vancetope submit-url --user U` prints the URL of: a credential for ``user`` only."""
-    from brain import submitters
+    from brain.runtime import submitters
     from brain.store import open_store
     from workers.urls import with_credentials
 
@@ -242,7 +242,7 @@ def test_the_server_pool_cannot_submit_through_the_brain_queue(
 def test_a_malformed_submit_message_is_refused_with_the_reason_and_records_nothing(
     vt: vancetope.Vancetope, caplog: pytest.LogCaptureFixture, body: Any, headers: dict[str, Any], logged: str
 ) -> None:
-    from brain.submit_queue import submit_message
+    from brain.runtime.submit_queue import submit_message
 
     before = len(vt.trees(100))
     with caplog.at_level("ERROR", logger="vancetope.brain.submit"):

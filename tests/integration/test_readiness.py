@@ -9,7 +9,7 @@ import random
 import pytest
 
 from brain.core.models import TaskState, TreeStatus
-from brain.service import Brain
+from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from workers.contracts import ErrorInfo
 

@@ -12,8 +12,8 @@ import pytest
 
 from brain.core.models import SessionKind, TaskState
 from brain.errors import StoreError
-from brain.relay import POP_BATCH, Relay
-from brain.service import Brain
+from brain.runtime.relay import POP_BATCH, Relay
+from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads
 from workers.contracts import CLIENT_OUTBOX, ClientToolResult, client_key

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import SessionKind, TaskState
-from brain.service import Brain
+from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads
 from workers.contracts import ToolResult

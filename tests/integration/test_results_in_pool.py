@@ -1,4 +1,4 @@
-"""A server worker records its own result and dispatches what became ready (brain.recorder).
+"""A server worker records its own result and dispatches what became ready (brain.runtime.recorder).
 
 Real redis-server, real brain and pool processes, a real client agent.
 """

@@ -1,4 +1,4 @@
-"""brain.schedule_runs against a real Redis and a SQLite store, no workers: what a fire does
+"""brain.runtime.schedule_runs against a real Redis and a SQLite store, no workers: what a fire does
 under each overlap, that skip holds when fires race, and the summaries the sweep makes and sends."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from brain.core.models import TreeStatus
 from brain.core.schedules import Overlap, Schedule
 from brain.core.summary import SummaryKind
-from brain.schedule_runs import ScheduleRuns
-from brain.service import Brain
+from brain.runtime.schedule_runs import ScheduleRuns
+from brain.runtime.service import Brain
 from workers.contracts import ScheduleFire, key_schedule_queue
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from brain.core.models import TreeRecord, TreeStatus
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import wait_until, write_mcp_config
 from tests.integration.test_schedule_runs import local_webhook

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import RUN_TOOL_TASK

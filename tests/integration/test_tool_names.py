@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from brain.core.models import SessionKind, TaskState, TreeStatus
-from brain.registry import build_registry
+from brain.runtime.registry import build_registry
 from tests.conftest import (
     brain_with_client,
     demo_server,

@@ -17,7 +17,7 @@ import pytest
 
 from brain.flowerauth import flower_access
 from brain.redis_server import free_port
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from tests.conftest import FIXTURES, ROOT, make_settings, tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_flower import fetch
@@ -193,8 +193,8 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
 
 
 def test_a_copied_ciphertext_does_not_decrypt_under_another_name(tmp_path: Path) -> None:
+    from brain.runtime.vault import Vault, VaultError, load_keys
     from brain.store import open_store
-    from brain.vault import Vault, VaultError, load_keys
 
     settings = make_settings(tmp_path)
     store = open_store(settings.store)

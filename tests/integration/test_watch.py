@@ -14,7 +14,7 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.core.treefile import spec_from_descriptor
 from brain.errors import StackNotRunning
 from brain.redis_server import RedisServer
-from brain.service import Brain
+from brain.runtime.service import Brain
 from brain.watch import REDIS_RETRY_FOR_S, watch
 from tests.conftest import make_settings, tree
 from workers.tools.builtin import builtin_descriptors

@@ -19,12 +19,12 @@ import redis
 from celery import Celery
 
 import vancetope
-from brain import submitters
 from brain.core.models import TaskState
 from brain.errors import StoreError
-from brain.gateway import door
 from brain.redis_server import RedisServer
-from brain.service import Brain
+from brain.runtime import gateway_door as door
+from brain.runtime import submitters
+from brain.runtime.service import Brain
 from brain.stack import EmbeddedStack
 from brain.store import open_store
 from tests.conftest import agent_with_servers, make_settings, wait_until, write_mcp_config

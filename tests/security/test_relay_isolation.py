@@ -28,11 +28,11 @@ import redis
 
 from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import SessionKind, TaskState, TreeStatus
-from brain.enrollment import Credential, enroll
 from brain.errors import StoreError
 from brain.hot.queues import read_queues
-from brain.relay import Relay
-from brain.service import Brain
+from brain.runtime.enrollment import Credential, enroll
+from brain.runtime.relay import Relay
+from brain.runtime.service import Brain
 from tests.conftest import ROOT, result_for, tree, wait_for_tree, wait_until
 from tests.integration.test_parking import READ, connect, connected, reads
 from workers.contracts import (

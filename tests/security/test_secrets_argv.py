@@ -15,9 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from brain.registry import build_registry
-from brain.reload import Reloader
-from brain.service import Brain
+from brain.runtime.registry import build_registry
+from brain.runtime.reload import Reloader
+from brain.runtime.service import Brain
 from tests.conftest import ROOT, demo_server, make_settings, write_mcp_config
 from workers.mcp_config import parse_mcp_config
 
@@ -69,7 +69,7 @@ def test_build_registry_used_by_start_and_reload_reports_the_refused_server(tmp_
 
 def test_a_reload_reports_the_refused_server(tmp_path: Path, brain_on_redis: Brain) -> None:
     brain_on_redis.settings = make_settings(tmp_path, mcp_config=_config(tmp_path))
-    Reloader(brain_on_redis).reload()
+    Reloader(brain_on_redis.settings, brain_on_redis.hot, brain_on_redis.scheduler).reload()
     failures = {f.server: f.message for f in brain_on_redis.scheduler.registry.mcp_failures}
     assert all(part in failures["argv_secret"] for part in _expected(tmp_path)), failures
     assert not (tmp_path / "argv-server-ran").exists()

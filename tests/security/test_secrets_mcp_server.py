@@ -23,9 +23,9 @@ import pytest
 from cryptography.fernet import Fernet
 
 from brain.redis_server import ADMIN_SECRET_FILE
+from brain.runtime.vault import Vault, load_keys
 from brain.stack import EmbeddedStack
 from brain.store import open_store
-from brain.vault import Vault, load_keys
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
 from workers.sandbox import choose
 

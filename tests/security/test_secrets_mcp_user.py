@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from brain.redis_server import ADMIN_SECRET_FILE
+from brain.runtime.vault import key_file, load_keys
 from brain.stack import EmbeddedStack
-from brain.vault import key_file, load_keys
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
 
 pytestmark = [

@@ -10,7 +10,7 @@ from celery.events.state import State
 
 from brain.core.models import TaskRecord, TaskState
 from brain.display import shown_state
-from brain.events import ClientEvents
+from brain.runtime.events import ClientEvents
 from workers.contracts import ToolAwaiting
 
 

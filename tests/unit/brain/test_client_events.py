@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import Celery
 
-from brain.events import GATHER_S, ClientEvents
+from brain.runtime.events import GATHER_S, ClientEvents
 from workers.contracts import ToolCall, ToolResult, ToolType
 
 

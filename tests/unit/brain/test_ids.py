@@ -12,7 +12,7 @@ from brain.core.models import MAX_TASK_ID_CHARS, MAX_TREE_ID_CHARS, TaskSpec, Ta
 from brain.core.treefile import load_tree
 from brain.core.validation import resolve_args, validate_tree
 from brain.errors import InvalidTaskTree
-from brain.scheduler import new_run_id
+from brain.runtime.scheduler import new_run_id
 from workers.contracts import MAX_WIRE_ID_CHARS, ToolCall, ToolType
 
 

@@ -11,9 +11,9 @@ from brain.config import load_settings
 from brain.core.models import TaskRecord, TaskTree, ToolSpec
 from brain.core.validation import check_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
-from brain.registry import build_registry
+from brain.runtime.registry import build_registry
+from brain.runtime.sweeps import server_queues
 from brain.stack import pool_service, service_argvs
-from brain.sweeps import server_queues
 from tests.conftest import make_settings
 from workers.contracts import pool_of_queue, pool_queue
 

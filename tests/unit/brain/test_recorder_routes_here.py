@@ -1,4 +1,4 @@
-"""Which results a server pool records itself (``brain.recorder.routes_here``): only those whose
+"""Which results a server pool records itself (``brain.runtime.recorder.routes_here``): only those whose
 dependents all route without presence, which the pool's Redis user cannot read (issue 20, M6).
 The others go to the brain unrecorded. Real scheduler, store and registry."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from brain.recorder import routes_here
-from brain.service import Brain
+from brain.runtime.recorder import routes_here
+from brain.runtime.service import Brain
 from tests.conftest import tree
 from workers.contracts import ToolResult
 

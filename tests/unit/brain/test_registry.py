@@ -1,4 +1,4 @@
-"""The brain's merged registry refuses a fallback_tool that names no tool (brain.registry)."""
+"""The brain's merged registry refuses a fallback_tool that names no tool (brain.runtime.registry)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from brain.errors import InvalidRegistry
-from brain.registry import build_registry
+from brain.runtime.registry import build_registry
 from tests.conftest import make_settings
 
 FALLS_BACK = "tools:\n  - name: local_search\n    location: client\n    offline_strategy: fallback\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.relay import interleaved, rotated
+from brain.runtime.relay import interleaved, rotated
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""brain.submitters: a submit credential's ACL rules reach its own user's queue only."""
+"""brain.runtime.submitters: a submit credential's ACL rules reach its own user's queue only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import fnmatch
 import pytest
 
 from brain.core.models import SubmitCredential
-from brain.submitters import submit_username, submitter_acl_rules
+from brain.runtime.submitters import submit_username, submitter_acl_rules
 
 PRIORITY = "\x06\x16"  # kombu's separator before a queue's priority
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from brain.core.models import Location, ToolSpec, ToolType
 from brain.core.toolnames import clash_lines, name_on_server, place
-from brain.registry import bind_to_servers
+from brain.runtime.registry import bind_to_servers
 
 
 def builtin(name: str) -> ToolSpec:

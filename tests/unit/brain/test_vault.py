@@ -1,4 +1,4 @@
-"""The vault's rules (brain.vault) and the worker side of secrets (workers.secret_refs,
+"""The vault's rules (brain.runtime.vault) and the worker side of secrets (workers.secret_refs,
 workers.masking): encryption bound to the name, rotation, late resolution, masking."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
+from brain.runtime.vault import Vault, VaultError, load_keys, write_keys
 from brain.store.sqlite import SQLiteStore
-from brain.vault import Vault, VaultError, load_keys, write_keys
 from tests.conftest import make_settings
 from workers import masking, secret_refs
 

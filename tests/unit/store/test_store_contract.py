@@ -571,7 +571,7 @@ def test_a_summary_is_stored_once_per_tree_and_kind_and_read_back_oldest_first(s
     assert store.get_summaries("other") == []
 
 
-# --- secrets (ciphertexts only; brain.vault encrypts) -------------------------------------
+# --- secrets (ciphertexts only; brain.runtime.vault encrypts) -------------------------------------
 
 
 def test_a_secret_is_stored_replaced_listed_and_deleted(store: Store) -> None:

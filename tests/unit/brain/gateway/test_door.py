@@ -1,4 +1,4 @@
-"""brain.gateway.door: what the gateway may ask is a closed shape, and its envelope is kombu's."""
+"""brain.runtime.gateway_door: what the gateway may ask is a closed shape, and its envelope is kombu's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from brain.gateway.door import GatewayRequest, envelope
+from brain.runtime.gateway_door import GatewayRequest, envelope
 from workers.contracts import GATEWAY_QUEUE, key_gateway_reply
 
 GOOD = {"request_id": "a" * 32, "token": "vtg_x", "kind": "submit", "tree": {"id": "t", "tasks": []}}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brain.clientwork import ClientWork
 from brain.core.models import Enrollment
 from brain.hot.acl import AclUsers, client_username, new_secret, secret_sha256
 from brain.hot.presence import PresenceBook
+from brain.runtime.clientwork import ClientWork
 from workers.urls import with_credentials
 
 AGENT_URL_VARIABLE = "VANCETOPE_AGENT_BROKER_URL"

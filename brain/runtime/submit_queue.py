@@ -2,13 +2,13 @@
 
 Other apps send the Celery task ``vancetope.submit_tree`` on their user's queue
 ``submit.<user>`` with the credential `vancetope submit-url --user U` printed (README
-"Python API"), which may write that queue and nothing else (``brain.submitters``). The brain
+"Python API"), which may write that queue and nothing else (``brain.runtime.submitters``). The brain
 does not register it as a task: a Celery worker runs a registered task from whichever of its
 queues the message came, and the server pool may write the ``brain`` queue. So each submit
 queue has a consumer of its own (a bootstep), bound to its user: a tree runs as the user of
 the queue it came through, and a message naming another user is refused (issue 20, H5).
 The queues follow the store's submit credentials, looked at every ``REFRESH_S``. The same
-bootstep consumes queue ``gateway``: the MCP gateway's requests (``brain.gateway.door``).
+bootstep consumes queue ``gateway``: the MCP gateway's requests (``brain.runtime.gateway_door``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from brain.core.models import SessionKind
 from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
-from brain.gateway import door
-from brain.service import Brain
+from brain.runtime import gateway_door as door
+from brain.runtime.service import Brain
 from workers.contracts import GATEWAY_QUEUE, SUBMIT_TREE_TASK, SubmitTree, submit_queue_of
 
 log = logging.getLogger("vancetope.brain.submit")
@@ -110,7 +110,7 @@ def submit_consumer(get_brain: Callable[[], Brain]) -> type[bootsteps.ConsumerSt
             self.channel, self.by_user = channel, {}
             for credential in get_brain().store.list_submitters():
                 self.by_user[credential.user] = self._consumer(credential.user)
-            # The MCP gateway's requests (brain.gateway.door): it submits and cancels through here.
+            # The MCP gateway's requests (brain.runtime.gateway_door): it submits and cancels through here.
             self.gateway = Consumer(
                 channel,
                 queues=[Queue(GATEWAY_QUEUE)],

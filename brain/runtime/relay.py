@@ -31,11 +31,11 @@ from typing import TypeVar
 import redis
 from pydantic import ValidationError
 
-from brain.clientwork import ClientWork
 from brain.core.client_health import Cause, reply_cause
-from brain.events import HEARTBEAT_S
 from brain.hot.state import as_bytes, as_text
-from brain.scheduler import Scheduler
+from brain.runtime.clientwork import ClientWork
+from brain.runtime.events import HEARTBEAT_S
+from brain.runtime.scheduler import Scheduler
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_MESSAGE,

@@ -10,25 +10,25 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
-from brain import vault
-from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import clash_lines
-from brain.dispatch import Publisher
 from brain.errors import StackNotRunning
-from brain.events import ClientEvents
 from brain.hot.acl import AclUsers
 from brain.hot.boundary import unreachable
 from brain.hot.state import HotState
-from brain.registry import build_registry
-from brain.relay import Relay
-from brain.reload import Reloader, Signature, signature, sources
-from brain.schedule_runs import ScheduleRuns
-from brain.scheduler import Scheduler
+from brain.runtime import vault
+from brain.runtime.clientwork import ClientWork
+from brain.runtime.dispatch import Publisher
+from brain.runtime.events import ClientEvents
+from brain.runtime.registry import build_registry
+from brain.runtime.relay import Relay
+from brain.runtime.reload import Reloader, Signature, signature, sources
+from brain.runtime.schedule_runs import ScheduleRuns
+from brain.runtime.scheduler import Scheduler
+from brain.runtime.submitters import SubmitterUsers
+from brain.runtime.sweeps import Sweeps
 from brain.store import Store, open_store
-from brain.submitters import SubmitterUsers
-from brain.sweeps import Sweeps
 from workers.app import make_app, message_limit
 from workers.urls import redact_url
 
@@ -46,7 +46,7 @@ class Brain:
     clients: ClientWork
     sweeps: Sweeps
     schedules: ScheduleRuns
-    # The registry sources' size and mtime when the registry in use was built (brain.reload).
+    # The registry sources' size and mtime when the registry in use was built (brain.runtime.reload).
     sources_seen: Signature | None = None
 
     @classmethod
@@ -96,7 +96,7 @@ class Brain:
             presence=presence,
             parked=parked,
             settings=settings,
-            registry=lambda: scheduler.registry,  # replaced on a reload (brain.reload)
+            registry=lambda: scheduler.registry,  # replaced on a reload (brain.runtime.reload)
             clock=clock,
         )
         return cls(
@@ -153,7 +153,7 @@ def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread
     return [
         Relay(brain.scheduler, brain.clients).run(stop),
         run_reconciler(brain, stop),
-        Reloader(brain).run(stop),
+        Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]
 
 
@@ -173,7 +173,7 @@ def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:
             except Exception:
                 log.exception("reconcile sweep failed at %s", time.strftime("%X"))
             try:
-                brain.schedules.sweep()  # queued fires, run summaries (brain.schedule_runs)
+                brain.schedules.sweep()  # queued fires, run summaries (brain.runtime.schedule_runs)
             except Exception:
                 log.exception("schedule sweep failed at %s", time.strftime("%X"))
 

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
 
-from brain.clientwork import ClientWork
 from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
@@ -23,7 +22,8 @@ from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_clie
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
-from brain.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, new_run_id
+from brain.runtime.clientwork import ClientWork
+from brain.runtime.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, new_run_id
 from brain.store import Store
 from workers.contracts import (
     BRAIN_QUEUE,
@@ -48,7 +48,7 @@ def server_queues(records: Iterable[TaskRecord], pools: Iterable[str]) -> list[s
 
 
 class SweepScheduling(Protocol):
-    """What Sweeps asks of the scheduler (brain.scheduler.Scheduler): the scheduler's
+    """What Sweeps asks of the scheduler (brain.runtime.scheduler.Scheduler): the scheduler's
     operations on tasks and trees, nothing of its state."""
 
     def tree(self, tree_id: str) -> TreeRecord | None: ...

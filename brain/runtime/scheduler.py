@@ -5,7 +5,7 @@ every state change is a compare-and-set on (state, run_id), so a redelivered job
 a late result or two brains advancing the same tree never complete a task or
 dispatch a dependent twice. Decisions come from ``transitions.plan`` and
 ``routing.decide_route``; this module only applies them. What happens when clients
-come and go lives in ``brain.clientwork``.
+come and go lives in ``brain.runtime.clientwork``.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from brain.core.toolnames import name_on_server
 from brain.core.transitions import check_move, plan
 from brain.core.treefile import spec_from_descriptor
 from brain.core.validation import UnresolvedReference, resolve_args
-from brain.dispatch import Publisher
-from brain.events import ClientEvents
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
+from brain.runtime.dispatch import Publisher
+from brain.runtime.events import ClientEvents
 from brain.store import Store
 from workers.contracts import (
     BRAIN_QUEUE,

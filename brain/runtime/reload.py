@@ -4,7 +4,7 @@ The brain watches the registry file and the mcpServers file (their size and mtim
 ``WATCH_EVERY_S``) and takes a reload request from ``vancetope reload``. A change builds a
 new registry (discovering the MCP servers again) and swaps it in whole: calls already sent
 finish on the definitions they were sent with, new calls use the new ones; server workers
-pick up the new snapshot within ``brain.recorder.REGISTRY_MAX_AGE_S`` and restart an MCP
+pick up the new snapshot within ``brain.runtime.recorder.REGISTRY_MAX_AGE_S`` and restart an MCP
 server whose config changed before their next call (``workers.mcp_clients.get_manager``).
 A file that no longer loads is logged and the registry in use is kept.
 """
@@ -15,18 +15,16 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from brain.config import Settings
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import clash_lines
 from brain.errors import BrainError
-from brain.registry import build_registry
+from brain.hot.state import HotState
+from brain.runtime.registry import build_registry
 from workers.contracts import KEY_NS
 from workers.errors import WorkerError
-
-if TYPE_CHECKING:  # brain.service starts the reloader; no import cycle at run time
-    from brain.service import Brain
 
 log = logging.getLogger("vancetope.brain")
 
@@ -70,17 +68,30 @@ def signature(paths: list[Path]) -> Signature:
     return tuple(out)
 
 
+class RegistryHolder(Protocol):
+    """Whoever routes with the registry in use (the scheduler): a reload swaps it whole."""
+
+    registry: RegistrySnapshot
+
+
 class Reloader:
-    def __init__(self, brain: Brain) -> None:
-        self.brain = brain
-        self.sources = sources(brain.settings)
+    """Handed what it reads and writes, not the brain: the settings (which files), hot state
+    (the reload request, the published snapshot) and the registry's holder."""
+
+    def __init__(
+        self, settings: Settings, hot: HotState, holder: RegistryHolder, seen: Signature | None = None
+    ) -> None:
+        self.settings = settings
+        self.hot = hot
+        self.holder = holder
+        self.sources = sources(settings)
         # What the files looked like when the registry in use was built (start_brain), not
         # when this thread starts: a change in between is a change.
-        self._seen = brain.sources_seen if brain.sources_seen is not None else signature(self.sources)
+        self._seen = seen if seen is not None else signature(self.sources)
 
     def check(self) -> list[str] | None:
         """Reload if a source changed or a reload was requested; the changes, or None."""
-        requested = self.brain.hot.r.getdel(RELOAD_REQUEST_KEY) is not None
+        requested = self.hot.r.getdel(RELOAD_REQUEST_KEY) is not None
         now = signature(self.sources)
         if now == self._seen and not requested:
             return None
@@ -88,19 +99,19 @@ class Reloader:
         return self.reload()
 
     def reload(self) -> list[str]:
-        old = self.brain.scheduler.registry
+        old = self.holder.registry
         try:
-            new = build_registry(self.brain.settings)
+            new = build_registry(self.settings)
         except (BrainError, WorkerError, OSError) as exc:
             log.error("registry reload failed; keeping the registry in use: %s", exc)
             failed = old.model_copy(update={"loaded_at": time.time(), "changes": [f"reload failed: {exc}"]})
-            self.brain.hot.put_registry(failed.model_dump(mode="json"))
+            self.hot.put_registry(failed.model_dump(mode="json"))
             return failed.changes
         new = new.model_copy(update={"loaded_at": time.time(), "changes": registry_changes(old, new)})
         for failure in new.mcp_failures:
             log.error("MCP server %r failed to start: %s", failure.server, failure.message)
-        self.brain.scheduler.registry = new
-        self.brain.hot.put_registry(new.model_dump(mode="json"))
+        self.holder.registry = new
+        self.hot.put_registry(new.model_dump(mode="json"))
         log.warning("registry reloaded (%d tools): %s", len(new.tools), "; ".join(new.changes))
         return new.changes
 

@@ -27,8 +27,8 @@ from brain.core.sessions import user_sessions
 from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
-from brain.gateway import tokens
-from brain.service import Brain
+from brain.runtime import gateway_tokens as tokens
+from brain.runtime.service import Brain
 from workers.contracts import GATEWAY_QUEUE, key_gateway_reply
 
 log = logging.getLogger("vancetope.gateway.door")

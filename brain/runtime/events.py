@@ -20,7 +20,7 @@ from typing import Any
 from celery import Celery
 from celery.events import EventDispatcher
 
-from brain.dispatch import args_summary
+from brain.runtime.dispatch import args_summary
 from workers.contracts import RUN_TOOL_TASK, ToolAwaiting, ToolCall, ToolProgress, ToolResult, shown_failure
 
 log = logging.getLogger("vancetope.brain")

@@ -40,10 +40,10 @@ from celery import Celery
 from brain.config import Settings, load_settings
 from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
-from brain.dispatch import Publisher, args_summary
-from brain.events import ClientEvents
 from brain.hot.state import HotState
-from brain.scheduler import Scheduler
+from brain.runtime.dispatch import Publisher, args_summary
+from brain.runtime.events import ClientEvents
+from brain.runtime.scheduler import Scheduler
 from brain.store import open_store
 from workers.contracts import (
     BRAIN_QUEUE,

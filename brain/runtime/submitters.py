@@ -4,7 +4,7 @@ Issue 20 (H5): one shared submitter user let any app submit a tree *as anyone* (
 in the message), so it ran on bob's workstation. Now `vancetope submit-url --user U` issues a
 credential for U only: Redis ACL user ``vts-<U>``, which may put messages on queue
 ``submit.<U>`` and nothing else. The brain consumes each such queue with the user bound to
-the queue it came through (``brain.submit_queue``), never to what a message says. As for the
+the queue it came through (``brain.runtime.submit_queue``), never to what a message says. As for the
 per-client users (``brain.hot.acl``), the store holds the user and the SHA-256 of the secret; the
 ACL user is derived from it, so a Redis restart loses nothing the brain cannot put back
 (``SubmitterUsers.sync``), and the secret itself is never stored.

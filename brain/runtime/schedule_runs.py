@@ -33,8 +33,8 @@ from brain.core.submission import check_submission
 from brain.core.summary import RunSummary, SummaryKind, summarise
 from brain.core.treefile import load_tree
 from brain.errors import BrainError
-from brain.scheduler import Scheduler
-from brain.summary_sinks import deliver
+from brain.runtime.scheduler import Scheduler
+from brain.runtime.summary_sinks import deliver
 from workers.contracts import ScheduleFire, key_schedule_lock, key_schedule_queue
 from workers.scripts import lua
 

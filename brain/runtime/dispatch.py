@@ -48,7 +48,7 @@ class Publisher:
     one event message per task; here a batch's events go out as one ``task.multi``, as a
     worker sends its own, after the batch's calls). A client's call gets none: its queue's
     events would land under the client's key prefix, where Flower does not listen; the brain
-    reports a client's calls itself (``brain.events``). The events ride in the batch's own
+    reports a client's calls itself (``brain.runtime.events``). The events ride in the batch's own
     pipeline, after its calls: no round trip of their own."""
 
     def __init__(self, app: Celery, *, task_events: bool = True) -> None:

@@ -1,0 +1,1 @@
+"""brain/runtime: see docs/architecture.md."""
