@@ -26,7 +26,7 @@ from bench.common import BenchError, Row, bench_settings, percentile, start_vanc
 from bench.rigs import Vancetope, baseline_on
 from brain.core.models import SessionKind, TaskTree
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 
 NAME = "client_round_trip"
 CLIENT_ID = "bench-laptop"

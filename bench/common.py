@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from brain.config import Settings, load_settings
-from brain.stack import EmbeddedStack, tail
+from brain.stack.embedded import EmbeddedStack, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN_DIR = Path(sys.executable).parent
@@ -147,7 +147,7 @@ def wait_until(
 
 
 def scrub_vancetope_env() -> None:
-    """Child processes inherit os.environ (brain.stack.stack_env); a caller's VANCETOPE_* must
+    """Child processes inherit os.environ (brain.stack.embedded.stack_env); a caller's VANCETOPE_* must
     not change what is measured (e.g. add MCP servers), so drop them from this process."""
     for name in [n for n in os.environ if n.startswith("VANCETOPE_")]:
         del os.environ[name]
@@ -254,7 +254,7 @@ class Child:
 
 
 def redis_server_version() -> str:
-    from brain.redis_server import find_redis_server
+    from brain.stack.redis_server import find_redis_server
 
     try:
         out = subprocess.run(

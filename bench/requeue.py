@@ -36,7 +36,7 @@ import redis
 
 from bench.common import BenchError, Child, Row, child_env, percentile
 from brain.hot.parked import _MOVE, CHUNK, ParkedRef, ParkedWork, decode_chunk
-from brain.redis_server import RedisServer
+from brain.stack.redis_server import RedisServer
 from workers.contracts import key_parked, key_requeueing
 
 NAME = "requeue"

@@ -22,7 +22,7 @@ from bench import celery_baseline
 from bench.common import BenchError, Child, child_env, stack_logs, start_vancetope, wait_until
 from brain.core.models import TaskTree, TreeRecord, TreeStatus
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from workers.contracts import channel_tree_events
 
 WARMUP_TIMEOUT_S = 60.0

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.common import BenchError, Child, Row, busy_share, cpu_jiffies, redis_only_stack, wait_until
 from bench.rigs import echo_tree, vancetope_on
-from brain.stack import celery_argv, stack_env
+from brain.stack.embedded import celery_argv, stack_env
 from workers.contracts import RECORD_RESULT_TASK
 
 NAME = "brain_scale_out"

@@ -36,7 +36,7 @@ from brain.core.submission import check_submission
 from brain.core.treefile import load_tree, tree_from_data
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack, running_stack_url, without_agent
+from brain.stack.embedded import EmbeddedStack, running_stack_url, without_agent
 from workers.contracts import channel_tree_events, client_queue
 
 log = logging.getLogger("vancetope.api")

@@ -8,7 +8,7 @@ Here ``/api/workers`` also lists each worker the dashboard shows that did not an
 ``inspect``, with the fields the dashboard has for it and ``"source": "events"``. Workers
 that answered ``inspect`` are listed exactly as Flower lists them.
 
-Two more for who may read it (``brain.flowerauth`` always gives Flower a password): Flower
+Two more for who may read it (``brain.stack.flowerauth`` always gives Flower a password): Flower
 serves ``/metrics`` to anyone, password or not, so here it asks for the password like every
 page; and a Flower on loopback answers only requests whose Host header names loopback, so a
 web page that rebinds its own DNS name to 127.0.0.1 gets 421, not the dashboard.
@@ -42,7 +42,7 @@ from flower.app import Flower
 from flower.views import monitor as flower_monitor
 from tornado import httputil, web
 
-from brain.flowerauth import host_allowed
+from brain.stack.flowerauth import host_allowed
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")

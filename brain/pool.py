@@ -28,7 +28,7 @@ if not settings.task_log:
     # task received (main process) and finished (each child): set before either is built.
     for name in ("celery.worker.strategy", "celery.app.trace"):
         logging.getLogger(name).setLevel(logging.WARNING)
-# workers.app turns them on for every worker; -E (brain.stack.celery_argv) follows the setting too.
+# workers.app turns them on for every worker; -E (brain.stack.embedded.celery_argv) follows the setting too.
 app.conf.worker_send_task_events = settings.task_events
 # Status asks whether anyone consumes a pool's queue: this worker says so (workers.pool_presence).
 app.steps["consumer"].add(PoolPresence)

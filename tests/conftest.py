@@ -20,9 +20,9 @@ import redis
 
 from brain.config import Settings, load_settings
 from brain.core.models import TaskTree, TreeRecord, TreeStatus
-from brain.redis_server import RedisServer
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

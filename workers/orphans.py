@@ -1,6 +1,6 @@
 """A worker whose stack was killed does not outlive it (layer: workers, process glue).
 
-``brain.children`` starts each of the stack's services so that the kernel sends it SIGTERM
+``brain.stack.children`` starts each of the stack's services so that the kernel sends it SIGTERM
 when the stack's process dies (SIGKILL, OOM), and Celery turns that SIGTERM into a warm
 shutdown. A warm shutdown waits for the tasks under way, and its flag is only read by the
 consumer's loop: a worker still starting when Redis went down with the stack retries its
@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger("vancetope.worker")
 
-# Set by brain.children to the stack's pid, for the service it starts.
+# Set by brain.stack.children to the stack's pid, for the service it starts.
 STACK_PID_VARIABLE = "VANCETOPE_STACK_PID"
 # As long as `vancetope up` gives a service to stop before its SIGKILL (EmbeddedStack.stop).
 ORPHAN_GRACE_S = 20.0
@@ -62,7 +62,7 @@ def _kill_after(grace_s: float) -> None:
 
 def install() -> None:
     """Connect the timer to Celery's warm shutdown (every worker app does, ``workers.app``).
-    Celery is imported here, not at the top: ``brain.children`` reads this module's constant
+    Celery is imported here, not at the top: ``brain.stack.children`` reads this module's constant
     on its way to exec and should not pay for it."""
     from celery.signals import worker_shutting_down
 

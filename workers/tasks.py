@@ -84,7 +84,7 @@ class HotState:
         once never get the same number and a run cancelled before its mark never starts.
         Marks are never deleted one by one (a round trip per result): the hash expires, and
         the brain deletes it when the tree finishes; readers trust a mark only for the run
-        the store still has in flight (brain.display.shown_state)."""
+        the store still has in flight (brain.cli.display.shown_state)."""
         cancelled = self.prefix + key_cancelled()
         deliveries = self.prefix + key_deliveries(call.run_id)
         running = self.prefix + key_tree_running(call.tree_id)

@@ -33,7 +33,7 @@ from brain.errors import (
 )
 from brain.hot.boundary import unreachable
 from brain.runtime.service import Brain
-from brain.stack import (
+from brain.stack.embedded import (
     EmbeddedStack,
     running_stack_url,
     service_argvs,

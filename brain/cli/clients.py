@@ -18,12 +18,12 @@ from brain.cli.base import (
     fail,
     running_brain,
 )
+from brain.cli.display import clients_table
 from brain.config import Settings
 from brain.core.report import clients_report
-from brain.display import clients_table
 from brain.hot.toolpins import ToolPins
-from brain.redis_server import write_private
 from brain.runtime.enrollment import enroll, revoke
+from brain.stack.redis_server import write_private
 from brain.store import open_store
 
 

@@ -32,10 +32,9 @@ from brain.errors import (
     StackAlreadyRunning,
     StackNotRunning,
 )
-from brain.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
 from brain.runtime import submitters
 from brain.runtime.reload import RELOAD_REQUEST_KEY
-from brain.stack import (
+from brain.stack.embedded import (
     EmbeddedStack,
     beat_argv,
     gateway_argv,
@@ -44,8 +43,9 @@ from brain.stack import (
     stack_env,
     without_agent,
 )
+from brain.stack.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
+from brain.stack.supervisor import GaveUp, Supervisor
 from brain.store import open_store
-from brain.supervisor import GaveUp, Supervisor
 from workers.contracts import DEFAULT_POOL, submit_queue_of
 from workers.urls import with_credentials
 

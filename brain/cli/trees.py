@@ -30,6 +30,9 @@ from brain.cli.base import (
     running_brain,
     stack_for,
 )
+from brain.cli.display import queues_table, task_table, trees_table
+from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
+from brain.cli.watch import watch
 from brain.config import Settings
 from brain.core.limits import TreeRefused
 from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
@@ -41,7 +44,6 @@ from brain.core.summary import render_markdown
 from brain.core.toolnames import clash_lines
 from brain.core.treefile import load_tree
 from brain.core.validation import check_tree
-from brain.display import queues_table, task_table, trees_table
 from brain.errors import (
     InvalidFile,
     InvalidRegistry,
@@ -53,12 +55,10 @@ from brain.hot.boundary import unreachable
 from brain.hot.queues import QueuesReport, queues_report
 from brain.runtime.registry import build_registry
 from brain.runtime.service import Brain
-from brain.schedule_view import schedules_report, schedules_table, shown_summary
-from brain.stack import (
+from brain.stack.embedded import (
     running_stack_url,
 )
 from brain.store import Store, open_store
-from brain.watch import watch
 from workers.contracts import MCPServerFailure, client_queue
 
 STDERR_LINES_SHOWN = 12

@@ -76,7 +76,7 @@ _DISPATCH_CHUNK = 200
 _CANCEL_CHUNK = 10_000
 # Dependencies asked about per lookup when a result may have made a task ready.
 _DEPENDENCY_PROBE = 32
-# A live view redraws at most every 0.2 s (brain.watch.REDRAW_EVERY_S) and a tree's end
+# A live view redraws at most every 0.2 s (brain.cli.watch.REDRAW_EVERY_S) and a tree's end
 # always wakes it: waking it more often from one process only costs PUBLISH round trips.
 _WAKE_EVERY_S = 0.2
 

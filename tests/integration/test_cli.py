@@ -17,7 +17,7 @@ import pytest
 
 from brain.core.models import TaskState
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import EXAMPLES, ROOT, tree, wait_until
 
 pytestmark = pytest.mark.integration
@@ -153,7 +153,7 @@ def test_explain_reports_a_tool_name_clash_and_the_names_to_write(tmp_path: Path
 def test_without_redis_clients_and_cancel_exit_3_with_one_line_and_status_still_reads_the_store(
     tmp_path: Path,
 ) -> None:
-    from brain.redis_server import free_port
+    from brain.stack.redis_server import free_port
 
     # A narrow terminal too: the reason stays one line.
     gone = {"VANCETOPE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "COLUMNS": "60"}

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from brain.redis_server import RedisServer
 from brain.runtime.enrollment import enroll, revoke
+from brain.stack.redis_server import RedisServer
 from tests.conftest import FIXTURES
 from workers.app import make_app
 from workers.contracts import (

@@ -22,7 +22,7 @@ import pytest
 
 from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import server_runs_started, tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 from workers.contracts import pool_queue

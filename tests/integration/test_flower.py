@@ -19,10 +19,10 @@ import pytest
 
 from brain.core.models import SessionKind
 from brain.flowerapp import EXIT_GRACE_S
-from brain.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
-from brain.redis_server import RedisServer, free_port
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack, flower_argv
+from brain.stack.embedded import EmbeddedStack, flower_argv
+from brain.stack.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
+from brain.stack.redis_server import RedisServer, free_port
 from tests.conftest import (
     agent_with_servers,
     make_settings,

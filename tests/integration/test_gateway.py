@@ -28,9 +28,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
 
 from brain.hot.state import HotState
-from brain.redis_server import free_port
 from brain.runtime import gateway_tokens as tokens
-from brain.stack import EmbeddedStack, gateway_argv, stack_env
+from brain.stack.embedded import EmbeddedStack, gateway_argv, stack_env
+from brain.stack.redis_server import free_port
 from brain.store import open_store
 from tests.conftest import (
     ROOT,

@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from brain.core.models import SessionKind, TaskState
-from brain.redis_server import RedisServer
 from brain.runtime.enrollment import AGENT_URL_VARIABLE, Credential, enroll, revoke
 from brain.runtime.relay import Relay
 from brain.runtime.service import Brain
+from brain.stack.redis_server import RedisServer
 from tests.conftest import EXAMPLES, result_for, tree, wait_until
 from tests.integration.test_parking import READ, connected
 from workers.contracts import (

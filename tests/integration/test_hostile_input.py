@@ -26,7 +26,7 @@ GARBAGE = [
     b"[" * 10_000 + b"]" * 10_000,
 ]
 # Larger than any consumer accepts: Redis itself refuses it (proto-max-bulk-len is the message
-# limit, brain.redis_server.RedisLimits), so it never reaches a queue; the consumers' own check
+# limit, brain.stack.redis_server.RedisLimits), so it never reaches a queue; the consumers' own check
 # stands behind it for a Redis run without that limit.
 OVERSIZED = b'"' + b"x" * (MAX_MESSAGE_BYTES + 1) + b'"'
 

@@ -18,7 +18,7 @@ import redis
 
 from brain.core.models import TaskState, TreeStatus
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack, stack_env
+from brain.stack.embedded import EmbeddedStack, stack_env
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import pool_queue
 from workers.pool_presence import live_pool_workers

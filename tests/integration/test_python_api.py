@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 import vancetope
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import make_settings, wait_until
 
 pytestmark = pytest.mark.integration

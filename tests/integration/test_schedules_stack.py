@@ -16,7 +16,7 @@ import pytest
 
 from brain.core.models import TreeRecord, TreeStatus
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import wait_until, write_mcp_config
 from tests.integration.test_schedule_runs import local_webhook
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import RUN_TOOL_TASK
 

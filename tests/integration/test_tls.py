@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.redis_server import RedisServer
+from brain.stack.redis_server import RedisServer
 from tests.conftest import EXAMPLES, ROOT, wait_until
 from tests.fixtures.tls import TLSRelay, make_ca_and_server_cert
 from tests.integration.test_client_path import make_agent

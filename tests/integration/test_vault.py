@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from brain.flowerauth import flower_access
-from brain.redis_server import free_port
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.flowerauth import flower_access
+from brain.stack.redis_server import free_port
 from tests.conftest import FIXTURES, ROOT, make_settings, tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_flower import fetch
 

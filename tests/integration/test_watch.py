@@ -1,4 +1,4 @@
-"""The live view of `vancetope run` when Redis goes away (brain.watch): it retries, then gives
+"""The live view of `vancetope run` when Redis goes away (brain.cli.watch): it retries, then gives
 up naming the tree, which goes on (a real Redis, stopped under it)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from brain.cli.watch import REDIS_RETRY_FOR_S, watch
 from brain.core.models import Location
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.treefile import spec_from_descriptor
 from brain.errors import StackNotRunning
-from brain.redis_server import RedisServer
 from brain.runtime.service import Brain
-from brain.watch import REDIS_RETRY_FOR_S, watch
+from brain.stack.redis_server import RedisServer
 from tests.conftest import make_settings, tree
 from workers.tools.builtin import builtin_descriptors
 

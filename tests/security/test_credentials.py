@@ -21,11 +21,11 @@ from celery import Celery
 import vancetope
 from brain.core.models import TaskState
 from brain.errors import StoreError
-from brain.redis_server import RedisServer
 from brain.runtime import gateway_door as door
 from brain.runtime import submitters
 from brain.runtime.service import Brain
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.redis_server import RedisServer
 from brain.store import open_store
 from tests.conftest import agent_with_servers, make_settings, wait_until, write_mcp_config
 from tests.integration.test_gateway import mcp_client, start_gateway, token_for

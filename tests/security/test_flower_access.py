@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from brain.flowerauth import FLOWER_SECRET_FILE, FLOWER_USER, flower_access
-from brain.redis_server import RedisServer, free_port
-from brain.stack import flower_argv
+from brain.stack.embedded import flower_argv
+from brain.stack.flowerauth import FLOWER_SECRET_FILE, FLOWER_USER, flower_access
+from brain.stack.redis_server import RedisServer, free_port
 from tests.conftest import wait_until
 from tests.integration.test_flower import fetch
 

@@ -22,10 +22,10 @@ from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.hot.acl import CLIENT_COMMANDS
 from brain.hot.client_quota import measure_client_usage
 from brain.hot.presence import PresenceBook
-from brain.redis_server import RedisServer, redis_limits
 from brain.runtime.enrollment import Credential, enroll, revoke
 from brain.runtime.reload import RELOAD_REQUEST_KEY
 from brain.runtime.service import Brain
+from brain.stack.redis_server import RedisServer, redis_limits
 from brain.store import open_store
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent

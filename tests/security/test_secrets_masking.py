@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
 from tests.integration.test_vault import secrets_cli, status_json
 

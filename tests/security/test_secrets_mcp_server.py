@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 import pytest
 from cryptography.fernet import Fernet
 
-from brain.redis_server import ADMIN_SECRET_FILE
 from brain.runtime.vault import Vault, load_keys
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.redis_server import ADMIN_SECRET_FILE
 from brain.store import open_store
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
 from workers.sandbox import choose

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from brain.redis_server import ADMIN_SECRET_FILE
 from brain.runtime.vault import key_file, load_keys
-from brain.stack import EmbeddedStack
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.redis_server import ADMIN_SECRET_FILE
 from tests.conftest import FIXTURES, make_settings, tree, wait_for_tree, write_mcp_config
 
 pytestmark = [

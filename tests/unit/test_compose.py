@@ -61,7 +61,7 @@ def test_compose_redis_users_are_the_stacks_component_rules_and_default_is_off()
         assert rules[0] == "on" and rules[1].startswith(">${"), f"{name}: password from .env"
         assert tuple(rules[2:]) == COMPONENT_RULES[name], f"{name}: differs from brain/hot/acl.py"
     assert set(users) == set(COMPONENT_RULES)
-    from brain.stack import SERVICE_USERS
+    from brain.stack.embedded import SERVICE_USERS
 
     for service in ("brain", "server-pool", "flower", "beat", "gateway"):
         url = compose()["services"][service]["environment"]["VANCETOPE_REDIS_URL"]
@@ -111,7 +111,7 @@ def test_compose_gives_the_gateway_a_mongodb_user_that_may_only_read() -> None:
 
 def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:
     """Issue 20 M1: maxmemory with noeviction, and values no larger than a message."""
-    from brain.redis_server import DEFAULT_MAXMEMORY, redis_limits
+    from brain.stack.redis_server import DEFAULT_MAXMEMORY, redis_limits
 
     command = compose()["services"]["redis"]["command"]
     options = dict(zip(command[1::2], command[2::2], strict=False))
@@ -126,8 +126,8 @@ def test_compose_redis_runs_with_the_embedded_stacks_limits() -> None:
 
 
 def test_compose_flower_asks_for_a_password_from_env_on_the_dashboard_and_the_api() -> None:
-    from brain.flowerauth import BASIC_AUTH_VARIABLE, UNAUTHENTICATED_API_VARIABLE, users_of
-    from brain.stack import flower_argv
+    from brain.stack.embedded import flower_argv
+    from brain.stack.flowerauth import BASIC_AUTH_VARIABLE, UNAUTHENTICATED_API_VARIABLE, users_of
 
     flower = compose()["services"]["flower"]
     env = flower["environment"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from brain.redis_server import RedisServer
+from brain.stack.redis_server import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from brain.redis_server import RedisServer
+from brain.stack.redis_server import RedisServer
 from client_agent.local_state import AgentState
 from client_agent.service import ServiceKind, ServiceState
 from client_agent.status import Enrollment, Facts, StatusExit, assess, check_enrollment, describe

@@ -20,9 +20,9 @@ import redis
 from redis.client import Pipeline
 from redis.exceptions import LockNotOwnedError
 
-from brain.redis_server import RedisServer
 from brain.runtime.enrollment import enroll, revoke
 from brain.runtime.service import Brain
+from brain.stack.redis_server import RedisServer
 from workers.app import make_app
 from workers.contracts import (
     ToolCall,

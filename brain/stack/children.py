@@ -26,7 +26,7 @@ def dies_with_this_process(argv: list[str]) -> list[str]:
     """``argv`` wrapped so that the child gets SIGTERM when this process dies (Linux)."""
     if sys.platform != "linux":
         return argv
-    return [sys.executable, "-m", "brain.children", str(os.getpid()), *argv]
+    return [sys.executable, "-m", "brain.stack.children", str(os.getpid()), *argv]
 
 
 def main(args: list[str]) -> None:

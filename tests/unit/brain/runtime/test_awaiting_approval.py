@@ -8,8 +8,8 @@ from typing import Any
 
 from celery.events.state import State
 
+from brain.cli.display import shown_state
 from brain.core.models import TaskRecord, TaskState
-from brain.display import shown_state
 from brain.runtime.events import ClientEvents
 from workers.contracts import ToolAwaiting
 

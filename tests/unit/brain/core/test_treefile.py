@@ -19,7 +19,7 @@ from brain.core.treefile import (
 from brain.errors import ConfigError, InvalidFile, InvalidRegistry, InvalidTaskTree
 from workers.contracts import ToolDescriptor, ToolType
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
 
 
 def write(tmp_path: Path, text: str, name: str = "tree.yaml") -> Path:

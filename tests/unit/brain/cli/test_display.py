@@ -1,12 +1,12 @@
-"""What `vancetope run` and `status` show for a running task with progress (brain.display)."""
+"""What `vancetope run` and `status` show for a running task with progress (brain.cli.display)."""
 
 from __future__ import annotations
 
 import pytest
 from rich.console import Console
 
+from brain.cli.display import progress_text, task_table, trees_table
 from brain.core.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
-from brain.display import progress_text, task_table, trees_table
 
 
 @pytest.mark.parametrize(
@@ -71,7 +71,7 @@ def test_the_tree_list_never_cuts_a_tree_id_on_a_narrow_terminal() -> None:
 def test_a_task_shows_running_once_a_worker_began_its_current_run(
     state: TaskState, deliveries: int, mark_run: str | None, shown: str
 ) -> None:
-    from brain.display import shown_state
+    from brain.cli.display import shown_state
 
     rec = TaskRecord(tree_id="t", task_id="a", tool="echo", state=state, run_id="r1", deliveries=deliveries)
     running = {"a": {"run_id": mark_run}} if mark_run else {}

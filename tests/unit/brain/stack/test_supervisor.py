@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.supervisor import RestartPolicy, Track, Verdict, decide_restart
+from brain.stack.supervisor import RestartPolicy, Track, Verdict, decide_restart
 
 POLICY = RestartPolicy(
     first_delay_s=1.0, max_delay_s=30.0, stable_after_s=60.0, quick_exit_s=15.0, give_up_after=3

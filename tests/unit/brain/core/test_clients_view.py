@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from brain.cli.display import clients_table
 from brain.core.client_health import Mark
 from brain.core.models import Enrollment
 from brain.core.report import clients_report
-from brain.display import clients_table
 
 ENROLLED = {
     cid: Enrollment(client_id=cid, user=user, enrolled_at=1.0)

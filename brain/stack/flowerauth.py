@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from brain.errors import ConfigError
-from brain.redis_server import read_or_create_secret
+from brain.stack.redis_server import read_or_create_secret
 
 FLOWER_USER = "vancetope"
 FLOWER_SECRET_FILE = "flower.secret"

@@ -18,8 +18,8 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from brain.cli.display import progress, task_table
 from brain.core.models import TaskRecord, TreeRecord, TreeStatus
-from brain.display import progress, task_table
 from brain.errors import StackNotRunning
 from brain.hot.boundary import unreachable
 from brain.runtime.service import Brain

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.flowerauth import (
+from brain.stack.flowerauth import (
     BASIC_AUTH_VARIABLE,
     FLOWER_USER,
     FlowerAccess,

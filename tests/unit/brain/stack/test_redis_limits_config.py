@@ -6,7 +6,7 @@ import pytest
 
 from brain.config import load_settings
 from brain.errors import ConfigError
-from brain.redis_server import QUERY_BUFFER_SLACK, redis_limits
+from brain.stack.redis_server import QUERY_BUFFER_SLACK, redis_limits
 from workers.app import message_limit
 
 

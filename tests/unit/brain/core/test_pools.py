@@ -1,5 +1,5 @@
 """Named server pools: [[pools]] config, queue names, pool names in trees and registries
-(brain.core.pools, brain.config), and the stack's process per pool (brain.stack)."""
+(brain.core.pools, brain.config), and the stack's process per pool (brain.stack.embedded)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from brain.core.validation import check_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
 from brain.runtime.registry import build_registry
 from brain.runtime.sweeps import server_queues
-from brain.stack import pool_service, service_argvs
+from brain.stack.embedded import pool_service, service_argvs
 from tests.conftest import make_settings
 from workers.contracts import pool_of_queue, pool_queue
 

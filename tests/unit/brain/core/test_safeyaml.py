@@ -11,7 +11,7 @@ from brain.core import safeyaml
 from brain.core.treefile import load_registry, load_tree
 from brain.errors import InvalidFile
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 TREE = "id: t\ntasks:\n  - id: a\n    tool: echo\n    args: {text: hi}\n"
 
 

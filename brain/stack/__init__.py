@@ -1,0 +1,1 @@
+"""brain/stack: see docs/architecture.md."""
