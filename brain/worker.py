@@ -66,7 +66,7 @@ def record_result(payload: Any) -> bool:
     except ValidationError as exc:
         log.error("dropped a malformed result message: %s", exc)
         return False
-    return get_brain().scheduler.on_result(result)
+    return get_brain().intake.on_result(result)
 
 
 @app.task(name=PUBLISH_CALL_TASK, acks_late=True, reject_on_worker_lost=True)

@@ -10,13 +10,12 @@ Binary content (base64 ``data``/``blob``) is left alone: a pattern cannot read i
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from workers.contracts import ErrorInfo, ToolResult
+from workers.contracts import ErrorInfo, ToolResult, result_size
 
 REPLACEMENT = "[REDACTED]"
 
@@ -115,23 +114,15 @@ class Redactor:
         return result.model_copy(update={"value": value, "mcp": whole, "redactions": n + m})
 
 
-def result_size(result: ToolResult) -> int:
-    """What the result's payload costs on the wire: its value and MCP result as compact JSON."""
-    size = 0
-    for part in (result.value, result.mcp):
-        if part is not None:
-            size += len(
-                json.dumps(part, ensure_ascii=False, separators=(",", ":"), default=str).encode("utf-8")
-            )
-    return size
-
-
 def capped(result: ToolResult, max_bytes: int | None) -> ToolResult:
     """``result``, or a failure naming its size and the cap when it is over ``max_bytes``: the
     payload is dropped here and never sent."""
     if max_bytes is None or not result.ok:
         return result
-    size = result_size(result)
+    try:
+        size = result_size(result.value, result.mcp)
+    except (TypeError, ValueError) as exc:
+        return _not_json(result, exc)
     if size <= max_bytes:
         return result
     error = ErrorInfo(
@@ -142,5 +133,15 @@ def capped(result: ToolResult, max_bytes: int | None) -> ToolResult:
             "raise max_result_bytes in the agent's config)"
         ),
         data={"task": result.task_id, "tool": result.tool, "size": size, "cap": max_bytes},
+    )
+    return result.model_copy(update={"ok": False, "value": None, "mcp": None, "error": error})
+
+
+def _not_json(result: ToolResult, exc: Exception) -> ToolResult:
+    """A value that is not JSON cannot be sent or measured: a failure, as the server worker's."""
+    error = ErrorInfo(
+        type="ToolFailed",
+        message=f"result of tool {result.tool!r} for task {result.task_id!r} is not JSON-serialisable: {exc}",
+        data={"task": result.task_id, "tool": result.tool},
     )
     return result.model_copy(update={"ok": False, "value": None, "mcp": None, "error": error})

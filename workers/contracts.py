@@ -7,7 +7,9 @@ that cross Celery. Nothing else may build these strings by hand.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -285,6 +287,20 @@ class SubmitTree(BaseModel):
     tree: dict[str, Any]
     user: str | None = Field(default=None, min_length=1, max_length=MAX_WIRE_ID_CHARS)
     tree_id: str | None = Field(default=None, pattern=TREE_ID_PATTERN)
+
+
+def result_size(value: Any, mcp: Mapping[str, Any] | None = None) -> int:
+    """What a result's payload costs on the wire and in the store: its value and its whole MCP
+    result, each as compact UTF-8 JSON. The one measure that the server worker, the client
+    agent and the brain hold against ``max_result_bytes``: measured three ways, a result that
+    passed the worker and the agent was refused by the brain at twice its size.
+
+    Raises TypeError or ValueError when either part is not JSON (NaN included)."""
+    size = 0
+    for part in (value, mcp):
+        if part is not None:
+            size += len(json.dumps(part, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode())
+    return size
 
 
 class ToolResult(BaseModel):

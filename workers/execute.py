@@ -29,6 +29,7 @@ from workers.contracts import (
     ToolProgress,
     ToolResult,
     ToolType,
+    result_size,
 )
 from workers.errors import (
     InvalidArguments,
@@ -287,9 +288,7 @@ def _check_size(call: ToolCall, value: Any, whole: dict[str, Any] | None) -> Non
     """The value and the whole MCP result together must fit ``max_result_bytes``: never cut,
     refused whole, naming the biggest content block when one is what made it too big."""
     try:
-        # Compact UTF-8 JSON: what the result costs on the wire and in the store.
-        data = _compact(value)
-        n = len(data) + (len(_compact(whole)) if whole is not None else 0)
+        n = result_size(value, whole)
     except (TypeError, ValueError) as exc:
         raise ToolFailed(
             f"result of tool {call.tool!r} is not JSON-serialisable: {exc}", tool=call.tool

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from brain.core.models import Progress, TaskRecord, TaskState, TreeRecord
+from brain.core.transitions import QUEUED
 from brain.hot.queues import QueuesReport
 
 STATE_STYLE = {
@@ -40,7 +41,7 @@ def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> st
     if rec.state is TaskState.QUEUED_SERVER and rec.deliveries > 0:
         return TaskState.RUNNING.value
     mark = running.get(rec.task_id)
-    if rec.state.is_queued and mark and mark.get("run_id") == rec.run_id:
+    if rec.state in QUEUED and mark and mark.get("run_id") == rec.run_id:
         return TaskState.RUNNING.value
     return rec.state.value
 
@@ -79,7 +80,7 @@ def task_table(
             detail = summarize(rec.result)
         elif rec.error is not None:
             detail = rec.error.message
-        elif rec.state.is_queued and rec.progress is not None:
+        elif rec.state in QUEUED and rec.progress is not None:
             detail = progress_text(rec.progress)
         else:
             detail = rec.reason

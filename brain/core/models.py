@@ -291,10 +291,6 @@ class TaskState(StrEnum):
     def is_final(self) -> bool:
         return self in _FINAL
 
-    @property
-    def is_queued(self) -> bool:
-        return self in (TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING)
-
 
 _FINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.EXPIRED})
 

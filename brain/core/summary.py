@@ -16,9 +16,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.transitions import IN_FLIGHT, PARKED
 
-WAITING = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
-IN_FLIGHT = frozenset({TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING})
 # How many failed/skipped tasks a summary names one by one (the counts are always whole).
 MAX_LISTED = 50
 
@@ -107,7 +106,7 @@ def count(tasks: Sequence[TaskRecord]) -> SummaryCounts:
         failed=states.count(TaskState.FAILED),
         expired=states.count(TaskState.EXPIRED),
         skipped=states.count(TaskState.SKIPPED),
-        waiting=sum(s in WAITING for s in states),
+        waiting=sum(s in PARKED for s in states),
         in_flight=sum(s in IN_FLIGHT for s in states),
         pending=states.count(TaskState.PENDING),
     )
@@ -127,7 +126,7 @@ def waiting_for(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> list[WaitingFo
     its client; an autonomous run's for any client of its user."""
     groups: dict[tuple[str | None, str | None], tuple[list[str], list[str]]] = {}
     for t in tasks:
-        if t.state not in WAITING:
+        if t.state not in PARKED:
             continue
         key = (tree.user, t.client_id or tree.client_id)
         ids, tools = groups.setdefault(key, ([], []))

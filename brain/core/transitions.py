@@ -1,7 +1,11 @@
-"""What a tree does next, given its tasks' states (layer: brain, pure).
+"""The task state machine whole, every grouping of its states, and what a tree does next
+given its tasks' states (layer: brain/core, pure).
 
 No store, no Redis, no clock: the scheduler reads states, asks here, and applies
-the answer with compare-and-set writes.
+the answer with compare-and-set writes. Every set of states that code tests a task against
+is named here once, so a summary, a sweep and a compare-and-set cannot disagree on what "in
+flight" or "waiting" means (tests/unit/brain/core/test_transitions.py checks they partition
+the states).
 """
 
 from __future__ import annotations
@@ -14,6 +18,17 @@ from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 
 _S = TaskState
 _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
+
+# --- groupings: every state is pending, in flight, parked or final (exactly one) ----------
+FINAL: Final = frozenset(s for s in TaskState if s.is_final)
+NOT_FINAL: Final = frozenset(TaskState) - FINAL
+NOT_DONE: Final = frozenset(TaskState) - {_S.DONE}
+# Sent and not back yet: what a result, a progress report or a take-back may move from.
+IN_FLIGHT: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.RUNNING, _S.AWAITING_APPROVAL})
+# In flight and not held for a person: on its way to a worker or agent, or running there.
+QUEUED: Final = IN_FLIGHT - {_S.AWAITING_APPROVAL}
+# Waiting in Redis for a client to come online (blocked, or held as pending-client).
+PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
 
 # The task state machine, whole: state -> the states it may move to. Every store write of a
 # task's state is a compare-and-set naming the states its caller read; this table says which

@@ -42,6 +42,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from brain.core.models import TaskRecord, TaskState
+from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import Backend, Caller, Refused, Submitted
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
@@ -315,7 +316,7 @@ class Gateway:
                 await anyio.to_thread.run_sync(self.backend.cancel, caller, submitted.tree_id)
                 after = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
                 # It may have started meanwhile (the client came back): then its end counts.
-                if after.state is TaskState.DONE or after.state.is_queued:
+                if after.state is TaskState.DONE or after.state in QUEUED:
                     continue
                 return waited_result(blocked, submitted.wait_s)
             await woken(POLL_S)

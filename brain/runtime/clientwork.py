@@ -20,13 +20,13 @@ from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
+from brain.core.transitions import PARKED
 from brain.hot.client_keys import read_client_keys
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.runtime.events import ClientEvents
-from brain.runtime.scheduler import PARKED
 from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 

@@ -5,7 +5,7 @@ dependents that became ready, instead of sending the result to the brain and wai
 for it to come round: a hop of a chain is then one message, not two, and the brain is
 no longer the one process every result must pass through.
 
-Nothing is weaker for it. The worker runs the brain's own ``Scheduler.on_result``: the
+Nothing is weaker for it. The worker runs the brain's own ``Intake.on_result``: the
 same compare-and-set on (state, run id) decides, so a re-delivered or late result, or
 two processes recording at once, still complete a task and dispatch a dependent once.
 What the pool's Redis user may not do is left to the brain:
@@ -43,6 +43,7 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.hot.state import HotState
 from brain.runtime.dispatch import Publisher, args_summary
 from brain.runtime.events import ClientEvents
+from brain.runtime.intake import Intake
 from brain.runtime.scheduler import Scheduler
 from brain.store import open_store
 from workers.contracts import (
@@ -125,6 +126,7 @@ class InlineRecorder:
         self.fallback = fallback
         self.begin_fallback = begin_fallback
         self._scheduler: Scheduler | None = None
+        self._intake: Intake | None = None
         self._pid = 0
         self._registry_read_at = 0.0
 
@@ -134,7 +136,7 @@ class InlineRecorder:
             if not routes_here(scheduler, result):
                 self.fallback(result)
                 return
-            scheduler.on_result(result)
+            self.intake().on_result(result)
         except Exception as exc:  # noqa: BLE001 - whatever failed here, the brain can still record it
             log.warning(
                 "could not record the result of task %s (run %s) in the worker (%s); sending it to the brain",
@@ -168,9 +170,16 @@ class InlineRecorder:
         """A running call's progress, into its record (best effort: a lost one is replaced
         by the next, and the result does not depend on it)."""
         try:
-            self.scheduler().on_progress(update)
+            self.intake().on_progress(update)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not record progress of task %s: %s", update.task_id, exc)
+
+    def intake(self) -> Intake:
+        """This process's intake, over ``scheduler()``."""
+        scheduler = self.scheduler()
+        if self._intake is None or self._intake.scheduler is not scheduler:
+            self._intake = Intake(scheduler)
+        return self._intake
 
     def scheduler(self) -> Scheduler:
         """This process's scheduler: built on first use after a fork (prefork children must not

@@ -35,7 +35,7 @@ from brain.core.client_health import Cause, reply_cause
 from brain.hot.state import as_bytes, as_text
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.events import HEARTBEAT_S
-from brain.runtime.scheduler import Scheduler
+from brain.runtime.intake import Intake
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_MESSAGE,
@@ -83,8 +83,9 @@ def interleaved(batches: Sequence[tuple[str, Sequence[bytes]]]) -> list[tuple[st
 
 
 class Relay:
-    def __init__(self, scheduler: Scheduler, clients: ClientWork) -> None:
-        self.s = scheduler
+    def __init__(self, intake: Intake, clients: ClientWork) -> None:
+        self.intake = intake
+        self.s = scheduler = intake.scheduler
         self.clients = clients
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
         self.max_messages = scheduler.settings.outbox_max_messages
@@ -122,18 +123,18 @@ class Relay:
             if msg.client_id == owner:
                 self.clients.on_disconnected(owner, msg.session_id, f"graceful disconnect ({msg.reason})")
         elif isinstance(msg, ClientToolResult):
-            self.s.on_result(msg.result, from_client=owner)
+            self.intake.on_result(msg.result, from_client=owner)
         elif isinstance(msg, ClientToolProgress):
             self._progress(owner, msg)
         elif isinstance(msg, ClientToolAwaiting):
             self._awaiting(owner, msg)
 
     def _progress(self, owner: str, msg: ClientToolProgress) -> None:
-        if self.s.on_progress(msg.progress, from_client=owner) and self.s.events is not None:
+        if self.intake.on_progress(msg.progress, from_client=owner) and self.s.events is not None:
             self.s.events.task_progress(msg.progress)
 
     def _awaiting(self, owner: str, msg: ClientToolAwaiting) -> None:
-        if self.s.on_awaiting(msg.awaiting, from_client=owner) and self.s.events is not None:
+        if self.intake.on_awaiting(msg.awaiting, from_client=owner) and self.s.events is not None:
             self.s.events.task_awaiting(msg.awaiting)
 
     def _refuse_if_announcement(self, owner: str, raw: bytes, reason: str) -> None:

@@ -5,12 +5,12 @@ every state change is a compare-and-set on (state, run_id), so a redelivered job
 a late result or two brains advancing the same tree never complete a task or
 dispatch a dependent twice. Decisions come from ``transitions.plan`` and
 ``routing.decide_route``; this module only applies them. What happens when clients
-come and go lives in ``brain.runtime.clientwork``.
+come and go lives in ``brain.runtime.clientwork``; results, progress and approvals
+coming back enter through ``brain.runtime.intake``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -23,7 +23,6 @@ from brain.config import Settings
 from brain.core.limits import check_limits
 from brain.core.models import (
     Location,
-    Progress,
     SessionKind,
     TaskRecord,
     TaskSpec,
@@ -38,7 +37,7 @@ from brain.core.routing import Presence, Route, RouteKind, RouteRequest, decide_
 from brain.core.sessions import ClientSession
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import name_on_server
-from brain.core.transitions import check_move, plan
+from brain.core.transitions import FINAL, NOT_DONE, NOT_FINAL, check_move, plan
 from brain.core.treefile import spec_from_descriptor
 from brain.core.validation import UnresolvedReference, resolve_args
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
@@ -48,37 +47,22 @@ from brain.runtime.dispatch import Publisher
 from brain.runtime.events import ClientEvents
 from brain.store import Store
 from workers.contracts import (
-    BRAIN_QUEUE,
     MAX_WIRE_ID_CHARS,
     ErrorInfo,
-    ToolAwaiting,
     ToolCall,
-    ToolProgress,
-    ToolResult,
     ToolType,
 )
-from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
 
-IN_FLIGHT = frozenset(
-    {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT, TaskState.RUNNING, TaskState.AWAITING_APPROVAL}
-)
-PARKED = frozenset({TaskState.BLOCKED, TaskState.PENDING_CLIENT})
-NOT_FINAL = frozenset(s for s in TaskState if not s.is_final)
-FINAL = frozenset(s for s in TaskState if s.is_final)
-NOT_DONE = frozenset(TaskState) - {TaskState.DONE}
-_TREE_CACHE = 256
+TREE_CACHE = 256
 # Ready tasks dispatched per store batch: big enough to amortise a commit and a pipeline,
 # small enough that workers start on the first chunk while the next is written.
-_DISPATCH_CHUNK = 200
+DISPATCH_CHUNK = 200
 # Run ids per SADD when a tree is cancelled: one round trip each, no multi-megabyte command.
 _CANCEL_CHUNK = 10_000
 # Dependencies asked about per lookup when a result may have made a task ready.
 _DEPENDENCY_PROBE = 32
-# A live view redraws at most every 0.2 s (brain.cli.watch.REDRAW_EVERY_S) and a tree's end
-# always wakes it: waking it more often from one process only costs PUBLISH round trips.
-_WAKE_EVERY_S = 0.2
 
 
 def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = None) -> str:
@@ -91,35 +75,6 @@ def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = Non
 def client_route(client_id: str) -> str:
     """The route summary recorded for a task sent to a client; results must come from it."""
     return f"client:{client_id}"
-
-
-def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str | None) -> str | None:
-    """Why a result may not complete ``rec``, or None when it may. Pure.
-
-    ``from_client`` is where the result came from: None for the brain queue (only server
-    workers may reach it), else the client whose outbox carried it. Either way the source
-    must be the one the task record says its run was sent to (``TaskRecord.client_id``);
-    what the result claims about itself only has to agree.
-    """
-    if rec is None:
-        return "no such task"
-    if rec.client_id != from_client:
-        if from_client is None:
-            return f"it was routed to client {rec.client_id!r}, not to the server"
-        routed = "the server" if rec.client_id is None else f"client {rec.client_id!r}"
-        return f"it was routed to {routed}"
-    return refuse_claim(result.client_id, from_client)
-
-
-def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
-    """Why a message claiming to come from client ``claimed`` (a result, a progress report)
-    does not fit the way it came, or None. Pure; needs no record, so it is checked before
-    anything is read or written."""
-    if claimed == from_client:
-        return None
-    if from_client is None:
-        return f"it claims client {claimed!r} but came through the brain queue"
-    return f"it claims client {claimed!r}"
 
 
 class Scheduler:
@@ -146,7 +101,6 @@ class Scheduler:
         # stale, only incomplete (another brain recorded the rest): a miss asks the store.
         self._done: dict[str, set[str]] = {}
         self._local = threading.local()
-        self._woken: dict[str, float] = {}
 
     # --- submit ------------------------------------------------------------------
     def submit(
@@ -188,7 +142,7 @@ class Scheduler:
         ]
         # A small tree's record and the dispatch of its first tasks are one store transaction
         # (its calls go out once both are written); a big tree's chunks go out as each is.
-        with self.batch() if len(tasks) <= _DISPATCH_CHUNK else nullcontext():
+        with self.batch() if len(tasks) <= DISPATCH_CHUNK else nullcontext():
             self.store.put_tree(record, tasks)
             self._cache_tree(record)  # the record just written: no read and parse of it back
             # No wake-up: nobody can be watching a tree before submit has returned its id.
@@ -204,7 +158,7 @@ class Scheduler:
         ``ended``: tasks that just reached these final states. Only their dependents can
         change, so only those are looked at, and a result costs O(its dependents) whatever
         the tree's size. Without it (submit, sweeps) the whole tree is planned from its states
-        and, with ``wake``, its live views are woken (after a result ``on_result`` wakes them).
+        and, with ``wake``, its live views are woken (after a result ``Intake.on_result`` wakes them).
         A finished tree always wakes them.
         """
         tree_rec = self.tree(tree_id)
@@ -221,13 +175,12 @@ class Scheduler:
         if status is not None and self.store.finish_tree(tree_id, status, self.clock()):
             self._trees.pop(tree_id, None)
             self._done.pop(tree_id, None)
-            self._woken.pop(tree_id, None)
             # Its running marks go and its watchers wake in one round trip, once it is written;
             # the log line after that (formatting it cost more than the round trip).
-            self._after_write(lambda: self.hot.tree_finished(tree_id))
-            self._after_write(lambda: log.info("tree %s finished: %s", tree_id, status.value))
+            self.after_write(lambda: self.hot.tree_finished(tree_id))
+            self.after_write(lambda: log.info("tree %s finished: %s", tree_id, status.value))
         elif ended is None and wake:
-            self._after_write(lambda: self.hot.notify(tree_id))
+            self.after_write(lambda: self.hot.notify(tree_id))
         return status
 
     def _advance_all(self, tree_rec: TreeRecord) -> int:
@@ -305,8 +258,8 @@ class Scheduler:
     def _route_and_send(self, tree_rec: TreeRecord, ready: list[str]) -> int:
         placed = 0
         presence: Presence | None = None  # read once, and only for a route that needs it
-        for start in range(0, len(ready), _DISPATCH_CHUNK):
-            chunk = ready[start : start + _DISPATCH_CHUNK]
+        for start in range(0, len(ready), DISPATCH_CHUNK):
+            chunk = ready[start : start + DISPATCH_CHUNK]
             with self.batch():
                 for rec in self.store.get_tasks(tree_rec.tree_id, chunk):
                     if rec.state is not TaskState.PENDING:
@@ -352,7 +305,7 @@ class Scheduler:
             self._local.after = None
         self._flush(after)
 
-    def _after_write(self, action: Callable[[], None]) -> None:
+    def after_write(self, action: Callable[[], None]) -> None:
         after = getattr(self._local, "after", None)
         if after is None:
             action()
@@ -382,7 +335,7 @@ class Scheduler:
     def _cache_tree(self, rec: TreeRecord) -> None:
         if rec.status is not TreeStatus.RUNNING:
             return
-        if len(self._trees) >= _TREE_CACHE:
+        if len(self._trees) >= TREE_CACHE:
             evicted = next(iter(self._trees))
             self._trees.pop(evicted)
             self._done.pop(evicted, None)
@@ -391,6 +344,16 @@ class Scheduler:
     def _ended_here(self) -> int:
         """How many tasks this thread ended without running them so far (``_end``)."""
         return getattr(self._local, "ended", 0)
+
+    @contextmanager
+    def recording(self, recorded: TaskRecord) -> Iterator[None]:
+        """While a result's tree advances: ``recorded`` is that result's record, which
+        ``upstream`` takes instead of reading it back (a chain's next task takes just that)."""
+        self._local.recorded = recorded
+        try:
+            yield
+        finally:
+            self._local.recorded = None
 
     def upstream(self, tree_id: str, task_ids: Iterable[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Upstream results and whole MCP results (``${tasks.<id>.result}``, ``.mcp``): one read,
@@ -500,7 +463,7 @@ class Scheduler:
             owner=owner_of(tree_rec.user, tree_rec.client_id),
             parked_at=parked_at,
         )
-        self._after_write(lambda: self.parked.park(ref))
+        self.after_write(lambda: self.parked.park(ref))
         return True
 
     def _dispatch(
@@ -552,7 +515,7 @@ class Scheduler:
         if moved is None:
             return False
         call = self.call(spec, moved, tool, args, route.client_id if to_client else None)
-        self._after_write(lambda: self.publish(call, moved.pool))
+        self.after_write(lambda: self.publish(call, moved.pool))
         return True
 
     def tool_spec(self, tool: str, client_id: str | None) -> ToolSpec | None:
@@ -719,178 +682,4 @@ class Scheduler:
         self._local.ended = self._ended_here() + 1
         return True
 
-    # --- results ------------------------------------------------------------------------
-    def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
-        """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
-        a client's result counts only for a task routed to that very client."""
-        claim = refuse_claim(result.client_id, from_client)
-        if claim is not None:
-            return self._refused(result, from_client, claim)
-        ok, value, whole, error = self._capped(result)
-        tree_rec = self.tree(result.tree_id)
-        fan_out = len(tree_rec.tree.dependents.get(result.task_id, ())) if tree_rec else 0
-        # The record and the dispatch of what it made ready: one store transaction, unless
-        # so many become ready that their chunks should each go out as soon as written.
-        with self.batch() if fan_out <= _DISPATCH_CHUNK else nullcontext():
-            finished = self._record(result, from_client, ok, value, whole, error)
-        if finished is None:
-            return False
-        if not finished:
-            self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
-        return True
 
-    def _record(
-        self,
-        result: ToolResult,
-        from_client: str | None,
-        ok: bool,
-        value: Any,
-        whole: dict[str, Any] | None,
-        error: ErrorInfo | None,
-    ) -> bool | None:
-        """Write the result and advance its tree: None if it was not recorded, else whether
-        the tree finished."""
-        # The source must be where the record says this run was sent: part of the
-        # compare-and-set, so the common case needs no read before the write.
-        recorded = self.move(
-            result.tree_id,
-            result.task_id,
-            TaskState.DONE if ok else TaskState.FAILED,
-            IN_FLIGHT,
-            expect_run_id=result.run_id,
-            expect_client_id=from_client,
-            result=value,
-            mcp=whole,
-            error=error,
-            redactions=result.redactions,
-            reason="" if ok else (error.message if error else "failed"),
-            worker=result.worker,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            updated_at=self.clock(),
-        )
-        if recorded is None:
-            refusal = refuse_result(self.store.get_task(result.tree_id, result.task_id), result, from_client)
-            if refusal is not None:
-                self._refused(result, from_client, refusal)
-                return None
-            log.info(
-                "ignored result of run %s (task %s): not the task's current run, or already recorded",
-                result.run_id,
-                result.task_id,
-            )
-            return None
-        self._local.recorded = recorded  # what upstream() would read back, while its dependents start
-        try:
-            finished = self.advance(result.tree_id, {result.task_id: recorded.state}) is not None
-        finally:
-            self._local.recorded = None
-        if self.events is not None:
-            events = self.events  # Flower's copy after what the tree's watchers wait for
-            self._after_write(lambda: events.task_done(result))
-        return finished
-
-    def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
-        """Keep a running call's latest progress in its record: only for the current run, only
-        while it is in flight, only from where it was sent (a compare-and-set like a result's)."""
-        if refuse_claim(update.client_id, from_client) is not None:
-            return False
-        written = self.store.transition(
-            update.tree_id,
-            update.task_id,
-            from_states=IN_FLIGHT,
-            expect_run_id=update.run_id,
-            expect_client_id=from_client,
-            progress=Progress(
-                progress=update.progress, total=update.total, message=update.message, at=update.at
-            ),
-            updated_at=self.clock(),
-        )
-        if written is not None:
-            self._wake_watchers(update.tree_id)
-        return written is not None
-
-    def on_awaiting(self, update: ToolAwaiting, from_client: str | None = None) -> bool:
-        """A client's call held for its user's approval (``awaiting_approval``), or approved and
-        running again (back to ``queued_client``): for the current run only, only from where it
-        was sent. A denial or a timeout arrives as a failed result."""
-        if from_client is None or refuse_claim(update.client_id, from_client) is not None:
-            return False
-        if update.waiting:
-            state, from_states = (
-                TaskState.AWAITING_APPROVAL,
-                frozenset({TaskState.QUEUED_CLIENT, TaskState.RUNNING}),
-            )
-            reason = (
-                f"awaiting approval on client {from_client} (vancetope-agent approve {update.approval_id})"
-            )
-        else:
-            state, from_states = TaskState.QUEUED_CLIENT, frozenset({TaskState.AWAITING_APPROVAL})
-            reason = ""
-        written = self.move(
-            update.tree_id,
-            update.task_id,
-            state,
-            from_states,
-            expect_run_id=update.run_id,
-            expect_client_id=from_client,
-            reason=reason,
-            updated_at=self.clock(),
-        )
-        if written is not None:
-            self._wake_watchers(update.tree_id)
-        return written is not None
-
-    def _wake_watchers(self, tree_id: str) -> None:
-        """Wake the tree's live views at most every ``_WAKE_EVERY_S`` from this process (a
-        PUBLISH per result was a round trip per task; a view re-reads the whole tree on each
-        wake-up anyway). A tree's end always wakes them (``advance``)."""
-        now = time.monotonic()
-        if now - self._woken.get(tree_id, 0.0) >= _WAKE_EVERY_S:
-            self._woken[tree_id] = now
-            if len(self._woken) > _TREE_CACHE:
-                self._woken.pop(next(iter(self._woken)))
-            self.hot.notify(tree_id)
-
-    def _refused(self, result: ToolResult, from_client: str | None, refusal: str) -> bool:
-        log.warning(
-            "refused a result for task %s of tree %s (run %s) from %s: %s",
-            result.task_id,
-            result.tree_id,
-            result.run_id,
-            f"client {from_client!r}" if from_client else f"the {BRAIN_QUEUE!r} queue",
-            refusal,
-        )
-        return False
-
-    def _capped(self, result: ToolResult) -> tuple[bool, Any, dict[str, Any] | None, ErrorInfo | None]:
-        """Check the size again here: a client agent's cap is its own promise, not ours. The
-        value and the whole MCP result count together, as the worker counted them."""
-        if not result.ok:
-            return False, None, None, result.error
-        size = len(json.dumps(result.value, default=str)) + (
-            len(json.dumps(result.mcp, default=str)) if result.mcp is not None else 0
-        )
-        if size <= self.settings.max_result_bytes:
-            if result.mcp is None:
-                return True, result.value, None, None
-            try:
-                return True, value_of(result.mcp), result.mcp, None
-            except ValueError as exc:
-                error = ErrorInfo(
-                    type="MalformedResult",
-                    message=f"result of tool {result.tool!r} claims to be an MCP result but is not: {exc}",
-                    data={"task": result.task_id, "tool": result.tool},
-                )
-                return False, None, None, error
-        return (
-            False,
-            None,
-            None,
-            ErrorInfo(
-                type="ResultTooLarge",
-                message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
-                f"{self.settings.max_result_bytes} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
-                data={"task": result.task_id, "tool": result.tool, "size": size},
-            ),
-        )

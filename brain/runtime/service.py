@@ -21,6 +21,7 @@ from brain.runtime import vault
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.dispatch import Publisher
 from brain.runtime.events import ClientEvents
+from brain.runtime.intake import Intake
 from brain.runtime.registry import build_registry
 from brain.runtime.relay import Relay
 from brain.runtime.reload import Reloader, Signature, signature, sources
@@ -43,6 +44,7 @@ class Brain:
     store: Store
     hot: HotState
     scheduler: Scheduler
+    intake: Intake
     clients: ClientWork
     sweeps: Sweeps
     schedules: ScheduleRuns
@@ -106,6 +108,7 @@ class Brain:
             store=store,
             hot=hot,
             scheduler=scheduler,
+            intake=Intake(scheduler),
             clients=clients,
             sweeps=sweeps,
             schedules=ScheduleRuns(scheduler, settings.schedules),
@@ -151,7 +154,7 @@ def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread
     """The brain's own threads: the client relay, the reconciler and the registry's reloader,
     until ``stop`` is set."""
     return [
-        Relay(brain.scheduler, brain.clients).run(stop),
+        Relay(brain.intake, brain.clients).run(stop),
         run_reconciler(brain, stop),
         Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]

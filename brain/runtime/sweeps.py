@@ -18,12 +18,13 @@ from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
+from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED
 from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.runtime.clientwork import ClientWork
-from brain.runtime.scheduler import IN_FLIGHT, NOT_FINAL, PARKED, new_run_id
+from brain.runtime.scheduler import new_run_id
 from brain.store import Store
 from workers.contracts import (
     BRAIN_QUEUE,

@@ -86,7 +86,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             run_id=task.run_id, tree_id=rec.tree_id, task_id="read", progress=1, total=2, at=time.time(),
             client_id="laptop",
         )  # fmt: skip
-        assert brain.scheduler.on_progress(update, from_client="laptop")
+        assert brain.intake.on_progress(update, from_client="laptop")
         brain.scheduler.events.task_progress(update)
         wait_until(
             lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "PROGRESS",
@@ -94,7 +94,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             what="Flower to show the client's task in progress",
         )
         assert brain.store.get_task(rec.tree_id, "read").progress.total == 2
-        brain.scheduler.on_result(
+        brain.intake.on_result(
             ToolResult(
                 run_id=task.run_id,
                 tree_id=rec.tree_id,

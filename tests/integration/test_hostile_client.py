@@ -203,7 +203,7 @@ def test_a_forged_result_for_another_clients_task_through_its_own_outbox_is_refu
 ) -> None:
     brain = brain_on_redis
     victim, mallory = two_clients
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     brain.hot.r.set(client_key("victim", CLIENT_HEARTBEAT), "s1", ex=60)
     relay.handle("victim", connected("victim"))
     rec = brain.scheduler.submit(
@@ -240,7 +240,7 @@ def test_announcing_as_another_client_is_refused_and_takes_none_of_its_work(
     attacker = as_client(mallory)
     attacker.lpush(client_key("mallory", CLIENT_OUTBOX), connected("victim"))
     attacker.close()
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     assert relay.poll_once(["mallory"])
     assert "victim" not in brain.scheduler.presence.sessions()
     ack = brain.hot.r.get(client_key("mallory", CLIENT_ACK))
@@ -253,7 +253,7 @@ def test_a_client_tool_that_shadows_a_server_tool_never_receives_its_calls(
     brain = brain_on_redis
     shadow = ToolDescriptor(name="http_get", type=ToolType.NATIVE)
     brain.hot.r.set(client_key("mallory", CLIENT_HEARTBEAT), "s1", ex=60)
-    Relay(brain.scheduler, brain.clients).handle("mallory", connected("mallory", tools=(READ, shadow)))
+    Relay(brain.intake, brain.clients).handle("mallory", connected("mallory", tools=(READ, shadow)))
     assert "mallory" in brain.scheduler.presence.sessions()
     rec = brain.scheduler.submit(
         tree({"id": "t", "tasks": [{"id": "r0", "tool": "echo", "args": {"value": 1}}]}),
@@ -279,7 +279,7 @@ def test_a_revoked_clients_unstarted_calls_come_back_as_for_a_disconnect(
     brain = brain_on_redis
     enroll(brain.scheduler.presence, "lost-laptop", "ada", redis_server.address_url)
     brain.hot.r.set(client_key("lost-laptop", CLIENT_HEARTBEAT), "s1", ex=60)
-    Relay(brain.scheduler, brain.clients).handle("lost-laptop", connected("lost-laptop"))
+    Relay(brain.intake, brain.clients).handle("lost-laptop", connected("lost-laptop"))
     rec = brain.scheduler.submit(
         tree({"id": "t", "tasks": [{"id": "r0", "tool": "read_local_file", "args": {"path": "a"}}]}),
         session=SessionKind.AUTONOMOUS,

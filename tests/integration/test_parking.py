@@ -58,7 +58,7 @@ def connect(
     brain: Brain, client_id: str, session: str = "s1", read_ack: bool = True
 ) -> AnnouncementAck | None:
     brain.hot.r.set(client_key(client_id, CLIENT_HEARTBEAT), session, ex=60)
-    Relay(brain.scheduler, brain.clients).handle(client_id, connected(client_id, session))
+    Relay(brain.intake, brain.clients).handle(client_id, connected(client_id, session))
     if not read_ack:  # another thread's disconnect may already have deleted it
         return None
     return AnnouncementAck.model_validate_json(brain.hot.r.get(client_key(client_id, CLIENT_ACK)))
@@ -136,7 +136,7 @@ def test_routing_sees_a_new_announcement_and_a_gone_client_at_once(brain_on_redi
     first = presence.sessions()["laptop"]
     assert presence.sessions()["laptop"] is first  # same bytes: not parsed again
     brain.hot.r.set(client_key("laptop", CLIENT_HEARTBEAT), "s2", ex=60)
-    Relay(brain.scheduler, brain.clients).handle("laptop", connected("laptop", "s2", tools=(LIST,)))
+    Relay(brain.intake, brain.clients).handle("laptop", connected("laptop", "s2", tools=(LIST,)))
     again = presence.sessions()["laptop"]
     assert again.session_id == "s2" and again.tool("read_local_file") is None
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
@@ -189,10 +189,10 @@ def test_disconnect_takes_back_unstarted_calls_as_pending_client_and_running_one
         started_at=0,
         finished_at=0,
     )
-    assert brain.scheduler.on_result(late, from_client="laptop") is False
+    assert brain.intake.on_result(late, from_client="laptop") is False
     fresh = late.model_copy(update={"run_id": r0.run_id, "value": "new"})
-    assert brain.scheduler.on_result(fresh, from_client="laptop") is True
-    assert brain.scheduler.on_result(fresh, from_client="laptop") is False
+    assert brain.intake.on_result(fresh, from_client="laptop") is True
+    assert brain.intake.on_result(fresh, from_client="laptop") is False
     assert brain.store.get_task(rec.tree_id, "r0").result == "new"
 
 
@@ -276,7 +276,7 @@ def test_a_cancelled_parked_task_never_runs_after_reconnect(brain_on_redis: Brai
 
 def test_relay_refuses_bad_announcements_with_a_reason_the_agent_can_read(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
 
     def ack(cid: str) -> AnnouncementAck:
         return AnnouncementAck.model_validate_json(brain.hot.r.get(client_key(cid, CLIENT_ACK)))
@@ -305,7 +305,7 @@ def test_a_result_from_a_client_the_task_was_not_routed_to_is_refused(brain_on_r
         client_key("other", CLIENT_OUTBOX),
         ClientToolResult(client_id="other", result=forged).model_dump_json(),
     )
-    assert Relay(brain.scheduler, brain.clients).poll_once(["other"])
+    assert Relay(brain.intake, brain.clients).poll_once(["other"])
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
 
 
@@ -405,7 +405,7 @@ def test_a_client_whose_id_prefixes_another_neither_completes_nor_takes_back_its
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.route == "client:laptop"
     forged = result_for(brain, rec.tree_id, "r0", "lap")
-    assert brain.scheduler.on_result(forged, from_client="lap") is False
+    assert brain.intake.on_result(forged, from_client="lap") is False
     brain.clients.on_disconnected("lap", "s-lap", "test")
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
     assert queued_task_ids(brain, "laptop") == ["r0"]

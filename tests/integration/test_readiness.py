@@ -38,9 +38,9 @@ def test_a_fan_in_is_ready_exactly_when_its_last_member_is_done(brain_on_redis: 
                 rec.tree_id, member, from_states={TaskState.QUEUED_SERVER}, state=TaskState.DONE, result=i
             )
         else:
-            assert brain.scheduler.on_result(result_for(brain, rec.tree_id, member, None, i))
+            assert brain.intake.on_result(result_for(brain, rec.tree_id, member, None, i))
         assert brain.store.get_task(rec.tree_id, "join").state is TaskState.PENDING, member
-    assert brain.scheduler.on_result(result_for(brain, rec.tree_id, last, None, "last"))
+    assert brain.intake.on_result(result_for(brain, rec.tree_id, last, None, "last"))
     assert brain.store.get_task(rec.tree_id, "join").state is TaskState.QUEUED_SERVER
 
 
@@ -54,7 +54,7 @@ def test_a_fan_in_with_a_failed_member_ends_failed_exactly_when_its_last_member_
     failed = result_for(brain, rec.tree_id, "m50", None).model_copy(
         update={"ok": False, "value": None, "error": ErrorInfo(type="Boom", message="m50 broke")}
     )
-    assert brain.scheduler.on_result(failed)
+    assert brain.intake.on_result(failed)
     assert brain.store.get_task(rec.tree_id, "join").state is TaskState.SKIPPED
     order = [f"m{i}" for i in range(N) if i != 50]
     random.Random(11).shuffle(order)
@@ -64,7 +64,7 @@ def test_a_fan_in_with_a_failed_member_ends_failed_exactly_when_its_last_member_
                 rec.tree_id, member, from_states={TaskState.QUEUED_SERVER}, state=TaskState.DONE, result=i
             )
         else:
-            assert brain.scheduler.on_result(result_for(brain, rec.tree_id, member, None, i))
+            assert brain.intake.on_result(result_for(brain, rec.tree_id, member, None, i))
         assert brain.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING, member
-    assert brain.scheduler.on_result(result_for(brain, rec.tree_id, order[-1], None, "last"))
+    assert brain.intake.on_result(result_for(brain, rec.tree_id, order[-1], None, "last"))
     assert brain.store.get_tree(rec.tree_id).status is TreeStatus.FAILED

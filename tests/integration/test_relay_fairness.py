@@ -50,7 +50,7 @@ def test_a_flooding_client_delays_another_clients_result_by_at_most_one_poll_and
         client_key("zzz-quiet", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "zzz-quiet")
     )
 
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     enrolled = sorted(brain.scheduler.presence.enrolled())
     polls = 0
     with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
@@ -80,7 +80,7 @@ def test_a_message_nested_too_deep_to_parse_safely_is_dropped_and_the_relay_goes
     )
     brain.hot.r.lpush(client_key("mallory", CLIENT_OUTBOX), deep + b"}")
     brain.hot.r.lpush(client_key("laptop", CLIENT_OUTBOX), result_message(brain, rec.tree_id, "r0", "laptop"))
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
         assert relay.poll_once(["laptop", "mallory"]) is True
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE
@@ -101,14 +101,14 @@ def test_a_message_whose_handling_fails_does_not_take_the_rest_of_its_batch_with
     brain.scheduler.presence.enroll("laptop", "ada")
     connect(brain, "laptop")
     rec = brain.scheduler.submit(tree(reads(3)), session=SessionKind.INTERACTIVE, client_id="laptop")
-    record = brain.scheduler.on_result
+    record = brain.intake.on_result
 
     def store_fails_for_r1(result, from_client=None):  # type: ignore[no-untyped-def]
         if result.task_id == "r1":
             raise StoreError("store .vancetope/store.db: transition failed: disk I/O error")
         return record(result, from_client)
 
-    monkeypatch.setattr(brain.scheduler, "on_result", store_fails_for_r1)
+    monkeypatch.setattr(brain.intake, "on_result", store_fails_for_r1)
     outbox = client_key("laptop", CLIENT_OUTBOX)
     for task_id in (
         "r0",
@@ -116,7 +116,7 @@ def test_a_message_whose_handling_fails_does_not_take_the_rest_of_its_batch_with
         "r2",
     ):  # one poll pops all three: the agent LPUSHes, the relay pops oldest first
         brain.hot.r.lpush(outbox, result_message(brain, rec.tree_id, task_id, "laptop"))
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     with caplog.at_level(logging.ERROR, logger="vancetope.brain"):
         assert relay.poll_once(["laptop"]) is True
     states = {t.task_id: t.state for t in brain.store.get_tasks(rec.tree_id)}

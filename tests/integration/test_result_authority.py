@@ -26,11 +26,11 @@ def test_a_result_on_the_brain_queue_cannot_complete_a_task_routed_to_a_client(b
     connect(brain, "laptop")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="laptop")
     for claimed in (None, "laptop"):
-        assert brain.scheduler.on_result(forged(brain, rec.tree_id, "r0", claimed)) is False
+        assert brain.intake.on_result(forged(brain, rec.tree_id, "r0", claimed)) is False
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.state is TaskState.QUEUED_CLIENT and task.result is None and task.client_id == "laptop"
     # ...and the client it was sent to still can.
-    assert brain.scheduler.on_result(forged(brain, rec.tree_id, "r0", "laptop"), from_client="laptop") is True
+    assert brain.intake.on_result(forged(brain, rec.tree_id, "r0", "laptop"), from_client="laptop") is True
 
 
 def test_client_a_cannot_complete_a_task_routed_to_client_b(brain_on_redis: Brain) -> None:
@@ -41,7 +41,7 @@ def test_client_a_cannot_complete_a_task_routed_to_client_b(brain_on_redis: Brai
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="bob-laptop")
     for claimed in ("alice-laptop", "bob-laptop"):
         result = forged(brain, rec.tree_id, "r0", claimed)
-        assert brain.scheduler.on_result(result, from_client="alice-laptop") is False
+        assert brain.intake.on_result(result, from_client="alice-laptop") is False
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.state is TaskState.QUEUED_CLIENT and task.client_id == "bob-laptop"
 
@@ -55,7 +55,7 @@ def test_a_client_cannot_complete_a_server_task_and_the_server_pool_can(brain_on
     task = brain.store.get_task(rec.tree_id, "shout")
     assert task.state is TaskState.QUEUED_SERVER and task.client_id is None
     assert (
-        brain.scheduler.on_result(forged(brain, rec.tree_id, "shout", "laptop"), from_client="laptop")
+        brain.intake.on_result(forged(brain, rec.tree_id, "shout", "laptop"), from_client="laptop")
         is False
     )
-    assert brain.scheduler.on_result(forged(brain, rec.tree_id, "shout", None)) is True
+    assert brain.intake.on_result(forged(brain, rec.tree_id, "shout", None)) is True

@@ -206,7 +206,7 @@ def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(
         started_at=time.time(),
         finished_at=time.time(),
     )
-    assert brain.scheduler.on_result(late) is False
+    assert brain.intake.on_result(late) is False
     assert brain.store.get_task(rec.tree_id, "a").result == "x"
 
 

@@ -262,7 +262,7 @@ def test_a_failing_relay_step_never_stops_the_outboxes_and_is_logged_once(
     monkeypatch.setattr(brain.clients, "sweep_heartbeats", sweep_fails)
     stop = threading.Event()
     with caplog.at_level(logging.INFO, logger="vancetope.brain"):
-        thread = Relay(brain.scheduler, brain.clients).run(stop)
+        thread = Relay(brain.intake, brain.clients).run(stop)
         try:
             for task_id in ("r0", "r1"):
                 result = result_for(brain, rec.tree_id, task_id, "laptop", value="read")
@@ -318,7 +318,7 @@ def test_one_poll_hands_over_what_it_popped_even_when_another_outbox_is_a_string
         client_key("victim", CLIENT_OUTBOX),
         ClientToolResult(client_id="victim", result=result).model_dump_json(),
     )
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     with caplog.at_level(logging.WARNING, logger="vancetope.brain"):
         assert relay.poll_once(["aaa-mallory", "victim"]) is True
         assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE  # popped, and kept
@@ -339,7 +339,7 @@ def test_a_suspended_client_gets_one_message_a_round(brain_on_redis: Brain) -> N
     connect(brain, "mallory")
     outbox = client_key("mallory", CLIENT_OUTBOX)
     brain.hot.r.lpush(outbox, b"\xff not json")
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     assert relay.poll_once(["mallory"]) is True
     mark = brain.clients.misbehaving.get("mallory")
     assert mark is not None and "sent a malformed message (dropped)" in mark.shown()
@@ -439,7 +439,7 @@ def test_a_client_sending_many_large_results_gets_one_largest_messages_worth_of_
         brain.scheduler.presence.enroll(cid, "ada")
         connect(brain, cid, session=f"s-{cid}")
     rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="victim")
-    relay = Relay(brain.scheduler, brain.clients)
+    relay = Relay(brain.intake, brain.clients)
     big = result_for(brain, rec.tree_id, "r0", "aaa-mallory", value="x" * (relay.max_bytes // 2))
     flood = [
         ClientToolResult(client_id="aaa-mallory", result=big.model_copy(update={"run_id": f"run-{i}"}))

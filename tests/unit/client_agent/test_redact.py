@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from client_agent.redact import BUILTIN_PATTERNS, REPLACEMENT, Redactor, capped, result_size
-from workers.contracts import ToolResult
+from client_agent.redact import BUILTIN_PATTERNS, REPLACEMENT, Redactor, capped
+from workers.contracts import ToolResult, result_size
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
@@ -85,7 +85,7 @@ def test_a_result_over_the_agents_cap_fails_naming_its_size_and_the_cap_and_carr
     assert not out.ok and out.value is None and out.error is not None
     assert out.error.type == "ResultTooLarge"
     assert (
-        f"is {result_size(big)} bytes" in out.error.message
+        f"is {result_size(big.value, big.mcp)} bytes" in out.error.message
         and "max_result_bytes of 100 bytes" in out.error.message
     )
     assert "task 'read'" in out.error.message and "not sent" in out.error.message

@@ -113,3 +113,14 @@ def test_status_shows_the_stored_final_summary_else_the_latest_else_one_made_for
     ended = tree.model_copy(update={"status": TreeStatus.DONE, "finished_at": 7.0})
     made = shown_summary(ended, tasks, [], now=99.0)
     assert made is not None and (made.kind, made.at, made.counts.done) == (SummaryKind.FINAL, 7.0, 1)
+
+
+def test_a_summarys_parts_add_up_to_its_tasks_whatever_their_states() -> None:
+    # Issue 21: a task awaiting its user's approval was neither waiting nor in flight, so the
+    # parts of a summary added up to 10 of 11 tasks.
+    tree, tasks = run([(f"t{i}", "echo", state, {}) for i, state in enumerate(TaskState)])
+    counts = summarise(tree, tasks, SummaryKind.DEADLINE, at=200.0).counts
+    parts = counts.model_dump()
+    total = parts.pop("total")
+    assert total == len(TaskState) and sum(parts.values()) == total, parts
+    assert counts.in_flight == 4  # queued on a server or a client, running, awaiting approval

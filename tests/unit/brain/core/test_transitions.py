@@ -5,7 +5,19 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import TaskState, TaskTree, TreeStatus
-from brain.core.transitions import MOVES, InvalidMove, check_move, plan, tree_status
+from brain.core.transitions import (
+    FINAL,
+    IN_FLIGHT,
+    MOVES,
+    NOT_DONE,
+    NOT_FINAL,
+    PARKED,
+    QUEUED,
+    InvalidMove,
+    check_move,
+    plan,
+    tree_status,
+)
 
 P, D, F, S, X, Q = (
     TaskState.PENDING,
@@ -118,3 +130,16 @@ def test_a_clients_call_may_wait_for_approval_and_then_run_or_end() -> None:
         check_move({A}, P)
     with pytest.raises(InvalidMove):
         check_move({P}, A)
+
+
+def test_every_state_is_pending_in_flight_parked_or_final_exactly_once() -> None:
+    groups = [frozenset({TaskState.PENDING}), IN_FLIGHT, PARKED, FINAL]
+    for state in TaskState:
+        assert sum(state in g for g in groups) == 1, state
+    assert NOT_FINAL == frozenset(TaskState) - FINAL and NOT_DONE == frozenset(TaskState) - {TaskState.DONE}
+    assert QUEUED == IN_FLIGHT - {TaskState.AWAITING_APPROVAL}
+
+
+def test_a_task_in_flight_may_end_with_its_result_and_be_taken_back() -> None:
+    for state in IN_FLIGHT:
+        assert {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED_SERVER} <= MOVES[state], state

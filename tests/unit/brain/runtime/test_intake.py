@@ -1,4 +1,4 @@
-"""Which source may complete a task (brain.runtime.scheduler.refuse_result), as a table.
+"""Which source may complete a task (brain.runtime.intake.refuse_result), as a table.
 
 The source is where a result came through: None for the brain queue, else the client
 whose outbox carried it. The task record's ``client_id`` says where its run was sent.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import TaskRecord, TaskState
-from brain.runtime.scheduler import refuse_claim, refuse_result
+from brain.runtime.intake import refuse_claim, refuse_result
 from workers.contracts import ToolResult
 
 

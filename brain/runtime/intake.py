@@ -1,0 +1,232 @@
+"""Results, progress and approvals coming back (layer: brain/runtime).
+
+What a worker or a client agent reports about a run it was sent: accepted only from where the
+run was sent (``refuse_result``/``refuse_claim``, pure), recorded once (a compare-and-set on the
+run id through ``Scheduler.move``), then the tree advanced. The scheduler decides what to start;
+this module only takes in what comes back, so every source (the brain queue, a pool that
+records its own results, a client's outbox) enters through the same three doors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import nullcontext
+from typing import Any
+
+from brain.core.models import Progress, TaskRecord, TaskState
+from brain.core.transitions import IN_FLIGHT
+from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
+from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolAwaiting, ToolProgress, ToolResult, result_size
+from workers.mcp_clients import value_of
+
+log = logging.getLogger("vancetope.brain")
+
+# A live view redraws at most every 0.2 s (brain.cli.watch.REDRAW_EVERY_S) and a tree's end
+# always wakes it: waking it more often from one process only costs PUBLISH round trips.
+_WAKE_EVERY_S = 0.2
+
+def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str | None) -> str | None:
+    """Why a result may not complete ``rec``, or None when it may. Pure.
+
+    ``from_client`` is where the result came from: None for the brain queue (only server
+    workers may reach it), else the client whose outbox carried it. Either way the source
+    must be the one the task record says its run was sent to (``TaskRecord.client_id``);
+    what the result claims about itself only has to agree.
+    """
+    if rec is None:
+        return "no such task"
+    if rec.client_id != from_client:
+        if from_client is None:
+            return f"it was routed to client {rec.client_id!r}, not to the server"
+        routed = "the server" if rec.client_id is None else f"client {rec.client_id!r}"
+        return f"it was routed to {routed}"
+    return refuse_claim(result.client_id, from_client)
+
+def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
+    """Why a message claiming to come from client ``claimed`` (a result, a progress report)
+    does not fit the way it came, or None. Pure; needs no record, so it is checked before
+    anything is read or written."""
+    if claimed == from_client:
+        return None
+    if from_client is None:
+        return f"it claims client {claimed!r} but came through the brain queue"
+    return f"it claims client {claimed!r}"
+
+
+def checked_payload(result: ToolResult, cap: int) -> tuple[bool, Any, dict[str, Any] | None, ErrorInfo | None]:
+    """(ok, value, whole MCP result, error) to record for ``result``. Pure. The size is checked
+    again here, measured as the worker and the agent measure it (``result_size``): a client
+    agent's cap is its own promise, not ours."""
+    if not result.ok:
+        return False, None, None, result.error
+    size = result_size(result.value, result.mcp)  # parsed from JSON: it is JSON
+    if size > cap:
+        error = ErrorInfo(
+            type="ResultTooLarge",
+            message=f"result of tool {result.tool!r} is {size} bytes, over the cap of "
+            f"{cap} bytes (raise VANCETOPE_MAX_RESULT_BYTES, or return less)",
+            data={"task": result.task_id, "tool": result.tool, "size": size},
+        )
+        return False, None, None, error
+    if result.mcp is None:
+        return True, result.value, None, None
+    try:
+        return True, value_of(result.mcp), result.mcp, None
+    except ValueError as exc:
+        error = ErrorInfo(
+            type="MalformedResult",
+            message=f"result of tool {result.tool!r} claims to be an MCP result but is not: {exc}",
+            data={"task": result.task_id, "tool": result.tool},
+        )
+        return False, None, None, error
+
+
+class Intake:
+    """The brain's three doors for what comes back: ``on_result``, ``on_progress``, ``on_awaiting``.
+    ``from_client`` is the client whose outbox carried the message, None for the brain queue."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._woken: dict[str, float] = {}
+
+    # --- results ------------------------------------------------------------------------
+    def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
+        """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
+        a client's result counts only for a task routed to that very client."""
+        claim = refuse_claim(result.client_id, from_client)
+        if claim is not None:
+            return self._refused(result, from_client, claim)
+        ok, value, whole, error = checked_payload(result, self.scheduler.settings.max_result_bytes)
+        tree_rec = self.scheduler.tree(result.tree_id)
+        fan_out = len(tree_rec.tree.dependents.get(result.task_id, ())) if tree_rec else 0
+        # The record and the dispatch of what it made ready: one store transaction, unless
+        # so many become ready that their chunks should each go out as soon as written.
+        with self.scheduler.batch() if fan_out <= DISPATCH_CHUNK else nullcontext():
+            finished = self._record(result, from_client, ok, value, whole, error)
+        if finished is None:
+            return False
+        if not finished:
+            self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
+        return True
+
+    def _record(
+        self,
+        result: ToolResult,
+        from_client: str | None,
+        ok: bool,
+        value: Any,
+        whole: dict[str, Any] | None,
+        error: ErrorInfo | None,
+    ) -> bool | None:
+        """Write the result and advance its tree: None if it was not recorded, else whether
+        the tree finished."""
+        # The source must be where the record says this run was sent: part of the
+        # compare-and-set, so the common case needs no read before the write.
+        recorded = self.scheduler.move(
+            result.tree_id,
+            result.task_id,
+            TaskState.DONE if ok else TaskState.FAILED,
+            IN_FLIGHT,
+            expect_run_id=result.run_id,
+            expect_client_id=from_client,
+            result=value,
+            mcp=whole,
+            error=error,
+            redactions=result.redactions,
+            reason="" if ok else (error.message if error else "failed"),
+            worker=result.worker,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            updated_at=self.scheduler.clock(),
+        )
+        if recorded is None:
+            refusal = refuse_result(self.scheduler.store.get_task(result.tree_id, result.task_id), result, from_client)
+            if refusal is not None:
+                self._refused(result, from_client, refusal)
+                return None
+            log.info(
+                "ignored result of run %s (task %s): not the task's current run, or already recorded",
+                result.run_id,
+                result.task_id,
+            )
+            return None
+        with self.scheduler.recording(recorded):  # upstream() takes it, not a read back
+            finished = self.scheduler.advance(result.tree_id, {result.task_id: recorded.state}) is not None
+        if self.scheduler.events is not None:
+            events = self.scheduler.events  # Flower's copy after what the tree's watchers wait for
+            self.scheduler.after_write(lambda: events.task_done(result))
+        return finished
+
+    def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
+        """Keep a running call's latest progress in its record: only for the current run, only
+        while it is in flight, only from where it was sent (a compare-and-set like a result's)."""
+        if refuse_claim(update.client_id, from_client) is not None:
+            return False
+        written = self.scheduler.store.transition(
+            update.tree_id,
+            update.task_id,
+            from_states=IN_FLIGHT,
+            expect_run_id=update.run_id,
+            expect_client_id=from_client,
+            progress=Progress(
+                progress=update.progress, total=update.total, message=update.message, at=update.at
+            ),
+            updated_at=self.scheduler.clock(),
+        )
+        if written is not None:
+            self._wake_watchers(update.tree_id)
+        return written is not None
+
+    def on_awaiting(self, update: ToolAwaiting, from_client: str | None = None) -> bool:
+        """A client's call held for its user's approval (``awaiting_approval``), or approved and
+        running again (back to ``queued_client``): for the current run only, only from where it
+        was sent. A denial or a timeout arrives as a failed result."""
+        if from_client is None or refuse_claim(update.client_id, from_client) is not None:
+            return False
+        if update.waiting:
+            state, from_states = (
+                TaskState.AWAITING_APPROVAL,
+                frozenset({TaskState.QUEUED_CLIENT, TaskState.RUNNING}),
+            )
+            reason = (
+                f"awaiting approval on client {from_client} (vancetope-agent approve {update.approval_id})"
+            )
+        else:
+            state, from_states = TaskState.QUEUED_CLIENT, frozenset({TaskState.AWAITING_APPROVAL})
+            reason = ""
+        written = self.scheduler.move(
+            update.tree_id,
+            update.task_id,
+            state,
+            from_states,
+            expect_run_id=update.run_id,
+            expect_client_id=from_client,
+            reason=reason,
+            updated_at=self.scheduler.clock(),
+        )
+        if written is not None:
+            self._wake_watchers(update.tree_id)
+        return written is not None
+
+    def _wake_watchers(self, tree_id: str) -> None:
+        """Wake the tree's live views at most every ``_WAKE_EVERY_S`` from this process (a
+        PUBLISH per result was a round trip per task; a view re-reads the whole tree on each
+        wake-up anyway). A tree's end always wakes them (``advance``)."""
+        now = time.monotonic()
+        if now - self._woken.get(tree_id, 0.0) >= _WAKE_EVERY_S:
+            self._woken[tree_id] = now
+            if len(self._woken) > TREE_CACHE:
+                self._woken.pop(next(iter(self._woken)))
+            self.scheduler.hot.notify(tree_id)
+
+    def _refused(self, result: ToolResult, from_client: str | None, refusal: str) -> bool:
+        log.warning(
+            "refused a result for task %s of tree %s (run %s) from %s: %s",
+            result.task_id,
+            result.tree_id,
+            result.run_id,
+            f"client {from_client!r}" if from_client else f"the {BRAIN_QUEUE!r} queue",
+            refusal,
+        )
+        return False
