@@ -5,7 +5,7 @@ The worker runs as ``celery -A bench.celery_baseline worker -Q bench -P prefork 
 redis-server as the Vancetope run it is compared with.
 
 Completion is counted with ``INCR`` on a Redis key the producer polls, not with the
-result backend: PERFORMANCE.md shows thousands of ``AsyncResult.get()`` on the Redis
+result backend: docs/performance.md shows thousands of ``AsyncResult.get()`` on the Redis
 backend stall the producer on its pub/sub backlog, which would measure that trap,
 not Celery.
 

@@ -16,7 +16,7 @@ and not timed). A separate process PINGs Redis every ~1 ms throughout
 (bench/pinger.py); the worst PING overlapping each side's work is what any other
 client (workers, the CLI) would have waited at most meanwhile.
 
-The redis-server is the stack's kind: AOF everysec (PERFORMANCE.md: AOF makes bulk
+The redis-server is the stack's kind: AOF everysec (docs/performance.md: AOF makes bulk
 moves 1.2-2.2x slower than without).
 """
 

@@ -307,7 +307,7 @@ def _print_todo(kind: ServiceKind, what: str, report: service_manager.Report) ->
     click.echo(f"Once {manager} works{hint}, run:\n  {shell_line(report.todo)}", err=True)
 
 
-# --- consent: pending / approve / deny (README "Consent on the workstation") ---------------------
+# --- consent: pending / approve / deny (docs/client-agent.md, "Consent on the workstation") ---------------------
 # They talk to the running agent through its 0700 state directory, never through Redis.
 
 

@@ -80,7 +80,7 @@ class Agent:
         self._refused: NotEnrolled | None = None
         self._closed = False
         self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
-        # Consent (README "Consent on the workstation"): approvals live in a 0700 directory.
+        # Consent (docs/client-agent.md, "Consent on the workstation"): approvals live in a 0700 directory.
         self.consent = ConsentDir.for_config(config)
         self.redactor = Redactor.build(config.redact, config.redact_builtin)
         gate = ConsentGate(config, self.consent, self.report_awaiting, self._stop, self._cancelled)

@@ -1,8 +1,8 @@
 """The client agent's Celery worker (layer: client_agent, Celery glue).
 
 One job: a Celery worker, in this process, consuming only ``client.<id>`` through a
-connection whose kombu ``global_keyprefix`` is ``c:<id>:`` (RELIABILITY.md, "Client
-agents"): remote control, task events, gossip, mingle and the worker heartbeat are
+connection whose kombu ``global_keyprefix`` is ``c:<id>:`` (docs/security.md, "A
+workstation"): remote control, task events, gossip, mingle and the worker heartbeat are
 off, so the agent needs no pub/sub and no key outside its prefix. The brain relays
 this agent's presence and task activity into Celery events for Flower.
 """

@@ -5,7 +5,7 @@
     with vancetope.connect() as vt:
         report = vt.run("examples/night-batch.yaml", timeout=300)
 
-See ``brain.api`` for the whole surface, and the README ("Python API").
+See ``brain.api`` for the whole surface, and docs/python-api.md.
 """
 
 from brain.api import TimedOut, TreeReport, TreeRun, Vancetope, connect, embedded

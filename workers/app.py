@@ -1,12 +1,12 @@
 """The one Celery app (layer: workers).
 
-Settings from RELIABILITY.md: late ack, reject on worker lost, prefetch 1, JSON only,
+Settings from docs/reliability.md: late ack, reject on worker lost, prefetch 1, JSON only,
 and a short visibility timeout with leases renewed by live workers (``workers.lease``):
 a message reserved by a consumer that died is back on its queue within
 ``visibility_timeout + RESTORE_EVERY_S`` seconds, not an hour. Every app reads its queues through ``workers.transport`` (a message nobody
 can decode is dropped and logged, not raised into the consumer). There is no result backend:
 results travel to the brain as ``vancetope.record_result`` jobs on queue ``brain``
-(PERFORMANCE.md: awaiting thousands of AsyncResults on the Redis backend stalls).
+(docs/performance.md: awaiting thousands of AsyncResults on the Redis backend stalls).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def pool_of_queue(queue: str) -> str | None:
 
 
 def client_keyprefix(client_id: str) -> str:
-    """kombu ``global_keyprefix`` of one client's connection (RELIABILITY.md)."""
+    """kombu ``global_keyprefix`` of one client's connection (docs/security.md)."""
     client_queue(client_id)  # validates
     return f"c:{client_id}:"
 
@@ -105,7 +105,7 @@ RECORD_RESULT_TASK = "vancetope.record_result"
 PUBLISH_CALL_TASK = "vancetope.publish_call"
 # Celery beat fires a `[[schedules]]` entry: the brain submits its tree (brain.runtime.schedule_runs).
 RUN_SCHEDULE_TASK = "vancetope.run_schedule"
-# Another Celery app submits a tree (README "Python API"): a message only the brain's own
+# Another Celery app submits a tree (docs/python-api.md): a message only the brain's own
 # consumer of SUBMIT_QUEUE takes (brain.runtime.submit_queue); no worker registers it as a task.
 SUBMIT_TREE_TASK = "vancetope.submit_tree"
 

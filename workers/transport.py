@@ -3,7 +3,7 @@
 One job: no message on a queue can stop the consumer reading it. kombu 5.7's Redis
 channel decodes what BRPOP hands it inline (``_brpop_read``), so one non-JSON push
 raises ``JSONDecodeError`` in the consumer loop and Celery exits the worker
-(RELIABILITY.md, "Client agents"). Every Celery app of ours uses this transport
+(docs/security.md, "A workstation"). Every Celery app of ours uses this transport
 (``workers.app.celery_config`` sets ``broker_transport``); it pops exactly as kombu
 does, then checks each payload with ``check_payload`` — size, nesting depth, JSON,
 kombu's envelope, the body's encoding — and drops and logs what fails, naming the

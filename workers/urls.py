@@ -33,7 +33,7 @@ def without_credentials(url: str) -> str:
 
 def check_redis_url(url: str) -> str:
     """``url`` if it is a redis:// or rediss:// URL with a host; a ``rediss://`` URL must ask for
-    certificate checks (RELIABILITY.md: without ``ssl_cert_reqs`` redis-py does not check)."""
+    certificate checks (docs/security.md: without ``ssl_cert_reqs`` redis-py does not check)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise ValueError(f"must be a redis:// or rediss:// URL with a host, got {redact_url(url)!r}")

@@ -1,7 +1,7 @@
 """The ``vancetope`` command group and what every command shares (layer: brain, CLI): the
 settings, the one-line failure with its exit code, reaching a running stack.
 
-Exit codes (a contract for scripts, README "Output for scripts"): 0 every task done; 1 the
+Exit codes (a contract for scripts, docs/output.md; docs/cli.md, "Exit codes"): 0 every task done; 1 the
 tree ended otherwise (failed, skipped or cancelled tasks); 2 bad input (file, tree, config,
 unknown id); 3 the stack or its store could not be reached or started; 4 the tree was still
 running at --timeout.

@@ -28,7 +28,7 @@ from brain.store import open_store
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table.")
 @click.pass_context
 def clients(ctx: click.Context, as_json: bool) -> None:
     """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""

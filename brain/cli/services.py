@@ -269,8 +269,8 @@ def submit_url(settings: Settings, user: str | None, revoke: bool) -> None:
     for one user only.
 
     Its Redis user (vts-<user>) may only put messages on queue `submit.<user>`; the brain
-    runs every tree from that queue as <user>, whatever the message says (README "Python
-    API"). Without --user: the stack's `user` setting. Issuing again replaces the old secret.
+    runs every tree from that queue as <user>, whatever the message says (docs/python-api.md).
+    Without --user: the stack's `user` setting. Issuing again replaces the old secret.
     """
     user = user or settings.user
     if not user:

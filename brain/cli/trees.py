@@ -340,7 +340,7 @@ def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
 
 @cli.command()
 @click.argument("tree_id", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in the README) instead of a table.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table.")
 @click.option(
     "--queues",
     "queues_only",
@@ -456,7 +456,7 @@ def schedules(settings: Settings, as_json: bool) -> None:
         console.print(schedules_table(rows, time.time()))
     else:
         console.print(
-            escape("no schedules: add [[schedules]] tables to vancetope.toml (see the README, Night batches)")
+            escape("no schedules: add [[schedules]] tables to vancetope.toml (see docs/schedules.md)")
         )
 
 

@@ -1,6 +1,6 @@
 """Trees and tasks as JSON for scripts (layer: brain, presentation; pure).
 
-The shape is a contract (README, "Output for scripts"): add fields, never rename or
+The shape is a contract (docs/output.md): add fields, never rename or
 remove one. Task records are the store's records whole: results are never cut.
 """
 

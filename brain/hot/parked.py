@@ -36,7 +36,7 @@ from workers.contracts import KEY_NS, key_parked, key_requeueing
 from workers.scripts import lua
 
 # Chunks keep each EVAL short: one script over 100k refs would stall Redis for
-# everyone (PERFORMANCE.md: ~170 ms), 1,000 at a time costs a few ms each.
+# everyone (docs/performance.md: ~170 ms), 1,000 at a time costs a few ms each.
 CHUNK = 1000
 # How long a requeue's lock on a list lives without a step renewing it. Placing one chunk
 # (a store read, compare-and-set and dispatch per ref) must fit well within it; a holder

@@ -32,7 +32,7 @@ from workers.contracts import (
 )
 
 # How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
-# one reply (it stalls Redis for everyone, PERFORMANCE.md).
+# one reply (it stalls Redis for everyone, docs/performance.md).
 READ_CHUNK = 1000
 
 

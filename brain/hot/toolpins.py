@@ -2,7 +2,7 @@
 
 One job: remember, per client, a digest of each tool definition it announced (name, MCP
 server, description, input schema) and hold back a tool whose definition changed since
-(a "rug pull", RELIABILITY.md "MCP"): it is not routed to until the operator runs
+(a "rug pull", docs/security.md "A workstation"): it is not routed to until the operator runs
 ``vancetope clients approve-tools CLIENT [TOOL...]``. A tool seen for the first time is
 pinned as announced. Pins live in the brain's own key ``vt:toolpins:<id>``, which the
 client's Redis user cannot reach.

@@ -3,7 +3,7 @@ the queue its route names.
 
 The Celery task id is the run id, so Flower, the reconciler and the store all name
 one attempt the same way. A call for a client goes through a connection carrying
-that client's key prefix (DESIGN.md decision 7), so it lands in ``c:<id>:client.<id>``
+that client's key prefix (docs/security.md, "A workstation"), so it lands in ``c:<id>:client.<id>``
 where only that client's agent can read it.
 """
 

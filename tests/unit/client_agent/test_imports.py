@@ -1,4 +1,4 @@
-"""The client agent installs without server-only dependencies (DESIGN.md: it never imports brain)."""
+"""The client agent installs without server-only dependencies (docs/architecture.md: it never imports brain)."""
 
 from __future__ import annotations
 
