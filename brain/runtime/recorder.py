@@ -40,6 +40,8 @@ from celery import Celery
 from brain.config import Settings, load_settings
 from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
+from brain.hot.parked import ParkedWork
+from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.runtime.dispatch import Publisher, args_summary
 from brain.runtime.events import ClientEvents
@@ -196,14 +198,17 @@ class InlineRecorder:
     def _build(self) -> Scheduler:
         settings = self.settings or load_settings()
         hot = HotState.from_url(self.app.conf.broker_url)
+        store = open_store(settings.store)
         scheduler = Scheduler(
-            open_store(settings.store),
+            store,
             hot,
             ViaBrainPublisher(self.app, task_events=settings.task_events),
             self._registry(hot),
             settings,
+            presence=PresenceBook(hot.r, store),
+            parked=ParkedWork(hot.r),
+            events=ClientEvents(self.app, task_events=settings.task_events),
         )
-        scheduler.events = ClientEvents(self.app, task_events=settings.task_events)
         return scheduler
 
     @staticmethod

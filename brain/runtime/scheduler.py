@@ -85,17 +85,23 @@ class Scheduler:
         publisher: Publisher,
         registry: RegistrySnapshot,
         settings: Settings,
+        *,
+        presence: PresenceBook,
+        parked: ParkedWork,
+        events: ClientEvents | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """Every collaborator is handed in (``brain.runtime.service.Brain.connect`` wires the
+        real ones), so a test can run the scheduler on a store and nothing else."""
         self.store = store
         self.hot = hot
         self.publisher = publisher
         self.registry = registry
         self.settings = settings
         self.clock = clock
-        self.presence = PresenceBook(hot.r, store)
-        self.parked = ParkedWork(hot.r)
-        self.events: ClientEvents | None = None  # Flower's view of client agents, when wired
+        self.presence = presence
+        self.parked = parked
+        self.events = events  # Flower's view of client agents, when wired
         self._trees: dict[str, TreeRecord] = {}
         # Tasks this process saw done, per running tree. Done is final, so the set is never
         # stale, only incomplete (another brain recorded the rest): a miss asks the store.

@@ -16,6 +16,8 @@ from brain.core.toolnames import clash_lines
 from brain.errors import StackNotRunning
 from brain.hot.acl import AclUsers
 from brain.hot.boundary import unreachable
+from brain.hot.parked import ParkedWork
+from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.runtime import vault
 from brain.runtime.clientwork import ClientWork
@@ -76,9 +78,15 @@ class Brain:
             registry = RegistrySnapshot.model_validate(snapshot)
         store = open_store(settings.store)
         scheduler = Scheduler(
-            store, hot, Publisher(app, task_events=settings.task_events), registry, settings
+            store,
+            hot,
+            Publisher(app, task_events=settings.task_events),
+            registry,
+            settings,
+            presence=PresenceBook(hot.r, store),
+            parked=ParkedWork(hot.r),
+            events=ClientEvents(app, task_events=settings.task_events),
         )
-        scheduler.events = ClientEvents(app, task_events=settings.task_events)
         # The scheduler's own presence book, parked lists and clock: one of each per brain.
         presence, parked, clock = scheduler.presence, scheduler.parked, scheduler.clock
         clients = ClientWork(

@@ -1,0 +1,195 @@
+"""brain.runtime.scheduler and brain.runtime.intake on a real SQLite store and nothing else.
+
+The scheduler is handed its collaborators, so here Redis and Celery are stand-ins that only
+write down what the scheduler asked of them: which calls it sent, which work it parked, which
+trees it woke. What is recorded is read back from the store, the record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brain.config import load_settings
+from brain.core.models import Location, SessionKind, TaskState, TaskTree, TreeStatus
+from brain.core.routing import Presence
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.treefile import load_registry, merge_registry, spec_from_descriptor
+from brain.hot.parked import ParkedRef
+from brain.runtime.intake import Intake
+from brain.runtime.scheduler import Scheduler
+from brain.store.sqlite import SQLiteStore
+from workers.contracts import ErrorInfo, ToolCall, ToolResult
+from workers.tools.builtin import builtin_descriptors
+
+EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
+
+
+class Sent:
+    """The publisher: calls sent, in order, only once the store batch announcing them is written."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        yield
+
+    def send(self, call: ToolCall, pool: str | None = None) -> None:
+        self.calls.append(call)
+
+    def of(self, task_id: str) -> ToolCall:
+        return next(c for c in reversed(self.calls) if c.task_id == task_id)
+
+
+class Hot:
+    def __init__(self) -> None:
+        self.woken: list[str] = []
+        self.finished: list[str] = []
+
+    def notify(self, tree_id: str) -> None:
+        self.woken.append(tree_id)
+
+    def tree_finished(self, tree_id: str) -> None:
+        self.finished.append(tree_id)
+
+
+class NobodyConnected:
+    def enrollment(self, client_id: str) -> None:
+        return None
+
+    def sessions(self) -> dict[str, Any]:
+        return {}
+
+    def session(self, client_id: str) -> None:
+        return None
+
+    def view(self, *, user: str | None, session_client: str | None, sessions: Any) -> Presence:
+        return Presence(user=user, session_client=session_client)
+
+
+class Parked:
+    def __init__(self) -> None:
+        self.refs: list[ParkedRef] = []
+
+    def park(self, ref: ParkedRef) -> None:
+        self.refs.append(ref)
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> Iterator[tuple[Scheduler, Intake, Sent, Hot, Parked]]:
+    builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
+    registry = RegistrySnapshot(tools=merge_registry(builtins, load_registry(EXAMPLES / "registry.yaml")))
+    settings = load_settings(env={}, cwd=tmp_path, data_dir=tmp_path / "data")
+    store = SQLiteStore(tmp_path / "store.db")
+    sent, hot, parked = Sent(), Hot(), Parked()
+    clock = iter(range(1_000, 10**6)).__next__
+    scheduler = Scheduler(
+        store,
+        hot,  # type: ignore[arg-type]
+        sent,  # type: ignore[arg-type]
+        registry,
+        settings,
+        presence=NobodyConnected(),  # type: ignore[arg-type]
+        parked=parked,  # type: ignore[arg-type]
+        clock=lambda: float(clock()),
+    )
+    yield scheduler, Intake(scheduler), sent, hot, parked
+    store.close()
+
+
+def chain(*tasks: dict[str, Any]) -> TaskTree:
+    return TaskTree.model_validate({"id": "t", "tasks": list(tasks)})
+
+
+def result(call: ToolCall, value: Any = "ok", *, ok: bool = True) -> ToolResult:
+    return ToolResult(
+        run_id=call.run_id,
+        tree_id=call.tree_id,
+        task_id=call.task_id,
+        tool=call.tool,
+        ok=ok,
+        value=value if ok else None,
+        error=None if ok else ErrorInfo(type="ToolFailed", message="HTTP 503"),
+        worker="w",
+        started_at=1.0,
+        finished_at=2.0,
+    )
+
+
+def states(scheduler: Scheduler, tree_id: str) -> dict[str, TaskState]:
+    return dict(scheduler.store.task_states(tree_id))
+
+
+def test_a_chain_runs_one_task_after_another_and_the_next_takes_the_last_result(parts: Any) -> None:
+    scheduler, intake, sent, hot, _ = parts
+    rec = scheduler.submit(
+        chain(
+            {"id": "a", "tool": "echo", "args": {"value": "hello"}},
+            {"id": "b", "tool": "echo", "args": {"value": "${tasks.a.result}"}, "depends_on": ["a"]},
+        )
+    )
+    assert [c.task_id for c in sent.calls] == ["a"]
+    assert states(scheduler, rec.tree_id) == {"a": TaskState.QUEUED_SERVER, "b": TaskState.PENDING}
+
+    assert intake.on_result(result(sent.of("a"), "hello"))
+    assert sent.of("b").args == {"value": "hello"}
+    assert intake.on_result(result(sent.of("b"), "hello"))
+    assert states(scheduler, rec.tree_id) == {"a": TaskState.DONE, "b": TaskState.DONE}
+    assert scheduler.store.get_tree(rec.tree_id).status is TreeStatus.DONE
+    assert hot.finished == [rec.tree_id]
+
+
+def test_a_result_is_recorded_once_and_a_stale_run_changes_nothing(parts: Any) -> None:
+    scheduler, intake, sent, _, _ = parts
+    rec = scheduler.submit(chain({"id": "a", "tool": "echo", "args": {"value": 1}}))
+    call = sent.of("a")
+    assert intake.on_result(result(call, 1))
+    assert not intake.on_result(result(call, 2))  # redelivered: already recorded
+    stale = result(call, 3).model_copy(update={"run_id": call.run_id[:-1] + "0"})
+    assert not intake.on_result(stale)
+    assert scheduler.store.get_task(rec.tree_id, "a").result == 1
+
+
+def test_a_failure_skips_its_dependents_and_fails_the_tree(parts: Any) -> None:
+    scheduler, intake, sent, _, _ = parts
+    rec = scheduler.submit(
+        chain(
+            {"id": "a", "tool": "echo", "args": {"value": 1}},
+            {"id": "b", "tool": "echo", "args": {"value": 2}, "depends_on": ["a"]},
+            {"id": "c", "tool": "echo", "args": {"value": 3}, "depends_on": ["b"]},
+        )
+    )
+    assert intake.on_result(result(sent.of("a"), ok=False))
+    assert states(scheduler, rec.tree_id) == {
+        "a": TaskState.FAILED,
+        "b": TaskState.SKIPPED,
+        "c": TaskState.SKIPPED,
+    }
+    assert scheduler.store.get_task(rec.tree_id, "b").reason == "upstream task 'a' failed"
+    assert scheduler.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
+    assert [c.task_id for c in sent.calls] == ["a"]
+
+
+def test_a_client_tool_with_nobody_connected_is_parked_not_sent(parts: Any) -> None:
+    scheduler, _, sent, _, parked = parts
+    rec = scheduler.submit(
+        chain({"id": "r", "tool": "read_local_file", "args": {"path": "notes.txt"}}),
+        session=SessionKind.AUTONOMOUS,
+        user="demo",
+    )
+    task = scheduler.store.get_task(rec.tree_id, "r")
+    assert task.state in (TaskState.BLOCKED, TaskState.PENDING_CLIENT)
+    assert sent.calls == []
+    assert [(r.tree_id, r.task_id) for r in parked.refs] == [(rec.tree_id, "r")]
+
+
+def test_an_unknown_tool_fails_its_task_naming_it(parts: Any) -> None:
+    scheduler, _, sent, _, _ = parts
+    rec = scheduler.submit(chain({"id": "x", "tool": "no_such_tool"}))
+    task = scheduler.store.get_task(rec.tree_id, "x")
+    assert task.state is TaskState.FAILED and "no_such_tool" in task.error.message
+    assert sent.calls == []
