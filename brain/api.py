@@ -32,7 +32,7 @@ from brain.config import Settings, load_settings
 from brain.core.limits import check_tree_data
 from brain.core.models import SessionKind, TaskRecord, TaskTree, TreeRecord, TreeStatus
 from brain.core.report import tree_report
-from brain.core.submission import check_submission
+from brain.core.submission import SubmitRequest
 from brain.core.treefile import load_tree, tree_from_data
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
 from brain.runtime.service import Brain
@@ -211,27 +211,23 @@ class Vancetope:
                     f"client {client_id!r} is not enrolled, so no session can be bound to it; "
                     f"`vancetope clients enroll {client_id} --user U` enrolls it"
                 )
-        run_user = user or self.brain.settings.user
-        announced = frozenset(
-            name
-            for s in scheduler.presence.sessions().values()
-            if s.user == run_user
-            for name in s.tool_names()
-        )
-        source = _source(tree)
-        for warning in check_submission(
-            parsed, scheduler.registry, source=source, tree_id=tree_id, announced=announced
-        ):
-            log.warning("%s", warning)
         session = (
             SessionKind.INTERACTIVE
             if (interactive or (interactive is None and client_id))
             else SessionKind.AUTONOMOUS
         )
-        record = scheduler.submit(
-            parsed, tree_id=tree_id, session=session, client_id=client_id, user=run_user
+        request = SubmitRequest(
+            tree=parsed,
+            source=_source(tree),
+            tree_id=tree_id,
+            session=session,
+            client_id=client_id,
+            user=user or self.brain.settings.user,
         )
-        return TreeRun(self, record.tree_id)
+        accepted = scheduler.accept(request)
+        for warning in accepted.warnings:
+            log.warning("%s", warning)
+        return TreeRun(self, accepted.record.tree_id)
 
     def run(self, tree: TreeInput, *, timeout: float | None = None, **submit: Any) -> TreeReport:
         """Submit ``tree`` and wait for its end (``submit``'s keywords apply)."""

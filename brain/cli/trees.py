@@ -37,9 +37,9 @@ from brain.config import Settings
 from brain.core.limits import TreeRefused
 from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.core.report import tree_report, trees_report
-from brain.core.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.core.routing import Presence, Route, RouteKind, RouteRequest, decide_route
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.submission import check_submission
+from brain.core.submission import SubmitRequest, check_submission
 from brain.core.summary import render_markdown
 from brain.core.toolnames import clash_lines
 from brain.core.treefile import load_tree
@@ -124,8 +124,14 @@ def run(
                 if client_id is not None:
                     _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
-                presence = brain.scheduler.presence.view(run_user, client_id)
-                _validate_or_exit(tree, registry, tree_file, client_tools(presence))
+                request = SubmitRequest(
+                    tree=tree, source=str(tree_file), session=session, client_id=client_id, user=run_user
+                )
+                try:
+                    accepted = brain.scheduler.accept(request)
+                except (InvalidTaskTree, TreeRefused) as exc:
+                    fail(str(exc), EXIT_BAD_INPUT)
+                _print_warnings(accepted.warnings, registry)
                 waiting = _tasks_waiting_for_a_client(tree, registry) if not (client_id or run_user) else []
                 if waiting:
                     err.print(
@@ -134,10 +140,7 @@ def run(
                         "pass --user)",
                         highlight=False,
                     )
-                try:
-                    record = brain.scheduler.submit(tree, session=session, client_id=client_id, user=run_user)
-                except TreeRefused as exc:
-                    fail(str(exc), EXIT_BAD_INPUT)
+                record = accepted.record
                 if as_json:
                     status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
                     tasks = brain.store.get_tasks(record.tree_id)
@@ -207,6 +210,10 @@ def _validate_or_exit(
         warnings = check_submission(tree, registry, source=str(path), announced=announced)
     except InvalidTaskTree as exc:
         fail(str(exc), EXIT_BAD_INPUT)
+    _print_warnings(warnings, registry)
+
+
+def _print_warnings(warnings: list[str], registry: RegistrySnapshot) -> None:
     for warning in warnings:
         err.print(f"[yellow]warning:[/] {escape(warning + _failed_servers(registry))}", highlight=False)
 

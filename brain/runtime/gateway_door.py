@@ -23,8 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from brain.core.limits import check_tree_data
 from brain.core.models import SessionKind
-from brain.core.sessions import user_sessions
-from brain.core.submission import check_submission
+from brain.core.submission import SubmitRequest
 from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
 from brain.runtime import gateway_tokens as tokens
@@ -89,14 +88,9 @@ def _submit(brain: Brain, user: str, request: GatewayRequest) -> GatewayReply:
     source = "brain_submit_tree" if request.session is SessionKind.AUTONOMOUS else "tools/call"
     check_tree_data(request.tree, brain.settings, source=source)
     tree = tree_from_data(request.tree, source=source)
-    scheduler = brain.scheduler
-    announced = frozenset(
-        n for s in user_sessions(scheduler.presence.sessions().values(), user) for n in s.tool_names()
-    )
-    warnings = check_submission(tree, scheduler.registry, source=source, announced=announced)
-    record = scheduler.submit(tree, session=request.session, user=user)
-    log.info("gateway: submitted tree %s for user %s", record.tree_id, user)
-    return GatewayReply(ok=True, tree_id=record.tree_id, warnings=warnings)
+    accepted = brain.scheduler.accept(SubmitRequest(tree=tree, source=source, session=request.session, user=user))
+    log.info("gateway: submitted tree %s for user %s", accepted.record.tree_id, user)
+    return GatewayReply(ok=True, tree_id=accepted.record.tree_id, warnings=accepted.warnings)
 
 
 def _cancel(brain: Brain, user: str, request: GatewayRequest) -> GatewayReply:

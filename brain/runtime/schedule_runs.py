@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from brain.core.models import SessionKind, TreeRecord, TreeStatus
 from brain.core.schedules import FireAction, Overlap, Schedule, by_name, decide_overlap, run_tree_id
-from brain.core.submission import check_submission
+from brain.core.submission import SubmitRequest
 from brain.core.summary import RunSummary, SummaryKind, summarise
 from brain.core.treefile import load_tree
 from brain.errors import BrainError
@@ -106,24 +106,27 @@ class ScheduleRuns:
     def _start(self, spec: Schedule, fire: ScheduleFire) -> TreeRecord | None:
         try:
             tree = load_tree(spec.tree, max_bytes=self.s.settings.max_tree_bytes)
-            for warning in check_submission(tree, self.s.registry, source=str(spec.tree)):
-                log.warning("schedule %r: %s", spec.name, warning)
+            tree_id = run_tree_id(tree.id, spec.name, fire.fired_at, fire.token)
+            if self.s.store.get_tree(tree_id) is not None:
+                log.info("schedule %r: run %s already started (fire delivered twice)", spec.name, tree_id)
+                return None
+            accepted = self.s.accept(
+                SubmitRequest(
+                    tree=tree,
+                    source=str(spec.tree),
+                    tree_id=tree_id,
+                    session=SessionKind.AUTONOMOUS,
+                    user=spec.user or self.s.settings.user,
+                    schedule=spec.name,
+                )
+            )
         except BrainError as exc:
             log.error("schedule %r: not started: %s", spec.name, exc)
             return None
-        tree_id = run_tree_id(tree.id, spec.name, fire.fired_at, fire.token)
-        if self.s.store.get_tree(tree_id) is not None:
-            log.info("schedule %r: run %s already started (fire delivered twice)", spec.name, tree_id)
-            return None
-        record = self.s.submit(
-            tree,
-            tree_id=tree_id,
-            session=SessionKind.AUTONOMOUS,
-            user=spec.user or self.s.settings.user,
-            schedule=spec.name,
-        )
+        for warning in accepted.warnings:
+            log.warning("schedule %r: %s", spec.name, warning)
         log.info("schedule %r: started run %s", spec.name, tree_id)
-        return record
+        return accepted.record
 
     @contextmanager
     def _lock(self, name: str) -> Iterator[bool]:

@@ -33,9 +33,18 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.pools import pool_route
-from brain.core.routing import Presence, Route, RouteKind, RouteRequest, decide_route, route_without_presence
+from brain.core.routing import (
+    Presence,
+    Route,
+    RouteKind,
+    RouteRequest,
+    client_tools,
+    decide_route,
+    route_without_presence,
+)
 from brain.core.sessions import ClientSession
 from brain.core.snapshot import RegistrySnapshot
+from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
 from brain.core.transitions import FINAL, NOT_DONE, NOT_FINAL, check_move, plan
 from brain.core.treefile import spec_from_descriptor
@@ -109,6 +118,28 @@ class Scheduler:
         self._local = threading.local()
 
     # --- submit ------------------------------------------------------------------
+    def accept(self, request: SubmitRequest) -> Accepted:
+        """The one way in: check ``request``'s tree against the registry in use (InvalidTaskTree
+        naming every problem), then ``submit`` it (TreeRefused over a limit). Tools that the
+        run's user's connected clients announced are not reported as unknown."""
+        user = request.user
+        if request.client_id and not user:
+            enrollment = self.presence.enrollment(request.client_id)
+            user = enrollment.user if enrollment else None
+        announced = client_tools(self.presence.view(user=user, session_client=request.client_id))
+        warnings = check_submission(
+            request.tree, self.registry, source=request.source, tree_id=request.tree_id, announced=announced
+        )
+        record = self.submit(
+            request.tree,
+            tree_id=request.tree_id,
+            session=request.session,
+            client_id=request.client_id,
+            user=user,
+            schedule=request.schedule,
+        )
+        return Accepted(record=record, warnings=warnings)
+
     def submit(
         self,
         tree: TaskTree,

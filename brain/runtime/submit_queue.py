@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from brain.core.limits import check_tree_data
 from brain.core.models import SessionKind
-from brain.core.submission import check_submission
+from brain.core.submission import SubmitRequest
 from brain.core.treefile import tree_from_data
 from brain.errors import BrainError
 from brain.runtime import gateway_door as door
@@ -76,15 +76,18 @@ def submit_message(brain: Brain, body: Any, headers: dict[str, Any], user: str) 
     try:
         check_tree_data(request.tree, brain.settings, source=source)
         tree = tree_from_data(request.tree, source=source)
-        for warning in check_submission(tree, brain.scheduler.registry, source=source, tree_id=run_id):
-            log.warning("%s", warning)
         if brain.store.get_tree(run_id) is not None:
             log.info("submit_tree: run %r is already recorded (a redelivered message); nothing to do", run_id)
             return run_id
-        record = brain.scheduler.submit(tree, tree_id=run_id, session=SessionKind.AUTONOMOUS, user=user)
+        accepted = brain.scheduler.accept(
+            SubmitRequest(tree=tree, source=source, tree_id=run_id, session=SessionKind.AUTONOMOUS, user=user)
+        )
     except BrainError as exc:
         log.error("refused a submitted tree: %s", exc)
         return None
+    for warning in accepted.warnings:
+        log.warning("%s", warning)
+    record = accepted.record
     log.info("submitted tree %s for user %s", record.tree_id, record.user)
     return record.tree_id
 
