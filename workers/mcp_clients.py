@@ -5,9 +5,11 @@ One job: give synchronous callers (Celery worker threads) ``list_tools``,
 session per server instead of spawning a server per call (spawn + initialize
 costs ~1 s, a call on a live session ~2 ms).
 
-All MCP traffic runs on one private asyncio loop in a background thread. Each
-server's session is entered and exited by its own long-lived task, because an
-anyio context (the SDK's task groups) must be exited by the task that entered it.
+All MCP traffic runs on one private asyncio loop in a background thread, which
+anyio's blocking portal (``anyio.from_thread.start_blocking_portal``) runs and
+bridges sync callers into. Each server's session is entered and exited by its own
+long-lived task, because an anyio context (the SDK's task groups) must be exited by
+the task that entered it.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import IO, Any, TextIO, TypeVar, cast
+from typing import IO, Any, TextIO, TypeVar, TypeVarTuple, cast
 
 import anyio
+import anyio.from_thread
 import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -46,6 +49,7 @@ from workers.tools.process import mcp_server_env
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 DEFAULT_START_TIMEOUT_S = 30.0
 # The SDK's stdio shutdown is bounded (2 s grace + 2 s TERM + 2 s KILL); wait a bit more.
 _CLOSE_GRACE_S = 8.0
@@ -340,20 +344,22 @@ class MCPClientManager:
         self._tools_lock = threading.Lock()
         self._closed = False
         self._close_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vancetope-mcp-loop", daemon=True)
-        self._thread.start()
+        # The loop thread: anyio runs an asyncio loop in it and takes calls from any thread.
+        self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
+        self._portal = self._portal_cm.__enter__()
+        self._thread: threading.Thread = self._portal.call(threading.current_thread)
+        self._thread.name = "vancetope-mcp-loop"
 
     # --- public sync API ---------------------------------------------------------
 
     def list_tools(self, server: str, timeout: float) -> list[ToolDescriptor]:
         """The server's tools; starts the server if needed (start and listing each bounded by timeout)."""
         self._spec(server)
-        return self._submit(self._list_tools(server, timeout), 2 * timeout)
+        return self._submit(2 * timeout, self._list_tools, server, timeout)
 
     def discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:
         """Every server's tools, listed concurrently; a failing server is reported, not raised."""
-        return self._submit(self._discover(timeout), 2 * timeout)
+        return self._submit(2 * timeout, self._discover, timeout)
 
     def call_tool(self, server: str, tool: str, args: dict[str, Any], timeout: float) -> Any:
         """Call one tool and return its convenient value (``tool_value``)."""
@@ -373,13 +379,13 @@ class MCPClientManager:
         (on the manager's loop thread: it must be quick and not block)."""
         self._spec(server)
         return self._submit(
-            self._call(server, tool, args, timeout, on_progress), self._start_timeout + 2 * timeout
+            self._start_timeout + 2 * timeout, self._call, server, tool, args, timeout, on_progress
         )
 
     def connect(self, server: str) -> None:
         """Start the server now if it is not running (bounded by start_timeout), which also lists its tools."""
         self._spec(server)
-        self._submit(self._session(server, self._start_timeout), self._start_timeout)
+        self._submit(self._start_timeout, self._session, server, self._start_timeout)
 
     def input_schema(self, server: str, tool: str) -> dict[str, Any] | None:
         """The tool's input schema if this process has listed the server's tools, else None."""
@@ -396,15 +402,19 @@ class MCPClientManager:
         if os.getpid() != self._pid:
             return  # a forked copy: the sessions and thread belong to the parent
         if self._thread.is_alive():
-            future = asyncio.run_coroutine_threadsafe(self._close_all(), self._loop)
             try:
-                future.result(timeout)
+                self._portal.start_task_soon(self._close_all).result(timeout)
             except Exception:
                 logger.warning("closing MCP sessions did not finish cleanly", exc_info=True)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            # Stop the portal, cancelling whatever still runs; its loop then cancels stray
+            # tasks and closes async generators on the way out.
+            with contextlib.suppress(Exception):
+                self._portal.start_task_soon(self._portal.stop, True).result(timeout)
             self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._loop.close()
+        if self._thread.is_alive():
+            logger.warning("the MCP client loop thread did not stop within %gs", timeout)
+        else:
+            self._portal_cm.__exit__(None, None, None)  # joins the (finished) thread
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -417,16 +427,21 @@ class MCPClientManager:
             )
         return spec
 
-    def _submit(self, coro: Coroutine[Any, Any, _T], budget: float) -> _T:
+    def _submit(self, budget: float, func: Callable[[*_Ts], Awaitable[_T]], *args: *_Ts) -> _T:
+        """``func(*args)`` on the loop thread; its result here. Cancelled on the loop when the
+        wait gives up (the portal's future cancels the task)."""
+        closed = MCPServerUnavailable("the MCP client manager is closed", server="", stderr_tail="")
         if self._closed or os.getpid() != self._pid:
-            coro.close()
-            raise MCPServerUnavailable("the MCP client manager is closed", server="", stderr_tail="")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            raise closed
+        try:
+            future = self._portal.start_task_soon(func, *args)
+        except RuntimeError:  # the portal stopped between the check and here
+            raise closed from None
         try:
             return future.result(budget + _SLACK_S)
         except concurrent.futures.CancelledError:
-            closed = "the MCP client manager closed during the call"
-            raise MCPServerUnavailable(closed, server="", stderr_tail="") from None
+            during = "the MCP client manager closed during the call"
+            raise MCPServerUnavailable(during, server="", stderr_tail="") from None
         except TimeoutError:
             if future.done():
                 raise
@@ -582,12 +597,6 @@ class MCPClientManager:
         sessions = list(self._sessions.values())
         self._sessions.clear()
         await asyncio.gather(*(s.close(_CLOSE_GRACE_S) for s in sessions))
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in others:
-            task.cancel()
-        if others:
-            await asyncio.wait(others, timeout=_SLACK_S)
-        await self._loop.shutdown_asyncgens()
 
 
 # --- one manager per process -------------------------------------------------------

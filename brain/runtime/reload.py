@@ -1,7 +1,8 @@
 """The registry and the server MCP config, reloaded while the brain runs (layer: brain, runtime).
 
-The brain watches the registry file and the mcpServers file (their size and mtime, every
-``WATCH_EVERY_S``) and takes a reload request from ``vancetope reload``. A change builds a
+The brain watches the registry file and the mcpServers file (watchfiles on their folders,
+so an editor's rename or a delete and re-create is seen; their size and mtime decide) and
+takes a reload request from ``vancetope reload`` (looked for at least every ``WATCH_EVERY_S``). A change builds a
 new registry (discovering the MCP servers again) and swaps it in whole: calls already sent
 finish on the definitions they were sent with, new calls use the new ones; server workers
 pick up the new snapshot within ``brain.runtime.recorder.REGISTRY_MAX_AGE_S`` and restart an MCP
@@ -16,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Protocol
+
+import watchfiles
 
 from brain.config import Settings
 from brain.core.snapshot import RegistrySnapshot
@@ -118,12 +121,41 @@ class Reloader:
     def run(self, stop: threading.Event) -> threading.Thread:
         log.info("watching %s for changes", ", ".join(map(str, self.sources)) or "no registry sources")
 
+        def check() -> None:
+            try:
+                self.check()
+            except Exception:
+                log.exception("watching the registry sources failed; trying again")
+
+        names = {p.name for p in self.sources}
+
         def loop() -> None:
-            while not stop.wait(WATCH_EVERY_S):
+            while not stop.is_set():
+                folders = {p.parent for p in self.sources if p.parent.is_dir()}
+                if not folders:  # nothing to watch (yet): look again, and for a request, later
+                    if not stop.wait(WATCH_EVERY_S):
+                        check()
+                    continue
                 try:
-                    self.check()
-                except Exception:
-                    log.exception("watching the registry sources failed; trying again")
+                    # Wakes on a change of a source, or after WATCH_EVERY_S without one (the
+                    # reload request in Redis); check() compares signatures either way.
+                    for _ in watchfiles.watch(
+                        *folders,
+                        # by name: a symlinked folder may report its events under another path
+                        watch_filter=lambda _change, name: Path(name).name in names,
+                        recursive=False,
+                        rust_timeout=int(WATCH_EVERY_S * 1000),
+                        yield_on_timeout=True,
+                        stop_event=stop,
+                        raise_interrupt=False,
+                    ):
+                        check()
+                        if folders != {p.parent for p in self.sources if p.parent.is_dir()}:
+                            break  # a folder came or went: watch the ones there are now
+                except (OSError, RuntimeError) as exc:  # a folder vanished as watching began
+                    log.debug("watching %s: %s; trying again", ", ".join(map(str, folders)), exc)
+                    if not stop.wait(WATCH_EVERY_S):
+                        check()
 
         thread = threading.Thread(target=loop, name="vancetope-reload", daemon=True)
         thread.start()

@@ -45,3 +45,63 @@ def test_a_redis_url_that_would_not_check_the_certificate_is_refused_without_sho
 def test_a_rediss_url_with_certificate_checks_is_accepted(tmp_path: Path) -> None:
     url = "rediss://vt-brain:pw@broker:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/etc/ca.crt"
     assert load_settings(env={"VANCETOPE_REDIS_URL": url}, cwd=tmp_path).redis_url == url
+
+
+def test_keyword_overrides_beat_the_environment_which_beats_the_file_which_beats_the_defaults(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "vancetope.toml").write_text(
+        '[vancetope]\nserver_concurrency = 3\ngateway_port = 9000\nregistry = "reg.yaml"\ntask_log = true\n'
+    )
+    env = {
+        "VANCETOPE_GATEWAY_PORT": "9001",
+        "VANCETOPE_SERVER_CONCURRENCY": "",
+        "VANCETOPE_TASK_LOG": "false",
+    }
+    settings = load_settings(env=env, cwd=tmp_path, gateway_max_tools=7, user=None)
+    assert settings.server_concurrency == 3  # an empty variable is unset
+    assert settings.gateway_port == 9001 and settings.task_log is False
+    assert settings.registry == (tmp_path / "reg.yaml").resolve()  # relative to the file
+    assert settings.gateway_max_tools == 7 and settings.user is None
+    assert settings.max_deliveries == 3
+
+
+def test_lists_and_tables_come_from_the_environment_as_today(tmp_path: Path) -> None:
+    env = {
+        "VANCETOPE_POOLS": '[{"name": "gpu", "concurrency": 1}]',
+        "VANCETOPE_HTTP_HEADERS": '{"api.example.com": {"X-Key": "k"}}',
+        "VANCETOPE_DATA_DIR": "state",
+        # another program's variables under the same prefix are not settings
+        "VANCETOPE_AGENT_BROKER_URL": "redis://h/0",
+        "vancetope_unrelated": "x",
+    }
+    settings = load_settings(env=env, cwd=tmp_path)
+    assert [p.name for p in settings.pools] == ["gpu"]
+    assert settings.http_headers == {"api.example.com": {"X-Key": "k"}}
+    assert settings.data_dir == Path("state")
+    # and they travel to child processes in the same form
+    again = load_settings(env=settings.to_env(), cwd=tmp_path)
+    assert again == settings
+
+
+def test_bad_json_in_the_environment_is_a_config_error_naming_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"pools: Value error, not a JSON list of pools"):
+        load_settings(env={"VANCETOPE_POOLS": "[gpu"}, cwd=tmp_path)
+
+
+def test_settings_built_directly_read_neither_the_environment_nor_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from brain.config import Settings
+
+    monkeypatch.setenv("VANCETOPE_SERVER_CONCURRENCY", "9")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "vancetope.toml").write_text("[vancetope]\ngateway_port = 9000\n")
+    assert (Settings().server_concurrency, Settings().gateway_port) == (2, 8765)
+    assert load_settings().server_concurrency == 9 and load_settings().gateway_port == 9000
+
+
+def test_an_unknown_key_in_the_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "vancetope.toml").write_text("[vancetope]\ncolour = 1\n")
+    with pytest.raises(ConfigError, match="colour: Extra inputs are not permitted"):
+        load_settings(env={}, cwd=tmp_path)

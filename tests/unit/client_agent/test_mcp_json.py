@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,26 @@ def test_watcher_calls_back_once_per_settled_change(tmp_path: Path) -> None:
         stop.set()
         watcher.join(5)
     assert not watcher.is_alive()
+
+
+def test_watcher_sees_a_file_whose_folder_appears_later_and_a_replace_by_rename(tmp_path: Path) -> None:
+    path = tmp_path / "later" / "approvals.stamp"
+    changed = threading.Event()
+    stop = threading.Event()
+    watcher = FileWatcher(path, changed.set, stop, interval_s=0.1)
+    watcher.start()
+    try:
+        assert not changed.wait(0.3) and watcher.is_alive()
+        path.parent.mkdir()
+        path.write_text("1")
+        assert changed.wait(5), "the watcher did not notice the file in the new folder"
+        changed.clear()
+        time.sleep(0.3)  # the watch is set up on the folder by now
+        (tmp_path / "later" / "tmp").write_text("22")
+        os.replace(tmp_path / "later" / "tmp", path)  # what an editor's atomic save does
+        assert changed.wait(5), "the watcher did not notice the replaced file"
+    finally:
+        started = time.monotonic()
+        stop.set()
+        watcher.join(5)
+    assert not watcher.is_alive() and time.monotonic() - started < 2
