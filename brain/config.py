@@ -23,7 +23,6 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -252,17 +251,24 @@ def sandbox_hidden(settings: Settings, cwd: Path | None = None) -> list[Path]:
     return [*hidden, (cwd or Path.cwd()) / CONFIG_FILE]
 
 
-class _Environment(EnvSettingsSource):
-    """``VANCETOPE_*`` read from the mapping ``load_settings`` was given (os.environ by default)."""
+class _Environment(PydanticBaseSettingsSource):
+    """``VANCETOPE_<FIELD>`` from the mapping ``load_settings`` was given (os.environ by
+    default); an empty value is unset. The raw strings go to the field validators, which
+    parse lists, tables and pools with their own errors."""
 
     def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._environ = environ
         super().__init__(settings_cls)
+        self.environ = environ
 
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # What the base class does with os.environ (names matched case-insensitively, an
-        # empty value is unset), with the given mapping instead.
-        return {name.lower(): value for name, value in self._environ.items() if value != ""}
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        raw = self.environ.get(ENV_PREFIX + field_name.upper())
+        return (raw or None), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = (
+            (name, self.get_field_value(field, name)[0]) for name, field in self.settings_cls.model_fields.items()
+        )
+        return {name: raw for name, raw in found if raw is not None}
 
 
 class _ConfigFile(PydanticBaseSettingsSource):
