@@ -20,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
@@ -86,7 +86,23 @@ def call_tree_id(tool: str) -> str:
     return ("mcp-" + re.sub(r"[^A-Za-z0-9_.:-]", ".", tool))[:MAX_TREE_ID_CHARS]
 
 
+class GatewayBackend(Protocol):
+    """All the MCP server (``brain.gateway.server``) asks of the stack. ``Backend`` is the real
+    one, over Redis and a read-only store; the server depends on nothing else of the brain."""
+
+    def user_of(self, token: str) -> str | None: ...
+    def view(self, user: str) -> UserView: ...
+    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]: ...
+    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted: ...
+    def call_record(self, tree_id: str) -> TaskRecord: ...
+    def cancel(self, caller: Caller, tree_id: str, task_id: str | None = None) -> list[str]: ...
+    def primary(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Any: ...
+
+
 class Backend:
+    """``GatewayBackend`` over the stack: the registry and presence the brain publishes in Redis,
+    the store read-only, and the brain's door for what it must do (submit, cancel)."""
+
     def __init__(
         self,
         hot: HotState,

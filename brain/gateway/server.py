@@ -44,7 +44,7 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import Backend, Caller, Refused, Submitted
+from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
@@ -69,7 +69,7 @@ _PRIMARY_NAMES = frozenset(t.name for t in PRIMARY)
 class TokenVerifier:
     """The SDK's ``TokenVerifier`` over the store's gateway tokens: the principal is the user."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: GatewayBackend) -> None:
         self.backend = backend
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -128,7 +128,7 @@ class _GatewayServer(Server[Any]):
 
 
 class Gateway:
-    def __init__(self, backend: Backend, redis_url: str) -> None:
+    def __init__(self, backend: GatewayBackend, redis_url: str) -> None:
         self.backend = backend
         self.redis_url = redis_url
         self.watch = Watch()
@@ -385,7 +385,7 @@ class Gateway:
                 del self.watch.sessions[user]
 
 
-def serve(backend: Backend, redis_url: str, host: str, port: int) -> None:
+def serve(backend: GatewayBackend, redis_url: str, host: str, port: int) -> None:
     """Serve the gateway until interrupted (uvicorn, which the SDK depends on)."""
     import uvicorn
 
