@@ -1,1 +1,3 @@
-"""brain/stack: see docs/architecture.md."""
+"""Processes: the embedded stack, its supervisor, redis-server, children, Flower's password.
+Starts, watches and stops; decides nothing about trees (docs/architecture.md).
+"""
