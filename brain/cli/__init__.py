@@ -1,4 +1,4 @@
-"""The ``vancetope`` command (layer: brain, CLI). Parses flags, calls the brain, shows results.
+"""The ``vancetope`` command (layer: brain/cli). Parses flags, calls the brain, shows results.
 
 One module per family of commands; importing them registers their commands on ``cli``.
 """

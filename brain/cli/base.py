@@ -1,4 +1,4 @@
-"""The ``vancetope`` command group and what every command shares (layer: brain, CLI): the
+"""The ``vancetope`` command group and what every command shares (layer: brain/cli): the
 settings, the one-line failure with its exit code, reaching a running stack.
 
 Exit codes (a contract for scripts, docs/output.md; docs/cli.md, "Exit codes"): 0 every task done; 1 the

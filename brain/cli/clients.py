@@ -1,4 +1,4 @@
-"""Commands about client agents and users (layer: brain, CLI): clients, enroll, revoke,
+"""Commands about client agents and users (layer: brain/cli): clients, enroll, revoke,
 approve-tools; users token for the MCP gateway."""
 
 from __future__ import annotations

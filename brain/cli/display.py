@@ -1,4 +1,4 @@
-"""How trees and tasks look in the terminal (layer: brain, presentation). Pure: records in,
+"""How trees and tasks look in the terminal (layer: brain/cli; presentation). Pure: records in,
 rich renderables out. Every value from a record goes in as ``Text``, never as a str: rich
 reads a str as markup, and results, errors and tool names are anyone's text ("see [/x]"
 made `vancetope status` crash; a client could name a tool to restyle the table)."""

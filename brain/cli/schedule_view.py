@@ -1,4 +1,4 @@
-"""Schedules and run summaries as the CLI shows them (layer: brain, presentation; pure).
+"""Schedules and run summaries as the CLI shows them (layer: brain/cli; presentation; pure).
 
 ``vancetope schedules [--json]``: each schedule with its last and next fire and its last
 run; ``vancetope status TREE_ID``: the run's summary. Values in, JSON-ready dicts and rich

@@ -1,4 +1,4 @@
-"""The vault commands (layer: brain, CLI): secrets set, list, delete, rotate-key. They talk
+"""The vault commands (layer: brain/cli): secrets set, list, delete, rotate-key. They talk
 to the store only, so they work whether or not the stack runs."""
 
 from __future__ import annotations

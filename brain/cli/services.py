@@ -1,4 +1,4 @@
-"""Commands that run the stack or one of its services (layer: brain, CLI): up, brain, worker,
+"""Commands that run the stack or one of its services (layer: brain/cli): up, brain, worker,
 beat, gateway; reload and submit-url speak to a running brain."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Commands about task trees (layer: brain, CLI): run, explain, status, schedules, cancel."""
+"""Commands about task trees (layer: brain/cli): run, explain, status, schedules, cancel."""
 
 from __future__ import annotations
 

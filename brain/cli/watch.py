@@ -1,4 +1,4 @@
-"""Watching one task tree to its end (layer: brain, CLI glue behind `vancetope run`).
+"""Watching one task tree to its end (layer: brain/cli; CLI glue behind `vancetope run`).
 
 The store is read on every redraw (it is the record); Redis pub/sub is only a wake-up, and
 Redis also says which tasks a worker holds. So a Redis blip — the stack restarting its

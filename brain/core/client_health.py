@@ -1,4 +1,4 @@
-"""Is what a client wrote fit to use, and if not, why (layer: brain; pure).
+"""Is what a client wrote fit to use, and if not, why (layer: brain/core; pure).
 
 Everything under ``c:<id>:`` is written by that client's agent, so the brain treats it
 as hostile input: before a heartbeat, an outbox, a kombu queue or hash of a client is

@@ -1,4 +1,4 @@
-"""What one tree, and one user's unfinished work, may hold (layer: brain, pure).
+"""What one tree, and one user's unfinished work, may hold (layer: brain/core; pure).
 
 Issue 20: a tree of 100,000 tasks starved the server pool for every user. Every way in —
 `vancetope run`, the Python API, a submit credential's queue, the MCP gateway, a schedule's

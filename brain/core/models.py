@@ -1,4 +1,4 @@
-"""Models of the brain's vocabulary (layer: brain, pure).
+"""Models of the brain's vocabulary (layer: brain/core; pure).
 
 Tool specs and the registry (seed 000 §3), task trees (§6), and the records the
 store keeps. Field-level checks live here; whole-tree checks (cycles, references,

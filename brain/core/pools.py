@@ -1,4 +1,4 @@
-"""Named server pools (layer: brain, pure).
+"""Named server pools (layer: brain/core; pure).
 
 A server pool is a set of server workers consuming one queue: the default pool consumes
 ``server`` and its size is ``server_concurrency``; each ``[[pools]]`` table of

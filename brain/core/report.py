@@ -1,4 +1,4 @@
-"""Trees and tasks as JSON for scripts (layer: brain, presentation; pure).
+"""Trees and tasks as JSON for scripts (layer: brain/core; presentation; pure).
 
 The shape is a contract (docs/output.md): add fields, never rename or
 remove one. Task records are the store's records whole: results are never cut.

@@ -1,4 +1,4 @@
-"""The tool router (layer: brain, pure).
+"""The tool router (layer: brain/core; pure).
 
 One job: decide where one tool call runs — the server pool, a client agent, or
 nowhere yet (blocked, pending_client, skipped, failed) — from the tool spec, the

@@ -1,4 +1,4 @@
-"""Bounded YAML (layer: brain, pure).
+"""Bounded YAML (layer: brain/core; pure).
 
 One job: parse YAML text without letting aliases expand it beyond a bound, and without
 dropping a key written twice. A

@@ -1,4 +1,4 @@
-"""Schedules of night batches (layer: brain, pure).
+"""Schedules of night batches (layer: brain/core; pure).
 
 One job: say what a ``[[schedules]]`` table of ``vancetope.toml`` means, and decide, as
 functions of values, when a schedule fires, what a fire does while the previous run is

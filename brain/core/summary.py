@@ -1,4 +1,4 @@
-"""The morning summary of a run (layer: brain, pure).
+"""The morning summary of a run (layer: brain/core; pure).
 
 One job: from a tree's record and its task records, say what the run did — how many tasks
 are done, failed, expired, skipped, still waiting for a client, still in flight — and for

@@ -1,4 +1,4 @@
-"""Tool names that never collide silently (layer: brain, pure).
+"""Tool names that never collide silently (layer: brain/core; pure).
 
 Every tool an MCP server offers is registered as ``<server>/<tool>``; its bare name is
 kept too when nothing else has it. A bare name two sources offer is a clash: a built-in

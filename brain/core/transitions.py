@@ -1,5 +1,5 @@
 """The task state machine whole, every grouping of its states, and what a tree does next
-given its tasks' states (layer: brain/core, pure).
+given its tasks' states (layer: brain/core; pure).
 
 No store, no Redis, no clock: the scheduler reads states, asks here, and applies
 the answer with compare-and-set writes. Every set of states that code tests a task against

@@ -1,4 +1,4 @@
-"""Task-tree and registry files (layer: brain; the only module of the pure core that reads files).
+"""Task-tree and registry files (layer: brain/core; the only module of the pure core that reads files).
 
 One job: turn a YAML/JSON file into validated models, with errors a user can act
 on — the file, the task or tool by name, the field, the problem. Also the pure

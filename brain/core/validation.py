@@ -1,4 +1,4 @@
-"""Whole-tree validation and argument references (layer: brain, pure).
+"""Whole-tree validation and argument references (layer: brain/core; pure).
 
 One job: decide whether a parsed task tree can run, and fill in the references
 between its tasks. Field-level checks already happened in ``brain.core.models``; here

@@ -1,4 +1,4 @@
-"""Per-client Redis credentials (layer: brain; pure rules, then the Redis glue).
+"""Per-client Redis credentials (layer: brain/hot; pure rules, then the Redis glue).
 
 docs/security.md ("A workstation"): each client agent connects as its own Redis ACL user, confined to
 its own keys ``c:<id>:*``, no pub/sub channel, and only the commands the agent uses.

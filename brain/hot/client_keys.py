@@ -1,4 +1,4 @@
-"""Read what clients keep under their prefixes, safely (layer: brain, Redis glue).
+"""Read what clients keep under their prefixes, safely (layer: brain/hot; Redis glue).
 
 One pipeline, never raising on a refused command (``raise_on_error=False``): a client
 that turned one of its keys into another type makes its own reply an error, and every

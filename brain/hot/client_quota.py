@@ -1,4 +1,4 @@
-"""How much each client keeps in Redis (layer: brain, Redis glue).
+"""How much each client keeps in Redis (layer: brain/hot; Redis glue).
 
 A client may write any key under its own prefix ``c:<id>:``; the brain measures them all
 with one SCAN of the keyspace (the brain's user may SCAN; a client's may not) and a

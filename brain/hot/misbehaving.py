@@ -1,4 +1,4 @@
-"""Which clients are suspended for what they wrote, and why (layer: brain, Redis glue).
+"""Which clients are suspended for what they wrote, and why (layer: brain/hot; Redis glue).
 
 A mark lives in the brain's own hash ``vt:misbehaving`` (no client can write ``vt:``),
 so it survives a brain restart, `vancetope clients` shows it, and each cause is logged

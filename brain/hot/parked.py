@@ -1,4 +1,4 @@
-"""Blocked and pending-client tasks waiting in Redis (layer: brain, Redis glue).
+"""Blocked and pending-client tasks waiting in Redis (layer: brain/hot; Redis glue).
 
 The store says *that* a task is blocked or pending_client; these lists say in
 which order they wait and for whom (``user:<name>`` or ``client:<id>``).

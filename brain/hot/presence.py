@@ -1,4 +1,4 @@
-"""Who is connected, with which tools (layer: brain, Redis glue).
+"""Who is connected, with which tools (layer: brain/hot; Redis glue).
 
 Enrolled clients (the store's record: clients cannot write it, and it survives a Redis
 flush) are the only ones the brain listens to; a client's

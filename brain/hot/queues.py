@@ -1,4 +1,4 @@
-"""Who has work waiting, and is anyone taking it (layer: brain; pure report, then Redis glue).
+"""Who has work waiting, and is anyone taking it (layer: brain/hot; pure report, then Redis glue).
 
 The operator's first question about a stuck run: is work waiting on a queue nobody
 consumes? For each server pool: the messages on its queue and the live workers serving it

@@ -1,4 +1,4 @@
-"""The brain's hot state in Redis under ``vt:`` (layer: brain, Redis glue).
+"""The brain's hot state in Redis under ``vt:`` (layer: brain/hot; Redis glue).
 
 Hot state is a cache and a signal, never the record: the registry snapshot that
 the CLI validates against, wake-ups for progress displays, running marks written

@@ -1,4 +1,4 @@
-"""Pinned client tool definitions (layer: brain; pure split, thin Redis glue).
+"""Pinned client tool definitions (layer: brain/hot; pure split, thin Redis glue).
 
 One job: remember, per client, a digest of each tool definition it announced (name, MCP
 server, description, input schema) and hold back a tool whose definition changed since

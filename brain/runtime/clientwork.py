@@ -1,4 +1,4 @@
-"""Clients coming and going (layer: brain, glue around the scheduler).
+"""Clients coming and going (layer: brain/runtime; glue around the scheduler).
 
 Connect: accept the announcement into the active registry, then requeue the work
 parked for that client, then for its user, in chunks (brain.hot.parked: oldest parked

@@ -1,4 +1,4 @@
-"""ToolCall -> Celery message (layer: brain, Celery glue). One job: publish a call on
+"""ToolCall -> Celery message (layer: brain/runtime; Celery glue). One job: publish a call on
 the queue its route names.
 
 The Celery task id is the run id, so Flower, the reconciler and the store all name

@@ -1,4 +1,4 @@
-"""Enrolling and revoking client agents (layer: brain, glue over the store, ACL users and
+"""Enrolling and revoking client agents (layer: brain/runtime; glue over the store, ACL users and
 client work).
 
 Enrollment records the client in the store (the record) with the SHA-256 of a new

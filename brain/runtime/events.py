@@ -1,4 +1,4 @@
-"""Client agents in Flower (layer: brain, Celery glue).
+"""Client agents in Flower (layer: brain/runtime; Celery glue).
 
 Client agents run with events off (they could otherwise read every worker's events
 on the shared channel, docs/security.md), so the brain speaks for them: it sends

@@ -1,4 +1,4 @@
-"""The gateway's way into the brain (layer: brain/gateway; models, the brain's handler, the
+"""The gateway's way into the brain (layer: brain/runtime; models, the brain's handler, the
 gateway's sender).
 
 Issue 20 (H6): the gateway used to submit and cancel itself, as the brain does, so its Redis

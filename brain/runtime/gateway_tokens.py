@@ -1,4 +1,4 @@
-"""Gateway tokens (layer: brain/gateway, store glue): one per user, kept only as a SHA-256.
+"""Gateway tokens (layer: brain/runtime; store glue): one per user, kept only as a SHA-256.
 
 ``vancetope users token U`` issues one (printing it once), ``--revoke`` deletes it; the
 gateway turns a request's ``Authorization: Bearer <token>`` into the user it acts for.

@@ -1,4 +1,4 @@
-"""Record a server task's result where it ran (layer: brain, wiring for the server pool).
+"""Record a server task's result where it ran (layer: brain/runtime; wiring for the server pool).
 
 A server worker that finishes a task records the result itself and dispatches the
 dependents that became ready, instead of sending the result to the brain and waiting

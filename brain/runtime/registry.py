@@ -1,4 +1,4 @@
-"""The brain's server-side registry (layer: brain, glue around pure merging).
+"""The brain's server-side registry (layer: brain/runtime; glue around pure merging).
 
 Built-ins + tools discovered from the brain's ``mcpServers`` (location ``server``)
 + the registry file, merged by ``brain.core.treefile.merge_registry``. The snapshot is

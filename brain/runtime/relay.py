@@ -1,4 +1,4 @@
-"""Messages from client agents (layer: brain, Redis glue).
+"""Messages from client agents (layer: brain/runtime; Redis glue).
 
 Each enrolled client writes to its own ``c:<id>:outbox`` (it can reach no other
 key); the relay pops every outbox, checks size, depth and shape, and hands

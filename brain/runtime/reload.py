@@ -1,4 +1,4 @@
-"""The registry and the server MCP config, reloaded while the brain runs (layer: brain, runtime).
+"""The registry and the server MCP config, reloaded while the brain runs (layer: brain/runtime).
 
 The brain watches the registry file and the mcpServers file (watchfiles on their folders,
 so an editor's rename or a delete and re-create is seen; their size and mtime decide) and

@@ -1,4 +1,4 @@
-"""Act on schedule fires and summarise scheduled runs (layer: brain, glue around pure decisions).
+"""Act on schedule fires and summarise scheduled runs (layer: brain/runtime; glue around pure decisions).
 
 Beat (``brain.beat``) only says "schedule X fired"; the brain decides here, at submit time,
 what that fire does (``brain.core.schedules.decide_overlap``) by looking at the store for an

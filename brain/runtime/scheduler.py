@@ -1,4 +1,4 @@
-"""Advance task trees (layer: brain, glue around pure decisions).
+"""Advance task trees (layer: brain/runtime; glue around pure decisions).
 
 Each task is its own Celery job (docs/architecture.md). The store is the record:
 every state change is a compare-and-set on (state, run_id), so a redelivered job,

@@ -1,4 +1,4 @@
-"""Assemble the brain from settings (layer: brain, wiring). No decisions here."""
+"""Assemble the brain from settings (layer: brain/runtime; wiring). No decisions here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Trees other Celery apps submit (layer: brain, Celery glue): queue ``submit.<user>``.
+"""Trees other Celery apps submit (layer: brain/runtime; Celery glue): queue ``submit.<user>``.
 
 Other apps send the Celery task ``vancetope.submit_tree`` on their user's queue
 ``submit.<user>`` with the credential `vancetope submit-url --user U` printed (README

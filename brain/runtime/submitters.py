@@ -1,4 +1,4 @@
-"""Submit credentials bound to one user (layer: brain; pure rules, then the Redis/store glue).
+"""Submit credentials bound to one user (layer: brain/runtime; pure rules, then the Redis/store glue).
 
 Issue 20 (H5): one shared submitter user let any app submit a tree *as anyone* (``user: bob``
 in the message), so it ran on bob's workstation. Now `vancetope submit-url --user U` issues a

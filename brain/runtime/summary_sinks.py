@@ -1,4 +1,4 @@
-"""Where a run summary goes besides the store (layer: brain, I/O glue).
+"""Where a run summary goes besides the store (layer: brain/runtime; I/O glue).
 
 One job: write a summary to the file its schedule names (Markdown or JSON, by extension)
 and POST it to the schedule's webhook. A sink that fails is reported as a line, never

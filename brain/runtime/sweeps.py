@@ -1,4 +1,4 @@
-"""Periodic repairs and user cancels (layer: brain, glue around the scheduler).
+"""Periodic repairs and user cancels (layer: brain/runtime; glue around the scheduler).
 
 The store is the record (docs/reliability.md, "The reconciler"); these sweeps make Redis agree with it:
 re-send queued work no queue holds, expire work parked past its ``max_wait``,

@@ -1,4 +1,4 @@
-"""The vault: server-side secrets encrypted at rest in the store (layer: brain; issue 12 item 1).
+"""The vault: server-side secrets encrypted at rest in the store (layer: brain/runtime; issue 12 item 1).
 
 Values are encrypted with Fernet (AES-128-CBC + HMAC-SHA256, from ``cryptography``) under a
 key from ``VANCETOPE_VAULT_KEY`` (several, comma-separated: the first encrypts, all decrypt —

@@ -1,4 +1,4 @@
-"""Child processes that do not outlive the stack (layer: brain, process glue).
+"""Child processes that do not outlive the stack (layer: brain/stack; process glue).
 
 The embedded stack's services run in sessions of their own (so a Ctrl-C reaches the
 parent, which stops them in order). If the parent itself is killed (SIGKILL, OOM), they

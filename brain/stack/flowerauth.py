@@ -1,4 +1,4 @@
-"""Who may open Flower (layer: brain; a pure decision, then the secret file).
+"""Who may open Flower (layer: brain/stack; a pure decision, then the secret file).
 
 Flower shows every task and can send tasks and shut workers down, so it always asks for a
 password, on loopback too: the operator's ``FLOWER_BASIC_AUTH`` (``user:password``,

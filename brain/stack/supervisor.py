@@ -1,4 +1,4 @@
-"""Keep the embedded stack running (layer: brain, a pure decision beside its process glue).
+"""Keep the embedded stack running (layer: brain/stack; a pure decision beside its process glue).
 
 ``vancetope up`` hands its stack to a ``Supervisor``: a service that exits (brain, server
 pool, client agent, Flower) or redis-server itself is started again after a backoff that

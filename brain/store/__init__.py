@@ -1,4 +1,4 @@
-"""The durable store (layer: brain, store). One job: keep the record of every tree and task.
+"""The durable store (layer: brain/store). One job: keep the record of every tree and task.
 
 ``open_store(url)`` picks a backend: a SQLite file (embedded default) or MongoDB.
 Callers depend on the ``Store`` protocol only.

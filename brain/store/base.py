@@ -1,4 +1,4 @@
-"""The store contract (layer: brain, store). One job: say what the durable record offers.
+"""The store contract (layer: brain/store). One job: say what the durable record offers.
 
 DESIGN decisions 2 and 6: the store is the record of every tree and task, and every
 state change goes through a compare-and-set (``transition``) so a redelivered job

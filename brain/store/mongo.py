@@ -1,4 +1,4 @@
-"""The MongoDB store (layer: brain, store). One job: keep the record in MongoDB via pymongo.
+"""The MongoDB store (layer: brain/store). One job: keep the record in MongoDB via pymongo.
 
 The production store (DESIGN decision 2). Collections ``trees`` and ``tasks``, one
 document per record; every compare-and-set is one ``find_one_and_update`` whose

@@ -1,4 +1,4 @@
-"""The SQLite store (layer: brain, store). One job: keep the record in one file, safely shared.
+"""The SQLite store (layer: brain/store). One job: keep the record in one file, safely shared.
 
 The embedded default (DESIGN decision 2). The CLI and the brain worker open the same
 file from different processes, so: WAL (readers never block the writer), a busy
