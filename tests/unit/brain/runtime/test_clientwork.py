@@ -1,0 +1,234 @@
+"""brain.runtime.clientwork: a connect requeues parked work (the client's own list, then its
+user's, oldest first); a disconnect takes back the calls the client had not started.
+
+The same rig as the reconciler's tests: a real Scheduler on SQLite, a real redis-server, Celery
+a recorder. A call "in the client's queue" is a kombu message pushed where kombu would put it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from brain.core.client_health import Cause
+from brain.core.models import SessionKind, TaskState
+from brain.hot.parked import ParkedWork
+from tests.unit.brain.runtime.test_sweeps import Rig, kombu_message, local_read, make_rig, tree
+from workers.contracts import (
+    CLIENT_ACK,
+    CLIENT_HEARTBEAT,
+    KOMBU_UNACKED,
+    ClientConnected,
+    ClientType,
+    ToolDescriptor,
+    ToolType,
+    client_key,
+    client_queue,
+    key_cancelled,
+    key_parked,
+)
+
+
+@pytest.fixture
+def rig(tmp_path: Path, redis_client: redis.Redis) -> Iterator[Rig]:
+    yield from make_rig(tmp_path, redis_client)
+
+
+def announcement(
+    client_id: str = "laptop", session_id: str = "s1", tools: tuple[str, ...] = ("read_local_file",)
+) -> ClientConnected:
+    return ClientConnected(
+        client_id=client_id,
+        session_id=session_id,
+        client_type=ClientType.CLI,
+        available_tools=[ToolDescriptor(name=t, type=ToolType.NATIVE) for t in tools],
+        sent_at=0.0,
+    )
+
+
+def ack_of(rig: Rig, client_id: str = "laptop") -> dict[str, object]:
+    return json.loads(rig.r.get(client_key(client_id, CLIENT_ACK)))
+
+
+# --- connect -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("enrolled_as", "through", "reason"),
+    [
+        (None, "laptop", "client 'laptop' is not enrolled"),
+        ("ada", "desk", "announcement names client 'laptop' but came through 'desk''s outbox"),
+    ],
+)
+def test_a_refused_announcement_is_acked_with_why_and_makes_no_session(
+    rig: Rig, enrolled_as: str | None, through: str, reason: str
+) -> None:
+    for cid in ("laptop", "desk"):
+        if enrolled_as:
+            rig.presence.enroll(cid, enrolled_as)
+    ack = rig.clients.on_connected(announcement(), through)
+    assert not ack.accepted and ack.reason.startswith(reason)
+    assert ack_of(rig, through)["accepted"] is False
+    assert rig.presence.session(through) is None and rig.presence.session("laptop") is None
+
+
+def test_an_accepted_announcement_is_acked_with_its_tool_count_and_makes_a_session(rig: Rig) -> None:
+    rig.presence.enroll("laptop", "ada")
+    ack = rig.clients.on_connected(announcement(tools=("read_local_file", "list_directory")), "laptop")
+    assert (ack.accepted, ack.tools) == (True, 2)
+    assert ack_of(rig) == {"session_id": "s1", "accepted": True, "reason": "", "tools": 2}
+    session = rig.presence.session("laptop")
+    assert session is not None and session.user == "ada"
+
+
+def test_a_connect_requeues_the_clients_own_list_then_its_users_oldest_first(rig: Rig) -> None:
+    # Parked while nobody was connected; the clock moves on between parks.
+    bound = rig.scheduler.submit(
+        tree(local_read("mine")), session=SessionKind.INTERACTIVE, client_id="laptop"
+    )  # not enrolled yet: no user, so parked for client:laptop only
+    rig.clock.advance(1)
+    rig.presence.enroll("laptop", "ada")
+    older = rig.scheduler.submit(tree(local_read("older")), user="ada")
+    rig.clock.advance(1)
+    newer = rig.scheduler.submit(tree(local_read("newer")), user="ada")
+    assert rig.r.llen(key_parked("client:laptop")) == 1 and rig.r.llen(key_parked("user:ada")) == 2
+    assert rig.sent.calls == []
+
+    rig.clients.on_connected(announcement(), "laptop")
+    assert [(c.tree_id, c.task_id) for c in rig.sent.calls] == [
+        (bound.tree_id, "mine"),
+        (older.tree_id, "older"),
+        (newer.tree_id, "newer"),
+    ]
+    assert all(c.client_id == "laptop" for c in rig.sent.calls)
+    assert rig.r.llen(key_parked("client:laptop")) == 0 and rig.r.llen(key_parked("user:ada")) == 0
+
+
+def test_a_parked_ref_whose_task_moved_on_is_dropped_not_sent(rig: Rig) -> None:
+    rig.presence.enroll("laptop", "ada")
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    rig.sweeps.cancel(rec.tree_id)
+    rig.clients.on_connected(announcement(), "laptop")
+    assert rig.sent.calls == []
+    assert rig.r.llen(key_parked("user:ada")) == 0
+
+
+def test_another_clients_connect_does_not_take_work_parked_for_a_named_client(rig: Rig) -> None:
+    rig.scheduler.submit(tree(local_read()), session=SessionKind.INTERACTIVE, client_id="laptop")
+    rig.presence.enroll("laptop", "ada")
+    rig.presence.enroll("desk", "ada")
+    assert rig.clients.on_connected(announcement("desk"), "desk").accepted
+    assert rig.sent.calls == []
+    assert rig.r.llen(key_parked("client:laptop")) == 1
+
+
+# --- disconnect --------------------------------------------------------------------------------
+
+
+def queued_to_laptop(rig: Rig, where: str) -> tuple[str, str]:
+    """A connected laptop with one call queued for it; its message put ``where``. (tree, run)."""
+    rig.presence.enroll("laptop", "ada")
+    rig.clients.on_connected(announcement(), "laptop")
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    run_id = rig.task(rec.tree_id, "r").run_id
+    if where == "queue":
+        rig.r.lpush(client_key("laptop", client_queue("laptop")), kombu_message(run_id))
+    elif where == "unacked":
+        entry = [json.loads(kombu_message(run_id)), "", client_queue("laptop")]
+        rig.r.hset(client_key("laptop", KOMBU_UNACKED), "tag1", json.dumps(entry))
+    return rec.tree_id, run_id
+
+
+@pytest.mark.parametrize(
+    ("where", "taken", "state"),
+    [
+        # Never started: it keeps its place and waits for a client.
+        ("queue", 1, TaskState.PENDING_CLIENT),
+        # Reserved by the agent: routed again by its offline strategy (nobody else: parked).
+        ("unacked", 1, TaskState.PENDING_CLIENT),
+        # Neither: the agent took or finished it; its result is on the way. Left as it is.
+        ("nowhere", 0, TaskState.QUEUED_CLIENT),
+    ],
+)
+def test_a_disconnect_takes_back_only_the_calls_redis_still_held(
+    rig: Rig, where: str, taken: int, state: TaskState
+) -> None:
+    tree_id, run_id = queued_to_laptop(rig, where)
+    queued_at = rig.task(tree_id, "r").queued_at
+    rig.clock.advance(5)
+    assert rig.clients.on_disconnected("laptop", "s1", "graceful shutdown") == taken
+    task = rig.task(tree_id, "r")
+    assert task.state is state
+    # A run taken back is cancelled in the client's own set: a copy it kept never starts.
+    cancelled = rig.r.sismember(client_key("laptop", key_cancelled()), run_id)
+    assert bool(cancelled) is (taken == 1)
+    assert rig.presence.session("laptop") is None
+    assert rig.r.exists(client_key("laptop", CLIENT_ACK)) == 0  # a live agent announces again
+    # What was taken is gone from where the agent would find it.
+    assert rig.r.llen(client_key("laptop", client_queue("laptop"))) == 0
+    assert rig.r.hlen(client_key("laptop", KOMBU_UNACKED)) == 0
+    if where == "queue":
+        assert (
+            task.reason
+            == "Queued for Client: read_local_file (client laptop went offline before starting it)"
+        )
+        assert task.queued_at == queued_at  # parked with its old place, not at the disconnect
+        assert [r.task_id for r in ParkedWork(rig.r).refs_in(key_parked("user:ada"))] == ["r"]
+
+
+def test_a_disconnect_of_another_session_changes_nothing(rig: Rig) -> None:
+    tree_id, _ = queued_to_laptop(rig, "queue")
+    assert rig.clients.on_disconnected("laptop", "an-old-session", "graceful shutdown") == 0
+    assert rig.presence.session("laptop") is not None
+    assert rig.task(tree_id, "r").state is TaskState.QUEUED_CLIENT
+
+
+def test_an_agent_back_as_a_new_session_gets_its_old_sessions_calls_again_as_new_runs(rig: Rig) -> None:
+    tree_id, old_run = queued_to_laptop(rig, "queue")
+    rig.clock.advance(5)
+    assert rig.clients.on_connected(announcement(session_id="s2"), "laptop").accepted
+    task = rig.task(tree_id, "r")
+    assert task.state is TaskState.QUEUED_CLIENT and task.run_id != old_run
+    assert [c.run_id for c in rig.sent.of("r")] == [old_run, task.run_id]
+    assert rig.r.llen(client_key("laptop", client_queue("laptop"))) == 0  # the old message taken
+
+
+# --- suspension and heartbeats -----------------------------------------------------------------
+
+
+def test_a_suspended_client_loses_its_session_and_is_refused_until_its_keys_are_fixed(rig: Rig) -> None:
+    tree_id, _ = queued_to_laptop(rig, "queue")
+    rig.r.set(client_key("laptop", KOMBU_UNACKED), "not a hash")  # what the agent wrote
+    rig.clients.suspend("laptop", Cause(kind="unacked hash type", detail="its unacked hash is a string"))
+
+    assert rig.presence.session("laptop") is None
+    assert rig.task(tree_id, "r").state is not TaskState.QUEUED_CLIENT
+    assert str(ack_of(rig)["reason"]).startswith("suspended by the brain: ")
+    refused = rig.clients.on_connected(announcement(session_id="s2"), "laptop")
+    assert not refused.accepted and refused.reason.startswith("suspended by the brain: ")
+
+    rig.r.delete(client_key("laptop", KOMBU_UNACKED))
+    assert rig.clients.on_connected(announcement(session_id="s3"), "laptop").accepted
+    assert rig.clients.misbehaving.get("laptop") is None
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "still_connected"),
+    [
+        ("s1", True),  # its own session's heartbeat
+        (None, False),  # expired
+        ("s0", False),  # another (older) session's
+    ],
+)
+def test_the_heartbeat_sweep_drops_clients_whose_heartbeat_stopped(
+    rig: Rig, heartbeat: str | None, still_connected: bool
+) -> None:
+    rig.presence.enroll("laptop", "ada")
+    rig.clients.on_connected(announcement(), "laptop")
+    if heartbeat is not None:
+        rig.r.set(client_key("laptop", CLIENT_HEARTBEAT), heartbeat)
+    rig.clients.sweep_heartbeats()
+    assert (rig.presence.session("laptop") is not None) is still_connected

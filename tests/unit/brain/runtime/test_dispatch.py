@@ -1,0 +1,111 @@
+"""brain.runtime.dispatch: a call lands on the queue its route names, as a Celery job whose id
+is the run id; a client's call under that client's key prefix. Read back from a real
+redis-server (the conftest's) as kombu left it."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from brain.runtime.dispatch import Publisher, args_summary, sent_event
+from brain.stack.redis_server import RedisServer
+from workers.app import make_app
+from workers.contracts import RUN_TOOL_TASK, ToolCall, ToolType
+
+
+def call(task_id: str = "a", client_id: str | None = None, **fields: Any) -> ToolCall:
+    return ToolCall(
+        run_id=f"t.{task_id}.1.abc", tree_id="t", task_id=task_id, tool="echo", tool_type=ToolType.BUILT_IN,
+        args={"value": "a secret value", "b": 1}, timeout_s=30, max_result_bytes=1024, client_id=client_id,
+        **fields,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def publisher(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Publisher]:
+    app = make_app(redis_server.url)
+    publisher = Publisher(app, task_events=False)
+    yield publisher
+    publisher.close()
+    app.close()
+
+
+def jobs(r: redis.Redis, key: str) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in reversed(r.lrange(key, 0, -1))]  # oldest first
+
+
+@pytest.mark.parametrize(
+    ("pool", "queue"),
+    [(None, "server"), ("default", "server"), ("gpu", "server.gpu")],
+)
+def test_a_server_call_lands_on_its_pools_queue_named_by_its_run_id(
+    publisher: Publisher, redis_client: redis.Redis, pool: str | None, queue: str
+) -> None:
+    publisher.send(call(), pool)
+    (job,) = jobs(redis_client, queue)
+    headers = job["headers"]
+    assert headers["id"] == "t.a.1.abc" and headers["task"] == RUN_TOOL_TASK
+    # Flower is shown the argument names, never their values.
+    assert headers["argsrepr"] == "echo(b, value)" and "a secret value" not in json.dumps(headers)
+    assert headers["timelimit"] == [60.0, 40.0]  # hard and soft: the tool's timeout plus margins
+
+
+def test_a_client_call_lands_only_under_that_clients_prefix(
+    publisher: Publisher, redis_client: redis.Redis
+) -> None:
+    publisher.send(call(client_id="laptop"), pool="gpu")  # a client's call ignores any pool
+    assert [j["headers"]["id"] for j in jobs(redis_client, "c:laptop:client.laptop")] == ["t.a.1.abc"]
+    assert redis_client.exists("server", "server.gpu", "client.laptop") == 0
+
+
+def test_a_batch_sends_its_calls_in_order_when_it_ends(
+    publisher: Publisher, redis_client: redis.Redis
+) -> None:
+    with publisher.batch():
+        for task_id in ("a", "b", "c"):
+            publisher.send(call(task_id))
+        with publisher.batch():  # a nested batch joins the outer one
+            publisher.send(call("d"))
+        assert redis_client.llen("server") == 0  # nothing out before the batch is written
+    assert [j["headers"]["id"] for j in jobs(redis_client, "server")] == [f"t.{t}.1.abc" for t in "abcd"]
+
+
+def test_a_batchs_task_sent_events_are_one_message_for_its_server_calls_only(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    app = make_app(redis_server.url)
+    publisher = Publisher(app, task_events=True)
+    events = redis_client.pubsub()
+    events.subscribe("/0.celeryev/task.multi")  # where kombu publishes Celery's event fan-out
+    try:
+        confirmed = events.get_message(timeout=10)  # subscribed before anything is sent
+        assert confirmed is not None and confirmed["type"] == "subscribe"
+        with publisher.batch():
+            publisher.send(call("a"))
+            publisher.send(call("b", client_id="laptop"))
+            publisher.send(call("c"))
+        message = events.get_message(timeout=10)
+        assert message is not None
+        body = json.loads(base64.b64decode(json.loads(message["data"])["body"]))
+        assert [(e["type"], e["uuid"], e["args"]) for e in body] == [
+            ("task-sent", "t.a.1.abc", "echo(b, value)"),
+            ("task-sent", "t.c.1.abc", "echo(b, value)"),
+        ]
+        assert events.get_message(timeout=0.2) is None  # one message for the batch
+    finally:
+        events.close()
+        publisher.close()
+        app.close()
+
+
+def test_sent_event_and_args_summary_name_arguments_never_their_values() -> None:
+    event = sent_event(call(), "server")
+    assert event["uuid"] == event["root_id"] == "t.a.1.abc"
+    assert (event["name"], event["queue"], event["routing_key"]) == (RUN_TOOL_TASK, "server", "server")
+    assert event["args"] == args_summary(call()) == "echo(b, value)"
+    assert "a secret value" not in json.dumps({k: v for k, v in event.items() if k != "timestamp"})
