@@ -83,11 +83,16 @@ def deliver(spec: Schedule, summary: RunSummary) -> list[str]:
         try:
             post_summary(spec.summary_webhook, summary)
         except httpx2.HTTPError as exc:
-            # Only scheme and host: a webhook URL often carries its secret in the path.
+            # Only scheme and host: a webhook URL often carries its secret in the path, and
+            # httpx's own text of a status error quotes the whole URL, so it is not used.
             where = urlsplit(spec.summary_webhook)
-            problems.append(
-                f"schedule {spec.name!r}: summary webhook {where.scheme}://{where.hostname}/… failed: {exc}"
+            shown = f"{where.scheme}://{where.hostname}/…"
+            detail = (
+                f"it answered HTTP {exc.response.status_code}"
+                if isinstance(exc, httpx2.HTTPStatusError)
+                else str(exc).replace(spec.summary_webhook, shown)
             )
+            problems.append(f"schedule {spec.name!r}: summary webhook {shown} failed: {detail}")
     for line in problems:
         log.warning("%s", line)
     return problems

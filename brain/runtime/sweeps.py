@@ -219,6 +219,7 @@ class Sweeps:
         return frozenset({client_key(client_id, CLIENT_ACK)})
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
+        """Send ``rec`` again as a new run; True only when it was sent (not given up, not parked)."""
         tree_rec = self.scheduler.tree(rec.tree_id)
         if tree_rec is None:
             return False
@@ -229,17 +230,17 @@ class Sweeps:
                 message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
                 "between the brain and its worker; gave up. Check the worker logs.",
             )
-            failed = self.scheduler.finish_without_run(
-                rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
-            )
-            self.scheduler.advance(rec.tree_id)
-            return failed
+            if self.scheduler.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error):
+                log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
+                self.scheduler.advance(rec.tree_id)
+            return False  # given up, not re-sent
         if client_id is not None and self.presence.session(client_id) is None:
-            # Its client is gone: treat it like work taken back on disconnect.
+            # Its client is gone: treat it like work taken back on disconnect (parked, not re-sent).
             reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
-            return self.scheduler.park(
+            self.scheduler.park(
                 tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
             )
+            return False
         attempt = rec.attempt + 1
         now = self.clock()
         moved = self.scheduler.move(  # the same state, a new run

@@ -263,11 +263,6 @@ def test_a_lost_call_of_a_client_gone_is_parked_for_its_next_connect(rig: Rig) -
     assert len(rig.sent.of("r")) == 1  # parked, not sent again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: resend_lost counts a task it gave up on (LostTooOften) or parked (its client "
-    "gone) among the tasks re-sent, so the reconciler logs 're-sent N lost task(s)' for them",
-)
 @pytest.mark.parametrize("case", ["given up", "client gone"])
 def test_only_tasks_actually_resent_are_returned_as_resent(rig: Rig, case: str) -> None:
     if case == "given up":
