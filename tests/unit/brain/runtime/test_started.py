@@ -120,3 +120,33 @@ def test_an_agent_that_never_says_it_began_still_waits_for_approval_and_runs(sto
     door = intake(store)  # an older agent: queued_client until it asks, running once approved
     assert door.on_awaiting(awaiting(True), from_client="alice") and state(store) is S.AWAITING_APPROVAL
     assert door.on_awaiting(awaiting(False), from_client="alice") and state(store) is S.RUNNING
+
+
+def test_the_relay_parses_a_start_notice_and_refuses_a_malformed_one() -> None:
+    from pydantic import ValidationError
+
+    from workers.contracts import CLIENT_MESSAGE, ClientToolStarted
+
+    body = {"run_id": "r1", "tree_id": "t", "task_id": "a", "started_at": 1.5, "client_id": "alice"}
+    msg = CLIENT_MESSAGE.validate_json(
+        ClientToolStarted(client_id="alice", started=ToolStarted(**body)).model_dump_json()
+    )
+    assert isinstance(msg, ClientToolStarted) and msg.started.started_at == 1.5
+    for bad in (
+        {**body, "started_at": "NaN"},
+        {**body, "started_at": "Infinity"},
+        {**body, "started_at": -1},
+        {**body, "run_id": "r" * 129},
+        {**body, "run_id": ""},
+        {**body, "extra": 1},
+        {k: v for k, v in body.items() if k != "task_id"},
+    ):
+        raw = '{"type": "tool_started", "client_id": "alice", "started": ' + _json(bad) + "}"
+        with pytest.raises(ValidationError):
+            CLIENT_MESSAGE.validate_json(raw)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity")
