@@ -3,7 +3,8 @@
 One job: compose the pieces - policy and native tools, the user's MCP servers, the
 announcer and heartbeat, the Celery worker on the client's own queue - and run them
 until SIGTERM/SIGINT. Tool calls run through ``workers.tasks.register``, the same task
-as on the server pool; results go to this client's outbox as ``ClientToolResult``.
+as on the server pool; results go to this client's outbox as ``ClientToolResult`` (and that a
+call began as ``ClientToolStarted``, its progress and approval waits as theirs).
 
 Shutdown order: stop consuming (running tasks finish), say ``ClientDisconnected``,
 delete the heartbeat, then stop the MCP servers (tasks needed them until the end).
@@ -38,10 +39,13 @@ from workers.contracts import (
     ClientToolAwaiting,
     ClientToolProgress,
     ClientToolResult,
+    ClientToolStarted,
     ToolAwaiting,
+    ToolCall,
     ToolDescriptor,
     ToolProgress,
     ToolResult,
+    ToolStarted,
     client_queue,
     key_cancelled,
 )
@@ -55,6 +59,8 @@ _JOIN_S = 5.0
 # Exit code when the broker refuses this agent's credentials (not enrolled, or revoked).
 EXIT_NOT_ENROLLED = 3
 _GOODBYE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
+# A start notice waits at most this long for the outbox: the call it announces is waiting.
+START_RETRY_DELAYS_S = (0.2, 0.5)
 
 
 def new_session_id() -> str:
@@ -93,6 +99,7 @@ class Agent:
             client_id=config.client_id,
             progress=self.report_progress,
             gate=gate if config.ask else None,
+            started_sink=self.report_started,
         )
         self.announcer = Announcer(
             self.channel,
@@ -172,6 +179,20 @@ class Agent:
             log.info("redacted %d match(es) in the result of task %s", result.redactions, result.task_id)
         log.info("%s", describe_result(result))
         self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
+
+    def report_started(self, call: ToolCall, started_at: float) -> None:
+        """A call begins (before its user is asked, if asked): to the outbox, so the brain
+        records it ``running``. Briefly retried only: the call must not wait on it, and a lost
+        one leaves the record queued until the result, as an older agent's always was."""
+        started = ToolStarted(
+            run_id=call.run_id,
+            tree_id=call.tree_id,
+            task_id=call.task_id,
+            started_at=started_at,
+            client_id=self.config.client_id,
+        )
+        message = ClientToolStarted(client_id=self.config.client_id, started=started)
+        self.channel.send(message, retry_delays=START_RETRY_DELAYS_S)
 
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""

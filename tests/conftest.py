@@ -206,14 +206,14 @@ def tree(data: dict[str, Any]) -> TaskTree:
 
 
 def server_runs_started(brain: Brain, tree_id: str) -> dict[str, str]:
-    """Task id -> run id of the tree's server calls a worker has begun (the store counts each
-    start: ``TaskRecord.deliveries``)."""
+    """Task id -> run id of the tree's server calls a worker has begun (``Store.begin_run``
+    moves each to running and counts the start: ``TaskRecord.deliveries``)."""
     from brain.core.models import TaskState
 
     return {
         t.task_id: t.run_id or ""
         for t in brain.store.get_tasks(tree_id)
-        if t.state is TaskState.QUEUED_SERVER and t.deliveries > 0
+        if t.state is TaskState.RUNNING and t.client_id is None and t.deliveries > 0
     }
 
 

@@ -436,6 +436,29 @@ class ClientToolProgress(BaseModel):
     progress: ToolProgress
 
 
+class ToolStarted(BaseModel):
+    """A client agent began a call it was sent (its delivery was counted, not cancelled, within
+    ``max_deliveries``), before asking its user's approval if it asks: the brain records the
+    run as ``running``. An agent that never sends it leaves the call ``queued_client``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    # unix seconds on the workstation's clock; a finite number, never NaN or infinity
+    started_at: float = Field(ge=0, allow_inf_nan=False)
+    client_id: str | None = Field(default=None, max_length=MAX_WIRE_ID_CHARS)
+
+
+class ClientToolStarted(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_started"] = "tool_started"
+    client_id: str = Field(max_length=MAX_WIRE_ID_CHARS)
+    started: ToolStarted
+
+
 class ToolAwaiting(BaseModel):
     """A client's call held for its user's approval (``waiting``), or let go again after it
     was approved (not ``waiting``). A denial or a timeout is a failed ``ToolResult``."""
@@ -469,7 +492,12 @@ class ClientToolResult(BaseModel):
 
 
 ClientMessage = Annotated[
-    ClientConnected | ClientDisconnected | ClientToolResult | ClientToolProgress | ClientToolAwaiting,
+    ClientConnected
+    | ClientDisconnected
+    | ClientToolResult
+    | ClientToolProgress
+    | ClientToolStarted
+    | ClientToolAwaiting,
     Field(discriminator="type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)

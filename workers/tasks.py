@@ -54,6 +54,9 @@ ResultSink = Callable[[ToolResult], None]
 RunStart = Callable[[ToolCall, str, float], int | None]
 # Asked before a call runs (a client agent's consent): None to run it, else why it may not.
 CallGate = Callable[[ToolCall], ErrorInfo | None]
+# Told when a call begins (its delivery counted, within max_deliveries), before ``CallGate``:
+# a client agent tells the brain, which records the run as running. Best effort.
+StartSink = Callable[[ToolCall, float], None]
 
 
 class HotState:
@@ -140,6 +143,7 @@ def register(
     progress: ProgressSink | None = None,
     gate: CallGate | None = None,
     begin: RunStart | None = None,
+    started_sink: StartSink | None = None,
     task_events: bool = True,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
@@ -149,7 +153,9 @@ def register(
     ``task-progress`` event, which Flower shows as the task's state (PROGRESS). ``gate`` is
     asked before each call runs (a client agent's user approving it); the time it takes is
     not the tool's: ``timeout_s`` starts when the tool starts. ``begin`` starts a run (default:
-    ``HotState.begin_run``, the cancelled set and a delivery counter in Redis). Without
+    ``HotState.begin_run``, the cancelled set and a delivery counter in Redis); ``started_sink`` is
+    told when a run begins, before ``gate`` (the server pool's ``begin`` records that itself,
+    in the store). Without
     ``task_events`` a server pool sends no ``task-progress`` events either."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
@@ -183,20 +189,23 @@ def register(
                 deliveries=deliveries,
             )
             result = _failure(call, err.to_info(), worker, started, client_id)
-        elif gate is not None and (refusal := gate(call)) is not None:
-            result = _failure(call, refusal, worker, started, client_id)
         else:
-            started = time.time() if gate is not None else started
-            result = _run(
-                call,
-                mcp_manager,
-                native,
-                builtins,
-                worker,
-                client_id,
-                started,
-                _reporter(self, progress, flower=client_id is None and task_events),
-            )
+            _tell_started(started_sink, call, started)
+            refusal = gate(call) if gate is not None else None
+            if refusal is not None:
+                result = _failure(call, refusal, worker, started, client_id)
+            else:
+                started = time.time() if gate is not None else started
+                result = _run(
+                    call,
+                    mcp_manager,
+                    native,
+                    builtins,
+                    worker,
+                    client_id,
+                    started,
+                    _reporter(self, progress, flower=client_id is None and task_events),
+                )
         deliver(masked(result))
         if not result.ok and client_id is None:
             # Handed on already; raising only makes Celery's own event (and so Flower) say
@@ -208,6 +217,16 @@ def register(
 
 
 ProgressSink = Callable[[ToolProgress], None]
+
+
+def _tell_started(sink: StartSink | None, call: ToolCall, started_at: float) -> None:
+    """Tell ``sink`` the call began. A sink that fails is logged: the call runs regardless, and
+    its record stays queued until its result."""
+    if sink is not None:
+        try:
+            sink(call, started_at)
+        except Exception as exc:  # noqa: BLE001 - best effort: the result still counts
+            log.warning("could not report that run %s of task %s began: %s", call.run_id, call.task_id, exc)
 
 
 def masked(result: ToolResult) -> ToolResult:

@@ -36,8 +36,11 @@ STATE_STYLE = {
 
 
 def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> str:
-    """The store's state, or ``running`` when a worker began this very run: a server worker
-    counts it in the store (``deliveries``), a client agent marks it in Redis (``running``)."""
+    """The store's state. A run begun is ``running`` in the store (``Store.begin_run``, a
+    client agent's ``ClientToolStarted``); a queued one shows ``running`` too when a worker
+    began this very run without the store saying so: a pool older than that counted it in
+    the store (``deliveries``), and a worker whose store was unreachable, or a client agent
+    older than that message, marks it in Redis (``running``)."""
     if rec.state is TaskState.QUEUED_SERVER and rec.deliveries > 0:
         return TaskState.RUNNING.value
     mark = running.get(rec.task_id)

@@ -18,6 +18,7 @@ from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 
 _S = TaskState
 _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
+_OUTCOMES: Final = frozenset({_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED})  # result, cancel, expiry
 
 # --- groupings: every state is pending, in flight, parked or final (exactly one) ----------
 FINAL: Final = frozenset(s for s in TaskState if s.is_final)
@@ -29,6 +30,14 @@ IN_FLIGHT: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.RUNNING, _S
 QUEUED: Final = IN_FLIGHT - {_S.AWAITING_APPROVAL}
 # Waiting in Redis for a client to come online (blocked, or held as pending-client).
 PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
+# What a run sent to a client may be in: what a disconnect takes back (a server run is never
+# queued_client or awaiting_approval; a running one is told apart by its client id).
+SENT_TO_CLIENT: Final = IN_FLIGHT - {_S.QUEUED_SERVER}
+# What a server worker may begin its run from (``Store.begin_run``, a compare-and-set on the
+# run id that moves it to running): queued, or already running when the same run is delivered
+# again (its worker died: ``acks_late``) and must be able to begin again.
+BEGINS_FROM: Final = frozenset({_S.QUEUED_SERVER, _S.RUNNING})
+
 
 # The task state machine, whole: state -> the states it may move to. Every store write of a
 # task's state is a compare-and-set naming the states its caller read; this table says which
@@ -36,17 +45,19 @@ PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
 MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     # ready: sent, parked, or ended by its route (skip / fail) or an upstream that did not finish
     _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED},
-    # in flight: its result, a re-send (same state, new run), taken back from a client that
-    # left (sent elsewhere or parked), lost too often, cancelled, past its max_total_s
-    _S.QUEUED_SERVER: _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
-    # a client's call may also wait for its user's approval; approved, it is in flight again
-    # (queued_client, so the reconciler and a disconnect still find it); denied or timed out,
-    # it fails; or it is taken back, cancelled, expired like any call in flight
-    **dict.fromkeys(
-        (_S.QUEUED_CLIENT, _S.RUNNING),
-        _WAIT_OR_SEND | {_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED, _S.AWAITING_APPROVAL},
-    ),
-    _S.AWAITING_APPROVAL: _WAIT_OR_SEND | {_S.RUNNING, _S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    # queued: begun by its worker or agent (running), its result, a re-send (same state, new
+    # run), taken back from a client that left (sent elsewhere or parked), lost too often,
+    # cancelled, past its max_total_s
+    _S.QUEUED_SERVER: _WAIT_OR_SEND | _OUTCOMES | {_S.RUNNING},
+    # a client's call may also wait for its user's approval (an agent that never says it began)
+    _S.QUEUED_CLIENT: _WAIT_OR_SEND | _OUTCOMES | {_S.RUNNING, _S.AWAITING_APPROVAL},
+    # running: begun again (the same run redelivered after its worker died), its result, a
+    # re-send as a new run (queued again: nothing held it), taken back from a client that
+    # left, a client's call held for approval, cancelled, expired
+    _S.RUNNING: _WAIT_OR_SEND | _OUTCOMES | {_S.RUNNING, _S.AWAITING_APPROVAL},
+    # approved, it runs again (running, where the reconciler and a disconnect still find it);
+    # denied or timed out, it fails; or it is taken back, cancelled, expired like any call in flight
+    _S.AWAITING_APPROVAL: _WAIT_OR_SEND | _OUTCOMES | {_S.RUNNING},
     # parked: requeued (sent, or parked again), cancelled, expired, or failed by its new route
     **dict.fromkeys((_S.BLOCKED, _S.PENDING_CLIENT), _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED}),
     # final states are final
@@ -63,6 +74,12 @@ def check_move(from_states: Collection[TaskState], to: TaskState) -> None:
     bad = sorted(s.value for s in from_states if to not in MOVES[s])
     if bad:
         raise InvalidMove(f"a task cannot move from {', '.join(bad)} to {to.value} (brain.core.transitions.MOVES)")
+
+
+def queued_state(client_id: str | None) -> TaskState:
+    """The state of a run sent (or re-sent) and not begun yet: queued for its client, or for the
+    server when it has none."""
+    return _S.QUEUED_SERVER if client_id is None else _S.QUEUED_CLIENT
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
-from brain.core.transitions import PARKED
+from brain.core.transitions import PARKED, SENT_TO_CLIENT
 from brain.hot.client_keys import read_client_keys
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
@@ -207,9 +207,8 @@ class ClientWork:
     def _take_back(self, session: ClientSession) -> int:
         cid = session.client_id
         # Every call sent to this client must be looked at, not the first thousand.
-        queued = self.store.tasks_in_states(
-            {TaskState.QUEUED_CLIENT, TaskState.AWAITING_APPROVAL}, limit=1_000_000
-        )
+        # Queued, begun or held for approval there; a running server task has no client id.
+        queued = self.store.tasks_in_states(SENT_TO_CLIENT, limit=1_000_000)
         mine = [r for r in queued if r.client_id == cid]
         # The queue and unacked hash are read once for all of them, not once per run.
         where_by_run = self.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])

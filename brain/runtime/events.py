@@ -21,7 +21,15 @@ from celery import Celery
 from celery.events import EventDispatcher
 
 from brain.runtime.dispatch import args_summary
-from workers.contracts import RUN_TOOL_TASK, ToolAwaiting, ToolCall, ToolProgress, ToolResult, shown_failure
+from workers.contracts import (
+    RUN_TOOL_TASK,
+    ToolAwaiting,
+    ToolCall,
+    ToolProgress,
+    ToolResult,
+    ToolStarted,
+    shown_failure,
+)
 
 log = logging.getLogger("vancetope.brain")
 
@@ -184,6 +192,12 @@ class ClientEvents:
             # As a server pool's task shows it (workers.contracts.shown_failure): never the message.
             shown = shown_failure(result)
             self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
+
+    def task_started(self, started: ToolStarted) -> None:
+        """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""
+        if started.client_id is None:
+            return
+        self._send(started.client_id, "task-started", uuid=started.run_id, timestamp=started.started_at)
 
     def task_progress(self, update: ToolProgress) -> None:
         """A client's call reporting progress: Flower shows the task as PROGRESS meanwhile."""

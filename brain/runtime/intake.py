@@ -17,7 +17,15 @@ from typing import Any
 from brain.core.models import Progress, TaskRecord, TaskState
 from brain.core.transitions import IN_FLIGHT
 from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
-from workers.contracts import BRAIN_QUEUE, ErrorInfo, ToolAwaiting, ToolProgress, ToolResult, result_size
+from workers.contracts import (
+    BRAIN_QUEUE,
+    ErrorInfo,
+    ToolAwaiting,
+    ToolProgress,
+    ToolResult,
+    ToolStarted,
+    result_size,
+)
 from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
@@ -83,7 +91,8 @@ def checked_payload(result: ToolResult, cap: int) -> tuple[bool, Any, dict[str, 
 
 
 class Intake:
-    """The brain's three doors for what comes back: ``on_result``, ``on_progress``, ``on_awaiting``.
+    """The brain's doors for what comes back: ``on_result``, ``on_progress``, ``on_started``,
+    ``on_awaiting``.
     ``from_client`` is the client whose outbox carried the message, None for the brain queue."""
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -178,10 +187,34 @@ class Intake:
             self._wake_watchers(update.tree_id)
         return written is not None
 
+    def on_started(self, started: ToolStarted, from_client: str | None = None) -> bool:
+        """A client agent began a call it was sent: ``queued_client`` -> ``running``, for the
+        current run only, only from the client it was sent to (a compare-and-set on both, as a
+        progress report's). An agent that never says so (an older one) leaves its call queued
+        until its result, which is accepted from either state. A start that arrives after the
+        call was held for approval, or after its result, changes nothing."""
+        if from_client is None or refuse_claim(started.client_id, from_client) is not None:
+            return False
+        written = self.scheduler.move(
+            started.tree_id,
+            started.task_id,
+            TaskState.RUNNING,
+            # only a call still queued there: held for approval, it runs again when approved
+            # (on_awaiting); a late or repeated start never moves it back
+            frozenset({TaskState.QUEUED_CLIENT}),
+            expect_run_id=started.run_id,
+            expect_client_id=from_client,
+            started_at=started.started_at,
+            updated_at=self.scheduler.clock(),
+        )
+        if written is not None:
+            self._wake_watchers(started.tree_id)
+        return written is not None
+
     def on_awaiting(self, update: ToolAwaiting, from_client: str | None = None) -> bool:
         """A client's call held for its user's approval (``awaiting_approval``), or approved and
-        running again (back to ``queued_client``): for the current run only, only from where it
-        was sent. A denial or a timeout arrives as a failed result."""
+        running again (``running``: the agent began it before it asked): for the current run
+        only, only from where it was sent. A denial or a timeout arrives as a failed result."""
         if from_client is None or refuse_claim(update.client_id, from_client) is not None:
             return False
         if update.waiting:
@@ -193,7 +226,7 @@ class Intake:
                 f"awaiting approval on client {from_client} (vancetope-agent approve {update.approval_id})"
             )
         else:
-            state, from_states = TaskState.QUEUED_CLIENT, frozenset({TaskState.AWAITING_APPROVAL})
+            state, from_states = TaskState.RUNNING, frozenset({TaskState.AWAITING_APPROVAL})
             reason = ""
         written = self.scheduler.move(
             update.tree_id,

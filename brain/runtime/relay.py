@@ -2,7 +2,7 @@
 
 Each enrolled client writes to its own ``c:<id>:outbox`` (it can reach no other
 key); the relay pops every outbox, checks size, depth and shape, and hands
-announcements, disconnects and results to the brain. The outbox a message came
+announcements, disconnects, results, starts, progress and approval waits to the brain. The outbox a message came
 through — not what the message claims — says which client sent it.
 
 Fair and bounded: each poll is one MULTI round that trims every outbox to
@@ -48,6 +48,7 @@ from workers.contracts import (
     ClientToolAwaiting,
     ClientToolProgress,
     ClientToolResult,
+    ClientToolStarted,
     client_key,
 )
 from workers.transport import depth_over
@@ -126,8 +127,14 @@ class Relay:
             self.intake.on_result(msg.result, from_client=owner)
         elif isinstance(msg, ClientToolProgress):
             self._progress(owner, msg)
+        elif isinstance(msg, ClientToolStarted):
+            self._started(owner, msg)
         elif isinstance(msg, ClientToolAwaiting):
             self._awaiting(owner, msg)
+
+    def _started(self, owner: str, msg: ClientToolStarted) -> None:
+        if self.intake.on_started(msg.started, from_client=owner) and self.s.events is not None:
+            self.s.events.task_started(msg.started)
 
     def _progress(self, owner: str, msg: ClientToolProgress) -> None:
         if self.intake.on_progress(msg.progress, from_client=owner) and self.s.events is not None:

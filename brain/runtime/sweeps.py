@@ -18,7 +18,7 @@ from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED
+from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
@@ -150,12 +150,13 @@ class Sweeps:
 
     # --- lost messages -----------------------------------------------------------------
     def resend_lost(self) -> list[str]:
-        """Queued tasks no queue, worker or outbox holds get a new run id and are sent again,
-        so a late original is ignored rather than recorded twice."""
+        """Queued or running tasks no queue, worker or outbox holds get a new run id and are
+        sent again (queued, not running: nothing has begun the new run), so a late original is
+        ignored rather than recorded twice. A running task's message stays in kombu's unacked
+        hash while its worker runs it, and after its worker died until it is delivered again;
+        only a run nothing holds any more is lost. A call held for approval is the agent's."""
         cutoff = self.clock() - self.settings.reconcile_grace_s
-        stale = self.store.tasks_in_states(
-            {TaskState.QUEUED_SERVER, TaskState.QUEUED_CLIENT}, updated_before=cutoff
-        )
+        stale = self.store.tasks_in_states(QUEUED, updated_before=cutoff)
         # None: could not be read (Redis refused): nothing of that owner is called lost this
         # sweep, and the other owners are still looked at.
         held: dict[str | None, set[str] | None] = {}
@@ -243,10 +244,10 @@ class Sweeps:
             return False
         attempt = rec.attempt + 1
         now = self.clock()
-        moved = self.scheduler.move(  # the same state, a new run
+        moved = self.scheduler.move(  # queued where it was sent, as a new run
             rec.tree_id,
             rec.task_id,
-            rec.state,
+            queued_state(client_id),
             {rec.state},
             expect_run_id=rec.run_id,
             run_id=new_run_id(rec.tree_id, rec.task_id, attempt),

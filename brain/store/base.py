@@ -129,9 +129,11 @@ class Store(Protocol):
         self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
     ) -> int | None:
         """A server worker starts ``run_id``: if it is still the task's run and queued for the
-        server, count this delivery and note the worker and start; return the delivery's
-        number. None when the run is not the one to start (cancelled, expired, taken back,
-        already recorded, superseded): the worker must not run it."""
+        server, or running already (the same run delivered again after its worker died), move
+        it to ``running`` (``updated_at`` = ``started_at``), count this delivery and note the
+        worker and start, in one compare-and-set; return the delivery's number. None when the
+        run is not the one to start (cancelled, expired, taken back, already recorded,
+        superseded): the worker must not run it."""
         ...
 
     def tasks_in_states(

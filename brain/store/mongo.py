@@ -32,6 +32,7 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.summary import RunSummary
+from brain.core.transitions import BEGINS_FROM
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
@@ -253,12 +254,17 @@ class MongoStore:
             "tree_id": tree_id,
             "task_id": task_id,
             "run_id": run_id,
-            "state": TaskState.QUEUED_SERVER.value,
+            # a redelivery of the same run (its worker died) finds it running and begins it again
+            "state": {"$in": state_values(BEGINS_FROM)},
         }
+        changes = {
+            "state": TaskState.RUNNING.value, "worker": worker, "started_at": started_at,
+            "updated_at": started_at,
+        }  # fmt: skip
         with self._errors(f"begin_run of task {task_id!r} in tree {tree_id!r}"):
             doc = self._tasks.find_one_and_update(
                 query,
-                {"$inc": {"deliveries": 1}, "$set": {"worker": worker, "started_at": started_at}},
+                {"$inc": {"deliveries": 1}, "$set": changes},
                 return_document=ReturnDocument.AFTER,
             )
         return None if doc is None else int(doc["deliveries"])

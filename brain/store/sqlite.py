@@ -32,6 +32,7 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.summary import RunSummary
+from brain.core.transitions import BEGINS_FROM
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
@@ -375,13 +376,20 @@ class SQLiteStore:
     def begin_run(
         self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
     ) -> int | None:
+        # One UPDATE: the check, the count and the move to running are atomic, as transition()'s.
+        # A redelivery of the same run (its worker died) finds it running and begins it again.
         sql = (
-            "UPDATE tasks SET doc = json_set(doc, '$.deliveries', coalesce(json_extract(doc, '$.deliveries'), 0) + 1, "
+            "UPDATE tasks SET state = ?, updated_at = ?, doc = json_set(doc, '$.state', ?, '$.updated_at', ?, "
+            "'$.deliveries', coalesce(json_extract(doc, '$.deliveries'), 0) + 1, "
             "'$.worker', ?, '$.started_at', ?) "
-            "WHERE tree_id = ? AND task_id = ? AND run_id = ? AND state = ? "
+            "WHERE tree_id = ? AND task_id = ? AND run_id = ? AND state IN (?, ?) "
             "RETURNING json_extract(doc, '$.deliveries')"
         )
-        params = (worker, started_at, tree_id, task_id, run_id, TaskState.QUEUED_SERVER.value)
+        running = TaskState.RUNNING.value
+        params = (
+            running, started_at, running, started_at, worker, started_at,
+            tree_id, task_id, run_id, *state_values(BEGINS_FROM),
+        )  # fmt: skip
         with self._errors(f"begin_run of task {task_id!r} in tree {tree_id!r}"):
             rows = self._conn().execute(sql, params).fetchall()  # fetchall: finish the statement
         return int(rows[0][0]) if rows else None

@@ -14,7 +14,7 @@ from brain.runtime.relay import Relay
 from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import READ, connect, connected, reads
-from workers.contracts import ClientToolAwaiting, ToolAwaiting
+from workers.contracts import ClientToolAwaiting, ClientToolStarted, ToolAwaiting, ToolStarted
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_only_the_client_a_call_was_sent_to_can_hold_it_for_approval(brain_on_re
     assert s.on_awaiting(
         awaiting(brain, rec.tree_id, "r0", "bob-laptop", waiting=False), from_client="bob-laptop"
     )
-    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.RUNNING  # approved: it runs
     # Held again, then its result (a denial is one) is recorded as for any call in flight.
     assert s.on_awaiting(awaiting(brain, rec.tree_id, "r0", "bob-laptop"), from_client="bob-laptop")
     assert s.on_result(result_for(brain, rec.tree_id, "r0", "bob-laptop"), from_client="bob-laptop")
@@ -98,3 +98,28 @@ def test_a_changed_tool_definition_is_held_until_the_operator_approves_it(brain_
     assert ToolPins(brain.hot.r).approve("laptop", session.held_tools) == ["read_local_file"]
     relay.handle("laptop", connected("laptop", "s1", (changed,)))  # the agent announces again
     assert "read_local_file" in brain.scheduler.presence.session("laptop").tool_names()
+
+
+def test_only_the_client_a_call_was_sent_to_can_say_it_began(brain_on_redis: Brain) -> None:
+    brain = brain_on_redis
+    for cid in ("alice-laptop", "bob-laptop"):
+        brain.scheduler.presence.enroll(cid, cid.split("-")[0])
+        connect(brain, cid, session=f"s-{cid}")
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="bob-laptop")
+    run_id = brain.store.get_task(rec.tree_id, "r0").run_id or ""
+    relay = Relay(brain.intake, brain.clients)
+
+    def began(outbox: str, claims: str, run: str = run_id) -> None:
+        started = ToolStarted(run_id=run, tree_id=rec.tree_id, task_id="r0", started_at=1.0, client_id=claims)
+        relay.handle(outbox, ClientToolStarted(client_id=claims, started=started).model_dump_json().encode())
+
+    began("alice-laptop", "alice-laptop")  # another client, honestly
+    began("alice-laptop", "bob-laptop")  # another client's outbox, claiming the right one
+    began("bob-laptop", "bob-laptop", run=run_id + "-old")  # a run the task does not have
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.QUEUED_CLIENT
+    assert brain.clients.misbehaving.get("bob-laptop") is None  # refused, not malformed
+    began("bob-laptop", "bob-laptop")
+    task = brain.store.get_task(rec.tree_id, "r0")
+    assert task.state is TaskState.RUNNING and task.started_at == 1.0
+    assert brain.intake.on_result(result_for(brain, rec.tree_id, "r0", "bob-laptop"), from_client="bob-laptop")
+    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE

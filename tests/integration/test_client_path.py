@@ -183,6 +183,42 @@ def test_an_agent_killed_mid_task_has_the_task_blocked_then_run_again_once_after
     assert marker.read_text().count("run") == 2  # killed once, ran again once
 
 
+def test_a_call_the_agent_began_is_running_in_the_record_until_its_result(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
+    """The agent says it began the call (``ClientToolStarted``): the record moves
+    ``queued_client -> running`` while the command runs, and ``done`` after its result."""
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("tools:\n  - {name: shell_execute, location: client, type: native}\n")
+    stack = stack_factory(agent_config=make_agent(tmp_path, shell=True), registry=registry)
+    brain = brain_factory(stack)
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
+    began, go = tmp_path / "sandbox" / "began.txt", tmp_path / "sandbox" / "go.txt"
+    command = f"echo run > {began}; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "held",
+                "tasks": [
+                    {"id": "w", "tool": "shell_execute", "timeout_s": 60, "args": {"command": command}}
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_until(lambda: began.exists(), timeout=60, what="the command to start")
+    running = wait_until(
+        lambda: (t := brain.store.get_task(rec.tree_id, "w")).state is TaskState.RUNNING and t,
+        what="the brain to record the run as running",
+    )  # the command waits for go.txt: it is still running now, whatever the machine's speed
+    assert running.client_id == "laptop" and running.attempt == 1 and running.started_at
+    go.write_text("go")
+    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    done = brain.store.get_task(rec.tree_id, "w")
+    assert done.run_id == running.run_id and "finished" in str(done.result)
+
+
 def test_an_agent_the_brain_dropped_while_alive_announces_itself_again(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:

@@ -118,7 +118,10 @@ def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_onl
         timeout=RECOVERY_BOUND_S,
         what="both calls back on server.gpu",
     )
-    assert all(t.state is TaskState.QUEUED_SERVER for t in brain.store.get_tasks(rec.tree_id))
+    # The run the killed pool had begun is still running in the record (the store cannot know its
+    # worker died) until its redelivery begins it again; the other one was never begun.
+    states = sorted(t.state.value for t in brain.store.get_tasks(rec.tree_id))
+    assert states in (["queued_server", "running"], ["running", "running"]), states
     stack.start_service("server-pool-gpu")
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)

@@ -235,6 +235,32 @@ def test_reconciler_resends_a_task_deleted_from_redis_behind_the_brains_back(
     assert brain.store.get_task(rec.tree_id, "b").attempt == 1
 
 
+def test_reconciler_resends_a_running_task_whose_message_nothing_holds_as_queued(
+    stack_factory, brain_factory
+) -> None:
+    stack = stack_factory(services=("brain",))  # no pool yet: only the test begins the run
+    brain = brain_factory(stack)
+    rec = brain.scheduler.submit(
+        tree({"id": "gone", "tasks": [{"id": "a", "tool": "echo", "args": {"value": 1}}]})
+    )
+    first = brain.store.get_task(rec.tree_id, "a")
+    # A worker began the run a while ago, then vanished with its message (acked, lost): the
+    # record says running, and no queue or unacked hash holds the run.
+    assert brain.store.begin_run(rec.tree_id, "a", first.run_id, "server@gone", time.time() - 60) == 1
+    assert brain.store.get_task(rec.tree_id, "a").state is TaskState.RUNNING
+    assert brain.hot.r.delete(SERVER_QUEUE) == 1
+    resent = wait_until(
+        lambda: (t := brain.store.get_task(rec.tree_id, "a")).run_id != first.run_id and t,
+        what="the reconciler to re-send the lost running run",
+    )
+    assert (resent.state, resent.attempt, resent.deliveries) == (TaskState.QUEUED_SERVER, 2, 0)
+    assert brain.store.begin_run(rec.tree_id, "a", first.run_id, "server@late", time.time()) is None
+    stack.start_service("server-pool")
+    assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
+    a = brain.store.get_task(rec.tree_id, "a")
+    assert (a.run_id, a.deliveries, a.result) == (resent.run_id, 1, 1) and a.worker != "server@gone"
+
+
 def test_a_worker_killed_mid_task_has_its_task_redelivered_and_recorded_once(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:

@@ -62,8 +62,12 @@ def test_the_tree_list_never_cuts_a_tree_id_on_a_narrow_terminal() -> None:
     ("state", "deliveries", "mark_run", "shown"),
     [
         (TaskState.QUEUED_SERVER, 0, None, "queued_server"),  # waiting in the pool's queue
-        (TaskState.QUEUED_SERVER, 1, None, "running"),  # a server worker began it (the store says)
-        (TaskState.QUEUED_CLIENT, 0, "r1", "running"),  # a client agent began this run (Redis says)
+        (TaskState.RUNNING, 1, None, "running"),  # a worker or agent began it (the store says)
+        (TaskState.RUNNING, 2, "r0", "running"),  # ... whatever an older run's mark says
+        (TaskState.AWAITING_APPROVAL, 0, "r1", "awaiting_approval"),  # begun, then held for its user
+        (TaskState.QUEUED_SERVER, 1, None, "running"),  # counted by a pool that left it queued
+        (TaskState.QUEUED_CLIENT, 0, "r1", "running"),  # an older agent began this run (Redis says)
+        (TaskState.QUEUED_SERVER, 0, "r1", "running"),  # a worker that could not reach the store
         (TaskState.QUEUED_CLIENT, 0, "r0", "queued_client"),  # a mark of an older run
         (TaskState.DONE, 1, "r1", "done"),  # final states are shown as they are
     ],

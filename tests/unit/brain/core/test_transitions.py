@@ -6,6 +6,7 @@ import pytest
 
 from brain.core.models import TaskState, TaskTree, TreeStatus
 from brain.core.transitions import (
+    BEGINS_FROM,
     FINAL,
     IN_FLIGHT,
     MOVES,
@@ -13,9 +14,11 @@ from brain.core.transitions import (
     NOT_FINAL,
     PARKED,
     QUEUED,
+    SENT_TO_CLIENT,
     InvalidMove,
     check_move,
     plan,
+    queued_state,
     tree_status,
 )
 
@@ -92,6 +95,9 @@ ALLOWED = [
     # in flight: its result, re-sent as a new run, taken back and sent elsewhere or parked, cancelled, expired
     (Q, D), (Q, F), (QC, D), (QC, F), (R, D), (R, F),
     (Q, Q), (QC, QC), (QC, Q), (QC, B), (QC, PC), (Q, S), (QC, X),
+    # begun by its worker or agent; the same run begun again (redelivered); running, re-sent as
+    # a new run (queued again), taken back from a client that left, cancelled, expired
+    (Q, R), (QC, R), (R, R), (R, Q), (R, QC), (R, PC), (R, B), (R, S), (R, X),
     # parked: requeued (sent or parked again), cancelled, expired, failed by its new route
     (B, QC), (B, Q), (PC, QC), (PC, PC), (B, B), (B, S), (PC, X), (B, F),
 ]  # fmt: skip
@@ -99,7 +105,8 @@ REFUSED = [
     (P, D), (P, X), (P, R),  # a task that never ran cannot be done; pending has no deadline yet
     (B, D), (PC, D),  # a parked task has no run whose result could count
     (D, F), (F, D), (S, Q), (X, QC), (D, D),  # final is final
-    (Q, P), (B, P),  # nothing goes back to pending
+    (Q, P), (B, P), (R, P),  # nothing goes back to pending
+    (B, R), (PC, R), (D, R),  # only a run that was sent can begin
 ]  # fmt: skip
 
 
@@ -143,3 +150,20 @@ def test_every_state_is_pending_in_flight_parked_or_final_exactly_once() -> None
 def test_a_task_in_flight_may_end_with_its_result_and_be_taken_back() -> None:
     for state in IN_FLIGHT:
         assert {TaskState.DONE, TaskState.FAILED, TaskState.QUEUED_SERVER} <= MOVES[state], state
+
+
+def test_a_run_begins_from_queued_or_again_from_running_and_is_in_flight_while_it_runs() -> None:
+    assert BEGINS_FROM == {Q, R}
+    for state in BEGINS_FROM:
+        check_move({state}, R)
+    assert R in IN_FLIGHT and R in QUEUED and R in SENT_TO_CLIENT
+    assert Q not in SENT_TO_CLIENT and SENT_TO_CLIENT == IN_FLIGHT - {Q}
+    # approved, a client's call runs again (not queued_client: it has begun)
+    check_move({TaskState.AWAITING_APPROVAL}, R)
+
+
+def test_a_re_sent_run_is_queued_for_where_it_goes() -> None:
+    assert queued_state(None) is Q and queued_state("laptop") is QC
+    for state in IN_FLIGHT:
+        check_move({state}, queued_state(None))
+        check_move({state}, queued_state("laptop"))

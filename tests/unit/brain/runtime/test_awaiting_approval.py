@@ -11,7 +11,7 @@ from celery.events.state import State
 from brain.cli.display import shown_state
 from brain.core.models import TaskRecord, TaskState
 from brain.runtime.events import ClientEvents
-from workers.contracts import ToolAwaiting
+from workers.contracts import ToolAwaiting, ToolStarted
 
 
 class Recorder(ClientEvents):
@@ -53,5 +53,20 @@ def test_status_shows_awaiting_approval_though_the_agent_marked_the_run_started(
     )  # fmt: skip
     running = {"w": {"run_id": "r1", "worker": "client-agent@laptop"}}
     assert shown_state(rec, running) == "awaiting_approval"
-    approved = rec.model_copy(update={"state": TaskState.QUEUED_CLIENT, "reason": ""})
+    approved = rec.model_copy(update={"state": TaskState.RUNNING, "reason": ""})  # Intake.on_awaiting
     assert shown_state(approved, running) == "running"
+    assert shown_state(approved, {}) == "running"  # the record says so: no Redis mark needed
+
+
+def test_flower_shows_a_clients_call_started_then_awaiting_approval_then_approved() -> None:
+    events, state = Recorder(), State()
+    state.event({"type": "task-received", "uuid": "r1", "hostname": "client-agent@laptop", "timestamp": 0.0,
+                 "local_received": 0.0, "clock": 0, "name": "vancetope.run_tool"})  # fmt: skip
+    events.task_started(ToolStarted(run_id="r1", tree_id="t", task_id="w", started_at=1.0, client_id="laptop"))
+    state.event(events.sent[-1])
+    seen = [state.tasks["r1"].state]
+    for waiting in (True, False):
+        events.task_awaiting(update(waiting))
+        state.event(events.sent[-1])
+        seen.append(state.tasks["r1"].state)
+    assert seen == ["STARTED", "AWAITING_APPROVAL", "APPROVED"]

@@ -304,6 +304,7 @@ def test_begin_run_counts_deliveries_of_the_current_server_run_only(store: Store
     assert store.begin_run("t1", "a", "r1", "w1", 5.0) is None  # never dispatched
     store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", attempt=1)
     assert store.begin_run("t1", "a", "r0", "w1", 5.0) is None  # a stale message of another run
+    assert store.get_task("t1", "a").state is S.QUEUED_SERVER  # ... which moves nothing
     assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
     assert store.begin_run("t1", "a", "r1", "w2", 6.0) == 2  # its worker died; delivered again
     got = store.get_task("t1", "a")
@@ -311,17 +312,55 @@ def test_begin_run_counts_deliveries_of_the_current_server_run_only(store: Store
         2,
         "w2",
         6.0,
-        S.QUEUED_SERVER,
+        S.RUNNING,
     )
-    # a new run starts counting afresh (dispatch writes deliveries=0 with the new run id)
-    store.transition("t1", "a", from_states={S.QUEUED_SERVER}, run_id="r2", attempt=2, deliveries=0)
+    # a new run (the reconciler's re-send: queued again) starts counting afresh
+    store.transition(
+        "t1", "a", from_states={S.RUNNING}, state=S.QUEUED_SERVER, run_id="r2", attempt=2, deliveries=0
+    )
+    assert store.begin_run("t1", "a", "r1", "w1", 6.5) is None  # the old run, delivered late
     assert store.begin_run("t1", "a", "r2", "w1", 7.0) == 1
     # recorded, cancelled or sent to a client: nothing to begin
-    store.transition("t1", "a", from_states={S.QUEUED_SERVER}, state=S.DONE, result=1)
+    store.transition("t1", "a", from_states={S.RUNNING}, state=S.DONE, result=1)
     assert store.begin_run("t1", "a", "r2", "w1", 8.0) is None
+    assert store.get_task("t1", "a").state is S.DONE
     store.transition("t1", "b", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="rb", client_id="c")
     assert store.begin_run("t1", "b", "rb", "w1", 8.0) is None
     assert store.get_task("t1", "b").deliveries == 0
+
+
+def test_begin_run_moves_the_task_to_running_in_the_same_write(store: Store) -> None:
+    put(store)
+    store.transition(
+        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", updated_at=1.0
+    )
+    assert store.tasks_in_states({S.QUEUED_SERVER}, updated_before=2.0)[0].task_id == "a"
+    assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
+    got = store.get_task("t1", "a")
+    assert got is not None and (got.state, got.run_id, got.updated_at) == (S.RUNNING, "r1", 5.0)
+    # the columns queries read agree with the record (SQLite keeps state and updated_at twice)
+    assert store.tasks_in_states({S.QUEUED_SERVER}) == []
+    assert [r.task_id for r in store.tasks_in_states({S.RUNNING}, updated_before=6.0)] == ["a"]
+    assert store.tasks_in_states({S.RUNNING}, updated_before=5.0) == []
+    assert store.task_states("t1")["a"] is S.RUNNING
+    assert store.first_task_in("t1", {S.RUNNING}) == ("a", S.RUNNING)
+    # running is in flight: its result, a cancel and a re-send take it from there
+    done = store.transition("t1", "a", from_states={S.RUNNING}, expect_run_id="r1", state=S.DONE)
+    assert done is not None and done.state is S.DONE
+
+
+def test_a_redelivery_of_the_same_run_begins_again_and_another_run_does_not(store: Store) -> None:
+    put(store)
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1")
+    assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
+    assert store.begin_run("t1", "a", "r2", "w2", 6.0) is None  # running, but not this run
+    assert store.begin_run("t1", "a", "r1", "w2", 7.0) == 2  # acks_late: the same run, again
+    got = store.get_task("t1", "a")
+    assert got is not None and (got.state, got.deliveries, got.worker) == (S.RUNNING, 2, "w2")
+    # taken off the run (cancelled while it ran): a redelivery begins nothing
+    store.end_tasks("t1", from_states={S.RUNNING}, state=S.SKIPPED, reason="cancelled", finished_at=8.0)
+    assert store.begin_run("t1", "a", "r1", "w3", 9.0) is None
+    assert store.get_task("t1", "a").state is S.SKIPPED
 
 
 def test_transition_refuses_unknown_fields_and_bad_values(store: Store) -> None:
