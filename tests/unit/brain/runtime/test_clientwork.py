@@ -16,7 +16,7 @@ import redis
 from brain.core.client_health import Cause
 from brain.core.models import SessionKind, TaskState
 from brain.hot.parked import ParkedWork
-from tests.unit.brain.runtime.test_sweeps import Rig, kombu_message, local_read, make_rig, tree
+from tests.unit.brain.runtime.rig import Rig, kombu_message, local_read, make_rig, tree
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_HEARTBEAT,

@@ -7,42 +7,20 @@ trees it woke. What is recorded is read back from the store, the record."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from brain.config import load_settings
-from brain.core.models import Location, SessionKind, TaskState, TaskTree, TreeStatus
+from brain.core.models import SessionKind, TaskState, TaskTree, TreeStatus
 from brain.core.routing import Presence
-from brain.core.snapshot import RegistrySnapshot
-from brain.core.treefile import load_registry, merge_registry, spec_from_descriptor
 from brain.hot.parked import ParkedRef
 from brain.runtime.intake import Intake
 from brain.runtime.scheduler import Scheduler
 from brain.store.sqlite import SQLiteStore
+from tests.unit.brain.runtime.rig import Sent, server_registry
 from workers.contracts import ErrorInfo, ToolCall, ToolResult
-from workers.tools.builtin import builtin_descriptors
-
-EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
-
-
-class Sent:
-    """The publisher: calls sent, in order, only once the store batch announcing them is written."""
-
-    def __init__(self) -> None:
-        self.calls: list[ToolCall] = []
-
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        yield
-
-    def send(self, call: ToolCall, pool: str | None = None) -> None:
-        self.calls.append(call)
-
-    def of(self, task_id: str) -> ToolCall:
-        return next(c for c in reversed(self.calls) if c.task_id == task_id)
 
 
 class Hot:
@@ -81,8 +59,7 @@ class Parked:
 
 @pytest.fixture
 def parts(tmp_path: Path) -> Iterator[tuple[Scheduler, Intake, Sent, Hot, Parked]]:
-    builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
-    registry = RegistrySnapshot(tools=merge_registry(builtins, load_registry(EXAMPLES / "registry.yaml")))
+    registry = server_registry()
     settings = load_settings(env={}, cwd=tmp_path, data_dir=tmp_path / "data")
     store = SQLiteStore(tmp_path / "store.db")
     sent, hot, parked = Sent(), Hot(), Parked()
@@ -135,9 +112,9 @@ def test_a_chain_runs_one_task_after_another_and_the_next_takes_the_last_result(
     assert [c.task_id for c in sent.calls] == ["a"]
     assert states(scheduler, rec.tree_id) == {"a": TaskState.QUEUED_SERVER, "b": TaskState.PENDING}
 
-    assert intake.on_result(result(sent.of("a"), "hello"))
-    assert sent.of("b").args == {"value": "hello"}
-    assert intake.on_result(result(sent.of("b"), "hello"))
+    assert intake.on_result(result(sent.of("a")[-1], "hello"))
+    assert sent.of("b")[-1].args == {"value": "hello"}
+    assert intake.on_result(result(sent.of("b")[-1], "hello"))
     assert states(scheduler, rec.tree_id) == {"a": TaskState.DONE, "b": TaskState.DONE}
     assert scheduler.store.get_tree(rec.tree_id).status is TreeStatus.DONE
     assert hot.finished == [rec.tree_id]
@@ -146,7 +123,7 @@ def test_a_chain_runs_one_task_after_another_and_the_next_takes_the_last_result(
 def test_a_result_is_recorded_once_and_a_stale_run_changes_nothing(parts: Any) -> None:
     scheduler, intake, sent, _, _ = parts
     rec = scheduler.submit(chain({"id": "a", "tool": "echo", "args": {"value": 1}}))
-    call = sent.of("a")
+    call = sent.of("a")[-1]
     assert intake.on_result(result(call, 1))
     assert not intake.on_result(result(call, 2))  # redelivered: already recorded
     stale = result(call, 3).model_copy(update={"run_id": call.run_id[:-1] + "0"})
@@ -163,7 +140,7 @@ def test_a_failure_skips_its_dependents_and_fails_the_tree(parts: Any) -> None:
             {"id": "c", "tool": "echo", "args": {"value": 3}, "depends_on": ["b"]},
         )
     )
-    assert intake.on_result(result(sent.of("a"), ok=False))
+    assert intake.on_result(result(sent.of("a")[-1], ok=False))
     assert states(scheduler, rec.tree_id) == {
         "a": TaskState.FAILED,
         "b": TaskState.SKIPPED,
