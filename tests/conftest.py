@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -239,6 +240,33 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class InThread:
+    """``fn()`` running in a daemon thread. A test waits for ``done`` with ``wait_until``, then
+    reads ``result()`` (which raises what ``fn`` raised): "it returns long before the work it
+    stops would have ended" is then a wait on a condition, not a wall-clock assert."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="test:in-thread", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        assert self.done()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def tree(data: dict[str, Any]) -> TaskTree:
