@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,12 +18,13 @@ from typing import Any
 
 import pytest
 import redis
+from filelock import FileLock
 
 from brain.config import Settings, load_settings
 from brain.core.models import TaskTree, TreeRecord, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from brain.stack.redis_server import RedisServer
+from brain.stack.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -51,7 +53,10 @@ NPM_CACHE = Path(os.environ.get("VANCETOPE_TEST_NPM_DIR", Path.home() / ".cache"
 
 def npm_binary(package: str, binary: str, needed_for: str) -> Path:
     """``binary`` of the pinned npm ``package``, installed once per machine into ``NPM_CACHE``.
-    Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM)."""
+    Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM).
+
+    Several pytest-xdist workers (or two checkouts) may ask at once: the install runs under a
+    file lock, and the others wait for it and find the binary installed."""
     path = NPM_CACHE / "node_modules" / ".bin" / binary
     if path.exists():
         return path
@@ -61,11 +66,13 @@ def npm_binary(package: str, binary: str, needed_for: str) -> Path:
             pytest.fail(f"npm is needed for {needed_for} (VANCETOPE_TEST_REQUIRE_NPM is set)")
         pytest.skip(f"npm not found: {needed_for} need {package}")
     NPM_CACHE.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE), package],
-        check=True,
-        timeout=600,
-    )
+    with FileLock(str(NPM_CACHE / ".install.lock"), timeout=900):
+        if not path.exists():
+            subprocess.run(
+                [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE), package],
+                check=True,
+                timeout=600,
+            )
     return path
 
 
@@ -89,6 +96,17 @@ def chromium() -> str:
             )
         pytest.skip("chromium not found: the Flower dashboard test needs it (apt-get install chromium)")
     return found
+
+
+@pytest.fixture(autouse=True)
+def own_gateway_port(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`vancetope up` serves the MCP gateway on gateway_port (default 8765) unless told
+    otherwise: each integration and security test gets a free port of its own in
+    VANCETOPE_GATEWAY_PORT, so tests running at the same time (pytest-xdist workers, another
+    checkout's suite) never find it taken ("MCP gateway not started")."""
+    parts = request.node.path.parts
+    if "integration" in parts or "security" in parts:
+        monkeypatch.setenv("VANCETOPE_GATEWAY_PORT", str(free_port()))
 
 
 def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:
@@ -137,19 +155,42 @@ def make_settings(tmp_path: Path, **overrides: Any) -> Settings:
     return load_settings(env={}, cwd=tmp_path, **values)
 
 
+def start_stack(
+    where: Path, started: list[EmbeddedStack], services: tuple[str, ...] | None = None, **overrides: Any
+) -> EmbeddedStack:
+    """An embedded stack with its data in ``where`` (by default with the time and demo MCP
+    servers), appended to ``started`` before it starts, so that a failed start is stopped too."""
+    if "mcp_config" not in overrides:
+        overrides["mcp_config"] = write_mcp_config(
+            where / "server-mcp.json", {"time": time_server(), "demo": demo_server()}
+        )
+    stack = EmbeddedStack(make_settings(where, **overrides), only=services)
+    started.append(stack)
+    return stack.start()
+
+
 @pytest.fixture
 def stack_factory(tmp_path: Path) -> Iterator[Callable[..., EmbeddedStack]]:
     """Start an embedded stack (redis-server + brain + server pool) for this test."""
     started: list[EmbeddedStack] = []
 
     def start(services: tuple[str, ...] | None = None, **overrides: Any) -> EmbeddedStack:
-        if "mcp_config" not in overrides:
-            overrides["mcp_config"] = write_mcp_config(
-                tmp_path / "server-mcp.json", {"time": time_server(), "demo": demo_server()}
-            )
-        stack = EmbeddedStack(make_settings(tmp_path, **overrides), only=services)
-        started.append(stack)
-        return stack.start()
+        return start_stack(tmp_path, started, services, **overrides)
+
+    yield start
+    for stack in started:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def module_stack_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., EmbeddedStack]]:
+    """Like ``stack_factory``, for a stack that the tests of one module share (each call: a
+    data dir of its own). Only for tests that do not need a fresh stack: they must not depend
+    on what other tests left in it (trees, queues, logs), and must leave it usable."""
+    started: list[EmbeddedStack] = []
+
+    def start(services: tuple[str, ...] | None = None, **overrides: Any) -> EmbeddedStack:
+        return start_stack(tmp_path_factory.mktemp("stack"), started, services, **overrides)
 
     yield start
     for stack in started:
@@ -199,6 +240,33 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = 
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class InThread:
+    """``fn()`` running in a daemon thread. A test waits for ``done`` with ``wait_until``, then
+    reads ``result()`` (which raises what ``fn`` raised): "it returns long before the work it
+    stops would have ended" is then a wait on a condition, not a wall-clock assert."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name="test:in-thread", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        assert self.done()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def tree(data: dict[str, Any]) -> TaskTree:

@@ -224,7 +224,7 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
 ) -> None:
     agent = start_agent()
 
-    hello = brain.next_message()
+    hello = brain.next_message(timeout=90)  # the agent's start: its MCP servers first, then this
     assert isinstance(hello, ClientConnected), hello
     assert (hello.client_id, hello.client_type.value) == (CID, "desktop")
     assert NATIVE <= names(hello) and "shell_execute" not in names(hello)
@@ -267,7 +267,7 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
     ]
     assert len(git_servers) == 1
     write_mcp_json(workspace.mcp_json, {"crash": CRASH, "demo": DEMO})
-    update = brain.next_message()
+    update = brain.next_message(timeout=90)  # once the new MCP servers started
     assert isinstance(update, ClientConnected) and update.session_id == hello.session_id
     assert not names(update, "git") and NATIVE <= names(update)
     assert {"add", "pid"} <= names(update, "demo")
@@ -299,7 +299,7 @@ def test_rejected_announcement_is_retried_until_accepted(
 ) -> None:
     write_mcp_json(workspace.mcp_json, {})
     agent = start_agent()
-    first = brain.next_message()
+    first = brain.next_message(timeout=90)  # the agent's start
     assert isinstance(first, ClientConnected)
     brain.ack(first, accepted=False, reason="client laptop belongs to another user")
     second = brain.next_message(timeout=15)

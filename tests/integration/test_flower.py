@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from brain.core.models import SessionKind
 from brain.flowerapp import EXIT_GRACE_S
@@ -132,13 +133,32 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
         "VANCETOPE_REDIS_URL": server.url_for("vt-flower"),
         BASIC_AUTH_VARIABLE: ":".join(OPS),
     }
+    # Flower's enable_events timer broadcasts on the control ("pidbox") exchange: a message
+    # on a Redis channel, watched here with the admin's own connection.
+    watcher = redis.Redis.from_url(server.url)
+    broadcasts = watcher.pubsub(ignore_subscribe_messages=True)
+    broadcasts.psubscribe("*pidbox*")
     with open(log_path, "w") as log:
         flower = subprocess.Popen(flower_argv(free_port()), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: "Visit me at" in log_path.read_text(), timeout=60, what="Flower to start")
         # Flower's enable_events timer (every 5 s) fires once with Redis up, so its broker
         # connection is pooled: its next broadcast, with Redis gone, retries it for ever.
-        time.sleep(6)
+
+        def enable_events_broadcast() -> bool:
+            message = broadcasts.get_message(timeout=0.5)
+            if message is None:
+                return False
+            body = json.loads(message["data"])["body"]  # kombu's envelope: a base64 body
+            return "enable_events" in base64.b64decode(body).decode()
+
+        wait_until(
+            enable_events_broadcast,
+            timeout=60,
+            what="Flower's enable_events timer to broadcast once with Redis up",
+        )
+        broadcasts.close()
+        watcher.close()
         server.stop()
         # Twice: by then the timer has fired with Redis gone.
         wait_until(

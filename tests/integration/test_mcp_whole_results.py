@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from brain.core.models import SessionKind, TaskRecord, TreeStatus
-from tests.conftest import brain_with_client, tree, wait_for_tree, write_mcp_config
+from brain.stack.embedded import EmbeddedStack
+from tests.conftest import agent_with_servers, tree, wait_for_tree, write_mcp_config
 
 TASKS: list[dict[str, Any]] = [
     {"id": "img", "tool": "get-tiny-image"},
@@ -62,21 +63,41 @@ def check_records(tasks: dict[str, TaskRecord], where: str) -> None:
     assert tasks["said"].result == f"image/png {weather.result['conditions']}".upper()
 
 
-def test_whole_results_on_the_server_route(
-    tmp_path: Path, stack_factory, brain_factory, everything_server
-) -> None:
-    config = write_mcp_config(tmp_path / "server-mcp.json", {"everything": everything_server})
-    stack = stack_factory(services=("brain", "server-pool"), mcp_config=config)
-    brain = brain_factory(stack)
+# Two stacks for the module, one per route: each test submits a tree of its own and reads only
+# that tree's records (the cap test needs a stack of its own: its max_result_bytes).
+@pytest.fixture(scope="module")
+def server_stack(
+    tmp_path_factory: pytest.TempPathFactory, module_stack_factory: Any, everything_server: dict[str, Any]
+) -> EmbeddedStack:
+    where = tmp_path_factory.mktemp("server-route")
+    config = write_mcp_config(where / "server-mcp.json", {"everything": everything_server})
+    return module_stack_factory(services=("brain", "server-pool"), mcp_config=config)
+
+
+@pytest.fixture(scope="module")
+def client_stack(
+    tmp_path_factory: pytest.TempPathFactory, module_stack_factory: Any, everything_server: dict[str, Any]
+) -> EmbeddedStack:
+    """Client agent "laptop" with the everything server in its mcp.json, none server-side."""
+    where = tmp_path_factory.mktemp("client-route")
+    stack = module_stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent_with_servers(where, {"everything": everything_server}),
+        mcp_config=write_mcp_config(where / "server-mcp.json", {}),
+    )
+    assert stack.wait_connected("laptop", 90)
+    return stack
+
+
+def test_whole_results_on_the_server_route(server_stack: EmbeddedStack, brain_factory) -> None:
+    brain = brain_factory(server_stack)
     rec = brain.scheduler.submit(tree({"id": "whole-server", "tasks": TASKS}))
     assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
     check_records({t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}, "server")
 
 
-def test_whole_results_on_the_client_route(
-    tmp_path: Path, stack_factory, brain_factory, everything_server
-) -> None:
-    brain = brain_with_client(stack_factory, brain_factory, tmp_path, {"everything": everything_server})
+def test_whole_results_on_the_client_route(client_stack: EmbeddedStack, brain_factory) -> None:
+    brain = brain_factory(client_stack)
     # The client's echo shares its bare name with the built-in: named by its server it goes
     # to the client with its own schema (issue 10 item 3), the bare name stays the built-in.
     theirs = {"id": "theirs", "tool": "everything/echo", "args": {"message": "hi"}}
@@ -129,11 +150,9 @@ LONG = {"id": "long", "tool": "trigger-long-running-operation", "args": {"durati
 
 
 def test_progress_reaches_the_task_record_while_it_runs_on_the_server(
-    tmp_path: Path, stack_factory, brain_factory, everything_server
+    server_stack: EmbeddedStack, brain_factory
 ) -> None:
-    config = write_mcp_config(tmp_path / "server-mcp.json", {"everything": everything_server})
-    stack = stack_factory(services=("brain", "server-pool"), mcp_config=config)
-    brain = brain_factory(stack)
+    brain = brain_factory(server_stack)
     rec = brain.scheduler.submit(tree({"id": "progress-server", "tasks": [LONG]}))
     seen = _watch_progress(brain, rec.tree_id, "long")
     assert len(seen) >= 2 and seen[-1] == (4, 4)  # several steps seen while it ran, then the last
@@ -142,9 +161,9 @@ def test_progress_reaches_the_task_record_while_it_runs_on_the_server(
 
 
 def test_progress_reaches_the_task_record_while_it_runs_on_a_client(
-    tmp_path: Path, stack_factory, brain_factory, everything_server
+    client_stack: EmbeddedStack, brain_factory
 ) -> None:
-    brain = brain_with_client(stack_factory, brain_factory, tmp_path, {"everything": everything_server})
+    brain = brain_factory(client_stack)
     rec = brain.scheduler.submit(
         tree({"id": "progress-client", "tasks": [LONG]}), session=SessionKind.INTERACTIVE, client_id="laptop"
     )

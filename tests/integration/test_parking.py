@@ -255,7 +255,7 @@ def test_parked_work_past_max_wait_expires_with_a_clear_reason(brain_on_redis: B
     brain = brain_on_redis
     rec = brain.scheduler.submit(tree(reads(1)), user="ada")
     brain.sweeps.settings = brain.sweeps.settings.model_copy(update={"max_wait_s": 0.01})
-    time.sleep(0.05)  # the wait being measured, not a readiness wait
+    brain.sweeps.clock = lambda: time.time() + 0.05  # the sweep runs 0.05 s later, without sleeping
     assert brain.sweeps.expire_parked() == ["r0"]
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.state is TaskState.EXPIRED
@@ -377,7 +377,7 @@ def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancell
         client_id="laptop",
     )
     run_id = brain.store.get_task(rec.tree_id, "r").run_id
-    time.sleep(0.05)  # the time being measured, not a readiness wait
+    brain.sweeps.clock = lambda: time.time() + 0.05  # the sweep runs 0.05 s later, without sleeping
     assert brain.sweeps.expire_overdue() == ["r"]
     task = brain.store.get_task(rec.tree_id, "r")
     assert task.state is TaskState.EXPIRED
@@ -388,7 +388,7 @@ def test_a_task_past_its_max_total_expires_wherever_it_is_and_its_run_is_cancell
 def test_a_trees_max_wait_overrides_the_default(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     rec = brain.scheduler.submit(tree({**reads(1), "max_wait_s": 0.01}), user="ada")
-    time.sleep(0.05)  # the time being measured
+    brain.sweeps.clock = lambda: time.time() + 0.05  # the sweep runs 0.05 s later, without sleeping
     assert brain.sweeps.expire_parked() == ["r0"]
     assert "(max_wait_s 0.01)" in brain.store.get_task(rec.tree_id, "r0").reason
 

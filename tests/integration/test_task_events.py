@@ -20,6 +20,8 @@ from workers.contracts import RUN_TOOL_TASK
 
 pytestmark = pytest.mark.integration
 
+PROBE = "vancetope-test-probe"  # an event type no part of the stack sends or reads
+
 
 class Captured:
     """Events of the given types (default: task-sent), from Celery's own event receiver in a
@@ -27,11 +29,14 @@ class Captured:
 
     def __init__(self, brain: Brain, kinds: Callable[[str], bool] = "task-sent".__eq__) -> None:
         self.events: list[dict[str, Any]] = []
-        app = brain.scheduler.publisher.app
+        self.app = app = brain.scheduler.publisher.app
         self.conn = app.connection_for_read()
+        self.probed = threading.Event()
 
         def on_any(event: dict[str, Any]) -> None:
-            if kinds(event["type"]):
+            if event["type"] == PROBE:
+                self.probed.set()
+            elif kinds(event["type"]):
                 self.events.append(event)
 
         self.receiver = app.events.Receiver(self.conn, handlers={"*": on_any})
@@ -39,6 +44,17 @@ class Captured:
             target=lambda: self.receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True
         )
         self.thread.start()
+
+    def wait_subscribed(self) -> None:
+        """Until the receiver hears an event of ours: its subscription is in place, so it
+        hears everything sent from now on."""
+        with self.app.events.default_dispatcher() as dispatcher:
+
+            def heard() -> bool:
+                dispatcher.send(PROBE)
+                return self.probed.wait(0.1)
+
+            wait_until(heard, timeout=30, what="the event receiver to hear a probe event")
 
     def close(self) -> None:
         self.receiver.should_stop = True
@@ -50,7 +66,7 @@ def test_a_submit_sends_one_task_sent_per_server_call_with_argument_names_only(b
     brain = brain_on_redis
     captured = Captured(brain)
     try:
-        time.sleep(0.3)  # the receiver's subscription is in place before anything is sent
+        captured.wait_subscribed()  # before anything is sent
         n = 250  # more than one dispatch chunk (200): two batches
         rec = brain.scheduler.submit(
             tree(
@@ -83,7 +99,7 @@ def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
     brain = brain_factory(stack)
     captured = Captured(brain, kinds=lambda kind: kind.startswith(("task-", "worker-")))
     try:
-        time.sleep(0.3)  # the receiver's subscription is in place before anything is sent
+        captured.wait_subscribed()  # before anything is sent
         rec = brain.scheduler.submit(
             tree(
                 {
@@ -97,6 +113,7 @@ def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
             )
         )
         assert wait_for_tree(brain, rec.tree_id).status.value == "failed"
+        finished = time.time()
 
         def pool_heard() -> bool:
             return any(
@@ -115,7 +132,19 @@ def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
                 what="the tree's task events",
             )
         else:
-            time.sleep(1.0)  # what would have been sent is sent by now (events gather for 10 ms)
+            # What would have been sent for the tree was published before the tree finished;
+            # Redis hands a subscriber its messages in the order it got them, so it has all
+            # reached the receiver once a heartbeat the pool sent after the finish has.
+            wait_until(
+                lambda: any(
+                    e["type"] == "worker-heartbeat"
+                    and e["hostname"].startswith("server@")
+                    and e["timestamp"] > finished
+                    for e in captured.events
+                ),
+                timeout=30,
+                what="a heartbeat the server pool sent after the tree finished",
+            )
     finally:
         captured.close()
     sent = sorted({e["type"] for e in captured.events if e["type"].startswith("task-")})

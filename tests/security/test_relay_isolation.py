@@ -149,7 +149,13 @@ def test_a_client_breaking_its_own_keys_stops_nobody_else(
         lambda: brain.clients.misbehaving.get("mallory"), timeout=30, what="the attacker's mark"
     )
     assert cause in mark.shown()
-    assert brain.scheduler.presence.session("mallory") is None  # suspended: nothing is routed to it
+    # suspended: nothing is routed to it. The brain writes the mark, then ends the session
+    # (ClientWork.suspend: two writes), so the session may outlive the mark a moment.
+    wait_until(
+        lambda: brain.scheduler.presence.session("mallory") is None,
+        timeout=30,
+        what="the suspended attacker's session to end",
+    )
 
     runs = tmp_path / "sandbox" / "runs.txt"
     rec = brain.scheduler.submit(
