@@ -178,7 +178,15 @@ def test_a_client_breaking_its_own_keys_stops_nobody_else(
     # The operator sees who and why; the attacker's own ack tells it.
     shown = {c["client_id"]: c for c in vancetope(tmp_path, "clients", "--json")["clients"]}
     assert shown["laptop"]["misbehaving"] is None and shown["laptop"]["connected"]
-    assert cause in shown["mallory"]["misbehaving"] and not shown["mallory"]["connected"]
+    assert not shown["mallory"]["connected"]
+    if what.startswith("M1") and shown["mallory"]["misbehaving"] is None:
+        # Its keys were freed, so at the next measure (QUOTA_EVERY_S later) it was back under
+        # its quota and the brain lifted the mark; the victim's tree may outlast that. The brain
+        # log keeps what the operator needs: who, and why.
+        logged = (stack.settings.data_dir / "logs" / "brain.log").read_text()
+        assert "client 'mallory' keeps" in logged and "back under its quota" in logged, logged[-4000:]
+    else:
+        assert cause in shown["mallory"]["misbehaving"]
     ack = AnnouncementAck.model_validate_json(attacker.get(client_key("mallory", CLIENT_ACK)))
     assert not ack.accepted and "suspended by the brain" in ack.reason and cause in ack.reason
     if what.startswith("L"):  # `status --queues` still reads every queue, and names the broken one
