@@ -76,7 +76,7 @@ def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
             pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
             return (
                 task is not None
-                and task.state.is_queued
+                and task.state in QUEUED
                 and task.run_id is not None
                 and task.run_id in pool_log
             )
