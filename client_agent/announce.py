@@ -21,6 +21,7 @@ import redis
 
 from client_agent.channel import AgentChannel
 from client_agent.errors import AnnouncementTooLarge
+from client_agent.outage import BrokerOutage, is_outage
 from workers.contracts import (
     MAX_ANNOUNCED_TOOLS,
     MAX_ANNOUNCEMENT_BYTES,
@@ -109,8 +110,11 @@ class Announcer(threading.Thread):
         ack_timeout_s: float,
         backoff: Callable[[int], float] = retry_delay,
         on_refused: Callable[[redis.AuthenticationError], None] | None = None,
+        outage: BrokerOutage | None = None,
     ) -> None:
         super().__init__(name="vancetope-announcer", daemon=True)
+        # Says once what to do while the broker cannot be reached (shared with the heartbeat).
+        self.outage = outage
         # Called when the broker refuses the agent's credentials: retrying cannot help.
         self.on_refused = on_refused
         self.channel = channel
@@ -168,7 +172,11 @@ class Announcer(threading.Thread):
             self.on_refused(exc)
             return True  # nothing to retry: the agent is stopping
         except redis.RedisError as exc:
-            log.warning("announcing failed: cannot reach the broker (%s)", exc)
+            if self.outage is not None and is_outage(exc):
+                self.outage.lost(exc)
+                log.debug("announcing failed: cannot reach the broker (%s)", exc)
+            else:
+                log.warning("announcing failed: cannot reach the broker (%s)", exc)
             return False
         except Exception:
             # A dead announcer thread would leave the brain without this agent's tools for good.
@@ -217,8 +225,10 @@ class Heartbeat(threading.Thread):
         announcer: Announcer | None = None,
         on_refused: Callable[[redis.AuthenticationError], None] | None = None,
         on_beat: Callable[[], None] | None = None,
+        outage: BrokerOutage | None = None,
     ) -> None:
         super().__init__(name="vancetope-heartbeat", daemon=True)
+        self.outage = outage
         self.on_refused = on_refused
         # Called after each heartbeat the broker took (the agent records it for `status`).
         self.on_beat = on_beat
@@ -248,6 +258,8 @@ class Heartbeat(threading.Thread):
                 self._check_remembered()
                 if self.on_beat is not None:
                     self.on_beat()
+                if self.outage is not None:
+                    self.outage.restored()
                 if failing:
                     log.info("heartbeat restored")
                 failing = False
@@ -259,7 +271,9 @@ class Heartbeat(threading.Thread):
                     log.error("heartbeat refused: the broker refused this agent's credentials: %s", exc)
                 failing = True
             except Exception as exc:  # noqa: BLE001 - the heartbeat thread must outlive any one failure
-                if not failing:  # once per outage, not every two seconds
+                if self.outage is not None and is_outage(exc):
+                    self.outage.lost(exc)  # says what to do, once per outage
+                elif not failing:  # once per outage, not every two seconds
                     log.warning("heartbeat failed: %s (retrying every %gs)", exc, self.interval_s)
                 failing = True
             self.stop.wait(self.interval_s)

@@ -15,6 +15,7 @@ import redis
 from pydantic import BaseModel, ValidationError
 
 from client_agent.errors import BrokerUnavailable
+from client_agent.outage import BrokerOutage, is_outage
 from workers.contracts import CLIENT_ACK, CLIENT_HEARTBEAT, CLIENT_OUTBOX, AnnouncementAck, client_keyprefix
 
 log = logging.getLogger("vancetope.agent.channel")
@@ -34,10 +35,12 @@ def connect_redis(broker_url: str) -> redis.Redis:
 class AgentChannel:
     """Outbox, acknowledgement and heartbeat of one client, under its key prefix."""
 
-    def __init__(self, client: redis.Redis, client_id: str) -> None:
+    def __init__(self, client: redis.Redis, client_id: str, outage: BrokerOutage | None = None) -> None:
         self.client = client
         self.client_id = client_id
         self.prefix = client_keyprefix(client_id)
+        # While it says the broker cannot be reached, each retry here is not said again.
+        self.outage = outage
 
     def check_credentials(self) -> None:
         """One PING. The broker refusing the credentials is an answer, not an outage: raise
@@ -59,7 +62,13 @@ class AgentChannel:
                     raise BrokerUnavailable(
                         f"could not write to the outbox {self.key(CLIENT_OUTBOX)!r}: {exc}"
                     ) from exc
-                log.warning("writing to the outbox failed (%s); retrying in %gs", exc, delay)
+                quiet = self.outage is not None and self.outage.down and is_outage(exc)
+                log.log(
+                    logging.DEBUG if quiet else logging.WARNING,
+                    "writing to the outbox failed (%s); retrying in %gs",
+                    exc,
+                    delay,
+                )
                 time.sleep(delay)
 
     def announce(self, body: str) -> None:

@@ -4,7 +4,7 @@ settings, the one-line failure with its exit code, reaching a running stack.
 Exit codes (a contract for scripts, docs/output.md; docs/cli.md, "Exit codes"): 0 every task done; 1 the
 tree ended otherwise (failed, skipped or cancelled tasks); 2 bad input (file, tree, config,
 unknown id); 3 the stack or its store could not be reached or started; 4 the tree was still
-running at --timeout.
+running at --timeout; 130 `run` was stopped by Ctrl-C (SIGINT).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import redis
 from rich.console import Console
 from rich.markup import escape
 
-from brain.config import Settings, load_settings
+from brain.config import CONFIG_FILE, Settings, find_config, load_settings
 from brain.errors import (
     BrainError,
     ConfigError,
@@ -44,6 +44,8 @@ console = Console()
 err = Console(stderr=True)
 
 EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2, 3, 4
+# The shell's code for a process ended by SIGINT (128 + 2): `run` stopped by Ctrl-C.
+EXIT_INTERRUPTED = 130
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -67,6 +69,10 @@ def cli(
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if find_config() is None:
+        # Once per command, before anything runs: from the wrong folder, a run would otherwise
+        # start an empty stack in silence (every task "Tool unknown"; issue 22).
+        err.print(f"[yellow]no {CONFIG_FILE} here or above; using the defaults[/]", highlight=False)
     try:
         ctx.obj = load_settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
     except ConfigError as exc:
@@ -74,11 +80,14 @@ def cli(
 
 
 @contextlib.contextmanager
-def stack_for(settings: Settings, *, quiet: bool = False, no_agent: bool = False) -> Iterator[str]:
-    """Yield a Redis URL with a brain behind it: configured, running, or started here."""
+def stack_for(
+    settings: Settings, *, quiet: bool = False, no_agent: bool = False
+) -> Iterator[tuple[str, bool]]:
+    """Yield a Redis URL with a brain behind it: configured, running, or started here; and
+    whether it was started here (it stops when the block ends)."""
     url = settings.redis_url or running_stack_url(settings)
     if url:
-        yield url
+        yield url, False
         return
     if not quiet:
         err.print(
@@ -89,7 +98,7 @@ def stack_for(settings: Settings, *, quiet: bool = False, no_agent: bool = False
     stack = EmbeddedStack(settings, only=tuple(n for n in services if n != "beat"))
     try:
         stack.start()
-        yield stack.redis_url
+        yield stack.redis_url, True
     finally:
         stack.stop()
 

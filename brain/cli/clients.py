@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from brain.cli.base import (
     EXIT_BAD_INPUT,
+    EXIT_STACK,
     cli,
     console,
     err,
@@ -23,6 +24,7 @@ from brain.config import Settings
 from brain.core.report import clients_report
 from brain.hot.toolpins import ToolPins
 from brain.runtime.enrollment import enroll, revoke
+from brain.stack.embedded import running_stack_url
 from brain.stack.redis_server import write_private
 from brain.store import open_store
 
@@ -155,6 +157,14 @@ def users_token(settings: Settings, user: str, revoke: bool) -> None:
 
     if not user.strip() or len(user) > 128:
         fail("a user name is 1 to 128 characters", EXIT_BAD_INPUT)
+    if not revoke and not (settings.redis_url or running_stack_url(settings)):
+        # The store alone would take it, and the token every MCP client of USER holds would stop
+        # working with nobody told, against a stack that is not even there (issue 22).
+        fail(
+            f"no stack is running here, so no gateway token was issued (the one {user} has, if any, "
+            "still works): start one with `vancetope up` (or set VANCETOPE_REDIS_URL), then issue it",
+            EXIT_STACK,
+        )
     store = open_store(settings.store)
     try:
         if revoke:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -44,6 +43,7 @@ from brain.stack.embedded import (
     without_agent,
 )
 from brain.stack.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
+from brain.stack.redis_server import port_free
 from brain.stack.supervisor import GaveUp, Supervisor
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, submit_queue_of
@@ -114,8 +114,7 @@ def up(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     # Ctrl-C stops the stack even when `up` was started in the background of a script: the
-    # shell then hands it SIGINT ignored, the stack's redis-server still stops on it, and
-    # the supervisor would restart it forever instead of stopping.
+    # shell then hands it SIGINT ignored, and the stack would not stop on it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.start()
@@ -131,6 +130,14 @@ def up(
             "Connect a client agent: `vancetope clients enroll ID --user U` prints its broker URL.",
             soft_wrap=True,
         )
+        if any(s.name == "beat" for s in stack.services):
+            names = [s.name for s in settings.schedules if s.enabled]
+            console.print(
+                escape(f"beat: fires {len(names)} schedule(s) ({', '.join(names)}); "
+                       "`vancetope schedules` shows when"),
+                highlight=False,
+                soft_wrap=True,
+            )  # fmt: skip
         Supervisor(
             stack, say=lambda line: err.print(f"[yellow]{escape(line)}[/]", highlight=False, soft_wrap=True)
         ).run(stop)
@@ -177,7 +184,7 @@ def _flower_access(settings: Settings, address: str) -> FlowerAccess:
 
 def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None:
     address = access.address
-    if not _port_free(port, address):
+    if not port_free(port, address):
         err.print(
             f"[yellow]flower not started: {address}:{port} is already in use (another Flower or "
             "program) or not an address of this machine; pick a free port with --flower-port. "
@@ -194,7 +201,7 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
 
 def _start_gateway(stack: EmbeddedStack, port: int) -> None:
     host = stack.settings.gateway_host
-    if not _port_free(port):
+    if not port_free(port):
         err.print(
             f"[yellow]MCP gateway not started: 127.0.0.1:{port} is already in use; pick a free port with "
             "--gateway-port (or --no-gateway). The rest of the stack runs.[/]",
@@ -203,11 +210,11 @@ def _start_gateway(stack: EmbeddedStack, port: int) -> None:
         return
     service = stack.start_gateway(port)
     deadline = time.monotonic() + GATEWAY_READY_S
-    while _port_free(port) and time.monotonic() < deadline:
+    while port_free(port) and time.monotonic() < deadline:
         if service.process is not None and service.process.poll() is not None:
             break
         time.sleep(0.1)
-    if _port_free(port):
+    if port_free(port):
         err.print(
             f"[yellow]MCP gateway not serving yet on {host}:{port}; see {service.log_path}. "
             "The rest of the stack runs.[/]",
@@ -217,16 +224,6 @@ def _start_gateway(stack: EmbeddedStack, port: int) -> None:
     console.print(
         f"MCP gateway: http://{host}:{port}/mcp (a token: `vancetope users token U`)", highlight=False
     )
-
-
-def _port_free(port: int, address: str = "127.0.0.1") -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind((address, port))
-        except OSError:
-            return False
-    return True
 
 
 @cli.command()
@@ -333,9 +330,18 @@ def worker(settings: Settings, pool: str) -> None:
 
 
 @cli.command()
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    help="Serve on this port (default: the gateway_port setting, 8765).",
+)
+@click.option("--host", metavar="HOST", help="Serve on this address (default: the gateway_host setting, 127.0.0.1).")
 @click.pass_obj
-def gateway(settings: Settings) -> None:
+def gateway(settings: Settings, port: int | None, host: str | None) -> None:
     """Run the MCP gateway (/mcp on gateway_host:gateway_port) against VANCETOPE_REDIS_URL."""
+    settings = settings.model_copy(
+        update={k: v for k, v in (("gateway_port", port), ("gateway_host", host)) if v is not None}
+    )
     if not settings.redis_url:
         fail(
             "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the gateway alone; "

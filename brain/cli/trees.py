@@ -19,6 +19,7 @@ from rich.text import Text
 
 from brain.cli.base import (
     EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_STACK,
     EXIT_TIMED_OUT,
@@ -116,8 +117,9 @@ def run(
     )
     run_user = user or settings.user
     stack_url = settings.redis_url or ""
+    stopped: list[str] = []  # what Ctrl-C did, in one line, once the watch ended
     try:
-        with stack_for(settings, no_agent=no_agent) as url:
+        with stack_for(settings, no_agent=no_agent) as (url, own_stack):
             stack_url = url
             brain = Brain.connect(settings, url)
             try:
@@ -141,21 +143,64 @@ def run(
                         highlight=False,
                     )
                 record = accepted.record
-                if as_json:
-                    status = watch(brain, record.tree_id, timeout, err, err, show_table=False)
-                    tasks = brain.store.get_tasks(record.tree_id)
-                    final = brain.store.get_tree(record.tree_id) or record
-                    click.echo(json.dumps(_tree_json(brain.store, final, tasks), indent=2))
-                else:
-                    status = watch(brain, record.tree_id, timeout, console, err)
+
+                def interrupted(tree_id: str = record.tree_id) -> None:
+                    stopped.append(_interrupt(brain, tree_id, own_stack))
+
+                try:
+                    if as_json:
+                        status = watch(
+                            brain,
+                            record.tree_id,
+                            timeout,
+                            err,
+                            err,
+                            show_table=False,
+                            on_interrupt=interrupted,
+                        )
+                        tasks = brain.store.get_tasks(record.tree_id)
+                        final = brain.store.get_tree(record.tree_id) or record
+                        click.echo(json.dumps(_tree_json(brain.store, final, tasks), indent=2))
+                    else:
+                        status = watch(brain, record.tree_id, timeout, console, err, on_interrupt=interrupted)
+                except KeyboardInterrupt:
+                    # Submitted, but the watch had not begun (or had ended): the same answer.
+                    if not stopped:
+                        interrupted()
+                    status = None
             finally:
                 brain.close()
+    except KeyboardInterrupt:
+        # Before the tree was submitted (the stack was starting): nothing runs, nothing to cancel.
+        err.print("[yellow]interrupted (Ctrl-C) before the tree was submitted; nothing runs[/]")
+        sys.exit(EXIT_INTERRUPTED)
     except (StackNotRunning, StackAlreadyRunning) as exc:
         fail(str(exc), EXIT_STACK)
     except redis.RedisError as exc:
         # Redis failed outside the watcher's retries (e.g. while submitting): say so in one line.
         fail(str(unreachable(stack_url, exc)), EXIT_STACK)
+    if stopped:
+        err.print(f"[yellow]{escape(stopped[0])}[/]", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INTERRUPTED)
     sys.exit(run_exit_code(status))
+
+
+# What a task cancelled because its `run` was stopped records (issue 22): not "by user", since
+# nobody asked for that tree to end but for the run's own stack to stop.
+INTERRUPTED_REASON = "interrupted: vancetope run was stopped (Ctrl-C)"
+
+
+def _interrupt(brain: Brain, tree_id: str, own_stack: bool) -> str:
+    """Ctrl-C on `run`: a stack that stays up goes on with the tree; a stack this run started
+    is about to stop, so the tree's unfinished work is cancelled (recorded as interrupted)
+    rather than left ``running`` with nothing behind it. The line that says which."""
+    if not own_stack:
+        return f"stopped watching (Ctrl-C); the tree goes on: vancetope status {tree_id}"
+    cancelled = brain.sweeps.cancel(tree_id, reason=INTERRUPTED_REASON)
+    return (
+        f"interrupted (Ctrl-C): tree {tree_id} stopped with the stack this run started; "
+        f"{len(cancelled)} unfinished task(s) cancelled: vancetope status {tree_id}"
+    )
 
 
 def run_exit_code(status: TreeStatus | None) -> int:
@@ -347,7 +392,9 @@ def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
 
 @cli.command()
 @click.argument("tree_id", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table."
+)
 @click.option(
     "--queues",
     "queues_only",

@@ -107,9 +107,12 @@ def watch(
     err: Console,
     clock: Callable[[], float] = time.monotonic,
     show_table: bool = True,
+    on_interrupt: Callable[[], None] | None = None,
 ) -> TreeStatus | None:
     """Redraw until the tree ends (its status) or ``timeout`` passes (None); then print every
-    task (unless ``show_table`` is off: the caller prints its own report)."""
+    task (unless ``show_table`` is off: the caller prints its own report). Ctrl-C ends the
+    watch too: ``on_interrupt`` is called then, before the last read (the caller says what
+    happens to the tree); without one the watcher says the tree goes on."""
     link = _RedisLink(brain, tree_id, clock)
     deadline = clock() + timeout if timeout else None
     try:
@@ -131,7 +134,10 @@ def watch(
                     break
                 link.wait()
     except KeyboardInterrupt:
-        err.print(f"[yellow]stopped watching; the tree goes on: `vancetope status {tree_id}`[/]")
+        if on_interrupt is not None:
+            on_interrupt()
+        else:
+            err.print(f"[yellow]stopped watching; the tree goes on: `vancetope status {tree_id}`[/]")
     except StackNotRunning as exc:
         # Given up on Redis: say which tree, and that it is not lost.
         raise StackNotRunning(

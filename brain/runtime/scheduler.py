@@ -70,6 +70,9 @@ TREE_CACHE = 256
 DISPATCH_CHUNK = 200
 # Run ids per SADD when a tree is cancelled: one round trip each, no multi-megabyte command.
 _CANCEL_CHUNK = 10_000
+# The reason a cancelled task records unless its canceller gives another (`vancetope run`
+# stopped by Ctrl-C records that instead).
+CANCELLED_BY_USER = "cancelled by user"
 # Dependencies asked about per lookup when a result may have made a task ready.
 _DEPENDENCY_PROBE = 32
 
@@ -653,6 +656,7 @@ class Scheduler:
         tree_id: str,
         task_id: str | None = None,
         on_unreadable: Callable[[ClientKeyUnreadable], None] | None = None,
+        reason: str = CANCELLED_BY_USER,
     ) -> list[str]:
         """Cancel a tree's unfinished tasks (or only ``task_id``): one store call ends them all
         ``skipped``, one Redis call per client (and one for the server) adds their runs to the
@@ -666,7 +670,7 @@ class Scheduler:
             tree_id,
             from_states=NOT_FINAL,
             state=TaskState.SKIPPED,
-            reason="cancelled by user",
+            reason=reason,
             finished_at=now,
             task_id=task_id,
         )

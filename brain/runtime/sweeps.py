@@ -84,6 +84,7 @@ class SweepScheduling(Protocol):
         tree_id: str,
         task_id: str | None = None,
         on_unreadable: Callable[[ClientKeyUnreadable], None] | None = None,
+        reason: str = ...,
     ) -> list[str]: ...
 
     def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None: ...
@@ -385,8 +386,13 @@ class Sweeps:
         cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
         self._guarded(f"suspending client {exc.client_id!r}", self.clients.suspend, exc.client_id, cause)
 
-    def cancel(self, tree_id: str, task_id: str | None = None) -> list[str]:
-        """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled);
-        runs in flight are added to the cancelled set their worker checks before starting,
-        which an offline client reads when it comes back."""
-        return self.scheduler.cancel_tasks(tree_id, task_id, on_unreadable=self._suspend_unreadable)
+    def cancel(self, tree_id: str, task_id: str | None = None, reason: str | None = None) -> list[str]:
+        """Cancel a whole tree or one task: every unfinished task becomes ``skipped`` (cancelled,
+        by default "cancelled by user", else ``reason``); runs in flight are added to the
+        cancelled set their worker checks before starting, which an offline client reads when
+        it comes back."""
+        if reason is None:
+            return self.scheduler.cancel_tasks(tree_id, task_id, on_unreadable=self._suspend_unreadable)
+        return self.scheduler.cancel_tasks(
+            tree_id, task_id, on_unreadable=self._suspend_unreadable, reason=reason
+        )

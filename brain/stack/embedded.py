@@ -34,7 +34,14 @@ from brain.hot.state import HotState
 from brain.runtime.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.stack.children import dies_with_this_process
 from brain.stack.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
-from brain.stack.redis_server import ADMIN_SECRET_FILE, RedisServer, admin_url, redis_limits
+from brain.stack.redis_server import (
+    ADMIN_SECRET_FILE,
+    RedisServer,
+    admin_url,
+    kept_port,
+    port_free,
+    redis_limits,
+)
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
 
@@ -218,7 +225,8 @@ class EmbeddedStack:
         data.chmod(0o700)  # the store, logs and the admin secret: owner only
         self._lock_fd = lock_data_dir(self.settings)
         limits = redis_limits(self.settings.redis_maxmemory, self.settings.max_result_bytes)
-        self.redis = RedisServer(data / REDIS_DIR, limits=limits).start()
+        port = redis_port(self.settings)
+        self.redis = RedisServer(data / REDIS_DIR, port=port, limits=limits).start()
         hot = HotState.from_url(self.redis.url)
         hot.r.delete(key_registry(), key_pool_registry())  # a stale snapshot is not readiness
         if self.settings.agent_config:
@@ -456,6 +464,22 @@ def lock_data_dir(settings: Settings) -> int:
             "VANCETOPE_DATA_DIR"
         ) from None
     return fd
+
+
+def redis_port(settings: Settings) -> int:
+    """The embedded Redis's port: kept across restarts (``kept_port``), and refused, naming it,
+    when something else listens there: enrolled clients' URLs name that port, so starting on
+    another one would strand them all without a word."""
+    port, kept_in = kept_port(settings.data_dir / REDIS_DIR, settings.redis_port)
+    if not port_free(port):
+        where = "the redis_port setting" if settings.redis_port is not None else str(kept_in)
+        raise StackNotRunning(
+            f"the embedded Redis's port 127.0.0.1:{port} (from {where}) is in use by another program: "
+            "stop that program, or set redis_port (VANCETOPE_REDIS_PORT) to a free port and enroll "
+            "the clients again (`vancetope clients enroll ID --user U --output FILE`); the port is kept "
+            "so that enrolled clients' broker URLs stay valid"
+        )
+    return port
 
 
 def running_stack_url(settings: Settings) -> str | None:

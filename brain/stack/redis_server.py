@@ -140,6 +140,63 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_free(port: int, address: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``address:port`` now. Bound as servers bind (redis-server,
+    uvicorn, Flower's tornado): with SO_REUSEADDR, so a port whose last connections linger in
+    TIME_WAIT after a stack stopped is free, as it is for them (issue 22)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+# The embedded Redis's port, chosen once and kept here (in its folder of the data dir): every
+# enrolled client's broker URL names it, so a restart must not move it (issue 22).
+PORT_FILE = "port"
+# Where a first start looks for a port: below the ephemeral range of Linux (32768-60999) and
+# macOS (49152-65535), so an outgoing connection does not hold it when the stack starts again.
+CHOSEN_PORTS = range(20000, 32768)
+
+
+def choose_port(tries: int = 50) -> int:
+    """A free port for a new stack's Redis (one the kernel picks if none of ``tries`` is free)."""
+    rng = secrets.SystemRandom()
+    for _ in range(tries):
+        port = rng.choice(CHOSEN_PORTS)
+        if port_free(port):
+            return port
+    return free_port()
+
+
+def kept_port(redis_dir: Path, configured: int | None = None) -> tuple[int, Path]:
+    """The port the stack's Redis listens on, and the file that keeps it: ``configured`` (the
+    ``redis_port`` setting) if given, else the kept one, else a new one. Either way it is kept,
+    so the stack stays where its clients were enrolled when the setting goes away."""
+    path = redis_dir / PORT_FILE
+    port = configured
+    if port is None:
+        try:
+            port = int(path.read_text().strip())
+        except FileNotFoundError:
+            port = None
+        except ValueError as exc:
+            raise RedisServerError(
+                f"{path} should hold the embedded Redis's port (a number), not {path.read_text()[:40]!r}: "
+                "write the port the clients were enrolled with, or delete it to choose a new one "
+                "(and enroll the clients again)"
+            ) from exc
+    if port is None:
+        port = choose_port()
+    redis_dir.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text().strip() != str(port):
+        write_private(path, f"{port}\n")
+    return port, path
+
+
 @dataclass
 class RedisServer:
     """A running redis-server child process. ``stop()`` shuts it down (saving nothing extra)."""
@@ -206,8 +263,13 @@ class RedisServer:
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
         ]
+        # A session of its own, as the stack's other services: a Ctrl-C in the terminal reaches
+        # the parent only, which may still need Redis (`run` cancels its tree) before it stops it.
         self.process = subprocess.Popen(
-            dies_with_this_process(args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            dies_with_this_process(args),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         self._wait_ready(timeout)
         return self

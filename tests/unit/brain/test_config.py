@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from brain.config import load_settings
+from brain.config import find_config, load_settings
 from brain.errors import ConfigError
 
 
@@ -105,3 +105,34 @@ def test_an_unknown_key_in_the_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "vancetope.toml").write_text("[vancetope]\ncolour = 1\n")
     with pytest.raises(ConfigError, match="colour: Extra inputs are not permitted"):
         load_settings(env={}, cwd=tmp_path)
+
+
+def test_a_vancetope_toml_in_a_parent_folder_is_found_with_its_paths_and_data_dir_beside_it(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "vancetope.toml").write_text('[vancetope]\nregistry = "tools/registry.yaml"\nuser = "ada"\n')
+    below = tmp_path / "trees" / "nightly"
+    below.mkdir(parents=True)
+    settings = load_settings(env={}, cwd=below)
+    assert find_config(below) == tmp_path / "vancetope.toml"
+    assert settings.user == "ada"
+    assert settings.registry == tmp_path / "tools" / "registry.yaml"  # relative to the file, not to cwd
+    assert settings.data_dir == tmp_path / ".vancetope"  # the project's stack, not a new one down here
+    assert load_settings(env={}, cwd=tmp_path).data_dir == Path(".vancetope")  # in its folder: as before
+
+
+def test_the_nearest_vancetope_toml_wins_and_none_means_the_defaults(tmp_path: Path) -> None:
+    (tmp_path / "vancetope.toml").write_text('[vancetope]\nuser = "outer"\n')
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    (inner / "vancetope.toml").write_text('[vancetope]\nuser = "inner"\n')
+    assert load_settings(env={}, cwd=inner / ".").user == "inner"
+    lonely = Path("/proc/self")  # nothing above it holds a vancetope.toml
+    assert find_config(lonely) is None and load_settings(env={}, cwd=lonely).user is None
+
+
+def test_redis_port_comes_from_the_environment_and_must_be_a_port(tmp_path: Path) -> None:
+    assert load_settings(env={"VANCETOPE_REDIS_PORT": "6390"}, cwd=tmp_path).redis_port == 6390
+    assert load_settings(env={}, cwd=tmp_path).redis_port is None
+    with pytest.raises(ConfigError, match="redis_port"):
+        load_settings(env={"VANCETOPE_REDIS_PORT": "70000"}, cwd=tmp_path)
