@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from brain.core.transitions import QUEUED
 from brain.stack.redis_server import free_port
 from tests.conftest import EXAMPLES, ROOT, wait_until
 from tests.integration.test_cli import vancetope
