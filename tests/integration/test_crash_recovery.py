@@ -88,7 +88,7 @@ def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
     stack.start_service("server-pool")
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)
-    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+    assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
     assert all(t.state is TaskState.DONE and t.result is not None for t in tasks)
 
 
@@ -125,7 +125,7 @@ def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_onl
     stack.start_service("server-pool-gpu")
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)
-    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+    assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
     assert all(t.worker.startswith("server-gpu@") and t.route == "server:gpu" for t in tasks)
 
 
@@ -207,7 +207,7 @@ def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
     stack.restart_redis()  # same port, same AOF: what `vancetope up` does
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
     tasks = brain.store.get_tasks(rec.tree_id)
-    assert done.status is TreeStatus.DONE, {t.task_id: t.state.value for t in tasks}
+    assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
 
 
 # --- the fault suite: one victim per run, killed at a random moment of a mixed tree -------
