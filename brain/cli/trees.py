@@ -66,13 +66,21 @@ STDERR_LINES_SHOWN = 12
 
 @cli.command()
 @click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--client", "client_id", help="Interactive session bound to this client agent.")
+@click.option(
+    "--client",
+    "client_id",
+    help="Bind the tree to this client agent: its client tasks run there only (parked while it is "
+    "offline), as its enrolled user. Without it, any connected client of --user may run them.",
+)
 @click.option(
     "--autonomous/--interactive",
     default=None,
     help="Session kind (default: interactive with --client, else autonomous).",
 )
-@click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
+@click.option(
+    "--user",
+    help="Whose clients may run client tools (default: --client's user, else `user` in vancetope.toml).",
+)
 @click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
 @click.option(
     "--timeout",
@@ -122,7 +130,8 @@ def run(
             brain = Brain.connect(settings, url)
             try:
                 if client_id is not None:
-                    _check_enrolled(brain, client_id)
+                    # Bound to a client: its work runs there only, as its enrolled user.
+                    run_user = user or _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
                 request = SubmitRequest(
                     tree=tree, source=str(tree_file), session=session, client_id=client_id, user=run_user
@@ -172,15 +181,18 @@ def _check_client_id(client_id: str) -> None:
         fail(f"--client: {exc}", EXIT_BAD_INPUT)
 
 
-def _check_enrolled(brain: Brain, client_id: str) -> None:
-    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent."""
-    if brain.scheduler.presence.enrollment(client_id) is None:
+def _check_enrolled(brain: Brain, client_id: str) -> str:
+    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent.
+    The client's user."""
+    enrollment = brain.scheduler.presence.enrollment(client_id)
+    if enrollment is None:
         fail(
             f"--client: client {client_id!r} is not enrolled, so no session can be bound to it; "
             f"`vancetope clients` lists the enrolled ones, `vancetope clients enroll {client_id} --user U` "
             "enrolls it",
             EXIT_BAD_INPUT,
         )
+    return enrollment.user
 
 
 def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
