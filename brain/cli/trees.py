@@ -43,7 +43,7 @@ from brain.core.submission import SubmitRequest, check_submission
 from brain.core.summary import render_markdown
 from brain.core.toolnames import clash_lines
 from brain.core.treefile import load_tree
-from brain.core.validation import check_tree
+from brain.core.validation import tree_problems, unknown_tools
 from brain.errors import (
     InvalidFile,
     InvalidRegistry,
@@ -113,8 +113,10 @@ def run(
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
     tree = _load_tree_or_exit(tree_file, settings)
-    # Before anything starts: a tree that cannot run must not cost a stack start-up.
-    _check_before_start(tree, settings, tree_file)
+    if not (settings.redis_url or running_stack_url(settings)):
+        # Before anything starts: a tree that cannot run must not cost a stack start-up. (A
+        # running stack's brain checks it whole, with who is connected, before submitting.)
+        _check_before_start(tree, settings, tree_file, no_agent=no_agent)
     if client_id is not None:
         _check_client_id(client_id)
     session = (
@@ -202,16 +204,28 @@ def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
         fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
+def _check_before_start(tree: TaskTree, settings: Settings, path: Path, *, no_agent: bool = False) -> None:
     """Refuse a tree that is invalid against what is known without starting anything: the
-    built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
+    built-ins and the registry file (MCP tools are checked once the brain has listed them).
+    A refusal names every problem: the MCP servers are then asked for their tools too, so an
+    argument error of an MCP tool is not left for the next try; and, when no client can
+    connect to the stack this run starts (no agent), every tool nothing declares."""
     try:
         declared = build_registry(settings, discover=False)
         # Pools are checked once the brain answers: a running stack may know pools this
         # directory's config does not.
-        check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
+        problems = tree_problems(tree, declared.tools, source=str(path), engines=declared.engines)
+        if not problems:
+            return
+        if settings.mcp_config and any(t not in declared.tools for spec in tree.tasks for t in spec.toolset):
+            declared = build_registry(settings)
+            problems = tree_problems(tree, declared.tools, source=str(path), engines=declared.engines)
+        if no_agent or not settings.agent_config:
+            known = declared.tools.keys() | declared.clashes.keys()
+            problems += unknown_tools(tree, known, names=known)
     except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
         fail(str(exc), EXIT_BAD_INPUT)
+    fail(str(InvalidTaskTree(str(path), problems)), EXIT_BAD_INPUT)
 
 
 def _validate_or_exit(
