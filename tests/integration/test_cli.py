@@ -186,6 +186,55 @@ def test_against_a_running_stack_run_binds_to_its_client_and_refuses_a_typo_befo
     assert rows["laptop2"].split("│")[6].strip() == "1", rows
     assert rows["laptop"].split("│")[6].strip() == "", rows  # nothing of it waits for laptop
 
+    # explain answers with who is connected (issue 22 item 5): the routes run would take now.
+    said = vancetope("explain", str(hello), "--user", "ada", data=data, timeout=60)
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert re.search(r"read .*client:laptop", said.stdout), said.stdout
+    assert "no client connected" not in said.stdout
+    assert "clients connected: laptop (ada)" in " ".join(said.stdout.split())
+    bound = vancetope("explain", str(hello), "--client", "laptop2", data=data, timeout=60)
+    assert re.search(r"read .*blocked", bound.stdout), bound.stdout
+
+
+def test_explain_fails_a_tool_whose_mcp_server_is_missing_and_resolves_the_vault_with_registry(
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 5: a registry tool naming a missing MCP server was "valid" (exit 0) and
+    then failed in `run`; with --registry a vault-using server was reported failed ("this
+    process has no vault")."""
+    from tests.conftest import demo_server, write_mcp_config
+
+    data = tmp_path / "data"
+    stored = subprocess.run(
+        [sys.executable, "-m", "brain", "secrets", "set", "DEMO_SECRET"],
+        check=False,
+        cwd=ROOT,
+        input="s3cret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
+    )
+    assert stored.returncode == 0, stored.stderr
+    server = {**demo_server(), "env": {"DEMO_TOKEN": "${vault:DEMO_SECRET}"}}
+    config = write_mcp_config(tmp_path / "mcp.json", {"vaulted": server})
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("tools:\n  - {name: jira_search, location: server, mcp_server: jira}\n")
+    tree_file = tmp_path / "t.yaml"
+    tree_file.write_text(
+        "id: t\ntasks:\n  - {id: j, tool: jira_search}\n  - {id: add, tool: vaulted/add, args: {a: 1, b: 2}}\n"
+    )
+    proc = vancetope(
+        "--registry", str(registry), "--mcp-config", str(config), "explain", str(tree_file), data=data
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, said
+    assert "no vault" not in said and "failed to start" not in said, said
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 4}
+    assert "server" in rows["add"]
+    assert "fail" in rows["j"] and "will fail" in said
+    assert "tool 'jira_search' names MCP server 'jira', which is not in the brain's mcpServers" in said
+
 
 def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Path) -> None:
     proc = vancetope("explain", str(EXAMPLES / "night-batch.yaml"), data=tmp_path / "data")
