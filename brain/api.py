@@ -197,20 +197,26 @@ class Vancetope:
     ) -> TreeRun:
         """Validate and submit ``tree``; returns at once with a handle.
 
-        Sessions as in `vancetope run`: interactive when bound to ``client_id`` (unless
-        ``interactive=False``), else autonomous for ``user`` (default: the settings' user).
+        Sessions as in `vancetope run`: bound to ``client_id``, the tree's client tasks run on
+        that client only (parked while it is offline; its enrolled user is the default
+        ``user``), interactive unless ``interactive=False``; else autonomous for ``user``
+        (default: the settings' user), on any connected client of that user. An invalid tree
+        (every problem named, unknown tools with a "did you mean") raises ``InvalidTaskTree``.
         ``tree_id`` names the run (default: ``<tree id>-<time>-<random>``); a known one is a
         ``StoreError``.
         """
         scheduler = self.brain.scheduler
         parsed = self._parse(tree)
+        bound_user = None  # bound to a client: as its enrolled user (its work runs on it only)
         if client_id is not None:
             client_queue(client_id)  # a malformed id is a ValueError naming it
-            if scheduler.presence.enrollment(client_id) is None:
+            enrollment = scheduler.presence.enrollment(client_id)
+            if enrollment is None:
                 raise BrainError(
                     f"client {client_id!r} is not enrolled, so no session can be bound to it; "
                     f"`vancetope clients enroll {client_id} --user U` enrolls it"
                 )
+            bound_user = enrollment.user
         session = (
             SessionKind.INTERACTIVE
             if (interactive or (interactive is None and client_id))
@@ -222,7 +228,7 @@ class Vancetope:
             tree_id=tree_id,
             session=session,
             client_id=client_id,
-            user=user or self.brain.settings.user,
+            user=user or bound_user or self.brain.settings.user,
         )
         accepted = scheduler.accept(request)
         for warning in accepted.warnings:

@@ -147,7 +147,9 @@ def clients_table(
         held = sorted(t.name for t in getattr(session, "held_tools", ())) if session else []
         if held:  # brain.hot.toolpins: changed definitions, not routed to
             tools += f" (changed, held until `vancetope clients approve-tools {cid}`: {', '.join(held)})"
-        wait = waiting.get(f"client:{cid}", 0) + waiting.get(f"user:{enrollment.user}", 0)
+        wait = _waiting_for(
+            waiting.get(f"client:{cid}", 0), waiting.get(f"user:{enrollment.user}", 0), enrollment.user
+        )
         if cid in marks:
             state = Text(f"misbehaving: {marks[cid].shown()}", style="bold red")
         else:
@@ -158,9 +160,18 @@ def clients_table(
             state,
             Text(session.client_type.value if session else ""),
             Text(tools),
-            Text(str(wait) if wait else ""),
+            Text(wait),
         )
     return table
+
+
+def _waiting_for(own: int, users: int, user: str) -> str:
+    """Parked work this client could take: bound to it by name, and for any client of its user
+    (an unbound tree's, which any of the user's clients may take)."""
+    parts = [str(own)] if own else []
+    if users:
+        parts.append(f"{users} for any client of user {user}")
+    return " + ".join(parts)
 
 
 def queues_table(report: QueuesReport) -> Table:
@@ -195,7 +206,7 @@ def queues_table(report: QueuesReport) -> Table:
         table.add_row(
             "user",
             Text(u.user),
-            "(parked)",
+            Text(f"(parked: any client of user {u.user})"),
             Text(str(u.parked)),
             _consumers(u.nobody_consuming, u.connected_clients),
         )

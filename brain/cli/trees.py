@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,14 @@ from brain.config import Settings
 from brain.core.limits import TreeRefused
 from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.core.report import tree_report, trees_report
-from brain.core.routing import Presence, Route, RouteKind, RouteRequest, decide_route
+from brain.core.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
+from brain.core.sessions import ClientSession
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import SubmitRequest, check_submission
 from brain.core.summary import render_markdown
 from brain.core.toolnames import clash_lines
 from brain.core.treefile import load_tree
-from brain.core.validation import check_tree
+from brain.core.validation import tree_problems, unknown_tools
 from brain.errors import (
     InvalidFile,
     InvalidRegistry,
@@ -54,6 +56,7 @@ from brain.errors import (
 )
 from brain.hot.boundary import unreachable
 from brain.hot.queues import QueuesReport, queues_report
+from brain.runtime import vault
 from brain.runtime.registry import build_registry
 from brain.runtime.service import Brain
 from brain.stack.embedded import (
@@ -67,13 +70,21 @@ STDERR_LINES_SHOWN = 12
 
 @cli.command()
 @click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("--client", "client_id", help="Interactive session bound to this client agent.")
+@click.option(
+    "--client",
+    "client_id",
+    help="Bind the tree to this client agent: its client tasks run there only (parked while it is "
+    "offline), as its enrolled user. Without it, any connected client of --user may run them.",
+)
 @click.option(
     "--autonomous/--interactive",
     default=None,
     help="Session kind (default: interactive with --client, else autonomous).",
 )
-@click.option("--user", help="Whose clients may run client tools (default: `user` in vancetope.toml).")
+@click.option(
+    "--user",
+    help="Whose clients may run client tools (default: --client's user, else `user` in vancetope.toml).",
+)
 @click.option("--no-agent", is_flag=True, help="Start the embedded stack without its local client agent.")
 @click.option(
     "--timeout",
@@ -106,8 +117,10 @@ def run(
     pending_client and run when it connects. Exits 0 only if every task is done.
     """
     tree = _load_tree_or_exit(tree_file, settings)
-    # Before anything starts: a tree that cannot run must not cost a stack start-up.
-    _check_before_start(tree, settings, tree_file)
+    if not (settings.redis_url or running_stack_url(settings)):
+        # Before anything starts: a tree that cannot run must not cost a stack start-up. (A
+        # running stack's brain checks it whole, with who is connected, before submitting.)
+        _check_before_start(tree, settings, tree_file, no_agent=no_agent)
     if client_id is not None:
         _check_client_id(client_id)
     session = (
@@ -124,7 +137,8 @@ def run(
             brain = Brain.connect(settings, url)
             try:
                 if client_id is not None:
-                    _check_enrolled(brain, client_id)
+                    # Bound to a client: its work runs there only, as its enrolled user.
+                    run_user = user or _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
                 request = SubmitRequest(
                     tree=tree, source=str(tree_file), session=session, client_id=client_id, user=run_user
@@ -217,15 +231,18 @@ def _check_client_id(client_id: str) -> None:
         fail(f"--client: {exc}", EXIT_BAD_INPUT)
 
 
-def _check_enrolled(brain: Brain, client_id: str) -> None:
-    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent."""
-    if brain.scheduler.presence.enrollment(client_id) is None:
+def _check_enrolled(brain: Brain, client_id: str) -> str:
+    """Enrollments are asked for once the stack is up: the embedded stack enrolls its own agent.
+    The client's user."""
+    enrollment = brain.scheduler.presence.enrollment(client_id)
+    if enrollment is None:
         fail(
             f"--client: client {client_id!r} is not enrolled, so no session can be bound to it; "
             f"`vancetope clients` lists the enrolled ones, `vancetope clients enroll {client_id} --user U` "
             "enrolls it",
             EXIT_BAD_INPUT,
         )
+    return enrollment.user
 
 
 def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
@@ -235,16 +252,28 @@ def _load_tree_or_exit(path: Path, settings: Settings) -> TaskTree:
         fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _check_before_start(tree: TaskTree, settings: Settings, path: Path) -> None:
+def _check_before_start(tree: TaskTree, settings: Settings, path: Path, *, no_agent: bool = False) -> None:
     """Refuse a tree that is invalid against what is known without starting anything: the
-    built-ins and the registry file (MCP tools are checked once the brain has listed them)."""
+    built-ins and the registry file (MCP tools are checked once the brain has listed them).
+    A refusal names every problem: the MCP servers are then asked for their tools too, so an
+    argument error of an MCP tool is not left for the next try; and, when no client can
+    connect to the stack this run starts (no agent), every tool nothing declares."""
     try:
         declared = build_registry(settings, discover=False)
         # Pools are checked once the brain answers: a running stack may know pools this
         # directory's config does not.
-        check_tree(tree, declared.tools, source=str(path), engines=declared.engines)
+        problems = tree_problems(tree, declared.tools, source=str(path), engines=declared.engines)
+        if not problems:
+            return
+        if settings.mcp_config and any(t not in declared.tools for spec in tree.tasks for t in spec.toolset):
+            declared = build_registry(settings)
+            problems = tree_problems(tree, declared.tools, source=str(path), engines=declared.engines)
+        if no_agent or not settings.agent_config:
+            known = declared.tools.keys() | declared.clashes.keys()
+            problems += unknown_tools(tree, known, names=known)
     except (InvalidRegistry, InvalidFile, InvalidTaskTree) as exc:
         fail(str(exc), EXIT_BAD_INPUT)
+    fail(str(InvalidTaskTree(str(path), problems)), EXIT_BAD_INPUT)
 
 
 def _validate_or_exit(
@@ -270,28 +299,46 @@ def _failed_servers(registry: RegistrySnapshot) -> str:
     return f" (MCP server(s) {names} failed to start, so their tools are missing)"
 
 
-def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple[TaskSpec, Route]]:
-    """Each task's route in an autonomous session with no client connected (what explain shows)."""
+def _routes(
+    tree: TaskTree,
+    registry: RegistrySnapshot,
+    session: SessionKind = SessionKind.AUTONOMOUS,
+    presence: Presence | None = None,
+) -> list[tuple[TaskSpec, Route]]:
+    """Each task's route in ``session`` as ``presence`` stands (default: no client connected),
+    one view for the whole tree as the scheduler routes ready tasks. A server route of a tool
+    whose MCP server the brain lacks is the failure a run meets (``RegistrySnapshot.unserved``)."""
     engine = registry.engines.get(tree.engine) if tree.engine else None
-    return [
-        (
-            spec,
-            decide_route(
-                RouteRequest(
-                    tool=spec.tool,
-                    execution_target=spec.execution_target,
-                    session=SessionKind.AUTONOMOUS,
-                    engine=engine,
-                    pool=spec.pool,
-                    tree_pool=tree.pool,
-                    pools=frozenset(registry.pools),
-                ),
-                registry.tools,
-                Presence(),
+    view = presence or Presence()
+    routes = []
+    for spec in tree.tasks:
+        route = decide_route(
+            RouteRequest(
+                tool=spec.tool,
+                execution_target=spec.execution_target,
+                session=session,
+                engine=engine,
+                pool=spec.pool,
+                tree_pool=tree.pool,
+                pools=frozenset(registry.pools),
             ),
+            registry.tools,
+            view,
         )
-        for spec in tree.tasks
-    ]
+        unserved = registry.unserved.get(route.tool) if route.kind is RouteKind.SERVER else None
+        if unserved is not None:
+            route = Route(
+                kind=RouteKind.FAIL, tool=route.tool, reason=f"{unserved}; a server run of it fails"
+            )
+        if route.kind is RouteKind.CLIENT and route.client_id is not None:
+            view = view.with_call_sent_to(route.client_id)
+        routes.append((spec, route))
+    return routes
+
+
+def _autonomous_routes(tree: TaskTree, registry: RegistrySnapshot) -> list[tuple[TaskSpec, Route]]:
+    """Each task's route in an autonomous session with no client connected."""
+    return _routes(tree, registry)
 
 
 def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> list[str]:
@@ -301,28 +348,80 @@ def _tasks_waiting_for_a_client(tree: TaskTree, registry: RegistrySnapshot) -> l
     return [spec.id for spec, route in _autonomous_routes(tree, registry) if route.kind in parked]
 
 
+class _StackView:
+    """What `explain` asks the running stack: its registry, who is connected, held tools."""
+
+    def __init__(self) -> None:
+        self.registry: RegistrySnapshot | None = None
+        self.presence: Presence | None = None
+        self.sessions: dict[str, ClientSession] = {}
+        self.user: str | None = None
+
+
+def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, registry: bool) -> _StackView:
+    """The running stack's view for a run of ``user`` bound to ``client_id``; empty without a stack."""
+    view = _StackView()
+    url = settings.redis_url or running_stack_url(settings)
+    if not url:
+        return view
+    with contextlib.suppress(StackNotRunning, redis.RedisError):
+        brain = Brain.connect(settings, url)
+        try:
+            book = brain.scheduler.presence
+            enrollment = book.enrollment(client_id) if client_id else None
+            view.user = user or (enrollment.user if enrollment else None) or settings.user
+            view.sessions = book.sessions()
+            view.presence = book.view(user=view.user, session_client=client_id, sessions=view.sessions)
+            if registry:
+                view.registry = brain.scheduler.registry
+        finally:
+            brain.close()
+    return view
+
+
 @cli.command()
 @click.argument("tree_file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--client", "client_id", help="As `run --client`: routes for a tree bound to this client.")
+@click.option(
+    "--autonomous/--interactive",
+    default=None,
+    help="Session kind (default: interactive with --client, else autonomous).",
+)
+@click.option("--user", help="As `run --user` (default: --client's user, else `user` in vancetope.toml).")
 @click.pass_obj
-def explain(settings: Settings, tree_file: Path) -> None:
-    """Validate TREE_FILE and show, per task, the route the router would choose and why. Runs nothing.
+def explain(
+    settings: Settings, tree_file: Path, client_id: str | None, autonomous: bool | None, user: str | None
+) -> None:
+    """Validate TREE_FILE and show, per task, the route `run` would take now and why. Runs nothing.
 
-    Exits 2 if the tree is invalid, 1 if it is valid but some task would fail as things
-    stand (a missing tool, e.g. from an MCP server that failed to start), else 0.
+    Asks the running stack, when there is one: its registry and who is connected (routes
+    with them); else the local config, with no client connected. Exits 2 if the tree is
+    invalid (as `run` refuses it), 1 if it is valid but some task would fail as things stand
+    (e.g. its MCP server is missing or failed to start), else 0.
     """
     tree = _load_tree_or_exit(tree_file, settings)
+    if client_id is not None:
+        _check_client_id(client_id)
     given = click.get_current_context().find_root().params
-    registry = _registry_for_explain(
-        settings, from_files=bool(given.get("registry") or given.get("mcp_config"))
+    from_files = bool(given.get("registry") or given.get("mcp_config"))
+    # Files named on the command line (--registry, --mcp-config) are what is explained, even
+    # while a stack runs (they were ignored, silently); who is connected still comes from it.
+    stack = _ask_stack(settings, client_id, user, registry=not from_files)
+    registry = stack.registry or _local_registry(settings)
+    session = (
+        SessionKind.AUTONOMOUS
+        if (autonomous or (autonomous is None and not client_id))
+        else SessionKind.INTERACTIVE
     )
     for failure in registry.mcp_failures:
         err.print(f"[yellow]warning:[/] {escape(_describe_failure(failure))}", highlight=False)
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-    _validate_or_exit(tree, registry, tree_file)
-    for line in _held_tool_lines(settings, {spec.tool for spec in tree.tasks}):
+    announced = client_tools(stack.presence) if stack.presence is not None else frozenset()
+    _validate_or_exit(tree, registry, tree_file, announced)
+    for line in _held_tool_lines(stack.sessions, {spec.tool for spec in tree.tasks}):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-    routes = _autonomous_routes(tree, registry)
+    routes = _routes(tree, registry, session, stack.presence)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
     verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"
     table = Table(title=Text(f"{tree_file}: {len(tree.tasks)} task(s), {verdict}"), title_justify="left")
@@ -333,7 +432,7 @@ def explain(settings: Settings, tree_file: Path) -> None:
             *map(Text, (spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason))
         )
     console.print(table)
-    console.print("[dim]Routes assume an autonomous session with no client connected.[/]")
+    console.print(Text(_routes_note(stack, session, client_id), style="dim"))
     if failing:
         missing = sorted({spec.tool for spec, route in failing if route.reason.startswith("Tool unknown")})
         if missing:
@@ -345,6 +444,19 @@ def explain(settings: Settings, tree_file: Path) -> None:
         sys.exit(EXIT_TREE_FAILED)
 
 
+def _routes_note(stack: _StackView, session: SessionKind, client_id: str | None) -> str:
+    """Under the table: whose session the routes are for, and who was connected."""
+    bound = f", bound to client {client_id}" if client_id else ""
+    if stack.presence is None:
+        return (
+            f"Routes assume an {session.value} session{bound} with no client connected "
+            "(no stack running here; `vancetope up` starts one)."
+        )
+    connected = ", ".join(f"{cid} ({s.user})" for cid, s in sorted(stack.sessions.items())) or "none"
+    who = f" of user {stack.user}" if stack.user else ""
+    return f"Routes as the running stack would take them now: an {session.value} session{who}{bound}; clients connected: {connected}."
+
+
 def _describe_failure(failure: MCPServerFailure) -> str:
     """The server, its command (in the message) and the last lines it wrote to stderr."""
     text = f"MCP server {failure.server!r} failed to start: {failure.message}"
@@ -354,40 +466,25 @@ def _describe_failure(failure: MCPServerFailure) -> str:
     return text
 
 
-def _registry_for_explain(settings: Settings, from_files: bool = False) -> RegistrySnapshot:
-    """The running brain's registry (what a run would meet), unless ``from_files``: files named
-    on the command line (--registry, --mcp-config) were ignored while a stack ran, silently."""
-    url = None if from_files else settings.redis_url or running_stack_url(settings)
-    if url:
-        with contextlib.suppress(StackNotRunning):
-            brain = Brain.connect(settings, url)
-            brain.close()
-            return brain.scheduler.registry
+def _local_registry(settings: Settings) -> RegistrySnapshot:
+    """The registry the config here makes, its MCP servers asked (their ``${vault:NAME}``
+    resolved from the vault, as the brain resolves them)."""
+    vault.install(settings)
     try:
         return build_registry(settings)
     except (InvalidRegistry, InvalidFile) as exc:
         fail(str(exc), EXIT_BAD_INPUT)
 
 
-def _held_tool_lines(settings: Settings, tools: set[str]) -> list[str]:
+def _held_tool_lines(sessions: Mapping[str, ClientSession], tools: set[str]) -> list[str]:
     """Tools of the tree that a connected client announced with a changed definition (brain.hot.toolpins)."""
-    url = settings.redis_url or running_stack_url(settings)
-    if not url:
-        return []
-    with contextlib.suppress(StackNotRunning, redis.RedisError):
-        brain = Brain.connect(settings, url)
-        try:
-            sessions = brain.scheduler.presence.sessions()
-        finally:
-            brain.close()
-        return [
-            f"tool {t.name!r} of client {cid}: its definition changed since it was pinned; not routed to "
-            f"until `vancetope clients approve-tools {cid} {t.name}`"
-            for cid, session in sorted(sessions.items())
-            for t in session.held_tools
-            if t.name in tools
-        ]
-    return []
+    return [
+        f"tool {t.name!r} of client {cid}: its definition changed since it was pinned; not routed to "
+        f"until `vancetope clients approve-tools {cid} {t.name}`"
+        for cid, session in sorted(sessions.items())
+        for t in session.held_tools
+        if t.name in tools
+    ]
 
 
 @cli.command()

@@ -34,11 +34,14 @@ pool): the task's ``pool``, else the called tool's (a ``fallback_tool``'s own, w
 replaces the tool), else the tree's (``brain.core.pools``). A pool that is not configured
 (``RouteRequest.pools``) fails the call.
 
-Usable clients: the session's own client first; else, among the connected clients
-of the same user that offer the tool, the least loaded (``ClientView.load``: calls
-the brain has queued on or sent to it and not yet seen finish), ties going in
-client_id order; never another user's client. Without a known user, only the
-session's client.
+Usable clients: a tree bound to a client (``Presence.session_client``: `run --client`, the
+Python API's ``client_id=``, an interactive session's client) runs its client tasks on that
+client only; when it is offline, or does not offer the tool, the offline strategy applies
+(it parks for that client), never another client of the same user. An unbound tree (an
+autonomous run with a user) takes, among the connected clients of its user that offer the
+tool, the least loaded (``ClientView.load``: calls the brain has queued on or sent to it and
+not yet seen finish), ties going in client_id order; never another user's client. Without a
+known user and without a bound client, no client.
 """
 
 from __future__ import annotations
@@ -341,9 +344,12 @@ def _client_or_offline(call: _Call, why: str) -> Route:
 
 
 def _pick_client(tool: str, presence: Presence) -> _Pick | None:
-    own = _session_client(presence)
-    if own is not None and tool in own.tools:
-        return _Pick(own.client_id, "this session's client")
+    if presence.session_client is not None:
+        # Bound to one client: that one or none (the offline strategy then parks for it).
+        own = _session_client(presence)
+        return (
+            _Pick(own.client_id, "this session's client") if own is not None and tool in own.tools else None
+        )
     offering = [c for c in _same_user_clients(presence) if tool in c.tools]
     if not offering:
         return None
@@ -365,16 +371,26 @@ def _session_client(presence: Presence) -> ClientView | None:
 
 
 def _same_user_clients(presence: Presence) -> list[ClientView]:
-    # Without a known user there is no way to tell whose a client is: only the session's own.
-    if presence.user is None:
+    """The clients an unbound tree may use. A bound tree uses its own client only; without a
+    known user there is no way to tell whose a client is."""
+    if presence.user is None or presence.session_client is not None:
         return []
     mine = [c for c in presence.clients if c.user == presence.user]
     return sorted(mine, key=lambda c: c.client_id)
 
 
 def _absence(call: _Call) -> str:
-    """Words for why no client runs the tool: none at all, or none that offers it."""
-    if _session_client(call.presence) is None and not _same_user_clients(call.presence):
+    """Words for why no client runs the tool: the bound client is away or lacks it; for an
+    unbound tree, no client at all, or none that offers it."""
+    presence = call.presence
+    bound = presence.session_client
+    if bound is not None:
+        if _session_client(presence) is not None:
+            return f"client {bound!r} does not offer this tool"
+        if any(c.client_id == bound for c in presence.clients):
+            return f"client {bound!r} is not a client of user {presence.user!r}"
+        return f"client {bound!r} not connected"
+    if not _same_user_clients(presence):
         return "no client connected"
     return "no client with this tool connected"
 
@@ -474,7 +490,8 @@ def _no_alternative(call: _Call, absent: str) -> str:
 
 
 def client_tools(presence: Presence) -> frozenset[str]:
-    """Every tool a client this session may use has announced (the router picks among these)."""
+    """Every tool a client this session may use has announced (the router picks among these):
+    a bound session's own client's, else its user's clients'."""
     own = _session_client(presence)
     reachable = ([own] if own is not None else []) + _same_user_clients(presence)
     return frozenset(name for client in reachable for name in client.tools)

@@ -25,6 +25,9 @@ class RegistrySnapshot(BaseModel):
     # When this snapshot was built, and what changed from the one before (brain.runtime.reload).
     loaded_at: float = 0.0
     changes: list[str] = Field(default_factory=list)
+    # Registry-file tools whose MCP server the brain lacks (or that failed, or lacks the tool):
+    # tool -> why a server run of it fails (brain.runtime.registry.unserved_mcp_tools).
+    unserved: dict[str, str] = Field(default_factory=dict)
 
     def failure_hint(self, tool: str | None = None) -> str:
         """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""

@@ -4,9 +4,11 @@ brain/core, pure on its inputs).
 Every way in — `vancetope run`, the Python API, a ``submit.<user>`` message, the MCP gateway,
 a schedule's fire — builds one ``SubmitRequest`` and hands it to ``Scheduler.accept``, the one
 submission path. One rule for all: the tree is valid against the registry in use (its
-engines and named pools included), a chosen run id is well-formed, and tools nobody offers
-yet are reported, not refused (a client may announce them later); then the tree's size and
-its user's quota (``brain.core.limits``), before anything is written.
+engines and named pools included), a chosen run id is well-formed, and every tool is known:
+declared by the registry (a ``location: client`` entry is known while its client is offline:
+the task parks) or announced by a connected client the run may use. Every problem is named
+at once, an unknown tool with "did you mean"; then the tree's size and its user's quota
+(``brain.core.limits``), before anything is written.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import SessionKind, TaskTree, TreeRecord
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.validation import check_tree, unknown_tools
+from brain.core.validation import tree_problems, unknown_tools
 from brain.errors import InvalidTaskTree
 from workers.contracts import TREE_ID_PATTERN
 
@@ -56,17 +58,34 @@ def check_submission(
     source: str,
     tree_id: str | None = None,
     announced: frozenset[str] = frozenset(),
+    elsewhere: frozenset[str] = frozenset(),
 ) -> list[str]:
-    """Raise ``InvalidTaskTree`` listing every problem; return warnings (unknown tools)."""
+    """Raise ``InvalidTaskTree`` listing every problem of the submission at once: a malformed
+    run id, the tree's own (``tree_problems``) and each tool nothing declares and nothing
+    announces, with "did you mean". ``announced``: tools the connected clients this run may
+    use offer; ``elsewhere``: other tool names known (other clients'), only for suggestions. A
+    tool a name clash made ambiguous is not unknown: its route fails saying what to write.
+    Returns warnings (none today; kept for the ways in that print them)."""
+    problems = []
     if tree_id is not None and not _TREE_ID.match(tree_id):
-        raise InvalidTaskTree(
-            source,
-            [
-                f"tree_id {tree_id!r}: use letters, digits, '_', '.', '-' (max 128, starting with a letter or digit)"
-            ],
+        problems.append(
+            f"tree_id {tree_id!r}: use letters, digits, '_', '.', '-' (max 128, starting with a letter or digit)"
         )
-    check_tree(tree, registry.tools, source=source, engines=registry.engines, pools=registry.pools)
-    return unknown_tools(tree, registry.tools.keys() | announced)
+    problems += tree_problems(
+        tree, registry.tools, source=source, engines=registry.engines, pools=registry.pools
+    )
+    known = registry.tools.keys() | announced | registry.clashes.keys()
+    problems += unknown_tools(tree, known, names=known | elsewhere, note=_failed_servers(registry))
+    if problems:
+        raise InvalidTaskTree(source, problems)
+    return []
+
+
+def _failed_servers(registry: RegistrySnapshot) -> str:
+    if not registry.mcp_failures:
+        return ""
+    names = ", ".join(repr(f.server) for f in registry.mcp_failures)
+    return f" (MCP server(s) {names} failed to start, so their tools are missing)"
 
 
 __all__ = ["Accepted", "SubmitRequest", "check_submission"]

@@ -12,18 +12,20 @@ is replaced by (a part of) an upstream task's result. The task must be named
 directly in ``depends_on``; reaching it transitively is not enough, because the
 reference is also the reader's only hint of which result flows where.
 
-Unknown tools are not problems (the task fails at run time, or a client may
-announce the tool): ``unknown_tools`` reports them as warnings. Pass the active
-registry (server tools merged with announced client tools) to avoid false warnings.
+Unknown tools: ``unknown_tools`` names every tool that nothing declares (the registry, where
+a ``location: client`` entry is known while its client is offline, and parks) and nothing
+announces (the connected clients the run may use), with a "did you mean" over every known
+name; ``brain.core.submission`` makes them problems of the submission.
 """
 
 from __future__ import annotations
 
+import difflib
 import heapq
 import json
 import re
 from collections import deque
-from collections.abc import Collection, Container, Iterator, Mapping
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -90,6 +92,23 @@ def validate_tree(tree: TaskTree, registry: Mapping[str, ToolSpec], *, source: s
     return problems
 
 
+def tree_problems(
+    tree: TaskTree,
+    registry: Mapping[str, ToolSpec],
+    *,
+    source: str,
+    engines: Mapping[str, Engine] | None = None,
+    pools: Collection[str] | None = None,
+) -> list[str]:
+    """Every problem of ``tree`` (``validate_tree``, its engine's and its pools'), one line each."""
+    problems = validate_tree(tree, registry, source=source)
+    if engines is not None:
+        problems += engine_problems(tree, engines, registry)
+    if pools is not None:
+        problems += tree_pool_problems(tree, registry, pools)
+    return problems
+
+
 def check_tree(
     tree: TaskTree,
     registry: Mapping[str, ToolSpec],
@@ -100,11 +119,7 @@ def check_tree(
 ) -> None:
     """Raise ``InvalidTaskTree(source, problems)`` unless ``tree`` is valid. ``pools``: the
     configured named pools; when given, a pool name the tree or its tools use must be one."""
-    problems = validate_tree(tree, registry, source=source)
-    if engines is not None:
-        problems += engine_problems(tree, engines, registry)
-    if pools is not None:
-        problems += tree_pool_problems(tree, registry, pools)
+    problems = tree_problems(tree, registry, source=source, engines=engines, pools=pools)
     if problems:
         raise InvalidTaskTree(source, problems)
 
@@ -137,20 +152,34 @@ def engine_problems(
     return problems
 
 
-def unknown_tools(tree: TaskTree, known: Container[str]) -> list[str]:
-    """Warnings for tools neither the registry nor a reachable client knows (not errors: see
-    the module docstring). ``known``: registry names plus tools the run's clients announced."""
-    warnings = []
+def unknown_tools(
+    tree: TaskTree, known: Container[str], names: Iterable[str] = (), note: str = ""
+) -> list[str]:
+    """Problems for tools that nothing declares and nothing announces: not in the registry
+    (where a ``location: client`` entry makes a tool known while no client is connected) and
+    not announced by a connected client this run may use. ``known``: those names; ``names``:
+    every tool name known anywhere, for "did you mean" (difflib); ``note``: words to add (an
+    MCP server that failed to start)."""
+    candidates = sorted(set(names))
+    problems = []
     for task in tree.tasks:
         if task.tool not in known:
-            warnings.append(
-                f"task {task.id!r}: tool {task.tool!r} is not in the registry and no connected client "
-                "of this run announces it; the task will fail at run time"
+            problems.append(
+                f"task {task.id!r}: tool {task.tool!r} is unknown: no registry entry declares it and no "
+                f"connected client this run may use announces it{_did_you_mean(task.tool, candidates)}{note}"
             )
         for name in task.tools:
             if name != task.tool and name not in known:
-                warnings.append(f"task {task.id!r}: tools lists {name!r}, which is not in the registry")
-    return warnings
+                problems.append(
+                    f"task {task.id!r}: tools lists {name!r}, which is unknown (not in the registry, not "
+                    f"announced){_did_you_mean(name, candidates)}"
+                )
+    return problems
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=3)
+    return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else ""
 
 
 def topological_order(tree: TaskTree) -> list[str]:

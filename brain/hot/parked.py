@@ -123,11 +123,12 @@ def decode_chunk(blob: bytes | str, owner: str = "") -> list[ParkedRef]:
 
 
 def owner_of(user: str | None, client_id: str | None) -> str:
-    """Work for a user may run on any of that user's clients; without a user, only on one client."""
-    if user:
-        return f"user:{user}"
+    """Work of a tree bound to a client waits for that client only (brain.core.routing); an
+    unbound tree's work for any client of its user."""
     if client_id:
         return f"client:{client_id}"
+    if user:
+        return f"user:{user}"
     return "anyone"
 
 

@@ -35,8 +35,10 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
     discovered: list[ToolSpec] = []
     failures: list[MCPServerFailure] = []
+    servers: list[str] = []
     if settings.mcp_config and discover:
         config = load_mcp_config(str(settings.mcp_config))
+        servers = sorted(config.servers) + [f.server for f in skipped_servers(config)]
         manager = MCPClientManager(config)
         try:
             descriptors, failures = manager.discover(timeout=DISCOVERY_TIMEOUT_S)
@@ -63,6 +65,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     problems += registry_pool_problems(tools, pools)
     if problems:
         raise InvalidRegistry(str(settings.registry or "the registry"), problems)
+    asked = discover or not settings.mcp_config
     return RegistrySnapshot(
         tools=tools,
         engines=engines,
@@ -70,7 +73,37 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
         clashes=placed.clashes,
         pools=pools,
         loaded_at=time.time(),
+        unserved=unserved_mcp_tools(declared, placed.tools, servers, failures) if asked else {},
     )
+
+
+def unserved_mcp_tools(
+    declared: Mapping[str, ToolSpec],
+    placed: Mapping[str, ToolSpec],
+    servers: list[str],
+    failures: list[MCPServerFailure],
+) -> dict[str, str]:
+    """Registry-file tools the server side cannot run (pure): an entry naming an ``mcp_server``
+    that the brain's ``mcpServers`` lacks, that failed to start, or that offers no such tool.
+    A server run of one fails; ``vancetope explain`` says so before. Client-only entries name
+    a client's server and are left out."""
+    failed = {f.server: f.message for f in failures}
+    found = {}
+    for name, spec in declared.items():
+        server = spec.mcp_server
+        if server is None or spec.location is Location.CLIENT:
+            continue
+        if (qualified(server, name) if "/" not in name else name) in placed:
+            continue
+        head = f"tool {name!r} names MCP server {server!r}, "
+        if server in failed:
+            found[name] = head + f"which failed to start: {failed[server]}"
+        elif server not in servers:
+            known = ", ".join(repr(n) for n in servers) or "none"
+            found[name] = head + f"which is not in the brain's mcpServers (they are: {known})"
+        else:
+            found[name] = head + f"which offers no tool {name.rpartition('/')[2]!r}"
+    return found
 
 
 def bind_to_servers(declared: Mapping[str, ToolSpec], placed: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:

@@ -122,16 +122,23 @@ class Scheduler:
 
     # --- submit ------------------------------------------------------------------
     def accept(self, request: SubmitRequest) -> Accepted:
-        """The one way in: check ``request``'s tree against the registry in use (InvalidTaskTree
-        naming every problem), then ``submit`` it (TreeRefused over a limit). Tools that the
-        run's user's connected clients announced are not reported as unknown."""
+        """The one way in: check ``request``'s tree against the registry in use and the clients
+        this run may use (InvalidTaskTree naming every problem, an unknown tool with "did you
+        mean"), then ``submit`` it (TreeRefused over a limit)."""
         user = request.user
         if request.client_id and not user:
             enrollment = self.presence.enrollment(request.client_id)
             user = enrollment.user if enrollment else None
-        announced = client_tools(self.presence.view(user=user, session_client=request.client_id))
+        view = self.presence.view(user=user, session_client=request.client_id)
+        # Names the user's other clients announce are only suggestions ("did you mean").
+        elsewhere = frozenset(n for c in view.clients if user and c.user == user for n in c.tools)
         warnings = check_submission(
-            request.tree, self.registry, source=request.source, tree_id=request.tree_id, announced=announced
+            request.tree,
+            self.registry,
+            source=request.source,
+            tree_id=request.tree_id,
+            announced=client_tools(view),
+            elsewhere=elsewhere,
         )
         record = self.submit(
             request.tree,

@@ -122,6 +122,120 @@ def test_run_with_an_unenrolled_client_and_cancel_of_an_unknown_task_say_so(
     assert brain.store.get_task(rec.tree_id, "a").state is TaskState.PENDING_CLIENT
 
 
+def test_run_names_every_problem_of_a_tree_at_once_as_explain_does_with_did_you_mean(tmp_path: Path) -> None:
+    """Issue 22 item 6: `run` reported one of two argument errors (explain both), and a tool-name
+    typo was submitted and recorded as failed with no suggestion."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "id: bad\ntasks:\n"
+        "  - {id: a, tool: text_transform, args: {op: upper}}\n"
+        "  - {id: b, tool: get_current_time, args: {timezone: 5}}\n"
+        "  - {id: c, tool: get_curent_time, args: {timezone: UTC}}\n"
+    )
+    for command in (("run", "--no-agent"), ("explain",)):
+        proc = vancetope(*command, str(bad), data=tmp_path / "data")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        said = " ".join(proc.stderr.split())
+        assert "invalid task tree (3 problem(s))" in said, said
+        assert "task 'a': args: 'text' is a required property" in said
+        assert "task 'b': args.timezone: 5 is not of type 'string'" in said
+        assert (
+            "task 'c': tool 'get_curent_time' is unknown" in said
+            and "did you mean `get_current_time`" in said
+        )
+    assert not (tmp_path / "data" / "stack.json").exists()
+
+
+def test_against_a_running_stack_run_binds_to_its_client_and_refuses_a_typo_before_submit(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """Issue 22 items 2 and 6: `run --client laptop2`, laptop2 offline and laptop (same user)
+    connected, ran on laptop; a typo was accepted. Now the work waits for laptop2 alone, and
+    `clients` says so; the typo is refused (exit 2) with "did you mean" and nothing is stored."""
+    from tests.integration.test_parking import connect
+    from workers.contracts import client_key, client_queue
+
+    stack = stack_factory(services=("brain",))
+    data = stack.settings.data_dir
+    brain = brain_factory(stack)
+    for cid in ("laptop", "laptop2"):
+        brain.scheduler.presence.enroll(cid, "ada")
+    connect(brain, "laptop")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("id: typo\ntasks:\n  - {id: now, tool: get_curent_time, args: {timezone: UTC}}\n")
+    proc = vancetope("run", str(typo), data=data, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "did you mean `get_current_time`" in " ".join(proc.stderr.split())
+    assert brain.store.list_trees() == []
+
+    hello = tmp_path / "hello.yaml"
+    hello.write_text("id: hello\ntasks:\n  - {id: read, tool: read_local_file, args: {path: hello.txt}}\n")
+    run = vancetope("run", str(hello), "--client", "laptop2", "--timeout", "2", data=data, timeout=60)
+    assert run.returncode == 4, run.stdout + run.stderr  # still waiting, not failed on laptop
+    assert re.search(r"read .*blocked .*Waiting for Client for Tool: read_local_file", run.stdout), run.stdout
+    (rec,) = brain.store.list_trees()
+    assert rec.client_id == "laptop2" and rec.user == "ada"  # the client's own user
+    assert brain.hot.r.llen(client_key("laptop", client_queue("laptop"))) == 0
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in vancetope("clients", data=data, timeout=60).stdout.splitlines()
+        if line.count("│") > 4
+    }
+    assert rows["laptop2"].split("│")[6].strip() == "1", rows
+    assert rows["laptop"].split("│")[6].strip() == "", rows  # nothing of it waits for laptop
+
+    # explain answers with who is connected (issue 22 item 5): the routes run would take now.
+    said = vancetope("explain", str(hello), "--user", "ada", data=data, timeout=60)
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert re.search(r"read .*client:laptop", said.stdout), said.stdout
+    assert "no client connected" not in said.stdout
+    assert "clients connected: laptop (ada)" in " ".join(said.stdout.split())
+    bound = vancetope("explain", str(hello), "--client", "laptop2", data=data, timeout=60)
+    assert re.search(r"read .*blocked", bound.stdout), bound.stdout
+
+
+def test_explain_fails_a_tool_whose_mcp_server_is_missing_and_resolves_the_vault_with_registry(
+    tmp_path: Path,
+) -> None:
+    """Issue 22 item 5: a registry tool naming a missing MCP server was "valid" (exit 0) and
+    then failed in `run`; with --registry a vault-using server was reported failed ("this
+    process has no vault")."""
+    from tests.conftest import demo_server, write_mcp_config
+
+    data = tmp_path / "data"
+    stored = subprocess.run(
+        [sys.executable, "-m", "brain", "secrets", "set", "DEMO_SECRET"],
+        check=False,
+        cwd=ROOT,
+        input="s3cret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
+    )
+    assert stored.returncode == 0, stored.stderr
+    server = {**demo_server(), "env": {"DEMO_TOKEN": "${vault:DEMO_SECRET}"}}
+    config = write_mcp_config(tmp_path / "mcp.json", {"vaulted": server})
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("tools:\n  - {name: jira_search, location: server, mcp_server: jira}\n")
+    tree_file = tmp_path / "t.yaml"
+    tree_file.write_text(
+        "id: t\ntasks:\n  - {id: j, tool: jira_search}\n  - {id: add, tool: vaulted/add, args: {a: 1, b: 2}}\n"
+    )
+    proc = vancetope(
+        "--registry", str(registry), "--mcp-config", str(config), "explain", str(tree_file), data=data
+    )
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert proc.returncode == 1, said
+    assert "no vault" not in said and "failed to start" not in said, said
+    rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 4}
+    assert "server" in rows["add"]
+    assert "fail" in rows["j"] and "will fail" in said
+    assert "tool 'jira_search' names MCP server 'jira', which is not in the brain's mcpServers" in said
+
+
 def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Path) -> None:
     proc = vancetope("explain", str(EXAMPLES / "night-batch.yaml"), data=tmp_path / "data")
     assert proc.returncode == 0, proc.stderr

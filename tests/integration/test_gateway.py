@@ -222,7 +222,10 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
 
     names, called, status, cancel = anyio.run(scenario)
     assert SERVER_TOOLS <= names and not ADA_CLIENT_TOOLS & names
-    assert called.is_error and "Tool unknown: notes/add" in text_of(called)
+    # Refused before submit (issue 22 item 6), and no name of ada's clients is suggested to bob.
+    assert called.is_error and "tool 'notes/add' is unknown" in text_of(called), text_of(called)
+    suggested = text_of(called).partition("did you mean")[2]
+    assert not any(name in suggested for name in ADA_CLIENT_TOOLS), suggested
     assert status.is_error and "no tree" in text_of(status)
     assert cancel.is_error and "no tree" in text_of(cancel)
 

@@ -145,16 +145,39 @@ def test_routing_sees_a_new_announcement_and_a_gone_client_at_once(brain_on_redi
     assert presence.sessions() == {}
 
 
-def test_work_goes_to_another_client_of_the_same_user_never_to_another_users(brain_on_redis: Brain) -> None:
+def test_unbound_work_goes_to_any_client_of_the_user_never_to_another_users(brain_on_redis: Brain) -> None:
     brain = brain_on_redis
     for cid, user in (("desk", "ada"), ("cli", "ada"), ("bobs", "bob")):
         brain.scheduler.presence.enroll(cid, user)
     connect(brain, "bobs")
-    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.INTERACTIVE, client_id="desk")
-    assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.BLOCKED  # bob's client is not ada's
-    connect(brain, "cli")  # ada's other client
+    rec = brain.scheduler.submit(tree(reads(1)), session=SessionKind.AUTONOMOUS, user="ada")
+    assert (
+        brain.store.get_task(rec.tree_id, "r0").state is TaskState.PENDING_CLIENT
+    )  # bob's client is not ada's
+    assert brain.scheduler.parked.waiting() == {"user:ada": 1}
+    connect(brain, "cli")  # one of ada's clients
     assert brain.store.get_task(rec.tree_id, "r0").route == "client:cli"
     assert queued_task_ids(brain, "cli") == ["r0"] and queued_task_ids(brain, "bobs") == []
+
+
+def test_bound_work_waits_for_its_client_only_never_another_client_of_the_user(brain_on_redis: Brain) -> None:
+    """Issue 22 item 2: `run --client laptop2` ran on laptop (the user's other client) and failed."""
+    brain = brain_on_redis
+    for cid in ("laptop", "laptop2"):
+        brain.scheduler.presence.enroll(cid, "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(
+        tree(reads(2)), session=SessionKind.INTERACTIVE, client_id="laptop2", user="ada"
+    )
+    assert states(brain, rec.tree_id) == {"r0": TaskState.BLOCKED, "r1": TaskState.BLOCKED}
+    assert brain.store.get_task(rec.tree_id, "r0").reason == "Waiting for Client for Tool: read_local_file"
+    assert queued_task_ids(brain, "laptop") == []
+    assert brain.scheduler.parked.waiting() == {"client:laptop2": 2}  # listed for laptop2 alone
+    connect(brain, "laptop", session="s2")  # the other client coming back takes none of it
+    assert queued_task_ids(brain, "laptop") == []
+    connect(brain, "laptop2")
+    assert sorted(queued_task_ids(brain, "laptop2")) == ["r0", "r1"]
+    assert {t.route for t in brain.store.get_tasks(rec.tree_id)} == {"client:laptop2"}
 
 
 def test_disconnect_takes_back_unstarted_calls_as_pending_client_and_running_ones_by_strategy(

@@ -99,6 +99,15 @@ def test_an_invalid_tree_is_refused_with_every_problem_and_nothing_is_recorded(
     assert len(vt.trees()) == before
 
 
+def test_a_tool_name_typo_raises_with_did_you_mean_and_nothing_is_recorded(vt: vancetope.Vancetope) -> None:
+    """Issue 22 item 6: submit() only warned on stderr, and the typo was recorded as a failed task."""
+    before = len(vt.trees())
+    typo = {"id": "typo", "tasks": [{"id": "now", "tool": "get_curent_time", "args": {"timezone": "UTC"}}]}
+    with pytest.raises(vancetope.InvalidTaskTree, match=r"did you mean `get_current_time`"):
+        vt.submit(typo, user="demo")
+    assert len(vt.trees()) == before
+
+
 def test_wait_times_out_with_how_the_tree_stands_and_cancel_ends_it(vt: vancetope.Vancetope) -> None:
     run = vt.submit({"id": "slow", "tasks": [{"id": "nap", "tool": "sleep", "args": {"seconds": 30}}]})
     with pytest.raises(vancetope.TimedOut, match="still running after 0.5s") as timed_out:

@@ -41,9 +41,8 @@ def test_only_tasks_the_router_parks_for_a_client_are_said_to_wait(tool: str, wa
     assert _tasks_waiting_for_a_client(tree, RegistrySnapshot(tools=TOOLS)) == (["a"] if waits else [])
 
 
-def test_client_tools_are_those_of_the_session_client_and_the_users_clients_only() -> None:
+def test_client_tools_are_those_of_the_bound_client_or_of_the_users_clients_only() -> None:
     presence = Presence(
-        session_client="laptop",
         user="ada",
         clients=(
             ClientView(client_id="laptop", user="ada", tools=frozenset({"git_log"})),
@@ -52,4 +51,6 @@ def test_client_tools_are_those_of_the_session_client_and_the_users_clients_only
         ),
     )
     assert client_tools(presence) == {"git_log", "git_diff"}
+    bound = presence.model_copy(update={"session_client": "laptop"})
+    assert client_tools(bound) == {"git_log"}  # bound: its own client's only
     assert client_tools(Presence(clients=presence.clients)) == frozenset()

@@ -29,3 +29,15 @@ def test_the_clients_table_shows_misbehaving_with_its_cause() -> None:
     text = console.export_text()
     assert "misbehaving: its heartbeat is not UTF-8 text" in text
     assert "offline" in text  # laptop
+
+
+def test_the_clients_table_shows_bound_work_on_its_client_only_and_unbound_work_as_any_client_of_the_user() -> (
+    None
+):
+    """Issue 22 item 2: work bound to laptop2 showed as waiting for both of the user's clients."""
+    enrolled = {cid: Enrollment(client_id=cid, user="ada", enrolled_at=1.0) for cid in ("laptop", "laptop2")}
+    console = Console(width=200, record=True)
+    console.print(clients_table(enrolled, {}, {"client:laptop2": 2, "user:ada": 3}))
+    rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if "│" in line}
+    assert rows["laptop2"].split("│")[6].strip() == "2 + 3 for any client of user ada"
+    assert rows["laptop"].split("│")[6].strip() == "3 for any client of user ada"

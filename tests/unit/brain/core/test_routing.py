@@ -15,6 +15,7 @@ from brain.core.routing import (
     Route,
     RouteKind,
     RouteRequest,
+    client_tools,
     decide_route,
     route_without_presence,
 )
@@ -97,6 +98,10 @@ OTHER_USER = Presence(session_client="alice-laptop", user="alice", clients=(BOB,
 NO_USER = Presence(clients=(LAPTOP,))
 NO_USER_SESSION = Presence(session_client="alice-laptop", clients=(LAPTOP,))
 FOREIGN_SESSION = Presence(session_client="bob-pc", user="alice", clients=(BOB,))
+# Unbound (an autonomous run of a user): any client of the user.
+ANY_OF_ALICE = Presence(user="alice", clients=(DESKTOP, BOB))
+ALICE_NOBODY = Presence(user="alice", clients=(BOB,))
+UNBOUND_LACKS = Presence(user="alice", clients=(DESKTOP, BARE_LAPTOP, A_BOX))
 
 _ENGINE_SERVER = ["web_search", "drive_client", "notes_server", "notes_block"]
 _ENGINE_CLIENT = [
@@ -159,7 +164,7 @@ TABLE = [
     ),
     row(
         "an offline client tool without strategy is queued in an autonomous session",
-        "read_local_file", NOBODY, PENDING, "Queued for Client: read_local_file (no client connected)",
+        "read_local_file", NOBODY, PENDING, "Queued for Client: read_local_file (client 'alice-laptop' not connected)",
     ),
     row(
         "strategy block blocks even in an autonomous session",
@@ -167,46 +172,46 @@ TABLE = [
     ),
     row(
         "strategy queue queues even in an interactive session",
-        "notes_queue", NOBODY, PENDING, "Queued for Client: notes_queue (no client connected)",
+        "notes_queue", NOBODY, PENDING, "Queued for Client: notes_queue (client 'alice-laptop' not connected)",
         session=INTERACTIVE,
     ),
     row(
         "strategy skip skips the task",
-        "notes_skip", NOBODY, SKIP, "Skipped: no client connected for Tool: notes_skip",
+        "notes_skip", NOBODY, SKIP, "Skipped: client 'alice-laptop' not connected for Tool: notes_skip",
         session=INTERACTIVE,
     ),
     row(
         "strategy fallback runs the fallback_tool on the server",
         "notes_fallback", NOBODY, SERVER,
-        "Fallback to Server: no client connected; calling fallback_tool 'notes_server' instead of 'notes_fallback'",
+        "Fallback to Server: client 'alice-laptop' not connected; calling fallback_tool 'notes_server' instead of 'notes_fallback'",
         routed_tool="notes_server", fell_back_from="notes_fallback",
     ),
     row(
         "strategy fallback fails when the fallback_tool is not in the registry",
         "fallback_missing", NOBODY, FAIL,
-        "offline_strategy fallback: tool 'fallback_missing' needs a client (no client connected) "
+        "offline_strategy fallback: tool 'fallback_missing' needs a client (client 'alice-laptop' not connected) "
         "and its fallback_tool 'nowhere' is not in the registry",
     ),
     row(
         "strategy fallback fails when the fallback_tool is client-only too",
         "fallback_to_client", NOBODY, FAIL,
-        "offline_strategy fallback: tool 'fallback_to_client' needs a client (no client connected) "
+        "offline_strategy fallback: tool 'fallback_to_client' needs a client (client 'alice-laptop' not connected) "
         "and its fallback_tool 'read_local_file' does not run on the server (location client)",
     ),
     row(
         "strategy fallback without any fallback_tool fails",
         "no_alternative", NOBODY, FAIL,
-        "offline_strategy fallback: tool 'no_alternative' needs a client (no client connected) "
+        "offline_strategy fallback: tool 'no_alternative' needs a client (client 'alice-laptop' not connected) "
         "and has no fallback_tool",
     ),
     row(
         "a connected client that does not offer the tool counts as no client",
         "read_local_file", OWN_WITHOUT_TOOLS, PENDING,
-        "Queued for Client: read_local_file (no client with this tool connected)",
+        "Queued for Client: read_local_file (client 'alice-laptop' does not offer this tool)",
     ),
     row(
         "skip says when a client is connected but lacks the tool",
-        "notes_skip", OWN_WITHOUT_TOOLS, SKIP, "Skipped: no client with this tool connected for Tool: notes_skip",
+        "notes_skip", OWN_WITHOUT_TOOLS, SKIP, "Skipped: client 'alice-laptop' does not offer this tool for Tool: notes_skip",
     ),
     # --- location both --------------------------------------------------------------------
     row(
@@ -230,11 +235,11 @@ TABLE = [
     ),
     row(
         "both with prefer client falls back to the server when no client is connected",
-        "drive_client", NOBODY, SERVER, "Fallback to Server: no client connected",
+        "drive_client", NOBODY, SERVER, "Fallback to Server: client 'alice-laptop' not connected",
     ),
     row(
         "both with prefer client falls back to the server in an interactive session too",
-        "drive_client", NOBODY, SERVER, "Fallback to Server: no client connected", session=INTERACTIVE,
+        "drive_client", NOBODY, SERVER, "Fallback to Server: client 'alice-laptop' not connected", session=INTERACTIVE,
     ),
     row(
         "both with prefer client and strategy block waits for the client",
@@ -289,12 +294,12 @@ TABLE = [
     ),
     row(
         "target client overrides strategy fallback with the session default",
-        "notes_fallback", NOBODY, PENDING, "Queued for Client: notes_fallback (no client connected)",
+        "notes_fallback", NOBODY, PENDING, "Queued for Client: notes_fallback (client 'alice-laptop' not connected)",
         target=CLIENT_T,
     ),
     row(
         "target client without client still honours strategy skip",
-        "notes_skip", NOBODY, SKIP, "Skipped: no client connected for Tool: notes_skip", target=CLIENT_T,
+        "notes_skip", NOBODY, SKIP, "Skipped: client 'alice-laptop' not connected for Tool: notes_skip", target=CLIENT_T,
     ),
     row(
         "target any on a server tool runs on the server",
@@ -313,14 +318,45 @@ TABLE = [
     ),
     row(
         "target any on a client tool without client uses the offline strategy",
-        "notes_skip", NOBODY, SKIP, "Skipped: no client connected for Tool: notes_skip", target=ANY,
+        "notes_skip", NOBODY, SKIP, "Skipped: client 'alice-laptop' not connected for Tool: notes_skip", target=ANY,
     ),
     # --- which client ---------------------------------------------------------------------
     row(
-        "another client of the same user runs the tool when the session's client is away",
-        "read_local_file", OTHER_DEVICE, CLIENT,
+        "a bound tree waits for its own client even when another client of the user offers the tool",
+        "read_local_file", OTHER_DEVICE, PENDING, "Queued for Client: read_local_file (client 'alice-laptop' not connected)",
+    ),
+    row(
+        "a bound interactive tree blocks for its own client, not another client of the user",
+        "read_local_file", OTHER_DEVICE, BLOCKED, "Waiting for Client for Tool: read_local_file", session=INTERACTIVE,
+    ),
+    row(
+        "a bound tree whose client is away follows strategy skip, never another client of the user",
+        "notes_skip", OTHER_DEVICE, SKIP, "Skipped: client 'alice-laptop' not connected for Tool: notes_skip",
+    ),
+    row(
+        "a bound tree whose client is away follows strategy fallback to the server",
+        "notes_fallback", OTHER_DEVICE, SERVER,
+        "Fallback to Server: client 'alice-laptop' not connected; calling fallback_tool 'notes_server' instead "
+        "of 'notes_fallback'",
+        routed_tool="notes_server", fell_back_from="notes_fallback",
+    ),
+    row(
+        "a bound both tool whose client is away falls back to the server",
+        "drive_client", OTHER_DEVICE, SERVER, "Fallback to Server: client 'alice-laptop' not connected",
+    ),
+    row(
+        "a tool only another client of the user announces is unknown to a bound tree",
+        "git_status", OTHER_DEVICE, FAIL, "Tool unknown: git_status",
+    ),
+    row(
+        "an unbound tree runs on any connected client of its user",
+        "read_local_file", ANY_OF_ALICE, CLIENT,
         "tool 'read_local_file' has location client: client 'alice-desktop' (a client of user 'alice') runs it",
         client_id="alice-desktop",
+    ),
+    row(
+        "an unbound tree parks for any client of its user when none is connected",
+        "read_local_file", ALICE_NOBODY, PENDING, "Queued for Client: read_local_file (no client connected)",
     ),
     row(
         "the session's client is preferred over other clients of the user",
@@ -328,19 +364,24 @@ TABLE = [
         client_id="alice-laptop",
     ),
     row(
+        "a bound tree whose client lacks the tool waits for it while other clients of the user offer it",
+        "read_local_file", SESSION_LACKS, PENDING,
+        "Queued for Client: read_local_file (client 'alice-laptop' does not offer this tool)",
+    ),
+    row(
         "among equally loaded clients of the user the first in client_id order runs the tool",
-        "read_local_file", SESSION_LACKS, CLIENT,
+        "read_local_file", UNBOUND_LACKS, CLIENT,
         "tool 'read_local_file' has location client: client 'alice-a' (the least loaded of 2 clients of "
         "user 'alice', 0 call(s) queued) runs it",
         client_id="alice-a",
     ),
     row(
         "another user's client is never used",
-        "read_local_file", OTHER_USER, PENDING, "Queued for Client: read_local_file (no client connected)",
+        "read_local_file", OTHER_USER, PENDING, "Queued for Client: read_local_file (client 'alice-laptop' not connected)",
     ),
     row(
         "a session client that belongs to another user is not used",
-        "read_local_file", FOREIGN_SESSION, PENDING, "Queued for Client: read_local_file (no client connected)",
+        "read_local_file", FOREIGN_SESSION, PENDING, "Queued for Client: read_local_file (client 'bob-pc' is not a client of user 'alice')",
     ),
     row(
         "without a known user and without a session client no client is used",
@@ -384,7 +425,7 @@ TABLE = [
     ),
     row(
         "an engine without auto_fallback does not apply a tool's fallback strategy",
-        "notes_fallback", NOBODY, PENDING, "Queued for Client: notes_fallback (no client connected)",
+        "notes_fallback", NOBODY, PENDING, "Queued for Client: notes_fallback (client 'alice-laptop' not connected)",
         engine=ENGINE,
     ),
     row(
@@ -395,19 +436,19 @@ TABLE = [
     row(
         "engine auto_fallback runs the fallback_tool on the server",
         "local_with_alt", NOBODY, SERVER,
-        "Fallback to Server: no client connected; calling fallback_tool 'notes_server' instead of "
+        "Fallback to Server: client 'alice-laptop' not connected; calling fallback_tool 'notes_server' instead of "
         "'local_with_alt' (engine 'eng_auto' auto_fallback)",
         engine=ENGINE_AUTO, session=INTERACTIVE, routed_tool="notes_server", fell_back_from="local_with_alt",
     ),
     row(
         "engine auto_fallback runs a both tool on the server",
         "drive_client_explicit", NOBODY, SERVER,
-        "Fallback to Server: no client connected (engine 'eng_auto' auto_fallback)",
+        "Fallback to Server: client 'alice-laptop' not connected (engine 'eng_auto' auto_fallback)",
         engine=ENGINE_AUTO, session=INTERACTIVE,
     ),
     row(
         "engine auto_fallback without a server alternative uses the offline strategy",
-        "read_local_file", NOBODY, PENDING, "Queued for Client: read_local_file (no client connected)",
+        "read_local_file", NOBODY, PENDING, "Queued for Client: read_local_file (client 'alice-laptop' not connected)",
         engine=ENGINE_AUTO,
     ),
     row(
@@ -422,7 +463,7 @@ TABLE = [
     ),
     row(
         "strategy fallback gives way to the session default when the engine does not allow the fallback_tool",
-        "notes_fallback", NOBODY, PENDING, f"Queued for Client: notes_fallback (no client connected); {BARRED}",
+        "notes_fallback", NOBODY, PENDING, f"Queued for Client: notes_fallback (client 'alice-laptop' not connected); {BARRED}",
         engine=ENGINE_STRICT,
     ),
     row(
@@ -460,7 +501,7 @@ def test_route(case: Row) -> None:
 
 PRESENCES = [
     NOBODY, OWN, OWN_WITHOUT_TOOLS, OTHER_DEVICE, BOTH_DEVICES, SESSION_LACKS, OTHER_USER, NO_USER,
-    NO_USER_SESSION, FOREIGN_SESSION,
+    NO_USER_SESSION, FOREIGN_SESSION, ANY_OF_ALICE, ALICE_NOBODY, UNBOUND_LACKS,
 ]  # fmt: skip
 
 
@@ -564,10 +605,10 @@ def loaded(client: ClientView, load: int, tools: frozenset[str] = CLIENT_TOOLS) 
             id="the session's own client stays first however loaded",
         ),
         pytest.param(
-            "alice-laptop",
+            None,
             (loaded(BARE_LAPTOP, 0, frozenset()), loaded(DESKTOP, 4), loaded(A_BOX, 5)),
             "alice-desktop",
-            id="without the tool on the session's client the least loaded other one runs it",
+            id="an unbound tree: the least loaded client that offers the tool runs it",
         ),
         pytest.param(
             None,
@@ -583,6 +624,26 @@ def test_client_work_goes_to_the_least_loaded_client_of_the_user_offering_the_to
     presence = Presence(session_client=session_client, user="alice", clients=clients)
     route = decide_route(RouteRequest(tool="read_local_file"), REGISTRY, presence)
     assert (route.kind, route.client_id) == (CLIENT, picked)
+
+
+@pytest.mark.parametrize(
+    "clients",
+    [
+        pytest.param((loaded(DESKTOP, 0),), id="only another client of the user is connected"),
+        pytest.param(
+            (loaded(BARE_LAPTOP, 0, frozenset()), loaded(DESKTOP, 0)),
+            id="the bound client is connected without the tool",
+        ),
+    ],
+)
+def test_a_bound_tree_never_runs_on_another_client_of_its_user(clients: tuple[ClientView, ...]) -> None:
+    presence = Presence(session_client="alice-laptop", user="alice", clients=clients)
+    for session in (INTERACTIVE, AUTONOMOUS):
+        route = decide_route(RouteRequest(tool="read_local_file", session=session), REGISTRY, presence)
+        assert route.kind in (BLOCKED, PENDING) and route.client_id is None, route
+    assert client_tools(presence) == (
+        clients[0].tools if clients[0].client_id == "alice-laptop" else frozenset()
+    )
 
 
 def test_routing_one_call_after_another_from_one_view_alternates_between_equal_clients() -> None:

@@ -1,6 +1,6 @@
 """brain.core.submission: one check for every way in. Invalid trees and run ids raise
-InvalidTaskTree naming the source; tools nobody offers yet are warnings, not refusals, and
-tools the run's clients announced are not even that."""
+InvalidTaskTree naming the source and every problem at once; a tool nothing declares and
+no client of the run announces is one of them, with "did you mean"."""
 
 from __future__ import annotations
 
@@ -71,29 +71,61 @@ def test_an_invalid_tree_is_refused_naming_every_problem(registry: RegistrySnaps
     assert any("no-such-pool" in p for p in caught.value.problems)
 
 
-@pytest.mark.parametrize(
-    ("announced", "warned"),
-    [
-        (frozenset(), True),  # nobody offers it yet: a warning, the tree is still accepted
-        (frozenset({"laptop_only_tool"}), False),  # a client of the run announced it
-    ],
-)
-def test_an_unknown_tool_is_a_warning_unless_announced(
-    registry: RegistrySnapshot, announced: frozenset[str], warned: bool
+def test_a_tool_a_client_of_the_run_announced_is_accepted(registry: RegistrySnapshot) -> None:
+    t = tree({"id": "x", "tool": "laptop_only_tool"})
+    assert check_submission(t, registry, source="s", announced=frozenset({"laptop_only_tool"})) == []
+
+
+def test_a_client_tool_the_registry_declares_is_accepted_while_no_client_is_connected(
+    registry: RegistrySnapshot,
 ) -> None:
-    warnings = check_submission(
-        tree({"id": "x", "tool": "laptop_only_tool"}), registry, source="s", announced=announced
+    """It parks (routing's offline strategies): known, though nobody offers it now."""
+    assert (
+        check_submission(
+            tree({"id": "x", "tool": "read_local_file", "args": {"path": "a"}}), registry, source="s"
+        )
+        == []
     )
-    assert warnings == (
-        [
-            (
-                "task 'x': tool 'laptop_only_tool' is not in the registry and no connected client of this run "
-                "announces it; the task will fail at run time"
-            )
-        ]
-        if warned
-        else []
+
+
+def test_an_unknown_tool_is_refused_with_did_you_mean_over_every_known_name(
+    registry: RegistrySnapshot,
+) -> None:
+    """Issue 22 item 6: a typo was submitted and recorded as failed, with no suggestion."""
+    t = tree(
+        {"id": "now", "tool": "get_curent_time", "args": {"timezone": "UTC"}},
+        {"id": "mine", "tool": "laptop_only_tol"},
+        {"id": "bad", "tool": "echo", "args": {"value": "${tasks.nope.result}"}},
     )
+    with pytest.raises(InvalidTaskTree) as caught:
+        check_submission(
+            t,
+            registry.model_copy(
+                update={"tools": {**registry.tools, "get_current_time": registry.tools["echo"]}}
+            ),
+            source="run.yaml",
+            tree_id="has space",
+            elsewhere=frozenset({"laptop_only_tool"}),
+        )
+    problems = caught.value.problems
+    assert len(problems) == 4, problems  # every problem at once: the run id, the reference, two tools
+    assert problems[0].startswith("tree_id 'has space'")
+    assert "task 'bad': args.value: references unknown task 'nope'" in problems
+    assert (
+        "task 'now': tool 'get_curent_time' is unknown: no registry entry declares it and no connected client "
+        "this run may use announces it; did you mean `get_current_time`?"
+    ) in problems
+    assert any(
+        p.startswith("task 'mine'") and p.endswith("did you mean `laptop_only_tool`?") for p in problems
+    )
+
+
+def test_an_unknown_tool_names_the_mcp_servers_that_failed(registry: RegistrySnapshot) -> None:
+    from workers.contracts import MCPServerFailure
+
+    failed = registry.model_copy(update={"mcp_failures": [MCPServerFailure(server="time", message="exit 1")]})
+    with pytest.raises(InvalidTaskTree, match=r"MCP server\(s\) 'time' failed to start"):
+        check_submission(tree({"id": "x", "tool": "get_current_time"}), failed, source="s")
 
 
 def test_a_submit_request_is_frozen_and_refuses_unknown_fields() -> None:

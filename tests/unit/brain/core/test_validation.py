@@ -249,15 +249,15 @@ def test_execution_target_is_checked_for_every_declared_tool() -> None:
 # --- unknown tools are warnings, not problems --------------------------------------------
 
 
-def test_unknown_tools_are_warnings() -> None:
-    t = tree({"id": "x", "tool": "nope", "tools": ["nope", "also_nope", "echo"]})
+def test_unknown_tools_are_named_with_close_matches() -> None:
+    t = tree({"id": "x", "tool": "nope", "tools": ["nope", "ecko", "echo"]})
     assert validate_tree(t, REGISTRY, source="tree.yaml") == []
-    assert unknown_tools(t, REGISTRY) == [
+    assert unknown_tools(t, REGISTRY, names=REGISTRY) == [
         (
-            "task 'x': tool 'nope' is not in the registry and no connected client of this run announces "
-            "it; the task will fail at run time"
+            "task 'x': tool 'nope' is unknown: no registry entry declares it and no connected client this run "
+            "may use announces it"
         ),
-        "task 'x': tools lists 'also_nope', which is not in the registry",
+        "task 'x': tools lists 'ecko', which is unknown (not in the registry, not announced); did you mean `echo`?",
     ]
 
 

@@ -42,8 +42,8 @@ def listed(work: ParkedWork, owner: str = USER) -> list[str]:
 @pytest.mark.parametrize(
     ("user", "client_id", "owner"),
     [
-        ("ada", "laptop", "user:ada"),  # any of the user's clients may take it
-        ("ada", None, "user:ada"),
+        ("ada", "laptop", "client:laptop"),  # bound to the laptop: only it may take it
+        ("ada", None, "user:ada"),  # unbound: any of the user's clients may take it
         (None, "laptop", "client:laptop"),  # only that client
         (None, None, "anyone"),
         ("", "laptop", "client:laptop"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,3 +50,52 @@ def test_an_unknown_fallback_tool_is_not_refused_while_mcp_servers_were_not_aske
     assert build_registry(settings, discover=False).tools["local_search"].fallback_tool == "some_mcp_tool"
     with pytest.raises(InvalidRegistry, match="'some_mcp_tool' is not a tool of the registry"):
         build_registry(settings)  # every server answered (there are none): now it is known missing
+
+
+def _spec(name: str, **fields: object) -> Any:
+    from brain.core.models import ToolSpec
+
+    return ToolSpec.model_validate({"name": name, "location": "server", **fields})
+
+
+@pytest.mark.parametrize(
+    ("declared", "servers", "failed", "why"),
+    [
+        pytest.param(
+            _spec("jira_search", mcp_server="jira"),
+            ["time"],
+            [],
+            "tool 'jira_search' names MCP server 'jira', which is not in the brain's mcpServers (they are: 'time')",
+            id="a server the brain lacks",
+        ),
+        pytest.param(
+            _spec("jira_search", mcp_server="jira"),
+            ["jira"],
+            ["jira"],
+            "tool 'jira_search' names MCP server 'jira', which failed to start: boom",
+            id="a server that failed to start",
+        ),
+        pytest.param(
+            _spec("jira_search", mcp_server="jira"),
+            ["jira"],
+            [],
+            "tool 'jira_search' names MCP server 'jira', which offers no tool 'jira_search'",
+            id="a server without the tool",
+        ),
+        pytest.param(_spec("get_current_time", mcp_server="time"), ["time"], [], None, id="a served tool"),
+        pytest.param(
+            _spec("notes", mcp_server="notes", location="client"), [], [], None, id="a client's server"
+        ),
+    ],
+)
+def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
+    declared: Any, servers: list[str], failed: list[str], why: str | None
+) -> None:
+    """Issue 22 item 5: explain called such a tree valid; a server run of it fails."""
+    from brain.runtime.registry import unserved_mcp_tools
+    from workers.contracts import MCPServerFailure
+
+    placed = {"time/get_current_time": _spec("time/get_current_time", mcp_server="time")}
+    failures = [MCPServerFailure(server=s, message="boom") for s in failed]
+    found = unserved_mcp_tools({declared.name: declared}, placed, servers, failures)
+    assert found == ({declared.name: why} if why else {})
