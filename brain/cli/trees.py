@@ -39,8 +39,16 @@ from brain.config import Settings
 from brain.core.limits import TreeRefused
 from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
 from brain.core.report import tree_report, trees_report
-from brain.core.routing import Presence, Route, RouteKind, RouteRequest, client_tools, decide_route
-from brain.core.sessions import ClientSession
+from brain.core.routing import (
+    Presence,
+    Route,
+    RouteKind,
+    RouteRequest,
+    client_tools,
+    decide_route,
+    reachable_client_ids,
+)
+from brain.core.sessions import ClientSession, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import SubmitRequest, check_submission
 from brain.core.summary import render_markdown
@@ -417,10 +425,16 @@ def explain(
         err.print(f"[yellow]warning:[/] {escape(_describe_failure(failure))}", highlight=False)
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-    announced = client_tools(stack.presence) if stack.presence is not None else frozenset()
-    _validate_or_exit(tree, registry, tree_file, announced)
+    announced = (
+        client_tools(stack.presence) | held_names(stack.sessions, reachable_client_ids(stack.presence))
+        if stack.presence is not None
+        else frozenset()
+    )
+    # Before the check: a tool held for approval is worth naming even when this run may not
+    # use its client (the check then says the tool is unknown to it).
     for line in _held_tool_lines(stack.sessions, {spec.tool for spec in tree.tasks}):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    _validate_or_exit(tree, registry, tree_file, announced)
     routes = _routes(tree, registry, session, stack.presence)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
     verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"

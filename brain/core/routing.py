@@ -492,6 +492,14 @@ def _no_alternative(call: _Call, absent: str) -> str:
 def client_tools(presence: Presence) -> frozenset[str]:
     """Every tool a client this session may use has announced (the router picks among these):
     a bound session's own client's, else its user's clients'."""
+    return frozenset(name for client in _reachable(presence) for name in client.tools)
+
+
+def reachable_client_ids(presence: Presence) -> frozenset[str]:
+    """The connected clients this session may use (``client_tools``'s)."""
+    return frozenset(client.client_id for client in _reachable(presence))
+
+
+def _reachable(presence: Presence) -> list[ClientView]:
     own = _session_client(presence)
-    reachable = ([own] if own is not None else []) + _same_user_clients(presence)
-    return frozenset(name for client in reachable for name in client.tools)
+    return ([own] if own is not None else []) + _same_user_clients(presence)

@@ -6,7 +6,7 @@ what a session is, and whether an announcement may become one, needs neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,3 +65,9 @@ def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment 
 def user_sessions(sessions: Iterable[ClientSession], user: str) -> list[ClientSession]:
     """The connected clients of ``user`` only, in client_id order."""
     return sorted((s for s in sessions if s.user == user), key=lambda s: s.client_id)
+
+
+def held_names(sessions: Mapping[str, ClientSession], client_ids: Collection[str]) -> frozenset[str]:
+    """Tools these clients announced with a definition that changed since it was pinned: known
+    (a tree may name them; its route says to approve them), but not routed to until approved."""
+    return frozenset(t.name for cid in client_ids if (s := sessions.get(cid)) for t in s.held_tools)

@@ -40,9 +40,10 @@ from brain.core.routing import (
     RouteRequest,
     client_tools,
     decide_route,
+    reachable_client_ids,
     route_without_presence,
 )
-from brain.core.sessions import ClientSession
+from brain.core.sessions import ClientSession, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
@@ -129,7 +130,8 @@ class Scheduler:
         if request.client_id and not user:
             enrollment = self.presence.enrollment(request.client_id)
             user = enrollment.user if enrollment else None
-        view = self.presence.view(user=user, session_client=request.client_id)
+        sessions = self.presence.sessions()
+        view = self.presence.view(user=user, session_client=request.client_id, sessions=sessions)
         # Names the user's other clients announce are only suggestions ("did you mean").
         elsewhere = frozenset(n for c in view.clients if user and c.user == user for n in c.tools)
         warnings = check_submission(
@@ -137,7 +139,7 @@ class Scheduler:
             self.registry,
             source=request.source,
             tree_id=request.tree_id,
-            announced=client_tools(view),
+            announced=client_tools(view) | held_names(sessions, reachable_client_ids(view)),
             elsewhere=elsewhere,
         )
         record = self.submit(

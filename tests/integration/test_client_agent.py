@@ -33,6 +33,7 @@ from workers.contracts import (
     ClientConnected,
     ClientDisconnected,
     ClientToolResult,
+    ClientToolStarted,
     ToolCall,
     ToolResult,
     ToolType,
@@ -150,6 +151,7 @@ class Brain:
     def __init__(self, redis_url: str) -> None:
         self.r = redis.Redis.from_url(redis_url)
         self.app = make_app(redis_url, keyprefix=client_keyprefix(CID))
+        self.started: set[str] = set()
 
     def next_message(self, timeout: float = 30.0) -> Any:
         item = self.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=timeout)
@@ -173,11 +175,17 @@ class Brain:
         self.app.send_task(RUN_TOOL_TASK, args=[payload], queue=client_queue(CID), task_id=run_id)
 
     def results(self, run_ids: set[str], timeout: float = 30.0) -> dict[str, ToolResult]:
+        """The results of ``run_ids``; each call's start notice (ClientToolStarted) must come
+        before its result."""
         found: dict[str, ToolResult] = {}
         deadline = time.monotonic() + timeout
         while set(found) != run_ids:
             message = self.next_message(max(0.1, deadline - time.monotonic()))
+            if isinstance(message, ClientToolStarted):
+                self.started.add(message.started.run_id)
+                continue
             assert isinstance(message, ClientToolResult), message
+            assert message.result.run_id in self.started, f"{message.result.run_id}: a result before its start"
             found[message.result.run_id] = message.result
         return found
 

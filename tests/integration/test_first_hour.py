@@ -229,7 +229,9 @@ def test_a_command_run_below_the_project_uses_its_vancetope_toml(tmp_path: Path)
     assert "Tool unknown" not in below.stdout and NO_CONFIG not in below.stderr
     elsewhere = vancetope("explain", str(tree), data=tmp_path / "data", cwd=tmp_path)
     assert elsewhere.stderr.count(NO_CONFIG) == 1, elsewhere.stderr
-    assert elsewhere.returncode == 1  # the defaults know no read_local_file: said, not silent
+    # The defaults know no read_local_file: said, not silent (refused as `run` would refuse it).
+    assert elsewhere.returncode == 2, elsewhere.stdout + elsewhere.stderr
+    assert "tool 'read_local_file' is unknown" in " ".join(elsewhere.stderr.split())
 
 
 def test_users_token_with_no_stack_refuses_and_keeps_the_token(tmp_path: Path) -> None:

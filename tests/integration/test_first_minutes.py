@@ -52,13 +52,15 @@ def test_explain_shows_a_server_that_cannot_start_with_its_command_stderr_and_th
         "id: t\ntasks:\n  - {id: now, tool: echo, args: {value: 1}}\n  - {id: rain, tool: forecast}\n",
     )
     proc = vancetope("--mcp-config", str(mcp), "explain", str(tree), data=tmp_path / "data")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    out, err = flat(proc.stdout), flat(proc.stderr)
-    assert "valid, but 1 task(s) will fail" in out
+    # Nothing declares `forecast` (only the server that failed would have offered it), so the
+    # tree is refused as `run` would refuse it, every problem at once, naming the failed server.
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = flat(proc.stderr)
     assert "MCP server 'weather' failed to start" in err
     assert str(missing_script) in err  # the command, so the user sees what was run
     assert "No such file or directory" in err  # the server's own stderr
-    assert "missing tools: forecast" in err and "'weather' failed to start" in err
+    assert "task 'rain': tool 'forecast' is unknown" in err
+    assert "MCP server(s) 'weather' failed to start, so their tools are missing" in err
 
 
 def test_explain_of_a_runnable_tree_exits_zero_even_when_an_unused_server_fails(tmp_path: Path) -> None:
@@ -89,12 +91,13 @@ def test_a_tool_the_stacks_agent_announces_is_not_called_unknown(tmp_path: Path)
     with_agent = vancetope("run", str(tree), "--timeout", "60", data=tmp_path / "data", env=agent_env)
     assert "git_branch" in with_agent.stdout, with_agent.stdout + with_agent.stderr
     assert "is not in the registry" not in flat(with_agent.stderr)
-    # Without the agent nobody announces it: then the warning is true, and shown.
+    # Without the agent nobody declares or announces it: the tree is refused before it is
+    # submitted (exit 2), naming the tool.
     without = vancetope(
         "run", str(tree), "--no-agent", "--timeout", "60", data=tmp_path / "data2", env=agent_env
     )
-    assert "tool 'git_branch' is not in the registry" in flat(without.stderr), without.stderr
-    assert without.returncode == 1
+    assert "task 'branches': tool 'git_branch' is unknown" in flat(without.stderr), without.stderr
+    assert without.returncode == 2
 
 
 def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path) -> None:
