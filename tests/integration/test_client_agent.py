@@ -154,9 +154,14 @@ class Brain:
         self.started: set[str] = set()
 
     def next_message(self, timeout: float = 30.0) -> Any:
-        item = self.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=timeout)
-        assert item is not None, f"no message from the agent within {timeout}s"
-        return CLIENT_MESSAGE.validate_json(item[1])
+        # Short blocking pops up to the deadline: one BRPOP of 90 s outlived the client's socket
+        # read in CI ("Timeout reading from socket") while the agent was still starting.
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            item = self.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=max(1, min(5, int(left))))
+            if item is not None:
+                return CLIENT_MESSAGE.validate_json(item[1])
+        raise AssertionError(f"no message from the agent within {timeout}s")
 
     def ack(self, announcement: ClientConnected, accepted: bool = True, reason: str = "") -> None:
         ack = AnnouncementAck(session_id=announcement.session_id, accepted=accepted, reason=reason,
