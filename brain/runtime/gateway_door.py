@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import uuid
 from typing import Any, Literal
 
@@ -33,6 +34,8 @@ from workers.contracts import GATEWAY_QUEUE, key_gateway_reply
 log = logging.getLogger("vancetope.gateway.door")
 # How long a reply waits for the gateway to read it.
 REPLY_TTL_S = 120
+# One blocking pop's longest wait: under redis-py's default socket read timeout (5 s).
+BLOCK_S = 2.0
 _REQUEST_ID = r"^[0-9a-f]{32}$"
 
 
@@ -147,7 +150,12 @@ def ask(r: redis.Redis, timeout_s: float, **fields: Any) -> GatewayReply:
     brain answered within ``timeout_s``."""
     request = GatewayRequest(request_id=uuid.uuid4().hex, **fields)
     r.lpush(GATEWAY_QUEUE, envelope(request.model_dump(mode="json")))
-    found = r.blpop([key_gateway_reply(request.request_id)], timeout=timeout_s)
+    found = None
+    deadline = time.monotonic() + timeout_s
+    # Short blocking pops up to the deadline: redis-py 8 reads with a 5 s socket timeout by
+    # default, so one BLPOP of 30 s raised "Timeout reading from socket" when the brain was slow.
+    while found is None and (left := deadline - time.monotonic()) > 0:
+        found = r.blpop([key_gateway_reply(request.request_id)], timeout=min(left, BLOCK_S))
     if found is None:
         raise DoorRefused(
             f"the brain did not answer the gateway's {request.kind} request within {timeout_s:g}s; is it running?"

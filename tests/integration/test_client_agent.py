@@ -154,11 +154,11 @@ class Brain:
         self.started: set[str] = set()
 
     def next_message(self, timeout: float = 30.0) -> Any:
-        # Short blocking pops up to the deadline: one BRPOP of 90 s outlived the client's socket
-        # read in CI ("Timeout reading from socket") while the agent was still starting.
+        # Short blocking pops up to the deadline: redis-py 8 reads with a 5 s socket timeout by
+        # default, so one BRPOP of 90 s raised "Timeout reading from socket" while the agent started.
         deadline = time.monotonic() + timeout
         while (left := deadline - time.monotonic()) > 0:
-            item = self.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=max(1, min(5, int(left))))
+            item = self.r.brpop([client_key(CID, CLIENT_OUTBOX)], timeout=max(1, min(2, int(left))))
             if item is not None:
                 return CLIENT_MESSAGE.validate_json(item[1])
         raise AssertionError(f"no message from the agent within {timeout}s")
