@@ -11,7 +11,9 @@ that answered ``inspect`` are listed exactly as Flower lists them.
 Two more for who may read it (``brain.stack.flowerauth`` always gives Flower a password): Flower
 serves ``/metrics`` to anyone, password or not, so here it asks for the password like every
 page; and a Flower on loopback answers only requests whose Host header names loopback, so a
-web page that rebinds its own DNS name to 127.0.0.1 gets 421, not the dashboard.
+web page that rebinds its own DNS name to 127.0.0.1 gets 421, not the dashboard. And a request
+without the right password gets a 401 that says how to log in (the user, where the password
+is: ``brain.stack.flowerauth``), never Flower's own advice to set FLOWER_UNAUTHENTICATED_API.
 
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
@@ -37,12 +39,14 @@ from typing import Any
 
 from flower import command as flower_command
 from flower import urls
+from flower import views as flower_views
+from flower.api import BaseApiHandler
 from flower.api import workers as flower_workers
 from flower.app import Flower
 from flower.views import monitor as flower_monitor
 from tornado import httputil, web
 
-from brain.stack.flowerauth import host_allowed
+from brain.stack.flowerauth import UNAUTHORIZED_DEFAULT, UNAUTHORIZED_VARIABLE, UNPROTECTED_BODY, host_allowed
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
@@ -120,6 +124,32 @@ def _find_handler(self: Flower, request: httputil.HTTPServerRequest, **kwargs: A
 _flower_find_handler = Flower.find_handler
 
 
+def unauthorized_body(has_password: bool, environ: Any = os.environ) -> str:
+    """What a 401 says: who to log in as and where the password is (`vancetope up` passes its
+    own words in ``VANCETOPE_FLOWER_UNAUTHORIZED``). Never Flower's own advice, which for the
+    API is to set FLOWER_UNAUTHENTICATED_API, i.e. to turn the password off."""
+    if not has_password:
+        return UNPROTECTED_BODY
+    return str(environ.get(UNAUTHORIZED_VARIABLE) or UNAUTHORIZED_DEFAULT)
+
+
+def _answers_401(released: Any) -> Any:
+    def write_error(self: web.RequestHandler, status_code: int, **kwargs: Any) -> None:
+        if status_code != 401:
+            released(self, status_code, **kwargs)
+            return
+        options = getattr(self.application, "options", None)
+        has_password = bool(getattr(options, "basic_auth", None) or getattr(options, "auth", None))
+        self.set_status(401)
+        if has_password:
+            self.set_header("WWW-Authenticate", 'Basic realm="flower"')
+        self.set_header("Content-Type", "text/plain; charset=UTF-8")
+        self.finish(unauthorized_body(has_password))
+
+    write_error.__wrapped__ = released  # type: ignore[attr-defined]
+    return write_error
+
+
 def _replace(path: str, released: type, ours: type) -> bool:
     for i, handler in enumerate(urls.handlers):
         if isinstance(handler, tuple) and handler[0] == path:
@@ -134,6 +164,9 @@ def install() -> bool:
     """Serve ``/api/workers`` with ``ListWorkers``, ``/metrics`` behind the password, and check
     the Host header; False (and logged) if Flower's table changed."""
     Flower.find_handler = _find_handler  # type: ignore[method-assign]
+    for handler in (flower_views.BaseHandler, BaseApiHandler):
+        if "write_error" in vars(handler) and not hasattr(vars(handler)["write_error"], "__wrapped__"):
+            handler.write_error = _answers_401(vars(handler)["write_error"])  # type: ignore[method-assign]
     installed = True
     if not _replace(WORKERS_API, flower_workers.ListWorkers, ListWorkers):
         installed = False
@@ -171,4 +204,13 @@ def install_exit() -> None:
 install()
 install_exit()
 
-__all__ = ["EXIT_GRACE_S", "ListWorkers", "Metrics", "app", "exit_on_sigterm", "install", "install_exit"]
+__all__ = [
+    "EXIT_GRACE_S",
+    "ListWorkers",
+    "Metrics",
+    "app",
+    "exit_on_sigterm",
+    "install",
+    "install_exit",
+    "unauthorized_body",
+]

@@ -28,7 +28,7 @@ from client_agent import service_manager
 from client_agent.approvals import ConsentDir
 from client_agent.config import ENV_PREFIX, AgentConfig, load_config
 from client_agent.consent import PendingRequest, RequestKind, server_command, server_digest
-from client_agent.errors import AgentConfigError, AgentError, NotEnrolled
+from client_agent.errors import AgentConfigError, AgentError, NoCredential, NotEnrolled
 from client_agent.policy import Policy
 from client_agent.service import (
     ServiceKind,
@@ -71,10 +71,11 @@ def run(config_path: Path, log_level: str | None, log_file: Path | None) -> None
     """Connect to the broker, announce this workstation's tools and run tool calls until stopped.
 
     \b
-    Exit codes: 0 stopped by SIGTERM/SIGINT, 1 failed, 2 bad config,
-    3 the broker refused the credential (not enrolled, or revoked).
+    Exit codes: 0 stopped by SIGTERM/SIGINT, 1 failed, 2 bad config or no credential
+    (enroll the client first), 3 the broker refused the credential (not enrolled, or revoked).
     """
     config = _load(config_path)
+    _require_credential(config)
     if log_file is not None:
         config = config.model_copy(update={"log_file": log_file.expanduser().absolute()})
     _setup_logging(log_level or config.log_level, config.log_file)
@@ -94,7 +95,9 @@ def run(config_path: Path, log_level: str | None, log_file: Path | None) -> None
 @main.command()
 @_CONFIG
 def tools(config_path: Path) -> None:
-    """Show the tools this agent would announce (starting its MCP servers), without connecting."""
+    """Show the tools this agent would announce (starting its MCP servers), without connecting.
+
+    It needs no broker_url nor credential: it lists tools on a workstation not enrolled yet."""
     from client_agent.mcp_json import load_mcp_tools  # slow (the MCP SDK); pending/approve do not need it
 
     config = _load(config_path)
@@ -141,7 +144,7 @@ def install(config_path: Path, dry_run: bool, no_start: bool) -> None:
     VANCETOPE_AGENT_* variables: put the credential in credential_file.
 
     \b
-    Exit codes: 0 installed (and started), 2 bad config or unsupported platform,
+    Exit codes: 0 installed (and started), 2 bad config, no credential or unsupported platform,
     5 the file is written but the service manager could not enable or start it
     (the commands to run are printed).
     """
@@ -276,7 +279,8 @@ def _load_for_service(path: Path) -> AgentConfig:
     """The config as the service will see it: from the file alone, without this shell's environment."""
     try:
         config = load_config(path, environ={})
-    except AgentConfigError as exc:
+        config.own_broker_url()  # the service cannot run without this client's own credential
+    except (AgentConfigError, NoCredential) as exc:
         click.echo(f"error: {exc}", err=True)
         if any(k.startswith(ENV_PREFIX) for k in os.environ):
             click.echo("(the service does not see this shell's VANCETOPE_AGENT_* variables: "
@@ -474,6 +478,16 @@ def _print_tools(config: AgentConfig, policy: Policy, mcp: MCPTools) -> None:
 def _first_line(text: str, limit: int = 100) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _require_credential(config: AgentConfig) -> None:
+    """`run` and `install` need this client's own credential: without one the agent would retry
+    a broker that never lets it in (exit 2, one line saying how to enroll)."""
+    try:
+        config.own_broker_url()
+    except NoCredential as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
 
 
 def _load(path: Path) -> AgentConfig:

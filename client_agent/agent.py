@@ -87,8 +87,9 @@ class Agent:
         self._refused: NotEnrolled | None = None
         self._closed = False
         # One line saying what to do while the broker cannot be reached, not one per retry.
-        self.outage = BrokerOutage(config.broker_url, config.client_id, config.user)
-        self.channel = AgentChannel(connect_redis(config.broker_url), config.client_id, self.outage)
+        broker_url = config.own_broker_url()
+        self.outage = BrokerOutage(broker_url, config.client_id, config.user)
+        self.channel = AgentChannel(connect_redis(broker_url), config.client_id, self.outage)
         # Consent (docs/client-agent.md, "Consent on the workstation"): approvals live in a 0700 directory.
         self.consent = ConsentDir.for_config(config)
         self.redactor = Redactor.build(config.redact, config.redact_builtin)
@@ -235,7 +236,7 @@ class Agent:
             cfg.client_id,
             cfg.user,
             self.session_id,
-            redact_url(cfg.broker_url),
+            redact_url(cfg.own_broker_url()),
             client_queue(cfg.client_id),
         )
         self._check_credentials()

@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from client_agent.errors import AgentConfigError
+from client_agent.errors import AgentConfigError, NoCredential
 from client_agent.self_protection import check_sandbox_roots
 from workers.contracts import ClientType, client_queue
 from workers.urls import check_redis_url
@@ -50,8 +51,10 @@ class AgentConfig(BaseModel):
     user: str = Field(min_length=1)
     client_type: ClientType = ClientType.DESKTOP
     # This client's own URL from `vancetope clients enroll`: here, in VANCETOPE_AGENT_BROKER_URL,
-    # or (best) in credential_file, a 0600 file holding the line that command printed.
-    broker_url: str
+    # or (best) in credential_file, a 0600 file holding the line that command printed. None (or
+    # a URL without a password) is enough for `tools`; `run` and `install` refuse it
+    # (own_broker_url).
+    broker_url: str | None = None
     credential_file: Path | None = None
     # The agent's own state: agent.json (pid, last heartbeat), read by `vancetope-agent status`.
     data_dir: Path = Path(".vancetope-agent")
@@ -124,8 +127,8 @@ class AgentConfig(BaseModel):
 
     @field_validator("broker_url")
     @classmethod
-    def _valid_broker_url(cls, value: str) -> str:
-        return check_redis_url(value)
+    def _valid_broker_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_redis_url(value)
 
     @field_validator("sandbox_roots")
     @classmethod
@@ -155,6 +158,14 @@ class AgentConfig(BaseModel):
         if isinstance(value, list | tuple):
             return [Path(v).expanduser().absolute() if isinstance(v, str) else v for v in value]
         return value
+
+    def own_broker_url(self) -> str:
+        """The broker URL with this client's own credential; NoCredential when there is none
+        (no URL, or one without a password: the example's placeholder), so the agent does not
+        retry a broker that will never let it in."""
+        if self.broker_url is None or urlsplit(self.broker_url).password is None:
+            raise NoCredential(self.client_id, self.user)
+        return self.broker_url
 
 
 def load_config(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> AgentConfig:

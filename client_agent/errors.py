@@ -32,6 +32,22 @@ class AgentConfigError(AgentError):
         self.field = field
 
 
+class NoCredential(AgentError):
+    """The config gives no credential of this client's own: no broker URL, or one without a
+    password (the example's placeholder). The broker would refuse it, or let the agent retry a
+    wrong address for ever: enrolling is the only way in."""
+
+    def __init__(self, client_id: str, user: str) -> None:
+        super().__init__(
+            f"this client has no credential: enroll it on the brain: vancetope clients enroll {client_id} "
+            f"--user {user} --output {client_id}.credential, then set credential_file",
+            client_id=client_id,
+            user=user,
+        )
+        self.client_id = client_id
+        self.user = user
+
+
 class AnnouncementTooLarge(AgentError):
     """The tool announcement does not fit the brain's limits even without descriptions."""
 

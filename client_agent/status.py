@@ -38,9 +38,9 @@ class Enrollment:
     detail: str
 
 
-def check_enrollment(broker_url: str, timeout_s: float = PING_TIMEOUT_S) -> Enrollment:
+def check_enrollment(broker_url: str | None, timeout_s: float = PING_TIMEOUT_S) -> Enrollment:
     """One PING with the agent's own credential: WRONGPASS/NOAUTH means not enrolled or revoked."""
-    if urlsplit(broker_url).password is None:
+    if broker_url is None or urlsplit(broker_url).password is None:
         return Enrollment(False, "no credential: set credential_file to the file `vancetope clients enroll "
                                  "--output` wrote")  # fmt: skip
     client = redis.Redis.from_url(broker_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)

@@ -194,7 +194,7 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
         return
     stack.start_flower(port, access)
     # The user and where the password is, never the password (this line may be logged).
-    login = f"user {', '.join(access.users)}, password in {access.secret_file or 'FLOWER_BASIC_AUTH'}"
+    login = access.login()
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
     console.print(escape(f"flower: http://{host}:{port} ({login})"), highlight=False, soft_wrap=True)
 

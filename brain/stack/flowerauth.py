@@ -35,6 +35,22 @@ FLOWER_SECRET_FILE = "flower.secret"
 # Flower reads FLOWER_<OPTION> from its environment; these are the two we decide.
 BASIC_AUTH_VARIABLE = "FLOWER_BASIC_AUTH"
 UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"
+# What brain.flowerapp answers a request without the right password (its 401 body): who to log
+# in as and where the password is, never the password.
+UNAUTHORIZED_VARIABLE = "VANCETOPE_FLOWER_UNAUTHORIZED"
+# The 401 body of a Flower not started by `vancetope up` (compose.yaml, or by hand).
+UNAUTHORIZED_DEFAULT = (
+    "401 Unauthorized: this Flower asks for a user and password (HTTP basic auth), on loopback "
+    f"too: the user:password in the {BASIC_AUTH_VARIABLE} its operator set (compose.yaml: user "
+    f"{FLOWER_USER}, the password VANCETOPE_FLOWER_PASSWORD in .env; `vancetope up`: user "
+    f"{FLOWER_USER}, the password in <data_dir>/{FLOWER_SECRET_FILE}). "
+    'For example: curl -u "USER:PASSWORD" http://127.0.0.1:5555/api/workers\n'
+)
+# A Flower started with no password at all refuses its API and shows its pages to anyone.
+UNPROTECTED_BODY = (
+    "401 Unauthorized: this Flower was started without a password. Stop it and start it with "
+    f"{BASIC_AUTH_VARIABLE}=user:password (`vancetope up --flower` and compose.yaml always give it one).\n"
+)
 
 
 class FlowerUnprotected(ConfigError):
@@ -62,11 +78,35 @@ class FlowerAccess:
     def beyond_loopback(self) -> bool:
         return not is_loopback(self.address)
 
+    def login(self) -> str:
+        """Who to log in as and where the password is (never the password)."""
+        return f"user {', '.join(self.users)}, password in {self.secret_file or BASIC_AUTH_VARIABLE}"
+
+    def unauthorized(self) -> str:
+        """The 401 body: how to authenticate. The password file's full path only on loopback
+        (beyond it, whoever is refused may be anyone on the network)."""
+        user = self.users[0] if self.users else "USER"
+        if self.secret_file is None:
+            where = f"the password in the {BASIC_AUTH_VARIABLE} its operator set"
+            example = f'curl -u "{user}:PASSWORD"'
+        elif self.beyond_loopback:
+            where = (
+                f"the password in {FLOWER_SECRET_FILE} in the stack's data dir (`vancetope up` printed where)"
+            )
+            example = f'curl -u "{user}:$(cat <data_dir>/{FLOWER_SECRET_FILE})"'
+        else:
+            where = f"the password in {self.secret_file}"
+            example = f'curl -u "{user}:$(cat {self.secret_file})"'
+        return (
+            f"401 Unauthorized: this Flower asks for a password, on loopback too. Log in as user "
+            f"{', '.join(self.users) or user}, {where}. For example: {example} <this URL>\n"
+        )
+
     def env(self) -> dict[str, str]:
         """Flower's environment entries for this access; refuses one without a password."""
         if not self.basic_auth:
             raise FlowerUnprotected(self.address, "no password is set")
-        return {BASIC_AUTH_VARIABLE: self.basic_auth}
+        return {BASIC_AUTH_VARIABLE: self.basic_auth, UNAUTHORIZED_VARIABLE: self.unauthorized()}
 
 
 def is_loopback(address: str) -> bool:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
+import pytest
 from flower import app as flower_app
 from flower.api import workers as flower_workers
+from flower.app import Flower
+from flower.options import default_options
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
 
 from brain import flowerapp
+from brain.stack.flowerauth import (
+    FLOWER_SECRET_FILE,
+    UNAUTHORIZED_DEFAULT,
+    UNAUTHORIZED_VARIABLE,
+    UNPROTECTED_BODY,
+    decide_access,
+)
 
 
 def test_flower_serves_api_workers_with_vancetopes_handler() -> None:
@@ -48,3 +64,52 @@ def test_event_workers_lists_what_the_dashboard_shows() -> None:
             "source": "events",
         }
     }
+
+
+# --- a 401 says how to log in, never "turn the password off" -------------------------------------
+
+
+async def _get_401s(basic_auth: list[str], paths: tuple[str, ...]) -> dict[str, tuple[int, str, str]]:
+    options = SimpleNamespace(**default_options.as_dict())
+    options.basic_auth, options.address = basic_auth, "127.0.0.1"
+    flower = Flower(options=options, capp=flowerapp.app, events=mock.MagicMock())
+    sock, port = bind_unused_port()
+    server = HTTPServer(flower)
+    server.add_sockets([sock])
+    client = AsyncHTTPClient(force_instance=True)
+    try:
+        answers = {}
+        for path in paths:
+            r = await client.fetch(f"http://127.0.0.1:{port}{path}", raise_error=False)
+            answers[path] = (r.code, r.headers.get("WWW-Authenticate", ""), r.body.decode())
+        return answers
+    finally:
+        client.close()
+        server.stop()
+        await server.close_all_connections()
+
+
+PROTECTED = ("/api/workers", "/api/tasks", "/", "/tasks/datatable", "/metrics")
+
+
+def test_a_401_says_who_to_log_in_as_and_where_the_password_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    access = decide_access("127.0.0.1", {}, tmp_path / FLOWER_SECRET_FILE)
+    monkeypatch.setenv(UNAUTHORIZED_VARIABLE, access.env()[UNAUTHORIZED_VARIABLE])
+    answers = asyncio.run(_get_401s(["vancetope:right"], PROTECTED))
+    for path, (code, challenge, body) in answers.items():
+        assert code == 401 and challenge == 'Basic realm="flower"', path
+        assert f'curl -u "vancetope:$(cat {tmp_path / FLOWER_SECRET_FILE})"' in body, path
+        assert "UNAUTHENTICATED" not in body, path
+
+
+def test_a_401_never_recommends_turning_the_password_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Flower's own API answer was "FLOWER_UNAUTHENTICATED_API environment variable is required".
+    monkeypatch.delenv(UNAUTHORIZED_VARIABLE, raising=False)
+    with_password = asyncio.run(_get_401s(["vancetope:right"], ("/api/workers",)))["/api/workers"]
+    assert with_password[0] == 401 and with_password[2] == UNAUTHORIZED_DEFAULT
+    assert "FLOWER_BASIC_AUTH" in with_password[2] and "flower.secret" in with_password[2]
+    without = asyncio.run(_get_401s([], ("/api/workers", "/api/tasks")))
+    for code, _, body in without.values():
+        assert code == 401 and body == UNPROTECTED_BODY and "UNAUTHENTICATED" not in body

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from client_agent.config import AgentConfig, WorkerPool, load_config
-from client_agent.errors import AgentConfigError
+from client_agent.errors import AgentConfigError, NoCredential
+from tests.conftest import EXAMPLES
 from workers.contracts import ClientType
 
 MINIMAL = '[agent]\nclient_id = "laptop"\nuser = "demo"\nbroker_url = "redis://127.0.0.1:6379/0"\n'
@@ -140,7 +141,7 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
 
 def test_rediss_url_with_certificate_checks_is_accepted(tmp_path: Path) -> None:
     env = {"VANCETOPE_AGENT_BROKER_URL": "rediss://h:6380/0?ssl_cert_reqs=required"}
-    assert load_config(write(tmp_path, MINIMAL), environ=env).broker_url.startswith("rediss://")
+    assert (load_config(write(tmp_path, MINIMAL), environ=env).broker_url or "").startswith("rediss://")
 
 
 # --- credential_file: the line `vancetope clients enroll --output` writes -------------------
@@ -187,3 +188,36 @@ def test_a_credential_file_others_can_read_or_without_the_line_is_refused(
     with pytest.raises(AgentConfigError) as caught:
         load_config(write(tmp_path, MINIMAL + 'credential_file = "laptop.credential"\n'), environ={})
     assert "credential_file" in str(caught.value) and fragment in str(caught.value)
+
+
+# --- a credential of its own: `run` and `install` need it, `tools` does not ---------------------
+
+
+def test_a_config_without_a_broker_url_loads_for_tools(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, '[agent]\nclient_id = "laptop"\nuser = "demo"\n'), environ={})
+    assert config.broker_url is None
+    with pytest.raises(NoCredential) as caught:
+        config.own_broker_url()
+    assert str(caught.value) == (
+        "this client has no credential: enroll it on the brain: vancetope clients enroll laptop "
+        "--user demo --output laptop.credential, then set credential_file"
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:6379/0", "redis://vtc-laptop@broker.example:6379/0"], ids=["none", "user-only"]
+)
+def test_a_broker_url_without_a_password_is_no_credential(tmp_path: Path, url: str) -> None:
+    config = load_config(write(tmp_path, MINIMAL), environ={"VANCETOPE_AGENT_BROKER_URL": url})
+    with pytest.raises(NoCredential):
+        config.own_broker_url()
+
+
+def test_the_credential_file_or_the_environment_gives_the_own_broker_url(tmp_path: Path) -> None:
+    credential(tmp_path)
+    from_file = load_config(write(tmp_path, MINIMAL + 'credential_file = "laptop.credential"\n'), environ={})
+    assert from_file.own_broker_url() == OWN_URL
+    # How `vancetope up` runs the example agent: the stack's own enrolled URL in the environment.
+    env_url = "redis://vtc-laptop:fresh@127.0.0.1:6390/0"
+    example = load_config(EXAMPLES / "agent" / "agent.toml", environ={"VANCETOPE_AGENT_BROKER_URL": env_url})
+    assert example.own_broker_url() == env_url

@@ -161,9 +161,24 @@ def test_install_refuses_a_config_that_works_only_with_this_shells_variables(ws:
         "install", "--config", str(ws.config), VANCETOPE_AGENT_BROKER_URL="redis://u:p@127.0.0.1:1/0"
     )
     assert proc.returncode == 2
-    assert "broker_url: is required" in proc.stderr
+    assert "error: this client has no credential: enroll it on the brain" in proc.stderr
     assert "the service does not see this shell's VANCETOPE_AGENT_* variables" in proc.stderr
     assert not ws.unit.exists()
+
+
+@pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "install"])
+def test_install_refuses_a_broker_url_without_a_credential(ws: Workstation, dry_run: list[str]) -> None:
+    # The example's placeholder: before, --dry-run accepted it and the service retried it for ever.
+    ws.config.write_text(
+        '[agent]\nclient_id = "box"\nuser = "ada"\nbroker_url = "redis://127.0.0.1:6379/0"\n'
+    )
+    proc = ws.cli("install", "--config", str(ws.config), *dry_run)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "error: this client has no credential: enroll it on the brain: vancetope clients enroll box "
+        "--user ada --output box.credential, then set credential_file"
+    )
+    assert proc.stdout == "" and not ws.unit.exists() and ws.called() == []
 
 
 def test_uninstall_with_nothing_installed_says_so(ws: Workstation) -> None:

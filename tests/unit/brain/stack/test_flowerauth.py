@@ -11,6 +11,7 @@ import pytest
 from brain.stack.flowerauth import (
     BASIC_AUTH_VARIABLE,
     FLOWER_USER,
+    UNAUTHORIZED_VARIABLE,
     FlowerAccess,
     FlowerUnprotected,
     decide_access,
@@ -44,7 +45,7 @@ def test_a_password_is_generated_once_into_a_private_file_on_every_address(
     first = decide_access(address, {}, secret)
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert first.users == (FLOWER_USER,) and first.secret_file == secret
-    assert first.env() == {BASIC_AUTH_VARIABLE: f"{FLOWER_USER}:{secret.read_text().strip()}"}
+    assert first.env()[BASIC_AUTH_VARIABLE] == f"{FLOWER_USER}:{secret.read_text().strip()}"
     assert decide_access(address, {}, secret).basic_auth == first.basic_auth  # kept across starts
     assert first.basic_auth is not None and first.basic_auth not in repr(first)
 
@@ -53,12 +54,12 @@ def test_on_loopback_the_operators_password_is_used_and_none_generated(tmp_path:
     secret = tmp_path / "flower.secret"
     given = decide_access("127.0.0.1", {BASIC_AUTH_VARIABLE: "ops:pw,ann:pw2"}, secret)
     assert given.users == ("ops", "ann") and given.secret_file is None
-    assert given.env() == {BASIC_AUTH_VARIABLE: "ops:pw,ann:pw2"}
+    assert given.env()[BASIC_AUTH_VARIABLE] == "ops:pw,ann:pw2"
 
 
 def test_the_operators_credentials_win_over_a_generated_password(tmp_path: Path) -> None:
     access = decide_access("0.0.0.0", {BASIC_AUTH_VARIABLE: "ops:pw"}, tmp_path / "flower.secret")
-    assert access.env() == {BASIC_AUTH_VARIABLE: "ops:pw"}
+    assert access.env()[BASIC_AUTH_VARIABLE] == "ops:pw"
     assert not (tmp_path / "flower.secret").exists()
 
 
@@ -94,3 +95,30 @@ def test_flower_without_a_password_is_refused_on_every_address(address: str) -> 
 )
 def test_on_loopback_only_a_loopback_host_header_is_answered(host: str, address: str, answered: bool) -> None:
     assert host_allowed(host, address) is answered
+
+
+# --- what a refused caller is told: who to log in as and where the password is ------------------
+
+
+def test_on_loopback_the_401_names_the_user_and_the_password_file(tmp_path: Path) -> None:
+    access = decide_access("127.0.0.1", {}, tmp_path / "flower.secret")
+    body = access.env()[UNAUTHORIZED_VARIABLE]
+    assert body == access.unauthorized()
+    assert f"Log in as user {FLOWER_USER}, the password in {tmp_path / 'flower.secret'}." in body
+    assert f'curl -u "{FLOWER_USER}:$(cat {tmp_path / "flower.secret"})"' in body
+    password = (tmp_path / "flower.secret").read_text().strip()
+    assert password not in body and "UNAUTHENTICATED" not in body
+
+
+def test_beyond_loopback_the_401_does_not_show_the_data_dirs_path(tmp_path: Path) -> None:
+    body = decide_access("0.0.0.0", {}, tmp_path / "flower.secret").unauthorized()
+    assert str(tmp_path) not in body
+    assert "flower.secret in the stack's data dir" in body
+
+
+def test_with_the_operators_credentials_the_401_points_to_flower_basic_auth(tmp_path: Path) -> None:
+    body = decide_access(
+        "127.0.0.1", {BASIC_AUTH_VARIABLE: "ops:pw"}, tmp_path / "flower.secret"
+    ).unauthorized()
+    assert "Log in as user ops, the password in the FLOWER_BASIC_AUTH its operator set." in body
+    assert ":pw" not in body and "UNAUTHENTICATED" not in body
