@@ -349,8 +349,16 @@ def test_an_unenrolled_agent_is_told_so_and_exits_instead_of_retrying_forever(
         code = exit_code_within(agent, timeout=60)
     finally:
         agent.stop()
-    assert code == 3, agent.output()
-    assert NOT_ENROLLED in agent.output()
+    if credentials == "none":
+        # No credential at all is refused before the broker is asked (exit 2), with the command
+        # that makes one.
+        assert code == 2, agent.output()
+        assert f"this client has no credential: enroll it on the brain: vancetope clients enroll {CID}" in (
+            agent.output()
+        )
+    else:
+        assert code == 3, agent.output()
+        assert NOT_ENROLLED in agent.output()
     assert "did not acknowledge" not in agent.output()
 
 

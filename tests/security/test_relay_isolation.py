@@ -40,6 +40,7 @@ from workers.contracts import (
     CLIENT_HEARTBEAT,
     CLIENT_OUTBOX,
     AnnouncementAck,
+    ClientConnected,
     ClientToolResult,
     client_key,
     client_queue,
@@ -218,9 +219,17 @@ def test_a_suspended_client_is_accepted_again_once_it_announces_cleanly(
         raw = wait_until(lambda: attacker.get(client_key("mallory", CLIENT_ACK)), timeout=30, what="an ack")
         return AnnouncementAck.model_validate_json(raw)
 
-    refused = announce("s-m")
+    # While marked, an announcement is refused. Handed to the brain's own handler: one pushed
+    # to the outbox now would be freed with the over-quota keys (the brain marks, then frees).
+    refused = brain.clients.on_connected(
+        ClientConnected.model_validate_json(connected("mallory", session="s-m", tools=(READ,))), "mallory"
+    )
     assert not refused.accepted and "over quota" in refused.reason
-    attacker.delete(*(client_key("mallory", f"junk{i}") for i in range(2)))
+    wait_until(
+        lambda: not attacker.exists(*(client_key("mallory", f"junk{i}") for i in range(2))),
+        timeout=30,
+        what="the brain to free the over-quota keys",
+    )
     wait_until(lambda: brain.clients.misbehaving.get("mallory") is None, timeout=30, what="back under quota")
     assert announce("s-m").accepted
     assert brain.scheduler.presence.session("mallory") is not None
