@@ -39,12 +39,10 @@ class ClientSession(BaseModel):
         return frozenset(n for t in self.tools for n in names_of(t))
 
 
-
 def names_of(tool: ToolDescriptor) -> tuple[str, ...]:
     """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
     means whatever else (a built-in, another server) shares its bare name."""
     return (tool.name, qualified(tool.mcp_server, tool.name)) if tool.mcp_server else (tool.name,)
-
 
 
 def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:

@@ -34,6 +34,7 @@ log = logging.getLogger("vancetope.brain")
 # always wakes it: waking it more often from one process only costs PUBLISH round trips.
 _WAKE_EVERY_S = 0.2
 
+
 def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str | None) -> str | None:
     """Why a result may not complete ``rec``, or None when it may. Pure.
 
@@ -51,6 +52,7 @@ def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str |
         return f"it was routed to {routed}"
     return refuse_claim(result.client_id, from_client)
 
+
 def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
     """Why a message claiming to come from client ``claimed`` (a result, a progress report)
     does not fit the way it came, or None. Pure; needs no record, so it is checked before
@@ -62,7 +64,9 @@ def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
     return f"it claims client {claimed!r}"
 
 
-def checked_payload(result: ToolResult, cap: int) -> tuple[bool, Any, dict[str, Any] | None, ErrorInfo | None]:
+def checked_payload(
+    result: ToolResult, cap: int
+) -> tuple[bool, Any, dict[str, Any] | None, ErrorInfo | None]:
     """(ok, value, whole MCP result, error) to record for ``result``. Pure. The size is checked
     again here, measured as the worker and the agent measure it (``result_size``): a client
     agent's cap is its own promise, not ours."""
@@ -150,7 +154,9 @@ class Intake:
             updated_at=self.scheduler.clock(),
         )
         if recorded is None:
-            refusal = refuse_result(self.scheduler.store.get_task(result.tree_id, result.task_id), result, from_client)
+            refusal = refuse_result(
+                self.scheduler.store.get_task(result.tree_id, result.task_id), result, from_client
+            )
             if refusal is not None:
                 self._refused(result, from_client, refusal)
                 return None
