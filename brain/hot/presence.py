@@ -19,10 +19,11 @@ from brain.core.models import Enrollment
 from brain.core.routing import ClientView, Presence
 from brain.core.sessions import ClientSession
 from brain.hot.client_keys import KeyReading, read_client_keys
-from brain.hot.state import KOMBU_UNACKED, as_text, is_wrong_type
+from brain.hot.state import as_text, is_wrong_type
 from brain.hot.toolpins import ToolPins
 from brain.store import Store
 from workers.contracts import (
+    KOMBU_UNACKED,
     ClientConnected,
     client_key,
     client_queue,

@@ -21,9 +21,9 @@ from brain.hot.boundary import unreachable
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
-from brain.hot.state import KOMBU_UNACKED, HotState
+from brain.hot.state import HotState
 from brain.store import open_store
-from workers.contracts import DEFAULT_POOL, client_key, client_queue, pool_queue
+from workers.contracts import DEFAULT_POOL, KOMBU_UNACKED, client_key, client_queue, pool_queue
 from workers.pool_presence import live_pool_workers
 
 

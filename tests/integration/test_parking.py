@@ -469,7 +469,8 @@ def test_two_requeues_of_one_client_at_once_queue_each_parked_task_exactly_once(
 def test_take_back_reads_a_long_queue_and_unacked_hash_once_and_takes_exactly_the_runs_asked_for(
     brain_on_redis: Brain,
 ) -> None:
-    from brain.hot.state import KOMBU_UNACKED, KOMBU_UNACKED_INDEX, READ_CHUNK
+    from brain.hot.state import READ_CHUNK
+    from workers.contracts import KOMBU_UNACKED, KOMBU_UNACKED_INDEX
 
     hot = brain_on_redis.hot
     qkey, ukey = client_key("laptop", client_queue("laptop")), client_key("laptop", KOMBU_UNACKED)

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from brain.core.models import TaskState, TreeStatus
-from brain.hot.state import KOMBU_UNACKED
 from tests.conftest import (
     EXAMPLES,
     FIXTURES,
@@ -29,7 +28,7 @@ from tests.conftest import (
     wait_until,
     write_mcp_config,
 )
-from workers.contracts import SERVER_QUEUE, ToolCall, ToolType
+from workers.contracts import KOMBU_UNACKED, SERVER_QUEUE, ToolCall, ToolType
 
 pytestmark = pytest.mark.integration
 
