@@ -68,6 +68,19 @@ def ctrl_c(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait(90)
 
 
+def run_then_ctrl_c(args: list[str], data: Path, log: Path, submitted_within: float) -> tuple[TreeRecord, int, str]:
+    """Start `vancetope run ARGS`, press Ctrl-C once its tree is recorded: the tree, the exit
+    code and the run's output on one line."""
+    run = start(["run", *args], data, log)
+    try:
+        record = wait_until(lambda: running_tree(data), submitted_within, "the tree to be submitted")
+        code = ctrl_c(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return record, code, " ".join(log.read_text().split())
+
+
 @contextmanager
 def up(data: Path, log: Path, *args: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = start(["up", "--no-agent", *args], data, log, **env)
@@ -131,14 +144,7 @@ def test_ctrl_c_on_a_run_that_started_its_stack_cancels_the_tree_as_interrupted_
     data = tmp_path / "data"
     tree = tmp_path / "parked.yaml"
     tree.write_text(PARKED_TREE)
-    run = start(["run", str(tree), "--no-agent"], data, tmp_path / "run.log")
-    try:
-        record = wait_until(lambda: running_tree(data), 120, "the tree to be submitted")
-        code = ctrl_c(run)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    log = " ".join((tmp_path / "run.log").read_text().split())
+    record, code, log = run_then_ctrl_c([str(tree), "--no-agent"], data, tmp_path / "run.log", 120)
     assert code == 130, log
     assert (
         f"interrupted (Ctrl-C): tree {record.tree_id} stopped" in log
@@ -200,14 +206,7 @@ def test_up_says_beat_runs_starts_its_gateway_on_a_port_in_time_wait_and_run_lea
         # Ctrl-C on a run that used this stack: the tree goes on.
         tree = tmp_path / "parked.yaml"
         tree.write_text(PARKED_TREE)
-        run = start(["run", str(tree)], data, tmp_path / "run.log")
-        try:
-            record = wait_until(lambda: running_tree(data), 60, "the tree to be submitted")
-            code = ctrl_c(run)
-        finally:
-            if run.poll() is None:
-                run.kill()
-        run_log = " ".join((tmp_path / "run.log").read_text().split())
+        record, code, run_log = run_then_ctrl_c([str(tree)], data, tmp_path / "run.log", 60)
         assert code == 130, run_log
         assert f"the tree goes on: vancetope status {record.tree_id}" in run_log
         assert running_tree(data) == record
