@@ -358,6 +358,15 @@ class MCPServerFailure(BaseModel):
     message: str
     stderr_tail: str = ""
 
+    def described(self, stderr_lines: int = 12) -> str:
+        """What `explain` prints and the brain logs: the server, its command (in the message)
+        and the last lines it wrote to stderr, which usually say why."""
+        text = f"MCP server {self.server!r} failed to start: {self.message}"
+        tail = self.stderr_tail.splitlines()[-stderr_lines:]
+        if tail:
+            text += "\n  its stderr ended with:\n" + "\n".join(f"    {line}" for line in tail)
+        return text
+
 
 # --- client agent <-> brain ----------------------------------------------------------
 #

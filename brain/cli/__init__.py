@@ -4,6 +4,8 @@ One module per family of commands; importing them registers their commands on ``
 """
 
 from brain.cli import clients, secrets, services, trees  # noqa: F401 - they register commands
-from brain.cli.base import cli, main
+from brain.cli.base import accept_settings_options, cli, main
+
+accept_settings_options(cli)
 
 __all__ = ["cli", "main"]

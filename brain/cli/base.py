@@ -48,19 +48,36 @@ EXIT_OK, EXIT_TREE_FAILED, EXIT_BAD_INPUT, EXIT_STACK, EXIT_TIMED_OUT = 0, 1, 2,
 EXIT_INTERRUPTED = 130
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data-dir", type=click.Path(path_type=Path), help="State directory (default .vancetope).")
-@click.option(
-    "--registry",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="Tool registry YAML (default from vancetope.toml / VANCETOPE_REGISTRY).",
+def _settings_options() -> list[click.Option]:
+    # Fresh objects each call: the group and every command get their own copies.
+    return [
+        click.Option(
+            ["--data-dir"], type=click.Path(path_type=Path), help="State directory (default .vancetope)."
+        ),
+        click.Option(
+            ["--registry"],
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help="Tool registry YAML (default from vancetope.toml / VANCETOPE_REGISTRY).",
+        ),
+        click.Option(
+            ["--mcp-config"],
+            type=click.Path(path_type=Path, exists=True, dir_okay=False),
+            help="The brain's server-side mcpServers JSON (VANCETOPE_MCP_CONFIG).",
+        ),
+    ]
+
+
+_SETTINGS_KEYS = ("data_dir", "registry", "mcp_config")
+_GIVEN_AFTER = "vancetope.settings_after_command"
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    params=[
+        *_settings_options(),
+        click.Option(["-v", "--verbose"], is_flag=True, help="Log what the brain does."),
+    ],
 )
-@click.option(
-    "--mcp-config",
-    type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="The brain's server-side mcpServers JSON (VANCETOPE_MCP_CONFIG).",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Log what the brain does.")
 @click.pass_context
 def cli(
     ctx: click.Context, data_dir: Path | None, registry: Path | None, mcp_config: Path | None, verbose: bool
@@ -73,10 +90,47 @@ def cli(
         # Once per command, before anything runs: from the wrong folder, a run would otherwise
         # start an empty stack in silence (every task "Tool unknown"; issue 22).
         err.print(f"[yellow]no {CONFIG_FILE} here or above; using the defaults[/]", highlight=False)
+    ctx.obj = _settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
+
+
+def _settings(data_dir: Path | None, registry: Path | None, mcp_config: Path | None) -> Settings:
     try:
-        ctx.obj = load_settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
+        return load_settings(data_dir=data_dir, registry=registry, mcp_config=mcp_config)
     except ConfigError as exc:
         fail(str(exc), EXIT_BAD_INPUT)
+
+
+def settings_options_given(ctx: click.Context) -> dict[str, Path | None]:
+    """``--data-dir``, ``--registry`` and ``--mcp-config`` as given on the command line, before
+    or after the command name (None: not given)."""
+    root = ctx.find_root()
+    given = {key: root.params.get(key) for key in _SETTINGS_KEYS}
+    given.update(root.meta.get(_GIVEN_AFTER, {}))
+    return given
+
+
+def _settings_override(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    """``vancetope up --data-dir X`` means what ``vancetope --data-dir X up`` does: the value
+    given after the command wins over one given before it (issue 22)."""
+    if value is None or param.name is None:
+        return
+    ctx.find_root().meta.setdefault(_GIVEN_AFTER, {})[param.name] = value
+    ctx.obj = _settings(**settings_options_given(ctx))
+
+
+def accept_settings_options(group: click.Group) -> None:
+    """Give every command under ``group`` the group's settings options too, so that they may
+    follow the command name, as users type them (``vancetope up --data-dir /srv/v``)."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            accept_settings_options(command)
+            continue
+        names = {name for p in command.params for name in p.opts}
+        for option in _settings_options():
+            if names.isdisjoint(option.opts):
+                option.expose_value = False
+                option.callback = _settings_override
+                command.params.append(option)
 
 
 @contextlib.contextmanager

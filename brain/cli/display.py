@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich import box
 from rich.console import Group
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -58,6 +59,10 @@ def progress_text(p: Progress) -> str:
     return f"{text} {p.message}" if p.message else text
 
 
+# Characters of a result shown in a table: one line at 80 columns beside the other columns.
+PREVIEW_WIDTH = 40
+
+
 def summarize(value: Any, width: int = 60) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str, separators=(",", ":"))
     text = " ".join(text.split())
@@ -74,13 +79,25 @@ def task_table(
     tree: TreeRecord, records: Sequence[TaskRecord], running: Mapping[str, Mapping[str, Any]]
 ) -> Table:
     on = f" (schedule {tree.schedule})" if tree.schedule else ""
-    table = Table(title=Text(f"tree {tree.tree_id}{on} — {tree.status.value}"), title_justify="left")
-    for col in ("task", "tool", "state", "route", "duration", "result / reason"):
+    # No outer edge and a rule under the head only: at 80 columns the result keeps room for a
+    # preview instead of ten characters.
+    table = Table(
+        title=Text(f"tree {tree.tree_id}{on} — {tree.status.value}"),
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+    )
+    for col in ("task", "tool", "state", "route", "duration"):
         table.add_column(col, overflow="fold")
+    # A result is a one-line preview (it wrapped over five lines at 80 columns; issue 22);
+    # reasons and errors fold, as they are what a reader needs whole.
+    table.add_column("result / reason", overflow="fold")
+    shortened = False
     for rec in records:
         state = shown_state(rec, running)
         if rec.state is TaskState.DONE:
-            detail = summarize(rec.result)
+            detail = summarize(rec.result, PREVIEW_WIDTH)
+            shortened |= detail.endswith("…")
         elif rec.error is not None:
             detail = rec.error.message
         elif rec.state in QUEUED and rec.progress is not None:
@@ -93,8 +110,11 @@ def task_table(
             Text(state, style=STATE_STYLE.get(state, "")),
             Text(rec.route),
             Text(duration(rec)),
-            Text(detail),
+            Text(detail, no_wrap=rec.state is TaskState.DONE, overflow="ellipsis"),
         )
+    if shortened:
+        table.caption = Text(f"whole results: vancetope status {tree.tree_id} TASK (or --json)")
+        table.caption_justify = "left"
     return table
 
 
@@ -104,7 +124,10 @@ def progress(
     counts = Counter(shown_state(r, running) for r in records)
     final = sum(1 for r in records if r.state.is_final)
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    bar = ProgressBar(total=len(records), completed=final, width=40)
+    # The bar in a grid row of its own: alone in a Group it ends no line, and the table's title
+    # printed on the same line as it.
+    bar = Table.grid()
+    bar.add_row(ProgressBar(total=len(records), completed=final, width=40))
     return Group(
         Text(f"{tree.tree_id}: {final}/{len(records)} final — {parts}"),
         bar,

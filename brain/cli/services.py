@@ -32,7 +32,7 @@ from brain.errors import (
     StackNotRunning,
 )
 from brain.runtime import submitters
-from brain.runtime.reload import RELOAD_REQUEST_KEY
+from brain.runtime.reload import NO_CHANGE, RELOAD_FAILED, RELOAD_REQUEST_KEY
 from brain.stack.embedded import (
     EmbeddedStack,
     beat_argv,
@@ -237,22 +237,40 @@ def reload(settings: Settings, timeout: float) -> None:
     Exits 1 if the brain did not answer within --timeout.
     """
     with running_brain(settings) as brain:
-        before = brain.scheduler.registry.loaded_at
+        previous = brain.hot.get_registry()
+        before = RegistrySnapshot.model_validate(previous) if previous else brain.scheduler.registry
         brain.hot.r.set(RELOAD_REQUEST_KEY, b"1")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             snapshot = brain.hot.get_registry()
-            if snapshot is not None and snapshot.get("loaded_at", 0.0) != before:
-                registry = RegistrySnapshot.model_validate(snapshot)
-                console.print(f"registry reloaded: {len(registry.tools)} tools")
-                for line in registry.changes:
-                    console.print(f"  {escape(line)}", highlight=False)
+            if snapshot is not None and snapshot.get("loaded_at", 0.0) != before.loaded_at:
+                _say_reloaded(before, RegistrySnapshot.model_validate(snapshot))
                 return
             time.sleep(0.2)
     fail(
         f"the brain did not reload within {timeout:g}s; is it running? (`vancetope up`, its log)",
         EXIT_TREE_FAILED,
     )
+
+
+def _say_reloaded(before: RegistrySnapshot, after: RegistrySnapshot) -> None:
+    failed = [line for line in after.changes if line.startswith(RELOAD_FAILED)]
+    if failed:
+        fail(
+            f"{'; '.join(failed)}; the registry in use is unchanged (fix the file and reload)", EXIT_BAD_INPUT
+        )
+    console.print(f"registry reloaded: {len(after.tools)} tools")
+    applied = [line for line in before.changes if line != NO_CHANGE and not line.startswith(RELOAD_FAILED)]
+    if after.changes == [NO_CHANGE] and applied:
+        # The brain reloads by itself within seconds of a file changing: by the time a user
+        # types `reload`, the change is usually applied. Say so, not "no tool changed".
+        when = time.strftime("%H:%M:%S", time.localtime(before.loaded_at))
+        console.print(f"  no tool changed since the last reload at {when}, which applied:")
+        lines = applied
+    else:
+        lines = after.changes
+    for line in lines:
+        console.print(f"  {escape(line)}", highlight=False)
 
 
 @cli.command("submit-url")
@@ -335,7 +353,9 @@ def worker(settings: Settings, pool: str) -> None:
     type=click.IntRange(1, 65535),
     help="Serve on this port (default: the gateway_port setting, 8765).",
 )
-@click.option("--host", metavar="HOST", help="Serve on this address (default: the gateway_host setting, 127.0.0.1).")
+@click.option(
+    "--host", metavar="HOST", help="Serve on this address (default: the gateway_host setting, 127.0.0.1)."
+)
 @click.pass_obj
 def gateway(settings: Settings, port: int | None, host: str | None) -> None:
     """Run the MCP gateway (/mcp on gateway_host:gateway_port) against VANCETOPE_REDIS_URL."""

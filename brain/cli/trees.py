@@ -30,14 +30,15 @@ from brain.cli.base import (
     err,
     fail,
     running_brain,
+    settings_options_given,
     stack_for,
 )
-from brain.cli.display import queues_table, task_table, trees_table
+from brain.cli.display import duration, queues_table, task_table, trees_table
 from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.cli.watch import watch
 from brain.config import Settings
 from brain.core.limits import TreeRefused
-from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskTree, TreeRecord, TreeStatus
+from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.core.report import tree_report, trees_report
 from brain.core.routing import (
     Presence,
@@ -71,9 +72,7 @@ from brain.stack.embedded import (
     running_stack_url,
 )
 from brain.store import Store, open_store
-from workers.contracts import MCPServerFailure, client_queue
-
-STDERR_LINES_SHOWN = 12
+from workers.contracts import client_queue
 
 
 @cli.command()
@@ -410,7 +409,7 @@ def explain(
     tree = _load_tree_or_exit(tree_file, settings)
     if client_id is not None:
         _check_client_id(client_id)
-    given = click.get_current_context().find_root().params
+    given = settings_options_given(click.get_current_context())
     from_files = bool(given.get("registry") or given.get("mcp_config"))
     # Files named on the command line (--registry, --mcp-config) are what is explained, even
     # while a stack runs (they were ignored, silently); who is connected still comes from it.
@@ -422,7 +421,7 @@ def explain(
         else SessionKind.INTERACTIVE
     )
     for failure in registry.mcp_failures:
-        err.print(f"[yellow]warning:[/] {escape(_describe_failure(failure))}", highlight=False)
+        err.print(f"[yellow]warning:[/] {escape(failure.described())}", highlight=False)
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     announced = (
@@ -471,15 +470,6 @@ def _routes_note(stack: _StackView, session: SessionKind, client_id: str | None)
     return f"Routes as the running stack would take them now: an {session.value} session{who}{bound}; clients connected: {connected}."
 
 
-def _describe_failure(failure: MCPServerFailure) -> str:
-    """The server, its command (in the message) and the last lines it wrote to stderr."""
-    text = f"MCP server {failure.server!r} failed to start: {failure.message}"
-    if failure.stderr_tail:
-        tail = failure.stderr_tail.splitlines()[-STDERR_LINES_SHOWN:]
-        text += "\n  its stderr ended with:\n" + "\n".join(f"    {line}" for line in tail)
-    return text
-
-
 def _local_registry(settings: Settings) -> RegistrySnapshot:
     """The registry the config here makes, its MCP servers asked (their ``${vault:NAME}``
     resolved from the vault, as the brain resolves them)."""
@@ -503,6 +493,7 @@ def _held_tool_lines(sessions: Mapping[str, ClientSession], tools: set[str]) -> 
 
 @cli.command()
 @click.argument("tree_id", required=False)
+@click.argument("task_id", required=False)
 @click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table."
 )
@@ -513,8 +504,11 @@ def _held_tool_lines(sessions: Mapping[str, ClientSession], tools: set[str]) -> 
     help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
 )
 @click.pass_obj
-def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: bool) -> None:
-    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and result.
+def status(
+    settings: Settings, tree_id: str | None, task_id: str | None, as_json: bool, queues_only: bool
+) -> None:
+    """Show recent task trees and the queues, or every task of TREE_ID with its state, route and
+    a one-line preview of its result, or TASK_ID of it with its whole result.
 
     Trees come from the store: they show while Redis is down. The queues (per server pool,
     client and user: work waiting, and whether anyone consumes it) need the stack.
@@ -538,7 +532,9 @@ def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: 
         if tree_rec is None:
             fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
         tasks = store.get_tasks(tree_id)
-        if as_json:
+        if task_id is not None:
+            _show_task(tree_rec, tasks, task_id, as_json)
+        elif as_json:
             click.echo(json.dumps(_tree_json(store, tree_rec, tasks), indent=2))
         else:
             console.print(task_table(tree_rec, tasks, {}))
@@ -547,6 +543,36 @@ def status(settings: Settings, tree_id: str | None, as_json: bool, queues_only: 
                 console.print(Markdown(render_markdown(summary)))
     finally:
         store.close()
+
+
+def _show_task(tree_rec: TreeRecord, tasks: list[TaskRecord], task_id: str, as_json: bool) -> None:
+    """One task whole: its record, and its result (or error) as JSON under it, not shortened."""
+    rec = next((t for t in tasks if t.task_id == task_id), None)
+    if rec is None:
+        known = ", ".join(t.task_id for t in tasks)
+        fail(f"tree {tree_rec.tree_id!r} has no task {task_id!r}; its tasks: {known}", EXIT_BAD_INPUT)
+    if as_json:
+        click.echo(rec.model_dump_json(indent=2))
+        return
+    rows = (
+        ("task", rec.task_id),
+        ("tool", rec.tool),
+        ("state", rec.state.value),
+        ("route", rec.route),
+        ("attempt", str(rec.attempt)),
+        ("duration", duration(rec)),
+        ("reason", rec.reason),
+    )
+    for name, value in rows:
+        if value:
+            console.print(Text(f"{name}: ", style="bold") + Text(value), soft_wrap=True)
+    if rec.error is not None:
+        console.print(Text("error:", style="bold red"))
+        click.echo(rec.error.model_dump_json(indent=2))
+    if rec.state is TaskState.DONE:
+        console.print(Text("result:", style="bold"))
+        # Plain JSON, not rich's: whole, copyable, the same bytes as `--json` holds.
+        click.echo(json.dumps(rec.result, indent=2, ensure_ascii=False, default=str))
 
 
 def _status_queues(settings: Settings, as_json: bool) -> None:

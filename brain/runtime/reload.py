@@ -33,6 +33,9 @@ log = logging.getLogger("vancetope.brain")
 
 WATCH_EVERY_S = 2.0
 RELOAD_REQUEST_KEY = f"{KEY_NS}reload-requested"
+# The first words of RegistrySnapshot.changes when nothing changed, or when a reload failed.
+NO_CHANGE = "no tool changed"
+RELOAD_FAILED = "reload failed:"
 
 Signature = tuple[tuple[str, int, int], ...]
 
@@ -51,7 +54,7 @@ def registry_changes(old: RegistrySnapshot, new: RegistrySnapshot) -> list[str]:
         f"clash: {line}"
         for line in clash_lines({k: v for k, v in new.clashes.items() if old.clashes.get(k) != v})
     ]
-    return lines or ["no tool changed"]
+    return lines or [NO_CHANGE]
 
 
 def sources(settings: Settings) -> list[Path]:
@@ -107,12 +110,12 @@ class Reloader:
             new = build_registry(self.settings)
         except (BrainError, WorkerError, OSError) as exc:
             log.error("registry reload failed; keeping the registry in use: %s", exc)
-            failed = old.model_copy(update={"loaded_at": time.time(), "changes": [f"reload failed: {exc}"]})
+            failed = old.model_copy(update={"loaded_at": time.time(), "changes": [f"{RELOAD_FAILED} {exc}"]})
             self.hot.put_registry(failed.model_dump(mode="json"))
             return failed.changes
         new = new.model_copy(update={"loaded_at": time.time(), "changes": registry_changes(old, new)})
         for failure in new.mcp_failures:
-            log.error("MCP server %r failed to start: %s", failure.server, failure.message)
+            log.error("%s", failure.described())
         self.holder.registry = new
         self.hot.put_registry(new.model_dump(mode="json"))
         log.warning("registry reloaded (%d tools): %s", len(new.tools), "; ".join(new.changes))

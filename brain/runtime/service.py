@@ -147,9 +147,7 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
     for line in clash_lines(registry.clashes):
         log.warning("%s", line)
     for failure in registry.mcp_failures:
-        log.error(
-            "MCP server %r failed to start: %s\n%s", failure.server, failure.message, failure.stderr_tail
-        )
+        log.error("%s", failure.described())
     brain = Brain.connect(settings, redis_url, registry)
     brain.sources_seen = seen
     # Before readiness: enrolled agents can connect as soon as the stack says it is up.

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from brain.core.models import TaskState, TreeRecord, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.stack.redis_server import free_port
 from brain.store import open_store
 from tests.conftest import EXAMPLES, ROOT, agent_with_servers, wait_until
@@ -68,7 +68,9 @@ def ctrl_c(proc: subprocess.Popen[bytes]) -> int:
     return proc.wait(90)
 
 
-def run_then_ctrl_c(args: list[str], data: Path, log: Path, submitted_within: float) -> tuple[TreeRecord, int, str]:
+def run_then_ctrl_c(
+    args: list[str], data: Path, log: Path, submitted_within: float
+) -> tuple[TreeRecord, int, str]:
     """Start `vancetope run ARGS`, press Ctrl-C once its tree is recorded: the tree, the exit
     code and the run's output on one line."""
     run = start(["run", *args], data, log)
@@ -184,7 +186,12 @@ def test_up_says_beat_runs_starts_its_gateway_on_a_port_in_time_wait_and_run_lea
         [{"name": "yearly", "tree": str(EXAMPLES / "night-batch.yaml"), "cron": "0 2 1 1 *"}]
     )
     log = tmp_path / "up.log"
-    with up(data, log, "--gateway-port", str(gateway_port), VANCETOPE_SCHEDULES=schedules):
+    # --data-dir after the command name, as users type it (refused before issue 22), over
+    # the environment's.
+    elsewhere = tmp_path / "elsewhere"
+    up_args = ("--gateway-port", str(gateway_port), "--data-dir", str(data))
+    with up(data, log, *up_args, VANCETOPE_SCHEDULES=schedules, VANCETOPE_DATA_DIR=str(elsewhere)):
+        assert (data / "stack.json").exists() and not elsewhere.exists()
         text = " ".join(log.read_text().split())
         assert "beat: fires 1 schedule(s) (yearly)" in text, text
         assert f"MCP gateway: http://127.0.0.1:{gateway_port}/mcp" in text, text
@@ -272,3 +279,37 @@ def test_an_agent_whose_broker_is_gone_says_what_to_do_once_not_per_retry(tmp_pa
     assert sum(hint in line for line in lines) == 1, log.read_text()
     said = [line for line in lines if f"127.0.0.1:{port}" in line and ("WARNING" in line or "ERROR" in line)]
     assert len(said) == 1, log.read_text()  # no retry says it again
+
+
+def test_status_of_one_task_prints_its_whole_result_where_the_table_shows_a_preview(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    content = "line of a long file\n" * 40
+    tree = TaskTree.model_validate({"id": "t", "tasks": [{"id": "read", "tool": "read_local_file"}]})
+    store = open_store(f"sqlite:///{data / 'vancetope.db'}")
+    try:
+        done = TaskRecord(
+            tree_id="t-1",
+            task_id="read",
+            tool="read_local_file",
+            state=TaskState.DONE,
+            result={"content": content},
+        )
+        store.put_tree(TreeRecord(tree_id="t-1", tree=tree, submitted_at=0, status=TreeStatus.DONE), [done])
+    finally:
+        store.close()
+    table = vancetope("status", "t-1", data=data, env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert len([line for line in table.stdout.splitlines() if "line of a lon" in line]) == 1, (
+        table.stdout
+    )
+    assert "whole results: vancetope status t-1 TASK (or --json)" in table.stdout
+
+    whole = vancetope("status", "t-1", "read", data=data, env={"COLUMNS": "80"})
+    assert whole.returncode == 0, whole.stderr
+    shown = whole.stdout[whole.stdout.index("result:") + len("result:") :]
+    assert json.loads(shown) == {"content": content}
+    as_json = vancetope("status", "t-1", "read", "--json", data=data)
+    assert json.loads(as_json.stdout)["result"] == {"content": content}
+    missing = vancetope("status", "t-1", "nope", data=data)
+    assert missing.returncode == 2 and "tree 't-1' has no task 'nope'; its tasks: read" in missing.stderr

@@ -7,12 +7,14 @@ new server for its next call, and what changed is published for `clients` / `rel
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from brain.core.models import Location, ToolSpec, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
 from brain.runtime.reload import RELOAD_REQUEST_KEY, registry_changes
 from tests.conftest import demo_server, tree, wait_for_tree, wait_until, write_mcp_config
+from tests.integration.test_cli import vancetope
 
 
 def snapshot(brain) -> RegistrySnapshot:
@@ -36,6 +38,11 @@ def test_a_server_added_to_the_mcp_config_is_used_without_a_restart(
     assert "b/add" in after.tools
     assert "added: " in after.changes[0] and "b/add" in after.changes[0]
     assert any(line.startswith("clash: tool name 'add' is offered by a/add, b/add") for line in after.changes)
+    # `vancetope reload` after the brain's own reload: what was applied, not "no tool changed" alone.
+    said = vancetope("reload", data=stack.settings.data_dir)
+    assert said.returncode == 0, said.stdout + said.stderr
+    text = " ".join(said.stdout.split())
+    assert "no tool changed since the last reload at" in text and "b/add" in text, text
 
     brain = brain_factory(stack)  # a new connection routes with the new registry
     rec = brain.scheduler.submit(
@@ -61,8 +68,12 @@ def test_a_reload_request_reloads_and_a_broken_file_keeps_the_registry_in_use(
         lambda: (s := snapshot(brain)).loaded_at != second.loaded_at and s, 60, "a failed reload"
     )
     assert third.changes[0].startswith("reload failed: ") and set(third.tools) == set(first.tools)
+    said = vancetope("reload", data=stack.settings.data_dir)  # it said "reloaded" and exited 0
+    assert said.returncode == 2 and "registry reloaded" not in said.stdout, said.stdout + said.stderr
+    assert "reload failed: " in said.stderr and "the registry in use is unchanged" in said.stderr
+    failed = snapshot(brain)  # the reload `vancetope reload` asked for
     write_mcp_config(config, {"a": demo_server()})  # fixed: back to what it was
-    fourth = wait_until(lambda: (s := snapshot(brain)).loaded_at != third.loaded_at and s, 60, "a reload")
+    fourth = wait_until(lambda: (s := snapshot(brain)).loaded_at != failed.loaded_at and s, 60, "a reload")
     assert fourth.changes == ["no tool changed"]
     rec = brain_factory(stack).scheduler.submit(
         tree({"id": "still-there", "tasks": [{"id": "sum", "tool": "add", "args": {"a": 1, "b": 1}}]})
@@ -78,3 +89,29 @@ def test_what_a_reload_changed_in_words() -> None:
     new = RegistrySnapshot(tools={"a": spec("a"), "c": spec("c", 5), "d": spec("d")})
     assert registry_changes(old, new) == ["added: d", "removed: b", "changed: c"]
     assert registry_changes(old, old) == ["no tool changed"]
+
+
+def test_brain_log_holds_a_failed_servers_stderr_at_start_and_after_a_reload(
+    tmp_path: Path, stack_factory, brain_factory
+) -> None:
+    """Issue 22: `explain` showed why a server failed (its stderr); brain.log did not."""
+    gone = tmp_path / "gone" / "weather_server.py"
+    broken = {"command": sys.executable, "args": [str(gone)]}
+    config = write_mcp_config(tmp_path / "server-mcp.json", {"weather": broken})
+    stack = stack_factory(services=("brain",), mcp_config=config)
+    log = stack.settings.data_dir / "logs" / "brain.log"
+
+    def failures() -> list[str]:
+        text = log.read_text()
+        return [
+            part
+            for part in text.split("MCP server 'weather' failed to start")[1:]
+            if "its stderr ended with" in part
+        ]
+
+    started = wait_until(lambda: failures(), 30, "the failure in brain.log")
+    assert str(gone) in started[0] and "No such file or directory" in started[0], log.read_text()
+    before = snapshot(brain_factory(stack))
+    write_mcp_config(config, {"weather": broken, "a": demo_server()})
+    wait_until(lambda: snapshot(brain_factory(stack)).loaded_at != before.loaded_at, 60, "a reload")
+    assert len(wait_until(lambda: len(failures()) >= 2 and failures(), 30, "the reload's failure")) >= 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from brain.cli.display import progress_text, task_table, trees_table
+from brain.cli.display import progress, progress_text, task_table, trees_table
 from brain.core.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
 
 
@@ -80,3 +80,28 @@ def test_a_task_shows_running_once_a_worker_began_its_current_run(
     rec = TaskRecord(tree_id="t", task_id="a", tool="echo", state=state, run_id="r1", deliveries=deliveries)
     running = {"a": {"run_id": mark_run}} if mark_run else {}
     assert shown_state(rec, running) == shown
+
+
+def test_at_80_columns_a_result_is_one_line_and_the_bar_has_a_line_of_its_own() -> None:
+    """Issue 22: a result wrapped over five lines; the table's title printed on the bar's line."""
+    tree = TaskTree.model_validate({"id": "t", "tasks": [{"id": "read", "tool": "read_local_file"}]})
+    record = TreeRecord(tree_id="t-1", tree=tree, submitted_at=0)
+    done = TaskRecord(
+        tree_id="t-1",
+        task_id="read",
+        tool="read_local_file",
+        route="client:laptop",
+        state=TaskState.DONE,
+        result={"content": "word " * 200},
+        started_at=1,
+        finished_at=2.5,
+    )
+    console = Console(width=80, record=True)
+    console.print(progress(record, [done], {}))
+    lines = console.export_text().splitlines()
+    bar = next(i for i, line in enumerate(lines) if "━━━━" in line)
+    assert set(lines[bar].strip()) <= {"━", "╸", "╺"}, lines[bar]
+    assert lines[bar + 1].startswith("tree t-1"), lines
+    preview = [line for line in lines if '{"content"' in line]
+    assert len(preview) == 1 and "…" in preview[0], lines
+    assert lines[-1].strip() == "whole results: vancetope status t-1 TASK (or --json)"
