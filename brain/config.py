@@ -28,6 +28,7 @@ from pydantic_settings import (
 )
 
 from brain.core.pools import PoolSpec, check_unique
+from brain.core.retry import RetryPolicy
 from brain.core.schedules import Schedule, parse_schedules
 from brain.core.treefile import MAX_TREE_BYTES
 from brain.errors import ConfigError
@@ -91,6 +92,22 @@ class Settings(BaseSettings):
     # them either way; `vancetope status` and the store see every task regardless.
     task_events: bool = True
     default_timeout_s: float = Field(default=60.0, gt=0, le=MAX_CALL_TIMEOUT_S)
+    # How failed calls are tried again when neither the task, its tool nor its tree says
+    # (`[vancetope.retry]`, VANCETOPE_RETRY as JSON; brain.core.retry). The default retries nothing.
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+
+    @field_validator("retry", mode="before")
+    @classmethod
+    def _json_retry(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f'not a JSON retry policy ({{"max_attempts": 3, "backoff_s": 5}}): {exc}'
+                ) from exc
+        return value
+
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.
     max_tree_bytes: int = Field(default=MAX_TREE_BYTES, gt=0)
@@ -271,7 +288,8 @@ class _Environment(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         found = (
-            (name, self.get_field_value(field, name)[0]) for name, field in self.settings_cls.model_fields.items()
+            (name, self.get_field_value(field, name)[0])
+            for name, field in self.settings_cls.model_fields.items()
         )
         return {name: raw for name, raw in found if raw is not None}
 

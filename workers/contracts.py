@@ -170,6 +170,18 @@ def key_schedule_queue(schedule: str) -> str:
     return f"{KEY_NS}schedule:{schedule}:queued"
 
 
+# The state a failed attempt leaves its task in when its retry policy covers it (the brain's
+# TaskState.RETRYING): what a server pool's result sink answers, so that the pool's Celery
+# task ends RETRY instead of FAILURE (Flower shows it so).
+RETRYING = "retrying"
+
+
+def key_retry_at() -> str:
+    """Sorted set of the tasks waiting to retry, scored by when their next attempt starts
+    (brain.hot.retries); a server pool that records a failed attempt sets its timer."""
+    return f"{KEY_NS}retry-at"
+
+
 def key_cancelled() -> str:
     """Set of run ids no worker may start (cancel survives offline workers: they check it).
     Under a client's connection prefix this is that client's own set."""

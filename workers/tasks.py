@@ -21,12 +21,14 @@ from typing import Any
 
 import redis
 from celery import Celery, Task
+from celery.exceptions import Retry
 from pydantic import ValidationError
 
 from workers import masking
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
+    RETRYING,
     RUN_TOOL_TASK,
     ErrorInfo,
     ToolCall,
@@ -48,7 +50,9 @@ _DELIVERY_TTL_S = 7 * 24 * 3600
 # Tries of the begin-run transaction before giving up (each lost only to a concurrent write).
 _BEGIN_ATTEMPTS = 50
 
-ResultSink = Callable[[ToolResult], None]
+# Takes a run's result; answers what it made of the task when it recorded it (``RETRYING``:
+# a failed attempt to be tried again), else None (handed on to be recorded elsewhere).
+ResultSink = Callable[[ToolResult], str | None]
 # Asked before a call runs, with the worker's name and the start time: None if the run must
 # not start (cancelled, or no longer the task's run), else this delivery's number.
 RunStart = Callable[[ToolCall, str, float], int | None]
@@ -206,11 +210,16 @@ def register(
                     started,
                     _reporter(self, progress, flower=client_id is None and task_events),
                 )
-        deliver(masked(result))
+        outcome = deliver(masked(result))
         if not result.ok and client_id is None:
             # Handed on already; raising only makes Celery's own event (and so Flower) say
-            # FAILURE. A client agent sends no events: the brain tells Flower about its calls.
-            raise CallFailed(shown_failure(result), task=call.task_id, tool=call.tool)
+            # FAILURE, or RETRY for an attempt the brain tries again (Retry raised, not
+            # self.retry(): the brain sends the next attempt, as a new run, when it is due).
+            # A client agent sends no events: the brain tells Flower about its calls.
+            failed = CallFailed(shown_failure(result), task=call.task_id, tool=call.tool)
+            if outcome == RETRYING:
+                raise Retry(f"{failed}; tried again as a new run", exc=failed)
+            raise failed
         return {"ok": result.ok, "tool": call.tool, "task": call.task_id}
 
     return run_tool

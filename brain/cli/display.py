@@ -29,6 +29,7 @@ STATE_STYLE = {
     "awaiting_approval": "bold magenta",
     "blocked": "magenta",
     "pending_client": "magenta",
+    "retrying": "bold cyan",
     "done": "green",
     "failed": "bold red",
     "skipped": "yellow",

@@ -566,6 +566,20 @@ def _show_task(tree_rec: TreeRecord, tasks: list[TaskRecord], task_id: str, as_j
     for name, value in rows:
         if value:
             console.print(Text(f"{name}: ", style="bold") + Text(value), soft_wrap=True)
+    for attempt in rec.attempts:
+        error = f"{attempt.error.type}: {attempt.error.message}" if attempt.error else "failed"
+        took = (
+            f" after {attempt.finished_at - attempt.started_at:.2f}s"
+            if attempt.started_at and attempt.finished_at
+            else ""
+        )
+        console.print(
+            Text(f"attempt {attempt.number}: ", style="bold") + Text(f"{error} ({attempt.route}{took})"),
+            soft_wrap=True,
+        )
+    if rec.state is TaskState.RETRYING and rec.retry_at:
+        when = time.strftime("%H:%M:%S", time.localtime(rec.retry_at))
+        console.print(Text("next attempt: ", style="bold") + Text(f"{len(rec.attempts) + 1} at {when}"))
     if rec.error is not None:
         console.print(Text("error:", style="bold red"))
         click.echo(rec.error.model_dump_json(indent=2))

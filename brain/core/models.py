@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from brain.core.retry import Attempt, RetryPolicy
 from workers.contracts import (
     MAX_CALL_TIMEOUT_S,
     MAX_TOOL_NAME_CHARS,
@@ -22,6 +23,7 @@ from workers.contracts import (
     ToolType,
     check_pool_name,
 )
+from workers.contracts import RETRYING as RETRYING_STATE
 
 # --- ids: one grammar, sized so that whatever a tree file may hold fits on the wire -------
 
@@ -94,6 +96,15 @@ class ExecutionTarget(StrEnum):
     ANY = "any"
 
 
+class RunIf(StrEnum):
+    """When a task with dependencies runs, by how they ended (``run_if:``)."""
+
+    ALL_SUCCEEDED = "all_succeeded"  # every dependency done (the default)
+    ALL_DONE = "all_done"  # every dependency final, whatever the outcome: clean-up
+    ANY_FAILED = "any_failed"  # every dependency final, and one not done: notify
+    NONE_FAILED = "none_failed"  # every dependency done or skipped
+
+
 class SessionKind(StrEnum):
     INTERACTIVE = "interactive"
     AUTONOMOUS = "autonomous"
@@ -122,6 +133,8 @@ class ToolSpec(BaseModel):
     max_wait_s: float | None = Field(default=None, gt=0)
     # The server pool that runs this tool (a ``[[pools]]`` name); None: the tree's, else the default.
     pool: str | None = None
+    # How a failed call of this tool is tried again, unless its task says otherwise (brain.core.retry).
+    retry: RetryPolicy | None = None
 
     _valid_pool = field_validator("pool")(check_pool)
 
@@ -209,6 +222,10 @@ class TaskSpec(BaseModel):
     max_total_s: float | None = Field(default=None, gt=0)
     # The server pool for this task's server runs; wins over the tool's and the tree's pool.
     pool: str | None = None
+    # How a failed call is tried again; wins over the tool's, the tree's and the setting's.
+    retry: RetryPolicy | None = None
+    # Which outcomes of its dependencies let it run (Airflow's trigger rules).
+    run_if: RunIf = RunIf.ALL_SUCCEEDED
 
     _valid_pool = field_validator("pool")(check_pool)
 
@@ -242,6 +259,8 @@ class TaskTree(BaseModel):
     max_wait_s: float | None = Field(default=None, gt=0)
     # The server pool of this tree's server runs when neither the task nor its tool names one.
     pool: str | None = None
+    # How this tree's failed calls are tried again when neither the task nor its tool says.
+    retry: RetryPolicy | None = None
     tasks: list[TaskSpec] = Field(min_length=1)
 
     _valid_pool = field_validator("pool")(check_pool)
@@ -282,6 +301,8 @@ class TaskState(StrEnum):
     AWAITING_APPROVAL = "awaiting_approval"
     BLOCKED = "blocked"
     PENDING_CLIENT = "pending_client"
+    # An attempt failed in a way its retry policy covers; the next one starts at ``retry_at``.
+    RETRYING = RETRYING_STATE
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -344,6 +365,10 @@ class TaskRecord(BaseModel):
     # How often a server worker began the current run (``Store.begin_run``; 0: not yet). A
     # run past ``max_deliveries`` killed its worker each time: it fails as a poison task.
     deliveries: int = 0
+    # Failed attempts before the current one, oldest first (brain.core.retry); the current
+    # attempt's own outcome is this record's.
+    attempts: list[Attempt] = Field(default_factory=list)
+    retry_at: float | None = None  # when ``retrying``: when the next attempt starts
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked
     first_queued_at: float | None = None  # when the task first left `pending` (max_total_s)
     started_at: float | None = None

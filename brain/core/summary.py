@@ -16,7 +16,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
-from brain.core.transitions import IN_FLIGHT, PARKED
+from brain.core.transitions import IN_FLIGHT, PARKED, RETRY_WAIT
 
 # How many failed/skipped tasks a summary names one by one (the counts are always whole).
 MAX_LISTED = 50
@@ -37,6 +37,7 @@ class SummaryCounts(BaseModel):
     skipped: int = 0
     waiting: int = 0  # blocked or pending_client: waiting for a client
     in_flight: int = 0  # queued or running
+    retrying: int = 0  # an attempt failed; the next one waits for its time
     pending: int = 0  # waiting for upstream tasks
 
 
@@ -47,6 +48,18 @@ class TaskLine(BaseModel):
     tool: str
     state: TaskState
     reason: str = ""
+
+
+class RetriedLine(BaseModel):
+    """A task that needed more than one attempt: how many, the last failed one's error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str
+    tool: str
+    state: TaskState
+    attempts: int  # attempts made so far, the current one included
+    last_error: str = ""
 
 
 class WaitingFor(BaseModel):
@@ -77,6 +90,7 @@ class RunSummary(BaseModel):
     failed: list[TaskLine] = Field(default_factory=list)
     skipped: list[TaskLine] = Field(default_factory=list)
     waiting_for: list[WaitingFor] = Field(default_factory=list)
+    retried: list[RetriedLine] = Field(default_factory=list)
 
 
 def summarise(tree: TreeRecord, tasks: Sequence[TaskRecord], kind: SummaryKind, at: float) -> RunSummary:
@@ -95,6 +109,7 @@ def summarise(tree: TreeRecord, tasks: Sequence[TaskRecord], kind: SummaryKind, 
         failed=_lines(tasks, {TaskState.FAILED, TaskState.EXPIRED}),
         skipped=_lines(tasks, {TaskState.SKIPPED}),
         waiting_for=waiting_for(tree, tasks),
+        retried=retried(tasks),
     )
 
 
@@ -108,6 +123,7 @@ def count(tasks: Sequence[TaskRecord]) -> SummaryCounts:
         skipped=states.count(TaskState.SKIPPED),
         waiting=sum(s in PARKED for s in states),
         in_flight=sum(s in IN_FLIGHT for s in states),
+        retrying=sum(s in RETRY_WAIT for s in states),
         pending=states.count(TaskState.PENDING),
     )
 
@@ -118,6 +134,25 @@ def _lines(tasks: Sequence[TaskRecord], states: set[TaskState]) -> list[TaskLine
         for t in tasks
         if t.state in states
     ][:MAX_LISTED]
+
+
+def retried(tasks: Sequence[TaskRecord]) -> list[RetriedLine]:
+    """Tasks with a failed attempt behind them, and what the last one failed with."""
+    lines = []
+    for t in tasks:
+        if not t.attempts:
+            continue
+        last = t.attempts[-1].error
+        lines.append(
+            RetriedLine(
+                task_id=t.task_id,
+                tool=t.tool,
+                state=t.state,
+                attempts=len(t.attempts) + (t.state is not TaskState.RETRYING),
+                last_error=f"{last.type}: {last.message}" if last else "",
+            )
+        )
+    return lines[:MAX_LISTED]
 
 
 def waiting_for(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> list[WaitingFor]:
@@ -160,15 +195,22 @@ def render_markdown(summary: RunSummary) -> str:
         "",
         f"Run `{summary.tree_id}`" + (f" for user `{summary.user}`" if summary.user else "") + f", {when}.",
         "",
-        "| done | failed | expired | skipped | waiting for a client | in flight | pending | total |",
-        "|---|---|---|---|---|---|---|---|",
+        "| done | failed | expired | skipped | waiting for a client | in flight | retrying | pending | total |",
+        "|---|---|---|---|---|---|---|---|---|",
         "| "
-        + " | ".join(map(str, (c.done, c.failed, c.expired, c.skipped, c.waiting, c.in_flight)))
+        + " | ".join(map(str, (c.done, c.failed, c.expired, c.skipped, c.waiting, c.in_flight, c.retrying)))
         + f" | {c.pending} | {c.total} |",
     ]
     if summary.waiting_for:
         lines += ["", "## Waiting for a client to come online", ""]
         lines += [f"- {whom(w)}: {len(w.tasks)} task(s) ({', '.join(w.tasks)})" for w in summary.waiting_for]
+    if summary.retried:
+        lines += ["", "## Retried", ""]
+        lines += [
+            f"- `{r.task_id}` ({r.tool}, {r.state}): {r.attempts} attempts; the last failed one: "
+            f"{r.last_error or 'no error recorded'}"
+            for r in summary.retried
+        ]
     for heading_text, items in (("Failed", summary.failed), ("Skipped", summary.skipped)):
         if items:
             lines += ["", f"## {heading_text}", ""]

@@ -18,9 +18,10 @@ from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 
 _S = TaskState
 _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
-_OUTCOMES: Final = frozenset({_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED})  # result, cancel, expiry
+# result, a failed attempt to try again, cancel, expiry
+_OUTCOMES: Final = frozenset({_S.DONE, _S.FAILED, _S.RETRYING, _S.SKIPPED, _S.EXPIRED})
 
-# --- groupings: every state is pending, in flight, parked or final (exactly one) ----------
+# --- groupings: every state is pending, in flight, parked, waiting to retry or final (one) -
 FINAL: Final = frozenset(s for s in TaskState if s.is_final)
 NOT_FINAL: Final = frozenset(TaskState) - FINAL
 NOT_DONE: Final = frozenset(TaskState) - {_S.DONE}
@@ -33,6 +34,9 @@ PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
 # What a run sent to a client may be in: what a disconnect takes back (a server run is never
 # queued_client or awaiting_approval; a running one is told apart by its client id).
 SENT_TO_CLIENT: Final = IN_FLIGHT - {_S.QUEUED_SERVER}
+# Waiting for its next attempt after one failed (brain.core.retry): holds no worker, no slot,
+# and no run in flight (a late result of the failed attempt is refused).
+RETRY_WAIT: Final = frozenset({_S.RETRYING})
 # What a server worker may begin its run from (``Store.begin_run``, a compare-and-set on the
 # run id that moves it to running): queued, or already running when the same run is delivered
 # again (its worker died: ``acks_late``) and must be able to begin again.
@@ -58,8 +62,11 @@ MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     # approved, it runs again (running, where the reconciler and a disconnect still find it);
     # denied or timed out, it fails; or it is taken back, cancelled, expired like any call in flight
     _S.AWAITING_APPROVAL: _WAIT_OR_SEND | _OUTCOMES | {_S.RUNNING},
-    # parked: requeued (sent, or parked again), cancelled, expired, or failed by its new route
-    **dict.fromkeys((_S.BLOCKED, _S.PENDING_CLIENT), _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED}),
+    # parked: requeued (sent, or parked again), cancelled, expired, or failed by its new route;
+    # waiting to retry: its next attempt sent, or parked (its client is offline), or the same
+    _S.BLOCKED: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    _S.PENDING_CLIENT: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    _S.RETRYING: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
     # final states are final
     **{s: frozenset() for s in TaskState if s.is_final},
 }
@@ -73,7 +80,9 @@ def check_move(from_states: Collection[TaskState], to: TaskState) -> None:
     """Raise InvalidMove unless ``to`` may follow every state in ``from_states``."""
     bad = sorted(s.value for s in from_states if to not in MOVES[s])
     if bad:
-        raise InvalidMove(f"a task cannot move from {', '.join(bad)} to {to.value} (brain.core.transitions.MOVES)")
+        raise InvalidMove(
+            f"a task cannot move from {', '.join(bad)} to {to.value} (brain.core.transitions.MOVES)"
+        )
 
 
 def queued_state(client_id: str | None) -> TaskState:

@@ -30,6 +30,7 @@ from workers.contracts import (
     key_presence,
     key_registry,
     key_registry_loaded_at,
+    key_retry_at,
     key_tree_running,
 )
 
@@ -76,7 +77,9 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # The server pool: its own queues and kombu's bookkeeping, results and client dependents to
     # the brain's queue, and of the hot state only what a server run writes — its pool's
     # liveness, the tree's running marks, a run's delivery counter, the cancel set it checks
-    # (workers.tasks.HotState.begin_run) — and the pools' copy of the registry snapshot (Redis 6.2
+    # (workers.tasks.HotState.begin_run), the retry timer of a failed attempt it records
+    # (brain.hot.retries: a forged timer starts nothing the store does not say is retrying) —
+    # and the pools' copy of the registry snapshot (Redis 6.2
     # cannot make the brain's read-only). No presence, no parked lists, no tool pins, no client
     # key, not the registry others route with: work that needs presence to route goes to the
     # brain (brain.runtime.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
@@ -84,7 +87,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     "vt-pool": (
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
         f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
-        f"~{key_cancelled()}", f"~{key_pool_registry()}",
+        f"~{key_cancelled()}", f"~{key_pool_registry()}", f"~{key_retry_at()}",
         "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no

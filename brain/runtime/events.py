@@ -193,6 +193,17 @@ class ClientEvents:
             shown = shown_failure(result)
             self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
 
+    def task_retried(self, result: ToolResult, next_at: float) -> None:
+        """A client's call failed and is tried again at ``next_at``: Flower shows RETRY, as for
+        a Celery task that retries (a server pool's task raises ``Retry`` itself)."""
+        if result.client_id is None:
+            return
+        self._send(result.client_id, "task-started", uuid=result.run_id, timestamp=result.started_at)
+        shown = (
+            f"{shown_failure(result)}; next attempt at {time.strftime('%H:%M:%S', time.localtime(next_at))}"
+        )
+        self._send(result.client_id, "task-retried", uuid=result.run_id, exception=shown, traceback="")
+
     def task_started(self, started: ToolStarted) -> None:
         """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""
         if started.client_id is None:

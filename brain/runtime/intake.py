@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from brain.core.models import Progress, TaskRecord, TaskState
+from brain.core.retry import Attempt, effective_policy, next_attempt_at
 from brain.core.transitions import IN_FLIGHT
 from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
 from workers.contracts import (
@@ -107,21 +108,28 @@ class Intake:
     def on_result(self, result: ToolResult, from_client: str | None = None) -> bool:
         """Record a result once. A stale run id (re-sent, re-delivered, late) changes nothing;
         a client's result counts only for a task routed to that very client."""
+        return self.take(result, from_client) is not None
+
+    def take(self, result: ToolResult, from_client: str | None = None) -> TaskState | None:
+        """``on_result``, saying what the task became: done, failed, or retrying (a failed
+        attempt its retry policy covers); None when the result was not recorded."""
         claim = refuse_claim(result.client_id, from_client)
         if claim is not None:
-            return self._refused(result, from_client, claim)
+            self._refused(result, from_client, claim)
+            return None
         ok, value, whole, error = checked_payload(result, self.scheduler.settings.max_result_bytes)
         tree_rec = self.scheduler.tree(result.tree_id)
         fan_out = len(tree_rec.tree.dependents.get(result.task_id, ())) if tree_rec else 0
         # The record and the dispatch of what it made ready: one store transaction, unless
         # so many become ready that their chunks should each go out as soon as written.
         with self.scheduler.batch() if fan_out <= DISPATCH_CHUNK else nullcontext():
-            finished = self._record(result, from_client, ok, value, whole, error)
-        if finished is None:
-            return False
+            recorded = self._record(result, from_client, ok, value, whole, error)
+        if recorded is None:
+            return None
+        state, finished = recorded
         if not finished:
             self._wake_watchers(result.tree_id)  # a finished tree's watchers were woken by advance
-        return True
+        return state
 
     def _record(
         self,
@@ -131,9 +139,11 @@ class Intake:
         value: Any,
         whole: dict[str, Any] | None,
         error: ErrorInfo | None,
-    ) -> bool | None:
-        """Write the result and advance its tree: None if it was not recorded, else whether
-        the tree finished."""
+    ) -> tuple[TaskState, bool] | None:
+        """Write the result and advance its tree: None if it was not recorded, else the state
+        it recorded and whether the tree finished."""
+        if not ok and self._retry(result, from_client, error):
+            return TaskState.RETRYING, False
         # The source must be where the record says this run was sent: part of the
         # compare-and-set, so the common case needs no read before the write.
         recorded = self.scheduler.move(
@@ -171,7 +181,79 @@ class Intake:
         if self.scheduler.events is not None:
             events = self.scheduler.events  # Flower's copy after what the tree's watchers wait for
             self.scheduler.after_write(lambda: events.task_done(result))
-        return finished
+        return recorded.state, finished
+
+    def _retry(self, result: ToolResult, from_client: str | None, error: ErrorInfo | None) -> bool:
+        """Record a failed attempt as ``retrying`` when its retry policy covers it, with the
+        time of its next attempt; True if it was. Failures are few: reading the record first
+        costs nothing that matters, and the write is still a compare-and-set on this run."""
+        scheduler = self.scheduler
+        rec = scheduler.store.get_task(result.tree_id, result.task_id)
+        tree_rec = scheduler.tree(result.tree_id)
+        if (
+            rec is None
+            or tree_rec is None
+            or rec.run_id != result.run_id
+            or rec.state not in IN_FLIGHT
+            or rec.client_id != from_client
+        ):
+            return False  # not this task's current run: the normal path refuses or ignores it
+        spec = tree_rec.tree.task(rec.task_id)
+        tool = scheduler.registry.tools.get(rec.tool)
+        policy = effective_policy(
+            spec.retry, tool.retry if tool else None, tree_rec.tree.retry, scheduler.settings.retry
+        )
+        failures = len(rec.attempts) + 1
+        now = scheduler.clock()
+        deadline = (
+            rec.first_queued_at + spec.max_total_s if rec.first_queued_at and spec.max_total_s else None
+        )
+        at = next_attempt_at(policy, error, failures, now, deadline=deadline)
+        if at is None:
+            return False
+        attempt = Attempt(
+            number=failures,
+            run_id=result.run_id,
+            route=rec.route,
+            error=error,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            next_at=at,
+        )
+        kind = error.type if error else "failed"
+        moved = scheduler.move(
+            rec.tree_id,
+            rec.task_id,
+            TaskState.RETRYING,
+            IN_FLIGHT,
+            expect_run_id=result.run_id,
+            expect_client_id=from_client,
+            error=error,
+            reason=f"attempt {failures} of {policy.max_attempts} failed ({kind}); "
+            f"next attempt at {time.strftime('%H:%M:%S', time.localtime(at))}",
+            attempts=[*rec.attempts, attempt],
+            retry_at=at,
+            progress=None,
+            worker=result.worker,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            updated_at=now,
+        )
+        if moved is None:
+            return False
+        log.info(
+            "task %s of tree %s: attempt %d failed (%s); next attempt in %.1fs",
+            rec.task_id,
+            rec.tree_id,
+            failures,
+            kind,
+            at - now,
+        )
+        scheduler.after_write(lambda: scheduler.retries.set(rec.tree_id, rec.task_id, at))
+        if scheduler.events is not None:
+            events = scheduler.events
+            scheduler.after_write(lambda: events.task_retried(result, at))
+        return True
 
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
         """Keep a running call's latest progress in its record: only for the current run, only

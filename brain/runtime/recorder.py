@@ -96,9 +96,8 @@ class ViaBrainPublisher(Publisher):
 def routes_here(scheduler: Scheduler, result: ToolResult) -> bool:
     """Whether a server pool may record ``result`` and start what it makes ready: every
     dependent routes without presence (a registry tool the server runs, not as an offline
-    strategy). A failed result only skips its dependents: that needs no route at all."""
-    if not result.ok:
-        return True
+    strategy). A failed result skips its dependents, or makes ready those whose ``run_if``
+    runs them after a failure: the same rule, since those need routes too."""
     tree_rec = scheduler.tree(result.tree_id)
     if tree_rec is None:
         return True  # on_result refuses it, as the brain would
@@ -117,7 +116,7 @@ class InlineRecorder:
     def __init__(
         self,
         app: Celery,
-        fallback: Callable[[ToolResult], None],
+        fallback: Callable[[ToolResult], object],
         begin_fallback: RunStart | None = None,
         settings: Settings | None = None,
     ) -> None:
@@ -132,13 +131,16 @@ class InlineRecorder:
         self._pid = 0
         self._registry_read_at = 0.0
 
-    def __call__(self, result: ToolResult) -> None:
+    def __call__(self, result: ToolResult) -> str | None:
+        """What ``result`` made of its task (``done``, ``failed``, ``retrying``) when recorded
+        here; None when it was handed to the brain, or not recorded."""
         try:
             scheduler = self.scheduler()
             if not routes_here(scheduler, result):
                 self.fallback(result)
-                return
-            self.intake().on_result(result)
+                return None
+            state = self.intake().take(result)
+            return state.value if state is not None else None
         except Exception as exc:  # noqa: BLE001 - whatever failed here, the brain can still record it
             log.warning(
                 "could not record the result of task %s (run %s) in the worker (%s); sending it to the brain",
@@ -147,6 +149,7 @@ class InlineRecorder:
                 exc,
             )
             self.fallback(result)
+            return None
 
     def begin(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """Start a run against the store: it is the record, so a run it no longer has in flight

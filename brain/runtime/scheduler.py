@@ -47,11 +47,12 @@ from brain.core.sessions import ClientSession, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
-from brain.core.transitions import FINAL, NOT_DONE, NOT_FINAL, check_move, plan
+from brain.core.transitions import FINAL, NOT_DONE, NOT_FINAL, RETRY_WAIT, check_move, plan
 from brain.core.treefile import spec_from_descriptor
 from brain.core.validation import UnresolvedReference, resolve_args
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
+from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.runtime.dispatch import Publisher
 from brain.runtime.events import ClientEvents
@@ -102,6 +103,7 @@ class Scheduler:
         presence: PresenceBook,
         parked: ParkedWork,
         events: ClientEvents | None = None,
+        retries: RetryTimers | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         """Every collaborator is handed in (``brain.runtime.service.Brain.connect`` wires the
@@ -115,11 +117,20 @@ class Scheduler:
         self.presence = presence
         self.parked = parked
         self.events = events  # Flower's view of client agents, when wired
+        self._retries = retries
         self._trees: dict[str, TreeRecord] = {}
         # Tasks this process saw done, per running tree. Done is final, so the set is never
         # stale, only incomplete (another brain recorded the rest): a miss asks the store.
         self._done: dict[str, set[str]] = {}
         self._local = threading.local()
+
+    @property
+    def retries(self) -> RetryTimers:
+        """When each task waiting to retry goes again (made on first use: a scheduler that
+        never records a failure to retry needs no Redis for it)."""
+        if self._retries is None:
+            self._retries = RetryTimers(self.hot.r)
+        return self._retries
 
     # --- submit ------------------------------------------------------------------
     def accept(self, request: SubmitRequest) -> Accepted:
@@ -231,6 +242,24 @@ class Scheduler:
         elif ended is None and wake:
             self.after_write(lambda: self.hot.notify(tree_id))
         return status
+
+    def retry_due(self, tree_id: str, task_id: str) -> bool:
+        """Start the next attempt of a task waiting to retry: routed again (its server, or its
+        client; parked as its offline strategy says when that client is gone), as a new run.
+        False when it no longer waits (cancelled, expired, or started by another brain)."""
+        rec = self.store.get_task(tree_id, task_id)
+        tree_rec = self.tree(tree_id)
+        if rec is None or rec.state is not TaskState.RETRYING or tree_rec is None:
+            return False
+        ended = self._ended_here()
+        with self.batch():
+            try:
+                started = self.start(tree_rec, rec, self._presence(tree_rec), RETRY_WAIT)
+            finally:
+                self._local.sessions = None
+        if started and self._ended_here() != ended:
+            self.advance(tree_id)  # failed or skipped by its new route: its dependents follow
+        return started
 
     def _advance_all(self, tree_rec: TreeRecord) -> int:
         """Plan the whole tree and act on it; how many tasks it sent or parked."""
@@ -560,6 +589,8 @@ class Scheduler:
             queued_at=now,
             updated_at=now,
             first_queued_at=rec.first_queued_at or now,
+            # A retry's new attempt: the last one's error stays in its attempts, not on the task.
+            **({"retry_at": None, "error": None} if rec.state is TaskState.RETRYING else {}),
         )
         if moved is None:
             return False
@@ -731,5 +762,3 @@ class Scheduler:
             return False
         self._local.ended = self._ended_here() + 1
         return True
-
-

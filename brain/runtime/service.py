@@ -27,6 +27,7 @@ from brain.runtime.intake import Intake
 from brain.runtime.registry import build_registry
 from brain.runtime.relay import Relay
 from brain.runtime.reload import Reloader, Signature, signature, sources
+from brain.runtime.retries import run_retry_timer
 from brain.runtime.schedule_runs import ScheduleRuns
 from brain.runtime.scheduler import Scheduler
 from brain.runtime.submitters import SubmitterUsers
@@ -157,11 +158,12 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
 
 
 def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread]:
-    """The brain's own threads: the client relay, the reconciler and the registry's reloader,
+    """The brain's own threads: the client relay, the reconciler, the retry timer and the registry's reloader,
     until ``stop`` is set."""
     return [
         Relay(brain.intake, brain.clients).run(stop),
         run_reconciler(brain, stop),
+        run_retry_timer(brain.scheduler, stop),
         Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]
 

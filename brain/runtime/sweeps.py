@@ -18,10 +18,11 @@ from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, queued_state
+from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
+from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.scheduler import new_run_id
@@ -128,6 +129,7 @@ class Sweeps:
             ("expiring parked tasks", self.expire_parked),
             ("expiring overdue tasks", self.expire_overdue),
             ("re-listing parked tasks", self.relist_parked),
+            ("re-arming retry timers", self.rearm_retries),
             ("finishing requeues", self.finish_requeues),
             ("advancing idle trees", self.advance_idle),
         ):
@@ -232,7 +234,9 @@ class Sweeps:
                 message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
                 "between the brain and its worker; gave up. Check the worker logs.",
             )
-            if self.scheduler.finish_without_run(rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error):
+            if self.scheduler.finish_without_run(
+                rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
+            ):
                 log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
                 self.scheduler.advance(rec.tree_id)
             return False  # given up, not re-sent
@@ -330,6 +334,19 @@ class Sweeps:
             self._cancel_run(rec)
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
+
+    def rearm_retries(self) -> int:
+        """Tasks the store says wait to retry whose timer Redis lost (restarted without its
+        data, or a brain died between taking a timer and starting the attempt) get it back;
+        one past due starts at the retry timer's next poll. How many were missing."""
+        timers = [
+            (rec.tree_id, rec.task_id, rec.retry_at or self.clock())
+            for rec in self.store.tasks_in_states(RETRY_WAIT)
+        ]
+        missing = RetryTimers(self.hot.r).ensure(timers)
+        if missing:
+            log.warning("reconciler: set %d lost retry timer(s) again", missing)
+        return missing
 
     def relist_parked(self) -> int:
         """Parked tasks that no parked list names (a crash between the store write and the

@@ -57,8 +57,8 @@ def test_a_result_whose_dependent_needs_presence_goes_to_the_brain(
 ) -> None:
     tree_id = submitted(brain_on_redis, dependent)
     assert not routes_here(brain_on_redis.scheduler, result(tree_id))
-    # a failure only skips its dependents: no route, so the pool records it
-    assert routes_here(brain_on_redis.scheduler, result(tree_id, ok=False))
+    # a failure may run its dependents too (run_if: all_done, any_failed): the same rule
+    assert not routes_here(brain_on_redis.scheduler, result(tree_id, ok=False))
 
 
 def test_a_result_for_an_unknown_tree_is_left_to_on_result(brain_on_redis: Brain) -> None:
