@@ -2,7 +2,7 @@
 
 Every probe is sent to a real redis-server as that client's ACL user and must come back
 NOPERM (or be harmless where the brain decides); the other client's work finishes
-untouched. The threat model this proves is in the README ("What a client can do").
+untouched. The threat model this proves is in docs/security.md.
 """
 
 from __future__ import annotations
