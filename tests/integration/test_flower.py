@@ -443,3 +443,41 @@ def test_flower_shows_a_failed_task_by_its_error_type_not_its_message(
     assert shown["state"] == "FAILURE", shown
     assert f"{task.error.type} (the message: vancetope status {rec.tree_id})" in shown["exception"]
     assert PLANTED not in json.dumps(shown)
+
+
+@pytest.mark.parametrize(
+    "where, failing",
+    [
+        ("client", {"tool": "read_local_file", "args": {"path": f"no-{PLANTED}"}}),
+        ("server", {"tool": "json_transform", "args": {"data": {"a": 1}, "pick": PLANTED}}),
+    ],
+)
+def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
+    flower_stack: FlowerStack, where: str, failing: dict[str, Any]
+) -> None:
+    """Issue 23: a failed attempt its retry policy covers is RETRY in Flower, not FAILURE."""
+    fs = flower_stack
+    retry = {"max_attempts": 2, "backoff_s": 600, "jitter": False, "on": ["tool_error"]}
+    rec = fs.brain.scheduler.submit(
+        tree({"id": f"flower-retry-{where}", "tasks": [{"id": "fails", "retry": retry, **failing}]}),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    try:
+        task = wait_until(
+            lambda: (
+                (t := fs.brain.store.get_task(rec.tree_id, "fails")) and t.state.value == "retrying" and t
+            ),
+            60,
+            "the attempt to fail and wait for its retry",
+        )
+        run_id = task.attempts[0].run_id
+
+        def shown() -> dict[str, Any] | None:
+            seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(run_id, {})
+            return dict(seen) if seen.get("state") == "RETRY" else None
+
+        retried = wait_until(shown, timeout=30, what=f"Flower to show the {where} attempt as RETRY")
+        assert PLANTED not in json.dumps(retried)
+    finally:
+        fs.brain.sweeps.cancel(rec.tree_id)
