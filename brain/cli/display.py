@@ -34,6 +34,7 @@ STATE_STYLE = {
     "failed": "bold red",
     "skipped": "yellow",
     "expired": "red",
+    "not_triggered": "dim green",
 }
 
 

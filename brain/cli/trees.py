@@ -38,7 +38,16 @@ from brain.cli.schedule_view import schedules_report, schedules_table, shown_sum
 from brain.cli.watch import watch
 from brain.config import Settings
 from brain.core.limits import TreeRefused
-from brain.core.models import SessionKind, TaskRecord, TaskSpec, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.core.models import (
+    RunIf,
+    SessionKind,
+    TaskRecord,
+    TaskSpec,
+    TaskState,
+    TaskTree,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.core.report import tree_report, trees_report
 from brain.core.routing import (
     Presence,
@@ -445,6 +454,8 @@ def explain(
             *map(Text, (spec.id, spec.tool, spec.execution_target.value, route.summary, route.reason))
         )
     console.print(table)
+    for line in _policy_lines(tree, registry, settings):
+        console.print(Text(line), soft_wrap=True)
     console.print(Text(_routes_note(stack, session, client_id), style="dim"))
     if failing:
         missing = sorted({spec.tool for spec, route in failing if route.reason.startswith("Tool unknown")})
@@ -455,6 +466,28 @@ def explain(
                 highlight=False,
             )
         sys.exit(EXIT_TREE_FAILED)
+
+
+def _policy_lines(tree: TaskTree, registry: RegistrySnapshot, settings: Settings) -> list[str]:
+    """Per task with one: its retry policy (and where it comes from) and its trigger rule."""
+    lines = []
+    for spec in tree.tasks:
+        tool = registry.tools.get(spec.tool)
+        sources = (
+            ("the task", spec.retry),
+            (f"tool {spec.tool}", tool.retry if tool else None),
+            ("the tree", tree.retry),
+            ("the retry setting", settings.retry),
+        )
+        origin, policy = next(((o, p) for o, p in sources if p is not None), ("", None))
+        parts = []
+        if policy is not None and policy.max_attempts > 1:
+            parts.append(f"retry {policy.shown()} (from {origin})")
+        if spec.run_if is not RunIf.ALL_SUCCEEDED:
+            parts.append(f"run_if {spec.run_if.value} ({', '.join(spec.depends_on)})")
+        if parts:
+            lines.append(f"task {spec.id!r}: {'; '.join(parts)}")
+    return lines
 
 
 def _routes_note(stack: _StackView, session: SessionKind, client_id: str | None) -> str:

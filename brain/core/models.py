@@ -34,7 +34,7 @@ _ID_ADVICE = "use letters, digits, '_', '.', ':' and '-', starting with a letter
 # A task id may not hold a dot-segment `result` after its first one: `${tasks.a.result.b.result}`
 # could not tell task `a.result.b` from task `a`. The reference grammar (brain.core.validation._REF)
 # relies on this to find the id unambiguously.
-_RESULT_SEGMENT = re.compile(r"\.(?:result|mcp)(?:\.|$)")  # the two roots of a reference
+_RESULT_SEGMENT = re.compile(r"\.(?:result|mcp|status|error)(?:\.|$)")  # the roots of a reference
 # A run's tree id is `<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>` (Scheduler.submit): 23 characters on top.
 RUN_TREE_ID_SUFFIX_CHARS = 23
 MAX_TREE_ID_CHARS = MAX_WIRE_ID_CHARS - RUN_TREE_ID_SUFFIX_CHARS
@@ -241,6 +241,14 @@ class TaskSpec(BaseModel):
             raise ValueError("tools lists a tool twice")
         return v
 
+    @model_validator(mode="after")
+    def _run_if_needs_dependencies(self) -> TaskSpec:
+        if self.run_if is not RunIf.ALL_SUCCEEDED and not self.depends_on:
+            raise ValueError(
+                f"run_if {self.run_if.value!r} decides by its dependencies, and it has no depends_on"
+            )
+        return self
+
     @property
     def toolset(self) -> list[str]:
         return self.tools or [self.tool]
@@ -307,19 +315,24 @@ class TaskState(StrEnum):
     FAILED = "failed"
     SKIPPED = "skipped"
     EXPIRED = "expired"
+    # Its ``run_if`` did not hold (an ``any_failed`` notify when nothing failed, and what
+    # depends on it): not run by design, so it does not fail its tree, as ``skipped`` does.
+    NOT_TRIGGERED = "not_triggered"
 
     @property
     def is_final(self) -> bool:
         return self in _FINAL
 
 
-_FINAL = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.EXPIRED})
+_FINAL = frozenset(
+    {TaskState.DONE, TaskState.FAILED, TaskState.SKIPPED, TaskState.EXPIRED, TaskState.NOT_TRIGGERED}
+)
 
 
 class TreeStatus(StrEnum):
     RUNNING = "running"
-    DONE = "done"  # every task done
-    FAILED = "failed"  # ended with at least one task not done
+    DONE = "done"  # every task done (or not triggered: its run_if did not hold)
+    FAILED = "failed"  # ended with a task failed, skipped or expired
 
 
 class Progress(BaseModel):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -77,6 +78,15 @@ class RetryPolicy(BaseModel):
     max_backoff_s: float = Field(default=300.0, ge=0, le=86_400)
     jitter: bool = True
     on: list[RetryOn] = Field(default_factory=lambda: [RetryOn.UNAVAILABLE, RetryOn.TIMEOUT], min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true, as GitHub Actions
+        # workflows found: take it back as the word it was written as.
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> RetryPolicy:

@@ -35,6 +35,7 @@ class SummaryCounts(BaseModel):
     failed: int = 0
     expired: int = 0
     skipped: int = 0
+    not_triggered: int = 0  # its run_if did not hold (a notify when nothing failed)
     waiting: int = 0  # blocked or pending_client: waiting for a client
     in_flight: int = 0  # queued or running
     retrying: int = 0  # an attempt failed; the next one waits for its time
@@ -121,6 +122,7 @@ def count(tasks: Sequence[TaskRecord]) -> SummaryCounts:
         failed=states.count(TaskState.FAILED),
         expired=states.count(TaskState.EXPIRED),
         skipped=states.count(TaskState.SKIPPED),
+        not_triggered=states.count(TaskState.NOT_TRIGGERED),
         waiting=sum(s in PARKED for s in states),
         in_flight=sum(s in IN_FLIGHT for s in states),
         retrying=sum(s in RETRY_WAIT for s in states),
@@ -195,10 +197,18 @@ def render_markdown(summary: RunSummary) -> str:
         "",
         f"Run `{summary.tree_id}`" + (f" for user `{summary.user}`" if summary.user else "") + f", {when}.",
         "",
-        "| done | failed | expired | skipped | waiting for a client | in flight | retrying | pending | total |",
-        "|---|---|---|---|---|---|---|---|---|",
+        (
+            "| done | failed | expired | skipped | not triggered | waiting for a client | in flight | retrying "
+            "| pending | total |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
         "| "
-        + " | ".join(map(str, (c.done, c.failed, c.expired, c.skipped, c.waiting, c.in_flight, c.retrying)))
+        + " | ".join(
+            map(
+                str,
+                (c.done, c.failed, c.expired, c.skipped, c.not_triggered, c.waiting, c.in_flight, c.retrying),
+            )
+        )
         + f" | {c.pending} | {c.total} |",
     ]
     if summary.waiting_for:

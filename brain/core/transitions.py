@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
+from brain.core.models import RunIf, TaskSpec, TaskState, TaskTree, TreeStatus
 
 _S = TaskState
 _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED, _S.PENDING_CLIENT})
@@ -34,6 +34,12 @@ PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
 # What a run sent to a client may be in: what a disconnect takes back (a server run is never
 # queued_client or awaiting_approval; a running one is told apart by its client id).
 SENT_TO_CLIENT: Final = IN_FLIGHT - {_S.QUEUED_SERVER}
+# Final and no fault: a tree whose tasks all ended so is done (not_triggered: its run_if did
+# not hold, by design). Any other final state fails the tree.
+SUCCESSFUL: Final = frozenset({_S.DONE, _S.NOT_TRIGGERED})
+# A dependency that ended this way counts as failed for run_if (any_failed runs, all_succeeded
+# is skipped); expired work failed to happen in time.
+_UNSUCCESSFUL: Final = frozenset({_S.FAILED, _S.SKIPPED, _S.EXPIRED})
 # Waiting for its next attempt after one failed (brain.core.retry): holds no worker, no slot,
 # and no run in flight (a late result of the failed attempt is refused).
 RETRY_WAIT: Final = frozenset({_S.RETRYING})
@@ -47,8 +53,9 @@ BEGINS_FROM: Final = frozenset({_S.QUEUED_SERVER, _S.RUNNING})
 # task's state is a compare-and-set naming the states its caller read; this table says which
 # moves exist at all (``check_move``), so a new code path cannot invent one.
 MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
-    # ready: sent, parked, or ended by its route (skip / fail) or an upstream that did not finish
-    _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED},
+    # ready: sent, parked, or ended by its route (skip / fail), by an upstream that did not
+    # finish, or by a run_if that did not hold (not triggered)
+    _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED, _S.NOT_TRIGGERED},
     # queued: begun by its worker or agent (running), its result, a re-send (same state, new
     # run), taken back from a client that left (sent elsewhere or parked), lost too often,
     # cancelled, past its max_total_s
@@ -93,40 +100,80 @@ def queued_state(client_id: str | None) -> TaskState:
 
 @dataclass(frozen=True)
 class Plan:
-    ready: list[str] = field(default_factory=list)  # pending, every dependency done
-    skip: list[tuple[str, str]] = field(default_factory=list)  # (task id, why)
+    ready: list[str] = field(default_factory=list)  # pending, and its run_if holds
+    # (task id, the final state it ends in without running, why): skipped or not triggered
+    end: list[tuple[str, TaskState, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a pending task's dependencies, as they stand, make of it: ready, ended without
+    running (``end``, with why), or neither yet (wait)."""
+
+    ready: bool = False
+    end: TaskState | None = None
+    why: str = ""
+
+
+_WAIT: Final = Verdict()
+_READY: Final = Verdict(ready=True)
+
+
+def verdict(spec: TaskSpec, states: Mapping[str, TaskState]) -> Verdict:
+    """Its ``run_if`` applied to its dependencies' states (``states`` holds at least those).
+
+    - ``all_succeeded``: ready once every one is done; skipped as soon as one failed, was
+      skipped or expired; not triggered as soon as one was not triggered.
+    - ``none_failed``: ready once every one is done, skipped or not triggered; skipped as soon
+      as one failed or expired.
+    - ``all_done``: ready once every one is final, whatever the outcome.
+    - ``any_failed``: once every one is final, ready if one failed, was skipped or expired,
+      else not triggered.
+    """
+    deps = [(d, states[d]) for d in spec.depends_on]
+    rule = spec.run_if
+    if rule is RunIf.ALL_SUCCEEDED:
+        for dep, state in deps:
+            if state in _UNSUCCESSFUL:
+                return Verdict(end=_S.SKIPPED, why=f"upstream task {dep!r} {state.value}")
+        for dep, state in deps:
+            if state is _S.NOT_TRIGGERED:
+                return Verdict(end=_S.NOT_TRIGGERED, why=f"upstream task {dep!r} was not triggered")
+        return _READY if all(state is _S.DONE for _, state in deps) else _WAIT
+    if rule is RunIf.NONE_FAILED:
+        for dep, state in deps:
+            if state in (_S.FAILED, _S.EXPIRED):
+                return Verdict(
+                    end=_S.SKIPPED, why=f"upstream task {dep!r} {state.value} (run_if: none_failed)"
+                )
+        return _READY if all(state.is_final for _, state in deps) else _WAIT
+    if not all(state.is_final for _, state in deps):
+        return _WAIT
+    if rule is RunIf.ALL_DONE:
+        return _READY
+    if any(state in _UNSUCCESSFUL for _, state in deps):  # any_failed
+        return _READY
+    return Verdict(end=_S.NOT_TRIGGERED, why="run_if: any_failed, and no upstream task failed")
 
 
 def plan(tree: TaskTree, states: Mapping[str, TaskState]) -> Plan:
-    """Pending tasks whose dependencies are all done are ready; pending tasks with a
-    dependency that ended any other way are skipped, naming that dependency."""
+    """Each pending task's ``verdict``: the ready ones, and those that end without running."""
     result = Plan()
     for spec in tree.tasks:
         if states.get(spec.id) is not TaskState.PENDING:
             continue
-        blocker = _first_unsuccessful_dependency(spec, states)
-        if blocker is not None:
-            dep, state = blocker
-            result.skip.append((spec.id, f"upstream task {dep!r} {state.value}"))
-        elif all(states[d] is TaskState.DONE for d in spec.depends_on):
+        found = verdict(spec, states)
+        if found.ready:
             result.ready.append(spec.id)
+        elif found.end is not None:
+            result.end.append((spec.id, found.end, found.why))
     return result
-
-
-def _first_unsuccessful_dependency(
-    spec: TaskSpec, states: Mapping[str, TaskState]
-) -> tuple[str, TaskState] | None:
-    for dep in spec.depends_on:
-        state = states[dep]
-        if state.is_final and state is not TaskState.DONE:
-            return dep, state
-    return None
 
 
 def tree_status(states: Mapping[str, TaskState]) -> TreeStatus | None:
     """The tree's final status once every task is final, else None."""
     if not all(s.is_final for s in states.values()):
         return None
-    if all(s is TaskState.DONE for s in states.values()):
+    if all(s in SUCCESSFUL for s in states.values()):
         return TreeStatus.DONE
     return TreeStatus.FAILED

@@ -41,8 +41,12 @@ from workers import argcheck
 # Ids may contain dots, so the id part is lazy and the regex backtracks to the first ".result"
 # that ends the reference; task ids never hold a ".result" part (brain.core.models.check_task_id),
 # so that first one is the right one.
-# ``.result`` is the convenient value; ``.mcp`` the whole MCP CallToolResult (content blocks).
-_REF = re.compile(r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.(?P<root>result|mcp)(?P<path>(?:\.[^.}]+)*)\}")
+# ``.result`` is the convenient value; ``.mcp`` the whole MCP CallToolResult (content blocks);
+# ``.status`` how the task ended (done, failed, skipped, ...) and ``.error`` its error
+# ({type, message, data}, or null): what a clean-up or notify task (run_if) reads.
+_REF = re.compile(
+    r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.(?P<root>result|mcp|status|error)(?P<path>(?:\.[^.}]+)*)\}"
+)
 _REF_START = "${tasks."
 
 # Schema keywords whose verdict on a container does not depend on the values inside it,
@@ -387,7 +391,8 @@ def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
         for snippet in malformed:
             problems.append(
                 f"{where}: malformed reference {snippet!r}: "
-                "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>} or ${tasks.<id>.mcp.<path>}"
+                "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>}, ${tasks.<id>.mcp.<path>}, "
+                "${tasks.<id>.status} or ${tasks.<id>.error}"
             )
     return problems
 
@@ -453,16 +458,21 @@ def _target_problems(task: TaskSpec, registry: Mapping[str, ToolSpec]) -> list[s
 
 
 def resolve_args(
-    args: dict[str, Any], results: Mapping[str, Any], wholes: Mapping[str, Any] | None = None
+    args: dict[str, Any],
+    results: Mapping[str, Any],
+    wholes: Mapping[str, Any] | None = None,
+    statuses: Mapping[str, str] | None = None,
+    errors: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``args`` with every reference replaced by upstream results (``results``: task id →
-    result; ``wholes``: task id → its whole MCP result, for ``${tasks.<id>.mcp...}``).
+    result; ``wholes``: task id → its whole MCP result, for ``${tasks.<id>.mcp...}``;
+    ``statuses`` and ``errors``: task id → its state and its error, or None).
 
     A string that is exactly one reference becomes the referenced value, of any JSON
     type; references inside longer strings are interpolated (JSON text for non-strings).
     Raises ``UnresolvedReference`` when a referenced task or path does not exist.
     """
-    roots = {"result": results, "mcp": wholes or {}}
+    roots = {"result": results, "mcp": wholes or {}, "status": statuses or {}, "error": errors or {}}
     return {key: _resolve(value, roots) for key, value in args.items()}
 
 
@@ -494,6 +504,8 @@ def _lookup(task: str, root: str, dotted: str, roots: Mapping[str, Mapping[str, 
     found = roots[root]
     if root == "result" and task not in found:
         raise UnresolvedReference(task, path, f"task {task!r} has no result (yet)", root)
+    if root in ("status", "error") and task not in found:
+        raise UnresolvedReference(task, path, f"task {task!r} has not ended (yet)", root)
     if root == "mcp" and found.get(task) is None:
         why = "(yet)" if task not in roots["result"] else "(its tool is not an MCP tool)"
         raise UnresolvedReference(task, path, f"task {task!r} has no MCP result {why}", root)

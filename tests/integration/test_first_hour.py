@@ -313,3 +313,36 @@ def test_status_of_one_task_prints_its_whole_result_where_the_table_shows_a_prev
     assert json.loads(as_json.stdout)["result"] == {"content": content}
     missing = vancetope("status", "t-1", "nope", data=data)
     assert missing.returncode == 2 and "tree 't-1' has no task 'nope'; its tasks: read" in missing.stderr
+
+
+def test_explain_names_each_tasks_retry_policy_and_trigger_rule(tmp_path: Path) -> None:
+    """Issue 23, item 4."""
+    tree = tmp_path / "night.yaml"
+    tree.write_text(
+        "id: night\nretry: {max_attempts: 2, backoff_s: 5}\ntasks:\n"
+        "  - {id: a, tool: echo, args: {value: 1}, retry: {max_attempts: 4, backoff_s: 1, on: [tool_error]}}\n"
+        "  - {id: b, tool: echo, args: {value: '${tasks.a.status}'}, depends_on: [a], run_if: any_failed}\n"
+    )
+    said = vancetope("explain", str(tree), data=tmp_path / "data")
+    assert said.returncode == 0, said.stdout + said.stderr
+    text = " ".join(said.stdout.split())
+    assert "task 'a': retry 4 attempts, 1s ×2 (≤300s, jitter) on tool_error (from the task)" in text
+    assert "task 'b': retry 2 attempts, 5s ×2 (≤300s, jitter) on unavailable, timeout (from the tree)" in text
+    assert "run_if any_failed (a)" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "id: bad\ntasks:\n"
+        "  - {id: a, tool: echo, args: {value: 1}, retry: {max_attempts: 0, backoff_s: -1, on: [typo]}}\n"
+        "  - {id: b, tool: echo, args: {value: 1}, depends_on: [a], run_if: sometimes}\n"
+    )
+    refused = vancetope("run", str(bad), data=tmp_path / "data")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    errors = " ".join(refused.stderr.split())
+    for problem in (
+        "task 'a': retry.max_attempts: Input should be greater than or equal to 1",
+        "task 'a': retry.backoff_s: Input should be greater than or equal to 0",
+        "task 'a': retry.on[0]: Input should be 'unavailable', 'timeout' or 'tool_error'",
+        "task 'b': run_if: Input should be 'all_succeeded', 'all_done', 'any_failed' or 'none_failed'",
+    ):
+        assert problem in errors, errors
+    assert not (tmp_path / "data" / "stack.json").exists()

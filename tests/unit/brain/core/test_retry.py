@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from brain.core import safeyaml
 from brain.core.retry import RetryOn, RetryPolicy, effective_policy, next_attempt_at, retry_class
 from workers.contracts import ErrorInfo
 
@@ -107,3 +108,9 @@ def test_the_most_specific_policy_given_wins() -> None:
 def test_a_bad_policy_is_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         RetryPolicy.model_validate(fields)
+
+
+def test_a_bare_on_key_in_yaml_is_the_word_on_not_true() -> None:
+    loaded = safeyaml.load("max_attempts: 3\non: [tool_error]\n")
+    assert True in loaded  # PyYAML's reading, which the policy takes back
+    assert RetryPolicy.model_validate(loaded).on == [RetryOn.TOOL_ERROR]

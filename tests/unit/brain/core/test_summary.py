@@ -89,7 +89,7 @@ def test_markdown_names_the_counts_whom_to_bring_online_and_what_failed() -> Non
     )
     text = render_markdown(summarise(tree, tasks, SummaryKind.FINAL, at=0.0))
     assert text.startswith("# nightly: failed\n")
-    assert "| 1 | 1 | 0 | 0 | 2 | 0 | 0 | 0 | 4 |" in text
+    assert "| 1 | 1 | 0 | 0 | 0 | 2 | 0 | 0 | 0 | 4 |" in text
     assert "- any client of user `demo` offering `read_local_file`: 1 task(s) (notes)" in text
     assert "- client `laptop` of user `demo`: 1 task(s) (git)" in text
     assert "- `c` (http_get, failed): HTTP 500" in text

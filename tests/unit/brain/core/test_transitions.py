@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from brain.core.models import TaskState, TaskTree, TreeStatus
+from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 from brain.core.transitions import (
     BEGINS_FROM,
     FINAL,
@@ -21,6 +21,7 @@ from brain.core.transitions import (
     plan,
     queued_state,
     tree_status,
+    verdict,
 )
 
 P, D, F, S, X, Q = (
@@ -75,7 +76,52 @@ TREE = TaskTree.model_validate(
 )
 def test_plan(states: dict[str, TaskState], ready: list[str], skip: list[tuple[str, str]]) -> None:
     step = plan(TREE, states)
-    assert (step.ready, step.skip) == (ready, skip)
+    assert (step.ready, step.end) == (ready, [(task, TaskState.SKIPPED, why) for task, why in skip])
+
+
+# --- trigger rules (run_if): what a task's dependencies' outcomes make of it ----------------
+
+N = TaskState.NOT_TRIGGERED
+RUN, WAIT = "run", "wait"
+
+
+@pytest.mark.parametrize(
+    ("rule", "deps", "expected"),
+    [
+        # all_succeeded (the default): every dependency done
+        ("all_succeeded", (D, D), RUN),
+        ("all_succeeded", (D, Q), WAIT),
+        ("all_succeeded", (F, Q), S),  # at once: it can never run
+        ("all_succeeded", (D, N), N),
+        # none_failed: done, skipped or not triggered dependencies are fine
+        ("none_failed", (D, S), RUN),
+        ("none_failed", (S, N), RUN),
+        ("none_failed", (D, Q), WAIT),
+        ("none_failed", (X, Q), S),
+        # all_done: every dependency ended, whatever the outcome (clean-up)
+        ("all_done", (D, F), RUN),
+        ("all_done", (S, X), RUN),
+        ("all_done", (F, Q), WAIT),
+        # any_failed: once every dependency ended, run if one failed, was skipped or expired (notify)
+        ("any_failed", (D, F), RUN),
+        ("any_failed", (D, S), RUN),
+        ("any_failed", (D, D), N),
+        ("any_failed", (D, N), N),
+        ("any_failed", (F, Q), WAIT),
+    ],
+)
+def test_a_trigger_rule_reads_its_dependencies_outcomes(
+    rule: str, deps: tuple[TaskState, TaskState], expected: str | TaskState
+) -> None:
+    spec = TaskSpec(id="t", tool="echo", depends_on=["x", "y"], run_if=rule)
+    found = verdict(spec, dict(zip(("x", "y"), deps, strict=True)))
+    shown = RUN if found.ready else (found.end or WAIT)
+    assert shown == expected, found
+
+
+def test_a_tree_whose_notify_was_not_triggered_is_done_and_one_whose_notify_ran_is_failed() -> None:
+    assert tree_status({"work": D, "notify": N}) is TreeStatus.DONE
+    assert tree_status({"work": F, "notify": D}) is TreeStatus.FAILED
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def test_malformed_reference() -> None:
     assert problems({"id": "a"}, {"id": "b", "depends_on": ["a"], "args": {"x": "${tasks.a.output}"}}) == [
         (
             "task 'b': args.x: malformed reference '${tasks.a.output}': "
-            "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>} or ${tasks.<id>.mcp.<path>}"
+            "write ${tasks.<id>.result}, ${tasks.<id>.result.<path>}, ${tasks.<id>.mcp.<path>}, ${tasks.<id>.status} or ${tasks.<id>.error}"
         )
     ]
 
