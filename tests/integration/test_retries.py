@@ -124,3 +124,37 @@ def test_a_pool_and_a_brain_killed_during_the_wait_do_not_lose_the_retry(
     assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
     fetch = brain.store.get_task(rec.tree_id, "fetch")
     assert fetch.result == "fetched at call 2" and len(fetch.attempts) == 1
+
+
+def test_the_bad_night_example_notifies_cleans_up_and_ends_failed_through_vancetope_run(
+    tmp_path: Path,
+) -> None:
+    """examples/bad-night.yaml as a user runs it: `vancetope run --json` on the embedded stack."""
+    import json
+    import os
+    import subprocess
+
+    from tests.conftest import EXAMPLES, ROOT
+
+    proc = subprocess.run(  # noqa: PLW1510 - asserted below, with the output
+        [sys.executable, "-m", "brain", "run", str(EXAMPLES / "bad-night.yaml"), "--json"],
+        cwd=ROOT,
+        env={**os.environ, "VANCETOPE_DATA_DIR": str(tmp_path / "data")},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a failed task is a failed night
+    report = json.loads(proc.stdout)
+    tasks = {t["task_id"]: t for t in report["tasks"]}
+    assert report["status"] == "failed"
+    assert {k: t["state"] for k, t in tasks.items()} == {
+        "utc_now": "done",
+        "missing_notes": "failed",
+        "headline": "skipped",
+        "notify": "done",
+        "cleanup": "done",
+    }
+    assert tasks["notify"]["result"].startswith("night failed: notes failed (read_local_file: ")
+    assert tasks["cleanup"]["result"] == "cleaned up after a headline that ended skipped"
+    assert tasks["missing_notes"]["attempts"] == []  # a tool error: not covered by the policy
