@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     max_tasks_per_tree: int = Field(default=10_000, gt=0)
     max_unfinished_tasks_per_user: int = Field(default=50_000, gt=0)
     max_deliveries: int = Field(default=3, ge=1)
+    # The most items a for_each task may fan out over, unless the task says (brain.core.fanout).
+    max_fan_out: int = Field(default=1000, gt=0)
     # The embedded redis-server's memory cap (Redis units: 512mb, 2gb; 0 = none). Policy is
     # noeviction, so over it Redis refuses writes (OOM) and never evicts a queue: a client
     # storing 5 x 100 MB cannot take the machine's memory (issue 20, M1). 1 GB holds a night

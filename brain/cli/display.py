@@ -30,6 +30,7 @@ STATE_STYLE = {
     "blocked": "magenta",
     "pending_client": "magenta",
     "retrying": "bold cyan",
+    "fanned_out": "cyan",
     "done": "green",
     "failed": "bold red",
     "skipped": "yellow",

@@ -34,7 +34,7 @@ _ID_ADVICE = "use letters, digits, '_', '.', ':' and '-', starting with a letter
 # A task id may not hold a dot-segment `result` after its first one: `${tasks.a.result.b.result}`
 # could not tell task `a.result.b` from task `a`. The reference grammar (brain.core.validation._REF)
 # relies on this to find the id unambiguously.
-_RESULT_SEGMENT = re.compile(r"\.(?:result|mcp|status|error)(?:\.|$)")  # the roots of a reference
+_RESULT_SEGMENT = re.compile(r"\.(?:results?|mcp|status|error)(?:\.|$)")  # the roots of a reference
 # A run's tree id is `<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>` (Scheduler.submit): 23 characters on top.
 RUN_TREE_ID_SUFFIX_CHARS = 23
 MAX_TREE_ID_CHARS = MAX_WIRE_ID_CHARS - RUN_TREE_ID_SUFFIX_CHARS
@@ -51,6 +51,9 @@ def check_id(value: str, max_chars: int) -> str:
             f"is {len(value)} characters long; at most {max_chars} (it travels in every tool call)"
         )
     return value
+
+
+_ITEM_ID = re.compile(r"(?P<parent>.+)\[(?P<index>\d+)\]")
 
 
 def check_task_id(value: str) -> str:
@@ -206,7 +209,8 @@ class TaskSpec(BaseModel):
     to ``[tool]``).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # populate_by_name: a stored tree keeps ``item_name``; files write ``as``.
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     id: str
     goal: str = ""
@@ -226,13 +230,22 @@ class TaskSpec(BaseModel):
     retry: RetryPolicy | None = None
     # Which outcomes of its dependencies let it run (Airflow's trigger rules).
     run_if: RunIf = RunIf.ALL_SUCCEEDED
+    # One task per item of a dependency's list result, made when this task is ready:
+    # "${tasks.<id>.result.<path>}"; each item is ``${<as>}`` in its args (brain.core.fanout).
+    for_each: str | None = None
+    item_name: str = Field(default="item", alias="as", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # At most this many items (default: the max_fan_out setting); more fails the task.
+    max_fan_out: int | None = Field(default=None, gt=0)
 
     _valid_pool = field_validator("pool")(check_pool)
 
     @field_validator("id")
     @classmethod
     def _valid_id(cls, v: str) -> str:
-        return check_task_id(v)
+        # ``<id>[<i>]``: an item of a for_each task (brain.core.fanout), made by the brain,
+        # never written in a tree file (TaskTree refuses it there).
+        item = _ITEM_ID.fullmatch(v)
+        return v if item and check_task_id(item["parent"]) else check_task_id(v)
 
     @field_validator("tools")
     @classmethod
@@ -279,6 +292,15 @@ class TaskTree(BaseModel):
         # The run's tree id adds a timestamp and a token, and must still fit the wire.
         return check_id(v, MAX_TREE_ID_CHARS)
 
+    @model_validator(mode="after")
+    def _no_item_ids(self) -> TaskTree:
+        for t in self.tasks:
+            if _ITEM_ID.fullmatch(t.id):
+                raise ValueError(
+                    f"task id {t.id!r}: '<id>[<n>]' names the items of a for_each task; rename it"
+                )
+        return self
+
     def task(self, task_id: str) -> TaskSpec:
         return self._by_id[task_id]
 
@@ -311,6 +333,8 @@ class TaskState(StrEnum):
     PENDING_CLIENT = "pending_client"
     # An attempt failed in a way its retry policy covers; the next one starts at ``retry_at``.
     RETRYING = RETRYING_STATE
+    # A for_each task that made one task per item (``<id>[0]``, ...): it ends when they all have.
+    FANNED_OUT = "fanned_out"
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -382,6 +406,11 @@ class TaskRecord(BaseModel):
     # attempt's own outcome is this record's.
     attempts: list[Attempt] = Field(default_factory=list)
     retry_at: float | None = None  # when ``retrying``: when the next attempt starts
+    # A for_each task: how many items it fanned out over. One of its items (``<id>[i]``): the
+    # task it was made from, and its own spec (the item put in its args).
+    fan_out: int | None = None
+    parent: str | None = None
+    spec: TaskSpec | None = None
     queued_at: float | None = None  # this attempt's dispatch, or when it was parked
     first_queued_at: float | None = None  # when the task first left `pending` (max_total_s)
     started_at: float | None = None

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
-from brain.core.transitions import IN_FLIGHT, PARKED, RETRY_WAIT
+from brain.core.transitions import FAN_OUT_WAIT, IN_FLIGHT, PARKED, RETRY_WAIT
 
 # How many failed/skipped tasks a summary names one by one (the counts are always whole).
 MAX_LISTED = 50
@@ -37,7 +37,7 @@ class SummaryCounts(BaseModel):
     skipped: int = 0
     not_triggered: int = 0  # its run_if did not hold (a notify when nothing failed)
     waiting: int = 0  # blocked or pending_client: waiting for a client
-    in_flight: int = 0  # queued or running
+    in_flight: int = 0  # queued or running (a for_each task: its items are)
     retrying: int = 0  # an attempt failed; the next one waits for its time
     pending: int = 0  # waiting for upstream tasks
 
@@ -124,7 +124,7 @@ def count(tasks: Sequence[TaskRecord]) -> SummaryCounts:
         skipped=states.count(TaskState.SKIPPED),
         not_triggered=states.count(TaskState.NOT_TRIGGERED),
         waiting=sum(s in PARKED for s in states),
-        in_flight=sum(s in IN_FLIGHT for s in states),
+        in_flight=sum(s in IN_FLIGHT or s in FAN_OUT_WAIT for s in states),
         retrying=sum(s in RETRY_WAIT for s in states),
         pending=states.count(TaskState.PENDING),
     )

@@ -21,7 +21,7 @@ _WAIT_OR_SEND: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.BLOCKED
 # result, a failed attempt to try again, cancel, expiry
 _OUTCOMES: Final = frozenset({_S.DONE, _S.FAILED, _S.RETRYING, _S.SKIPPED, _S.EXPIRED})
 
-# --- groupings: every state is pending, in flight, parked, waiting to retry or final (one) -
+# --- groupings: every state is pending, in flight, parked, waiting (to retry, for items) or final
 FINAL: Final = frozenset(s for s in TaskState if s.is_final)
 NOT_FINAL: Final = frozenset(TaskState) - FINAL
 NOT_DONE: Final = frozenset(TaskState) - {_S.DONE}
@@ -43,6 +43,8 @@ _UNSUCCESSFUL: Final = frozenset({_S.FAILED, _S.SKIPPED, _S.EXPIRED})
 # Waiting for its next attempt after one failed (brain.core.retry): holds no worker, no slot,
 # and no run in flight (a late result of the failed attempt is refused).
 RETRY_WAIT: Final = frozenset({_S.RETRYING})
+# A for_each task waiting for the items it made (brain.core.fanout).
+FAN_OUT_WAIT: Final = frozenset({_S.FANNED_OUT})
 # What a server worker may begin its run from (``Store.begin_run``, a compare-and-set on the
 # run id that moves it to running): queued, or already running when the same run is delivered
 # again (its worker died: ``acks_late``) and must be able to begin again.
@@ -55,7 +57,7 @@ BEGINS_FROM: Final = frozenset({_S.QUEUED_SERVER, _S.RUNNING})
 MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     # ready: sent, parked, or ended by its route (skip / fail), by an upstream that did not
     # finish, or by a run_if that did not hold (not triggered)
-    _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED, _S.NOT_TRIGGERED},
+    _S.PENDING: _WAIT_OR_SEND | {_S.SKIPPED, _S.FAILED, _S.NOT_TRIGGERED, _S.FANNED_OUT},
     # queued: begun by its worker or agent (running), its result, a re-send (same state, new
     # run), taken back from a client that left (sent elsewhere or parked), lost too often,
     # cancelled, past its max_total_s
@@ -74,6 +76,9 @@ MOVES: Final[Mapping[TaskState, frozenset[TaskState]]] = {
     _S.BLOCKED: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
     _S.PENDING_CLIENT: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
     _S.RETRYING: _WAIT_OR_SEND | {_S.FAILED, _S.SKIPPED, _S.EXPIRED},
+    # a for_each task: ends once every item has (done with their results, or failed), or is
+    # cancelled or expires like any other
+    _S.FANNED_OUT: frozenset({_S.DONE, _S.FAILED, _S.SKIPPED, _S.EXPIRED}),
     # final states are final
     **{s: frozenset() for s in TaskState if s.is_final},
 }

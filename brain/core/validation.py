@@ -45,7 +45,9 @@ from workers import argcheck
 # ``.status`` how the task ended (done, failed, skipped, ...) and ``.error`` its error
 # ({type, message, data}, or null): what a clean-up or notify task (run_if) reads.
 _REF = re.compile(
-    r"\$\{tasks\.(?P<task>" + ID_BODY + r"?)\.(?P<root>result|mcp|status|error)(?P<path>(?:\.[^.}]+)*)\}"
+    r"\$\{tasks\.(?P<task>"
+    + ID_BODY
+    + r"?)\.(?P<root>results|result|mcp|status|error)(?P<path>(?:\.[^.}]+)*)\}"
 )
 _REF_START = "${tasks."
 
@@ -343,11 +345,30 @@ def _task_problems(
     if task.tools and task.tool not in task.tools:
         problems.append(f"task {task.id!r}: tool {task.tool!r} is not in its tools list {task.tools}")
     problems += _reference_problems(task, ids)
+    problems += _for_each_problems(task, ids)
     spec = registry.get(task.tool)
     if spec is not None:
         problems += _schema_problems(task, spec, validators)
     problems += _target_problems(task, registry)
     return problems
+
+
+def _for_each_problems(task: TaskSpec, ids: set[str]) -> list[str]:
+    """``for_each`` must be one reference to a dependency's result (brain.core.fanout)."""
+    if task.for_each is None:
+        if task.max_fan_out is not None:
+            return [f"task {task.id!r}: max_fan_out applies only with for_each"]
+        return []
+    where = f"task {task.id!r}: for_each {task.for_each!r}"
+    found = _REF.fullmatch(task.for_each)
+    if found is None or found["root"] not in ("result", "results"):
+        return [f"{where}: write one reference to a dependency's list, ${{tasks.<id>.result.<path>}}"]
+    ref = found["task"]
+    if ref not in ids:
+        return [f"{where}: references unknown task {ref!r}"]
+    if ref not in task.depends_on:
+        return [f"{where}: references task {ref!r}, which is not in depends_on"]
+    return []
 
 
 def _strings(value: Any, path: _Path = ()) -> Iterator[tuple[_Path, str]]:
@@ -403,7 +424,13 @@ def _schema_problems(
     validator = _validator(spec, validators)
     if isinstance(validator, str):
         return [f"task {task.id!r}: tool {spec.name!r} has an invalid input_schema: {validator}"]
-    opaque = [path for path, text in _strings(task.args) if _REF_START in text]
+    # An item's placeholder (${item}, or the name `as:` gives) is as unknown here as a result.
+    item_start = "${" + task.item_name if task.for_each is not None else None
+    opaque = [
+        path
+        for path, text in _strings(task.args)
+        if _REF_START in text or (item_start is not None and item_start in text)
+    ]
     try:
         errors = list(validator.iter_errors(task.args))
     except Unresolvable as exc:
@@ -472,7 +499,14 @@ def resolve_args(
     type; references inside longer strings are interpolated (JSON text for non-strings).
     Raises ``UnresolvedReference`` when a referenced task or path does not exist.
     """
-    roots = {"result": results, "mcp": wholes or {}, "status": statuses or {}, "error": errors or {}}
+    # ``results``: a for_each task's result is the list of its items' results.
+    roots = {
+        "result": results,
+        "results": results,
+        "mcp": wholes or {},
+        "status": statuses or {},
+        "error": errors or {},
+    }
     return {key: _resolve(value, roots) for key, value in args.items()}
 
 
@@ -502,7 +536,7 @@ def _as_text(value: Any) -> str:
 def _lookup(task: str, root: str, dotted: str, roots: Mapping[str, Mapping[str, Any]]) -> Any:
     path = dotted.removeprefix(".")
     found = roots[root]
-    if root == "result" and task not in found:
+    if root in ("result", "results") and task not in found:
         raise UnresolvedReference(task, path, f"task {task!r} has no result (yet)", root)
     if root in ("status", "error") and task not in found:
         raise UnresolvedReference(task, path, f"task {task!r} has not ended (yet)", root)

@@ -198,7 +198,7 @@ class Intake:
             or rec.client_id != from_client
         ):
             return False  # not this task's current run: the normal path refuses or ignores it
-        spec = tree_rec.tree.task(rec.task_id)
+        spec = scheduler.spec_of(tree_rec, rec)
         tool = scheduler.registry.tools.get(rec.tool)
         policy = effective_policy(
             spec.retry, tool.retry if tool else None, tree_rec.tree.retry, scheduler.settings.retry

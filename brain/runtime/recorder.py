@@ -38,6 +38,7 @@ from typing import Any
 from celery import Celery
 
 from brain.config import Settings, load_settings
+from brain.core.fanout import parent_of
 from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.parked import ParkedWork
@@ -105,7 +106,8 @@ def routes_here(scheduler: Scheduler, result: ToolResult) -> bool:
     return all(
         route_without_presence(scheduler.route_request(tree_rec, tree_rec.tree.task(dependent)), tools)
         is not None
-        for dependent in tree_rec.tree.dependents.get(result.task_id, ())
+        # an item of a for_each task: the last item's result ends that task and starts its dependents
+        for dependent in tree_rec.tree.dependents.get(parent_of(result.task_id) or result.task_id, ())
     )
 
 

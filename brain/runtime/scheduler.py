@@ -20,6 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
+from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
 from brain.core.limits import check_limits
 from brain.core.models import (
     Location,
@@ -49,6 +50,7 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
 from brain.core.transitions import (
+    FAN_OUT_WAIT,
     FINAL,
     NOT_DONE,
     NOT_FINAL,
@@ -277,11 +279,18 @@ class Scheduler:
         tree_id = tree_rec.tree_id
         placed = 0
         while True:
-            step = plan(tree_rec.tree, self.store.task_states(tree_id))
+            states = self.store.task_states(tree_id)
+            step = plan(tree_rec.tree, states)
             ended = self._ended_here()
             for task_id, state, why in step.end:
                 self._end(tree_id, task_id, state, why, {TaskState.PENDING})
-            placed += self._start_ready(tree_rec, step.ready)
+            # Items of a for_each task are not in the tree's spec: a crash may have left some
+            # unsent, or all ended with their for_each task still waiting for them.
+            items = [t for t, state in states.items() if state is TaskState.PENDING and parent_of(t)]
+            for task_id, state in states.items():
+                if state is TaskState.FANNED_OUT and self._finish_fan_out(tree_id, task_id) is not None:
+                    self._local.ended = self._ended_here() + 1
+            placed += self._start_ready(tree_rec, step.ready + items)
             # Plan again only when a task ended without running (skipped, failed by its route
             # or its arguments): its dependents may now be skipped too. Tasks sent or parked
             # change nothing another plan would see; for a big tree that re-read is its size.
@@ -303,6 +312,15 @@ class Scheduler:
             task_id, state = work.pop()
             if state is TaskState.DONE:
                 done.add(task_id)
+            parent = parent_of(task_id)
+            if parent is not None:
+                # An item: its for_each task ends with the last of them, then its dependents go on.
+                ended_as = self._finish_fan_out(tree_id, parent) if state.is_final else None
+                if ended_as is not None:
+                    work.append((parent, ended_as))
+                else:
+                    in_flight = 1
+                continue
             for dependent in tree.dependents.get(task_id, ()):
                 spec = tree.task(dependent)
                 if spec.run_if is not RunIf.ALL_SUCCEEDED or state is TaskState.NOT_TRIGGERED:
@@ -387,13 +405,18 @@ class Scheduler:
     def _route_and_send(self, tree_rec: TreeRecord, ready: list[str]) -> int:
         placed = 0
         presence: Presence | None = None  # read once, and only for a route that needs it
+        items: list[str] = []  # made by for_each tasks: sent after the chunk that made them
         for start in range(0, len(ready), DISPATCH_CHUNK):
             chunk = ready[start : start + DISPATCH_CHUNK]
             with self.batch():
                 for rec in self.store.get_tasks(tree_rec.tree_id, chunk):
                     if rec.state is not TaskState.PENDING:
                         continue
-                    req = self.route_request(tree_rec, tree_rec.tree.task(rec.task_id))
+                    spec = self.spec_of(tree_rec, rec)
+                    if spec.for_each is not None:
+                        items += self._fan_out(tree_rec, rec, spec)
+                        continue
+                    req = self.route_request(tree_rec, spec)
                     route = route_without_presence(req, self.registry.tools)
                     if route is None:
                         presence = presence or self._presence(tree_rec)
@@ -405,7 +428,77 @@ class Scheduler:
                             # One view serves the whole loop: count what it sends, so ready tasks
                             # spread over the user's clients instead of all taking the first.
                             presence = presence.with_call_sent_to(route.client_id)
+        if items:
+            placed += self._route_and_send(tree_rec, items)
         return placed
+
+    def spec_of(self, tree_rec: TreeRecord, rec: TaskRecord) -> TaskSpec:
+        """What ``rec`` runs: its tree's task, or for an item of a for_each task, its own spec."""
+        return rec.spec or tree_rec.tree.task(rec.task_id)
+
+    def _fan_out(self, tree_rec: TreeRecord, rec: TaskRecord, spec: TaskSpec) -> list[str]:
+        """Make ``spec``'s items (brain.core.fanout) and wait for them: the ids to send. A list
+        that is not one, too long, or whose items lack what the arguments ask fails the task."""
+        tree_id = tree_rec.tree_id
+        try:
+            value = resolve_args({"list": spec.for_each}, *self.upstream(tree_id, spec.depends_on))["list"]
+            specs = item_specs(spec, items_of(spec, value, spec.max_fan_out or self.settings.max_fan_out))
+        except (UnresolvedReference, FanOutError) as exc:
+            message = str(exc) if isinstance(exc, FanOutError) else f"task {spec.id!r}: for_each: {exc}"
+            error = ErrorInfo(type="FanOutFailed", message=message, data={"task": spec.id})
+            self.finish_without_run(rec, TaskState.FAILED, message, {TaskState.PENDING}, error=error)
+            return []
+        now = self.clock()
+        # The items first: a crash after them leaves the task pending, and its next plan adds
+        # the same items again (ids and specs are the list's), which the store keeps once.
+        self.store.add_tasks(tree_id, item_records(tree_id, specs, spec.id, now))
+        moved = self.move(
+            tree_id,
+            spec.id,
+            TaskState.FANNED_OUT,
+            {TaskState.PENDING},
+            fan_out=len(specs),
+            reason=f"for_each: {len(specs)} item(s), {spec.id}[0] to {spec.id}[{max(len(specs) - 1, 0)}]",
+            route="for_each",
+            queued_at=now,
+            first_queued_at=rec.first_queued_at or now,
+            updated_at=now,
+        )
+        if moved is None:
+            return []
+        if not specs:
+            ended = self._finish_fan_out(tree_id, spec.id)
+            if ended is not None:
+                self.advance(tree_id, {spec.id: ended})
+        return [s.id for s in specs]
+
+    def _finish_fan_out(self, tree_id: str, parent: str) -> TaskState | None:
+        """End a for_each task whose items have all ended (brain.core.fanout.gathered): the
+        state it ended in, or None while one has not (or it ended already)."""
+        rec = self.store.get_task(tree_id, parent)
+        if rec is None or rec.state is not TaskState.FANNED_OUT or rec.fan_out is None:
+            return None
+        ids = [item_id(parent, i) for i in range(rec.fan_out)]
+        if self._not_final(tree_id, ids, set()):
+            return None
+        by_id = {r.task_id: r for r in self.store.get_tasks(tree_id, ids)}
+        state, results, why = gathered([by_id[i] for i in ids])
+        error = None
+        if state is TaskState.FAILED:
+            error = ErrorInfo(type="ItemsFailed", message=f"task {parent!r}: {why}", data={"task": parent})
+        now = self.clock()
+        moved = self.move(
+            tree_id,
+            parent,
+            state,
+            FAN_OUT_WAIT,
+            result=results,
+            error=error,
+            reason=why,
+            finished_at=now,
+            updated_at=now,
+        )
+        return moved.state if moved is not None else None
 
     def _tree_status(self, tree_id: str) -> TreeStatus | None:
         """The tree's final status once every task is final (two index lookups), else None."""
@@ -536,7 +629,7 @@ class Scheduler:
         parked_at: float | None = None,
     ) -> bool:
         """Route one task and act on the route. ``from_states`` guards the compare-and-set."""
-        route = self.route(tree_rec, tree_rec.tree.task(rec.task_id), presence)
+        route = self.route(tree_rec, self.spec_of(tree_rec, rec), presence)
         return self.act(tree_rec, rec, route, from_states, parked_at)
 
     def act(
@@ -548,7 +641,7 @@ class Scheduler:
         parked_at: float | None = None,
     ) -> bool:
         """Send, park, skip or fail one task as ``route`` says. False when the task moved on meanwhile."""
-        spec = tree_rec.tree.task(rec.task_id)
+        spec = self.spec_of(tree_rec, rec)
         if route.kind in (RouteKind.SERVER, RouteKind.CLIENT):
             return self._dispatch(tree_rec, spec, rec, route, from_states)
         if route.kind is RouteKind.FAIL:
@@ -715,7 +808,7 @@ class Scheduler:
         """The message for ``rec``'s current run, rebuilt from the record and the tree (its
         arguments resolved again from the upstream results); None, with the task failed,
         when its tool is no longer known."""
-        spec = tree_rec.tree.task(rec.task_id)
+        spec = self.spec_of(tree_rec, rec)
         tool = self.tool_spec(rec.tool, rec.client_id)
         if tool is None:
             self.finish_without_run(rec, TaskState.FAILED, f"Tool unknown: {rec.tool}", {rec.state})

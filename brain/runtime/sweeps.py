@@ -324,7 +324,7 @@ class Sweeps:
         tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
         if tree_rec is None or rec.first_queued_at is None:
             return False
-        limit = tree_rec.tree.task(rec.task_id).max_total_s
+        limit = (rec.spec or tree_rec.tree.task(rec.task_id)).max_total_s
         if limit is None or now - rec.first_queued_at < limit:
             return False
         reason = f"expired: not finished within max_total_s {limit:g} (state was {rec.state.value})"

@@ -74,6 +74,11 @@ class Store(Protocol):
 
     def get_tree(self, tree_id: str) -> TreeRecord | None: ...
 
+    def add_tasks(self, tree_id: str, tasks: list[TaskRecord]) -> None:
+        """Add tasks to a recorded tree, after the ones it has (a for_each task's items). A
+        task id it already has is left as it is: adding the same items twice adds them once."""
+        ...
+
     def list_trees(self, limit: int = 50) -> list[TreeRecord]:
         """Newest ``submitted_at`` first."""
         ...
@@ -321,5 +326,3 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
 
 
 # --- opening a store by URL ----------------------------------------------------------
-
-

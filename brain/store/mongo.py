@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import pymongo
 from pymongo import ASCENDING, DESCENDING, ReturnDocument
-from pymongo.errors import DuplicateKeyError, PyMongoError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from brain.core.models import (
     Enrollment,
@@ -46,8 +46,12 @@ from brain.store.base import (
     task_changes,
 )
 
+_DUPLICATE_KEY = 11000  # MongoDB's error code for a unique index refusing a write
+
 _TREE_OPAQUE: Final = frozenset({"tree"})
-_TASK_OPAQUE: Final = frozenset({"result", "error"})
+# Fields that hold anyone's keys (a result, an error's data, an item's arguments): kept as JSON
+# text, since MongoDB refuses keys with "$" or ".".
+_TASK_OPAQUE: Final = frozenset({"result", "error", "attempts", "spec"})
 # Stripped on read: ``_id`` is Mongo's, ``ord`` keeps put_tree order (natural order is not promised).
 _HIDDEN: Final = {"_id": 0, "ord": 0}
 
@@ -149,6 +153,23 @@ class MongoStore:
                     ],
                     ordered=True,
                 )
+
+    def add_tasks(self, tree_id: str, tasks: list[TaskRecord]) -> None:
+        if not tasks:
+            return
+        with self._errors(f"add_tasks({tree_id!r})"):
+            last = self._tasks.find_one({"tree_id": tree_id}, {"ord": 1}, sort=[("ord", DESCENDING)])
+            start = (last or {}).get("ord", -1) + 1
+            docs = [
+                {**_encode(t.model_dump(mode="json"), _TASK_OPAQUE), "ord": start + i}
+                for i, t in enumerate(tasks)
+            ]
+            try:
+                self._tasks.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                # Items added before (by another brain, or before a crash): kept as they are.
+                if any(e.get("code") != _DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
+                    raise
 
     def get_tree(self, tree_id: str) -> TreeRecord | None:
         with self._errors(f"get_tree({tree_id!r})"):

@@ -248,6 +248,17 @@ class SQLiteStore:
                 ],
             )
 
+    def add_tasks(self, tree_id: str, tasks: list[TaskRecord]) -> None:
+        with self._errors(f"add_tasks({tree_id!r})"), self._tx() as c:
+            c.executemany(
+                "INSERT OR IGNORE INTO tasks (tree_id, task_id, state, run_id, updated_at, doc) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [
+                    (tree_id, t.task_id, t.state.value, t.run_id, t.updated_at, t.model_dump_json())
+                    for t in tasks
+                ],
+            )
+
     def get_tree(self, tree_id: str) -> TreeRecord | None:
         with self._errors(f"get_tree({tree_id!r})"):
             row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()

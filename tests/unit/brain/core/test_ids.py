@@ -21,7 +21,11 @@ from workers.contracts import MAX_WIRE_ID_CHARS, ToolCall, ToolType
     [
         ("fetch", None),
         ("fetch.v2", None),
-        ("a.results", None),  # only a whole ".result" part is ambiguous
+        ("a.resultset", None),  # only a whole part that is a reference's root is ambiguous
+        ("a.results", "holds '.results' as a dot-separated part"),  # ${tasks.<id>.results}: for_each
+        ("a.status", "holds '.status' as a dot-separated part"),
+        ("a.error.x", "holds '.error' as a dot-separated part"),
+        ("each[3]", None),  # an item of a for_each task (a tree file may not name one: test_models)
         ("result", None),  # the first part: `${tasks.result.result}` is unambiguous
         ("result.x", None),
         ("a.result:b", None),
@@ -65,7 +69,7 @@ def test_a_tree_id_leaves_room_for_the_run_suffix(tree_id: str, ok: bool) -> Non
     [
         (["a", "b"], "${tasks.a.result}", 1),
         (["a.v2", "b"], "${tasks.a.v2.result}", 2),
-        (["a.results", "b"], "${tasks.a.results.result}", 3),
+        (["a.resultset", "b"], "${tasks.a.resultset.result}", 3),
         (["result", "b"], "${tasks.result.result}", 4),
         (["a:x", "b"], "${tasks.a:x.result.k}", "deep"),
     ],

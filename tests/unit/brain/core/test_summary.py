@@ -123,4 +123,5 @@ def test_a_summarys_parts_add_up_to_its_tasks_whatever_their_states() -> None:
     parts = counts.model_dump()
     total = parts.pop("total")
     assert total == len(TaskState) and sum(parts.values()) == total, parts
-    assert counts.in_flight == 4  # queued on a server or a client, running, awaiting approval
+    # queued on a server or a client, running, awaiting approval, a for_each task's items
+    assert counts.in_flight == 5

@@ -7,6 +7,7 @@ import pytest
 from brain.core.models import TaskSpec, TaskState, TaskTree, TreeStatus
 from brain.core.transitions import (
     BEGINS_FROM,
+    FAN_OUT_WAIT,
     FINAL,
     IN_FLIGHT,
     MOVES,
@@ -187,7 +188,7 @@ def test_a_clients_call_may_wait_for_approval_and_then_run_or_end() -> None:
 
 
 def test_every_state_is_pending_in_flight_parked_or_final_exactly_once() -> None:
-    groups = [frozenset({TaskState.PENDING}), IN_FLIGHT, PARKED, RETRY_WAIT, FINAL]
+    groups = [frozenset({TaskState.PENDING}), IN_FLIGHT, PARKED, RETRY_WAIT, FAN_OUT_WAIT, FINAL]
     for state in TaskState:
         assert sum(state in g for g in groups) == 1, state
     assert NOT_FINAL == frozenset(TaskState) - FINAL and NOT_DONE == frozenset(TaskState) - {TaskState.DONE}
