@@ -469,7 +469,7 @@ def explain(
 
 
 def _policy_lines(tree: TaskTree, registry: RegistrySnapshot, settings: Settings) -> list[str]:
-    """Per task with one: its retry policy (and where it comes from) and its trigger rule."""
+    """Per task with one: its retry policy (and where it comes from), its trigger rule, its fan-out."""
     lines = []
     for spec in tree.tasks:
         tool = registry.tools.get(spec.tool)
@@ -485,6 +485,9 @@ def _policy_lines(tree: TaskTree, registry: RegistrySnapshot, settings: Settings
             parts.append(f"retry {policy.shown()} (from {origin})")
         if spec.run_if is not RunIf.ALL_SUCCEEDED:
             parts.append(f"run_if {spec.run_if.value} ({', '.join(spec.depends_on)})")
+        if spec.for_each is not None:
+            limit = spec.max_fan_out or settings.max_fan_out
+            parts.append(f"for_each {spec.for_each} as {spec.item_name} (at most {limit} items)")
         if parts:
             lines.append(f"task {spec.id!r}: {'; '.join(parts)}")
     return lines

@@ -63,6 +63,19 @@ class RetriedLine(BaseModel):
     last_error: str = ""
 
 
+class FanOutLine(BaseModel):
+    """A for_each task: how many items it made, and how they ended."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str
+    tool: str
+    state: TaskState
+    items: int
+    done: int
+    failed: int  # failed, skipped or expired
+
+
 class WaitingFor(BaseModel):
     """Work that waits until a client comes online: ``client_id`` of ``user`` (None: any client
     of ``user`` that offers the tools)."""
@@ -92,6 +105,7 @@ class RunSummary(BaseModel):
     skipped: list[TaskLine] = Field(default_factory=list)
     waiting_for: list[WaitingFor] = Field(default_factory=list)
     retried: list[RetriedLine] = Field(default_factory=list)
+    fan_outs: list[FanOutLine] = Field(default_factory=list)
 
 
 def summarise(tree: TreeRecord, tasks: Sequence[TaskRecord], kind: SummaryKind, at: float) -> RunSummary:
@@ -111,6 +125,7 @@ def summarise(tree: TreeRecord, tasks: Sequence[TaskRecord], kind: SummaryKind, 
         skipped=_lines(tasks, {TaskState.SKIPPED}),
         waiting_for=waiting_for(tree, tasks),
         retried=retried(tasks),
+        fan_outs=fan_outs(tasks),
     )
 
 
@@ -155,6 +170,29 @@ def retried(tasks: Sequence[TaskRecord]) -> list[RetriedLine]:
             )
         )
     return lines[:MAX_LISTED]
+
+
+def fan_outs(tasks: Sequence[TaskRecord]) -> list[FanOutLine]:
+    """Each for_each task with its items' outcomes so far."""
+    items: dict[str, list[TaskState]] = {}
+    for t in tasks:
+        if t.parent is not None:
+            items.setdefault(t.parent, []).append(t.state)
+    return [
+        FanOutLine(
+            task_id=t.task_id,
+            tool=t.tool,
+            state=t.state,
+            items=t.fan_out or 0,
+            done=items.get(t.task_id, []).count(TaskState.DONE),
+            failed=sum(
+                s in (TaskState.FAILED, TaskState.SKIPPED, TaskState.EXPIRED)
+                for s in items.get(t.task_id, [])
+            ),
+        )
+        for t in tasks
+        if t.fan_out is not None
+    ][:MAX_LISTED]
 
 
 def waiting_for(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> list[WaitingFor]:
@@ -214,6 +252,12 @@ def render_markdown(summary: RunSummary) -> str:
     if summary.waiting_for:
         lines += ["", "## Waiting for a client to come online", ""]
         lines += [f"- {whom(w)}: {len(w.tasks)} task(s) ({', '.join(w.tasks)})" for w in summary.waiting_for]
+    if summary.fan_outs:
+        lines += ["", "## Fan-outs", ""]
+        lines += [
+            f"- `{f.task_id}` ({f.tool}, {f.state}): {f.items} items, {f.done} done, {f.failed} failed"
+            for f in summary.fan_outs
+        ]
     if summary.retried:
         lines += ["", "## Retried", ""]
         lines += [

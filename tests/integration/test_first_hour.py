@@ -322,6 +322,7 @@ def test_explain_names_each_tasks_retry_policy_and_trigger_rule(tmp_path: Path) 
         "id: night\nretry: {max_attempts: 2, backoff_s: 5}\ntasks:\n"
         "  - {id: a, tool: echo, args: {value: 1}, retry: {max_attempts: 4, backoff_s: 1, on: [tool_error]}}\n"
         "  - {id: b, tool: echo, args: {value: '${tasks.a.status}'}, depends_on: [a], run_if: any_failed}\n"
+        "  - {id: c, tool: echo, args: {value: '${f}'}, depends_on: [a], for_each: '${tasks.a.result}', as: f}\n"
     )
     said = vancetope("explain", str(tree), data=tmp_path / "data")
     assert said.returncode == 0, said.stdout + said.stderr
@@ -329,6 +330,7 @@ def test_explain_names_each_tasks_retry_policy_and_trigger_rule(tmp_path: Path) 
     assert "task 'a': retry 4 attempts, 1s ×2 (≤300s, jitter) on tool_error (from the task)" in text
     assert "task 'b': retry 2 attempts, 5s ×2 (≤300s, jitter) on unavailable, timeout (from the tree)" in text
     assert "run_if any_failed (a)" in text
+    assert "task 'c': retry 2 attempts" in text and "for_each ${tasks.a.result} as f (at most 1000 items)" in text
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "id: bad\ntasks:\n"

@@ -126,7 +126,7 @@ def test_a_pool_and_a_brain_killed_during_the_wait_do_not_lose_the_retry(
     assert fetch.result == "fetched at call 2" and len(fetch.attempts) == 1
 
 
-def test_the_bad_night_example_notifies_cleans_up_and_ends_failed_through_vancetope_run(
+def test_the_bad_night_example_fans_out_notifies_cleans_up_and_ends_failed_through_vancetope_run(
     tmp_path: Path,
 ) -> None:
     """examples/bad-night.yaml as a user runs it: `vancetope run --json` on the embedded stack."""
@@ -150,11 +150,19 @@ def test_the_bad_night_example_notifies_cleans_up_and_ends_failed_through_vancet
     assert report["status"] == "failed"
     assert {k: t["state"] for k, t in tasks.items()} == {
         "utc_now": "done",
+        "offices": "done",
+        "local_times": "done",
+        **{f"local_times[{i}]": "done" for i in range(3)},
         "missing_notes": "failed",
         "headline": "skipped",
         "notify": "done",
         "cleanup": "done",
     }
     assert tasks["notify"]["result"].startswith("night failed: notes failed (read_local_file: ")
-    assert tasks["cleanup"]["result"] == "cleaned up after a headline that ended skipped"
+    assert tasks["cleanup"]["result"].startswith("cleaned up after a headline that ended skipped; 09:00 UTC")
+    zones = [t["target"]["timezone"] for t in tasks["local_times"]["result"]]
+    assert zones == ["Asia/Tokyo", "America/New_York", "Europe/Paris"]  # in the list's order
+    assert report["summary"]["fan_outs"] == [
+        {"task_id": "local_times", "tool": "convert_time", "state": "done", "items": 3, "done": 3, "failed": 0}
+    ]
     assert tasks["missing_notes"]["attempts"] == []  # a tool error: not covered by the policy

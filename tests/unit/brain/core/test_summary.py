@@ -125,3 +125,26 @@ def test_a_summarys_parts_add_up_to_its_tasks_whatever_their_states() -> None:
     assert total == len(TaskState) and sum(parts.values()) == total, parts
     # queued on a server or a client, running, awaiting approval, a for_each task's items
     assert counts.in_flight == 5
+
+
+def test_the_morning_summary_lists_retried_tasks_and_fan_outs() -> None:
+    """Issue 23, item 4: which tasks needed more than one attempt and what the last failed one
+    said; each fan-out with how many of its items were done and failed."""
+    from brain.core.retry import Attempt
+    from workers.contracts import ErrorInfo
+
+    timeout = ErrorInfo(type="ToolTimeout", message="no answer in 30s")
+    tree, tasks = run(
+        [
+            ("fetch", "http_get", S.DONE, {"attempts": [Attempt(number=1, error=timeout)]}),
+            ("each", "echo", S.FAILED, {"fan_out": 3}),
+        ]
+    )
+    tasks += [
+        TaskRecord(tree_id="night-1", task_id=f"each[{i}]", tool="echo", state=state, parent="each")
+        for i, state in enumerate((S.DONE, S.DONE, S.FAILED))
+    ]
+    summary = summarise(tree, tasks, SummaryKind.FINAL, at=200.0)
+    text = render_markdown(summary)
+    assert "- `fetch` (http_get, done): 2 attempts; the last failed one: ToolTimeout: no answer in 30s" in text
+    assert "- `each` (echo, failed): 3 items, 2 done, 1 failed" in text
