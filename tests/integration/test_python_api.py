@@ -274,3 +274,28 @@ def test_a_malformed_submit_message_is_refused_with_the_reason_and_records_nothi
         assert submit_message(vt.brain, body, headers, "demo") is None
     assert logged in caplog.text
     assert len(vt.trees(100)) == before
+
+
+def test_a_program_uses_retries_trigger_rules_and_fan_out(vt: vancetope.Vancetope) -> None:
+    """Issue 23 through the Python API: the tree's new fields are the file's."""
+    report = vt.run(
+        {
+            "id": "api-night",
+            "retry": {"max_attempts": 2, "backoff_s": 0.2, "on": ["tool_error"]},
+            "tasks": [
+                {"id": "words", "tool": "echo", "args": {"value": ["a", "b", "c"]}},
+                {"id": "loud", "tool": "text_transform", "depends_on": ["words"],
+                 "for_each": "${tasks.words.result}", "args": {"op": "upper", "text": "${item}"}},
+                {"id": "bad", "tool": "json_transform", "args": {"data": {}, "pick": "missing"}},
+                {"id": "notify", "tool": "echo", "depends_on": ["bad", "loud"], "run_if": "any_failed",
+                 "args": {"value": "${tasks.bad.status}: ${tasks.loud.results}"}},
+            ],
+        },
+        user="demo",
+        timeout=90,
+    )  # fmt: skip
+    assert report.status.value == "failed"  # "bad" failed: honest, even though its notify ran
+    assert report.result("loud") == ["A", "B", "C"]
+    assert report.result("notify") == 'failed: ["A", "B", "C"]'
+    bad = report.task("bad")
+    assert len(bad.attempts) == 1 and bad.attempts[0].error.type == "ToolFailed"  # tried twice
