@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from brain.config import CONFIG_FILE, Settings, find_config, load_settings
+from brain.core.treefile import load_registry
 from brain.errors import (
     BrainError,
     ConfigError,
@@ -39,6 +40,7 @@ from brain.stack.embedded import (
     service_argvs,
     without_agent,
 )
+from workers.mcp_config import MCPConfigError, load_mcp_config
 
 console = Console()
 err = Console(stderr=True)
@@ -143,6 +145,7 @@ def stack_for(
     if url:
         yield url, False
         return
+    check_config_files(settings)
     if not quiet:
         err.print(
             f"[dim]starting the embedded stack in {settings.data_dir} (redis-server, brain, server pool)…[/]"
@@ -155,6 +158,16 @@ def stack_for(
         yield stack.redis_url, True
     finally:
         stack.stop()
+
+
+def check_config_files(settings: Settings) -> None:
+    """Load the registry and the server mcpServers file before a stack starts: one that does
+    not load is the caller's input (one line, exit 2 from ``main``), not a brain that dies at
+    start (exit 3 and its log)."""
+    if settings.registry is not None:
+        load_registry(settings.registry)
+    if settings.mcp_config is not None:
+        load_mcp_config(settings.mcp_config)
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -194,7 +207,8 @@ def main() -> None:
     except StoreError as exc:
         # The store is part of the stack: its failure is "unreachable", not the caller's input.
         fail(f"the store failed: {exc}", EXIT_STACK)
-    except BrainError as exc:
+    except (BrainError, MCPConfigError) as exc:
+        # An MCP config file that does not load is the caller's input, like a bad tree.
         fail(str(exc), EXIT_BAD_INPUT)
     except (sqlite3.Error, pymongo.errors.PyMongoError) as exc:
         fail(

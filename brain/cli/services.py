@@ -16,6 +16,7 @@ from brain.cli.base import (
     EXIT_BAD_INPUT,
     EXIT_STACK,
     EXIT_TREE_FAILED,
+    check_config_files,
     cli,
     console,
     err,
@@ -110,6 +111,7 @@ def up(
     """
     wants_flower = flower or flower_port is not None or flower_address is not None
     access = _flower_access(settings, flower_address or "127.0.0.1") if wants_flower else None
+    check_config_files(settings)
     stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -151,3 +151,15 @@ def test_one_unusable_mcp_server_entry_does_not_take_the_others_tools_away(tmp_p
     assert "1 task(s), valid" in flat(proc.stdout)
     err = flat(proc.stderr)
     assert "server 'old': unsupported type 'sse'" in err and "server 'off' is disabled in the file" in err
+
+
+@pytest.mark.parametrize("command", ["explain", "run"])
+def test_an_mcp_config_that_does_not_load_is_one_line_and_exit_2(tmp_path: Path, command: str) -> None:
+    """Issue 24: `vancetope --mcp-config bad.json explain t.json` ended in a 56-line traceback, exit 1."""
+    mcp = write(tmp_path / "bad.json", '{"mcpServers": {"x": {"command": "python", "args": [}}')
+    tree = write(tmp_path / "t.yaml", "id: t\ntasks:\n  - {id: now, tool: echo, args: {value: 1}}\n")
+    proc = vancetope("--mcp-config", str(mcp), command, str(tree), data=tmp_path / "data")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "vancetope.toml" not in line]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {mcp}: not valid JSON"), proc.stderr
+    assert "Traceback" not in proc.stderr
