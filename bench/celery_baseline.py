@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, chord, group
 
 QUEUE = "bench"
 NOOP_TASK = "bench.noop"
@@ -31,6 +31,9 @@ HOP_TASK = "bench.hop"
 MEMBER_TASK = "bench.member"
 FAN_IN_TASK = "bench.fan_in"
 ECHO_TASK = "bench.echo"
+# The fan-out baseline: a task holding a list sends a group of one member per item and a
+# chord callback (the fan-in task) that gets all their results; also on the backend worker.
+FAN_OUT_TASK = "bench.fan_out"
 
 _clients: dict[int, redis.Redis] = {}
 
@@ -96,6 +99,16 @@ def fan_in(results: list[Any], counter_key: str) -> int:
     """A chord's body: gets every header result, counts the completion."""
     _redis().incr(counter_key)
     return len(results)
+
+
+@app.task(name=FAN_OUT_TASK, ignore_result=True)
+def fan_out(items: list[Any], counter_key: str, queue: str) -> None:
+    """A fan-out over a task's list, the plain-Celery way: this task has the list (as
+    Vancetope's first task returns it) and sends, from the worker, a ``group`` of one
+    ``bench.member`` per item followed by a chord callback, ``bench.fan_in``, which gets the
+    list of their results and counts the completion."""
+    header = group(member.s(item).set(queue=queue) for item in items)
+    chord(header)(fan_in.s(counter_key).set(queue=queue))
 
 
 @app.task(name=ECHO_TASK)

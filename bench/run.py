@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from rich.console import Console
 from rich.table import Table
 
-from bench import chain, client_rt, fan_in, growth, mcp_call, requeue, scale_out, throughput
+from bench import chain, client_rt, fan_in, fan_out, growth, mcp_call, requeue, scale_out, throughput
 from bench.common import Row, environment, scrub_vancetope_env
 
 BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "chain": chain.run,
     "growth": growth.run,
     "fan_in": fan_in.run,
+    "fan_out": fan_out.run,
     "client": client_rt.run,
     "requeue": requeue.run,
     "scale_out": scale_out.run,
