@@ -61,6 +61,11 @@ class Row:
         return self.metric
 
     @property
+    def ratio_formula(self) -> str:
+        """How the ratio is formed, for a row printed on its own (``python -m bench.chain``)."""
+        return "vt/base" if self.kind == "latency" else "base/vt"
+
+    @property
     def ratio(self) -> float:
         if math.isnan(self.baseline) or math.isnan(self.vancetope):
             return math.nan
@@ -92,10 +97,6 @@ def not_measured(benchmark: str, metric: str, goal: float | None, why: str) -> R
     """A contract row that cannot be measured meaningfully today: NaN values, the reason in notes."""
     nan = math.nan
     return Row(benchmark, metric, nan, nan, "latency", "not measured", why, goal)
-
-    @property
-    def ratio_formula(self) -> str:
-        return "vt/base" if self.kind == "latency" else "base/vt"
 
 
 def cpu_jiffies() -> tuple[int, int] | None:
