@@ -163,20 +163,22 @@ BAD_SERVER = '{"mcpServers": ["broken"]}'
 REASON = '"mcpServers" must be an object mapping server names to settings'
 
 
-def test_a_brain_with_a_bad_mcp_config_exits_and_up_and_run_show_why_with_exit_3(tmp_path: Path) -> None:
+def test_a_bad_mcp_config_is_refused_by_up_and_run_before_anything_starts_with_exit_2(tmp_path: Path) -> None:
+    """A file the stack's brain could not start with is the caller's input: one line naming it,
+    exit 2, and no stack started (it was a brain dying at start, exit 3 and its log: issue 24).
+    A file broken while the stack runs is the next test's."""
     bad = tmp_path / "bad-mcp.json"
     bad.write_text(BAD_SERVER)
     env = {"VANCETOPE_MCP_CONFIG": str(bad)}
-    # Far below the 120 s readiness timeout: the brain exits at once instead of never being ready.
     up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=60)
-    assert up.returncode == 3, up.stdout + up.stderr
-    err = " ".join(up.stderr.split())
-    assert "brain exited with code 78" in err and "brain cannot start:" in err and REASON in err, err
     run = vancetope(
         "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=60
     )
-    assert run.returncode == 3, run.stdout + run.stderr
-    assert REASON in " ".join(run.stderr.split())
+    for proc, data in ((up, tmp_path / "data"), (run, tmp_path / "data2")):
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: {bad}: {REASON}"], proc.stderr
+        assert not (data / "redis").exists() and not (data / "stack.json").exists()
 
 
 def test_up_gives_up_on_a_brain_that_keeps_failing_at_start_and_exits_3_with_the_reason(
