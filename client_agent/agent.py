@@ -28,7 +28,7 @@ from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
 from client_agent.consent_gate import ConsentGate
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
-from client_agent.local_state import AgentState, clear_state, write_state
+from client_agent.local_state import AgentState, MCPJsonState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
 from client_agent.outage import CELERY_CONSUMER_LOGGER, BrokerOutage, is_outage
 from client_agent.policy import Policy
@@ -82,6 +82,7 @@ class Agent:
         self.native = self.policy.native()
         self._mcp = MCPTools()
         self._mcp_lock = threading.Lock()
+        self._mcp_loaded_at: float | None = None  # when the servers in self._mcp were loaded
         self._stop = threading.Event()
         self._stop_reason = "graceful shutdown"
         self._refused: NotEnrolled | None = None
@@ -124,6 +125,7 @@ class Agent:
             log_file=None if config.log_file is None else str(config.log_file),
         )
         self._state_failing = False
+        self._state_lock = threading.Lock()
 
     # --- what the agent offers ----------------------------------------------------------
 
@@ -148,31 +150,71 @@ class Agent:
 
     def load_mcp(self) -> MCPTools:
         cfg = self.config
+        with self._mcp_lock:
+            previous = self._mcp.config
         return load_mcp_tools(
-            cfg.mcp_json, self.policy, self.native, cfg.default_timeout_s, self.consent, cfg.trust_mcp_servers
+            cfg.mcp_json,
+            self.policy,
+            self.native,
+            cfg.default_timeout_s,
+            self.consent,
+            cfg.trust_mcp_servers,
+            previous=previous,
         )
 
     def reload_mcp(self, why: str = "") -> None:
-        """mcp.json changed: start the new servers, check the new set can be announced, swap, announce."""
+        """mcp.json changed: start the new servers, check the new set can be announced, swap, announce.
+        A file that does not load, or a set too large to announce, changes nothing: the servers
+        in use stay, and the log and `vancetope-agent status` say why (as the brain keeps its
+        registry when a reload fails)."""
         log.info("%s; reloading the MCP servers", why or f"{self.config.mcp_json} changed")
         fresh = self.load_mcp()
+        if fresh.error is not None:
+            log.error("mcp.json reload failed; keeping the MCP servers in use: %s", fresh.error)
+            self._record_mcp(error=fresh.error)
+            return
         try:
             self._encode(self.policy.announced_native() + fresh.tools)
         except AnnouncementTooLarge as exc:
-            log.error("keeping the previous MCP servers: %s", exc)
+            log.error("mcp.json reload failed; keeping the MCP servers in use: %s", exc)
             fresh.close()
+            self._record_mcp(error=str(exc))
             return
         with self._mcp_lock:
             # A reload that finishes after shutdown must not leave its servers running.
             closing = self._closed
             if not closing:
                 old, self._mcp = self._mcp, fresh
+                self._mcp_loaded_at = time.time()
         if closing:
             fresh.close()
             return
+        self._record_mcp()
         log.info("reloaded mcp.json: %s; announcing again", tool_changes(old.tools, fresh.tools))
         self.announcer.request()
         old.close()
+
+    def _record_mcp(self, error: str | None = None) -> None:
+        """For `vancetope-agent status`: the MCP servers in use and, when the last load did not
+        replace them, why."""
+        path = self.config.mcp_json
+        if path is None:
+            return
+        with self._mcp_lock:
+            mcp, loaded_at = self._mcp, self._mcp_loaded_at
+        offering = sorted({t.mcp_server for t in mcp.tools if t.mcp_server})
+        self._update_state(
+            mcp_json=MCPJsonState(
+                path=str(path),
+                loaded_at=loaded_at,
+                servers=offering,
+                tools=len(mcp.tools),
+                error=error,
+                error_at=None if error is None else time.time(),
+                kept={} if mcp.config is None else dict(mcp.config.kept),
+                failed={} if mcp.error else {f.server: f.message for f in mcp.failures},
+            )
+        )
 
     # --- results ---------------------------------------------------------------------------
 
@@ -240,10 +282,14 @@ class Agent:
             client_queue(cfg.client_id),
         )
         self._check_credentials()
-        self._save_state(self._state)
+        self._update_state()
         mcp = self.load_mcp()
+        if mcp.error is not None:
+            log.error("MCP config cannot be used, offering no MCP tools: %s", mcp.error)
         with self._mcp_lock:
             self._mcp = mcp
+            self._mcp_loaded_at = None if mcp.error is not None else time.time()
+        self._record_mcp(error=mcp.error)
         tools = self.available_tools()
         self.announcement()  # fail loudly now if the tools cannot be announced at all
         log.info("announcing %d tools: %s", len(tools), ", ".join(t.name for t in tools))
@@ -269,11 +315,14 @@ class Agent:
 
     def _record_beat(self) -> None:
         """For `vancetope-agent status`: the broker took a heartbeat now (and was the announcement accepted?)."""
-        self._save_state(
-            self._state.model_copy(
-                update={"heartbeat_at": time.time(), "accepted": self.announcer.accepted.is_set()}
-            )
-        )
+        self._update_state(heartbeat_at=time.time(), accepted=self.announcer.accepted.is_set())
+
+    def _update_state(self, **fields: object) -> None:
+        """Change what agent.json says and write it: one writer at a time (the heartbeat, a
+        reload), so neither overwrites what the other just recorded."""
+        with self._state_lock:
+            self._state = self._state.model_copy(update=fields)
+            self._save_state(self._state)
 
     def _save_state(self, state: AgentState) -> None:
         try:

@@ -320,7 +320,7 @@ class ConsentDir:
                 r.id,
             )
         allowed = {name: config.servers[name] for name in split.start}
-        return MCPConfig(source=config.source, servers=allowed, skipped=config.skipped), failures
+        return config.model_copy(update={"servers": allowed}), failures
 
     def gate_tools(
         self, discovered: list[ToolDescriptor], now: float

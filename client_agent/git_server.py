@@ -144,4 +144,4 @@ def confine_git_servers(config: MCPConfig) -> tuple[MCPConfig, list[MCPServerFai
             )
         else:
             failures.append(MCPServerFailure(server=name, message=f"not started (mcp-server-git): {why}"))
-    return MCPConfig(source=config.source, servers=kept, skipped=config.skipped), failures
+    return config.model_copy(update={"servers": kept}), failures

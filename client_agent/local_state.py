@@ -1,9 +1,10 @@
 """What a running agent leaves on its own workstation (layer: client_agent).
 
-One job: ``<data_dir>/agent.json``, the agent's pid, session and last successful heartbeat,
-written atomically by the running agent and read by ``vancetope-agent status`` (which
-has no other way to know whether this agent runs when no service manager started it, or
-whether it is connected). Nothing secret goes here. Time is passed in, never read.
+One job: ``<data_dir>/agent.json``, the agent's pid, session, last successful heartbeat and
+what it made of its ``mcp.json``, written atomically by the running agent and read by
+``vancetope-agent status`` (which has no other way to know whether this agent runs when no
+service manager started it, whether it is connected, or why an edit of ``mcp.json`` did not
+load). Nothing secret goes here. Time is passed in, never read.
 """
 
 from __future__ import annotations
@@ -13,9 +14,29 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 STATE_FILE = "agent.json"
+
+
+class MCPJsonState(BaseModel):
+    """What the agent made of its ``mcp.json``: the servers in use, and why the last load did not
+    replace them, or why some servers are not running (the messages it logs, which name servers,
+    keys and variables, not their values)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    path: str
+    loaded_at: float | None = None  # when the servers in use were loaded from it (None: never)
+    servers: list[str] = Field(default_factory=list)  # those whose tools are offered
+    tools: int = 0
+    # The last load of the file failed as a whole (an edit that does not load): why, and when.
+    error: str | None = None
+    error_at: float | None = None
+    # Servers whose edit could not be used and whose last good definition runs, and why.
+    kept: dict[str, str] = Field(default_factory=dict)
+    # Servers not running (skipped, failed to start, waiting for approval), and why.
+    failed: dict[str, str] = Field(default_factory=dict)
 
 
 class AgentState(BaseModel):
@@ -33,6 +54,7 @@ class AgentState(BaseModel):
     accepted: bool = False
     heartbeat_ttl_s: float = 6.0
     log_file: str | None = None
+    mcp_json: MCPJsonState | None = None  # None: no mcp_json in the config (or not loaded yet)
 
 
 def state_path(data_dir: Path) -> Path:

@@ -3,7 +3,10 @@
 One job: turn the user's ``mcpServers`` file into running MCP servers and the list of
 their tools this agent offers, and notice when the file changes. A bad file, a command
 that does not exist or a server that dies on start never stops the agent: it is
-reported (with the server's stderr tail) and the rest is offered.
+reported (with the server's stderr tail) and the rest is offered. Given the file as it was
+last loaded (``previous``), an entry whose edit cannot be used keeps its last good definition
+(``workers.mcp_config``); a file that does not load at all is reported in ``MCPTools.error``,
+and the agent keeps the servers it has (``client_agent.agent``).
 
 Name clashes: a native tool keeps its name over an MCP tool of the same name, and between
 MCP servers the first in file order keeps it; the other is offered as ``<server>/<tool>``
@@ -83,6 +86,10 @@ class MCPTools:
     tools: list[ToolDescriptor] = field(default_factory=list)
     failures: list[MCPServerFailure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The file as read (before consent and localize): what the next load passes as ``previous``.
+    config: MCPConfig | None = None
+    # Why the file could not be used at all (None: it was, or there is none).
+    error: str | None = None
 
     def close(self) -> None:
         if self.manager is not None:
@@ -148,18 +155,22 @@ def load_mcp_tools(
     timeout: float,
     consent: ServerConsent | None = None,
     trusted: Iterable[str] = (),
+    previous: MCPConfig | None = None,
 ) -> MCPTools:
     """Start the servers of ``path`` and list their tools; failures are reported, never raised.
     With ``consent``, only servers the user approved (or ``trusted``) start, and only tools
-    whose definition is the approved one are offered."""
+    whose definition is the approved one are offered. With ``previous`` (``MCPTools.config`` of
+    the load in use), an entry whose edit cannot be used keeps its definition there. A file that
+    cannot be used at all is ``error`` (the caller says what it does about it), and no servers."""
     if path is None:
         return MCPTools()
     try:
-        config = localize(load_mcp_config(path), path.parent)
+        parsed = load_mcp_config(path, previous)
     except WorkerError as exc:
-        failure = MCPServerFailure(server=path.name, message=exc.message)
-        log.error("MCP config %s cannot be used, offering no MCP tools: %s", path, exc.message)
-        return MCPTools(failures=[failure])
+        return MCPTools(failures=[MCPServerFailure(server=path.name, message=exc.message)], error=exc.message)
+    for why in parsed.kept.values():
+        log.error("%s", why)
+    config = localize(parsed, path.parent)
     waiting: list[MCPServerFailure] = []
     if consent is not None:
         config, waiting = consent.gate_servers(config, trusted, time.time())
@@ -181,7 +192,7 @@ def load_mcp_tools(
         log.error("MCP server %r failed: %s%s", failure.server, failure.message, _tail(failure.stderr_tail))
     for note in merged.notes:
         log.warning("%s", note)
-    return MCPTools(manager, merged.offered, [*waiting, *failures], merged.notes)
+    return MCPTools(manager, merged.offered, [*waiting, *failures], merged.notes, config=parsed)
 
 
 def localize(config: MCPConfig, base: Path) -> MCPConfig:
@@ -193,7 +204,7 @@ def localize(config: MCPConfig, base: Path) -> MCPConfig:
         else spec
         for name, spec in config.servers.items()
     }
-    return MCPConfig(source=config.source, servers=servers, skipped=config.skipped)
+    return config.model_copy(update={"servers": servers})
 
 
 def _cwd(spec: StdioServerSpec, base: Path) -> str:

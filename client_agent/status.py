@@ -4,6 +4,8 @@ One job: gather the facts (the service manager's view, the state file the agent 
 one PING with the agent's own credential) and judge them purely in ``assess``, which
 also picks the exit code. "Connected" means the broker took a heartbeat within its TTL
 and the brain had accepted this session's announcement: what the brain itself requires.
+A running agent's state also says what it made of its ``mcp.json`` (the MCP tools it offers,
+an edit that did not load and why, servers not running and why): shown, not judged.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Status:
     log_file: str | None
     exit_code: int
     summary: str
+    mcp_json: dict[str, Any] | None = None  # a running agent's MCPJsonState
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +110,8 @@ def assess(f: Facts) -> Status:
         else StatusExit.NOT_CONNECTED if not connected
         else StatusExit.OK
     )  # fmt: skip
+    mcp = None if live_state is None else live_state.mcp_json
+    mcp_json = None if mcp is None else mcp.model_dump()
     summary = {
         StatusExit.OK: "running, connected and enrolled",
         StatusExit.NOT_CONNECTED: "running but not connected",
@@ -118,6 +123,7 @@ def assess(f: Facts) -> Status:
         connected=connected, connection=connection, heartbeat_age_s=age,
         enrolled=f.enrollment.enrolled, enrollment=f.enrollment.detail,
         log_file=None if f.log_file is None else str(f.log_file), exit_code=int(code), summary=summary,
+        mcp_json=mcp_json,
     )  # fmt: skip
 
 
@@ -194,4 +200,29 @@ def describe(s: Status) -> str:
     ]
     if s.log_file:
         lines.append(f"  log:       {s.log_file}")
+    if s.mcp_json is not None:
+        lines += _mcp_lines(s.mcp_json)
     return "\n".join(lines)
+
+
+def _mcp_lines(m: dict[str, Any]) -> list[str]:
+    """What the agent offers of its mcp.json; then why the last edit did not load (the servers
+    in use stay), which servers run their last good definition, which do not run."""
+    pad = " " * len("  mcp.json:  ")
+    if m["loaded_at"] is None:
+        lines = [f"  mcp.json:  {m['path']}: no MCP tools (it never loaded)"]
+    else:
+        servers = f" from {', '.join(m['servers'])}" if m["servers"] else ""
+        lines = [
+            f"  mcp.json:  {m['path']}: {m['tools']} MCP tools{servers}, loaded at {_clock(m['loaded_at'])}"
+        ]
+    if m["error"]:
+        kept = "keeping the MCP servers in use" if m["loaded_at"] is not None else "no MCP tools offered"
+        lines.append(f"{pad}did not load at {_clock(m['error_at'])}, {kept}: {m['error']}")
+    lines += [f"{pad}kept: {why}" for why in m["kept"].values()]
+    lines += [f"{pad}not running: {server}: {why}" for server, why in m["failed"].items()]
+    return lines
+
+
+def _clock(at: float | None) -> str:
+    return "?" if at is None else time.strftime("%H:%M:%S", time.localtime(at))

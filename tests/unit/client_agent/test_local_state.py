@@ -12,6 +12,7 @@ import pytest
 
 from client_agent.local_state import (
     AgentState,
+    MCPJsonState,
     clear_state,
     heartbeat_recent,
     pid_alive,
@@ -31,6 +32,16 @@ def test_state_round_trips_through_a_private_folder(tmp_path: Path) -> None:
     assert read_state(data_dir) == STATE
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     assert [p.name for p in data_dir.iterdir()] == ["agent.json"]  # no temporary file left
+
+
+def test_what_the_agent_made_of_its_mcp_json_round_trips(tmp_path: Path) -> None:
+    mcp = MCPJsonState(
+        path="/h/mcp.json", loaded_at=90.0, servers=["git"], tools=3, error="/h/mcp.json: not valid JSON",
+        error_at=99.0, kept={"git": "why kept"}, failed={"crash": "exited"},
+    )  # fmt: skip
+    state = STATE.model_copy(update={"mcp_json": mcp})
+    write_state(tmp_path, state)
+    assert read_state(tmp_path) == state
 
 
 def test_missing_or_broken_state_reads_as_none(tmp_path: Path) -> None:

@@ -97,9 +97,34 @@ def test_a_bad_file_is_one_failure_and_no_tools(
     path = tmp_path / "mcp.json"
     path.write_text(text)
     mcp = load_mcp_tools(path, policy, NATIVE, timeout=5)
-    assert mcp.tools == [] and mcp.manager is None
+    assert mcp.tools == [] and mcp.manager is None and mcp.config is None
     assert [f.server for f in mcp.failures] == ["mcp.json"]
     assert str(path) in mcp.failures[0].message and fragment in mcp.failures[0].message
+    assert mcp.error == mcp.failures[0].message  # the agent keeps the servers it has (client_agent.agent)
+
+
+def test_a_server_whose_edit_cannot_be_used_keeps_running_its_last_good_definition(
+    tmp_path: Path, policy: Policy
+) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text('{"mcpServers": {\n  // the demo server\n  "demo": ' + json.dumps(DEMO) + ",\n}}")
+    first = load_mcp_tools(path, policy, NATIVE, timeout=20)
+    first.close()
+    assert first.error is None and first.config is not None and "add" in {t.name for t in first.tools}
+    write(
+        tmp_path / "mcp.json",
+        {"demo": {"command": DEMO["command"], "arg": DEMO["args"]}, "other": {"cmd": "x"}},
+    )
+    again = load_mcp_tools(path, policy, NATIVE, timeout=20, previous=first.config)
+    try:
+        assert "add" in {t.name for t in again.tools}
+        assert again.config is not None and list(again.config.kept) == ["demo"]
+        assert "server 'demo': unknown key 'arg' (did you mean 'args'?)" in again.config.kept["demo"]
+        assert [
+            (f.server, "unknown key 'cmd' (did you mean 'command'?)" in f.message) for f in again.failures
+        ] == [("other", True)]
+    finally:
+        again.close()
 
 
 def test_a_missing_file_is_a_failure_not_a_crash(tmp_path: Path, policy: Policy) -> None:

@@ -3,6 +3,7 @@ redis-server that requires a password (the agent's real broker is an ACL'd Redis
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import redis
 
 from brain.stack.redis_server import RedisServer
-from client_agent.local_state import AgentState
+from client_agent.local_state import AgentState, MCPJsonState
 from client_agent.service import ServiceKind, ServiceState
 from client_agent.status import Enrollment, Facts, StatusExit, assess, check_enrollment, describe
 from workers.urls import with_credentials
@@ -111,3 +112,42 @@ def test_enrollment_is_a_ping_with_the_agents_own_credential(locked_redis: str) 
     assert none.enrolled is False and none.detail.startswith("no credential")
     unreachable = check_enrollment("redis://u:p@127.0.0.1:1/0", timeout_s=1)
     assert unreachable.enrolled is None and unreachable.detail.startswith("unknown: cannot reach the broker")
+
+
+def clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))
+
+
+def test_status_says_why_an_edit_of_mcp_json_did_not_load_and_what_stays_in_use() -> None:
+    mcp = MCPJsonState(
+        path="/a/mcp.json", loaded_at=NOW - 50, servers=["demo", "git"], tools=9,
+        error="/a/mcp.json: not valid JSON: Expecting ',' delimiter at line 4 column 7", error_at=NOW - 5,
+        kept={"git": "/a/mcp.json: server 'git': unknown key 'arg' (did you mean 'args'?); ..."},
+        failed={"missing": "command not found: no-such-server"},
+    )  # fmt: skip
+    status = assess(facts(ACTIVE, state(1.0).model_copy(update={"mcp_json": mcp})))
+    assert status.exit_code == StatusExit.OK  # shown, not judged: the agent runs and serves
+    assert status.to_json()["mcp_json"] == mcp.model_dump()
+    assert describe(status).splitlines()[6:] == [
+        f"  mcp.json:  /a/mcp.json: 9 MCP tools from demo, git, loaded at {clock(NOW - 50)}",
+        (
+            f"             did not load at {clock(NOW - 5)}, keeping the MCP servers in use: "
+            "/a/mcp.json: not valid JSON: Expecting ',' delimiter at line 4 column 7"
+        ),
+        "             kept: /a/mcp.json: server 'git': unknown key 'arg' (did you mean 'args'?); ...",
+        "             not running: missing: command not found: no-such-server",
+    ]
+    never = MCPJsonState(
+        path="/a/mcp.json", error='/a/mcp.json: missing the "mcpServers" object', error_at=NOW
+    )
+    lines = describe(assess(facts(ACTIVE, state(1.0).model_copy(update={"mcp_json": never})))).splitlines()
+    assert lines[6:] == [
+        "  mcp.json:  /a/mcp.json: no MCP tools (it never loaded)",
+        (
+            f"             did not load at {clock(NOW)}, no MCP tools offered: "
+            '/a/mcp.json: missing the "mcpServers" object'
+        ),
+    ]
+    # an agent that is not running says nothing of its mcp.json
+    gone = assess(facts(FAILED, state(1.0).model_copy(update={"mcp_json": mcp}), alive=False))
+    assert gone.mcp_json is None and "mcp.json" not in describe(gone)

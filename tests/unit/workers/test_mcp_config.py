@@ -141,3 +141,257 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
         '{"mcpServers": {"a": {"command": "x", "env": {"T": "${VT_TEST_TOKEN}"}}}}', "c.json"
     )
     assert config.servers["a"].env == {"T": "from-env"}  # type: ignore[union-attr]
+
+
+# --- issue 24, item 5: config files as users write them ------------------------------------------
+
+
+def test_jsonc_comments_and_trailing_commas_load_as_vs_code_writes_them() -> None:
+    text = """{
+      // note: the time server, for the demo
+      "mcpServers": {
+        "time": {
+          "command": "mcp-server-time", /* the pip package */
+          "args": ["--local-timezone", "UTC",],
+        },
+        "web": {"url": "https://example.com/a//b", "headers": {"X-Sep": ",]"}},
+      },
+    }"""
+    config = parse_mcp_config(text, "mcp.json", environ={})
+    assert config.servers["time"].args == ["--local-timezone", "UTC"]  # type: ignore[union-attr]
+    web = config.servers["web"]
+    assert isinstance(web, HttpServerSpec) and web.url == "https://example.com/a//b"
+    assert web.headers == {"X-Sep": ",]"}
+    with pytest.raises(MCPConfigError, match=r"mcp\.json: not valid JSON: .* at line 3 column 9"):
+        parse_mcp_config('{"mcpServers": {\n  // fine\n    "a" {}}}', "mcp.json", environ={})
+
+
+def test_variables_expand_in_command_args_env_headers_url_and_cwd() -> None:
+    environ = {"BIN": "/opt/bin", "TOKEN": "t0k", "EMPTY": "", "HOST": "mcp.example.com"}
+    config = parse(
+        {
+            "mcpServers": {
+                "local": {
+                    "command": "${BIN}/server",
+                    "args": ["--token-file=${env:TOKEN}", "--level=${LEVEL:-info}", "--x=${EMPTY:-dflt}"],
+                    "env": {"T": "${TOKEN}", "V": "${vault:GITHUB_TOKEN}", "E": "[${EMPTY}]"},
+                    "cwd": "${BIN}/work",
+                },
+                "remote": {
+                    "url": "https://${HOST}/mcp",
+                    "headers": {"Authorization": "Bearer ${env:TOKEN}", "X-Port": "${PORT:-443}"},
+                },
+            }
+        },
+        environ=environ,
+    )
+    local, remote = config.servers["local"], config.servers["remote"]
+    assert isinstance(local, StdioServerSpec) and isinstance(remote, HttpServerSpec)
+    assert local.command == "/opt/bin/server" and local.cwd == "/opt/bin/work"
+    # ${VAR:-default}: the default when VAR is unset or empty, as in a shell
+    assert local.args == ["--token-file=t0k", "--level=info", "--x=dflt"]
+    # ${vault:…} stays a reference, resolved as the server starts
+    assert local.env == {"T": "t0k", "V": "${vault:GITHUB_TOKEN}", "E": "[]"}
+    assert remote.url == "https://mcp.example.com/mcp"
+    assert remote.headers == {"Authorization": "Bearer t0k", "X-Port": "443"}
+
+
+def test_input_variables_are_refused_naming_the_server_and_the_key_and_what_to_do() -> None:
+    config = parse(
+        {
+            "mcpServers": {
+                "gh": {"command": "gh-mcp", "env": {"GITHUB_TOKEN": "${input:github_token}"}},
+                "db": {"command": "db-mcp", "args": ["--password", "${input:pw}"]},
+                "api": {"url": "https://h/mcp", "headers": {"Authorization": "Bearer ${input:key}"}},
+                "fine": {"command": "x"},
+            }
+        }
+    )
+    assert list(config.servers) == ["fine"]
+    assert config.skipped["gh"].startswith(
+        "cfg.json: server 'gh': env 'GITHUB_TOKEN' holds ${input:github_token}, a value VS Code asks its user for"
+    )
+    assert config.skipped["db"].startswith("cfg.json: server 'db': args[1] holds ${input:pw}")
+    assert config.skipped["api"].startswith(
+        "cfg.json: server 'api': headers 'Authorization' holds ${input:key}"
+    )
+    assert "write ${env:NAME} instead" in config.skipped["gh"] and "${vault:NAME}" in config.skipped["gh"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"command": "x", "arg": ["-v"]},
+            (
+                "cfg.json: server 'a': unknown key 'arg' (did you mean 'args'?); a server takes command, args, env, "
+                "envFile and cwd (stdio), or url and headers (http), and type and disabled"
+            ),
+        ),
+        ({"cmd": "x"}, "cfg.json: server 'a': unknown key 'cmd' (did you mean 'command'?)"),
+        ({"command": "x", "environment": {}}, "server 'a': unknown key 'environment' (did you mean 'env'?)"),
+        ({"Command": "x"}, "server 'a': unknown key 'Command' (did you mean 'command'?)"),
+        ({"command": "x", "env_file": ".env"}, "unknown key 'env_file' (did you mean 'envFile'?)"),
+        ({"serverUrl": "https://h/mcp"}, "unknown key 'serverUrl' (did you mean 'url'?)"),
+        ({"command": "x", "timeout": 60}, "server 'a': unknown key 'timeout'; a server takes"),
+        (
+            {"command": "x", "headers": {"X": "y"}},
+            "server 'a': 'headers' does not apply to this server, which has \"command\"",
+        ),
+        (
+            {"url": "https://h/mcp", "args": ["-v"]},
+            "server 'a': 'args' does not apply to this server, which has \"url\"",
+        ),
+        ({"url": "https://h/mcp", "envFile": ".env"}, "'envFile' does not apply to this server"),
+        ({"command": "x", "disabled": "yes"}, "server 'a': disabled must be true or false, not 'yes'"),
+        (
+            {"command": "${config:tool.path}"},
+            "server 'a': command holds ${config:tool.path}, which is not expanded",
+        ),
+        (
+            {"command": "x", "cwd": "${workspaceFolder}"},
+            (
+                "cwd refers to ${workspaceFolder}, but workspaceFolder is "
+                "not set in the environment (a variable VS Code fills in itself)"
+            ),
+        ),
+        (
+            {"command": "x", "args": ["${VANCETOPE_REDIS_URL:-x}"]},
+            "args[0] refers to ${VANCETOPE_REDIS_URL:-x}; the stack's own settings",
+        ),
+        (
+            {"url": "https://h/${vault:PATH_TOKEN}"},
+            "url holds ${vault:PATH_TOKEN}, which is resolved in env and headers only",
+        ),
+        (
+            {"command": "x", "env": {"T": "${vault:bad name}"}},
+            "env 'T' holds ${vault:bad name}, which is not",
+        ),
+    ],
+)
+def test_what_would_be_ignored_or_passed_on_literally_is_refused_naming_server_and_key(
+    entry: dict[str, object], message: str
+) -> None:
+    config = parse({"mcpServers": {"a": entry, "good": {"command": "mcp-server-time"}}})
+    assert list(config.servers) == ["good"]
+    assert message in config.skipped["a"]
+
+
+def test_keys_other_clients_write_and_this_parser_knows_still_load() -> None:
+    config = parse(
+        {
+            "mcpServers": {
+                "cline": {"command": "x", "autoApprove": ["read"], "disabled": False, "type": "stdio"},
+                "vscode": {"type": "http", "url": "https://h/mcp", "headers": {}, "env": {}},
+            }
+        }
+    )
+    assert set(config.servers) == {"cline", "vscode"} and config.skipped == {}
+
+
+def test_env_file_is_read_beside_the_config_and_env_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "gh.env").write_text(
+        "# the token for the GitHub server\n"
+        "\n"
+        "GITHUB_TOKEN=ghp_from_file\n"
+        "export REGION = eu-west-1  # inline comment\n"
+        'GREETING="hello # not a comment\\nworld"\n'
+        "LITERAL='${NOT_EXPANDED} \\n'\n"
+        "HOME_DIR=${HOME_FOR_TEST}/x\n"
+        "SHARED=from-file\n"
+    )
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "gh": {"command": "gh-mcp", "envFile": "secrets/gh.env", "env": {"SHARED": "from-env"}}
+                }
+            }
+        )
+    )
+    monkeypatch.chdir("/")  # relative to the config file's folder, not the current one
+    monkeypatch.setenv("HOME_FOR_TEST", "/home/ada")
+    monkeypatch.setenv("NOT_EXPANDED", "oops")
+    spec = load_mcp_config(path).servers["gh"]
+    assert isinstance(spec, StdioServerSpec)
+    assert spec.env == {
+        "GITHUB_TOKEN": "ghp_from_file",
+        "REGION": "eu-west-1",
+        "GREETING": "hello # not a comment\nworld",
+        "LITERAL": "${NOT_EXPANDED} \\n",  # single quotes: as written
+        "HOME_DIR": "/home/ada/x",
+        "SHARED": "from-env",
+    }
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "server 'gh': envFile 'gh.env' ({dir}/gh.env) cannot be read: No such file or directory"),
+        (
+            "GOOD=1\nthis line has no equals sign\n",
+            "server 'gh': envFile 'gh.env' ({dir}/gh.env): line 2 is not NAME=VALUE",
+        ),
+        (
+            'TOKEN="s3cret\n',
+            "envFile 'gh.env' ({dir}/gh.env): line 1 (TOKEN): a quoted value must end with its quote",
+        ),
+        (
+            "VANCETOPE_VAULT_KEY=k\n",
+            (
+                "envFile 'gh.env' ({dir}/gh.env) line 1, VANCETOPE_VAULT_KEY: VANCETOPE_* "
+                "variables are the stack's own"
+            ),
+        ),
+        ("T=${input:tok}\n", "envFile 'gh.env' ({dir}/gh.env) line 1, T holds ${input:tok}"),
+    ],
+)
+def test_an_env_file_that_cannot_be_used_skips_its_server_naming_the_file(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    if content is not None:
+        (tmp_path / "gh.env").write_text(content)
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"gh": {"command": "x", "envFile": "gh.env"}}}))
+    config = load_mcp_config(path)
+    assert config.servers == {}
+    assert message.replace("{dir}", str(tmp_path)) in config.skipped["gh"]
+    assert "s3cret" not in config.skipped["gh"]  # a value never reaches a message
+
+
+def test_an_entry_whose_edit_cannot_be_used_keeps_its_last_good_definition() -> None:
+    before = parse(
+        {
+            "mcpServers": {
+                "git": {"command": "mcp-server-git"},
+                "time": {"command": "t"},
+                "old": {"command": "o"},
+            }
+        }
+    )
+    after = parse_mcp_config(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "git": {"command": "mcp-server-git", "arg": ["--repository", "."]},  # broken edit
+                    "time": {"command": "t", "disabled": True},  # switched off on purpose
+                    "new": {"cmd": "n"},  # broken, and no last good definition
+                    "fresh": {"command": "f"},
+                }
+            }
+        ),
+        "cfg.json",
+        environ={},
+        previous=before,
+    )
+    assert after.servers == {"git": before.servers["git"], "fresh": StdioServerSpec(command="f")}
+    assert after.kept == {
+        "git": "cfg.json: server 'git': unknown key 'arg' (did you mean 'args'?); a server takes command, args, "
+        "env, envFile and cwd (stdio), or url and headers (http), and type and disabled; "
+        "its last good definition stays in use"
+    }
+    assert set(after.skipped) == {"time", "new"}  # and "old", removed from the file, is gone
