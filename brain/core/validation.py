@@ -172,18 +172,19 @@ def unknown_tools(
         if task.tool not in known:
             problems.append(
                 f"task {task.id!r}: tool {task.tool!r} is unknown: no registry entry declares it and no "
-                f"connected client this run may use announces it{_did_you_mean(task.tool, candidates)}{note}"
+                f"connected client this run may use announces it{did_you_mean(task.tool, candidates)}{note}"
             )
         for name in task.tools:
             if name != task.tool and name not in known:
                 problems.append(
                     f"task {task.id!r}: tools lists {name!r}, which is unknown (not in the registry, not "
-                    f"announced){_did_you_mean(name, candidates)}"
+                    f"announced){did_you_mean(name, candidates)}"
                 )
     return problems
 
 
-def _did_you_mean(name: str, candidates: list[str]) -> str:
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    """``; did you mean `a` or `b`?`` with up to three close names of ``candidates``, else ""."""
     close = difflib.get_close_matches(name, candidates, n=3)
     return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else ""
 

@@ -44,7 +44,7 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted
+from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted, UnknownTool
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
@@ -230,6 +230,10 @@ class Gateway:
             if name in (SPECIALIZED_CMD, LIST_POOLS):
                 return await self._pooled(ctx, caller, name, args)
             return await self._call(ctx, caller, name, args)
+        except UnknownTool as exc:
+            # The spec's protocol error for an unknown tool; a tool that ran and failed, or was
+            # given arguments its schema refuses, stays a result (isError) the model can read.
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
         except (redis.RedisError, BrainError) as exc:
             return text_result(f"tool {name!r} could not be called: {exc}", error=True)
 

@@ -26,6 +26,7 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.shared.exceptions import MCPError
 
 from brain.hot.state import HotState
 from brain.runtime import gateway_tokens as tokens
@@ -205,7 +206,7 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
 ) -> None:
     ada, bob = token_for(stack, "ada"), token_for(stack, "bob")
 
-    async def scenario() -> tuple[set[str], types.CallToolResult, types.CallToolResult, types.CallToolResult]:
+    async def scenario() -> tuple[set[str], MCPError, types.CallToolResult, types.CallToolResult]:
         async with mcp_client(gateway, ada) as mcp:
             queued = await mcp.call_tool(
                 "brain_submit_tree",
@@ -215,16 +216,18 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
         tree_id = queued.structured_content["tree_id"]
         async with mcp_client(gateway, bob) as mcp:
             names = {t.name for t in (await mcp.list_tools()).tools}
-            called = await mcp.call_tool("notes/add", {"a": 1, "b": 1})
+            with pytest.raises(MCPError) as called:
+                await mcp.call_tool("notes/add", {"a": 1, "b": 1})
             status = await mcp.call_tool("brain_tree_status", {"tree_id": tree_id})
             cancel = await mcp.call_tool("brain_cancel", {"tree_id": tree_id})
-        return names, called, status, cancel
+        return names, called.value, status, cancel
 
     names, called, status, cancel = anyio.run(scenario)
     assert SERVER_TOOLS <= names and not ADA_CLIENT_TOOLS & names
-    # Refused before submit (issue 22 item 6), and no name of ada's clients is suggested to bob.
-    assert called.is_error and "tool 'notes/add' is unknown" in text_of(called), text_of(called)
-    suggested = text_of(called).partition("did you mean")[2]
+    # Refused before submit (issue 22 item 6) with the spec's protocol error for an unknown tool
+    # (issue 24), and no name of ada's clients is suggested to bob.
+    assert called.code == types.INVALID_PARAMS and called.message.startswith("Unknown tool: 'notes/add'")
+    suggested = called.message.partition("did you mean")[2]
     assert not any(name in suggested for name in ADA_CLIENT_TOOLS), suggested
     assert status.is_error and "no tree" in text_of(status)
     assert cancel.is_error and "no tree" in text_of(cancel)
