@@ -19,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from brain.core.models import Location, ToolSpec
 from brain.core.sessions import ClientSession, user_sessions
 from brain.core.toolnames import name_on_server, qualified
-from workers.contracts import ToolDescriptor, ToolType
+from workers.contracts import (
+    TOOL_METADATA_FIELDS,
+    ToolAnnotationsWire,
+    ToolDescriptor,
+    ToolExecutionWire,
+    ToolIconsWire,
+    ToolMeta,
+    ToolOutputSchema,
+    ToolTitle,
+    ToolType,
+)
 
 BUILTIN_POOL = "builtin"
 NATIVE_POOL = "native"
@@ -40,6 +50,14 @@ class GatewayTool(BaseModel):
     clients: tuple[str, ...] = ()
     # False: it runs only on a workstation and no connected client of the user offers it.
     available: bool = True
+    # What its MCP server said of it besides (title, annotations, icons, outputSchema,
+    # execution, _meta), as it said it: tools/list hands it on whole.
+    title: ToolTitle = None
+    output_schema: ToolOutputSchema = None
+    annotations: ToolAnnotationsWire = None
+    icons: ToolIconsWire = None
+    execution: ToolExecutionWire = None
+    meta: ToolMeta = None
 
 
 def default_pool(tool_type: ToolType, mcp_server: str | None) -> str:
@@ -110,6 +128,7 @@ def _from_spec(name: str, spec: ToolSpec, offers: Mapping[str, tuple[str, ...]])
         location=spec.location,
         clients=clients,
         available=spec.location is not Location.CLIENT or bool(clients),
+        **_metadata(spec),
     )
 
 
@@ -150,7 +169,12 @@ def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) 
         action=desc.name,
         location=Location.CLIENT,
         clients=clients,
+        **_metadata(desc),
     )
+
+
+def _metadata(tool: ToolSpec | ToolDescriptor) -> dict[str, Any]:
+    return {name: getattr(tool, name) for name in TOOL_METADATA_FIELDS}
 
 
 __all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool"]

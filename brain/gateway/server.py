@@ -45,11 +45,12 @@ from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted, UnknownTool
+from brain.gateway.catalog import GatewayTool
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
 from brain.runtime.gateway_door import DoorRefused
-from workers.contracts import channel_tree_events
+from workers.contracts import channel_tree_events, tool_metadata
 
 log = logging.getLogger("vancetope.gateway")
 
@@ -110,6 +111,19 @@ def changed_users(
     if before[0] != after[0]:
         return set(users)
     return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
+
+
+def mcp_tool(tool: GatewayTool) -> types.Tool:
+    """A catalog tool as tools/list shows it: every field its MCP server sent (annotations,
+    title, icons, outputSchema, execution, _meta), not only name, description and schema."""
+    return types.Tool.model_validate(
+        {
+            "name": tool.name,
+            "description": tool.description or None,
+            "inputSchema": tool.input_schema,
+            **tool_metadata(tool),
+        }
+    )
 
 
 class _GatewayServer(Server[Any]):
@@ -213,12 +227,7 @@ class Gateway:
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
-        return types.ListToolsResult(
-            tools=[
-                types.Tool(name=t.name, description=t.description or None, input_schema=t.input_schema)
-                for t in view.listing.tools
-            ]
-        )
+        return types.ListToolsResult(tools=[mcp_tool(t) for t in view.listing.tools])
 
     # --- tools/call --------------------------------------------------------------------
     async def call_tool(
@@ -399,4 +408,4 @@ def serve(backend: GatewayBackend, redis_url: str, host: str, port: int) -> None
     uvicorn.Server(config).run()
 
 
-__all__ = ["MCP_PATH", "Gateway", "TokenVerifier", "changed_users", "serve"]
+__all__ = ["MCP_PATH", "Gateway", "TokenVerifier", "changed_users", "mcp_tool", "serve"]

@@ -121,3 +121,28 @@ def test_the_gateways_own_names_are_never_given_to_another_tool() -> None:
     tools = catalog(registry, sessions, "ada", frozenset({"brain_health", "brain_cancel"}))
     assert {"ops/brain_health", "notes/brain_cancel"} <= set(names(tools))
     assert not {"brain_health", "brain_cancel"} & set(names(tools))
+
+
+# --- every field an MCP server sent (issue 24) ------------------------------------------------
+
+HINTS = {"destructiveHint": True, "readOnlyHint": False}
+METADATA: dict[str, Any] = {
+    "title": "Reset",
+    "annotations": HINTS,
+    "icons": [{"src": "data:image/png;base64,AAAA", "mimeType": "image/png"}],
+    "output_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+    "execution": {"taskSupport": "forbidden"},
+    "meta": {"example.com/owner": "git-team"},
+}
+
+
+def test_a_registry_tool_keeps_what_its_mcp_server_said_of_it() -> None:
+    registry = {"git_reset": spec("git/git_reset", mcp_server="git", **METADATA)}
+    listed = by_name(catalog(registry, [], "ada"), "git_reset")
+    assert {name: getattr(listed, name) for name in METADATA} == METADATA
+
+
+def test_a_client_only_tool_keeps_what_its_mcp_server_said_of_it() -> None:
+    reset = ToolDescriptor(name="git_reset", type=ToolType.MCP, mcp_server="git", **METADATA)
+    listed = by_name(catalog({}, [session("laptop", "ada", reset)], "ada"), "git_reset")
+    assert {name: getattr(listed, name) for name in METADATA} == METADATA

@@ -17,7 +17,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.shared.exceptions import MCPError
 
-from brain.core.models import TaskRecord, TaskState
+from brain.core.models import Location, TaskRecord, TaskState
 from brain.errors import InvalidTaskTree
 from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
 from brain.gateway.catalog import GatewayTool
@@ -124,3 +124,38 @@ def test_a_tool_that_ran_and_failed_is_an_error_result() -> None:
     failed = TaskRecord(tree_id="mcp-t-1", task_id="call", tool="echo", state=TaskState.FAILED, reason="boom")
     result = call(gateway(FakeBackend(records=[failed])), "echo", {"value": 1})
     assert result.is_error and "tool 'echo' failed" in result.content[0].text  # type: ignore[union-attr]
+
+
+# --- tools/list -----------------------------------------------------------------------------------
+
+
+def test_tools_list_carries_every_field_the_tools_mcp_server_sent() -> None:
+    reset = GatewayTool(
+        name="git_reset",
+        description="Resets",
+        input_schema={"type": "object", "properties": {"repo_path": {"type": "string"}}},
+        pool="git",
+        action="git_reset",
+        location=Location.CLIENT,
+        title="Reset",
+        annotations={"destructiveHint": True, "readOnlyHint": False},
+        icons=[{"src": "data:image/png;base64,AAAA", "mimeType": "image/png", "sizes": ["48x48"]}],
+        output_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        execution={"taskSupport": "forbidden"},
+        meta={"example.com/owner": "git-team"},
+    )
+    gw = gateway(FakeBackend(tools=[reset]))
+    listed = anyio.run(gw.list_tools, context(), None)
+    wire = {t.name: t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools}
+    assert wire["git_reset"] == {
+        "name": "git_reset",
+        "title": "Reset",
+        "description": "Resets",
+        "inputSchema": {"type": "object", "properties": {"repo_path": {"type": "string"}}},
+        "annotations": {"destructiveHint": True, "readOnlyHint": False},
+        "icons": [{"src": "data:image/png;base64,AAAA", "mimeType": "image/png", "sizes": ["48x48"]}],
+        "outputSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        "execution": {"taskSupport": "forbidden"},
+        "_meta": {"example.com/owner": "git-team"},
+    }
+    assert wire["brain_health"].keys() == {"name", "description", "inputSchema"}  # no metadata: none invented
