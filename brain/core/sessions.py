@@ -7,6 +7,7 @@ what a session is, and whether an announcement may become one, needs neither.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +44,20 @@ def names_of(tool: ToolDescriptor) -> tuple[str, ...]:
     """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
     means whatever else (a built-in, another server) shares its bare name."""
     return (tool.name, qualified(tool.mcp_server, tool.name)) if tool.mcp_server else (tool.name,)
+
+
+def announced_schemas(sessions: Iterable[ClientSession]) -> dict[str, list[dict[str, Any]]]:
+    """Every name the sessions' tools answer to -> the input schemas announced for it, each
+    distinct one once (in session order): what a call's arguments are checked against when
+    only clients describe its tool (brain.core.validation.announced_arg_problems)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for session in sessions:
+        for tool in session.tools:
+            for name in names_of(tool):
+                schemas = found.setdefault(name, [])
+                if tool.input_schema not in schemas:
+                    schemas.append(tool.input_schema)
+    return found
 
 
 def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:

@@ -28,7 +28,7 @@ from brain.config import CONFIG_FILE, Settings
 from brain.core.limits import check_tree_data
 from brain.core.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskTree
 from brain.core.report import tree_report, trees_report
-from brain.core.sessions import ClientSession, user_sessions
+from brain.core.sessions import ClientSession, announced_schemas, user_sessions
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
@@ -198,9 +198,8 @@ class Backend:
         brain. Raises InvalidTaskTree (every problem named) when the call cannot be valid,
         DoorRefused with the brain's words when it refuses."""
         registry = self.registry()
-        announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
-        )
+        own = user_sessions(self.sessions().values(), caller.user)
+        announced = frozenset(n for s in own for n in s.tool_names())
         unknown = unknown_tool(tool, registry, announced)
         if unknown is not None:
             raise UnknownTool(unknown)
@@ -217,7 +216,13 @@ class Backend:
         }
         tree = TaskTree.model_validate(data)
         # Checked here for the caller's sake (every problem named at once); the brain checks again.
-        check_submission(tree, registry, source=f"tools/call {tool}", announced=announced)
+        check_submission(
+            tree,
+            registry,
+            source=f"tools/call {tool}",
+            announced=announced,
+            announced_schemas=announced_schemas(own),
+        )
         reply = self._ask(caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE)
         assert reply.tree_id is not None
         return Submitted(tree_id=reply.tree_id, wait_s=wait_s)
@@ -273,10 +278,15 @@ class Backend:
         check_tree_data(data, self.settings, source="brain_submit_tree")
         registry = self.registry()
         tree = tree_from_data(data, source="brain_submit_tree")
-        announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
+        own = user_sessions(self.sessions().values(), caller.user)
+        announced = frozenset(n for s in own for n in s.tool_names())
+        check_submission(
+            tree,
+            registry,
+            source="brain_submit_tree",
+            announced=announced,
+            announced_schemas=announced_schemas(own),
         )
-        check_submission(tree, registry, source="brain_submit_tree", announced=announced)
         session = SessionKind.AUTONOMOUS if autonomous else SessionKind.INTERACTIVE
         reply = self._ask(caller, kind="submit", tree=data, session=session)
         return {"tree_id": reply.tree_id, "session": session.value, "warnings": reply.warnings}

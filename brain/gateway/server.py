@@ -44,7 +44,7 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted, UnknownTool
+from brain.gateway.backend import CALL_TASK, Caller, GatewayBackend, Refused, Submitted, UnknownTool
 from brain.gateway.catalog import GatewayTool
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
@@ -111,6 +111,13 @@ def changed_users(
     if before[0] != after[0]:
         return set(users)
     return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
+
+
+def call_problems(exc: InvalidTaskTree) -> str:
+    """The problems of a refused one-task call, without the tree around it: ``args.a: '2' is not
+    of type 'integer'; args: 'b' is a required property``."""
+    prefix = f"task {CALL_TASK!r}: "
+    return "; ".join(p.removeprefix(prefix) for p in exc.problems)
 
 
 def mcp_tool(tool: GatewayTool) -> types.Tool:
@@ -257,7 +264,12 @@ class Gateway:
             return value_result(value)
         try:
             submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, name, args)
-        except (InvalidTaskTree, DoorRefused) as exc:
+        except InvalidTaskTree as exc:
+            # Arguments its schema refuses (the registry's, or the announcing client's: the same
+            # check on both routes): a tool execution error, as the spec words input validation
+            # errors, so the model reads what to fix. Nothing was submitted.
+            return text_result(f"tool {name!r} was not called: {call_problems(exc)}", error=True)
+        except DoorRefused as exc:
             return text_result(f"tool {name!r} was not called: {exc}", error=True)
         return await self._follow(ctx, caller, submitted)
 

@@ -45,7 +45,7 @@ from brain.core.routing import (
     reachable_client_ids,
     route_without_presence,
 )
-from brain.core.sessions import ClientSession, held_names
+from brain.core.sessions import ClientSession, announced_schemas, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
@@ -158,13 +158,15 @@ class Scheduler:
         view = self.presence.view(user=user, session_client=request.client_id, sessions=sessions)
         # Names the user's other clients announce are only suggestions ("did you mean").
         elsewhere = frozenset(n for c in view.clients if user and c.user == user for n in c.tools)
+        reachable = reachable_client_ids(view)
         warnings = check_submission(
             request.tree,
             self.registry,
             source=request.source,
             tree_id=request.tree_id,
-            announced=client_tools(view) | held_names(sessions, reachable_client_ids(view)),
+            announced=client_tools(view) | held_names(sessions, reachable),
             elsewhere=elsewhere,
+            announced_schemas=announced_schemas(sessions[c] for c in sorted(reachable) if c in sessions),
         )
         record = self.submit(
             request.tree,

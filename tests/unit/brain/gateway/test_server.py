@@ -114,10 +114,17 @@ def test_a_call_of_an_unknown_tool_is_the_protocol_error_invalid_params() -> Non
 
 
 def test_a_call_the_brain_refuses_before_it_runs_is_an_error_result_the_model_can_read() -> None:
-    refused = InvalidTaskTree("tools/call echo", ["task 'call': args: 'value' is a required property"])
-    result = call(gateway(FakeBackend(submit_error=refused)), "echo", {})
+    # Input validation errors are tool execution errors (MCP 2025-11-25), not -32602.
+    problems = [
+        "task 'call': args.a: '2' is not of type 'integer'",
+        "task 'call': args: 'b' is a required property",
+    ]
+    refused = InvalidTaskTree("tools/call notes/add", problems)
+    result = call(gateway(FakeBackend(submit_error=refused)), "notes/add", {"a": "2"})
     assert result.is_error
-    assert "'value' is a required property" in result.content[0].text  # type: ignore[union-attr]
+    assert result.content[0].text == (  # type: ignore[union-attr]
+        "tool 'notes/add' was not called: args.a: '2' is not of type 'integer'; args: 'b' is a required property"
+    )
 
 
 def test_a_tool_that_ran_and_failed_is_an_error_result() -> None:
