@@ -387,7 +387,12 @@ def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, r
             enrollment = book.enrollment(client_id) if client_id else None
             view.user = user or (enrollment.user if enrollment else None) or settings.user
             view.sessions = book.sessions()
-            view.presence = book.view(user=view.user, session_client=client_id, sessions=view.sessions)
+            view.presence = book.view(
+                user=view.user,
+                session_client=client_id,
+                sessions=view.sessions,
+                registry=brain.scheduler.registry.tools,
+            )
             if registry:
                 view.registry = brain.scheduler.registry
         finally:
@@ -433,6 +438,11 @@ def explain(
         err.print(f"[yellow]warning:[/] {escape(failure.described())}", highlight=False)
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    if stack.presence is not None:
+        for cid in sorted(reachable_client_ids(stack.presence)):
+            client_session = stack.sessions.get(cid)
+            for line in clash_lines(client_session.clashes(registry.tools)) if client_session else []:
+                err.print(f"[yellow]warning:[/] {escape(f'client {cid}: {line}')}", highlight=False)
     announced = (
         client_tools(stack.presence) | held_names(stack.sessions, reachable_client_ids(stack.presence))
         if stack.presence is not None

@@ -199,7 +199,7 @@ class Backend:
         DoorRefused with the brain's words when it refuses."""
         registry = self.registry()
         own = user_sessions(self.sessions().values(), caller.user)
-        announced = frozenset(n for s in own for n in s.tool_names())
+        announced = frozenset(n for s in own for n in s.tool_names(registry.tools))
         unknown = unknown_tool(tool, registry, announced)
         if unknown is not None:
             raise UnknownTool(unknown)
@@ -221,7 +221,7 @@ class Backend:
             registry,
             source=f"tools/call {tool}",
             announced=announced,
-            announced_schemas=announced_schemas(own),
+            announced_schemas=announced_schemas(own, registry.tools),
         )
         reply = self._ask(caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE)
         assert reply.tree_id is not None
@@ -279,13 +279,13 @@ class Backend:
         registry = self.registry()
         tree = tree_from_data(data, source="brain_submit_tree")
         own = user_sessions(self.sessions().values(), caller.user)
-        announced = frozenset(n for s in own for n in s.tool_names())
+        announced = frozenset(n for s in own for n in s.tool_names(registry.tools))
         check_submission(
             tree,
             registry,
             source="brain_submit_tree",
             announced=announced,
-            announced_schemas=announced_schemas(own),
+            announced_schemas=announced_schemas(own, registry.tools),
         )
         session = SessionKind.AUTONOMOUS if autonomous else SessionKind.INTERACTIVE
         reply = self._ask(caller, kind="submit", tree=data, session=session)
