@@ -135,12 +135,12 @@ class Agent:
         return self.policy.announced_native() + mcp_tools
 
     def announcement(self) -> str:
-        body, stripped = self._encode(self.available_tools())
-        if stripped:
-            log.warning("the announcement was too large; tool descriptions were left out")
+        body, left_out = self._encode(self.available_tools())
+        if left_out:
+            log.warning("the announcement was over the brain's size cap; left out to fit: %s", left_out)
         return body
 
-    def _encode(self, tools: list[ToolDescriptor]) -> tuple[str, bool]:
+    def _encode(self, tools: list[ToolDescriptor]) -> tuple[str, str]:
         cfg = self.config
         return encode_announcement(cfg.client_id, self.session_id, cfg.client_type, tools, time.time())
 

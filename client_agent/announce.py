@@ -1,7 +1,8 @@
 """Telling the brain this agent is here (layer: client_agent).
 
 One job: the presence side of the protocol. ``encode_announcement`` (pure) builds the
-``ClientConnected`` JSON within the brain's size cap; the ``Announcer`` thread pushes it
+``ClientConnected`` JSON within the brain's size cap (leaving out, in order, what the brain
+and a host can best do without); the ``Announcer`` thread pushes it
 on connect and whenever the tools change, waits (bounded) for the brain's
 ``AnnouncementAck`` and retries with exponential backoff until one is accepted (a broker
 that refuses the agent's credentials is not retried: ``on_refused`` stops the agent); the
@@ -50,35 +51,53 @@ def encode_announcement(
     tools: Sequence[ToolDescriptor],
     sent_at: float,
     max_bytes: int = MAX_ANNOUNCEMENT_BYTES,
-) -> tuple[str, bool]:
-    """The ``ClientConnected`` JSON and whether descriptions had to be dropped to fit ``max_bytes``.
+) -> tuple[str, str]:
+    """The ``ClientConnected`` JSON, and what had to be left out to fit ``max_bytes`` ("" when
+    nothing was: else "icons and _meta, tool descriptions", …).
 
-    Descriptions go first (tool descriptions, then those inside input schemas): the brain can
-    route without them, not without names and schemas. Still too big: AnnouncementTooLarge.
+    Left out in ``_TRIMS`` order, each step kept for the next, until it fits: first what only a
+    host's display or its validation of results uses, then descriptions, and last the hints a
+    host acts on (annotations such as ``destructiveHint``); the brain can route without any of
+    them, never without names and input schemas. Still too big: AnnouncementTooLarge.
+    Fields left unset (None) are not sent, so an older brain reads an announcement without
+    metadata as before.
     """
     if len(tools) > MAX_ANNOUNCED_TOOLS:
         raise AnnouncementTooLarge(
             f"{len(tools)} tools to announce, over the brain's limit of {MAX_ANNOUNCED_TOOLS}; "
             "narrow allowed_tools in the agent config or remove servers from mcp.json"
         )
-    attempts = (list(tools), [_without_descriptions(t, schema=False) for t in tools],
-                [_without_descriptions(t, schema=True) for t in tools])  # fmt: skip
-    for stripped, candidate in enumerate(attempts):
+    candidate, left_out = list(tools), []
+    for label, trim in ((None, None), *_TRIMS):
+        if trim is not None:
+            trimmed = [trim(t) for t in candidate]
+            if trimmed != candidate:
+                left_out.append(label)
+            candidate = trimmed
         message = ClientConnected(
             client_id=client_id, session_id=session_id, client_type=client_type,
             available_tools=candidate, sent_at=sent_at,
         )  # fmt: skip
-        body = message.model_dump_json()
+        body = message.model_dump_json(exclude_none=True)
         if len(body.encode("utf-8")) <= max_bytes:
-            return body, stripped > 0
+            return body, ", ".join(str(what) for what in left_out)
     raise AnnouncementTooLarge(_too_large(tools, len(body.encode("utf-8")), max_bytes))
 
 
-def _without_descriptions(tool: ToolDescriptor, *, schema: bool) -> ToolDescriptor:
-    update: dict[str, Any] = {"description": ""}
-    if schema:
-        update["input_schema"] = _strip(tool.input_schema)
-    return tool.model_copy(update=update)
+# What an announcement too big for the brain's cap leaves out, step by step.
+_TRIMS: tuple[tuple[str, Callable[[ToolDescriptor], ToolDescriptor]], ...] = (
+    ("icons and _meta", lambda t: t.model_copy(update={"icons": None, "meta": None})),
+    ("output schemas", lambda t: t.model_copy(update={"output_schema": None})),
+    ("tool descriptions", lambda t: t.model_copy(update={"description": ""})),
+    (
+        "descriptions inside input schemas",
+        lambda t: t.model_copy(update={"input_schema": _strip(t.input_schema)}),
+    ),
+    (
+        "titles, annotations and execution hints",
+        lambda t: t.model_copy(update={"title": None, "annotations": None, "execution": None}),
+    ),
+)
 
 
 def _strip(node: Any) -> Any:
@@ -93,7 +112,7 @@ def _too_large(tools: Sequence[ToolDescriptor], size: int, cap: int) -> str:
     biggest = sorted(tools, key=lambda t: len(t.model_dump_json()), reverse=True)[:3]
     named = ", ".join(f"{t.name} ({len(t.model_dump_json())} bytes)" for t in biggest)
     return (
-        f"the announcement of {len(tools)} tools is {size} bytes even without descriptions, over the "
+        f"the announcement of {len(tools)} tools is {size} bytes even with only names and input schemas, over the "
         f"brain's cap of {cap} bytes (largest: {named}); narrow allowed_tools or mcp.json"
     )
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 # --- queues -----------------------------------------------------------------
 
@@ -348,6 +348,58 @@ def shown_failure(result: ToolResult) -> str:
     return f"{kind} (the message: vancetope status {result.tree_id})"
 
 
+def _wire(model: str) -> Callable[[Any], Any]:
+    """A check of one optional field of an MCP tool definition against the SDK's model of it,
+    which returns it as it goes on the wire (camelCase, absent hints left out): what the
+    gateway lists must be what the SDK can send."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        from mcp import types  # here: only a tool that has such a field pays for the import
+
+        found = getattr(types, model).model_validate(value)
+        return found.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    return check
+
+
+def _wire_icons(value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    return None if value is None else [_wire("Icon")(icon) for icon in value]
+
+
+# What an MCP server may say of a tool beyond its name, description and inputSchema (MCP
+# 2025-11-25 ``Tool``), kept as it said it so the gateway lists it whole: hosts act on
+# annotations (``destructiveHint``), display title and icons, validate structuredContent
+# against outputSchema. Every one optional and None by default, so an older agent's
+# announcement and an older stored snapshot validate unchanged.
+ToolTitle = Annotated[str | None, Field(default=None)]
+ToolOutputSchema = Annotated[dict[str, Any] | None, Field(default=None)]
+ToolAnnotationsWire = Annotated[
+    dict[str, Any] | None, AfterValidator(_wire("ToolAnnotations")), Field(default=None)
+]
+ToolIconsWire = Annotated[list[dict[str, Any]] | None, AfterValidator(_wire_icons), Field(default=None)]
+ToolExecutionWire = Annotated[
+    dict[str, Any] | None, AfterValidator(_wire("ToolExecution")), Field(default=None)
+]
+ToolMeta = Annotated[dict[str, Any] | None, Field(default=None)]
+# Those fields, by their names here and on the wire (``_meta`` is ``meta`` here).
+TOOL_METADATA_FIELDS: dict[str, str] = {
+    "title": "title",
+    "output_schema": "outputSchema",
+    "annotations": "annotations",
+    "icons": "icons",
+    "execution": "execution",
+    "meta": "_meta",
+}
+
+
+def tool_metadata(tool: BaseModel) -> dict[str, Any]:
+    """The metadata fields ``tool`` (a ToolDescriptor, ToolSpec, …) has, by their wire names."""
+    found = {wire: getattr(tool, name, None) for name, wire in TOOL_METADATA_FIELDS.items()}
+    return {wire: value for wire, value in found.items() if value is not None}
+
+
 class ToolDescriptor(BaseModel):
     """What an executor knows of one tool it can run: announced by a client agent,
     discovered from an MCP server with ``list_tools``, or declared by a built-in."""
@@ -359,6 +411,12 @@ class ToolDescriptor(BaseModel):
     mcp_server: str | None = None
     description: str = ""
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    title: ToolTitle = None
+    output_schema: ToolOutputSchema = None
+    annotations: ToolAnnotationsWire = None
+    icons: ToolIconsWire = None
+    execution: ToolExecutionWire = None
+    meta: ToolMeta = None
 
 
 class MCPServerFailure(BaseModel):

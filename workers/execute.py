@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from jsonschema import exceptions as schema_errors
 from jsonschema import validators
@@ -42,6 +43,8 @@ from workers.errors import (
 from workers.mcp_clients import MCPClientManager, ProgressSink, whole_result
 from workers.tools.builtin import BUILTINS, BuiltinContext, BuiltinTool
 
+log = logging.getLogger("vancetope.worker.execute")
+
 
 def execute(
     call: ToolCall,
@@ -59,20 +62,23 @@ def execute(
     ``native`` holds the native tools of a client agent (same shape as built-ins);
     ``client_id`` marks the result as executed by that client; ``builtins`` are the
     built-ins as this worker's settings made them (``builtin_tools``); ``progress`` gets an
-    MCP server's progress notifications for this call (``Throttle`` keeps them few).
+    MCP server's progress notifications for this call (``Throttle`` coalesces them).
     """
     started = clock()
     value: Any = None
     whole: dict[str, Any] | None = None
     error: ErrorInfo | None = None
+    on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
     try:
-        on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
         value, whole = _dispatch(call, mcp, native, builtins, on_progress)
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
     except Exception as exc:  # noqa: BLE001 - a tool's surprise is a result, not a crash
         error = ErrorInfo(type=type(exc).__name__, message=str(exc))
+    finally:
+        if on_progress is not None:
+            on_progress.flush()  # the latest progress goes before the result, or never
     return ToolResult(
         run_id=call.run_id,
         tree_id=call.tree_id,
@@ -248,9 +254,16 @@ def _validator(schema_json: str) -> Any:
 
 
 class Throttle:
-    """An MCP server's progress notifications as ``ToolProgress``, at most one per
-    ``EVERY_S`` (the first and a final ``progress == total`` always pass): a server may send
-    thousands, and each one is a store write."""
+    """An MCP server's progress notifications as ``ToolProgress``, coalesced: at most one per
+    ``EVERY_S`` (a server may send thousands, and each one is a store write), and never one
+    lost for good. An update inside the interval waits, replaced by any later one, and the
+    one waiting goes when the interval ends (a timer) or when the call ends (``flush``, before
+    its result), whichever comes first. After ``flush`` nothing more is sent.
+
+    Called on the MCP client's loop thread; the timer sends from its own thread, so sending
+    happens under a lock (an older update never follows a newer one). ``later(delay, fn)``
+    starts the timer and returns something with ``cancel()`` (tests give a fake clock and a
+    fake timer)."""
 
     EVERY_S = 0.2
 
@@ -260,28 +273,73 @@ class Throttle:
         sink: Callable[[ToolProgress], None],
         client_id: str | None,
         clock: Callable[[], float],
+        later: Callable[[float, Callable[[], None]], Cancellable] | None = None,
     ) -> None:
         self.call, self.sink, self.client_id, self.clock = call, sink, client_id, clock
-        self.last = float("-inf")
+        self.later = later or _timer
+        self.last = float("-inf")  # when the last update was sent
+        self.pending: ToolProgress | None = None
+        self.timer: Cancellable | None = None
+        self.closed = False
+        self._lock = threading.Lock()
 
     def __call__(self, progress: float, total: float | None, message: str | None) -> None:
         now = self.clock()
-        final = total is not None and progress >= total
-        if not final and now - self.last < self.EVERY_S:
-            return
-        self.last = now
-        self.sink(
-            ToolProgress(
-                run_id=self.call.run_id,
-                tree_id=self.call.tree_id,
-                task_id=self.call.task_id,
-                progress=progress,
-                total=total,
-                message=message[:MAX_PROGRESS_MESSAGE_CHARS] if message else None,
-                at=now,
-                client_id=self.client_id,
-            )
+        update = ToolProgress(
+            run_id=self.call.run_id,
+            tree_id=self.call.tree_id,
+            task_id=self.call.task_id,
+            progress=progress,
+            total=total,
+            message=message[:MAX_PROGRESS_MESSAGE_CHARS] if message else None,
+            at=now,
+            client_id=self.client_id,
         )
+        with self._lock:
+            if self.closed:
+                return
+            wait = self.last + self.EVERY_S - now
+            if wait <= 0 and self.pending is None:
+                self._send(update, now)
+                return
+            self.pending = update  # the latest wins; the timer sends it
+            if self.timer is None:
+                self.timer = self.later(max(wait, 0.0), self._due)
+
+    def _due(self) -> None:
+        with self._lock:
+            self.timer = None
+            if not self.closed and self.pending is not None:
+                self._send(self.pending, self.clock())
+
+    def flush(self) -> None:
+        """The call ended: send the update still waiting, at once, and nothing after it."""
+        with self._lock:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            if self.pending is not None:
+                self._send(self.pending, self.clock())
+
+    def _send(self, update: ToolProgress, now: float) -> None:
+        self.pending, self.last = None, now
+        try:
+            self.sink(update)
+        except Exception:  # progress is best effort; the call goes on
+            log.warning("progress of task %s could not be reported", update.task_id, exc_info=True)
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+def _timer(delay: float, fn: Callable[[], None]) -> Cancellable:
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.name = "vancetope-progress"
+    timer.start()
+    return timer
 
 
 def _check_size(call: ToolCall, value: Any, whole: dict[str, Any] | None) -> None:

@@ -35,11 +35,11 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent
+from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
 from workers import sandbox
-from workers.contracts import MCPServerFailure, ToolDescriptor, ToolType
+from workers.contracts import TOOL_METADATA_FIELDS, MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
@@ -322,6 +322,28 @@ def _text(result: CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
 
 
+def _descriptor(server: str, tool: Tool) -> ToolDescriptor:
+    """A listed tool as the server described it: every field it sent (title, annotations,
+    icons, outputSchema, execution, _meta) kept for the gateway. Metadata the SDK parsed but
+    that does not validate again is left out, with a warning; the tool itself stays."""
+    head: dict[str, Any] = {
+        "name": tool.name,
+        "type": ToolType.MCP,
+        "mcp_server": server,
+        "description": tool.description or "",
+        "input_schema": tool.input_schema or {"type": "object"},
+    }
+    wire = tool.model_dump(mode="json", by_alias=True, exclude_none=True)
+    extra = {name: wire[key] for name, key in TOOL_METADATA_FIELDS.items() if key in wire}
+    try:
+        return ToolDescriptor(**head, **extra)
+    except ValidationError as exc:
+        if not extra:
+            raise
+        logger.warning("MCP server %r: the metadata of tool %r is left out: %s", server, tool.name, exc)
+        return ToolDescriptor(**head)
+
+
 class MCPClientManager:
     """Live MCP sessions for one process. Thread-safe; create one per process (see ``get_manager``)."""
 
@@ -494,13 +516,7 @@ class MCPClientManager:
             ) from None
         except Exception as exc:
             raise self._call_error(session, "tools/list", exc) from exc
-        descriptors = [
-            ToolDescriptor(
-                name=t.name, type=ToolType.MCP, mcp_server=session.name,
-                description=t.description or "", input_schema=t.input_schema or {"type": "object"},
-            )
-            for t in tools
-        ]  # fmt: skip
+        descriptors = [_descriptor(session.name, t) for t in tools]
         with self._tools_lock:
             self._tools[session.name] = {d.name: d for d in descriptors}
         return descriptors

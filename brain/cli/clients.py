@@ -22,6 +22,7 @@ from brain.cli.base import (
 from brain.cli.display import clients_table
 from brain.config import Settings
 from brain.core.report import clients_report
+from brain.core.toolnames import clash_lines
 from brain.hot.toolpins import ToolPins
 from brain.runtime.enrollment import enroll, revoke
 from brain.stack.embedded import running_stack_url
@@ -30,7 +31,9 @@ from brain.store import open_store
 
 
 @cli.group(invoke_without_command=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (shape in docs/output.md) instead of a table."
+)
 @click.pass_context
 def clients(ctx: click.Context, as_json: bool) -> None:
     """Show enrolled client agents: who is connected, with which tools, and what waits for whom."""
@@ -53,11 +56,17 @@ def clients(ctx: click.Context, as_json: bool) -> None:
             clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), marks)
         )
         registry = brain.scheduler.registry
+        for cid, session in sorted(book.sessions().items()):
+            # A client's MCP tool the registry's bare name does not mean (brain.core.toolnames).
+            for line in clash_lines(session.clashes(registry.tools)):
+                console.print(f"[yellow]clash:[/] {escape(f'client {cid}: {line}')}", highlight=False)
         if registry.loaded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(registry.loaded_at))
             console.print(escape(f"registry: {len(registry.tools)} tools, loaded {when}"), highlight=False)
             for line in registry.changes:
                 console.print(f"  last reload: {escape(line)}", highlight=False)
+            for line in clash_lines(registry.clashes):
+                console.print(f"  [yellow]clash:[/] {escape(line)}", highlight=False)
 
 
 @clients.command("enroll")

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ from brain.core.routing import (
     decide_route,
     reachable_client_ids,
 )
-from brain.core.sessions import ClientSession, held_names
+from brain.core.sessions import ClientSession, announced_schemas, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import SubmitRequest, check_submission
 from brain.core.summary import render_markdown
@@ -293,11 +293,18 @@ def _check_before_start(tree: TaskTree, settings: Settings, path: Path, *, no_ag
 
 
 def _validate_or_exit(
-    tree: TaskTree, registry: RegistrySnapshot, path: Path, announced: frozenset[str] = frozenset()
+    tree: TaskTree,
+    registry: RegistrySnapshot,
+    path: Path,
+    announced: frozenset[str] = frozenset(),
+    schemas: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> None:
-    """``announced``: tools the run's connected clients offer, so they are not called unknown."""
+    """``announced``: tools the run's connected clients offer, so they are not called unknown;
+    ``schemas``: their input schemas, against which the arguments are checked as the brain will."""
     try:
-        warnings = check_submission(tree, registry, source=str(path), announced=announced)
+        warnings = check_submission(
+            tree, registry, source=str(path), announced=announced, announced_schemas=schemas
+        )
     except InvalidTaskTree as exc:
         fail(str(exc), EXIT_BAD_INPUT)
     _print_warnings(warnings, registry)
@@ -387,7 +394,12 @@ def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, r
             enrollment = book.enrollment(client_id) if client_id else None
             view.user = user or (enrollment.user if enrollment else None) or settings.user
             view.sessions = book.sessions()
-            view.presence = book.view(user=view.user, session_client=client_id, sessions=view.sessions)
+            view.presence = book.view(
+                user=view.user,
+                session_client=client_id,
+                sessions=view.sessions,
+                registry=brain.scheduler.registry.tools,
+            )
             if registry:
                 view.registry = brain.scheduler.registry
         finally:
@@ -433,6 +445,11 @@ def explain(
         err.print(f"[yellow]warning:[/] {escape(failure.described())}", highlight=False)
     for line in clash_lines(registry.clashes):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
+    if stack.presence is not None:
+        for cid in sorted(reachable_client_ids(stack.presence)):
+            client_session = stack.sessions.get(cid)
+            for line in clash_lines(client_session.clashes(registry.tools)) if client_session else []:
+                err.print(f"[yellow]warning:[/] {escape(f'client {cid}: {line}')}", highlight=False)
     announced = (
         client_tools(stack.presence) | held_names(stack.sessions, reachable_client_ids(stack.presence))
         if stack.presence is not None
@@ -442,7 +459,15 @@ def explain(
     # use its client (the check then says the tool is unknown to it).
     for line in _held_tool_lines(stack.sessions, {spec.tool for spec in tree.tasks}):
         err.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
-    _validate_or_exit(tree, registry, tree_file, announced)
+    schemas = (
+        announced_schemas(
+            (stack.sessions[c] for c in sorted(reachable_client_ids(stack.presence)) if c in stack.sessions),
+            registry.tools,
+        )
+        if stack.presence is not None
+        else None
+    )
+    _validate_or_exit(tree, registry, tree_file, announced, schemas)
     routes = _routes(tree, registry, session, stack.presence)
     failing = [(spec, route) for spec, route in routes if route.kind is RouteKind.FAIL]
     verdict = "valid" if not failing else f"valid, but {len(failing)} task(s) will fail"

@@ -20,6 +20,12 @@ from workers.contracts import (
     MAX_TOOL_NAME_CHARS,
     MAX_WIRE_ID_CHARS,
     ErrorInfo,
+    ToolAnnotationsWire,
+    ToolExecutionWire,
+    ToolIconsWire,
+    ToolMeta,
+    ToolOutputSchema,
+    ToolTitle,
     ToolType,
     check_pool_name,
 )
@@ -138,6 +144,15 @@ class ToolSpec(BaseModel):
     pool: str | None = None
     # How a failed call of this tool is tried again, unless its task says otherwise (brain.core.retry).
     retry: RetryPolicy | None = None
+    # What its MCP server said of it beyond description and input_schema (workers.contracts,
+    # wire names inside: destructiveHint, mimeType); the gateway lists it whole. A registry
+    # file may set them too (for a tool of any type).
+    title: ToolTitle = None
+    output_schema: ToolOutputSchema = None
+    annotations: ToolAnnotationsWire = None
+    icons: ToolIconsWire = None
+    execution: ToolExecutionWire = None
+    meta: ToolMeta = None
 
     _valid_pool = field_validator("pool")(check_pool)
 

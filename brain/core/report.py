@@ -14,6 +14,7 @@ from brain.core.client_health import Mark
 from brain.core.models import Enrollment, TaskRecord, TreeRecord
 from brain.core.sessions import ClientSession
 from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import clash_lines
 
 
 def tree_summary(tree: TreeRecord, counts: Mapping[str, int]) -> dict[str, Any]:
@@ -69,6 +70,9 @@ def clients_report(
                 "tools": sorted(t.name for t in session.tools) if session else [],
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],
+                # Its MCP tools whose bare name the registry gives to another tool: reachable as
+                # <server>/<tool> only (brain.core.toolnames.clash_lines).
+                "clashes": clash_lines(session.clashes(registry.tools)) if session and registry else [],
                 # Suspended for what it wrote (brain.hot.misbehaving): the causes, else null.
                 "misbehaving": marks[cid].shown() if cid in marks else None,
                 # Parked for this client by name, and for any client of its user.
@@ -84,5 +88,6 @@ def clients_report(
             "tools": len(registry.tools),
             "loaded_at": registry.loaded_at,
             "changes": list(registry.changes),
+            "clashes": clash_lines(registry.clashes),
         }
     return report

@@ -7,11 +7,12 @@ what a session is, and whether an announcement may become one, needs neither.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from brain.core.models import Enrollment
-from brain.core.toolnames import qualified
+from brain.core.models import Enrollment, ToolSpec
+from brain.core.toolnames import SEPARATOR, bare_name_taken, client_clashes, qualified
 from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor
 
 
@@ -30,19 +31,50 @@ class ClientSession(BaseModel):
     # `vancetope clients approve-tools` (brain.hot.toolpins).
     held_tools: list[ToolDescriptor] = Field(default_factory=list)
 
-    def tool(self, name: str) -> ToolDescriptor | None:
+    def tool(self, name: str, registry: Mapping[str, ToolSpec] | None = None) -> ToolDescriptor | None:
         """The announced tool ``name`` names: its bare name, or ``<mcp server>/<tool>``."""
-        return next((t for t in self.tools if name in names_of(t)), None)
+        return next((t for t in self.tools if name in names_of(t, registry)), None)
 
-    def tool_names(self) -> frozenset[str]:
-        """Every name a task may use for this client's tools (brain.core.toolnames)."""
-        return frozenset(n for t in self.tools for n in names_of(t))
+    def tool_names(self, registry: Mapping[str, ToolSpec] | None = None) -> frozenset[str]:
+        """Every name a task may use for this client's tools (brain.core.toolnames); with the
+        registry, an MCP tool whose bare name the registry gives to another tool answers to
+        ``<server>/<tool>`` only, so this client never counts as offering the registry's."""
+        return frozenset(n for t in self.tools for n in names_of(t, registry))
+
+    def clashes(self, registry: Mapping[str, ToolSpec]) -> dict[str, list[str]]:
+        """Its MCP tools whose bare name the registry gives to another tool (``clash_lines``)."""
+        return client_clashes(registry, self.tools)
 
 
-def names_of(tool: ToolDescriptor) -> tuple[str, ...]:
+def names_of(tool: ToolDescriptor, registry: Mapping[str, ToolSpec] | None = None) -> tuple[str, ...]:
     """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
-    means whatever else (a built-in, another server) shares its bare name."""
-    return (tool.name, qualified(tool.mcp_server, tool.name)) if tool.mcp_server else (tool.name,)
+    means whatever else (a built-in, another server) shares its bare name; to that name only
+    when the registry gives the bare one to another tool. A tool the agent already announced
+    as ``<server>/<tool>`` (its bare name is the agent's native tool's) has that name only."""
+    if not tool.mcp_server:
+        return (tool.name,)
+    if tool.name.startswith(tool.mcp_server + SEPARATOR):
+        return (tool.name,)
+    full = qualified(tool.mcp_server, tool.name)
+    if registry is not None and bare_name_taken(registry, tool):
+        return (full,)
+    return (tool.name, full)
+
+
+def announced_schemas(
+    sessions: Iterable[ClientSession], registry: Mapping[str, ToolSpec] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every name the sessions' tools answer to -> the input schemas announced for it, each
+    distinct one once (in session order): what a call's arguments are checked against when
+    only clients describe its tool (brain.core.validation.announced_arg_problems)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for session in sessions:
+        for tool in session.tools:
+            for name in names_of(tool, registry):
+                schemas = found.setdefault(name, [])
+                if tool.input_schema not in schemas:
+                    schemas.append(tool.input_schema)
+    return found
 
 
 def check_announcement(msg: ClientConnected, owner: str, enrollment: Enrollment | None) -> str | None:

@@ -14,12 +14,14 @@ at once, an unknown tool with "did you mean"; then the tree's size and its user'
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import SessionKind, TaskTree, TreeRecord
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.validation import tree_problems, unknown_tools
+from brain.core.validation import announced_arg_problems, tree_problems, unknown_tools
 from brain.errors import InvalidTaskTree
 from workers.contracts import TREE_ID_PATTERN
 
@@ -59,12 +61,17 @@ def check_submission(
     tree_id: str | None = None,
     announced: frozenset[str] = frozenset(),
     elsewhere: frozenset[str] = frozenset(),
+    announced_schemas: Mapping[str, Sequence[dict[str, Any]]] | None = None,
 ) -> list[str]:
     """Raise ``InvalidTaskTree`` listing every problem of the submission at once: a malformed
-    run id, the tree's own (``tree_problems``) and each tool nothing declares and nothing
+    run id, the tree's own (``tree_problems``: arguments against the registry's schemas
+    included), arguments against the schemas clients announced for the tools only they
+    describe (``announced_arg_problems``), and each tool nothing declares and nothing
     announces, with "did you mean". ``announced``: tools the connected clients this run may
-    use offer; ``elsewhere``: other tool names known (other clients'), only for suggestions. A
-    tool a name clash made ambiguous is not unknown: its route fails saying what to write.
+    use offer, and ``announced_schemas`` their input schemas (``sessions.announced_schemas``);
+    ``elsewhere``: other tool names known (other clients'), only for suggestions. A tool a name
+    clash made ambiguous is not unknown: its route fails saying what to write. So a call with
+    arguments its tool refuses is refused here on both routes, before anything runs.
     Returns warnings (none today; kept for the ways in that print them)."""
     problems = []
     if tree_id is not None and not _TREE_ID.match(tree_id):
@@ -74,6 +81,8 @@ def check_submission(
     problems += tree_problems(
         tree, registry.tools, source=source, engines=registry.engines, pools=registry.pools
     )
+    if announced_schemas:
+        problems += announced_arg_problems(tree, registry.tools, announced_schemas)
     known = registry.tools.keys() | announced | registry.clashes.keys()
     problems += unknown_tools(tree, known, names=known | elsewhere, note=_failed_servers(registry))
     if problems:

@@ -2,9 +2,13 @@
 
 Every tool an MCP server offers is registered as ``<server>/<tool>``; its bare name is
 kept too when nothing else has it. A bare name two sources offer is a clash: a built-in
-keeps its bare name (an MCP server cannot replace it unnoticed), and a name two MCP
-servers share has no bare form at all, only the qualified ones. Clashes are returned so
-that the brain logs them and ``vancetope explain`` shows them.
+keeps its bare name (an MCP server cannot replace it unnoticed), so does a registry-file
+entry that declares another kind of tool (``type: native``: ``keep_declared``), and a name
+two MCP servers share has no bare form at all, only the qualified ones. A client's MCP tool
+whose bare name the registry gives to another tool answers to ``<server>/<tool>`` only
+(``bare_name_taken``). Clashes are returned so that the brain logs them, ``vancetope
+explain`` and ``vancetope clients`` show them (``clash_lines``), and every tool stays
+reachable by its qualified name.
 """
 
 from __future__ import annotations
@@ -13,8 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from brain.core.models import ToolSpec
+from workers.contracts import ToolDescriptor, ToolType
 
 SEPARATOR = "/"
+# Who may own a bare name in a clash, beside ``<server>/<tool>`` names (which never do).
+BUILT_IN = "built-in"
+REGISTRY_FILE = "registry file"
 
 
 def qualified(server: str, tool: str) -> str:
@@ -46,21 +54,84 @@ def place(builtins: Mapping[str, ToolSpec], discovered: Iterable[ToolSpec]) -> P
         if bare not in builtins and len(specs) == 1:
             tools[bare] = specs[0]
             continue
-        who = (["built-in"] if bare in builtins else []) + [
-            qualified(s.mcp_server or "?", bare) for s in specs
-        ]
+        who = ([BUILT_IN] if bare in builtins else []) + [qualified(s.mcp_server or "?", bare) for s in specs]
         clashes[bare] = who
     return Placed(tools, clashes)
 
 
+def keep_declared(declared: Mapping[str, ToolSpec], placed: Placed) -> Placed:
+    """Registry-file entries that declare another kind of tool under an MCP tool's bare name
+    keep that name (pure). An entry with no ``mcp_server`` whose ``type`` says it is no MCP
+    tool (``native``, ``built_in``) is not that MCP tool: it was merged into it, silently, and
+    ``<server>/<tool>`` vanished from the gateway's list and pool. Now the bare name is the
+    entry's, as a built-in keeps its own, the MCP tool keeps ``<server>/<tool>``, and the clash
+    is reported. An entry that names no type describes the MCP tool (``location: client``
+    over a discovered tool): it is merged as before."""
+    tools = dict(placed.tools)
+    clashes = dict(placed.clashes)
+    for name, spec in declared.items():
+        if SEPARATOR in name or spec.mcp_server or "type" not in spec.model_fields_set:
+            continue
+        if spec.type is ToolType.MCP:
+            continue
+        bare = tools.get(name)
+        if bare is None:  # two MCP servers share it, so it had no bare form: now it has
+            offered = [w for w in clashes.get(name, []) if SEPARATOR in w]
+        elif bare.type is ToolType.MCP and bare.mcp_server:
+            offered = [qualified(bare.mcp_server, name)]
+            del tools[name]
+        else:
+            continue  # a built-in's name: the entry overrides where it runs, as ever
+        if offered:
+            clashes[name] = [REGISTRY_FILE, *offered]
+    return Placed(tools, clashes)
+
+
+def bare_name_taken(registry: Mapping[str, ToolSpec], tool: ToolDescriptor) -> bool:
+    """Whether the registry gives the bare name of ``tool`` (a client's MCP tool) to another
+    tool: one that is not this MCP server's. Then the client's tool answers to
+    ``<server>/<tool>`` only, and routing never takes it for the registry's."""
+    spec = registry.get(tool.name)
+    if spec is None or not tool.mcp_server or SEPARATOR in tool.name:
+        return False
+    return not (spec.type is ToolType.MCP and spec.mcp_server == tool.mcp_server)
+
+
+def owner_label(spec: ToolSpec) -> str:
+    """Who a registry entry is, as a clash names the owner of a bare name (no ``/`` in it)."""
+    if spec.type is ToolType.BUILT_IN:
+        return BUILT_IN
+    if spec.type is ToolType.MCP:
+        return f"registry's tool of MCP server {spec.mcp_server!r}"
+    return f"registry's {spec.type.value} tool"
+
+
+def client_clashes(registry: Mapping[str, ToolSpec], tools: Iterable[ToolDescriptor]) -> dict[str, list[str]]:
+    """A client's MCP tools whose bare name the registry gives to another tool (pure): bare
+    name -> [the registry's owner, ``<server>/<tool>``], as ``place`` reports its clashes."""
+    found: dict[str, list[str]] = {}
+    for tool in tools:
+        if tool.mcp_server and bare_name_taken(registry, tool):
+            who = found.setdefault(tool.name, [owner_label(registry[tool.name])])
+            who.append(qualified(tool.mcp_server, tool.name))
+    return found
+
+
+_OWNER_WORDS = {BUILT_IN: "the built-in", REGISTRY_FILE: "the registry file's tool"}
+
+
 def clash_lines(clashes: Mapping[str, list[str]]) -> list[str]:
-    """One sentence per clash: who offers the name, what the bare name means, what to write."""
+    """One sentence per clash: who offers the name, what the bare name means, what to write.
+    The bare name belongs to the entry that is no ``<server>/<tool>`` name (a built-in, the
+    registry file's tool, the registry's tool a client's MCP tool met), if there is one."""
     lines = []
     for bare, who in sorted(clashes.items()):
-        others = [w for w in who if w != "built-in"]
-        if "built-in" in who:
-            meaning = f"{bare!r} is the built-in; write {' or '.join(repr(o) for o in others)} for the other"
+        owner = next((w for w in who if SEPARATOR not in w), None)
+        others = [w for w in who if w != owner]
+        written = " or ".join(repr(o) for o in others)
+        if owner is not None:
+            meaning = f"{bare!r} is {_OWNER_WORDS.get(owner, 'the ' + owner)}; write {written} for the other"
         else:
-            meaning = f"{bare!r} alone names none of them; write {' or '.join(repr(o) for o in others)}"
+            meaning = f"{bare!r} alone names none of them; write {written}"
         lines.append(f"tool name {bare!r} is offered by {', '.join(who)}: {meaning}")
     return lines

@@ -133,6 +133,11 @@ def _spec_problems(spec: ToolSpec) -> list[str]:
         Draft202012Validator.check_schema(spec.input_schema)
     except SchemaError as exc:
         problems.append(f"tool {spec.name!r}: input_schema: {exc.message}")
+    if spec.output_schema is not None:
+        try:
+            Draft202012Validator.check_schema(spec.output_schema)
+        except SchemaError as exc:
+            problems.append(f"tool {spec.name!r}: output_schema: {exc.message}")
     if spec.fallback_tool == spec.name:
         problems.append(f"tool {spec.name!r}: fallback_tool names the tool itself")
     return problems

@@ -25,7 +25,7 @@ import heapq
 import json
 import re
 from collections import deque
-from collections.abc import Collection, Container, Iterable, Iterator, Mapping
+from collections.abc import Collection, Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -172,18 +172,19 @@ def unknown_tools(
         if task.tool not in known:
             problems.append(
                 f"task {task.id!r}: tool {task.tool!r} is unknown: no registry entry declares it and no "
-                f"connected client this run may use announces it{_did_you_mean(task.tool, candidates)}{note}"
+                f"connected client this run may use announces it{did_you_mean(task.tool, candidates)}{note}"
             )
         for name in task.tools:
             if name != task.tool and name not in known:
                 problems.append(
                     f"task {task.id!r}: tools lists {name!r}, which is unknown (not in the registry, not "
-                    f"announced){_did_you_mean(name, candidates)}"
+                    f"announced){did_you_mean(name, candidates)}"
                 )
     return problems
 
 
-def _did_you_mean(name: str, candidates: list[str]) -> str:
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    """``; did you mean `a` or `b`?`` with up to three close names of ``candidates``, else ""."""
     close = difflib.get_close_matches(name, candidates, n=3)
     return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?" if close else ""
 
@@ -421,9 +422,18 @@ def _reference_problems(task: TaskSpec, ids: set[str]) -> list[str]:
 def _schema_problems(
     task: TaskSpec, spec: ToolSpec, validators: dict[str, Draft202012Validator | str]
 ) -> list[str]:
-    validator = _validator(spec, validators)
+    validator = _validator(spec.name, spec.input_schema, validators)
     if isinstance(validator, str):
         return [f"task {task.id!r}: tool {spec.name!r} has an invalid input_schema: {validator}"]
+    try:
+        return _arg_problems(task, validator)
+    except Unresolvable as exc:
+        return [f"task {task.id!r}: tool {spec.name!r} has an input_schema with an unresolvable $ref: {exc}"]
+
+
+def _arg_problems(task: TaskSpec, validator: Draft202012Validator) -> list[str]:
+    """The task's arguments against one schema (``argcheck`` wording, as every route words it);
+    an argument holding a reference or an item's placeholder is judged only by its shape."""
     # An item's placeholder (${item}, or the name `as:` gives) is as unknown here as a result.
     item_start = "${" + task.item_name if task.for_each is not None else None
     opaque = [
@@ -431,23 +441,67 @@ def _schema_problems(
         for path, text in _strings(task.args)
         if _REF_START in text or (item_start is not None and item_start in text)
     ]
-    try:
-        errors = list(validator.iter_errors(task.args))
-    except Unresolvable as exc:
-        return [f"task {task.id!r}: tool {spec.name!r} has an input_schema with an unresolvable $ref: {exc}"]
+    errors = list(validator.iter_errors(task.args))
     kept = [e for e in errors if not _depends_on_reference(e, opaque)]
     return [f"task {task.id!r}: {problem}" for problem in argcheck.problems(kept)]
 
 
-def _validator(spec: ToolSpec, cache: dict[str, Draft202012Validator | str]) -> Draft202012Validator | str:
-    """A validator for the tool's schema, or the schema's own problem as a string."""
-    if spec.name not in cache:
+def _validator(
+    key: str, schema: dict[str, Any], cache: dict[str, Draft202012Validator | str]
+) -> Draft202012Validator | str:
+    """A validator for ``schema`` (cached under ``key``), or the schema's own problem as a string."""
+    if key not in cache:
         try:
-            Draft202012Validator.check_schema(spec.input_schema)
-            cache[spec.name] = Draft202012Validator(spec.input_schema)
+            Draft202012Validator.check_schema(schema)
+            cache[key] = Draft202012Validator(schema)
         except SchemaError as exc:
-            cache[spec.name] = exc.message
-    return cache[spec.name]
+            cache[key] = exc.message
+    return cache[key]
+
+
+# --- arguments of tools only clients describe ---------------------------------------------
+
+# The input schema of a registry entry that says nothing of the arguments.
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def announced_arg_problems(
+    tree: TaskTree,
+    registry: Mapping[str, ToolSpec],
+    announced: Mapping[str, Sequence[dict[str, Any]]],
+) -> list[str]:
+    """Arguments against the input schema a client announced, for each task whose tool only
+    clients describe: not in the registry, or a ``location: client`` entry whose schema says
+    nothing but "an object". ``announced``: tool name -> the schemas of the clients this run
+    may use that announce it. Refused only when every one of them refuses the arguments (the
+    router may pick any), with the first's problems, worded as a registry tool's are. A schema
+    that is itself invalid, or whose $ref cannot be resolved, is not enforced (the agent does
+    not enforce it either)."""
+    problems: list[str] = []
+    validators: dict[str, Draft202012Validator | str] = {}
+    for task in tree.tasks:
+        schemas = announced.get(task.tool)
+        spec = registry.get(task.tool)
+        if not schemas or (
+            spec is not None and (spec.location is not Location.CLIENT or spec.input_schema != _ANY_OBJECT)
+        ):
+            continue
+        found = [_announced_problems(task, schema, validators) for schema in schemas]
+        if all(found):
+            problems += found[0]
+    return problems
+
+
+def _announced_problems(
+    task: TaskSpec, schema: dict[str, Any], validators: dict[str, Draft202012Validator | str]
+) -> list[str]:
+    validator = _validator(json.dumps(schema, sort_keys=True), schema, validators)
+    if isinstance(validator, str):
+        return []
+    try:
+        return _arg_problems(task, validator)
+    except Unresolvable:
+        return []
 
 
 def _depends_on_reference(error: ValidationError, opaque: list[_Path]) -> bool:

@@ -28,10 +28,11 @@ from brain.config import CONFIG_FILE, Settings
 from brain.core.limits import check_tree_data
 from brain.core.models import MAX_TREE_ID_CHARS, SessionKind, TaskRecord, TaskTree
 from brain.core.report import tree_report, trees_report
-from brain.core.sessions import ClientSession, user_sessions
+from brain.core.sessions import ClientSession, announced_schemas, user_sessions
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
+from brain.core.validation import did_you_mean
 from brain.errors import BrainError, StackNotRunning
 from brain.gateway.catalog import GatewayTool, catalog
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
@@ -53,6 +54,11 @@ ASK_TIMEOUT_S = 30.0
 
 class Refused(BrainError):
     """A primary tool's call that cannot be served; the text tells the caller what to do."""
+
+
+class UnknownTool(BrainError):
+    """A ``tools/call`` of a name that is none of the caller's tools: the MCP server answers it
+    with the protocol error the spec gives for an unknown tool (-32602), not a tool result."""
 
 
 @dataclass(frozen=True)
@@ -192,6 +198,11 @@ class Backend:
         brain. Raises InvalidTaskTree (every problem named) when the call cannot be valid,
         DoorRefused with the brain's words when it refuses."""
         registry = self.registry()
+        own = user_sessions(self.sessions().values(), caller.user)
+        announced = frozenset(n for s in own for n in s.tool_names(registry.tools))
+        unknown = unknown_tool(tool, registry, announced)
+        if unknown is not None:
+            raise UnknownTool(unknown)
         spec = registry.tools.get(tool)
         wait_s = (
             (spec.max_wait_s if spec else None)
@@ -204,11 +215,14 @@ class Backend:
             "tasks": [{"id": CALL_TASK, "tool": tool, "args": dict(args)}],
         }
         tree = TaskTree.model_validate(data)
-        announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
-        )
         # Checked here for the caller's sake (every problem named at once); the brain checks again.
-        check_submission(tree, registry, source=f"tools/call {tool}", announced=announced)
+        check_submission(
+            tree,
+            registry,
+            source=f"tools/call {tool}",
+            announced=announced,
+            announced_schemas=announced_schemas(own, registry.tools),
+        )
         reply = self._ask(caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE)
         assert reply.tree_id is not None
         return Submitted(tree_id=reply.tree_id, wait_s=wait_s)
@@ -264,10 +278,15 @@ class Backend:
         check_tree_data(data, self.settings, source="brain_submit_tree")
         registry = self.registry()
         tree = tree_from_data(data, source="brain_submit_tree")
-        announced = frozenset(
-            n for s in user_sessions(self.sessions().values(), caller.user) for n in s.tool_names()
+        own = user_sessions(self.sessions().values(), caller.user)
+        announced = frozenset(n for s in own for n in s.tool_names(registry.tools))
+        check_submission(
+            tree,
+            registry,
+            source="brain_submit_tree",
+            announced=announced,
+            announced_schemas=announced_schemas(own, registry.tools),
         )
-        check_submission(tree, registry, source="brain_submit_tree", announced=announced)
         session = SessionKind.AUTONOMOUS if autonomous else SessionKind.INTERACTIVE
         reply = self._ask(caller, kind="submit", tree=data, session=session)
         return {"tree_id": reply.tree_id, "session": session.value, "warnings": reply.warnings}
@@ -311,6 +330,20 @@ class Backend:
         }
 
 
+def unknown_tool(tool: str, registry: RegistrySnapshot, announced: frozenset[str]) -> str | None:
+    """Why ``tool`` is none of the caller's tools (pure), or None: nothing in the registry, no
+    name a clash made ambiguous (its call fails saying which names to write), and none of the
+    caller's own clients announces it. Suggestions come from those names only, never another
+    user's clients'."""
+    known = registry.tools.keys() | announced | registry.clashes.keys()
+    if tool in known:
+        return None
+    return (
+        f"Unknown tool: {tool!r} (no registry entry declares it and none of your connected clients "
+        f"announces it){did_you_mean(tool, sorted(known))}{registry.failure_hint()}"
+    )
+
+
 def _text_arg(args: Mapping[str, Any], name: str) -> str:
     value = args.get(name)
     if not isinstance(value, str) or not value:
@@ -325,4 +358,14 @@ def _counts(tasks: list[TaskRecord]) -> dict[str, int]:
     return found
 
 
-__all__ = ["CALL_TASK", "Backend", "Caller", "Refused", "Submitted", "UserView", "call_tree_id"]
+__all__ = [
+    "CALL_TASK",
+    "Backend",
+    "Caller",
+    "Refused",
+    "Submitted",
+    "UnknownTool",
+    "UserView",
+    "call_tree_id",
+    "unknown_tool",
+]

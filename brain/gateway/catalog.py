@@ -19,7 +19,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from brain.core.models import Location, ToolSpec
 from brain.core.sessions import ClientSession, user_sessions
 from brain.core.toolnames import name_on_server, qualified
-from workers.contracts import ToolDescriptor, ToolType
+from workers.contracts import (
+    TOOL_METADATA_FIELDS,
+    ToolAnnotationsWire,
+    ToolDescriptor,
+    ToolExecutionWire,
+    ToolIconsWire,
+    ToolMeta,
+    ToolOutputSchema,
+    ToolTitle,
+    ToolType,
+)
 
 BUILTIN_POOL = "builtin"
 NATIVE_POOL = "native"
@@ -40,6 +50,14 @@ class GatewayTool(BaseModel):
     clients: tuple[str, ...] = ()
     # False: it runs only on a workstation and no connected client of the user offers it.
     available: bool = True
+    # What its MCP server said of it besides (title, annotations, icons, outputSchema,
+    # execution, _meta), as it said it: tools/list hands it on whole.
+    title: ToolTitle = None
+    output_schema: ToolOutputSchema = None
+    annotations: ToolAnnotationsWire = None
+    icons: ToolIconsWire = None
+    execution: ToolExecutionWire = None
+    meta: ToolMeta = None
 
 
 def default_pool(tool_type: ToolType, mcp_server: str | None) -> str:
@@ -59,9 +77,9 @@ def catalog(
     tool of that bare name is listed as ``<server>/<tool>``, any other is left out."""
     own = user_sessions(sessions, user)
     offers = {
-        name: tuple(s.client_id for s in own if name in s.tool_names())
+        name: tuple(s.client_id for s in own if name in s.tool_names(registry))
         for s in own
-        for name in s.tool_names()
+        for name in s.tool_names(registry)
     }
     listed = [
         _from_spec(_unreserved(name, spec, reserved), spec, offers)
@@ -72,7 +90,7 @@ def catalog(
     for desc, clients in _client_only(registry, own):
         name = desc.name
         if name in taken and desc.mcp_server:
-            name = qualified(desc.mcp_server, desc.name)
+            name = _qualified_name(desc)
         if name in taken:
             continue  # a second client-only tool of this name and no server to tell them apart
         taken.add(name)
@@ -110,6 +128,7 @@ def _from_spec(name: str, spec: ToolSpec, offers: Mapping[str, tuple[str, ...]])
         location=spec.location,
         clients=clients,
         available=spec.location is not Location.CLIENT or bool(clients),
+        **_metadata(spec),
     )
 
 
@@ -134,11 +153,17 @@ def _described_by_registry(registry: Mapping[str, ToolSpec], desc: ToolDescripto
     the client. A native tool named like a registry tool is that tool (or, for a server-only
     name, one whose calls never reach the client); an MCP tool is its server's own."""
     if desc.mcp_server:
-        if qualified(desc.mcp_server, desc.name) in registry:
+        if _qualified_name(desc) in registry:
             return True
         bare = registry.get(desc.name)
         return bare is not None and bare.mcp_server == desc.mcp_server
     return desc.name in registry
+
+
+def _qualified_name(desc: ToolDescriptor) -> str:
+    """``<server>/<tool>`` of a client's MCP tool (the agent may have announced it so already)."""
+    assert desc.mcp_server
+    return desc.name if desc.name.startswith(desc.mcp_server + "/") else qualified(desc.mcp_server, desc.name)
 
 
 def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) -> GatewayTool:
@@ -147,10 +172,15 @@ def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) 
         description=desc.description,
         input_schema=desc.input_schema,
         pool=default_pool(desc.type, desc.mcp_server),
-        action=desc.name,
+        action=name_on_server(_qualified_name(desc)) if desc.mcp_server else desc.name,
         location=Location.CLIENT,
         clients=clients,
+        **_metadata(desc),
     )
+
+
+def _metadata(tool: ToolSpec | ToolDescriptor) -> dict[str, Any]:
+    return {name: getattr(tool, name) for name in TOOL_METADATA_FIELDS}
 
 
 __all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool"]

@@ -158,6 +158,10 @@ def pool_detail(pool: Pool) -> dict[str, Any]:
                 "description": tool.description,
                 "input_schema": tool.input_schema,
                 "available": tool.available,
+                # What the MCP server said of it (destructiveHint, …), for a host that sees only
+                # brain_specialized_cmd in tools/list.
+                **({"title": tool.title} if tool.title else {}),
+                **({"annotations": tool.annotations} if tool.annotations else {}),
             }
             for action, tool in sorted(pool.actions.items())
         ],

@@ -44,12 +44,13 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import Caller, GatewayBackend, Refused, Submitted
+from brain.gateway.backend import CALL_TASK, Caller, GatewayBackend, Refused, Submitted, UnknownTool
+from brain.gateway.catalog import GatewayTool
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
 from brain.runtime.gateway_door import DoorRefused
-from workers.contracts import channel_tree_events
+from workers.contracts import channel_tree_events, tool_metadata
 
 log = logging.getLogger("vancetope.gateway")
 
@@ -110,6 +111,26 @@ def changed_users(
     if before[0] != after[0]:
         return set(users)
     return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
+
+
+def call_problems(exc: InvalidTaskTree) -> str:
+    """The problems of a refused one-task call, without the tree around it: ``args.a: '2' is not
+    of type 'integer'; args: 'b' is a required property``."""
+    prefix = f"task {CALL_TASK!r}: "
+    return "; ".join(p.removeprefix(prefix) for p in exc.problems)
+
+
+def mcp_tool(tool: GatewayTool) -> types.Tool:
+    """A catalog tool as tools/list shows it: every field its MCP server sent (annotations,
+    title, icons, outputSchema, execution, _meta), not only name, description and schema."""
+    return types.Tool.model_validate(
+        {
+            "name": tool.name,
+            "description": tool.description or None,
+            "inputSchema": tool.input_schema,
+            **tool_metadata(tool),
+        }
+    )
 
 
 class _GatewayServer(Server[Any]):
@@ -213,12 +234,7 @@ class Gateway:
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
-        return types.ListToolsResult(
-            tools=[
-                types.Tool(name=t.name, description=t.description or None, input_schema=t.input_schema)
-                for t in view.listing.tools
-            ]
-        )
+        return types.ListToolsResult(tools=[mcp_tool(t) for t in view.listing.tools])
 
     # --- tools/call --------------------------------------------------------------------
     async def call_tool(
@@ -230,6 +246,10 @@ class Gateway:
             if name in (SPECIALIZED_CMD, LIST_POOLS):
                 return await self._pooled(ctx, caller, name, args)
             return await self._call(ctx, caller, name, args)
+        except UnknownTool as exc:
+            # The spec's protocol error for an unknown tool; a tool that ran and failed, or was
+            # given arguments its schema refuses, stays a result (isError) the model can read.
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from None
         except (redis.RedisError, BrainError) as exc:
             return text_result(f"tool {name!r} could not be called: {exc}", error=True)
 
@@ -244,7 +264,12 @@ class Gateway:
             return value_result(value)
         try:
             submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, name, args)
-        except (InvalidTaskTree, DoorRefused) as exc:
+        except InvalidTaskTree as exc:
+            # Arguments its schema refuses (the registry's, or the announcing client's: the same
+            # check on both routes): a tool execution error, as the spec words input validation
+            # errors, so the model reads what to fix. Nothing was submitted.
+            return text_result(f"tool {name!r} was not called: {call_problems(exc)}", error=True)
+        except DoorRefused as exc:
             return text_result(f"tool {name!r} was not called: {exc}", error=True)
         return await self._follow(ctx, caller, submitted)
 
@@ -395,4 +420,4 @@ def serve(backend: GatewayBackend, redis_url: str, host: str, port: int) -> None
     uvicorn.Server(config).run()
 
 
-__all__ = ["MCP_PATH", "Gateway", "TokenVerifier", "changed_users", "serve"]
+__all__ = ["MCP_PATH", "Gateway", "TokenVerifier", "changed_users", "mcp_tool", "serve"]

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import redis
 from pydantic import ValidationError
 
-from brain.core.models import Enrollment
+from brain.core.models import Enrollment, ToolSpec
 from brain.core.routing import ClientView, Presence
 from brain.core.sessions import ClientSession
 from brain.hot.client_keys import KeyReading, read_client_keys
@@ -164,9 +164,12 @@ class PresenceBook:
         user: str | None,
         session_client: str | None,
         sessions: Mapping[str, ClientSession] | None = None,
+        registry: Mapping[str, ToolSpec] | None = None,
     ) -> Presence:
         """The router's view for one session, of ``sessions`` (default: read now); the load of
-        each client it may choose among is read now."""
+        each client it may choose among is read now. With the ``registry``, a client's MCP tool
+        whose bare name the registry gives to another tool is offered under
+        ``<server>/<tool>`` only (``ClientSession.tool_names``)."""
         seen = list((self.sessions() if sessions is None else sessions).values())
         # Load only chooses among several clients of the user (the session's own client is
         # taken first whatever its load): with fewer, it is not worth a round trip.
@@ -176,7 +179,7 @@ class PresenceBook:
             ClientView(
                 client_id=s.client_id,
                 user=s.user,
-                tools=s.tool_names(),
+                tools=s.tool_names(registry),
                 load=loads.get(s.client_id, 0),
             )
             for s in seen

@@ -20,6 +20,8 @@ from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
+from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import clash_lines
 from brain.core.transitions import PARKED, SENT_TO_CLIENT
 from brain.hot.client_keys import read_client_keys
 from brain.hot.misbehaving import MisbehavingBook
@@ -35,7 +37,11 @@ log = logging.getLogger("vancetope.brain")
 
 class ClientScheduling(Protocol):
     """What ClientWork asks of the scheduler (brain.runtime.scheduler.Scheduler): the scheduler's
-    operations on tasks and trees, nothing of its state."""
+    operations on tasks and trees, and the registry in use (which names a client's tools answer
+    to depends on it), nothing else of its state."""
+
+    @property
+    def registry(self) -> RegistrySnapshot: ...
 
     def tree(self, tree_id: str) -> TreeRecord | None: ...
 
@@ -110,6 +116,8 @@ class ClientWork:
                     ", ".join(t.name for t in session.held_tools),
                     owner,
                 )
+            for line in clash_lines(session.clashes(self.scheduler.registry.tools)):
+                log.warning("client %s: %s", owner, line)
             if previous is not None and previous.session_id != msg.session_id:
                 # The agent restarted (a session id lives as long as its process): what the old
                 # process had reserved or was running will never be answered, so take it back
@@ -179,7 +187,11 @@ class ClientWork:
                 # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
                 if rec is None or tree_rec is None or rec.state not in PARKED:
                     continue
-                presence = self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                presence = self.presence.view(
+                    user=tree_rec.user,
+                    session_client=tree_rec.client_id,
+                    registry=self.scheduler.registry.tools,
+                )
                 if self.scheduler.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
                     placed += 1
                     touched.add(ref.tree_id)
@@ -238,7 +250,11 @@ class ClientWork:
                     parked_at=rec.queued_at,
                 )
             else:
-                presence = self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id)
+                presence = self.presence.view(
+                    user=tree_rec.user,
+                    session_client=tree_rec.client_id,
+                    registry=self.scheduler.registry.tools,
+                )
                 moved = self.scheduler.start(
                     tree_rec,
                     rec,

@@ -14,7 +14,7 @@ from brain.config import Settings
 from brain.core.models import Location, ToolSpec
 from brain.core.pools import registry_pool_problems
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.toolnames import place, qualified
+from brain.core.toolnames import keep_declared, place, qualified
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
 from workers.contracts import MCPServerFailure
@@ -55,7 +55,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
                 )
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
     engines = load_engines(settings.registry) if settings.registry else {}
-    placed = place(builtins, discovered)
+    placed = keep_declared(declared, place(builtins, discovered))
     tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
     # Only a complete picture may call a fallback_tool unknown: an MCP server not asked (or
     # not answering) could still offer it, and the router then says so at run time.

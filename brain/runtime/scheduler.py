@@ -45,7 +45,7 @@ from brain.core.routing import (
     reachable_client_ids,
     route_without_presence,
 )
-from brain.core.sessions import ClientSession, held_names
+from brain.core.sessions import ClientSession, announced_schemas, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.toolnames import name_on_server
@@ -155,16 +155,22 @@ class Scheduler:
             enrollment = self.presence.enrollment(request.client_id)
             user = enrollment.user if enrollment else None
         sessions = self.presence.sessions()
-        view = self.presence.view(user=user, session_client=request.client_id, sessions=sessions)
+        view = self.presence.view(
+            user=user, session_client=request.client_id, sessions=sessions, registry=self.registry.tools
+        )
         # Names the user's other clients announce are only suggestions ("did you mean").
         elsewhere = frozenset(n for c in view.clients if user and c.user == user for n in c.tools)
+        reachable = reachable_client_ids(view)
         warnings = check_submission(
             request.tree,
             self.registry,
             source=request.source,
             tree_id=request.tree_id,
-            announced=client_tools(view) | held_names(sessions, reachable_client_ids(view)),
+            announced=client_tools(view) | held_names(sessions, reachable),
             elsewhere=elsewhere,
+            announced_schemas=announced_schemas(
+                (sessions[c] for c in sorted(reachable) if c in sessions), self.registry.tools
+            ),
         )
         record = self.submit(
             request.tree,
@@ -603,7 +609,12 @@ class Scheduler:
         thread sends until ``_start_ready`` ends (``tool_spec``), with no read of their own."""
         sessions = self.presence.sessions()
         self._local.sessions = sessions
-        return self.presence.view(user=tree_rec.user, session_client=tree_rec.client_id, sessions=sessions)
+        return self.presence.view(
+            user=tree_rec.user,
+            session_client=tree_rec.client_id,
+            sessions=sessions,
+            registry=self.registry.tools,
+        )
 
     def route(self, tree_rec: TreeRecord, spec: TaskSpec, presence: Presence) -> Route:
         return decide_route(self.route_request(tree_rec, spec), self.registry.tools, presence)

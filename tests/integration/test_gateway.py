@@ -26,6 +26,7 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.shared.exceptions import MCPError
 
 from brain.hot.state import HotState
 from brain.runtime import gateway_tokens as tokens
@@ -33,6 +34,7 @@ from brain.stack.embedded import EmbeddedStack, gateway_argv, stack_env
 from brain.stack.redis_server import free_port
 from brain.store import open_store
 from tests.conftest import (
+    FIXTURES,
     ROOT,
     agent_with_servers,
     demo_server,
@@ -205,7 +207,7 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
 ) -> None:
     ada, bob = token_for(stack, "ada"), token_for(stack, "bob")
 
-    async def scenario() -> tuple[set[str], types.CallToolResult, types.CallToolResult, types.CallToolResult]:
+    async def scenario() -> tuple[set[str], MCPError, types.CallToolResult, types.CallToolResult]:
         async with mcp_client(gateway, ada) as mcp:
             queued = await mcp.call_tool(
                 "brain_submit_tree",
@@ -215,16 +217,18 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
         tree_id = queued.structured_content["tree_id"]
         async with mcp_client(gateway, bob) as mcp:
             names = {t.name for t in (await mcp.list_tools()).tools}
-            called = await mcp.call_tool("notes/add", {"a": 1, "b": 1})
+            with pytest.raises(MCPError) as called:
+                await mcp.call_tool("notes/add", {"a": 1, "b": 1})
             status = await mcp.call_tool("brain_tree_status", {"tree_id": tree_id})
             cancel = await mcp.call_tool("brain_cancel", {"tree_id": tree_id})
-        return names, called, status, cancel
+        return names, called.value, status, cancel
 
     names, called, status, cancel = anyio.run(scenario)
     assert SERVER_TOOLS <= names and not ADA_CLIENT_TOOLS & names
-    # Refused before submit (issue 22 item 6), and no name of ada's clients is suggested to bob.
-    assert called.is_error and "tool 'notes/add' is unknown" in text_of(called), text_of(called)
-    suggested = text_of(called).partition("did you mean")[2]
+    # Refused before submit (issue 22 item 6) with the spec's protocol error for an unknown tool
+    # (issue 24), and no name of ada's clients is suggested to bob.
+    assert called.code == types.INVALID_PARAMS and called.message.startswith("Unknown tool: 'notes/add'")
+    suggested = called.message.partition("did you mean")[2]
     assert not any(name in suggested for name in ADA_CLIENT_TOOLS), suggested
     assert status.is_error and "no tree" in text_of(status)
     assert cancel.is_error and "no tree" in text_of(cancel)
@@ -477,6 +481,133 @@ def test_progress_notifications_of_a_running_tool_reach_the_mcp_client(
     result = anyio.run(scenario)
     assert not result.is_error
     assert seen and all(total == 4 for _, total in seen) and seen == sorted(seen)
+
+
+# --- what the upstream servers said, progress, arguments, names (issue 24) ---------------------
+
+
+def rich_server() -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(FIXTURES / "mcp_rich_server.py")]}
+
+
+@pytest.fixture(scope="module")
+def rich_gateway(
+    module_stack_factory: Callable[..., EmbeddedStack], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[EmbeddedStack, str]:
+    """A stack whose brain runs the real mcp-server-git and the rich fixture server, with the
+    example registry (its native git_status), and ada's laptop whose mcp.json runs the rich
+    server as "mine"; its gateway."""
+    tmp = tmp_path_factory.mktemp("rich")
+    repo = tmp / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    git = {"command": sys.executable, "args": ["-m", "mcp_server_git", "--repository", str(repo)]}
+    stack = module_stack_factory(
+        agent_config=agent_with_servers(tmp, {"mine": rich_server()}),
+        mcp_config=write_mcp_config(tmp / "server-mcp.json", {"git": git, "rich": rich_server()}),
+    )
+    assert stack.wait_connected("laptop", 90)
+    return stack, start_gateway(stack)
+
+
+def test_tools_list_carries_every_field_each_mcp_server_sent_on_both_routes(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    stack, url = rich_gateway
+
+    async def scenario() -> dict[str, types.Tool]:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            return {t.name: t for t in (await mcp.list_tools()).tools}
+
+    listed = anyio.run(scenario)
+    # A third-party server's hint that a host asks before running (it was dropped: item A).
+    reset = listed["git_reset"].annotations
+    assert reset is not None and reset.destructive_hint is True and reset.read_only_hint is False
+    for name in ("erase", "mine/erase"):  # the brain's server, and ada's laptop's mcp.json
+        erase = listed[name].model_dump(mode="json", by_alias=True, exclude_none=True)
+        assert erase["title"] == "Erase a note", name
+        assert erase["annotations"] == {
+            "title": "Erase", "readOnlyHint": False, "destructiveHint": True, "idempotentHint": True,
+        }, name  # fmt: skip
+        assert erase["icons"] == [
+            {"src": "data:image/svg+xml;base64,PHN2Zy8+", "mimeType": "image/svg+xml", "sizes": ["any"]}
+        ], name
+        assert erase["outputSchema"]["required"] == ["erased"] and erase["_meta"] == {
+            "example.com/owner": "notes-team"
+        }, name
+
+
+def test_a_quick_burst_of_progress_reaches_the_mcp_client_up_to_the_latest(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    stack, url = rich_gateway
+    seen: list[tuple[float, float | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total))
+
+    async def scenario() -> types.CallToolResult:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            return await mcp.call_tool(
+                "burst", {"steps": [0, 50], "then_s": 1}, progress_callback=on_progress
+            )
+
+    result = anyio.run(scenario)
+    assert not result.is_error, text_of(result)
+    # 50/100 came within 0.2 s of 0/100 and nothing followed it: it was lost for good (item B).
+    assert seen and seen[-1] == (50, 100), seen
+
+
+def test_arguments_the_schema_refuses_are_refused_alike_on_both_routes_and_nothing_runs(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    stack, url = rich_gateway
+
+    async def scenario() -> tuple[types.CallToolResult, types.CallToolResult]:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            return await mcp.call_tool("erase", {"nme": "x"}), await mcp.call_tool("mine/erase", {"nme": "x"})
+
+    on_server, on_client = anyio.run(scenario)
+    # A tool execution error the model can correct (MCP 2025-11-25), worded alike (item D).
+    assert on_server.is_error and on_client.is_error
+    assert text_of(on_server) == "tool 'erase' was not called: args: 'name' is a required property"
+    assert text_of(on_client) == "tool 'mine/erase' was not called: args: 'name' is a required property"
+    store = open_store(stack.settings.store)
+    try:
+        assert not [t for t in store.list_trees(limit=50) if "erase" in t.tree_id]  # nothing submitted
+    finally:
+        store.close()
+
+
+def test_the_registrys_native_git_status_and_mcp_server_gits_are_both_listed_and_reported(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    stack, url = rich_gateway
+
+    async def scenario() -> tuple[set[str], types.CallToolResult]:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            return names, await mcp.call_tool("brain_list_pools", {"pool": "git"})
+
+    names, git_pool = anyio.run(scenario)
+    # git/git_status vanished from the list and the pool (item E).
+    assert {"git_status", "git/git_status", "git_log"} <= names
+    actions = {a["action"]: a["tool"] for a in git_pool.structured_content["actions"]}
+    assert actions["git_status"] == "git/git_status" and actions["git_reset"] == "git_reset"
+    shown = subprocess.run(  # noqa: PLW1510 - asserted below
+        [sys.executable, "-m", "brain", "clients", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "VANCETOPE_DATA_DIR": str(stack.settings.data_dir)},
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["registry"]["clashes"] == [
+        (
+            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
+            "file's tool; write 'git/git_status' for the other"
+        )
+    ]
 
 
 # --- as a user runs it: `vancetope up`, `vancetope users token demo` --------------------------

@@ -71,6 +71,54 @@ def test_schema_descriptions_go_next() -> None:
     assert stripped and message.available_tools[0].input_schema["properties"]["path"] == {"type": "string"}
 
 
+def rich(name: str, icon_bytes: int = 0) -> ToolDescriptor:
+    """An MCP tool with every optional field of a tool definition (git_reset-like)."""
+    return ToolDescriptor(
+        name=name,
+        type=ToolType.MCP,
+        mcp_server="git",
+        description="Resets the repository",
+        title="Reset",
+        annotations={"destructiveHint": True, "readOnlyHint": False},
+        icons=[{"src": "data:image/png;base64," + "A" * icon_bytes, "mimeType": "image/png"}],
+        output_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        execution={"taskSupport": "forbidden"},
+        meta={"example.com/owner": "git-team"},
+    )
+
+
+def test_a_tools_metadata_is_announced_whole_when_it_fits() -> None:
+    body, left_out = encode_announcement(CID, "s1", ClientType.CLI, [rich("git_reset")], sent_at=1.0)
+    assert left_out == "" and ClientConnected.model_validate_json(body).available_tools == [rich("git_reset")]
+
+
+def test_without_metadata_the_announcement_is_what_an_older_brain_reads() -> None:
+    # Unset fields are not sent: a brain that knows no `annotations` field still accepts it.
+    body, _ = encode_announcement(CID, "s1", ClientType.CLI, [tool("a", "reads")], sent_at=1.0)
+    sent = json.loads(body)["available_tools"][0]
+    assert set(sent) == {"name", "type", "description", "input_schema"}
+
+
+def test_over_the_cap_icons_and_meta_go_first_and_the_hints_a_host_acts_on_stay() -> None:
+    tools = [rich(f"t{i}", icon_bytes=2000) for i in range(5)]
+    body, left_out = encode_announcement(CID, "s1", ClientType.DESKTOP, tools, 1.0, max_bytes=6000)
+    assert left_out == "icons and _meta" and len(body) <= 6000
+    sent = ClientConnected.model_validate_json(body).available_tools[0]
+    assert sent.icons is None and sent.meta is None
+    assert sent.annotations == {"destructiveHint": True, "readOnlyHint": False} and sent.title == "Reset"
+    assert sent.output_schema is not None and sent.description == "Resets the repository"
+
+
+def test_the_hints_are_left_out_last_and_the_log_says_everything_that_went() -> None:
+    tools = [rich(f"t{i}") for i in range(5)]
+    body, left_out = encode_announcement(CID, "s1", ClientType.DESKTOP, tools, 1.0, max_bytes=650)
+    assert left_out == (
+        "icons and _meta, output schemas, tool descriptions, titles, annotations and execution hints"
+    )  # the schemas hold no descriptions: that step changed nothing and is not named
+    sent = ClientConnected.model_validate_json(body).available_tools[0]
+    assert (sent.title, sent.annotations, sent.execution, sent.description) == (None, None, None, "")
+
+
 def test_too_large_even_without_descriptions_fails_loudly() -> None:
     with pytest.raises(AnnouncementTooLarge) as info:
         encode_announcement(

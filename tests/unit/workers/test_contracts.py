@@ -175,3 +175,31 @@ def test_a_client_message_is_read_by_its_type_and_an_unknown_type_is_refused() -
         CLIENT_MESSAGE.validate_python(
             {"type": "tool_result", "client_id": "laptop", "result": {**result, "redactions": -1}}
         )
+
+
+# --- a tool's metadata (issue 24): optional, so older announcements and snapshots still validate ---
+
+
+def test_an_older_agents_tool_without_metadata_validates_with_every_field_none() -> None:
+    old = '{"name": "git_status", "type": "mcp", "mcp_server": "git", "description": "", "input_schema": {}}'
+    tool = ToolDescriptor.model_validate_json(old)
+    assert (tool.title, tool.output_schema, tool.annotations, tool.icons, tool.execution, tool.meta) == (
+        None,
+    ) * 6
+
+
+def test_a_tools_metadata_is_kept_as_on_the_wire_and_checked_against_the_sdks_models() -> None:
+    tool = ToolDescriptor(
+        name="git_reset",
+        type=ToolType.MCP,
+        mcp_server="git",
+        annotations={"destructive_hint": True, "readOnlyHint": None, "notAHint": 1},
+        icons=[{"src": "data:image/png;base64,AAAA", "mime_type": "image/png"}],
+    )
+    assert tool.annotations == {"destructiveHint": True}  # wire names; absent and unknown hints left out
+    assert tool.icons == [{"src": "data:image/png;base64,AAAA", "mimeType": "image/png"}]
+    assert ToolDescriptor.model_validate_json(tool.model_dump_json()) == tool
+    with pytest.raises(ValidationError, match="annotations.destructiveHint"):
+        ToolDescriptor(name="x", type=ToolType.MCP, mcp_server="s", annotations={"destructiveHint": "maybe"})
+    with pytest.raises(ValidationError, match="icons"):
+        ToolDescriptor(name="x", type=ToolType.MCP, mcp_server="s", icons=[{"mimeType": "image/png"}])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import InThread, wait_until
-from tests.unit.workers.helpers import CRASH_SERVER, DEMO_SERVER, make_config, stdio
+from tests.unit.workers.helpers import CRASH_SERVER, DEMO_SERVER, FIXTURES, make_config, stdio
 from workers.contracts import ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout
 from workers.mcp_clients import MCPClientManager, get_manager
@@ -219,3 +219,37 @@ def test_concurrent_first_calls_start_one_server() -> None:
         assert sorted(sums) == list(range(1, 9))
     finally:
         mgr.close()
+
+
+def test_listing_keeps_every_field_a_server_sent_for_a_tool(tmp_path: Path) -> None:
+    # Issue 24: annotations, title, icons, outputSchema and _meta were dropped at discovery, so
+    # no host ever saw mcp-server-git's destructiveHint on git_reset.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    config = make_config(
+        {
+            "git": stdio("-m", "mcp_server_git", "--repository", str(tmp_path)),
+            "rich": stdio(str(FIXTURES / "mcp_rich_server.py")),
+        }
+    )
+    mgr = MCPClientManager(config, start_timeout=20)
+    try:
+        tools, failures = mgr.discover(timeout=20)
+    finally:
+        mgr.close()
+    assert not failures, failures
+    found = {(t.mcp_server, t.name): t for t in tools}
+    reset = found[("git", "git_reset")]
+    assert reset.annotations is not None and reset.annotations["destructiveHint"] is True
+    erase = found[("rich", "erase")]
+    assert erase.title == "Erase a note"
+    assert erase.annotations == {
+        "title": "Erase",
+        "readOnlyHint": False,
+        "destructiveHint": True,
+        "idempotentHint": True,
+    }
+    assert erase.icons == [
+        {"src": "data:image/svg+xml;base64,PHN2Zy8+", "mimeType": "image/svg+xml", "sizes": ["any"]}
+    ]
+    assert erase.output_schema is not None and erase.output_schema["required"] == ["erased"]
+    assert erase.meta == {"example.com/owner": "notes-team"}

@@ -6,7 +6,17 @@ from __future__ import annotations
 import json
 
 from brain.core.client_health import Mark
-from brain.core.models import Enrollment, SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.core.models import (
+    Enrollment,
+    Location,
+    SessionKind,
+    TaskRecord,
+    TaskState,
+    TaskTree,
+    ToolSpec,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.core.report import clients_report, tree_report, trees_report
 from brain.core.sessions import ClientSession
 from brain.core.snapshot import RegistrySnapshot
@@ -72,8 +82,8 @@ def test_clients_report_every_enrolled_client_never_its_secret() -> None:
     desk, laptop = report["clients"]  # by client id
     assert laptop == {
         "client_id": "laptop", "user": "ada", "enrolled_at": 1.0, "connected": True, "client_type": "cli",
-        "connected_at": 5.0, "tools": ["aa", "zz"], "held_tools": ["changed"], "misbehaving": None,
-        "waiting": {"client": 2, "user": 7},
+        "connected_at": 5.0, "tools": ["aa", "zz"], "held_tools": ["changed"], "clashes": [],
+        "misbehaving": None, "waiting": {"client": 2, "user": 7},
     }  # fmt: skip
     assert desk["connected"] is False and desk["client_type"] is None and desk["tools"] == []
     assert desk["misbehaving"] == "its ack is a list; keeps 90 MB"  # causes by kind
@@ -88,4 +98,32 @@ def test_clients_report_says_the_registrys_last_load_once_it_has_one() -> None:
         "tools": 0,
         "loaded_at": 42.0,
         "changes": ["+ tool echo"],
+        "clashes": [],
     }
+
+
+def test_clients_report_names_every_clash_of_the_registry_and_of_each_clients_tools() -> None:
+    # Issue 24 item E: reported, never silently merged.
+    registry = RegistrySnapshot(
+        tools={"git_status": ToolSpec(name="git_status", location=Location.CLIENT, type=ToolType.NATIVE)},
+        clashes={"git_status": ["registry file", "git/git_status"]},
+        loaded_at=42.0,
+    )
+    laptop = ClientSession(
+        client_id="laptop", user="ada", session_id="s1", client_type=ClientType.CLI, connected_at=5.0,
+        tools=[ToolDescriptor(name="git_status", type=ToolType.MCP, mcp_server="mine")],
+    )  # fmt: skip
+    enrolled = {"laptop": Enrollment(client_id="laptop", user="ada", enrolled_at=1.0)}
+    report = clients_report(enrolled, {"laptop": laptop}, {}, registry)
+    assert report["clients"][0]["clashes"] == [
+        (
+            "tool name 'git_status' is offered by registry's native tool, mine/git_status: 'git_status' is the "
+            "registry's native tool; write 'mine/git_status' for the other"
+        )
+    ]
+    assert report["registry"]["clashes"] == [
+        (
+            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
+            "file's tool; write 'git/git_status' for the other"
+        )
+    ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from brain.core.models import Enrollment
-from brain.core.sessions import ClientSession, check_announcement, names_of, user_sessions
+from brain.core.models import Enrollment, Location, ToolSpec
+from brain.core.sessions import ClientSession, announced_schemas, check_announcement, names_of, user_sessions
 from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor, ToolType
 
 ENROLLED = Enrollment(client_id="laptop", user="ada", enrolled_at=0.0)
@@ -38,6 +38,7 @@ def announcement(client_id: str = "laptop", tools: list[ToolDescriptor] | None =
     [
         (native("read_local_file"), ("read_local_file",)),
         (mcp("fs", "read"), ("read", "fs/read")),
+        (mcp("git", "git/git_status"), ("git/git_status",)),  # the agent qualified it (not git/git/…)
     ],
 )
 def test_names_of_a_tool(tool: ToolDescriptor, names: tuple[str, ...]) -> None:
@@ -105,3 +106,22 @@ def test_user_sessions_are_that_users_only_in_client_id_order() -> None:
     sessions = [session("zeta"), session("alpha"), session("bob-box", user="bob"), session("mid")]
     assert [s.client_id for s in user_sessions(sessions, "ada")] == ["alpha", "mid", "zeta"]
     assert user_sessions(sessions, "nobody") == []
+
+
+def test_with_the_registry_a_clients_mcp_tool_answers_only_to_its_qualified_name_when_the_bare_is_taken() -> (
+    None
+):
+    # Issue 24 item E: the registry's native git_status and a client's MCP git_status were one
+    # name; the client counted as offering the native tool, and calls went to the wrong tool.
+    registry = {
+        "git_status": ToolSpec(name="git_status", location=Location.CLIENT, type=ToolType.NATIVE),
+        "git_log": ToolSpec(name="git_log", location=Location.CLIENT, type=ToolType.MCP, mcp_server="git"),
+    }
+    s = session(tools=[mcp("git", "git_status"), mcp("git", "git_log")])
+    assert s.tool_names(registry) == frozenset({"git/git_status", "git_log", "git/git_log"})
+    assert s.tool_names() == frozenset({"git_status", "git/git_status", "git_log", "git/git_log"})
+    assert s.tool("git_status", registry) is None and s.tool("git/git_status", registry) == mcp(
+        "git", "git_status"
+    )
+    assert set(announced_schemas([s], registry)) == {"git/git_status", "git_log", "git/git_log"}
+    assert s.clashes(registry) == {"git_status": ["registry's native tool", "git/git_status"]}

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from brain.core.models import Location, SessionKind, TaskTree
+from brain.core.models import Location, SessionKind, TaskTree, ToolSpec
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import SubmitRequest, check_submission
 from brain.core.treefile import load_registry, merge_registry, spec_from_descriptor
 from brain.errors import InvalidTaskTree
+from workers.contracts import ToolType
 from workers.tools.builtin import builtin_descriptors
 
 EXAMPLES = Path(__file__).resolve().parents[4] / "examples"
@@ -135,3 +136,99 @@ def test_a_submit_request_is_frozen_and_refuses_unknown_fields() -> None:
         SubmitRequest(tree=request.tree, source="s", priority=1)  # type: ignore[call-arg]
     with pytest.raises(ValidationError):
         request.user = "ada"  # type: ignore[misc]
+
+
+# --- arguments of a tool only clients describe (issue 24, item D) ----------------------------
+
+ADD_SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
+
+
+def test_arguments_a_client_announced_schema_refuses_are_refused_like_a_registry_tools(
+    registry: RegistrySnapshot,
+) -> None:
+    # Before: the registry route refused at submit; the client route ran the call and failed there.
+    announced = {"notes/add": [ADD_SCHEMA]}
+    with pytest.raises(InvalidTaskTree) as client_route:
+        check_submission(
+            tree({"id": "call", "tool": "notes/add", "args": {"a": "2"}}),
+            registry,
+            source="tools/call notes/add",
+            announced=frozenset(announced),
+            announced_schemas=announced,
+        )
+    with pytest.raises(InvalidTaskTree) as server_route:
+        check_submission(tree({"id": "call", "tool": "echo", "args": {}}), registry, source="tools/call echo")
+    assert client_route.value.problems == [
+        "task 'call': args: 'b' is a required property",
+        "task 'call': args.a: '2' is not of type 'integer'",
+    ]
+    assert server_route.value.problems == ["task 'call': args: 'value' is a required property"]
+
+
+def test_arguments_any_client_of_the_run_accepts_pass_and_references_are_judged_by_shape(
+    registry: RegistrySnapshot,
+) -> None:
+    loose = {"type": "object", "properties": {"a": {"type": "string"}}}
+    announced = {"add": [ADD_SCHEMA, loose]}  # two clients, two versions: the router may pick either
+    for args in ({"a": "2"}, {"a": "${tasks.first.result}", "b": 1}):
+        first = {"id": "first", "tool": "echo", "args": {"value": 1}}
+        task = {"id": "call", "tool": "add", "args": args, "depends_on": ["first"]}
+        assert (
+            check_submission(
+                tree(first, task),
+                registry,
+                source="s",
+                announced=frozenset(announced),
+                announced_schemas=announced,
+            )
+            == []
+        )
+
+
+def test_a_client_tool_the_registry_gives_a_schema_is_checked_against_the_registrys() -> None:
+    registry = RegistrySnapshot(
+        tools={
+            "read_local_file": ToolSpec(
+                name="read_local_file",
+                location=Location.CLIENT,
+                type=ToolType.NATIVE,
+                input_schema={"type": "object", "required": ["path"]},
+            ),
+            "git_log": ToolSpec(name="git_log", location=Location.CLIENT, mcp_server="git"),
+        }
+    )
+    announced = {
+        "read_local_file": [{"type": "object"}],
+        "git_log": [{"type": "object", "required": ["repo"]}],
+    }
+    with pytest.raises(InvalidTaskTree) as caught:
+        check_submission(
+            tree({"id": "r", "tool": "read_local_file"}, {"id": "g", "tool": "git_log"}),
+            registry,
+            source="s",
+            announced=frozenset(announced),
+            announced_schemas=announced,
+        )
+    # The registry's schema for read_local_file; git_log's entry says nothing, so its client's schema.
+    assert caught.value.problems == [
+        "task 'r': args: 'path' is a required property",
+        "task 'g': args: 'repo' is a required property",
+    ]
+
+
+def test_a_client_schema_that_is_no_schema_is_not_enforced(registry: RegistrySnapshot) -> None:
+    announced = {"odd": [{"type": 5}]}
+    assert (
+        check_submission(
+            tree({"id": "o", "tool": "odd", "args": {"x": 1}}),
+            registry,
+            source="s",
+            announced=frozenset(announced),
+            announced_schemas=announced,
+        )
+        == []
+    )

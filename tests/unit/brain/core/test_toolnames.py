@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from brain.core.models import Location, ToolSpec, ToolType
-from brain.core.toolnames import clash_lines, name_on_server, place
+from brain.core.toolnames import clash_lines, client_clashes, keep_declared, name_on_server, place
+from brain.core.treefile import merge_registry
 from brain.runtime.registry import bind_to_servers
+from workers.contracts import ToolDescriptor
 
 
 def builtin(name: str) -> ToolSpec:
@@ -63,3 +65,57 @@ def test_a_registry_entry_binds_to_the_server_it_names() -> None:
 
 def test_the_name_a_server_knows_a_tool_by() -> None:
     assert (name_on_server("time/get_current_time"), name_on_server("echo")) == ("get_current_time", "echo")
+
+
+# --- a registry-file tool of another kind under an MCP tool's bare name (issue 24, item E) ------
+
+
+def native(name: str) -> ToolSpec:
+    return ToolSpec.model_validate({"name": name, "location": "client", "type": "native"})
+
+
+def test_a_registry_files_native_tool_keeps_its_name_and_the_mcp_tool_keeps_its_qualified_one() -> None:
+    # Before: merged silently (native, with mcp_server 'git' inherited), and git/git_status
+    # vanished from the gateway's list and the git pool, with no warning.
+    declared = {"git_status": native("git_status")}
+    placed = keep_declared(declared, place({}, [mcp("git", "git_status"), mcp("git", "git_log")]))
+    tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
+    assert tools["git_status"].type is ToolType.NATIVE and tools["git_status"].mcp_server is None
+    assert tools["git/git_status"].mcp_server == "git" and tools["git_log"].mcp_server == "git"
+    assert clash_lines(placed.clashes) == [
+        (
+            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
+            "file's tool; write 'git/git_status' for the other"
+        )
+    ]
+
+
+def test_an_entry_without_a_type_still_describes_the_mcp_tool_it_names() -> None:
+    declared = {"git_status": ToolSpec(name="git_status", location=Location.BOTH)}
+    placed = keep_declared(declared, place({}, [mcp("git", "git_status")]))
+    tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
+    assert placed.clashes == {} and tools["git_status"].mcp_server == "git"
+    assert tools["git_status"].location is Location.BOTH
+
+
+def test_a_name_two_servers_share_means_the_registry_files_tool_once_it_declares_one() -> None:
+    declared = {"add": native("add")}
+    placed = keep_declared(declared, place({}, [mcp("a", "add"), mcp("b", "add")]))
+    assert placed.clashes == {"add": ["registry file", "a/add", "b/add"]}
+
+
+def test_a_clients_mcp_tool_whose_bare_name_the_registry_gives_to_another_is_reported() -> None:
+    registry = {"git_status": native("git_status"), "add": mcp("demo", "add"), "echo": builtin("echo")}
+    announced = [
+        ToolDescriptor(name="git_status", type=ToolType.MCP, mcp_server="git"),
+        ToolDescriptor(name="add", type=ToolType.MCP, mcp_server="demo"),  # the registry's own: no clash
+        ToolDescriptor(name="echo", type=ToolType.MCP, mcp_server="notes"),
+        ToolDescriptor(name="git/git_log", type=ToolType.MCP, mcp_server="git"),  # already qualified
+    ]
+    assert clash_lines(client_clashes(registry, announced)) == [
+        "tool name 'echo' is offered by built-in, notes/echo: 'echo' is the built-in; write 'notes/echo' for the other",
+        (
+            "tool name 'git_status' is offered by registry's native tool, git/git_status: 'git_status' is the "
+            "registry's native tool; write 'git/git_status' for the other"
+        ),
+    ]

@@ -399,6 +399,58 @@ def test_spec_from_descriptor() -> None:
     assert "description" not in spec.model_fields_set  # so a registry file may add one
 
 
+def test_what_an_mcp_server_said_of_a_tool_survives_discovery_and_a_registry_override() -> None:
+    hints = {"destructiveHint": True, "readOnlyHint": False}
+    descriptor = ToolDescriptor(
+        name="git_reset", type=ToolType.MCP, mcp_server="git", title="Reset", annotations=hints, meta={"k": 1}
+    )
+    discovered = spec_from_descriptor(descriptor, Location.SERVER)
+    assert (discovered.title, discovered.annotations, discovered.meta) == ("Reset", hints, {"k": 1})
+    override = ToolSpec(name="git_reset", location=Location.BOTH)  # a registry file moves it only
+    merged = merge_registry({"git_reset": discovered}, {"git_reset": override})["git_reset"]
+    assert (merged.location, merged.title, merged.annotations, merged.meta) == (
+        Location.BOTH,
+        "Reset",
+        hints,
+        {"k": 1},
+    )
+
+
+def test_a_registry_file_may_state_a_tools_annotations_in_either_spelling(tmp_path: Path) -> None:
+    path = tmp_path / "registry.yaml"
+    path.write_text(
+        dedent(
+            """
+            tools:
+              - name: wipe
+                location: client
+                type: native
+                title: Wipe a folder
+                annotations: {destructive_hint: true, openWorldHint: false}
+            """
+        )
+    )
+    assert load_registry(path)["wipe"].annotations == {"destructiveHint": True, "openWorldHint": False}
+
+
+def test_a_registry_file_with_an_output_schema_that_is_no_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "registry.yaml"
+    path.write_text("tools:\n  - {name: wipe, location: client, type: native, output_schema: {type: 5}}\n")
+    with pytest.raises(InvalidRegistry, match=r"tool 'wipe': output_schema: 5 is not valid"):
+        load_registry(path)
+
+
+def test_a_registry_file_with_an_annotation_of_the_wrong_type_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "registry.yaml"
+    path.write_text(
+        "tools:\n  - {name: wipe, location: client, type: native, annotations: {destructiveHint: maybe}}\n"
+    )
+    with pytest.raises(
+        InvalidRegistry, match=r"tool 'wipe': annotations.destructiveHint: Input should be a valid boolean"
+    ):
+        load_registry(path)
+
+
 def test_spec_from_descriptor_refuses_an_invalid_tool_name() -> None:
     descriptor = ToolDescriptor(name="has space", type=ToolType.NATIVE)
     with pytest.raises(

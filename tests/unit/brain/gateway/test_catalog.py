@@ -121,3 +121,60 @@ def test_the_gateways_own_names_are_never_given_to_another_tool() -> None:
     tools = catalog(registry, sessions, "ada", frozenset({"brain_health", "brain_cancel"}))
     assert {"ops/brain_health", "notes/brain_cancel"} <= set(names(tools))
     assert not {"brain_health", "brain_cancel"} & set(names(tools))
+
+
+# --- every field an MCP server sent (issue 24) ------------------------------------------------
+
+HINTS = {"destructiveHint": True, "readOnlyHint": False}
+METADATA: dict[str, Any] = {
+    "title": "Reset",
+    "annotations": HINTS,
+    "icons": [{"src": "data:image/png;base64,AAAA", "mimeType": "image/png"}],
+    "output_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+    "execution": {"taskSupport": "forbidden"},
+    "meta": {"example.com/owner": "git-team"},
+}
+
+
+def test_a_registry_tool_keeps_what_its_mcp_server_said_of_it() -> None:
+    registry = {"git_reset": spec("git/git_reset", mcp_server="git", **METADATA)}
+    listed = by_name(catalog(registry, [], "ada"), "git_reset")
+    assert {name: getattr(listed, name) for name in METADATA} == METADATA
+
+
+def test_a_client_only_tool_keeps_what_its_mcp_server_said_of_it() -> None:
+    reset = ToolDescriptor(name="git_reset", type=ToolType.MCP, mcp_server="git", **METADATA)
+    listed = by_name(catalog({}, [session("laptop", "ada", reset)], "ada"), "git_reset")
+    assert {name: getattr(listed, name) for name in METADATA} == METADATA
+
+
+# --- name clashes: both tools stay reachable (issue 24, item E) --------------------------------
+
+
+def test_the_registrys_native_tool_and_the_servers_mcp_tool_of_one_bare_name_are_both_listed() -> None:
+    # What brain.core.toolnames.keep_declared leaves in the registry for that clash.
+    registry = {
+        "git_status": spec("git_status", "client", type="native"),
+        "git/git_status": spec("git/git_status", mcp_server="git"),
+        "git_log": spec("git/git_log", mcp_server="git"),
+        "git/git_log": spec("git/git_log", mcp_server="git"),
+    }
+    tools = catalog(registry, [], "ada")
+    assert names(tools) == ["git/git_status", "git_log", "git_status"]
+    mcp_status = by_name(tools, "git/git_status")
+    assert (mcp_status.pool, mcp_status.action) == ("git", "git_status")
+
+
+def test_a_clients_mcp_tool_never_counts_as_offering_the_registrys_tool_of_its_bare_name() -> None:
+    registry = {"git_status": spec("git_status", "client", type="native")}
+    tools = catalog(registry, [session("laptop", "ada", mcp("git", "git_status"))], "ada")
+    native_status, mcp_status = by_name(tools, "git_status"), by_name(tools, "git/git_status")
+    assert (native_status.available, native_status.clients) == (False, ())  # laptop has no native one
+    assert (mcp_status.clients, mcp_status.pool, mcp_status.action) == (("laptop",), "git", "git_status")
+
+
+def test_an_mcp_tool_the_agent_announced_qualified_is_its_servers_action_by_its_own_name() -> None:
+    registry = {"git_status": spec("git_status", "client", type="native")}
+    own = session("laptop", "ada", native("git_status"), mcp("git", "git/git_status"))
+    mcp_status = by_name(catalog(registry, [own], "ada"), "git/git_status")
+    assert (mcp_status.pool, mcp_status.action) == ("git", "git_status")

@@ -99,3 +99,37 @@ def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
     failures = [MCPServerFailure(server=s, message="boom") for s in failed]
     found = unserved_mcp_tools({declared.name: declared}, placed, servers, failures)
     assert found == ({declared.name: why} if why else {})
+
+
+def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_tools(tmp_path: Path) -> None:
+    """Issue 24 item E: they were merged silently (a native tool inheriting mcp_server 'git'),
+    and git/git_status vanished from the gateway's list and the git pool, with no warning."""
+    import subprocess
+    import sys
+
+    from brain.core.models import Location
+    from brain.core.toolnames import clash_lines
+    from tests.conftest import EXAMPLES, write_mcp_config
+    from workers.contracts import ToolType
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    git = {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_git", "--repository", str(tmp_path / "repo")],
+    }
+    settings = make_settings(
+        tmp_path,
+        registry=EXAMPLES / "registry.yaml",
+        mcp_config=write_mcp_config(tmp_path / "mcp.json", {"git": git}),
+    )
+    registry = build_registry(settings)
+    native, served = registry.tools["git_status"], registry.tools["git/git_status"]
+    assert (native.type, native.mcp_server, native.location) == (ToolType.NATIVE, None, Location.CLIENT)
+    assert (served.type, served.mcp_server, served.location) == (ToolType.MCP, "git", Location.SERVER)
+    assert registry.tools["git_log"].mcp_server == "git"  # no clash: bare and qualified
+    assert clash_lines(registry.clashes) == [
+        (
+            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
+            "file's tool; write 'git/git_status' for the other"
+        )
+    ]

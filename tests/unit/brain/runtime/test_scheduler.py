@@ -45,7 +45,9 @@ class NobodyConnected:
     def session(self, client_id: str) -> None:
         return None
 
-    def view(self, *, user: str | None, session_client: str | None, sessions: Any) -> Presence:
+    def view(
+        self, *, user: str | None, session_client: str | None, sessions: Any, registry: Any = None
+    ) -> Presence:
         return Presence(user=user, session_client=session_client)
 
 

@@ -1,0 +1,168 @@
+"""The gateway's MCP handlers (brain.gateway.server) over a fake backend: what a tools/call
+becomes (a result, or a protocol error), what tools/list carries. No Redis, no HTTP: the
+handlers are called as the SDK calls them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from mcp import types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.shared.exceptions import MCPError
+
+from brain.core.models import Location, TaskRecord, TaskState
+from brain.errors import InvalidTaskTree
+from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
+from brain.gateway.catalog import GatewayTool
+from brain.gateway.pools import listing
+from brain.gateway.server import Gateway
+
+
+class FakeBackend:
+    """``GatewayBackend`` with canned answers; ``records`` are returned one per read (the last
+    one again once they run out)."""
+
+    def __init__(
+        self,
+        tools: list[GatewayTool] | None = None,
+        submit_error: Exception | None = None,
+        records: list[TaskRecord] | None = None,
+    ) -> None:
+        self.tools = tools or []
+        self.submit_error = submit_error
+        self.records = records or []
+        self.submitted: list[tuple[str, Mapping[str, Any]]] = []
+
+    def user_of(self, token: str) -> str | None:
+        return "ada"
+
+    def view(self, user: str) -> UserView:
+        return UserView(user=user, tools=self.tools, listing=listing(self.tools, 40), pools={}, sessions=[])
+
+    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
+        return 0.0, {}
+
+    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submitted.append((tool, args))
+        return Submitted(tree_id="mcp-t-1", wait_s=30.0)
+
+    def call_record(self, tree_id: str) -> TaskRecord:
+        return self.records.pop(0) if len(self.records) > 1 else self.records[0]
+
+    def cancel(self, caller: Caller, tree_id: str, task_id: str | None = None) -> list[str]:
+        return []
+
+    def primary(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Any:
+        return {}
+
+
+class FakeSession:
+    def __init__(self) -> None:
+        self.progress: list[tuple[float, float | None, str | None]] = []
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        self.progress.append((progress, total, message))
+
+
+def context(session: FakeSession | None = None) -> Any:
+    token = AccessToken(token="vtg_x", client_id="vancetope-user:ada", scopes=[], subject="ada")
+    request = SimpleNamespace(user=AuthenticatedUser(token), headers={})
+    return SimpleNamespace(request=request, session=session or FakeSession())
+
+
+def gateway(backend: FakeBackend) -> Gateway:
+    gw = Gateway(backend, "redis://unused")
+
+    @asynccontextmanager
+    async def no_events(tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
+        async def woken(timeout: float) -> None:
+            await anyio.lowlevel.checkpoint()
+
+        yield woken
+
+    gw._tree_events = no_events  # type: ignore[method-assign]
+    return gw
+
+
+def call(
+    gw: Gateway, name: str, args: dict[str, Any], session: FakeSession | None = None
+) -> types.CallToolResult:
+    params = types.CallToolRequestParams(name=name, arguments=args)
+    return anyio.run(gw.call_tool, context(session), params)
+
+
+# --- tools/call: unknown tool, refused arguments, failures --------------------------------------
+
+
+def test_a_call_of_an_unknown_tool_is_the_protocol_error_invalid_params() -> None:
+    gw = gateway(FakeBackend(submit_error=UnknownTool("Unknown tool: 'nope'; did you mean `echo`?")))
+    with pytest.raises(MCPError) as raised:
+        call(gw, "nope", {})
+    assert raised.value.code == types.INVALID_PARAMS == -32602
+    assert raised.value.message == "Unknown tool: 'nope'; did you mean `echo`?"
+
+
+def test_a_call_the_brain_refuses_before_it_runs_is_an_error_result_the_model_can_read() -> None:
+    # Input validation errors are tool execution errors (MCP 2025-11-25), not -32602.
+    problems = [
+        "task 'call': args.a: '2' is not of type 'integer'",
+        "task 'call': args: 'b' is a required property",
+    ]
+    refused = InvalidTaskTree("tools/call notes/add", problems)
+    result = call(gateway(FakeBackend(submit_error=refused)), "notes/add", {"a": "2"})
+    assert result.is_error
+    assert result.content[0].text == (  # type: ignore[union-attr]
+        "tool 'notes/add' was not called: args.a: '2' is not of type 'integer'; args: 'b' is a required property"
+    )
+
+
+def test_a_tool_that_ran_and_failed_is_an_error_result() -> None:
+    failed = TaskRecord(tree_id="mcp-t-1", task_id="call", tool="echo", state=TaskState.FAILED, reason="boom")
+    result = call(gateway(FakeBackend(records=[failed])), "echo", {"value": 1})
+    assert result.is_error and "tool 'echo' failed" in result.content[0].text  # type: ignore[union-attr]
+
+
+# --- tools/list -----------------------------------------------------------------------------------
+
+
+def test_tools_list_carries_every_field_the_tools_mcp_server_sent() -> None:
+    reset = GatewayTool(
+        name="git_reset",
+        description="Resets",
+        input_schema={"type": "object", "properties": {"repo_path": {"type": "string"}}},
+        pool="git",
+        action="git_reset",
+        location=Location.CLIENT,
+        title="Reset",
+        annotations={"destructiveHint": True, "readOnlyHint": False},
+        icons=[{"src": "data:image/png;base64,AAAA", "mimeType": "image/png", "sizes": ["48x48"]}],
+        output_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        execution={"taskSupport": "forbidden"},
+        meta={"example.com/owner": "git-team"},
+    )
+    gw = gateway(FakeBackend(tools=[reset]))
+    listed = anyio.run(gw.list_tools, context(), None)
+    wire = {t.name: t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed.tools}
+    assert wire["git_reset"] == {
+        "name": "git_reset",
+        "title": "Reset",
+        "description": "Resets",
+        "inputSchema": {"type": "object", "properties": {"repo_path": {"type": "string"}}},
+        "annotations": {"destructiveHint": True, "readOnlyHint": False},
+        "icons": [{"src": "data:image/png;base64,AAAA", "mimeType": "image/png", "sizes": ["48x48"]}],
+        "outputSchema": {"type": "object", "properties": {"ok": {"type": "boolean"}}},
+        "execution": {"taskSupport": "forbidden"},
+        "_meta": {"example.com/owner": "git-team"},
+    }
+    assert wire["brain_health"].keys() == {"name", "description", "inputSchema"}  # no metadata: none invented
