@@ -102,6 +102,25 @@ def everything_server() -> dict[str, Any]:
     return {"command": str(binary), "args": ["stdio"]}
 
 
+# The MCP conformance scores (tests/conformance) in the terminal summary of every run, CI's log
+# included, passed or failed: its test records the table as property "conformance_table", which
+# pytest-xdist carries from the worker to the run that prints the summary.
+_CONFORMANCE_TABLES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _CONFORMANCE_TABLES.extend(
+            str(value) for name, value in report.user_properties if name == "conformance_table"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for text in _CONFORMANCE_TABLES:
+        terminalreporter.write_sep("=", "MCP conformance through the gateway (tests/conformance)")
+        terminalreporter.write_line(text.strip("\n"))
+
+
 # Headless Chromium from the distribution's packages (Debian: `chromium`) opens Flower's
 # dashboard as an operator would. CI sets VANCETOPE_TEST_REQUIRE_CHROMIUM (and .ci/run
 # installs it), so a missing browser fails there instead of skipping.
