@@ -51,29 +51,48 @@ EVERYTHING_PACKAGE = "@modelcontextprotocol/server-everything@2026.8.31"
 NPM_CACHE = Path(os.environ.get("VANCETOPE_TEST_NPM_DIR", Path.home() / ".cache" / "vancetope-tests" / "npm"))
 
 
-def npm_binary(package: str, binary: str, needed_for: str) -> Path:
-    """``binary`` of the pinned npm ``package``, installed once per machine into ``NPM_CACHE``.
-    Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM).
+class NpmMissing(RuntimeError):
+    """npm is not on PATH."""
+
+
+def npm_install(packages: tuple[str, ...], binary: str, prefix: Path = NPM_CACHE) -> Path:
+    """``binary`` of the pinned npm ``packages``, installed together once per machine into
+    ``prefix`` (raises ``NpmMissing`` without npm). Outside pytest too: tests/conformance/run.py.
 
     Several pytest-xdist workers (or two checkouts) may ask at once: the install runs under a
     file lock, and the others wait for it and find the binary installed."""
-    path = NPM_CACHE / "node_modules" / ".bin" / binary
+    path = prefix / "node_modules" / ".bin" / binary
     if path.exists():
         return path
     npm = shutil.which("npm")
     if npm is None:
-        if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
-            pytest.fail(f"npm is needed for {needed_for} (VANCETOPE_TEST_REQUIRE_NPM is set)")
-        pytest.skip(f"npm not found: {needed_for} need {package}")
-    NPM_CACHE.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(NPM_CACHE / ".install.lock"), timeout=900):
+        raise NpmMissing(f"npm not found: {' and '.join(packages)} cannot be installed")
+    prefix.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(prefix / ".install.lock"), timeout=900):
         if not path.exists():
             subprocess.run(
-                [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(NPM_CACHE), package],
+                [npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *packages],
                 check=True,
                 timeout=600,
             )
     return path
+
+
+def npm_required(needed_for: str, why: str) -> None:
+    """Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM)."""
+    if os.environ.get("VANCETOPE_TEST_REQUIRE_NPM"):
+        pytest.fail(f"npm is needed for {needed_for} (VANCETOPE_TEST_REQUIRE_NPM is set)")
+    pytest.skip(f"{why}: {needed_for}")
+
+
+def npm_binary(package: str, binary: str, needed_for: str) -> Path:
+    """``binary`` of the pinned npm ``package``, installed once per machine into ``NPM_CACHE``.
+    Without npm: skipped locally, a failure in CI (VANCETOPE_TEST_REQUIRE_NPM)."""
+    try:
+        return npm_install((package,), binary)
+    except NpmMissing:
+        npm_required(needed_for, f"npm not found, needed for {package}")
+        raise
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +100,25 @@ def everything_server() -> dict[str, Any]:
     """An mcpServers entry that starts the reference 'everything' MCP server over stdio."""
     binary = npm_binary(EVERYTHING_PACKAGE, "mcp-server-everything", "the MCP interoperability tests")
     return {"command": str(binary), "args": ["stdio"]}
+
+
+# The MCP conformance scores (tests/conformance) in the terminal summary of every run, CI's log
+# included, passed or failed: its test records the table as property "conformance_table", which
+# pytest-xdist carries from the worker to the run that prints the summary.
+_CONFORMANCE_TABLES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _CONFORMANCE_TABLES.extend(
+            str(value) for name, value in report.user_properties if name == "conformance_table"
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for text in _CONFORMANCE_TABLES:
+        terminalreporter.write_sep("=", "MCP conformance through the gateway (tests/conformance)")
+        terminalreporter.write_line(text.strip("\n"))
 
 
 # Headless Chromium from the distribution's packages (Debian: `chromium`) opens Flower's
