@@ -40,7 +40,8 @@ def agent_hostname(client_id: str) -> str:
     return f"client-agent@{client_id}"
 
 
-# How long ``close`` waits for the events still queued to go out.
+# How long ``close`` waits for the events still queued to go out (a sender still busy then
+# finishes them on its own, and then lets its connection go).
 DRAIN_S = 2.0
 # How long the sender lets events gather before sending them: a client call's three task
 # events then go out with others as one ``task.multi`` message instead of three PUBLISHes,
@@ -55,26 +56,32 @@ class ClientEvents:
     trip they were three of the brain's round trips). The sender lets them gather for
     ``GATHER_S`` and sends a client's task events as one ``task.multi`` message (each
     ``kombu`` publish costs more CPU than the call's own record). Events keep their order
-    and the time they happened; Flower sees them up to ``GATHER_S`` later."""
+    and the time they happened; Flower sees them up to ``GATHER_S`` later.
+
+    Each sender thread opens its own connection and releases it itself when it stops, also
+    one that is still sending when ``close`` gives up waiting: no other thread touches it."""
 
     def __init__(self, app: Celery, *, task_events: bool = True) -> None:
         self.app = app
         # Settings.task_events: off, only the agents' worker events (Flower still lists them).
         self.task_events = task_events
         self._lock = threading.Lock()
-        self._conn: Any = None
-        self._dispatchers: dict[str, EventDispatcher] = {}
+        # The sender thread's connection and its dispatchers (``_dispatcher``, ``_release``).
+        self._link = threading.local()
         self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
         self._pid = 0
 
     def _dispatcher(self, client_id: str) -> EventDispatcher:
-        d = self._dispatchers.get(client_id)
+        """The calling sender's dispatcher for ``client_id``, on that sender's connection."""
+        link = self._link
+        if not hasattr(link, "dispatchers"):
+            link.conn, link.dispatchers = self.app.connection_for_write(), {}
+        dispatchers: dict[str, EventDispatcher] = link.dispatchers
+        d = dispatchers.get(client_id)
         if d is None:
-            if self._conn is None:
-                self._conn = self.app.connection_for_write()
-            d = self._dispatchers[client_id] = self.app.events.Dispatcher(
-                self._conn,
+            d = dispatchers[client_id] = self.app.events.Dispatcher(
+                link.conn,
                 hostname=agent_hostname(client_id),
                 enabled=True,
                 # task-* events wait in the dispatcher until flush(); worker-* go at once
@@ -97,8 +104,9 @@ class ClientEvents:
             if self._sender is not None and self._pid == os.getpid():
                 return
             if self._pid != os.getpid():
-                # Forked: the parent's thread, queue and connection are not this process's.
-                self._conn, self._dispatchers, self._pid = None, {}, os.getpid()
+                # Forked: the parent's thread, queue and connection are not this process's (its
+                # connection lives in its sender's ``_link``, which no thread here reads).
+                self._pid = os.getpid()
             # Each sender its own queue: one that outlived close()'s wait drains only its own.
             self._queue = queue.SimpleQueue()
             self._sender = threading.Thread(
@@ -107,40 +115,58 @@ class ClientEvents:
             self._sender.start()
 
     def _run_sender(self, events: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None]) -> None:
-        done = False
-        while not done and (first := events.get()) is not None:
-            batch = [first]
-            # Asleep while the rest gathers: an event put meanwhile wakes no thread, so the
-            # call or result that sent it is not interrupted by this one.
-            time.sleep(GATHER_S)
-            while True:
-                try:
-                    item = events.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    done = True  # close(): send what is here, then stop
-                    break
-                batch.append(item)
-            self._send_batch(batch)
+        try:
+            done = False
+            while not done and (first := events.get()) is not None:
+                batch = [first]
+                # Asleep while the rest gathers: an event put meanwhile wakes no thread, so the
+                # call or result that sent it is not interrupted by this one.
+                time.sleep(GATHER_S)
+                while True:
+                    try:
+                        item = events.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is None:
+                        done = True  # close(): send what is here, then stop
+                        break
+                    batch.append(item)
+                self._send_batch(batch)
+        finally:
+            self._release()
 
     def _send_batch(self, batch: list[tuple[str, str, dict[str, Any]]]) -> None:
         # Events are for watching, not for correctness: a failed send is logged, never raised.
-        with self._lock:
-            used: dict[str, Any] = {}
-            for client_id, event, fields in batch:
-                try:
-                    dispatcher = used[client_id] = self._dispatcher(client_id)
-                    dispatcher.send(event, **fields)
-                except Exception:
-                    log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
-            for client_id, dispatcher in used.items():
-                try:
-                    dispatcher.flush()
-                except Exception:
-                    log.warning(
-                        "could not send task events for client %s to Flower", client_id, exc_info=True
-                    )
+        used: dict[str, Any] = {}
+        for client_id, event, fields in batch:
+            try:
+                dispatcher = used[client_id] = self._dispatcher(client_id)
+                dispatcher.send(event, **fields)
+            except Exception:
+                log.warning("could not send %s for client %s to Flower", event, client_id, exc_info=True)
+        for client_id, dispatcher in used.items():
+            try:
+                dispatcher.flush()
+            except Exception:
+                log.warning("could not send task events for client %s to Flower", client_id, exc_info=True)
+
+    def _release(self) -> None:
+        """Let the calling sender's dispatchers and connection go (it is stopping)."""
+        link = self._link
+        if not hasattr(link, "dispatchers"):
+            return
+        dispatchers: dict[str, EventDispatcher] = link.dispatchers
+        conn, link.conn = link.conn, None
+        del link.dispatchers
+        for client_id, d in dispatchers.items():
+            try:
+                d.close()
+            except Exception:
+                log.warning("could not close the Flower events of client %s", client_id, exc_info=True)
+        try:
+            conn.release()
+        except Exception:
+            log.warning("could not close the connection for Flower events", exc_info=True)
 
     def _worker_fields(self) -> dict[str, Any]:
         return {
@@ -238,16 +264,10 @@ class ClientEvents:
             self._send(update.client_id, "task-approved", uuid=update.run_id, timestamp=update.at)
 
     def close(self) -> None:
-        """Send what is queued (waiting at most ``DRAIN_S``), then let the connection go."""
+        """Send what is queued (waiting at most ``DRAIN_S``). The sender then stops and lets its
+        connection go; one still sending after the wait does so once it has sent the rest."""
         sender = self._sender
         if sender is not None and self._pid == os.getpid() and sender.is_alive():
             self._queue.put(None)
             sender.join(DRAIN_S)
         self._sender = None
-        with self._lock:
-            for d in self._dispatchers.values():
-                d.close()
-            self._dispatchers.clear()
-            if self._conn is not None:
-                self._conn.release()
-                self._conn = None

@@ -66,17 +66,11 @@ class Brain:
         hot = HotState.from_url(redis_url)
         if registry is None:
             try:
-                snapshot = hot.get_registry()
-            except redis.RedisError as exc:
-                hot.close()
+                registry = published_registry(hot, redis_url)
+            except BaseException:
+                hot.close()  # connected by the read: closed here, not left to the garbage collector
                 app.close()
-                raise unreachable(redis_url, exc) from exc
-            if snapshot is None:
-                raise StackNotRunning(
-                    f"no brain has published its registry in Redis at {redact_url(redis_url)}; start one with "
-                    "`vancetope up` (or `vancetope brain` beside an external Redis)"
-                )
-            registry = RegistrySnapshot.model_validate(snapshot)
+                raise
         store = open_store(settings.store)
         scheduler = Scheduler(
             store,
@@ -138,6 +132,21 @@ class Brain:
         self.app.close()
         self.store.close()
         self.hot.close()
+
+
+def published_registry(hot: HotState, redis_url: str) -> RegistrySnapshot:
+    """The registry snapshot the brain worker published; StackNotRunning when Redis does not
+    answer or holds none."""
+    try:
+        snapshot = hot.get_registry()
+    except redis.RedisError as exc:
+        raise unreachable(redis_url, exc) from exc
+    if snapshot is None:
+        raise StackNotRunning(
+            f"no brain has published its registry in Redis at {redact_url(redis_url)}; start one with "
+            "`vancetope up` (or `vancetope brain` beside an external Redis)"
+        )
+    return RegistrySnapshot.model_validate(snapshot)
 
 
 def start_brain(settings: Settings, redis_url: str) -> Brain:

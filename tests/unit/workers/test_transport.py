@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from kombu import Consumer, Queue
+from kombu.message import Message
 
 from workers.app import make_app
 from workers.contracts import MAX_JSON_DEPTH, RUN_TOOL_TASK
@@ -128,12 +129,18 @@ def test_the_channel_drops_garbage_names_the_queue_and_delivers_the_next_message
 ) -> None:
     app = make_app(redis_server.url, keyprefix="c:box:")
     received: list[Any] = []
+
+    def receive(body: Any, message: Message) -> None:
+        received.append(body)
+        # Acknowledged as a worker does. Left unacked, kombu restores it when the channel
+        # closes, on a new connection from the pool it has just disconnected, which nobody
+        # closes: its socket was left to the garbage collector ("unclosed <socket.socket>").
+        message.ack()
+
     try:
         with app.connection_for_read() as conn:
             queue = Queue("client.box", routing_key="client.box")
-            with Consumer(
-                conn, [queue], callbacks=[lambda body, msg: received.append(body)], accept=["json"]
-            ):
+            with Consumer(conn, [queue], callbacks=[receive], accept=["json"]):
                 redis_client.lpush("c:box:client.box", b"not json", b"{}", deep(10_000))
                 with app.producer_or_acquire() as producer:
                     producer.publish({"ok": True}, routing_key="client.box", serializer="json")

@@ -6,10 +6,13 @@ trips of a client call's)."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from celery import Celery
 
+from brain.runtime import events as events_module
 from brain.runtime.events import GATHER_S, ClientEvents
 from workers.contracts import ToolCall, ToolResult, ToolType
 
@@ -23,9 +26,12 @@ class Channel:
         self.flushes: list[int] = []  # how many events each flush sent
         self.gate = threading.Event()
         self.gate.set()
+        self.sending = threading.Event()  # set once a send has begun (and waits at the gate)
         self.fail_first = fail_first
+        self.closed = False
 
     def send(self, event: str, **fields: Any) -> None:
+        self.sending.set()
         self.gate.wait()
         if self.fail_first:
             self.fail_first = False
@@ -34,6 +40,31 @@ class Channel:
 
     def flush(self) -> None:
         self.flushes.append(len(self.sent) - sum(self.flushes))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Link:
+    """Stands in for the kombu connection a sender opens."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+class App:
+    """Stands in for the Celery app: the connections it opened; every dispatcher is ``channel``."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.opened: list[Link] = []
+        self.events = SimpleNamespace(Dispatcher=lambda conn, **options: channel)
+
+    def connection_for_write(self) -> Link:
+        self.opened.append(Link())
+        return self.opened[-1]
 
 
 class Events(ClientEvents):
@@ -127,3 +158,30 @@ def test_events_go_out_after_the_gathering_window_without_close() -> None:
         waited.wait(GATHER_S)
     assert [e for e, _ in channel.sent] == ["worker-online"]
     events.close()
+
+
+def test_a_sender_still_sending_when_close_stops_waiting_releases_its_connection_when_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # close() used to release the connection itself once its wait was over; the sender, still
+    # busy, then opened another for the events it had left, and nobody released that one.
+    monkeypatch.setattr(events_module, "DRAIN_S", 0.01)
+    channel = Channel()
+    channel.gate.clear()  # the first send blocks until the test lets it go
+    app = App(channel)
+    events = ClientEvents(app)  # type: ignore[arg-type]  # the stand-in has what it uses
+    events.online("laptop")
+    assert channel.sending.wait(30)
+    sender = events._sender
+    assert sender is not None
+    events.heartbeat("laptop")  # left to send after close() stopped waiting
+    closing = threading.Thread(target=events.close, daemon=True)
+    closing.start()
+    closing.join(30)  # close() waits DRAIN_S for the stuck sender, then returns
+    assert not closing.is_alive(), "close() waited for a stuck sender"
+    channel.gate.set()
+    sender.join(30)
+    assert not sender.is_alive()
+    assert [e for e, _ in channel.sent] == ["worker-online", "worker-heartbeat"]
+    assert len(app.opened) == 1 and app.opened[0].released
+    assert channel.closed
