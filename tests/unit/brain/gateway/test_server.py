@@ -4,7 +4,7 @@ handlers are called as the SDK calls them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from brain.core.models import Location, TaskRecord, TaskState
 from brain.errors import InvalidTaskTree
 from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
-from brain.gateway.catalog import GatewayTool
+from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import listing
 from brain.gateway.server import Gateway
 
@@ -46,7 +46,7 @@ class FakeBackend:
     def view(self, user: str) -> UserView:
         return UserView(user=user, tools=self.tools, listing=listing(self.tools, 40), pools={}, sessions=[])
 
-    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
+    def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:
         return 0.0, {}
 
     def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
