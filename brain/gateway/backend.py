@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +34,7 @@ from brain.core.submission import check_submission
 from brain.core.treefile import tree_from_data
 from brain.core.validation import did_you_mean
 from brain.errors import BrainError, StackNotRunning
-from brain.gateway.catalog import GatewayTool, catalog
+from brain.gateway.catalog import GatewayTool, StateMemo, UserState, catalog, user_states
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
 from brain.hot.boundary import unreachable
@@ -98,7 +98,7 @@ class GatewayBackend(Protocol):
 
     def user_of(self, token: str) -> str | None: ...
     def view(self, user: str) -> UserView: ...
-    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]: ...
+    def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]: ...
     def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted: ...
     def call_record(self, tree_id: str) -> TaskRecord: ...
     def cancel(self, caller: Caller, tree_id: str, task_id: str | None = None) -> list[str]: ...
@@ -124,6 +124,8 @@ class Backend:
         self.settings = settings
         self.pool_config = pool_config
         self.lock = threading.Lock()
+        # Each user's state as of the watcher's last look (``state``).
+        self._states: StateMemo = {}
 
     @classmethod
     def connect(cls, settings: Settings, redis_url: str, cwd: Path | None = None) -> Backend:
@@ -180,17 +182,18 @@ class Backend:
             sessions=own,
         )
 
-    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
-        """(the registry's loaded_at, each user's connected client sessions): what list_changed
-        follows. A small GET and one HGETALL; the snapshot itself is read only when it changed."""
+    def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:
+        """(the registry's loaded_at, what each of ``users`` and each user with a connected
+        client sees: their clients' sessions and a digest of their catalog): what list_changed
+        follows. A small GET and one HGETALL (sessions parsed only when they changed); the
+        snapshot itself is read only when it changed, and a user's catalog is built again only
+        when it or their sessions changed."""
         published = self.hot.registry_loaded_at()
         registry = self._registry
         if published is None or published != registry.loaded_at:
             registry = self.registry()
-        per_user: dict[str, set[tuple[str, str]]] = {}
-        for s in self.sessions().values():
-            per_user.setdefault(s.user, set()).add((s.client_id, s.session_id))
-        return registry.loaded_at, {user: frozenset(found) for user, found in per_user.items()}
+        states = user_states(registry.tools, self.sessions().values(), users, OWN_NAMES, self._states)
+        return registry.loaded_at, states
 
     # --- routed calls ----------------------------------------------------------------
     def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:

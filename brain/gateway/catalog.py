@@ -11,6 +11,8 @@ another user's client.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -183,4 +185,64 @@ def _metadata(tool: ToolSpec | ToolDescriptor) -> dict[str, Any]:
     return {name: getattr(tool, name) for name in TOOL_METADATA_FIELDS}
 
 
-__all__ = ["BUILTIN_POOL", "NATIVE_POOL", "GatewayTool", "catalog", "default_pool"]
+# What list_changed follows for one user: their connected clients (client_id, session_id) and
+# a digest of their catalog (``catalog_digest``).
+UserState = tuple[frozenset[tuple[str, str]], str]
+
+
+def catalog_digest(tools: Iterable[GatewayTool]) -> str:
+    """A digest of what a user sees of these tools: each one's name and definition (description,
+    input schema, metadata), whether it is available and which of the user's clients offer it.
+    Any change to what tools/list or the pools show changes it."""
+    seen = [t.model_dump(mode="json") for t in tools]
+    return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# user -> (the registry and the user's sessions a state was computed from, that state)
+StateMemo = dict[str, tuple[Mapping[str, ToolSpec], tuple[ClientSession, ...], UserState]]
+
+
+def user_states(
+    registry: Mapping[str, ToolSpec],
+    sessions: Iterable[ClientSession],
+    users: Iterable[str],
+    reserved: frozenset[str] = frozenset(),
+    memo: StateMemo | None = None,
+) -> dict[str, UserState]:
+    """Each of ``users``, and each user with a connected client: their clients' sessions and
+    the digest of their catalog. A client that re-announces other tools in the same session, a
+    held tool approved, a tool whose definition changed: each changes the digest.
+
+    With ``memo`` (kept by the caller between looks, and updated here), a user whose sessions
+    are equal to last time's, against the same registry mapping, keeps last time's state
+    without building their catalog again (equal sessions, parsed once, are the same objects)."""
+    sessions = list(sessions)
+    states: dict[str, UserState] = {}
+    kept: StateMemo = {}
+    for user in sorted(set(users) | {s.user for s in sessions}):
+        own = tuple(user_sessions(sessions, user))
+        known = memo.get(user) if memo is not None else None
+        if known is not None and known[0] is registry and known[1] == own:
+            state = known[2]
+        else:
+            present = frozenset((s.client_id, s.session_id) for s in own)
+            state = (present, catalog_digest(catalog(registry, own, user, reserved)))
+        states[user] = state
+        kept[user] = (registry, own, state)
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
+    return states
+
+
+__all__ = [
+    "BUILTIN_POOL",
+    "NATIVE_POOL",
+    "GatewayTool",
+    "StateMemo",
+    "UserState",
+    "catalog",
+    "catalog_digest",
+    "default_pool",
+    "user_states",
+]

@@ -1,8 +1,10 @@
 """The gateway's MCP server (layer: brain/gateway, SDK glue): the official SDK's low-level
 ``Server`` behind its streamable-HTTP session manager at ``/mcp``, with the SDK's bearer-token
 middleware in front (no valid token: 401, nothing served) and a watcher that sends
-``notifications/tools/list_changed`` to a user's sessions when one of the user's clients
-connects or leaves, or the registry reloads.
+``notifications/tools/list_changed`` to a user's sessions when what the user sees changes: one
+of the user's clients connects, leaves or announces other tools (an mcp.json edited, a held
+tool approved), or the registry reloads. The gateway serves tools only (no resources or
+prompts), so that is the only list_changed it sends.
 
 Handlers decide nothing themselves: ``catalog``/``pools`` say what a user sees, ``backend``
 submits and reads (in worker threads), ``results`` turns a task record into a result.
@@ -45,7 +47,7 @@ from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import CALL_TASK, Caller, GatewayBackend, Refused, Submitted, UnknownTool
-from brain.gateway.catalog import GatewayTool
+from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
 from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
@@ -55,7 +57,8 @@ from workers.contracts import channel_tree_events, tool_metadata
 log = logging.getLogger("vancetope.gateway")
 
 MCP_PATH = "/mcp"
-# How often the watcher compares presence and the registry's loaded_at (one HGETALL + one GET).
+# How often the watcher compares what each user sees (one HGETALL + one GET, then each watched
+# user's catalog, computed in memory).
 WATCH_INTERVAL_S = 1.0
 # Between two reads of a call's record when no tree event woke the wait.
 POLL_S = 0.5
@@ -91,7 +94,7 @@ class Watch:
     """The last state the watcher saw, and each user's sessions to tell about changes."""
 
     loaded_at: float | None = None
-    per_user: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)
+    per_user: dict[str, UserState] = field(default_factory=dict)
     # user -> MCP session id -> the session (handshake-era clients: notifications on its GET stream)
     sessions: dict[str, dict[str, _Seen]] = field(default_factory=dict)
     # user -> the bus of its subscriptions/listen streams (2026-07-28 clients)
@@ -100,17 +103,28 @@ class Watch:
 
 
 def changed_users(
-    before: tuple[float | None, dict[str, frozenset[tuple[str, str]]]],
-    after: tuple[float, dict[str, frozenset[tuple[str, str]]]],
+    before: tuple[float | None, dict[str, UserState]],
+    after: tuple[float, dict[str, UserState]],
     users: set[str],
 ) -> set[str]:
     """Users (of ``users``) whose tools may have changed: all on a registry reload, else those
-    one of whose clients connected, left or reconnected; nobody on the first look. Pure."""
+    one of whose clients connected, left or reconnected, or whose catalog changed (a client
+    announcing other tools in the same session, a held tool approved); nobody on the first
+    look. A user not looked at before (a new MCP session) is told only if a client of theirs
+    is connected now: their first tools/list is newer than anything else. Pure."""
     if before[0] is None:
         return set()
     if before[0] != after[0]:
         return set(users)
-    return {u for u in users if before[1].get(u, frozenset()) != after[1].get(u, frozenset())}
+    told = set()
+    for user in users:
+        was, now = before[1].get(user), after[1].get(user)
+        if was is None:
+            if now is not None and now[0]:
+                told.add(user)
+        elif was != now:
+            told.add(user)
+    return told
 
 
 def call_problems(exc: InvalidTaskTree) -> str:
@@ -382,12 +396,13 @@ class Gateway:
             await anyio.sleep(WATCH_INTERVAL_S)
 
     async def check_changes(self) -> set[str]:
-        """Compare presence and the registry with the last look; tell the users concerned."""
-        after = await anyio.to_thread.run_sync(self.backend.state)
+        """Compare what each user sees with the last look; tell the users concerned."""
+        self._forget_idle_sessions()
+        watched = set(self.watch.sessions) | set(self.watch.buses)
+        after = await anyio.to_thread.run_sync(self.backend.state, watched)
         before = (self.watch.loaded_at, self.watch.per_user)
         self.watch.loaded_at, self.watch.per_user = after
-        self._forget_idle_sessions()
-        users = changed_users(before, after, set(self.watch.sessions) | set(self.watch.buses))
+        users = changed_users(before, after, watched)
         for user in sorted(users):
             await self._tell(user)
         return users

@@ -44,6 +44,7 @@ from tests.conftest import (
     wait_until,
     write_mcp_config,
 )
+from workers.contracts import CLIENT_ACK, client_key, key_tool_pins
 
 pytestmark = pytest.mark.integration
 
@@ -454,6 +455,100 @@ def test_a_client_going_offline_shrinks_the_list_and_a_block_call_returns_the_wa
     assert got["status"].structured_content["tasks"][0]["state"] == "pending_client"
     assert "on a workstation and none of your clients" in got["native"].structured_content["offline"]
     assert got["cancel"].structured_content == {"cancelled": ["call"]}
+
+
+# --- list_changed when what a user sees changes (issue 24, item 4) ----------------------------------
+
+
+def run_cli(stack: EmbeddedStack, *args: str) -> subprocess.CompletedProcess[str]:
+    """The operator's `vancetope` against this stack (found through its data dir)."""
+    return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
+        [sys.executable, "-m", "brain", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "VANCETOPE_DATA_DIR": str(stack.settings.data_dir)},
+    )  # fmt: skip
+
+
+async def told_again(seen: list[Any], before: int, timeout: float = 60) -> None:
+    """Until a list_changed beyond the first ``before`` arrives."""
+    with anyio.fail_after(timeout):
+        while len(seen) <= before:
+            await anyio.sleep(0.1)
+
+
+@pytest.fixture
+def changing_stack(stack_factory: Callable[..., EmbeddedStack], tmp_path: Path) -> EmbeddedStack:
+    """Ada's laptop with the demo server as "notes" (and "more" trusted, not yet in mcp.json)."""
+    agent = agent_with_servers(tmp_path, {"notes": demo_server()})
+    agent.write_text(
+        agent.read_text().replace('trust_mcp_servers = ["notes"]', 'trust_mcp_servers = ["more", "notes"]')
+    )
+    changing = stack_factory(services=("brain", "server-pool", "client-agent"), agent_config=agent)
+    assert changing.wait_connected("laptop", 90)
+    return changing
+
+
+def test_a_client_announcing_other_tools_in_the_same_session_sends_list_changed(
+    changing_stack: EmbeddedStack, tmp_path: Path
+) -> None:
+    url, token = start_gateway(changing_stack), token_for(changing_stack, "ada")
+    seen: list[Any] = []
+
+    def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            seen.append(message)
+
+    async def scenario() -> tuple[set[str], set[str]]:
+        async with mcp_client(url, token, on_message) as mcp:
+            before = {t.name for t in (await mcp.list_tools()).tools}
+            told = len(seen)
+            # A server added to the running agent's mcp.json: it re-announces in the same session.
+            write_mcp_config(tmp_path / "mcp.json", {"notes": demo_server(), "more": demo_server()})
+            await told_again(seen, told)
+            return before, {t.name for t in (await mcp.list_tools()).tools}
+
+    before, after = anyio.run(scenario)
+    assert ADA_CLIENT_TOOLS <= before and "more/add" not in before
+    assert {"more/add", "more/slow"} <= after
+
+
+def test_a_held_tool_and_its_approval_each_send_list_changed(changing_stack: EmbeddedStack) -> None:
+    url, token = start_gateway(changing_stack), token_for(changing_stack, "ada")
+    seen: list[Any] = []
+
+    def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            seen.append(message)
+
+    def hold_slow() -> None:
+        # As if notes' slow tool changed its definition since the brain pinned it: a pin that no
+        # longer matches, and the ack dropped so that the agent announces again (as
+        # approve-tools does); the brain then holds the tool back.
+        hot = HotState.from_url(changing_stack.redis_url)
+        try:
+            hot.r.hset(key_tool_pins("laptop"), "slow", "0" * 64)
+            hot.r.delete(client_key("laptop", CLIENT_ACK))
+        finally:
+            hot.close()
+
+    async def scenario() -> tuple[set[str], set[str], subprocess.CompletedProcess[str], set[str]]:
+        async with mcp_client(url, token, on_message) as mcp:
+            before = {t.name for t in (await mcp.list_tools()).tools}
+            told = len(seen)
+            await anyio.to_thread.run_sync(hold_slow)
+            await told_again(seen, told)
+            holding = {t.name for t in (await mcp.list_tools()).tools}
+            told = len(seen)
+            approved = await anyio.to_thread.run_sync(
+                lambda: run_cli(changing_stack, "clients", "approve-tools", "laptop", "slow")
+            )
+            await told_again(seen, told)
+            return before, holding, approved, {t.name for t in (await mcp.list_tools()).tools}
+
+    before, holding, approved, after = anyio.run(scenario)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
+    assert "notes/slow" in before and "notes/slow" not in holding and "notes/add" in holding
+    assert "notes/slow" in after
 
 
 # --- progress ----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from brain.core.models import Location, ToolSpec
 from brain.core.sessions import ClientSession
-from brain.gateway.catalog import GatewayTool, catalog
+from brain.gateway.catalog import GatewayTool, StateMemo, catalog, catalog_digest, user_states
 from workers.contracts import ToolDescriptor, ToolType
 
 
@@ -178,3 +178,86 @@ def test_an_mcp_tool_the_agent_announced_qualified_is_its_servers_action_by_its_
     own = session("laptop", "ada", native("git_status"), mcp("git", "git/git_status"))
     mcp_status = by_name(catalog(registry, [own], "ada"), "git/git_status")
     assert (mcp_status.pool, mcp_status.action) == ("git", "git_status")
+
+
+# --- what list_changed follows (issue 24, item 4) ------------------------------------------------
+
+
+def held(base: ClientSession, *tools: ToolDescriptor) -> ClientSession:
+    return base.model_copy(update={"held_tools": list(tools)})
+
+
+LAPTOP = session("laptop", "ada", native("list_notes"), mcp("notes", "add"))
+DESK = session("desk", "bob", native("bobs_tool"))
+
+
+@pytest.mark.parametrize(
+    ("after", "ada_changed"),
+    [
+        # The same announcement again: nothing ada sees changed.
+        ([session("laptop", "ada", native("list_notes"), mcp("notes", "add")), DESK], False),
+        # Re-announced in the same session with a server added to its mcp.json.
+        (
+            [session("laptop", "ada", native("list_notes"), mcp("notes", "add"), mcp("more", "add")), DESK],
+            True,
+        ),
+        # A tool's definition changed (and was approved): what tools/list shows changed.
+        (
+            [
+                session(
+                    "laptop",
+                    "ada",
+                    native("list_notes"),
+                    ToolDescriptor(name="add", type=ToolType.MCP, mcp_server="notes", description="changed"),
+                ),
+                DESK,
+            ],
+            True,
+        ),
+        # A tool held back until approved is gone from what ada can call.
+        ([held(session("laptop", "ada", native("list_notes")), mcp("notes", "add")), DESK], True),
+        # Only bob's client changed: not ada's business.
+        ([LAPTOP, session("desk", "bob", native("bobs_tool"), native("more"))], False),
+    ],
+)
+def test_a_users_state_follows_what_they_see_not_only_who_is_connected(
+    after: list[ClientSession], ada_changed: bool
+) -> None:
+    before = user_states(REGISTRY, [LAPTOP, DESK], ["ada", "bob", "cy"])
+    now = user_states(REGISTRY, after, ["ada", "bob", "cy"])
+    assert before["ada"][0] == now["ada"][0] == frozenset({("laptop", "s")})  # the same session
+    assert (before["ada"] != now["ada"]) is ada_changed
+    assert before["cy"] == now["cy"] == (frozenset(), catalog_digest(catalog(REGISTRY, [], "cy")))
+
+
+def test_a_held_tool_approved_changes_the_state_back() -> None:
+    holding = held(session("laptop", "ada", native("list_notes")), mcp("notes", "add"))
+    approved = user_states(REGISTRY, [LAPTOP], ["ada"])
+    assert user_states(REGISTRY, [holding], ["ada"]) != approved
+    assert user_states(REGISTRY, [LAPTOP], ["ada"]) == approved
+
+
+def test_users_with_a_connected_client_are_looked_at_even_when_not_watched() -> None:
+    assert set(user_states(REGISTRY, [LAPTOP, DESK], [])) == {"ada", "bob"}
+
+
+def test_with_a_memo_a_users_catalog_is_built_again_only_when_their_sessions_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[str] = []
+
+    def counting(*args: Any) -> list[GatewayTool]:
+        built.append(args[2])
+        return catalog(*args)
+
+    monkeypatch.setattr("brain.gateway.catalog.catalog", counting)
+    memo: StateMemo = {}
+    first = user_states(REGISTRY, [LAPTOP, DESK], ["ada"], memo=memo)
+    assert sorted(built) == ["ada", "bob"]
+    assert user_states(REGISTRY, [LAPTOP, DESK], ["ada"], memo=memo) == first
+    assert sorted(built) == ["ada", "bob"]  # nothing changed: nothing built again
+    more = session("laptop", "ada", native("list_notes"), mcp("notes", "add"), mcp("more", "add"))
+    after = user_states(REGISTRY, [more, DESK], ["ada"], memo=memo)
+    assert built[2:] == ["ada"] and after["ada"] != first["ada"] and after["bob"] == first["bob"]
+    assert user_states(dict(REGISTRY), [more, DESK], ["ada"], memo=memo) == after  # another mapping
+    assert sorted(built[3:]) == ["ada", "bob"]

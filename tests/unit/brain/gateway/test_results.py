@@ -69,8 +69,10 @@ def test_a_blocked_call_that_waited_in_vain_keeps_the_routers_words() -> None:
     assert result.is_error and result.content[0].text.startswith("Waiting for Client for Tool: t (waited 2s")  # type: ignore[union-attr]
 
 
-A = frozenset({("laptop", "s1")})
-B = frozenset({("laptop", "s2")})
+A = (frozenset({("laptop", "s1")}), "d1")
+B = (frozenset({("laptop", "s2")}), "d1")
+A2 = (frozenset({("laptop", "s1")}), "d2")  # the same session, other tools
+NONE = (frozenset(), "d0")  # no client connected
 
 
 @pytest.mark.parametrize(
@@ -78,13 +80,16 @@ B = frozenset({("laptop", "s2")})
     [
         ((None, {}), (1.0, {"ada": A}), set()),  # nothing known before: nobody
         ((1.0, {"ada": A}), (1.0, {"ada": A}), set()),
-        ((1.0, {"ada": A}), (1.0, {}), {"ada"}),  # ada's client left
+        ((1.0, {"ada": A}), (1.0, {"ada": NONE}), {"ada"}),  # ada's client left
+        ((1.0, {"ada": A}), (1.0, {}), {"ada"}),  # ada's client left, ada no longer watched
         ((1.0, {}), (1.0, {"bob": A}), {"bob"}),  # bob's client came
+        ((1.0, {}), (1.0, {"bob": NONE}), set()),  # bob's first MCP session: he just listed
         ((1.0, {"ada": A}), (1.0, {"ada": B}), {"ada"}),  # reconnected (a new session)
+        ((1.0, {"ada": A}), (1.0, {"ada": A2}), {"ada"}),  # re-announced other tools, or one approved
         ((1.0, {"ada": A}), (2.0, {"ada": A}), {"ada", "bob"}),  # the registry reloaded: everyone
     ],
 )
-def test_list_changed_goes_to_the_users_whose_clients_or_registry_changed(
+def test_list_changed_goes_to_the_users_whose_clients_tools_or_registry_changed(
     before: Any, after: Any, told: set[str]
 ) -> None:
     assert changed_users(before, after, {"ada", "bob"}) == told

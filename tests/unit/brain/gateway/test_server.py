@@ -4,7 +4,8 @@ handlers are called as the SDK calls them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
@@ -20,9 +21,9 @@ from mcp.shared.exceptions import MCPError
 from brain.core.models import Location, TaskRecord, TaskState
 from brain.errors import InvalidTaskTree
 from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
-from brain.gateway.catalog import GatewayTool
+from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import listing
-from brain.gateway.server import Gateway
+from brain.gateway.server import Gateway, _Seen
 
 
 class FakeBackend:
@@ -39,6 +40,9 @@ class FakeBackend:
         self.submit_error = submit_error
         self.records = records or []
         self.submitted: list[tuple[str, Mapping[str, Any]]] = []
+        # What ``state`` answers, one per look (the last one again once they run out).
+        self.states: list[dict[str, UserState]] = [{}]
+        self.asked_for: list[set[str]] = []
 
     def user_of(self, token: str) -> str | None:
         return "ada"
@@ -46,8 +50,9 @@ class FakeBackend:
     def view(self, user: str) -> UserView:
         return UserView(user=user, tools=self.tools, listing=listing(self.tools, 40), pools={}, sessions=[])
 
-    def state(self) -> tuple[float, dict[str, frozenset[tuple[str, str]]]]:
-        return 0.0, {}
+    def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:
+        self.asked_for.append(set(users))
+        return 0.0, self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
     def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
         if self.submit_error is not None:
@@ -166,3 +171,27 @@ def test_tools_list_carries_every_field_the_tools_mcp_server_sent() -> None:
         "_meta": {"example.com/owner": "git-team"},
     }
     assert wire["brain_health"].keys() == {"name", "description", "inputSchema"}  # no metadata: none invented
+
+
+# --- list_changed ---------------------------------------------------------------------------------
+
+
+class ListeningSession:
+    def __init__(self) -> None:
+        self.told = 0
+
+    async def send_tool_list_changed(self) -> None:
+        self.told += 1
+
+
+def test_the_watcher_tells_the_sessions_of_a_user_whose_catalog_changed_in_the_same_session() -> None:
+    laptop = frozenset({("laptop", "s1")})
+    backend = FakeBackend()
+    backend.states = [{"ada": (laptop, "d1")}, {"ada": (laptop, "d1")}, {"ada": (laptop, "d2")}]
+    gw = gateway(backend)
+    ada = ListeningSession()
+    gw.watch.sessions["ada"] = {"mcp-1": _Seen(ada, time.monotonic())}  # type: ignore[arg-type]
+    looks = [anyio.run(gw.check_changes) for _ in range(3)]
+    assert looks == [set(), set(), {"ada"}]  # the first look only learns; then what changed
+    assert ada.told == 1
+    assert backend.asked_for == [{"ada"}] * 3  # the watched users' states are asked for
