@@ -76,6 +76,7 @@ from brain.hot.boundary import unreachable
 from brain.hot.queues import QueuesReport, queues_report
 from brain.runtime import vault
 from brain.runtime.registry import build_registry
+from brain.runtime.scheduler import new_tree_id
 from brain.runtime.service import Brain
 from brain.stack.embedded import (
     running_stack_url,
@@ -156,13 +157,25 @@ def run(
                     # Bound to a client: its work runs there only, as its enrolled user.
                     run_user = user or _check_enrolled(brain, client_id)
                 registry = brain.scheduler.registry
+                # The id is chosen here, so that a Ctrl-C while the brain records the tree can
+                # still find it and stop it (else the tree stayed `running`, its stack gone).
                 request = SubmitRequest(
-                    tree=tree, source=str(tree_file), session=session, client_id=client_id, user=run_user
+                    tree=tree,
+                    source=str(tree_file),
+                    session=session,
+                    client_id=client_id,
+                    user=run_user,
+                    tree_id=new_tree_id(tree),
                 )
                 try:
                     accepted = brain.scheduler.accept(request)
                 except (InvalidTaskTree, TreeRefused) as exc:
                     fail(str(exc), EXIT_BAD_INPUT)
+                except KeyboardInterrupt:
+                    if request.tree_id is None or brain.store.get_tree(request.tree_id) is None:
+                        raise
+                    stopped.append(_interrupt(brain, request.tree_id, own_stack))
+                    raise _Submitted from None
                 _print_warnings(accepted.warnings, registry)
                 waiting = _tasks_waiting_for_a_client(tree, registry) if not (client_id or run_user) else []
                 if waiting:
@@ -200,6 +213,8 @@ def run(
                     status = None
             finally:
                 brain.close()
+    except _Submitted:
+        status = None  # stopped while it was being submitted: `stopped` says what happened
     except KeyboardInterrupt:
         # Before the tree was submitted (the stack was starting): nothing runs, nothing to cancel.
         err.print("[yellow]interrupted (Ctrl-C) before the tree was submitted; nothing runs[/]")
@@ -213,6 +228,11 @@ def run(
         err.print(f"[yellow]{escape(stopped[0])}[/]", highlight=False, soft_wrap=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(run_exit_code(status))
+
+
+class _Submitted(Exception):
+    """Ctrl-C came while the brain was recording the tree, and the tree was stopped: leave the
+    stack's block (it stops the stack) and say so as after any other Ctrl-C."""
 
 
 # What a task cancelled because its `run` was stopped records (issue 22): not "by user", since

@@ -99,6 +99,11 @@ def new_run_id(tree_id: str, task_id: str, attempt: int, token: str | None = Non
     return f"{tree_id}.{task_id}"[: MAX_WIRE_ID_CHARS - len(tail)] + tail
 
 
+def new_tree_id(tree: TaskTree) -> str:
+    """A run's tree id: ``<tree.id>-<YYYYmmdd-HHMMSS>-<6 hex>`` (RUN_TREE_ID_SUFFIX_CHARS)."""
+    return f"{tree.id}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 def client_route(client_id: str) -> str:
     """The route summary recorded for a task sent to a client; results must come from it."""
     return f"client:{client_id}"
@@ -206,7 +211,7 @@ class Scheduler:
             user=user,
             unfinished=self.store.count_unfinished(user, NOT_FINAL),
         )
-        run_tree_id = tree_id or f"{tree.id}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_tree_id = tree_id or new_tree_id(tree)
         record = TreeRecord(
             tree_id=run_tree_id,
             tree=tree,

@@ -477,7 +477,7 @@ def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
             seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(run_id, {})
             return dict(seen) if seen.get("state") == "RETRY" else None
 
-        retried = wait_until(shown, timeout=30, what=f"Flower to show the {where} attempt as RETRY")
+        retried = wait_until(shown, timeout=60, what=f"Flower to show the {where} attempt as RETRY")
         assert PLANTED not in json.dumps(retried)
     finally:
         fs.brain.sweeps.cancel(rec.tree_id)
