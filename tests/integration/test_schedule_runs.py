@@ -205,3 +205,25 @@ def test_a_webhook_that_fails_is_logged_without_its_secret_and_the_summary_is_st
     assert [s.kind for s in brain.store.get_summaries(run.tree_id)] == [SummaryKind.FINAL]
     assert "summary webhook http://127.0.0.1/… failed" in caplog.text
     assert "s3cret" not in caplog.text
+
+
+def test_a_schedule_fires_a_night_batch_with_retries_trigger_rules_and_a_fan_out(
+    brain_on_redis: Brain, tmp_path: Path
+) -> None:
+    """Issue 23 through a schedule: the tree file's new fields come along, as in
+    examples/bad-night.yaml (no workers here: what the fire recorded is read back)."""
+    night = tmp_path / "bad-night.yaml"
+    night.write_text(
+        "id: night\nretry: {max_attempts: 3, backoff_s: 2}\ntasks:\n"
+        "  - {id: offices, tool: echo, args: {value: [a, b]}}\n"
+        "  - {id: each, tool: echo, depends_on: [offices], for_each: '${tasks.offices.result}', as: zone,"
+        " args: {value: '${zone}'}}\n"
+        "  - {id: notify, tool: echo, depends_on: [each], run_if: any_failed, args: {value: '${tasks.each.status}'}}\n"
+    )
+    runs = ScheduleRuns(brain_on_redis.scheduler, [spec(night)])
+    record = runs.fire(fire("nightly", 1))
+    assert record is not None
+    tree = brain_on_redis.store.get_tree(record.tree_id).tree
+    assert tree.retry is not None and tree.retry.max_attempts == 3
+    assert tree.task("notify").run_if.value == "any_failed"
+    assert (tree.task("each").for_each, tree.task("each").item_name) == ("${tasks.offices.result}", "zone")
