@@ -326,11 +326,11 @@ class Scheduler:
             parent = parent_of(task_id)
             if parent is not None:
                 # An item: its for_each task ends with the last of them, then its dependents go on.
+                # Not counted in flight while its siblings run: the tree's status is asked, so a
+                # tree whose for_each task ended early (cancelled, expired) still finishes.
                 ended_as = self._finish_fan_out(tree_id, parent) if state.is_final else None
                 if ended_as is not None:
                     work.append((parent, ended_as))
-                else:
-                    in_flight = 1
                 continue
             for dependent in tree.dependents.get(task_id, ()):
                 spec = tree.task(dependent)

@@ -123,3 +123,14 @@ def test_items_a_crash_left_unsent_are_sent_by_the_reconcilers_plan(rig: Rig) ->
     rig.later()
     rig.sweeps.run_once()  # re-sends the lost runs: the items are tasks like any other
     assert {f"each[{i}]" for i in range(3)} <= {c.task_id for c in rig.sent.calls}
+
+
+def test_a_tree_whose_fan_out_was_cancelled_finishes_when_its_last_item_ends(rig: Rig) -> None:
+    intake = Intake(rig.scheduler)
+    rec = rig.scheduler.submit(tree(echo("list"), fan()))
+    listed(rig, intake)
+    rig.sweeps.cancel(rec.tree_id, "each")  # the for_each task alone: its items are still out
+    assert rig.task(rec.tree_id, "each").state is TaskState.SKIPPED
+    for i in range(3):
+        assert intake.on_result(succeeded(rig.sent.of(f"each[{i}]")[-1]))
+    assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
