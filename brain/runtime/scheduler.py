@@ -879,6 +879,18 @@ class Scheduler:
             finished_at=now,
             task_id=task_id,
         )
+        parent = self.store.get_task(tree_id, task_id) if task_id is not None and ended else None
+        if parent is not None and parent.fan_out:
+            # A for_each task cancelled alone takes its items with it: they are its calls.
+            for index in range(parent.fan_out):
+                ended += self.store.end_tasks(
+                    tree_id,
+                    from_states=NOT_FINAL,
+                    state=TaskState.SKIPPED,
+                    reason=reason,
+                    finished_at=now,
+                    task_id=item_id(parent.task_id, index),
+                )
         runs: dict[str | None, list[str]] = {}
         for task in ended:
             if task.run_id:

@@ -125,12 +125,25 @@ def test_items_a_crash_left_unsent_are_sent_by_the_reconcilers_plan(rig: Rig) ->
     assert {f"each[{i}]" for i in range(3)} <= {c.task_id for c in rig.sent.calls}
 
 
-def test_a_tree_whose_fan_out_was_cancelled_finishes_when_its_last_item_ends(rig: Rig) -> None:
+def test_cancelling_a_for_each_task_cancels_its_items(rig: Rig) -> None:
     intake = Intake(rig.scheduler)
     rec = rig.scheduler.submit(tree(echo("list"), fan()))
     listed(rig, intake)
-    rig.sweeps.cancel(rec.tree_id, "each")  # the for_each task alone: its items are still out
-    assert rig.task(rec.tree_id, "each").state is TaskState.SKIPPED
+    done = rig.sweeps.cancel(rec.tree_id, "each")  # `vancetope cancel TREE each`
+    assert sorted(done) == ["each", "each[0]", "each[1]", "each[2]"]
+    assert not intake.on_result(succeeded(rig.sent.of("each[0]")[-1]))  # a late item: refused
+    assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
+
+
+def test_a_tree_whose_fan_out_ended_early_finishes_when_its_last_item_ends(rig: Rig) -> None:
+    intake = Intake(rig.scheduler)
+    rec = rig.scheduler.submit(tree(echo("list"), fan()))
+    listed(rig, intake)
+    # Ended with its items still out (as a crash between the two would leave it).
+    rig.store.end_tasks(
+        rec.tree_id, from_states={TaskState.FANNED_OUT}, state=TaskState.EXPIRED, reason="x", finished_at=1,
+        task_id="each",
+    )  # fmt: skip
     for i in range(3):
         assert intake.on_result(succeeded(rig.sent.of(f"each[{i}]")[-1]))
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
