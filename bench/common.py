@@ -93,6 +93,11 @@ class Row:
         }
 
 
+def span(values: list[float]) -> str:
+    """``1.48–1.59``: the spread of a row's repetitions, for its notes."""
+    return f"{min(values):.2f}–{max(values):.2f}"
+
+
 def not_measured(benchmark: str, metric: str, goal: float | None, why: str) -> Row:
     """A contract row that cannot be measured meaningfully today: NaN values, the reason in notes."""
     nan = math.nan

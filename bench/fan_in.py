@@ -27,7 +27,7 @@ from typing import Any
 from celery import chord
 
 from bench import celery_baseline
-from bench.common import Row, redis_only_stack
+from bench.common import Row, redis_only_stack, span
 from bench.rigs import baseline_on, vancetope_on
 from brain.core.models import TaskTree
 
@@ -96,14 +96,10 @@ def run(quick: bool = False) -> list[Row]:
             notes=(
                 f"{n:,} tasks -> 1{' (quick size; full: 1,000)' if quick else ''}; "
                 f"{'median of ' + str(reps) + ': ' if reps > 1 else ''}"
-                f"chord {_span(base_s)}s, Vancetope {_span(vt_s)}s; the join task takes all {n:,} results"
+                f"chord {span(base_s)}s, Vancetope {span(vt_s)}s; the join task takes all {n:,} results"
             ),
         )
     ]
-
-
-def _span(values: list[float]) -> str:
-    return f"{min(values):.2f}–{max(values):.2f}"
 
 
 if __name__ == "__main__":

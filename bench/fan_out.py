@@ -37,7 +37,7 @@ from typing import Any
 from celery import chord
 
 from bench import celery_baseline
-from bench.common import BenchError, Row, redis_only_stack
+from bench.common import BenchError, Row, redis_only_stack, span
 from bench.rigs import Baseline, Vancetope, baseline_on, vancetope_on
 from brain.core.models import TaskRecord, TaskState, TaskTree
 
@@ -192,17 +192,13 @@ def run(quick: bool = False) -> list[Row]:
                 f"a list of {n:,} -> {n:,} echo tasks -> 1 task reading all results"
                 f"{' (quick size; full: 1,000)' if quick else ''}; "
                 f"{'median of ' + str(reps) + ': ' if reps > 1 else ''}"
-                f"Celery {_span(base_s)}s, Vancetope {_span(vt_s)}s; every run checked: {n:,} items, "
+                f"Celery {span(base_s)}s, Vancetope {span(vt_s)}s; every run checked: {n:,} items, "
                 f"results in order. Vancetope, median s: {split_note}. Context, not the ratio: "
                 f"the same chord sent by the producer, list known up front, {from_producer:.2f}s "
                 f"({vancetope / from_producer:.2f}×)"
             ),
         )
     ]
-
-
-def _span(values: list[float]) -> str:
-    return f"{min(values):.2f}–{max(values):.2f}"
 
 
 if __name__ == "__main__":
