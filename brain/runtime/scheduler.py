@@ -372,37 +372,35 @@ class Scheduler:
         states = {r.task_id: r.state for r in self.store.get_tasks(tree_id, spec.depends_on)}
         return verdict(spec, states)
 
-    def _not_final(self, tree_id: str, task_ids: Sequence[str], done: set[str]) -> bool:
-        """Whether one of ``task_ids`` is not final yet; asked as ``_not_done`` asks."""
-        probe: list[str] = []
-        for task_id in reversed(task_ids):
-            if task_id in done:
-                continue
-            probe.append(task_id)
-            if len(probe) == _DEPENDENCY_PROBE:
-                if self.store.first_task_in(tree_id, NOT_FINAL, among=probe) is not None:
-                    return True
-                probe = []
-        return bool(probe) and self.store.first_task_in(tree_id, NOT_FINAL, among=probe) is not None
-
     def _not_done(
         self, tree_id: str, task_ids: Sequence[str], done: set[str]
     ) -> tuple[str, TaskState] | None:
         """One of ``task_ids`` that is not done yet, with its state, or None (``done``: seen
-        done here). The last listed first, a few at a time: in a fan-in the dependencies
-        still running are the last sent, so the answer is usually in one small lookup, not
-        in one naming all the others (each of 1,000 members asked about 999)."""
+        done here)."""
+        return self._first_in(tree_id, task_ids, done, NOT_DONE)
+
+    def _not_final(self, tree_id: str, task_ids: Sequence[str], done: set[str]) -> bool:
+        """Whether one of ``task_ids`` is not final yet (``done``: seen done here)."""
+        return self._first_in(tree_id, task_ids, done, NOT_FINAL) is not None
+
+    def _first_in(
+        self, tree_id: str, task_ids: Sequence[str], done: set[str], states: Collection[TaskState]
+    ) -> tuple[str, TaskState] | None:
+        """One of ``task_ids`` (none of ``done``) in ``states``, with its state, or None. The
+        last listed first, a few at a time: in a fan-in the dependencies still running are the
+        last sent, so the answer is usually in one small lookup, not in one naming all the
+        others (each of 1,000 members asked about 999)."""
         probe: list[str] = []
         for task_id in reversed(task_ids):
             if task_id in done:
                 continue
             probe.append(task_id)
             if len(probe) == _DEPENDENCY_PROBE:
-                found = self.store.first_task_in(tree_id, NOT_DONE, among=probe)
+                found = self.store.first_task_in(tree_id, states, among=probe)
                 if found is not None:
                     return found
                 probe = []
-        return self.store.first_task_in(tree_id, NOT_DONE, among=probe) if probe else None
+        return self.store.first_task_in(tree_id, states, among=probe) if probe else None
 
     def _start_ready(self, tree_rec: TreeRecord, ready: list[str]) -> int:
         """Route and send (or park) ready tasks, in chunks: each chunk's compare-and-sets are
