@@ -99,14 +99,7 @@ class Settings(BaseSettings):
     @field_validator("retry", mode="before")
     @classmethod
     def _json_retry(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f'not a JSON retry policy ({{"max_attempts": 3, "backoff_s": 5}}): {exc}'
-                ) from exc
-        return value
+        return _from_json(value, 'a JSON retry policy ({"max_attempts": 3, "backoff_s": 5})')
 
     max_result_bytes: int = Field(default=1_048_576, gt=0)
     # A tree or registry file larger than this is refused before it is parsed.
@@ -183,14 +176,7 @@ class Settings(BaseSettings):
     @field_validator("pools", mode="before")
     @classmethod
     def _parse_pools(cls, value: object) -> object:
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(
-                    f'not a JSON list of pools ([{{"name": "gpu", "concurrency": 1}}]): {exc}'
-                ) from exc
-        return value
+        return _from_json(value, 'a JSON list of pools ([{"name": "gpu", "concurrency": 1}])')
 
     @field_validator("pools")
     @classmethod
@@ -273,6 +259,17 @@ def sandbox_hidden(settings: Settings, cwd: Path | None = None) -> list[Path]:
         store = Path(settings.store.removeprefix("sqlite:///"))
         hidden += [store, store.with_name(store.name + "-wal"), store.with_name(store.name + "-shm")]
     return [*hidden, find_config(cwd) or (cwd or Path.cwd()) / CONFIG_FILE]
+
+
+def _from_json(value: object, expected: str) -> object:
+    """A setting given as JSON text (a ``VANCETOPE_*`` variable) parsed, naming what was
+    ``expected`` when it is not JSON; any other value as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not {expected}: {exc}") from exc
 
 
 class _Environment(PydanticBaseSettingsSource):
