@@ -28,10 +28,11 @@ def vancetope(
     data: Path,
     timeout: float = 120,
     env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
         [sys.executable, "-m", "brain", *args],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -20,6 +20,7 @@ from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord, TreeS
 from brain.stack.redis_server import free_port
 from brain.store import open_store
 from tests.conftest import EXAMPLES, ROOT, agent_with_servers, wait_until
+from tests.integration.test_cli import vancetope
 
 pytestmark = pytest.mark.integration
 
@@ -34,19 +35,6 @@ NO_CONFIG = "no vancetope.toml here or above; using the defaults"
 
 def env_for(data: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "VANCETOPE_DATA_DIR": str(data), "COLUMNS": "250", **extra}
-
-
-def vancetope(
-    *args: str, data: Path, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
-        [sys.executable, "-m", "brain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env_for(data, **(env or {})),
-    )
 
 
 def start(args: list[str], data: Path, log: Path, **env: str) -> subprocess.Popen[bytes]:
@@ -300,9 +288,7 @@ def test_status_of_one_task_prints_its_whole_result_where_the_table_shows_a_prev
         store.close()
     table = vancetope("status", "t-1", data=data, env={"COLUMNS": "80"})
     assert table.returncode == 0, table.stderr
-    assert len([line for line in table.stdout.splitlines() if "line of a lon" in line]) == 1, (
-        table.stdout
-    )
+    assert len([line for line in table.stdout.splitlines() if "line of a lon" in line]) == 1, table.stdout
     assert "whole results: vancetope status t-1 TASK (or --json)" in table.stdout
 
     whole = vancetope("status", "t-1", "read", data=data, env={"COLUMNS": "80"})
@@ -330,7 +316,10 @@ def test_explain_names_each_tasks_retry_policy_and_trigger_rule(tmp_path: Path) 
     assert "task 'a': retry 4 attempts, 1s ×2 (≤300s, jitter) on tool_error (from the task)" in text
     assert "task 'b': retry 2 attempts, 5s ×2 (≤300s, jitter) on unavailable, timeout (from the tree)" in text
     assert "run_if any_failed (a)" in text
-    assert "task 'c': retry 2 attempts" in text and "for_each ${tasks.a.result} as f (at most 1000 items)" in text
+    assert (
+        "task 'c': retry 2 attempts" in text
+        and "for_each ${tasks.a.result} as f (at most 1000 items)" in text
+    )
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "id: bad\ntasks:\n"
