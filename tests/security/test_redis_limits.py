@@ -42,6 +42,7 @@ from workers.contracts import (
     key_presence,
     key_registry,
     key_requeueing,
+    key_retry_at,
     key_schedule_lock,
     key_tool_pins,
     key_tree_running,
@@ -403,6 +404,7 @@ BEAT_REFUSALS: list[tuple[str, Callable[[redis.Redis], Any]]] = [
     ("publish an event", lambda r: r.publish("celeryev", "{}")),
     ("run a script", lambda r: r.eval("return 1", 0)),
     ("delete the brain's queue", lambda r: r.delete("brain")),
+    ("set a retry timer", lambda r: r.zadd(key_retry_at(), {"t\x1fa": 0})),
 ]
 
 

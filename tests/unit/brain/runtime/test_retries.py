@@ -164,3 +164,19 @@ def test_two_brains_polling_the_timers_start_a_due_attempt_once(rig: Rig) -> Non
     rig.clock.advance(10)
     assert len(timers.take_due(rig.clock())) == 1
     assert timers.take_due(rig.clock()) == []  # the other brain finds it taken
+
+
+def test_a_forged_timer_starts_nothing_the_store_does_not_say_is_retrying(rig: Rig) -> None:
+    """The pool's credential may write the timers (it records failed attempts): what it could
+    forge is a timer for a task that is queued, done or another tree's. None of them starts."""
+    intake = Intake(rig.scheduler)
+    rec = rig.scheduler.submit(tree(echo("queued"), echo("done")))
+    assert intake.on_result(succeeded(rig.sent.of("done")[-1]))
+    timers = RetryTimers(rig.r)
+    for task_id in ("queued", "done", "nope"):
+        timers.set(rec.tree_id, task_id, rig.clock() - 1)
+    timers.set("no-such-tree", "a", rig.clock() - 1)
+    sent = len(rig.sent.calls)
+    assert start_due(rig.scheduler) == 0
+    assert len(rig.sent.calls) == sent and timers.next_due() is None
+    assert rig.task(rec.tree_id, "queued").state is TaskState.QUEUED_SERVER
