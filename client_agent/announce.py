@@ -85,9 +85,11 @@ def encode_announcement(
 
 
 # What an announcement too big for the brain's cap leaves out, step by step.
+SHORT_SURFACE = 20
 _TRIMS: tuple[tuple[str, Callable[[ToolDescriptor], ToolDescriptor]], ...] = (
     ("icons and _meta", lambda t: t.model_copy(update={"icons": None, "meta": None})),
     ("output schemas", lambda t: t.model_copy(update={"output_schema": None})),
+    (f"resources and prompts beyond the first {SHORT_SURFACE} of a server", lambda t: _shorter(t)),
     ("tool descriptions", lambda t: t.model_copy(update={"description": ""})),
     (
         "descriptions inside input schemas",
@@ -98,6 +100,23 @@ _TRIMS: tuple[tuple[str, Callable[[ToolDescriptor], ToolDescriptor]], ...] = (
         lambda t: t.model_copy(update={"title": None, "annotations": None, "execution": None}),
     ),
 )
+
+
+def _shorter(tool: ToolDescriptor) -> ToolDescriptor:
+    """A surface tool listing at most SHORT_SURFACE of each kind: a read of one left out is
+    still routed to its server (``McpSurface.truncated``)."""
+    surface = tool.surface
+    if surface is None:
+        return tool
+    kept = {
+        "resources": surface.resources[:SHORT_SURFACE],
+        "resource_templates": surface.resource_templates[:SHORT_SURFACE],
+        "prompts": surface.prompts[:SHORT_SURFACE],
+    }
+    cut = any(len(getattr(surface, k)) > len(v) for k, v in kept.items())
+    if not cut:
+        return tool
+    return tool.model_copy(update={"surface": surface.model_copy(update={**kept, "truncated": True})})
 
 
 def _strip(node: Any) -> Any:

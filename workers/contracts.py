@@ -400,6 +400,63 @@ def tool_metadata(tool: BaseModel) -> dict[str, Any]:
     return {wire: value for wire, value in found.items() if value is not None}
 
 
+# --- what an MCP server offers beside tools: resources, prompts, completion -----------
+#
+# Each of these is routed like a tool (issue 24): an MCP server ``S`` that offers resources
+# is also the tool ``S#read_resource``, prompts ``S#get_prompt``, completion ``S#complete``.
+# The router, the offline strategies, parking, consent and the records then apply unchanged,
+# on the server pool and on a workstation alike. ``#`` is outside the MCP name alphabet
+# (``[A-Za-z0-9._-]``), so such a name can never be a real tool's, and the gateway never
+# lists one as a tool. What the server listed travels with its entry (``McpSurface``).
+
+SURFACE_MARK = "#"
+READ_RESOURCE = "read_resource"
+GET_PROMPT = "get_prompt"
+COMPLETE = "complete"
+SURFACE_OPS = (READ_RESOURCE, GET_PROMPT, COMPLETE)
+# At most this many resources, templates and prompts of one server are listed (a filesystem
+# server may offer every file it sees); a read of one left out is still routed (``truncated``).
+MAX_SURFACE_ITEMS = 200
+
+
+def surface_tool(server: str, op: str) -> str:
+    """The tool name under which MCP server ``server``'s ``op`` is routed: ``notes#read_resource``."""
+    return f"{server}{SURFACE_MARK}{op}"
+
+
+def surface_op(name: str) -> tuple[str, str] | None:
+    """(server, op) of a surface tool name, None for any other name."""
+    server, mark, op = name.rpartition(SURFACE_MARK)
+    if not mark or not server or op not in SURFACE_OPS:
+        return None
+    return server, op
+
+
+def _wire_list(model: str) -> Callable[[Any], Any]:
+    one = _wire(model)
+    return lambda items: [one(i) for i in items]
+
+
+class McpSurface(BaseModel):
+    """What one MCP server listed of one kind beside its tools, as the SDK puts it on the wire
+    (camelCase): resources and resource templates on ``S#read_resource``, prompts on
+    ``S#get_prompt`` (``S#complete`` carries none)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    resources: Annotated[list[dict[str, Any]], AfterValidator(_wire_list("Resource"))] = Field(
+        default_factory=list, max_length=MAX_SURFACE_ITEMS
+    )
+    resource_templates: Annotated[list[dict[str, Any]], AfterValidator(_wire_list("ResourceTemplate"))] = (
+        Field(default_factory=list, max_length=MAX_SURFACE_ITEMS)
+    )
+    prompts: Annotated[list[dict[str, Any]], AfterValidator(_wire_list("Prompt"))] = Field(
+        default_factory=list, max_length=MAX_SURFACE_ITEMS
+    )
+    # The server listed more than MAX_SURFACE_ITEMS: what is here is the first of them.
+    truncated: bool = False
+
+
 class ToolDescriptor(BaseModel):
     """What an executor knows of one tool it can run: announced by a client agent,
     discovered from an MCP server with ``list_tools``, or declared by a built-in."""
@@ -417,6 +474,8 @@ class ToolDescriptor(BaseModel):
     icons: ToolIconsWire = None
     execution: ToolExecutionWire = None
     meta: ToolMeta = None
+    # Set on a surface tool (``surface_tool``) only: what its server listed.
+    surface: McpSurface | None = None
 
 
 class MCPServerFailure(BaseModel):

@@ -22,7 +22,7 @@ from jsonschema import exceptions as schema_errors
 from jsonschema import validators
 from mcp.types import CallToolResult
 
-from workers import argcheck
+from workers import argcheck, mcp_surface
 from workers.contracts import (
     MAX_PROGRESS_MESSAGE_CHARS,
     ErrorInfo,
@@ -31,6 +31,7 @@ from workers.contracts import (
     ToolResult,
     ToolType,
     result_size,
+    surface_op,
 )
 from workers.errors import (
     InvalidArguments,
@@ -112,6 +113,9 @@ def _dispatch(
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)
         return _run_builtin(tool, call.args, call.timeout_s), None
+    if call.tool_type is ToolType.MCP and surface_op(call.tool) is not None:
+        # resources/read, prompts/get, completion/complete: the MCP result is the value.
+        return _run_surface(call, mcp), None
     if call.tool_type is ToolType.MCP:
         # The convenient value is derived from the whole result where it is recorded.
         return None, whole_result(_run_mcp(call, mcp, on_progress))
@@ -129,9 +133,7 @@ def _dispatch(
     )
 
 
-def _run_mcp(
-    call: ToolCall, mcp: MCPClientManager | None, on_progress: ProgressSink | None
-) -> CallToolResult:
+def _mcp_for(call: ToolCall, mcp: MCPClientManager | None) -> tuple[str, MCPClientManager]:
     if not call.mcp_server:
         raise ToolNotFound(f"MCP tool {call.tool!r} names no mcp_server", tool=call.tool)
     if mcp is None:
@@ -140,16 +142,33 @@ def _run_mcp(
             tool=call.tool,
             server=call.mcp_server,
         )
-    schema = mcp.input_schema(call.mcp_server, call.tool)
+    return call.mcp_server, mcp
+
+
+def _run_surface(call: ToolCall, mcp: MCPClientManager | None) -> dict[str, Any]:
+    server, manager = _mcp_for(call, mcp)
+    found = surface_op(call.tool)
+    assert found is not None
+    if found[0] != server:
+        raise ToolNotFound(f"{call.tool!r} is not a request of MCP server {server!r}", tool=call.tool)
+    validate_args(call.tool, mcp_surface.SCHEMAS[found[1]], call.args)
+    return manager.surface_request(server, found[1], call.args, timeout=call.timeout_s)
+
+
+def _run_mcp(
+    call: ToolCall, mcp: MCPClientManager | None, on_progress: ProgressSink | None
+) -> CallToolResult:
+    server, manager = _mcp_for(call, mcp)
+    schema = manager.input_schema(server, call.tool)
     if schema is None:
         # A fresh worker process has listed nothing yet; starting the server lists its tools,
         # so the first call is validated like every later one.
-        mcp.connect(call.mcp_server)
-        schema = mcp.input_schema(call.mcp_server, call.tool)
+        manager.connect(server)
+        schema = manager.input_schema(server, call.tool)
     if schema is not None:
         validate_args(call.tool, schema, call.args)
-    return mcp.call_tool_result(
-        call.mcp_server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress
+    return manager.call_tool_result(
+        server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress
     )
 
 

@@ -38,7 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
-from workers import sandbox
+from workers import mcp_surface, sandbox
 from workers.contracts import TOOL_METADATA_FIELDS, MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
@@ -404,6 +404,13 @@ class MCPClientManager:
             self._start_timeout + 2 * timeout, self._call, server, tool, args, timeout, on_progress
         )
 
+    def surface_request(self, server: str, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One resources/read, prompts/get or completion/complete (``op``: a surface op of
+        ``workers.contracts``) on ``server``; the result's JSON. ToolFailed carries the
+        server's JSON-RPC error code (e.g. -32002, resource not found)."""
+        self._spec(server)
+        return self._submit(self._start_timeout + 2 * timeout, self._surface, server, op, args, timeout)
+
     def connect(self, server: str) -> None:
         """Start the server now if it is not running (bounded by start_timeout), which also lists its tools."""
         self._spec(server)
@@ -533,8 +540,39 @@ class MCPClientManager:
         return ToolFailed(_describe(exc), server=session.name, tool=tool)
 
     async def _list_tools(self, server: str, timeout: float) -> list[ToolDescriptor]:
+        """Its tools, then what it offers beside them (resources, prompts, completion) as the
+        surface tools that route them (``workers.mcp_surface``)."""
         session = await self._session(server, timeout)
-        return await self._list(session, timeout)
+        tools = await self._list(session, timeout)
+        client = session.client
+        if client is None:
+            raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
+        try:
+            with anyio.fail_after(timeout):
+                return tools + await mcp_surface.list_surface(session.name, client)
+        except TimeoutError:
+            raise ToolTimeout(
+                f"MCP server {session.name!r} did not list its resources and prompts within {timeout:g}s"
+            ) from None
+        except Exception as exc:
+            raise self._call_error(session, "resources/list", exc) from exc
+
+    async def _surface(self, server: str, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+        session = await self._session(server, self._start_timeout)
+        client = session.client
+        if client is None:
+            raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
+        try:
+            with anyio.fail_after(timeout):
+                return await mcp_surface.request(server, client, op, args)
+        except TimeoutError:
+            raise ToolTimeout(
+                f"{op} on MCP server {server!r} did not answer within {timeout:g}s", server=server, tool=op
+            ) from None
+        except WorkerError:
+            raise
+        except Exception as exc:
+            raise self._call_error(session, op, exc) from exc
 
     async def _discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:
         names = list(self.config.servers)

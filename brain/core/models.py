@@ -19,7 +19,9 @@ from workers.contracts import (
     MAX_CALL_TIMEOUT_S,
     MAX_TOOL_NAME_CHARS,
     MAX_WIRE_ID_CHARS,
+    READ_RESOURCE,
     ErrorInfo,
+    McpSurface,
     ToolAnnotationsWire,
     ToolExecutionWire,
     ToolIconsWire,
@@ -28,6 +30,8 @@ from workers.contracts import (
     ToolTitle,
     ToolType,
     check_pool_name,
+    surface_op,
+    surface_tool,
 )
 from workers.contracts import RETRYING as RETRYING_STATE
 
@@ -153,12 +157,19 @@ class ToolSpec(BaseModel):
     icons: ToolIconsWire = None
     execution: ToolExecutionWire = None
     meta: ToolMeta = None
+    # A surface tool's (``<server>#read_resource``, …): what its MCP server listed.
+    surface: McpSurface | None = None
 
     _valid_pool = field_validator("pool")(check_pool)
 
     @field_validator("name")
     @classmethod
     def _valid_name(cls, v: str) -> str:
+        # Resources, prompts and completion of MCP server S route as ``S#<op>``.
+        surface = surface_op(v)
+        if surface is not None:
+            check_id(surface[0], MAX_TOOL_ID_CHARS)
+            return v
         # A tool of an MCP server may be named ``<server>/<tool>`` (brain.core.toolnames).
         server, slash, tool = v.partition("/")
         if slash:
@@ -253,6 +264,27 @@ class TaskSpec(BaseModel):
     max_fan_out: int | None = Field(default=None, gt=0)
 
     _valid_pool = field_validator("pool")(check_pool)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_resource_of_a_server(cls, data: Any) -> Any:
+        # ``tool: read_resource`` with ``args: {server: S, uri: U}`` reads a resource of MCP
+        # server S (the brain's or a workstation's) wherever S runs: it is the call of
+        # ``S#read_resource`` (workers.contracts.surface_tool), so it routes, parks and is
+        # recorded like a tool call of S. The server is named here, not looked up by URI:
+        # the route is chosen from it, and its client may be offline when the tree comes in.
+        if not isinstance(data, dict) or data.get("tool") != READ_RESOURCE:
+            return data
+        args = data.get("args")
+        server = args.get("server") if isinstance(args, dict) else None
+        if not isinstance(server, str) or not server or "${" in server:
+            raise ValueError(
+                "read_resource needs args.server, the name of the MCP server whose resource it reads "
+                "(as in the brain's mcpServers file or the workstation's mcp.json), and args.uri"
+            )
+        assert isinstance(args, dict)
+        rest = {k: v for k, v in args.items() if k != "server"}
+        return {**data, "tool": surface_tool(server, READ_RESOURCE), "args": rest}
 
     @field_validator("id")
     @classmethod

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import Enrollment, ToolSpec
 from brain.core.toolnames import SEPARATOR, bare_name_taken, client_clashes, qualified
-from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor
+from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor, surface_op
 
 
 class ClientSession(BaseModel):
@@ -51,8 +51,8 @@ def names_of(tool: ToolDescriptor, registry: Mapping[str, ToolSpec] | None = Non
     means whatever else (a built-in, another server) shares its bare name; to that name only
     when the registry gives the bare one to another tool. A tool the agent already announced
     as ``<server>/<tool>`` (its bare name is the agent's native tool's) has that name only."""
-    if not tool.mcp_server:
-        return (tool.name,)
+    if not tool.mcp_server or surface_op(tool.name) is not None:
+        return (tool.name,)  # a surface tool's name holds its server already
     if tool.name.startswith(tool.mcp_server + SEPARATOR):
         return (tool.name,)
     full = qualified(tool.mcp_server, tool.name)

@@ -37,12 +37,14 @@ from brain.errors import BrainError, StackNotRunning
 from brain.gateway.catalog import GatewayTool, StateMemo, UserState, catalog, user_states
 from brain.gateway.pools import Listing, Pool, PoolConfig, build_pools, listing, load_tool_pools
 from brain.gateway.primary import CANCEL, HEALTH, LIST_CLIENTS, OWN_NAMES, SUBMIT_TREE, TREE_STATUS
+from brain.gateway.surface import Surface, surface_of
 from brain.hot.boundary import unreachable
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.runtime import gateway_door as door
 from brain.runtime import gateway_tokens as tokens
 from brain.store import Store, open_store
+from workers.contracts import surface_op
 from workers.urls import redact_url
 
 CALL_TASK = "call"
@@ -78,6 +80,7 @@ class UserView:
     listing: Listing
     pools: dict[str, Pool]
     sessions: list[ClientSession]
+    surface: Surface = field(default_factory=Surface)
 
 
 @dataclass(frozen=True)
@@ -173,13 +176,16 @@ class Backend:
     def view(self, user: str) -> UserView:
         registry = self.registry()
         own = user_sessions(self.sessions().values(), user)
-        tools = catalog(registry.tools, own, user, OWN_NAMES)
+        every = catalog(registry.tools, own, user, OWN_NAMES)
+        # Resources, prompts and completion are routed as tools but listed by their own lists.
+        tools = [t for t in every if surface_op(t.name) is None]
         return UserView(
             user=user,
             tools=tools,
             listing=listing(tools, self.settings.gateway_max_tools),
             pools=build_pools(tools, self.pool_config),
             sessions=own,
+            surface=surface_of(every),
         )
 
     def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:

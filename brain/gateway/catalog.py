@@ -23,6 +23,7 @@ from brain.core.sessions import ClientSession, user_sessions
 from brain.core.toolnames import name_on_server, qualified
 from workers.contracts import (
     TOOL_METADATA_FIELDS,
+    McpSurface,
     ToolAnnotationsWire,
     ToolDescriptor,
     ToolExecutionWire,
@@ -60,6 +61,9 @@ class GatewayTool(BaseModel):
     icons: ToolIconsWire = None
     execution: ToolExecutionWire = None
     meta: ToolMeta = None
+    # A surface tool's (``<server>#read_resource``…): the resources or prompts its server
+    # listed. Never in tools/list; resources/list and prompts/list are made of these.
+    surface: McpSurface | None = None
 
 
 def default_pool(tool_type: ToolType, mcp_server: str | None) -> str:
@@ -97,7 +101,20 @@ def catalog(
             continue  # a second client-only tool of this name and no server to tell them apart
         taken.add(name)
         listed.append(_from_descriptor(name, desc, clients))
-    return listed
+    return _with_announced_surfaces(listed, own)
+
+
+def _with_announced_surfaces(listed: list[GatewayTool], own: list[ClientSession]) -> list[GatewayTool]:
+    """A registry entry for a client's surface tool (``vault#read_resource`` with ``location:
+    client``, so that reads park while the laptop is closed) lists nothing of its own: what the
+    connected client announced of it is what its server has."""
+    announced = {d.name: d.surface for s in own for d in s.tools if d.surface is not None}
+    return [
+        t.model_copy(update={"surface": announced[t.name]})
+        if t.surface is None and t.name in announced
+        else t
+        for t in listed
+    ]
 
 
 def _registry_entries(registry: Mapping[str, ToolSpec]) -> list[tuple[str, ToolSpec]]:
@@ -182,7 +199,7 @@ def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) 
 
 
 def _metadata(tool: ToolSpec | ToolDescriptor) -> dict[str, Any]:
-    return {name: getattr(tool, name) for name in TOOL_METADATA_FIELDS}
+    return {name: getattr(tool, name) for name in (*TOOL_METADATA_FIELDS, "surface")}
 
 
 # What list_changed follows for one user: their connected clients (client_id, session_id) and

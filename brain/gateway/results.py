@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from mcp import types
+from mcp.shared.exceptions import MCPError
 
 from brain.core.models import TaskRecord, TaskState
 from brain.gateway.primary import TREE_STATUS
@@ -64,4 +65,41 @@ def waited_result(rec: TaskRecord, waited_s: float) -> types.CallToolResult:
     )
 
 
-__all__ = ["final_result", "queued_result", "text_result", "value_result", "waited_result"]
+# The spec's error for a resource no server has (MCP 2025-11-25, resources: error handling).
+RESOURCE_NOT_FOUND = -32002
+
+
+def surface_value(kind: str, rec: TaskRecord, waited_s: float) -> Any:
+    """The value of a routed resources/read, prompts/get or completion/complete (the MCP
+    result's JSON); else the protocol error these requests have instead of an error result,
+    with the router's words: parked for a client, not come within its wait, failed (with the
+    upstream server's own error code when it sent one)."""
+    if kind == "final" and rec.state is TaskState.DONE:
+        return rec.result
+    code, where = types.INTERNAL_ERROR, f" (tree {rec.tree_id})"
+    if kind == "queued":
+        message = (
+            f"{rec.reason}. The request waits in the queue for one of your clients{where}; ask again "
+            "once that client is connected"
+        )
+    elif kind == "waited":
+        message = f"{rec.reason} (waited {waited_s:g}s; no client of yours that has it connected). Start the client agent and ask again"
+    elif rec.state is TaskState.FAILED and rec.error is not None:
+        message = rec.error.message + where
+        upstream = rec.error.data.get("code")
+        if isinstance(upstream, int) and not isinstance(upstream, bool):
+            code = upstream
+    else:
+        message = f"{rec.state.value}: {rec.reason}{where}"
+    raise MCPError(code, message)
+
+
+__all__ = [
+    "RESOURCE_NOT_FOUND",
+    "final_result",
+    "queued_result",
+    "surface_value",
+    "text_result",
+    "value_result",
+    "waited_result",
+]

@@ -1,10 +1,16 @@
 """The gateway's MCP server (layer: brain/gateway, SDK glue): the official SDK's low-level
 ``Server`` behind its streamable-HTTP session manager at ``/mcp``, with the SDK's bearer-token
 middleware in front (no valid token: 401, nothing served) and a watcher that sends
-``notifications/tools/list_changed`` to a user's sessions when what the user sees changes: one
-of the user's clients connects, leaves or announces other tools (an mcp.json edited, a held
-tool approved), or the registry reloads. The gateway serves tools only (no resources or
-prompts), so that is the only list_changed it sends.
+``list_changed`` (tools, resources, prompts) to a user's sessions when what the user sees
+changes: one of the user's clients connects, leaves or announces other tools (an mcp.json
+edited, a held tool approved), or the registry reloads.
+
+Resources, prompts and completion of the brain's MCP servers and of the user's clients' are
+served too, routed like tool calls (``brain.gateway.surface``): a read is a one-task tree of
+the surface tool ``<server>#read_resource``, so it runs where that server runs, with the same
+offline rules; its failure is a protocol error (these requests have no error results).
+Subscriptions are accepted and kept per session; an upstream server's
+``notifications/resources/updated`` is not relayed (its session lives in a worker).
 
 Handlers decide nothing themselves: ``catalog``/``pools`` say what a user sees, ``backend``
 submits and reads (in worker threads), ``results`` turns a task record into a result.
@@ -35,7 +41,13 @@ from mcp.server.streamable_http_manager import (
     StreamableHTTPASGIApp,
     StreamableHTTPSessionManager,
 )
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
@@ -50,7 +62,15 @@ from brain.gateway.backend import CALL_TASK, Caller, GatewayBackend, Refused, Su
 from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
-from brain.gateway.results import final_result, queued_result, text_result, value_result, waited_result
+from brain.gateway.results import (
+    RESOURCE_NOT_FOUND,
+    final_result,
+    queued_result,
+    surface_value,
+    text_result,
+    value_result,
+    waited_result,
+)
 from brain.runtime.gateway_door import DoorRefused
 from workers.contracts import channel_tree_events, tool_metadata
 
@@ -100,6 +120,8 @@ class Watch:
     # user -> the bus of its subscriptions/listen streams (2026-07-28 clients)
     buses: dict[str, InMemorySubscriptionBus] = field(default_factory=dict)
     listeners: dict[str, ListenHandler] = field(default_factory=dict)
+    # MCP session id -> the resource URIs it subscribed to
+    subscribed: dict[str, set[str]] = field(default_factory=dict)
 
 
 def changed_users(
@@ -127,6 +149,11 @@ def changed_users(
     return told
 
 
+def _session_id(ctx: ServerRequestContext[Any, Any]) -> str:
+    request = ctx.request
+    return (request.headers.get("mcp-session-id") if request is not None else None) or ""
+
+
 def call_problems(exc: InvalidTaskTree) -> str:
     """The problems of a refused one-task call, without the tree around it: ``args.a: '2' is not
     of type 'integer'; args: 'b' is a required property``."""
@@ -147,6 +174,15 @@ def mcp_tool(tool: GatewayTool) -> types.Tool:
     )
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How a routed call ended: ``final`` (its record is in a final state), ``queued`` (parked
+    as pending_client under offline_strategy queue) or ``waited`` (blocked past its wait)."""
+
+    kind: str
+    rec: TaskRecord
+
+
 class _GatewayServer(Server[Any]):
     def create_initialization_options(
         self,
@@ -156,7 +192,8 @@ class _GatewayServer(Server[Any]):
     ) -> InitializationOptions:
         # The tool list changes with the user's clients: say so (tools.listChanged).
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True),
+            notification_options
+            or NotificationOptions(tools_changed=True, resources_changed=True, prompts_changed=True),
             experimental_capabilities,
             extensions,
         )
@@ -174,6 +211,14 @@ class Gateway:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
             on_subscriptions_listen=self.listen,
+            on_list_resources=self.list_resources,
+            on_list_resource_templates=self.list_resource_templates,
+            on_read_resource=self.read_resource,
+            on_subscribe_resource=self.subscribe,
+            on_unsubscribe_resource=self.unsubscribe,
+            on_list_prompts=self.list_prompts,
+            on_get_prompt=self.get_prompt,
+            on_completion=self.complete,
         )
         self.server.middleware.append(self._remember_session)
         self._aredis: redis.asyncio.Redis | None = None
@@ -315,8 +360,19 @@ class Gateway:
     async def _follow(
         self, ctx: ServerRequestContext[Any, Any], caller: Caller, submitted: Submitted
     ) -> types.CallToolResult:
-        """Wait for the call's task: its result, a queued receipt, or the block text after its wait.
-        Progress is forwarded; a cancelled MCP request cancels the task."""
+        """Wait for the call's task: its result, a queued receipt, or the block text after its wait."""
+        ended = await self._outcome(ctx, caller, submitted)
+        if ended.kind == "queued":
+            return queued_result(ended.rec)
+        if ended.kind == "waited":
+            return waited_result(ended.rec, submitted.wait_s)
+        return final_result(ended.rec)
+
+    async def _outcome(
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, submitted: Submitted
+    ) -> Ended:
+        """How the call's task ended (or parked). Progress is forwarded; a cancelled MCP
+        request cancels the task."""
         tree_id = submitted.tree_id
         try:
             async with self._tree_events(tree_id) as woken:
@@ -333,7 +389,7 @@ class Gateway:
         caller: Caller,
         submitted: Submitted,
         woken: Callable[[float], Awaitable[None]],
-    ) -> types.CallToolResult:
+    ) -> Ended:
         last_progress = None
         blocked: TaskRecord | None = None  # the call's record while it was blocked
         while True:
@@ -344,11 +400,11 @@ class Gateway:
                     rec.progress.progress, rec.progress.total, rec.progress.message
                 )
             if rec.state is TaskState.EXPIRED and blocked is not None:
-                return waited_result(blocked, submitted.wait_s)  # the brain's sweep was first
+                return Ended("waited", blocked)  # the brain's sweep was first
             if rec.state.is_final:
-                return final_result(rec)
+                return Ended("final", rec)
             if rec.state is TaskState.PENDING_CLIENT:
-                return queued_result(rec)
+                return Ended("queued", rec)
             blocked = rec if rec.state is TaskState.BLOCKED else None
             # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
             if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
@@ -357,8 +413,118 @@ class Gateway:
                 # It may have started meanwhile (the client came back): then its end counts.
                 if after.state is TaskState.DONE or after.state in QUEUED:
                     continue
-                return waited_result(blocked, submitted.wait_s)
+                return Ended("waited", blocked)
             await woken(POLL_S)
+
+    # --- resources, prompts, completion: routed like tools ------------------------------
+    async def list_resources(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
+        listed = [types.Resource.model_validate(r) for r in view.surface.resources]
+        return types.ListResourcesResult(resources=listed)
+
+    async def list_resource_templates(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
+        listed = [types.ResourceTemplate.model_validate(t) for t in view.surface.templates]
+        return types.ListResourceTemplatesResult(resource_templates=listed)
+
+    async def read_resource(
+        self, ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        caller = self.caller(ctx)
+        uri = str(params.uri)
+        tool = await self._reader(caller.user, uri)
+        value = await self._routed(ctx, caller, tool, {"uri": uri})
+        return types.ReadResourceResult.model_validate(value)
+
+    async def _reader(self, user: str, uri: str) -> str:
+        view = await anyio.to_thread.run_sync(self.backend.view, user)
+        tool = view.surface.reader_of(uri)
+        if tool is None:
+            raise MCPError(
+                RESOURCE_NOT_FOUND,
+                f"resource {uri!r} is not offered by any MCP server of yours (the brain's, or your "
+                "connected clients'): resources/list shows what is",
+                {"uri": uri},
+            )
+        return tool
+
+    async def subscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams
+    ) -> types.EmptyResult:
+        """Noted per session (a resource the user cannot read is refused). Updates of the
+        upstream server are not relayed yet: its session lives in a worker, not here."""
+        await self._reader(self.user(ctx), str(params.uri))
+        self.watch.subscribed.setdefault(_session_id(ctx), set()).add(str(params.uri))
+        return types.EmptyResult()
+
+    async def unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        self.watch.subscribed.get(_session_id(ctx), set()).discard(str(params.uri))
+        return types.EmptyResult()
+
+    async def list_prompts(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
+        return types.ListPromptsResult(
+            prompts=[types.Prompt.model_validate(p.wire) for p in view.surface.prompts]
+        )
+
+    async def get_prompt(
+        self, ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        caller = self.caller(ctx)
+        view = await anyio.to_thread.run_sync(self.backend.view, caller.user)
+        prompt = view.surface.prompt(params.name)
+        if prompt is None:
+            known = ", ".join(p.name for p in view.surface.prompts) or "none"
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name!r} (your prompts: {known})")
+        args = {"name": prompt.upstream, "arguments": dict(params.arguments or {})}
+        value = await self._routed(ctx, caller, prompt.tool, args)
+        return types.GetPromptResult.model_validate(value)
+
+    async def complete(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        caller = self.caller(ctx)
+        view = await anyio.to_thread.run_sync(self.backend.view, caller.user)
+        ref = params.ref.model_dump(mode="json", by_alias=True, exclude_none=True)
+        tool = view.surface.completer_of(ref)
+        if tool is None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"no MCP server of yours completes arguments of {ref.get('name') or ref.get('uri')!r}",
+            )
+        if ref.get("type") == "ref/prompt":
+            found = view.surface.prompt(str(ref.get("name")))
+            assert found is not None
+            ref["name"] = found.upstream
+        args: dict[str, Any] = {"ref": ref, "argument": params.argument.model_dump(mode="json")}
+        if params.context is not None and params.context.arguments:
+            args["context"] = dict(params.context.arguments)
+        value = await self._routed(ctx, caller, tool, args)
+        return types.CompleteResult.model_validate(value)
+
+    async def _routed(
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, tool: str, args: dict[str, Any]
+    ) -> Any:
+        """A surface request as a one-task tree, routed like a tool call (server pool or the
+        user's workstation, the same offline rules); its value, or the MCP error saying why not."""
+        try:
+            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, tool, args)
+        except InvalidTaskTree as exc:
+            raise MCPError(types.INVALID_PARAMS, f"{tool!r} was not sent: {call_problems(exc)}") from None
+        except (UnknownTool, DoorRefused) as exc:
+            raise MCPError(types.INVALID_REQUEST, f"{tool!r} was not sent: {exc}") from None
+        except (redis.RedisError, BrainError) as exc:
+            raise MCPError(types.INTERNAL_ERROR, f"{tool!r} could not be sent: {exc}") from None
+        ended = await self._outcome(ctx, caller, submitted)
+        return surface_value(ended.kind, ended.rec, submitted.wait_s)
 
     @asynccontextmanager
     async def _tree_events(self, tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
@@ -408,19 +574,24 @@ class Gateway:
         return users
 
     async def _tell(self, user: str) -> None:
-        log.info("tools of user %s changed: sending notifications/tools/list_changed", user)
+        log.info("what user %s sees changed: sending list_changed (tools, resources, prompts)", user)
         for seen in list(self.watch.sessions.get(user, {}).values()):
             # Best effort (the SDK drops it when the session's stream is gone).
             await seen.session.send_tool_list_changed()
+            await seen.session.send_resource_list_changed()
+            await seen.session.send_prompt_list_changed()
         bus = self.watch.buses.get(user)
         if bus is not None:
             await bus.publish(ToolsListChanged())
+            await bus.publish(ResourcesListChanged())
+            await bus.publish(PromptsListChanged())
 
     def _forget_idle_sessions(self) -> None:
         oldest = time.monotonic() - DEFAULT_SESSION_IDLE_TIMEOUT
         for user, seen in list(self.watch.sessions.items()):
             for session_id in [sid for sid, s in seen.items() if s.at < oldest]:
                 del seen[session_id]
+                self.watch.subscribed.pop(session_id, None)
             if not seen:
                 del self.watch.sessions[user]
 

@@ -17,7 +17,7 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import keep_declared, place, qualified
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
-from workers.contracts import MCPServerFailure
+from workers.contracts import MCPServerFailure, surface_op
 from workers.mcp_clients import MCPClientManager
 from workers.mcp_config import load_mcp_config, skipped_servers
 from workers.tools.builtin import builtin_descriptors
@@ -55,8 +55,11 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
                 )
     declared: dict[str, ToolSpec] = load_registry(settings.registry) if settings.registry else {}
     engines = load_engines(settings.registry) if settings.registry else {}
+    surfaces = [t for t in discovered if surface_op(t.name) is not None]
+    discovered = [t for t in discovered if surface_op(t.name) is None]
     placed = keep_declared(declared, place(builtins, discovered))
     tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
+    tools.update(surface_specs(surfaces, tools))
     # Only a complete picture may call a fallback_tool unknown: an MCP server not asked (or
     # not answering) could still offer it, and the router then says so at run time.
     complete = not failures and (discover or not settings.mcp_config)
@@ -75,6 +78,18 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
         loaded_at=time.time(),
         unserved=unserved_mcp_tools(declared, placed.tools, servers, failures) if asked else {},
     )
+
+
+def surface_specs(surfaces: list[ToolSpec], tools: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:
+    """Each server's resources, prompts and completion, routed where its tools run (pure): on
+    the one pool the registry file puts all of that server's tools in, else the default pool.
+    Never under a bare name (``S#op`` names the server already)."""
+    found = {}
+    for spec in surfaces:
+        pools = {t.pool for t in tools.values() if t.mcp_server == spec.mcp_server and t.type is spec.type}
+        pool = pools.pop() if len(pools) == 1 else None
+        found[spec.name] = spec.model_copy(update={"pool": pool}) if pool else spec
+    return found
 
 
 def unserved_mcp_tools(

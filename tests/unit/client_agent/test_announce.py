@@ -23,6 +23,7 @@ from workers.contracts import (
     AnnouncementAck,
     ClientConnected,
     ClientType,
+    McpSurface,
     ToolDescriptor,
     ToolType,
     client_key,
@@ -117,6 +118,15 @@ def test_the_hints_are_left_out_last_and_the_log_says_everything_that_went() -> 
     )  # the schemas hold no descriptions: that step changed nothing and is not named
     sent = ClientConnected.model_validate_json(body).available_tools[0]
     assert (sent.title, sent.annotations, sent.execution, sent.description) == (None, None, None, "")
+
+
+def test_over_the_cap_a_long_list_of_resources_is_cut_short_and_says_so() -> None:
+    listed = McpSurface(resources=[{"uri": f"note://{i:03d}", "name": f"n{i}"} for i in range(150)])
+    vault = ToolDescriptor(name="vault#read_resource", type=ToolType.MCP, mcp_server="vault", surface=listed)
+    body, left_out = encode_announcement(CID, "s1", ClientType.CLI, [vault], 1.0, max_bytes=4000)
+    assert left_out == "resources and prompts beyond the first 20 of a server"
+    sent = ClientConnected.model_validate_json(body).available_tools[0].surface
+    assert sent is not None and len(sent.resources) == 20 and sent.truncated  # reads still go to it
 
 
 def test_too_large_even_without_descriptions_fails_loudly() -> None:

@@ -177,11 +177,21 @@ def test_tools_list_carries_every_field_the_tools_mcp_server_sent() -> None:
 
 
 class ListeningSession:
+    """Counts each list_changed it is sent: tools, resources and prompts."""
+
     def __init__(self) -> None:
         self.told = 0
+        self.lists: list[str] = []
 
     async def send_tool_list_changed(self) -> None:
         self.told += 1
+        self.lists.append("tools")
+
+    async def send_resource_list_changed(self) -> None:
+        self.lists.append("resources")
+
+    async def send_prompt_list_changed(self) -> None:
+        self.lists.append("prompts")
 
 
 def test_the_watcher_tells_the_sessions_of_a_user_whose_catalog_changed_in_the_same_session() -> None:
@@ -194,4 +204,6 @@ def test_the_watcher_tells_the_sessions_of_a_user_whose_catalog_changed_in_the_s
     looks = [anyio.run(gw.check_changes) for _ in range(3)]
     assert looks == [set(), set(), {"ada"}]  # the first look only learns; then what changed
     assert ada.told == 1
+    # what a user sees of resources and prompts comes from the same catalog: told alike
+    assert ada.lists == ["tools", "resources", "prompts"]
     assert backend.asked_for == [{"ada"}] * 3  # the watched users' states are asked for
