@@ -64,7 +64,7 @@ class AgentConfig(BaseModel):
     sandbox_roots: tuple[Path, ...] = ()
     mcp_json: Path | None = None
     shell_enabled: bool = False
-    # None: every tool; else glob patterns matched against "name" and "mcp_server/name".
+    # None: every tool; else glob patterns matched against "name", "mcp_server.name" (or "mcp_server/name").
     allowed_tools: tuple[str, ...] | None = None
     concurrency: int = Field(default=2, ge=1, le=64)
     pool: WorkerPool = WorkerPool.THREADS

@@ -28,11 +28,11 @@ def servers(tmp_path: Path, everything: dict) -> Path:
 
 def test_the_registry_qualifies_what_clashes_and_says_so(tmp_path: Path, everything_server) -> None:
     registry = build_registry(make_settings(tmp_path, mcp_config=servers(tmp_path, everything_server)))
-    assert registry.clashes["add"] == ["a/add", "b/add"]
-    assert registry.clashes["echo"] == ["built-in", "everything/echo"]
-    assert "add" not in registry.tools and {"a/add", "b/add", "everything/echo"} <= set(registry.tools)
+    assert registry.clashes["add"] == ["a.add", "b.add"]
+    assert registry.clashes["echo"] == ["built-in", "everything.echo"]
+    assert "add" not in registry.tools and {"a.add", "b.add", "everything.echo"} <= set(registry.tools)
     assert registry.tools["echo"].type.value == "built_in"  # not replaced
-    assert "message" in registry.tools["everything/echo"].input_schema["properties"]  # its own schema
+    assert "message" in registry.tools["everything.echo"].input_schema["properties"]  # its own schema
 
 
 def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying_why(
@@ -45,10 +45,10 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
             {
                 "id": "names",
                 "tasks": [
-                    {"id": "on_a", "tool": "a/add", "args": {"a": 1, "b": 2}},
-                    {"id": "on_b", "tool": "b/add", "args": {"a": 3, "b": 4}},
+                    {"id": "on_a", "tool": "a.add", "args": {"a": 1, "b": 2}},
+                    {"id": "on_b", "tool": "b.add", "args": {"a": 3, "b": 4}},
                     {"id": "builtin", "tool": "echo", "args": {"value": "plain"}},
-                    {"id": "theirs", "tool": "everything/echo", "args": {"message": "hi"}},
+                    {"id": "theirs", "tool": "everything.echo", "args": {"message": "hi"}},
                     {"id": "which", "tool": "add", "args": {"a": 1, "b": 1}},
                 ],
             }
@@ -61,8 +61,8 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
     assert tasks["theirs"].result == "Echo: hi"
     which = tasks["which"]
     assert which.state is TaskState.FAILED and which.error is not None
-    assert "tool name 'add' is offered by a/add, b/add" in which.error.message
-    assert "write 'a/add' or 'b/add'" in which.error.message
+    assert "tool name 'add' is offered by a.add, b.add" in which.error.message
+    assert "write 'a.add' or 'b.add'" in which.error.message
 
 
 def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_own(
@@ -77,8 +77,8 @@ def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_ow
                 "id": "client-names",
                 "tasks": [
                     {"id": "bare", "tool": "pid"},
-                    {"id": "first", "tool": "first/pid"},
-                    {"id": "second", "tool": "second/pid"},
+                    {"id": "first", "tool": "first.pid"},
+                    {"id": "second", "tool": "second.pid"},
                 ],
             }
         ),

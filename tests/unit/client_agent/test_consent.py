@@ -27,7 +27,7 @@ ASK = ("shell_execute", "write_local_file", "git/*")
         ("shell_execute", None, True),
         ("read_local_file", None, False),
         ("git_commit", "git", True),  # "git/*" covers every tool of server git
-        ("git/git_commit", "git", True),  # offered as <server>/<tool> after a name clash
+        ("git.git_commit", "git", True),  # offered as <server>.<tool> after a name clash
         ("add", "demo", False),
         ("write_local_file", "demo", True),  # an MCP tool named like an asked one asks too
     ],

@@ -50,7 +50,7 @@ def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Pa
     policy = Policy(Sandbox([tmp_path]), allowed_tools=("git_*",))
     merged = merge_tools(NATIVE, discovered, policy)
     assert [(t.mcp_server, t.name) for t in merged.offered] == [
-        ("git", "git/git_status"), ("git", "git_log"), ("mirror", "mirror/git_log"),
+        ("git", "git.git_status"), ("git", "git_log"), ("mirror", "mirror.git_log"),
     ]  # fmt: skip
     assert [name_on_server(t) for t in merged.offered] == ["git_status", "git_log", "git_log"]
     assert merged.refused == {
@@ -58,8 +58,8 @@ def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Pa
         "(allowed_tools: [git_*])",
     }
     assert merged.notes == [
-        "MCP tool 'git_status' of server 'git' shares its name with the native tool; it is offered as 'git/git_status'",
-        "MCP tool 'git_log' of server 'mirror' shares its name with MCP server 'git'; it is offered as 'mirror/git_log'",
+        "MCP tool 'git_status' of server 'git' shares its name with the native tool; it is offered as 'git.git_status'",
+        "MCP tool 'git_log' of server 'mirror' shares its name with MCP server 'git'; it is offered as 'mirror.git_log'",
     ]
 
 
@@ -70,7 +70,7 @@ def test_broken_servers_are_reported_and_the_rest_is_offered(tmp_path: Path, pol
     mcp = load_mcp_tools(path, policy, NATIVE, timeout=20)
     try:
         names = {"add", "fail", "slow", "big", "pid", "die"}
-        assert {t.name for t in mcp.tools} == names | {f"second/{n}" for n in names}  # "second" qualified
+        assert {t.name for t in mcp.tools} == names | {f"second.{n}" for n in names}  # "second" qualified
         failures = {f.server: f for f in mcp.failures}
         assert set(failures) == {"missing", "crash"}
         assert "command not found: no-such-mcp-server-xyz" in failures["missing"].message

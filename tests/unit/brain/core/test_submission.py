@@ -151,12 +151,12 @@ def test_arguments_a_client_announced_schema_refuses_are_refused_like_a_registry
     registry: RegistrySnapshot,
 ) -> None:
     # Before: the registry route refused at submit; the client route ran the call and failed there.
-    announced = {"notes/add": [ADD_SCHEMA]}
+    announced = {"notes.add": [ADD_SCHEMA]}
     with pytest.raises(InvalidTaskTree) as client_route:
         check_submission(
-            tree({"id": "call", "tool": "notes/add", "args": {"a": "2"}}),
+            tree({"id": "call", "tool": "notes.add", "args": {"a": "2"}}),
             registry,
-            source="tools/call notes/add",
+            source="tools/call notes.add",
             announced=frozenset(announced),
             announced_schemas=announced,
         )

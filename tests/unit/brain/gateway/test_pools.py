@@ -78,15 +78,15 @@ def test_configured_pools_take_the_tools_their_patterns_match_first() -> None:
 
 
 def test_actions_sharing_a_short_name_in_one_pool_are_named_in_full() -> None:
-    pools = build_pools([tool("a/log", "mix", "log"), tool("b/log", "mix", "log")], [])
-    assert sorted(pools["mix"].actions) == ["a/log", "b/log"]
+    pools = build_pools([tool("a.log", "mix", "log"), tool("b.log", "mix", "log")], [])
+    assert sorted(pools["mix"].actions) == ["a.log", "b.log"]
 
 
 @pytest.mark.parametrize(
     ("pool", "action", "expected"),
     [
         ("time", "convert_time", "convert_time"),
-        ("time", "time/convert_time", None),  # not a name of it
+        ("time", "time.convert_time", None),  # not a name of it
         ("builtin", "echo", "echo"),
         ("nope", "echo", "unknown pool 'nope'; the pools are: brain, builtin, git, native, time"),
         ("time", "nope", "pool 'time' has no action 'nope'; its actions: convert_time, get_current_time"),

@@ -95,7 +95,7 @@ def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
     from brain.runtime.registry import unserved_mcp_tools
     from workers.contracts import MCPServerFailure
 
-    placed = {"time/get_current_time": _spec("time/get_current_time", mcp_server="time")}
+    placed = {"time.get_current_time": _spec("time.get_current_time", mcp_server="time")}
     failures = [MCPServerFailure(server=s, message="boom") for s in failed]
     found = unserved_mcp_tools({declared.name: declared}, placed, servers, failures)
     assert found == ({declared.name: why} if why else {})
@@ -103,7 +103,7 @@ def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
 
 def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_tools(tmp_path: Path) -> None:
     """Issue 24 item E: they were merged silently (a native tool inheriting mcp_server 'git'),
-    and git/git_status vanished from the gateway's list and the git pool, with no warning."""
+    and git.git_status vanished from the gateway's list and the git pool, with no warning."""
     import subprocess
     import sys
 
@@ -123,13 +123,13 @@ def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_to
         mcp_config=write_mcp_config(tmp_path / "mcp.json", {"git": git}),
     )
     registry = build_registry(settings)
-    native, served = registry.tools["git_status"], registry.tools["git/git_status"]
+    native, served = registry.tools["git_status"], registry.tools["git.git_status"]
     assert (native.type, native.mcp_server, native.location) == (ToolType.NATIVE, None, Location.CLIENT)
     assert (served.type, served.mcp_server, served.location) == (ToolType.MCP, "git", Location.SERVER)
     assert registry.tools["git_log"].mcp_server == "git"  # no clash: bare and qualified
     assert clash_lines(registry.clashes) == [
         (
-            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
-            "file's tool; write 'git/git_status' for the other"
+            "tool name 'git_status' is offered by registry file, git.git_status: 'git_status' is the registry "
+            "file's tool; write 'git.git_status' for the other"
         )
     ]
