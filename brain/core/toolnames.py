@@ -209,7 +209,9 @@ def clash_lines(clashes: Mapping[str, list[str]]) -> list[str]:
         others = [w for w in who if w != owner]
         written = " or ".join(repr(o) for o in others)
         if owner == bare:
-            meaning = f"{bare!r} is the qualified name of the tool of that name; write {written} for the other"
+            meaning = (
+                f"{bare!r} is the qualified name of the tool of that name; write {written} for the other"
+            )
         elif owner is not None:
             meaning = f"{bare!r} is {_OWNER_WORDS.get(owner, 'the ' + owner)}; write {written} for the other"
         else:

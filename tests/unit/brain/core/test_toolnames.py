@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from brain.core.models import Location, ToolSpec, ToolType
 import pytest
 from mcp.shared.tool_name_validation import validate_tool_name
 
+from brain.core.models import Location, ToolSpec, ToolType
 from brain.core.toolnames import (
     canonical,
     clash_lines,
@@ -124,8 +124,10 @@ def test_a_dotted_bare_name_that_spells_another_tools_qualified_name_is_a_clash(
     assert placed.tools["a.b.c"].mcp_server == "a"  # the other is reachable by its own
     assert placed.clashes == {"b.c": ["b.c", "a.b.c"]}
     assert clash_lines(placed.clashes) == [
-        "tool name 'b.c' is offered by b.c, a.b.c: 'b.c' is the qualified name of the tool of that name; "
-        "write 'a.b.c' for the other"
+        (
+            "tool name 'b.c' is offered by b.c, a.b.c: 'b.c' is the qualified name of the tool of that name; "
+            "write 'a.b.c' for the other"
+        )
     ]
 
 
@@ -135,8 +137,10 @@ def test_a_tool_named_after_its_own_server_has_no_bare_form() -> None:
     assert set(placed.tools) == {"git.git.status"}
     assert name_on_server("git.git.status", "git") == "git.status"
     assert clash_lines(placed.clashes) == [
-        "tool name 'git.status' is offered by git.git.status: 'git.status' alone names none of them; "
-        "write 'git.git.status'"
+        (
+            "tool name 'git.status' is offered by git.git.status: 'git.status' alone names none of them; "
+            "write 'git.git.status'"
+        )
     ]
 
 
