@@ -38,6 +38,20 @@ def test_ask_patterns_match_a_name_or_server_slash_name(
     assert asks(ASK, tool, server) is expected
 
 
+@pytest.mark.parametrize(
+    ("tool", "server", "expected"),
+    [
+        ("git_commit", "git", True),  # "git.*" covers every tool of server git
+        ("git.git_commit", "git", True),
+        ("git/git_commit", "git", True),  # as an older agent named it
+        ("commit", "io.github.git", False),  # a server whose name only starts alike
+        ("git_commit", None, False),
+    ],
+)
+def test_ask_patterns_match_server_dot_name_too(tool: str, server: str | None, expected: bool) -> None:
+    assert asks(("git.*",), tool, server) is expected
+
+
 def test_nothing_asks_without_patterns() -> None:
     assert not asks((), "shell_execute", None)
 

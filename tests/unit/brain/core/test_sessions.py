@@ -38,7 +38,10 @@ def announcement(client_id: str = "laptop", tools: list[ToolDescriptor] | None =
     [
         (native("read_local_file"), ("read_local_file",)),
         (mcp("fs", "read"), ("read", "fs.read")),
-        (mcp("git", "git.git_status"), ("git.git_status",)),  # the agent qualified it (not git/git/…)
+        (mcp("git", "git.git_status"), ("git.git_status",)),  # the agent qualified it (not git.git.…)
+        # An older agent qualified it the deprecated way: it answers to both forms.
+        (mcp("git", "git/git_status"), ("git.git_status", "git/git_status")),
+        (mcp("io.github.fs", "read.file"), ("read.file", "io.github.fs.read.file")),  # dots in both
     ],
 )
 def test_names_of_a_tool(tool: ToolDescriptor, names: tuple[str, ...]) -> None:

@@ -261,3 +261,27 @@ def test_with_a_memo_a_users_catalog_is_built_again_only_when_their_sessions_cha
     assert built[2:] == ["ada"] and after["ada"] != first["ada"] and after["bob"] == first["bob"]
     assert user_states(dict(REGISTRY), [more, DESK], ["ada"], memo=memo) == after  # another mapping
     assert sorted(built[3:]) == ["ada", "bob"]
+
+
+# --- names strict MCP hosts accept (issue 24 item 3) ----------------------------------------
+
+
+def test_an_older_agents_slash_qualified_tool_is_listed_under_the_dotted_name() -> None:
+    sessions = [session("laptop", "ada", native("git_log"), mcp("git", "git/git_log"))]
+    tools = catalog({}, sessions, "ada")
+    assert names(tools) == ["git.git_log", "git_log"]
+    assert (by_name(tools, "git.git_log").pool, by_name(tools, "git.git_log").action) == ("git", "git_log")
+
+
+def test_a_name_the_mcp_spec_refuses_is_never_listed() -> None:
+    from mcp.shared.tool_name_validation import validate_tool_name
+
+    sessions = [
+        session(
+            "laptop", "ada", native("has space"), native("x" * 129), mcp("my server", "add"), mcp("ok", "add")
+        )
+    ]
+    tools = catalog(REGISTRY, sessions, "ada")
+    assert all(validate_tool_name(t.name).is_valid for t in tools)
+    # Its bare name is valid, so "my server"'s add is listed; "ok"'s, second, qualified.
+    assert names(tools) == ["echo", "get_current_time", "read_local_file", "add", "ok.add"]
