@@ -27,6 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
+from mcp.shared.tool_name_validation import validate_tool_name
 
 from brain.hot.state import HotState
 from brain.runtime import gateway_tokens as tokens
@@ -703,6 +704,28 @@ def test_the_registrys_native_git_status_and_mcp_server_gits_are_both_listed_and
             "file's tool; write 'git.git_status' for the other"
         )
     ]
+
+
+def test_every_name_tools_list_shows_passes_the_sdks_validate_tool_name_and_calls_its_tool(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    """Issue 24 item 3: qualified names are ``<server>.<tool>``, so strict hosts take them all:
+    the real mcp-server-git's, the rich server's on the brain and on ada's laptop ("mine")."""
+    stack, url = rich_gateway
+    assert stack.settings.mcp_config is not None
+    git = json.loads(Path(stack.settings.mcp_config).read_text())["mcpServers"]["git"]
+    repo = git["args"][-1]
+
+    async def scenario() -> tuple[list[str], types.CallToolResult]:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            names = [t.name for t in (await mcp.list_tools()).tools]
+            return names, await mcp.call_tool("git.git_status", {"repo_path": repo})
+
+    names, status = anyio.run(scenario)
+    invalid = {n: validate_tool_name(n).warnings for n in names if not validate_tool_name(n).is_valid}
+    assert invalid == {}
+    assert {"git.git_status", "mine.erase", "git_log", "erase"} <= set(names)
+    assert not status.is_error and "branch" in text_of(status).lower()
 
 
 # --- as a user runs it: `vancetope up`, `vancetope users token demo` --------------------------
