@@ -76,7 +76,7 @@ class AgentConfig(BaseModel):
     ack_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "INFO"
     # --- consent (README "Consent on the workstation"); the state lives in data_dir/consent ---
-    # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>/*" globs.
+    # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>.*" globs ("<server>/*" too).
     ask: tuple[str, ...] = ()
     ask_scope: AskScope = AskScope.CALL
     # A call nobody approved within this is denied (it fails; nothing ran).

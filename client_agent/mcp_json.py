@@ -9,7 +9,7 @@ last loaded (``previous``), an entry whose edit cannot be used keeps its last go
 and the agent keeps the servers it has (``client_agent.agent``).
 
 Name clashes: a native tool keeps its name over an MCP tool of the same name, and between
-MCP servers the first in file order keeps it; the other is offered as ``<server>/<tool>``
+MCP servers the first in file order keeps it; the other is offered as ``<server>.<tool>``
 (the brain's name for a tool of a given server), so no tool disappears and none is
 called by mistake. Only the (server, tool) pairs that were offered can be called
 (``GuardedMCPManager``), so a refused tool is not reachable.
