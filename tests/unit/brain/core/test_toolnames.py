@@ -196,3 +196,8 @@ def test_a_clients_mcp_tool_whose_bare_name_the_registry_gives_to_another_is_rep
             "registry's native tool; write 'git.git_status' for the other"
         ),
     ]
+
+
+def test_a_registry_file_entry_written_with_the_old_slash_name_is_the_dotted_tool() -> None:
+    spec = ToolSpec(name="git/git_status", location=Location.BOTH, mcp_server="git", fallback_tool="fs/read")
+    assert (spec.name, spec.fallback_tool) == ("git.git_status", "fs.read")
