@@ -156,7 +156,7 @@ def keep_declared(declared: Mapping[str, ToolSpec], placed: Placed) -> Placed:
             continue  # a built-in's name: the entry overrides where it runs, as ever
         if offered:
             clashes[name] = [REGISTRY_FILE, *offered]
-    return Placed(tools, clashes)
+    return Placed(tools, clashes, placed.refused)
 
 
 def bare_name_taken(registry: Mapping[str, ToolSpec], tool: ToolDescriptor) -> bool:

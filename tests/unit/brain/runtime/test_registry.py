@@ -133,3 +133,31 @@ def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_to
             "file's tool; write 'git.git_status' for the other"
         )
     ]
+
+
+def test_a_qualified_name_over_128_characters_is_refused_at_registration_naming_server_and_tool(
+    tmp_path: Path,
+) -> None:
+    """Issue 24 item 3: MCP tool names are at most 128 characters (the SDK's validate_tool_name).
+    A server named with 120 characters keeps git_add (120 + 1 + 7 = 128), not git_diff (129)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_mcp_config
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    git = {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_git", "--repository", str(tmp_path / "repo")],
+    }
+    server = "g" * 120
+    registry = build_registry(
+        make_settings(tmp_path, mcp_config=write_mcp_config(tmp_path / "mcp.json", {server: git}))
+    )
+    assert f"{server}.git_add" in registry.tools and "git_add" in registry.tools
+    assert f"{server}.git_diff" not in registry.tools and "git_diff" not in registry.tools
+    refused = {f.message for f in registry.mcp_failures if f.server == server}
+    assert (
+        f"tool 'git_diff' of MCP server {server!r} is not registered: its name '{server}.git_diff' breaks the "
+        "MCP tool-name rule (Tool name exceeds maximum length of 128 characters (current: 129))"
+    ) in refused
