@@ -279,13 +279,14 @@ class TaskSpec(BaseModel):
         # ``git/git_status`` still works: read as ``git.git_status``, and remembered so that
         # the submission warns (brain.core.submission); a stored tree holds the new form only.
         if not isinstance(data, dict):
-            return handler(data)  # type: ignore[no-any-return]
-        written = [data.get("tool"), *(data.get("tools") or [])]
+            return handler(data)
+        tools = data.get("tools")
+        written = [data.get("tool"), *(tools if isinstance(tools, list) else [])]
         legacy = tuple(n for n in written if isinstance(n, str) and LEGACY_SEPARATOR in n)
-        if legacy:
-            data = {**data, "tool": _canonical_any(data.get("tool"))}
-            if isinstance(data.get("tools"), list):
-                data["tools"] = [_canonical_any(n) for n in data["tools"]]
+        if legacy:  # anything else is left for the fields' own errors
+            data = {**data, "tool": _canonical_any(data.get("tool"))} if "tool" in data else dict(data)
+            if isinstance(tools, list):
+                data["tools"] = [_canonical_any(n) for n in tools]
         spec: TaskSpec = handler(data)
         spec._legacy = tuple(dict.fromkeys(legacy))
         return spec
