@@ -64,7 +64,7 @@ class AgentConfig(BaseModel):
     sandbox_roots: tuple[Path, ...] = ()
     mcp_json: Path | None = None
     shell_enabled: bool = False
-    # None: every tool; else glob patterns matched against "name" and "mcp_server/name".
+    # None: every tool; else glob patterns matched against "name", "mcp_server.name" (or "mcp_server/name").
     allowed_tools: tuple[str, ...] | None = None
     concurrency: int = Field(default=2, ge=1, le=64)
     pool: WorkerPool = WorkerPool.THREADS
@@ -76,7 +76,7 @@ class AgentConfig(BaseModel):
     ack_timeout_s: float = Field(default=10.0, gt=0)
     log_level: str = "INFO"
     # --- consent (README "Consent on the workstation"); the state lives in data_dir/consent ---
-    # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>/*" globs.
+    # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>.*" globs ("<server>/*" too).
     ask: tuple[str, ...] = ()
     ask_scope: AskScope = AskScope.CALL
     # A call nobody approved within this is denied (it fails; nothing ran).

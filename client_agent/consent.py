@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from client_agent.toolnames import pattern_names
 from workers.contracts import ToolDescriptor
 from workers.mcp_config import HttpServerSpec, MCPServerSpec, StdioServerSpec
 
@@ -73,8 +74,9 @@ class Decision(BaseModel):
 
 def asks(patterns: Iterable[str], tool: str, mcp_server: str | None) -> bool:
     """True when a call of ``tool`` (of ``mcp_server``) needs approval: a pattern matches its
-    name, or ``<server>/<name>`` (so ``git/*`` covers every tool of server ``git``)."""
-    names = [tool] if mcp_server is None else [tool, f"{mcp_server}/{tool.removeprefix(mcp_server + '/')}"]
+    name, ``<server>.<name>`` or ``<server>/<name>`` (so ``git.*`` and ``git/*`` cover every
+    tool of server ``git``: client_agent.toolnames)."""
+    names = pattern_names(tool, mcp_server)
     return any(fnmatchcase(name, pattern) for pattern in patterns for name in names)
 
 

@@ -9,7 +9,7 @@ last loaded (``previous``), an entry whose edit cannot be used keeps its last go
 and the agent keeps the servers it has (``client_agent.agent``).
 
 Name clashes: a native tool keeps its name over an MCP tool of the same name, and between
-MCP servers the first in file order keeps it; the other is offered as ``<server>/<tool>``
+MCP servers the first in file order keeps it; the other is offered as ``<server>.<tool>``
 (the brain's name for a tool of a given server), so no tool disappears and none is
 called by mistake. Only the (server, tool) pairs that were offered can be called
 (``GuardedMCPManager``), so a refused tool is not reachable.
@@ -32,9 +32,11 @@ from typing import Any, Protocol
 
 import watchfiles
 
+from client_agent import toolnames
 from client_agent.errors import PolicyViolation
 from client_agent.git_server import confine_git_servers, repo_path_problem
 from client_agent.policy import Policy
+from client_agent.toolnames import qualified, reads_qualified
 from workers.contracts import MCPServerFailure, ToolDescriptor
 from workers.errors import WorkerError
 from workers.mcp_clients import MCPClientManager
@@ -107,7 +109,8 @@ class Merged:
 
 def merge_tools(native: Iterable[str], discovered: Iterable[ToolDescriptor], policy: Policy) -> Merged:
     """The policy first; then a native name keeps it, then the first MCP server (in file order)
-    to offer a name; a later one is offered as ``<server>/<tool>``."""
+    to offer a name; a later one is offered as ``<server>.<tool>``. So is a tool whose own name
+    starts with ``<server>.``: the brain would read its bare name as qualified and strip it."""
     owner: dict[str, str] = {name: "the native tool" for name in native}
     offered: list[ToolDescriptor] = []
     refused: dict[Pair, str] = {}
@@ -116,8 +119,10 @@ def merge_tools(native: Iterable[str], discovered: Iterable[ToolDescriptor], pol
         server = tool.mcp_server or "?"
         if not policy.allows(tool):
             refused[(server, tool.name)] = str(policy.refusal(tool.name, server).why)
+        elif reads_qualified(tool.name, server):
+            offered.append(tool.model_copy(update={"name": qualified(server, tool.name)}))
         elif tool.name in owner:
-            as_name = f"{server}/{tool.name}"
+            as_name = qualified(server, tool.name)
             notes.append(
                 f"MCP tool {tool.name!r} of server {server!r} shares its name with {owner[tool.name]}; "
                 f"it is offered as {as_name!r}"
@@ -130,9 +135,8 @@ def merge_tools(native: Iterable[str], discovered: Iterable[ToolDescriptor], pol
 
 
 def name_on_server(tool: ToolDescriptor) -> str:
-    """The name the tool's MCP server knows it by (an offered ``<server>/<tool>`` unwrapped)."""
-    prefix = f"{tool.mcp_server}/"
-    return tool.name.removeprefix(prefix) if tool.mcp_server else tool.name
+    """The name the tool's MCP server knows it by (an offered ``<server>.<tool>`` unwrapped)."""
+    return toolnames.name_on_server(tool.name, tool.mcp_server)
 
 
 class ServerConsent(Protocol):

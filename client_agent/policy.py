@@ -17,6 +17,7 @@ from typing import Any
 from client_agent.config import AgentConfig
 from client_agent.errors import PolicyViolation
 from client_agent.self_protection import protected_paths
+from client_agent.toolnames import pattern_names
 from workers.contracts import ToolDescriptor
 from workers.tools.builtin import BuiltinContext, BuiltinTool
 from workers.tools.native import Sandbox, native_tools
@@ -26,7 +27,8 @@ from workers.tools.native import Sandbox, native_tools
 class Policy:
     sandbox: Sandbox
     shell_enabled: bool = False
-    # None: every tool; else glob patterns matched against "name" and "mcp_server/name".
+    # None: every tool; else glob patterns matched against "name", "mcp_server.name" and
+    # "mcp_server/name" (the form written before the dot: client_agent.toolnames).
     allowed_tools: tuple[str, ...] | None = None
     default_timeout_s: float = 30.0
 
@@ -43,7 +45,7 @@ class Policy:
     def allows(self, tool: ToolDescriptor) -> bool:
         if self.allowed_tools is None:
             return True
-        names = [tool.name] if tool.mcp_server is None else [tool.name, f"{tool.mcp_server}/{tool.name}"]
+        names = pattern_names(tool.name, tool.mcp_server)
         return any(fnmatchcase(name, pattern) for pattern in self.allowed_tools for name in names)
 
     def announces(self, tool: ToolDescriptor) -> bool:

@@ -12,9 +12,18 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from brain.core.retry import Attempt, RetryPolicy
+from brain.core.toolnames import LEGACY_SEPARATOR, canonical
 from workers.contracts import (
     MAX_CALL_TIMEOUT_S,
     MAX_TOOL_NAME_CHARS,
@@ -170,15 +179,18 @@ class ToolSpec(BaseModel):
         if surface is not None:
             check_id(surface[0], MAX_TOOL_ID_CHARS)
             return v
-        # A tool of an MCP server may be named ``<server>/<tool>`` (brain.core.toolnames).
-        server, slash, tool = v.partition("/")
+        # A tool of an MCP server may be named ``<server>.<tool>``, an id like any (a dot is
+        # an id's); the old ``<server>/<tool>`` is read as that (brain.core.toolnames).
+        server, slash, tool = v.partition(LEGACY_SEPARATOR)
         if slash:
             check_id(server, MAX_TOOL_ID_CHARS)
             check_id(tool, MAX_TOOL_ID_CHARS)
-            if len(v) > MAX_TOOL_ID_CHARS:
-                raise ValueError(f"is {len(v)} characters long; at most {MAX_TOOL_ID_CHARS}")
-            return v
-        return check_id(v, MAX_TOOL_ID_CHARS)
+        return check_id(canonical(v), MAX_TOOL_ID_CHARS)
+
+    @field_validator("fallback_tool")
+    @classmethod
+    def _canonical_fallback(cls, v: str | None) -> str | None:
+        return None if v is None else canonical(v)
 
     @model_validator(mode="before")
     @classmethod
@@ -226,6 +238,10 @@ class RegistryFile(BaseModel):
     tools: list[ToolSpec] = Field(default_factory=list)
 
 
+def _canonical_any(name: Any) -> Any:
+    return canonical(name) if isinstance(name, str) else name
+
+
 class TaskSpec(BaseModel):
     """One task of a tree (seed 000 §6).
 
@@ -264,6 +280,32 @@ class TaskSpec(BaseModel):
     max_fan_out: int | None = Field(default=None, gt=0)
 
     _valid_pool = field_validator("pool")(check_pool)
+    # The tool names as written, where they were the deprecated ``<server>/<tool>`` form
+    # (``legacy_names``); never stored: the tree keeps ``<server>.<tool>``.
+    _legacy: tuple[str, ...] = PrivateAttr(default=())
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_legacy_names(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> TaskSpec:
+        # ``git/git_status`` still works: read as ``git.git_status``, and remembered so that
+        # the submission warns (brain.core.submission); a stored tree holds the new form only.
+        if not isinstance(data, dict):
+            return handler(data)
+        tools = data.get("tools")
+        written = [data.get("tool"), *(tools if isinstance(tools, list) else [])]
+        legacy = tuple(n for n in written if isinstance(n, str) and LEGACY_SEPARATOR in n)
+        if legacy:  # anything else is left for the fields' own errors
+            data = {**data, "tool": _canonical_any(data.get("tool"))} if "tool" in data else dict(data)
+            if isinstance(tools, list):
+                data["tools"] = [_canonical_any(n) for n in tools]
+        spec: TaskSpec = handler(data)
+        spec._legacy = tuple(dict.fromkeys(legacy))
+        return spec
+
+    @property
+    def legacy_names(self) -> tuple[str, ...]:
+        """Tool names this task was written with in the deprecated ``<server>/<tool>`` form."""
+        return self._legacy
 
     @model_validator(mode="before")
     @classmethod

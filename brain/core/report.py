@@ -71,7 +71,7 @@ def clients_report(
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],
                 # Its MCP tools whose bare name the registry gives to another tool: reachable as
-                # <server>/<tool> only (brain.core.toolnames.clash_lines).
+                # <server>.<tool> only (brain.core.toolnames.clash_lines).
                 "clashes": clash_lines(session.clashes(registry.tools)) if session and registry else [],
                 # Suspended for what it wrote (brain.hot.misbehaving): the causes, else null.
                 "misbehaving": marks[cid].shown() if cid in marks else None,

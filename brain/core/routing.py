@@ -51,10 +51,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
 from brain.core.pools import pool_route, unknown_pool
+from brain.core.toolnames import canonical
 from workers.contracts import DEFAULT_POOL, client_queue, pool_queue
 
 
@@ -157,6 +158,13 @@ class Engine(BaseModel):
                 raise ValueError(f"{', '.join(clash)} given both inside and beside 'tools'; keep one")
             return {**rest, **nested}
         return data
+
+    @field_validator("server", "client")
+    @classmethod
+    def _canonical_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # A registry file written before the dot lists ``git/git_status``: the tree says
+        # ``git.git_status`` (brain.core.toolnames), so the engine must list that.
+        return tuple(canonical(name) for name in v)
 
     def allows(self, tool: str) -> bool:
         return tool in self.server or tool in self.client

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import Enrollment, ToolSpec
-from brain.core.toolnames import SEPARATOR, bare_name_taken, client_clashes, qualified
+from brain.core.toolnames import bare_name_taken, client_clashes, is_qualified, name_on_server, qualified
 from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor, surface_op
 
 
@@ -32,13 +32,13 @@ class ClientSession(BaseModel):
     held_tools: list[ToolDescriptor] = Field(default_factory=list)
 
     def tool(self, name: str, registry: Mapping[str, ToolSpec] | None = None) -> ToolDescriptor | None:
-        """The announced tool ``name`` names: its bare name, or ``<mcp server>/<tool>``."""
+        """The announced tool ``name`` names: its bare name, or ``<mcp server>.<tool>``."""
         return next((t for t in self.tools if name in names_of(t, registry)), None)
 
     def tool_names(self, registry: Mapping[str, ToolSpec] | None = None) -> frozenset[str]:
         """Every name a task may use for this client's tools (brain.core.toolnames); with the
         registry, an MCP tool whose bare name the registry gives to another tool answers to
-        ``<server>/<tool>`` only, so this client never counts as offering the registry's."""
+        ``<server>.<tool>`` only, so this client never counts as offering the registry's."""
         return frozenset(n for t in self.tools for n in names_of(t, registry))
 
     def clashes(self, registry: Mapping[str, ToolSpec]) -> dict[str, list[str]]:
@@ -47,15 +47,16 @@ class ClientSession(BaseModel):
 
 
 def names_of(tool: ToolDescriptor, registry: Mapping[str, ToolSpec] | None = None) -> tuple[str, ...]:
-    """A client's MCP tool answers to ``<server>/<tool>`` too, so a task can name the one it
+    """A client's MCP tool answers to ``<server>.<tool>`` too, so a task can name the one it
     means whatever else (a built-in, another server) shares its bare name; to that name only
     when the registry gives the bare one to another tool. A tool the agent already announced
-    as ``<server>/<tool>`` (its bare name is the agent's native tool's) has that name only."""
+    as ``<server>.<tool>`` (its bare name is the agent's native tool's) has that name only; an
+    older agent announced it as ``<server>/<tool>``, which it keeps answering to as well."""
     if not tool.mcp_server or surface_op(tool.name) is not None:
         return (tool.name,)  # a surface tool's name holds its server already
-    if tool.name.startswith(tool.mcp_server + SEPARATOR):
-        return (tool.name,)
-    full = qualified(tool.mcp_server, tool.name)
+    full = qualified(tool.mcp_server, name_on_server(tool.name, tool.mcp_server))
+    if is_qualified(tool.name, tool.mcp_server):
+        return tuple(dict.fromkeys((full, tool.name)))
     if registry is not None and bare_name_taken(registry, tool):
         return (full,)
     return (tool.name, full)
@@ -100,4 +101,6 @@ def user_sessions(sessions: Iterable[ClientSession], user: str) -> list[ClientSe
 def held_names(sessions: Mapping[str, ClientSession], client_ids: Collection[str]) -> frozenset[str]:
     """Tools these clients announced with a definition that changed since it was pinned: known
     (a tree may name them; its route says to approve them), but not routed to until approved."""
-    return frozenset(t.name for cid in client_ids if (s := sessions.get(cid)) for t in s.held_tools)
+    return frozenset(
+        n for cid in client_ids if (s := sessions.get(cid)) for t in s.held_tools for n in names_of(t)
+    )

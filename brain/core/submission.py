@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import SessionKind, TaskTree, TreeRecord
 from brain.core.snapshot import RegistrySnapshot
+from brain.core.toolnames import legacy_warning
 from brain.core.validation import announced_arg_problems, tree_problems, unknown_tools
 from brain.errors import InvalidTaskTree
 from workers.contracts import TREE_ID_PATTERN
@@ -72,7 +73,8 @@ def check_submission(
     ``elsewhere``: other tool names known (other clients'), only for suggestions. A tool a name
     clash made ambiguous is not unknown: its route fails saying what to write. So a call with
     arguments its tool refuses is refused here on both routes, before anything runs.
-    Returns warnings (none today; kept for the ways in that print them)."""
+    Returns warnings, for the ways in that print them: each tool name written in the
+    deprecated ``<server>/<tool>`` form (it was read as ``<server>.<tool>``)."""
     problems = []
     if tree_id is not None and not _TREE_ID.match(tree_id):
         problems.append(
@@ -87,7 +89,16 @@ def check_submission(
     problems += unknown_tools(tree, known, names=known | elsewhere, note=_failed_servers(registry))
     if problems:
         raise InvalidTaskTree(source, problems)
-    return []
+    return legacy_name_warnings(tree, source)
+
+
+def legacy_name_warnings(tree: TaskTree, source: str) -> list[str]:
+    """One deprecation warning per task and ``<server>/<tool>`` name it was written with."""
+    return [
+        legacy_warning(f"{source}: task {spec.id!r}", name)
+        for spec in tree.tasks
+        for name in spec.legacy_names
+    ]
 
 
 def _failed_servers(registry: RegistrySnapshot) -> str:
@@ -97,4 +108,4 @@ def _failed_servers(registry: RegistrySnapshot) -> str:
     return f" (MCP server(s) {names} failed to start, so their tools are missing)"
 
 
-__all__ = ["Accepted", "SubmitRequest", "check_submission"]
+__all__ = ["Accepted", "SubmitRequest", "check_submission", "legacy_name_warnings"]

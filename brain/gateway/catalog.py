@@ -3,7 +3,7 @@
 Seed 000 §5: the server's tools (the brain's registry snapshot) + the tools of the user's
 connected clients = the active registry. Each tool is listed once, under a name the router
 understands (``brain.core.toolnames``): an MCP tool under its bare name while nothing else has it,
-else as ``<server>/<tool>``. A registry tool that runs only on a workstation is *available*
+else as ``<server>.<tool>``; never a name the MCP spec forbids. A registry tool that runs only on a workstation is *available*
 only while one of the user's clients offers it; it stays in the catalog (the pools say it is
 offline) and a call to it is routed anyway, so its ``offline_strategy`` applies. Never
 another user's client.
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import Location, ToolSpec
 from brain.core.sessions import ClientSession, user_sessions
-from brain.core.toolnames import name_on_server, qualified
+from brain.core.toolnames import is_qualified, name_on_server, qualified, spec_name_problem
 from workers.contracts import (
     TOOL_METADATA_FIELDS,
     McpSurface,
@@ -32,6 +32,7 @@ from workers.contracts import (
     ToolOutputSchema,
     ToolTitle,
     ToolType,
+    surface_op,
 )
 
 BUILTIN_POOL = "builtin"
@@ -80,7 +81,8 @@ def catalog(
 ) -> list[GatewayTool]:
     """Every tool ``user`` may call: the registry's, then those only the user's clients offer.
     A name in ``reserved`` (the gateway's own tools) is never given to another tool: an MCP
-    tool of that bare name is listed as ``<server>/<tool>``, any other is left out."""
+    tool of that bare name is listed as ``<server>.<tool>``, any other is left out. So is a
+    name strict hosts refuse (``spec_name_problem``: a client's tool named with a space)."""
     own = user_sessions(sessions, user)
     offers = {
         name: tuple(s.client_id for s in own if name in s.tool_names(registry))
@@ -91,17 +93,23 @@ def catalog(
         _from_spec(_unreserved(name, spec, reserved), spec, offers)
         for name, spec in _registry_entries(registry)
     ]
-    listed = [t for t in listed if t.name not in reserved]
+    listed = [t for t in listed if t.name not in reserved and _listable(t.name)]
     taken = {t.name for t in listed} | set(reserved)
     for desc, clients in _client_only(registry, own):
-        name = desc.name
+        name = _qualified_name(desc) if is_qualified(desc.name, desc.mcp_server) else desc.name
         if name in taken and desc.mcp_server:
             name = _qualified_name(desc)
-        if name in taken:
+        if name in taken or not _listable(name):
             continue  # a second client-only tool of this name and no server to tell them apart
         taken.add(name)
         listed.append(_from_descriptor(name, desc, clients))
     return _with_announced_surfaces(listed, own)
+
+
+def _listable(name: str) -> bool:
+    """A name strict hosts accept, or a surface tool's (``S#read_resource``), which tools/list
+    never shows: resources/list and prompts/list are made of those."""
+    return spec_name_problem(name) is None or surface_op(name) is not None
 
 
 def _with_announced_surfaces(listed: list[GatewayTool], own: list[ClientSession]) -> list[GatewayTool]:
@@ -122,8 +130,8 @@ def _registry_entries(registry: Mapping[str, ToolSpec]) -> list[tuple[str, ToolS
     bare name, which means it and nothing else."""
     entries: list[tuple[str, ToolSpec]] = []
     for name, spec in sorted(registry.items()):
-        if spec.type is ToolType.MCP and spec.mcp_server and "/" in name:
-            bare = registry.get(name_on_server(name))
+        if spec.type is ToolType.MCP and is_qualified(name, spec.mcp_server):
+            bare = registry.get(name_on_server(name, spec.mcp_server))
             if bare is not None and bare.mcp_server == spec.mcp_server:
                 continue
         entries.append((name, spec))
@@ -132,7 +140,7 @@ def _registry_entries(registry: Mapping[str, ToolSpec]) -> list[tuple[str, ToolS
 
 def _unreserved(name: str, spec: ToolSpec, reserved: frozenset[str]) -> str:
     if name in reserved and spec.type is ToolType.MCP and spec.mcp_server:
-        return qualified(spec.mcp_server, name_on_server(name))
+        return qualified(spec.mcp_server, name_on_server(name, spec.mcp_server))
     return name
 
 
@@ -143,7 +151,7 @@ def _from_spec(name: str, spec: ToolSpec, offers: Mapping[str, tuple[str, ...]])
         description=spec.description,
         input_schema=spec.input_schema,
         pool=default_pool(spec.type, spec.mcp_server),
-        action=name_on_server(name) if spec.type is ToolType.MCP else name,
+        action=name_on_server(name, spec.mcp_server) if spec.type is ToolType.MCP else name,
         location=spec.location,
         clients=clients,
         available=spec.location is not Location.CLIENT or bool(clients),
@@ -180,9 +188,10 @@ def _described_by_registry(registry: Mapping[str, ToolSpec], desc: ToolDescripto
 
 
 def _qualified_name(desc: ToolDescriptor) -> str:
-    """``<server>/<tool>`` of a client's MCP tool (the agent may have announced it so already)."""
+    """``<server>.<tool>`` of a client's MCP tool (the agent may have announced it so already,
+    or, an older agent, as ``<server>/<tool>``)."""
     assert desc.mcp_server
-    return desc.name if desc.name.startswith(desc.mcp_server + "/") else qualified(desc.mcp_server, desc.name)
+    return qualified(desc.mcp_server, name_on_server(desc.name, desc.mcp_server))
 
 
 def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) -> GatewayTool:
@@ -191,7 +200,7 @@ def _from_descriptor(name: str, desc: ToolDescriptor, clients: tuple[str, ...]) 
         description=desc.description,
         input_schema=desc.input_schema,
         pool=default_pool(desc.type, desc.mcp_server),
-        action=name_on_server(_qualified_name(desc)) if desc.mcp_server else desc.name,
+        action=name_on_server(desc.name, desc.mcp_server),
         location=Location.CLIENT,
         clients=clients,
         **_metadata(desc),

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from brain.core.models import ID_BODY
+from brain.core.toolnames import LEGACY_SEPARATOR, qualified
 from brain.errors import ConfigError
 from brain.gateway.catalog import GatewayTool
 from brain.gateway.primary import BRAIN_POOL, PRIMARY, ROUTER
@@ -33,7 +34,8 @@ class PoolConfig(BaseModel):
 
     name: str = Field(pattern=_POOL_NAME, max_length=64)
     description: str = ""
-    # Tool names or fnmatch patterns ("time/*", "git_*") of the tools this pool holds.
+    # Tool names or fnmatch patterns ("time.*", "git_*") of the tools this pool holds; a
+    # pattern written before the dot ("time/*") still matches (``_matches``).
     tools: list[str] = Field(min_length=1)
 
     @field_validator("name")
@@ -96,7 +98,7 @@ def build_pools(tools: Iterable[GatewayTool], configured: Sequence[PoolConfig] =
     for config in configured:
         members.setdefault(config.name, [])
     for tool in tools:
-        home = next((c.name for c in configured if _matches(tool.name, c.tools)), tool.pool)
+        home = next((c.name for c in configured if _matches(tool, c.tools)), tool.pool)
         members.setdefault(home, []).append(tool)
     descriptions = {c.name: c.description for c in configured}
     descriptions.setdefault(BRAIN_POOL, "the gateway's own tools: health, trees, clients")
@@ -106,8 +108,11 @@ def build_pools(tools: Iterable[GatewayTool], configured: Sequence[PoolConfig] =
     }
 
 
-def _matches(name: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+def _matches(tool: GatewayTool, patterns: Sequence[str]) -> bool:
+    names = [tool.name]
+    if tool.name == qualified(tool.pool, tool.action):  # also as written before the dot
+        names.append(f"{tool.pool}{LEGACY_SEPARATOR}{tool.action}")
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns for name in names)
 
 
 def _actions(tools: Sequence[GatewayTool]) -> dict[str, GatewayTool]:

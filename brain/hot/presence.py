@@ -169,7 +169,7 @@ class PresenceBook:
         """The router's view for one session, of ``sessions`` (default: read now); the load of
         each client it may choose among is read now. With the ``registry``, a client's MCP tool
         whose bare name the registry gives to another tool is offered under
-        ``<server>/<tool>`` only (``ClientSession.tool_names``)."""
+        ``<server>.<tool>`` only (``ClientSession.tool_names``)."""
         seen = list((self.sessions() if sessions is None else sessions).values())
         # Load only chooses among several clients of the user (the session's own client is
         # taken first whatever its load): with fewer, it is not worth a round trip.

@@ -14,7 +14,7 @@ from brain.config import Settings
 from brain.core.models import Location, ToolSpec
 from brain.core.pools import registry_pool_problems
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.toolnames import keep_declared, place, qualified
+from brain.core.toolnames import is_qualified, keep_declared, name_on_server, place, qualified
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
 from workers.contracts import MCPServerFailure, surface_op
@@ -58,6 +58,7 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     surfaces = [t for t in discovered if surface_op(t.name) is not None]
     discovered = [t for t in discovered if surface_op(t.name) is None]
     placed = keep_declared(declared, place(builtins, discovered))
+    failures += [MCPServerFailure(server=server, message=why) for server, why in placed.refused]
     tools = merge_registry(placed.tools, bind_to_servers(declared, placed.tools))
     tools.update(surface_specs(surfaces, tools))
     # Only a complete picture may call a fallback_tool unknown: an MCP server not asked (or
@@ -108,7 +109,7 @@ def unserved_mcp_tools(
         server = spec.mcp_server
         if server is None or spec.location is Location.CLIENT:
             continue
-        if (qualified(server, name) if "/" not in name else name) in placed:
+        if _bound_name(name, server) in placed:
             continue
         head = f"tool {name!r} names MCP server {server!r}, "
         if server in failed:
@@ -117,17 +118,17 @@ def unserved_mcp_tools(
             known = ", ".join(repr(n) for n in servers) or "none"
             found[name] = head + f"which is not in the brain's mcpServers (they are: {known})"
         else:
-            found[name] = head + f"which offers no tool {name.rpartition('/')[2]!r}"
+            found[name] = head + f"which offers no tool {name_on_server(name, server)!r}"
     return found
 
 
 def bind_to_servers(declared: Mapping[str, ToolSpec], placed: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:
     """Registry-file entries keyed by the tool they describe (pure): an entry naming an
-    ``mcp_server`` binds to that server's tool (``<server>/<tool>``, and its bare name
+    ``mcp_server`` binds to that server's tool (``<server>.<tool>``, and its bare name
     when the bare name is that very tool), never to a same-named tool of another source."""
     bound: dict[str, ToolSpec] = {}
     for name, spec in declared.items():
-        target = qualified(spec.mcp_server, name) if spec.mcp_server and "/" not in name else name
+        target = _bound_name(name, spec.mcp_server) if spec.mcp_server else name
         if target not in placed:
             bound[name] = spec
             continue
@@ -136,6 +137,12 @@ def bind_to_servers(declared: Mapping[str, ToolSpec], placed: Mapping[str, ToolS
         if target != name and bare is not None and bare.mcp_server == spec.mcp_server:
             bound[name] = spec
     return bound
+
+
+def _bound_name(name: str, server: str) -> str:
+    """The registered name of the entry ``name`` of ``server``'s: ``<server>.<tool>`` (a
+    dotted name is qualified only when it starts with its own server's name)."""
+    return name if is_qualified(name, server) else qualified(server, name)
 
 
 def unknown_fallbacks(tools: Mapping[str, ToolSpec]) -> list[str]:

@@ -782,7 +782,7 @@ class Scheduler:
             run_id=rec.run_id or "",
             tree_id=rec.tree_id,
             task_id=rec.task_id,
-            tool=name_on_server(tool.name) if tool.type is ToolType.MCP else tool.name,
+            tool=name_on_server(tool.name, tool.mcp_server) if tool.type is ToolType.MCP else tool.name,
             tool_type=tool.type,
             mcp_server=tool.mcp_server,
             args=args,

@@ -223,7 +223,7 @@ def test_explain_fails_a_tool_whose_mcp_server_is_missing_and_resolves_the_vault
     registry.write_text("tools:\n  - {name: jira_search, location: server, mcp_server: jira}\n")
     tree_file = tmp_path / "t.yaml"
     tree_file.write_text(
-        "id: t\ntasks:\n  - {id: j, tool: jira_search}\n  - {id: add, tool: vaulted/add, args: {a: 1, b: 2}}\n"
+        "id: t\ntasks:\n  - {id: j, tool: jira_search}\n  - {id: add, tool: vaulted.add, args: {a: 1, b: 2}}\n"
     )
     proc = vancetope(
         "--registry", str(registry), "--mcp-config", str(config), "explain", str(tree_file), data=data
@@ -253,16 +253,20 @@ def test_explain_reports_a_tool_name_clash_and_the_names_to_write(tmp_path: Path
     config = write_mcp_config(tmp_path / "mcp.json", {"a": demo_server(), "b": demo_server()})
     tree_file = tmp_path / "t.yaml"
     tree_file.write_text(
-        "id: clash\ntasks:\n  - id: one\n    tool: a/add\n    args: {a: 1, b: 2}\n"
+        "id: clash\ntasks:\n  - id: one\n    tool: a.add\n    args: {a: 1, b: 2}\n"
         "  - id: two\n    tool: add\n    args: {a: 1, b: 2}\n"
+        "  - id: old\n    tool: b/add\n    args: {a: 1, b: 2}\n"  # written before the dot
     )
     proc = vancetope(
         "explain", str(tree_file), data=tmp_path / "data", env={"VANCETOPE_MCP_CONFIG": str(config)}
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "tool name 'add' is offered by a/add, b/add: 'add' alone names none of them" in proc.stderr
+    assert "tool name 'add' is offered by a.add, b.add: 'add' alone names none of them" in proc.stderr
     rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") > 4}
-    assert "server" in rows["one"] and "fail" in rows["two"]
+    assert "server" in rows["one"] and "fail" in rows["two"] and "server" in rows["old"]
+    assert "tool name 'b/add' is the deprecated '<server>/<tool>' form; it is read as 'b.add'" in " ".join(
+        proc.stderr.split()
+    )
 
 
 def test_without_redis_clients_and_cancel_exit_3_with_one_line_and_status_still_reads_the_store(

@@ -27,6 +27,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
+from mcp.shared.tool_name_validation import validate_tool_name
 
 from brain.hot.state import HotState
 from brain.runtime import gateway_tokens as tokens
@@ -50,7 +51,7 @@ pytestmark = pytest.mark.integration
 
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector@2.12.0"
 SERVER_TOOLS = {"get_current_time", "convert_time", "echo", "add", "slow"}
-ADA_CLIENT_TOOLS = {"read_local_file", "list_directory", "notes/add", "notes/slow"}
+ADA_CLIENT_TOOLS = {"read_local_file", "list_directory", "notes.add", "notes.slow"}
 
 
 def token_for(stack: EmbeddedStack, user: str) -> str:
@@ -173,7 +174,7 @@ def test_a_users_token_lists_and_calls_server_tools_and_the_tools_of_their_conne
         async with mcp_client(gateway, token) as mcp:
             listed = {t.name: t for t in (await mcp.list_tools()).tools}
             on_server = await mcp.call_tool("get_current_time", {"timezone": "UTC"})
-            on_client = await mcp.call_tool("notes/add", {"a": 2, "b": 3})
+            on_client = await mcp.call_tool("notes.add", {"a": 2, "b": 3})
             local = await mcp.call_tool("read_local_file", {"path": str(sandbox / "hello.txt")})
             builtin = await mcp.call_tool("echo", {"value": {"x": 1}})
             return {
@@ -187,7 +188,7 @@ def test_a_users_token_lists_and_calls_server_tools_and_the_tools_of_their_conne
     got = anyio.run(scenario)
     listed = got["listed"]
     assert SERVER_TOOLS | ADA_CLIENT_TOOLS | {"brain_health", "brain_submit_tree"} <= set(listed)
-    assert listed["notes/add"].input_schema["properties"].keys() == {"a", "b"}  # the schema as announced
+    assert listed["notes.add"].input_schema["properties"].keys() == {"a", "b"}  # the schema as announced
     assert got["server"].is_error is False and got["server"].structured_content["timezone"] == "UTC"
     assert got["client"].is_error is False and text_of(got["client"]) == "5"
     assert "hello from the workstation" in text_of(got["local"])
@@ -200,7 +201,7 @@ def test_a_users_token_lists_and_calls_server_tools_and_the_tools_of_their_conne
     finally:
         store.close()
     assert routes["get_current_time"] == "server"
-    assert routes["notes/add"] == "client:laptop" and routes["read_local_file"] == "client:laptop"
+    assert routes["notes.add"] == "client:laptop" and routes["read_local_file"] == "client:laptop"
 
 
 def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees(
@@ -219,7 +220,7 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
         async with mcp_client(gateway, bob) as mcp:
             names = {t.name for t in (await mcp.list_tools()).tools}
             with pytest.raises(MCPError) as called:
-                await mcp.call_tool("notes/add", {"a": 1, "b": 1})
+                await mcp.call_tool("notes.add", {"a": 1, "b": 1})
             status = await mcp.call_tool("brain_tree_status", {"tree_id": tree_id})
             cancel = await mcp.call_tool("brain_cancel", {"tree_id": tree_id})
         return names, called.value, status, cancel
@@ -228,7 +229,7 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
     assert SERVER_TOOLS <= names and not ADA_CLIENT_TOOLS & names
     # Refused before submit (issue 22 item 6) with the spec's protocol error for an unknown tool
     # (issue 24), and no name of ada's clients is suggested to bob.
-    assert called.code == types.INVALID_PARAMS and called.message.startswith("Unknown tool: 'notes/add'")
+    assert called.code == types.INVALID_PARAMS and called.message.startswith("Unknown tool: 'notes.add'")
     suggested = called.message.partition("did you mean")[2]
     assert not any(name in suggested for name in ADA_CLIENT_TOOLS), suggested
     assert status.is_error and "no tree" in text_of(status)
@@ -279,7 +280,7 @@ def test_a_2026_era_client_calls_tools_and_hears_of_a_registry_reload_on_its_lis
     async def scenario() -> tuple[str | None, set[str], types.CallToolResult, Any]:
         async with mcp_client(gateway, token, modern=True) as mcp:
             names = {t.name for t in (await mcp.list_tools()).tools}
-            called = await mcp.call_tool("notes/add", {"a": 1, "b": 2})
+            called = await mcp.call_tool("notes.add", {"a": 1, "b": 2})
             async with listen(mcp, tools_list_changed=True) as events:
                 await anyio.to_thread.run_sync(reload_registry)
                 with anyio.fail_after(30):
@@ -399,7 +400,7 @@ def test_the_inspector_cli_lists_and_calls_a_server_tool_and_a_client_tool(
     )  # fmt: skip
     assert on_server["structuredContent"]["timezone"] == "UTC"
     on_client = inspect(
-        inspector, gateway, token, tmp_path, "--method", "tools/call", "--tool-name", "notes/add",
+        inspector, gateway, token, tmp_path, "--method", "tools/call", "--tool-name", "notes.add",
         "--tool-arg", "a=4", "b=5",
     )  # fmt: skip
     assert on_client["content"][0]["text"] == "9"
@@ -508,8 +509,8 @@ def test_a_client_announcing_other_tools_in_the_same_session_sends_list_changed(
             return before, {t.name for t in (await mcp.list_tools()).tools}
 
     before, after = anyio.run(scenario)
-    assert ADA_CLIENT_TOOLS <= before and "more/add" not in before
-    assert {"more/add", "more/slow"} <= after
+    assert ADA_CLIENT_TOOLS <= before and "more.add" not in before
+    assert {"more.add", "more.slow"} <= after
 
 
 def test_a_held_tool_and_its_approval_each_send_list_changed(changing_stack: EmbeddedStack) -> None:
@@ -547,8 +548,8 @@ def test_a_held_tool_and_its_approval_each_send_list_changed(changing_stack: Emb
 
     before, holding, approved, after = anyio.run(scenario)
     assert approved.returncode == 0, approved.stdout + approved.stderr
-    assert "notes/slow" in before and "notes/slow" not in holding and "notes/add" in holding
-    assert "notes/slow" in after
+    assert "notes.slow" in before and "notes.slow" not in holding and "notes.add" in holding
+    assert "notes.slow" in after
 
 
 # --- progress ----------------------------------------------------------------------------------
@@ -617,7 +618,7 @@ def test_tools_list_carries_every_field_each_mcp_server_sent_on_both_routes(
     # A third-party server's hint that a host asks before running (it was dropped: item A).
     reset = listed["git_reset"].annotations
     assert reset is not None and reset.destructive_hint is True and reset.read_only_hint is False
-    for name in ("erase", "mine/erase"):  # the brain's server, and ada's laptop's mcp.json
+    for name in ("erase", "mine.erase"):  # the brain's server, and ada's laptop's mcp.json
         erase = listed[name].model_dump(mode="json", by_alias=True, exclude_none=True)
         assert erase["title"] == "Erase a note", name
         assert erase["annotations"] == {
@@ -659,13 +660,13 @@ def test_arguments_the_schema_refuses_are_refused_alike_on_both_routes_and_nothi
 
     async def scenario() -> tuple[types.CallToolResult, types.CallToolResult]:
         async with mcp_client(url, token_for(stack, "ada")) as mcp:
-            return await mcp.call_tool("erase", {"nme": "x"}), await mcp.call_tool("mine/erase", {"nme": "x"})
+            return await mcp.call_tool("erase", {"nme": "x"}), await mcp.call_tool("mine.erase", {"nme": "x"})
 
     on_server, on_client = anyio.run(scenario)
     # A tool execution error the model can correct (MCP 2025-11-25), worded alike (item D).
     assert on_server.is_error and on_client.is_error
     assert text_of(on_server) == "tool 'erase' was not called: args: 'name' is a required property"
-    assert text_of(on_client) == "tool 'mine/erase' was not called: args: 'name' is a required property"
+    assert text_of(on_client) == "tool 'mine.erase' was not called: args: 'name' is a required property"
     store = open_store(stack.settings.store)
     try:
         assert not [t for t in store.list_trees(limit=50) if "erase" in t.tree_id]  # nothing submitted
@@ -684,10 +685,10 @@ def test_the_registrys_native_git_status_and_mcp_server_gits_are_both_listed_and
             return names, await mcp.call_tool("brain_list_pools", {"pool": "git"})
 
     names, git_pool = anyio.run(scenario)
-    # git/git_status vanished from the list and the pool (item E).
-    assert {"git_status", "git/git_status", "git_log"} <= names
+    # git.git_status vanished from the list and the pool (item E).
+    assert {"git_status", "git.git_status", "git_log"} <= names
     actions = {a["action"]: a["tool"] for a in git_pool.structured_content["actions"]}
-    assert actions["git_status"] == "git/git_status" and actions["git_reset"] == "git_reset"
+    assert actions["git_status"] == "git.git_status" and actions["git_reset"] == "git_reset"
     shown = subprocess.run(  # noqa: PLW1510 - asserted below
         [sys.executable, "-m", "brain", "clients", "--json"],
         cwd=ROOT,
@@ -699,10 +700,32 @@ def test_the_registrys_native_git_status_and_mcp_server_gits_are_both_listed_and
     assert shown.returncode == 0, shown.stderr
     assert json.loads(shown.stdout)["registry"]["clashes"] == [
         (
-            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
-            "file's tool; write 'git/git_status' for the other"
+            "tool name 'git_status' is offered by registry file, git.git_status: 'git_status' is the registry "
+            "file's tool; write 'git.git_status' for the other"
         )
     ]
+
+
+def test_every_name_tools_list_shows_passes_the_sdks_validate_tool_name_and_calls_its_tool(
+    rich_gateway: tuple[EmbeddedStack, str],
+) -> None:
+    """Issue 24 item 3: qualified names are ``<server>.<tool>``, so strict hosts take them all:
+    the real mcp-server-git's, the rich server's on the brain and on ada's laptop ("mine")."""
+    stack, url = rich_gateway
+    assert stack.settings.mcp_config is not None
+    git = json.loads(Path(stack.settings.mcp_config).read_text())["mcpServers"]["git"]
+    repo = git["args"][-1]
+
+    async def scenario() -> tuple[list[str], types.CallToolResult]:
+        async with mcp_client(url, token_for(stack, "ada")) as mcp:
+            names = [t.name for t in (await mcp.list_tools()).tools]
+            return names, await mcp.call_tool("git.git_status", {"repo_path": repo})
+
+    names, status = anyio.run(scenario)
+    invalid = {n: validate_tool_name(n).warnings for n in names if not validate_tool_name(n).is_valid}
+    assert invalid == {}
+    assert {"git.git_status", "mine.erase", "git_log", "erase"} <= set(names)
+    assert not status.is_error and "branch" in text_of(status).lower()
 
 
 # --- as a user runs it: `vancetope up`, `vancetope users token demo` --------------------------

@@ -29,24 +29,24 @@ def test_a_server_added_to_the_mcp_config_is_used_without_a_restart(
     config = write_mcp_config(tmp_path / "server-mcp.json", {"a": demo_server()})
     stack = stack_factory(services=("brain", "server-pool"), mcp_config=config)
     before = snapshot(brain_factory(stack))
-    assert "a/add" in before.tools and "b/add" not in before.tools
+    assert "a.add" in before.tools and "b.add" not in before.tools
 
     write_mcp_config(config, {"a": demo_server(), "b": demo_server()})  # the brain watches the file
     after = wait_until(
         lambda: (s := snapshot(brain_factory(stack))).loaded_at != before.loaded_at and s, 60, "a reload"
     )
-    assert "b/add" in after.tools
-    assert "added: " in after.changes[0] and "b/add" in after.changes[0]
-    assert any(line.startswith("clash: tool name 'add' is offered by a/add, b/add") for line in after.changes)
+    assert "b.add" in after.tools
+    assert "added: " in after.changes[0] and "b.add" in after.changes[0]
+    assert any(line.startswith("clash: tool name 'add' is offered by a.add, b.add") for line in after.changes)
     # `vancetope reload` after the brain's own reload: what was applied, not "no tool changed" alone.
     said = vancetope("reload", data=stack.settings.data_dir)
     assert said.returncode == 0, said.stdout + said.stderr
     text = " ".join(said.stdout.split())
-    assert "no tool changed since the last reload at" in text and "b/add" in text, text
+    assert "no tool changed since the last reload at" in text and "b.add" in text, text
 
     brain = brain_factory(stack)  # a new connection routes with the new registry
     rec = brain.scheduler.submit(
-        tree({"id": "after-reload", "tasks": [{"id": "sum", "tool": "b/add", "args": {"a": 2, "b": 5}}]})
+        tree({"id": "after-reload", "tasks": [{"id": "sum", "tool": "b.add", "args": {"a": 2, "b": 5}}]})
     )
     assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
     assert brain.store.get_task(rec.tree_id, "sum").result == 7

@@ -100,7 +100,7 @@ def test_whole_results_on_the_client_route(client_stack: EmbeddedStack, brain_fa
     brain = brain_factory(client_stack)
     # The client's echo shares its bare name with the built-in: named by its server it goes
     # to the client with its own schema (issue 10 item 3), the bare name stays the built-in.
-    theirs = {"id": "theirs", "tool": "everything/echo", "args": {"message": "hi"}}
+    theirs = {"id": "theirs", "tool": "everything.echo", "args": {"message": "hi"}}
     builtin = {"id": "builtin", "tool": "echo", "args": {"value": "plain"}}
     rec = brain.scheduler.submit(
         tree({"id": "whole-client", "tasks": [*TASKS, theirs, builtin]}),

@@ -142,9 +142,9 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
                 {
                     "id": "vault",
                     "tasks": [
-                        {"id": "env", "tool": "vaulted/env", "args": {"name": "DEMO_TOKEN"}},
-                        {"id": "argv", "tool": "vaulted/argv", "args": {}},
-                        {"id": "leak", "tool": "vaulted/leak", "args": {"name": "DEMO_TOKEN"}},
+                        {"id": "env", "tool": "vaulted.env", "args": {"name": "DEMO_TOKEN"}},
+                        {"id": "argv", "tool": "vaulted.argv", "args": {}},
+                        {"id": "leak", "tool": "vaulted.leak", "args": {"name": "DEMO_TOKEN"}},
                         {
                             "id": "http",
                             "tool": "http_get",

@@ -63,7 +63,7 @@ def test_build_registry_used_by_start_and_reload_reports_the_refused_server(tmp_
     failures = {f.server: f.message for f in registry.mcp_failures}
     assert list(failures) == ["argv_secret"]
     assert all(part in failures["argv_secret"] for part in _expected(tmp_path)), failures
-    assert "demo/echo" in registry.tools or "echo" in registry.tools  # the other server still loads
+    assert "demo.echo" in registry.tools or "echo" in registry.tools  # the other server still loads
     assert not (tmp_path / "argv-server-ran").exists(), "the refused server was started"
 
 

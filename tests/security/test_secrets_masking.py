@@ -58,7 +58,7 @@ def test_a_secret_echoed_cut_reversed_or_encoded_is_masked_everywhere(
     try:
         brain = brain_factory(stack)
         tasks = [
-            {"id": how, "tool": "vaulted/variant", "args": {"name": "DEMO_TOKEN", "how": how}}
+            {"id": how, "tool": "vaulted.variant", "args": {"name": "DEMO_TOKEN", "how": how}}
             for how in LEAKED
         ]
         record = brain.scheduler.submit(tree({"id": "variants", "tasks": tasks}))

@@ -27,7 +27,7 @@ ASK = ("shell_execute", "write_local_file", "git/*")
         ("shell_execute", None, True),
         ("read_local_file", None, False),
         ("git_commit", "git", True),  # "git/*" covers every tool of server git
-        ("git/git_commit", "git", True),  # offered as <server>/<tool> after a name clash
+        ("git.git_commit", "git", True),  # offered as <server>.<tool> after a name clash
         ("add", "demo", False),
         ("write_local_file", "demo", True),  # an MCP tool named like an asked one asks too
     ],
@@ -36,6 +36,20 @@ def test_ask_patterns_match_a_name_or_server_slash_name(
     tool: str, server: str | None, expected: bool
 ) -> None:
     assert asks(ASK, tool, server) is expected
+
+
+@pytest.mark.parametrize(
+    ("tool", "server", "expected"),
+    [
+        ("git_commit", "git", True),  # "git.*" covers every tool of server git
+        ("git.git_commit", "git", True),
+        ("git/git_commit", "git", True),  # as an older agent named it
+        ("commit", "io.github.git", False),  # a server whose name only starts alike
+        ("git_commit", None, False),
+    ],
+)
+def test_ask_patterns_match_server_dot_name_too(tool: str, server: str | None, expected: bool) -> None:
+    assert asks(("git.*",), tool, server) is expected
 
 
 def test_nothing_asks_without_patterns() -> None:

@@ -42,7 +42,7 @@ def policy(tmp_path: Path) -> Policy:
 
 def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Path) -> None:
     """Issue 10 item 3: a name the native tools or an earlier server already use is offered
-    as <server>/<tool>, never dropped, never confused with the other."""
+    as <server>.<tool>, never dropped, never confused with the other."""
     discovered = [
         mcp_tool("git_status", "git"), mcp_tool("git_log", "git"),
         mcp_tool("git_log", "mirror"), mcp_tool("secret", "mirror"),
@@ -50,7 +50,7 @@ def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Pa
     policy = Policy(Sandbox([tmp_path]), allowed_tools=("git_*",))
     merged = merge_tools(NATIVE, discovered, policy)
     assert [(t.mcp_server, t.name) for t in merged.offered] == [
-        ("git", "git/git_status"), ("git", "git_log"), ("mirror", "mirror/git_log"),
+        ("git", "git.git_status"), ("git", "git_log"), ("mirror", "mirror.git_log"),
     ]  # fmt: skip
     assert [name_on_server(t) for t in merged.offered] == ["git_status", "git_log", "git_log"]
     assert merged.refused == {
@@ -58,9 +58,22 @@ def test_merge_policy_first_then_a_shared_name_is_offered_qualified(tmp_path: Pa
         "(allowed_tools: [git_*])",
     }
     assert merged.notes == [
-        "MCP tool 'git_status' of server 'git' shares its name with the native tool; it is offered as 'git/git_status'",
-        "MCP tool 'git_log' of server 'mirror' shares its name with MCP server 'git'; it is offered as 'mirror/git_log'",
+        "MCP tool 'git_status' of server 'git' shares its name with the native tool; it is offered as 'git.git_status'",
+        "MCP tool 'git_log' of server 'mirror' shares its name with MCP server 'git'; it is offered as 'mirror.git_log'",
     ]
+
+
+def test_a_tool_named_after_its_own_server_is_offered_qualified_and_patterns_match_both_forms(
+    tmp_path: Path,
+) -> None:
+    """The brain would read "git.status" of server git as git's tool "status": it is offered as
+    git.git.status. allowed_tools written with the old '/' still match (client_agent.toolnames)."""
+    discovered = [mcp_tool("git.status", "git"), mcp_tool("log", "git"), mcp_tool("other", "hg")]
+    policy = Policy(Sandbox([tmp_path]), allowed_tools=("git/*",))
+    merged = merge_tools(NATIVE, discovered, policy)
+    assert [t.name for t in merged.offered] == ["git.git.status", "log"]
+    assert [name_on_server(t) for t in merged.offered] == ["git.status", "log"]
+    assert set(merged.refused) == {("hg", "other")}
 
 
 def test_broken_servers_are_reported_and_the_rest_is_offered(tmp_path: Path, policy: Policy) -> None:
@@ -70,7 +83,7 @@ def test_broken_servers_are_reported_and_the_rest_is_offered(tmp_path: Path, pol
     mcp = load_mcp_tools(path, policy, NATIVE, timeout=20)
     try:
         names = {"add", "fail", "slow", "big", "pid", "die"}
-        assert {t.name for t in mcp.tools} == names | {f"second/{n}" for n in names}  # "second" qualified
+        assert {t.name for t in mcp.tools} == names | {f"second.{n}" for n in names}  # "second" qualified
         failures = {f.server: f for f in mcp.failures}
         assert set(failures) == {"missing", "crash"}
         assert "command not found: no-such-mcp-server-xyz" in failures["missing"].message

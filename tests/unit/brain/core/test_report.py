@@ -106,7 +106,7 @@ def test_clients_report_names_every_clash_of_the_registry_and_of_each_clients_to
     # Issue 24 item E: reported, never silently merged.
     registry = RegistrySnapshot(
         tools={"git_status": ToolSpec(name="git_status", location=Location.CLIENT, type=ToolType.NATIVE)},
-        clashes={"git_status": ["registry file", "git/git_status"]},
+        clashes={"git_status": ["registry file", "git.git_status"]},
         loaded_at=42.0,
     )
     laptop = ClientSession(
@@ -117,13 +117,13 @@ def test_clients_report_names_every_clash_of_the_registry_and_of_each_clients_to
     report = clients_report(enrolled, {"laptop": laptop}, {}, registry)
     assert report["clients"][0]["clashes"] == [
         (
-            "tool name 'git_status' is offered by registry's native tool, mine/git_status: 'git_status' is the "
-            "registry's native tool; write 'mine/git_status' for the other"
+            "tool name 'git_status' is offered by registry's native tool, mine.git_status: 'git_status' is the "
+            "registry's native tool; write 'mine.git_status' for the other"
         )
     ]
     assert report["registry"]["clashes"] == [
         (
-            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
-            "file's tool; write 'git/git_status' for the other"
+            "tool name 'git_status' is offered by registry file, git.git_status: 'git_status' is the registry "
+            "file's tool; write 'git.git_status' for the other"
         )
     ]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, ToolSpec
+from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
 from brain.core.routing import (
     ClientView,
     Engine,
@@ -564,6 +564,13 @@ def test_engine_accepts_the_seed_shape() -> None:
     assert engine == Engine(
         id="eng_literature_review", server=("web_search",), client=("read_local_file",), auto_fallback=True
     )
+
+
+def test_an_engine_written_with_the_old_slash_names_lists_the_dotted_ones() -> None:
+    engine = Engine.model_validate(
+        {"id": "e", "tools": {"server": ["git/git_status"], "client": ["fs.read"]}}
+    )
+    assert engine.side_for("git.git_status") is Side.SERVER and engine.allows("fs.read")
 
 
 def test_engine_refuses_a_field_both_inside_and_beside_tools() -> None:

@@ -37,8 +37,11 @@ def announcement(client_id: str = "laptop", tools: list[ToolDescriptor] | None =
     ("tool", "names"),
     [
         (native("read_local_file"), ("read_local_file",)),
-        (mcp("fs", "read"), ("read", "fs/read")),
-        (mcp("git", "git/git_status"), ("git/git_status",)),  # the agent qualified it (not git/git/…)
+        (mcp("fs", "read"), ("read", "fs.read")),
+        (mcp("git", "git.git_status"), ("git.git_status",)),  # the agent qualified it (not git.git.…)
+        # An older agent qualified it the deprecated way: it answers to both forms.
+        (mcp("git", "git/git_status"), ("git.git_status", "git/git_status")),
+        (mcp("io.github.fs", "read.file"), ("read.file", "io.github.fs.read.file")),  # dots in both
     ],
 )
 def test_names_of_a_tool(tool: ToolDescriptor, names: tuple[str, ...]) -> None:
@@ -48,9 +51,9 @@ def test_names_of_a_tool(tool: ToolDescriptor, names: tuple[str, ...]) -> None:
 def test_a_session_finds_a_tool_by_its_bare_or_qualified_name() -> None:
     s = session(tools=[native("echo"), mcp("fs", "read")])
     assert s.tool("echo") == native("echo")
-    assert s.tool("read") == s.tool("fs/read") == mcp("fs", "read")
-    assert s.tool("other/read") is None and s.tool("nope") is None
-    assert s.tool_names() == frozenset({"echo", "read", "fs/read"})
+    assert s.tool("read") == s.tool("fs.read") == mcp("fs", "read")
+    assert s.tool("other.read") is None and s.tool("nope") is None
+    assert s.tool_names() == frozenset({"echo", "read", "fs.read"})
 
 
 @pytest.mark.parametrize(
@@ -118,10 +121,10 @@ def test_with_the_registry_a_clients_mcp_tool_answers_only_to_its_qualified_name
         "git_log": ToolSpec(name="git_log", location=Location.CLIENT, type=ToolType.MCP, mcp_server="git"),
     }
     s = session(tools=[mcp("git", "git_status"), mcp("git", "git_log")])
-    assert s.tool_names(registry) == frozenset({"git/git_status", "git_log", "git/git_log"})
-    assert s.tool_names() == frozenset({"git_status", "git/git_status", "git_log", "git/git_log"})
-    assert s.tool("git_status", registry) is None and s.tool("git/git_status", registry) == mcp(
+    assert s.tool_names(registry) == frozenset({"git.git_status", "git_log", "git.git_log"})
+    assert s.tool_names() == frozenset({"git_status", "git.git_status", "git_log", "git.git_log"})
+    assert s.tool("git_status", registry) is None and s.tool("git.git_status", registry) == mcp(
         "git", "git_status"
     )
-    assert set(announced_schemas([s], registry)) == {"git/git_status", "git_log", "git/git_log"}
-    assert s.clashes(registry) == {"git_status": ["registry's native tool", "git/git_status"]}
+    assert set(announced_schemas([s], registry)) == {"git.git_status", "git_log", "git.git_log"}
+    assert s.clashes(registry) == {"git_status": ["registry's native tool", "git.git_status"]}

@@ -151,12 +151,12 @@ def test_arguments_a_client_announced_schema_refuses_are_refused_like_a_registry
     registry: RegistrySnapshot,
 ) -> None:
     # Before: the registry route refused at submit; the client route ran the call and failed there.
-    announced = {"notes/add": [ADD_SCHEMA]}
+    announced = {"notes.add": [ADD_SCHEMA]}
     with pytest.raises(InvalidTaskTree) as client_route:
         check_submission(
-            tree({"id": "call", "tool": "notes/add", "args": {"a": "2"}}),
+            tree({"id": "call", "tool": "notes.add", "args": {"a": "2"}}),
             registry,
-            source="tools/call notes/add",
+            source="tools/call notes.add",
             announced=frozenset(announced),
             announced_schemas=announced,
         )
@@ -232,3 +232,36 @@ def test_a_client_schema_that_is_no_schema_is_not_enforced(registry: RegistrySna
         )
         == []
     )
+
+
+# --- the deprecated '<server>/<tool>' form (issue 24 item 3) ---------------------------------
+
+
+def test_a_tool_written_server_slash_tool_is_read_as_server_dot_tool_with_a_deprecation_warning() -> None:
+    registry = RegistrySnapshot(
+        tools={
+            "git.git_status": ToolSpec(
+                name="git.git_status", location=Location.SERVER, type=ToolType.MCP, mcp_server="git"
+            )
+        }
+    )
+    written = tree(
+        {"id": "old", "tool": "git/git_status", "args": {"repo_path": "."}},
+        {"id": "new", "tool": "git.git_status", "args": {"repo_path": "."}},
+        {"id": "set", "tool": "git.git_status", "tools": ["git/git_status"], "args": {"repo_path": "."}},
+    )
+    assert [t.tool for t in written.tasks] == ["git.git_status"] * 3
+    assert written.tasks[2].tools == ["git.git_status"]
+    assert check_submission(written, registry, source="t.yaml") == [
+        (
+            "t.yaml: task 'old': tool name 'git/git_status' is the deprecated '<server>/<tool>' form; it is "
+            "read as 'git.git_status', write that (MCP tool names may not hold '/')"
+        ),
+        (
+            "t.yaml: task 'set': tool name 'git/git_status' is the deprecated '<server>/<tool>' form; it is "
+            "read as 'git.git_status', write that (MCP tool names may not hold '/')"
+        ),
+    ]
+    # What is stored (and read back) is the dotted form only: the warning was given once.
+    stored = TaskTree.model_validate(written.model_dump(mode="json"))
+    assert stored.tasks[0].tool == "git.git_status" and check_submission(stored, registry, source="t") == []

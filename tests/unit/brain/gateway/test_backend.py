@@ -8,13 +8,13 @@ from brain.gateway.backend import unknown_tool
 
 REGISTRY = RegistrySnapshot(
     tools={"echo": ToolSpec(name="echo", location=Location.SERVER)},
-    clashes={"add": ["demo/add", "other/add"]},
+    clashes={"add": ["demo.add", "other.add"]},
 )
 
 
 def test_a_name_the_registry_or_the_callers_clients_know_is_not_unknown() -> None:
     assert unknown_tool("echo", REGISTRY, frozenset()) is None
-    assert unknown_tool("notes/add", REGISTRY, frozenset({"notes/add"})) is None
+    assert unknown_tool("notes.add", REGISTRY, frozenset({"notes.add"})) is None
     # Ambiguous, not unknown: its call fails saying which qualified names to write.
     assert unknown_tool("add", REGISTRY, frozenset()) is None
 

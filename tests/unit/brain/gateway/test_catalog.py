@@ -32,8 +32,8 @@ def mcp(server: str, name: str) -> ToolDescriptor:
 
 REGISTRY = {
     "echo": spec("echo", type="built_in"),
-    "get_current_time": spec("time/get_current_time", mcp_server="time"),
-    "time/get_current_time": spec("time/get_current_time", mcp_server="time"),
+    "get_current_time": spec("time.get_current_time", mcp_server="time"),
+    "time.get_current_time": spec("time.get_current_time", mcp_server="time"),
     "read_local_file": spec("read_local_file", "client", type="native"),
 }
 
@@ -86,8 +86,8 @@ def test_client_only_tools_of_the_user_are_added_with_their_announced_schema() -
 @pytest.mark.parametrize(
     ("announced", "listed_as"),
     [
-        (mcp("notes", "echo"), "notes/echo"),  # a built-in keeps its bare name
-        (mcp("clock", "get_current_time"), "clock/get_current_time"),  # another server's tool
+        (mcp("notes", "echo"), "notes.echo"),  # a built-in keeps its bare name
+        (mcp("clock", "get_current_time"), "clock.get_current_time"),  # another server's tool
         (mcp("time", "get_current_time"), None),  # the registry's own tool: listed once, from it
         (native("echo"), None),  # a server-only name: its calls never reach the client
     ],
@@ -108,18 +108,18 @@ def test_the_same_client_only_tool_on_two_clients_of_the_user_is_one_tool() -> N
 
 def test_two_servers_of_the_users_clients_sharing_a_bare_name_keep_the_first_bare() -> None:
     sessions = [session("a", "ada", mcp("git", "log"), mcp("hg", "log"))]
-    assert names(catalog({}, sessions, "ada")) == ["log", "hg/log"]
+    assert names(catalog({}, sessions, "ada")) == ["log", "hg.log"]
 
 
 def test_the_gateways_own_names_are_never_given_to_another_tool() -> None:
     registry = {
         **REGISTRY,
-        "brain_health": spec("ops/brain_health", mcp_server="ops"),
-        "ops/brain_health": spec("ops/brain_health", mcp_server="ops"),
+        "brain_health": spec("ops.brain_health", mcp_server="ops"),
+        "ops.brain_health": spec("ops.brain_health", mcp_server="ops"),
     }
     sessions = [session("laptop", "ada", native("brain_cancel"), mcp("notes", "brain_cancel"))]
     tools = catalog(registry, sessions, "ada", frozenset({"brain_health", "brain_cancel"}))
-    assert {"ops/brain_health", "notes/brain_cancel"} <= set(names(tools))
+    assert {"ops.brain_health", "notes.brain_cancel"} <= set(names(tools))
     assert not {"brain_health", "brain_cancel"} & set(names(tools))
 
 
@@ -137,7 +137,7 @@ METADATA: dict[str, Any] = {
 
 
 def test_a_registry_tool_keeps_what_its_mcp_server_said_of_it() -> None:
-    registry = {"git_reset": spec("git/git_reset", mcp_server="git", **METADATA)}
+    registry = {"git_reset": spec("git.git_reset", mcp_server="git", **METADATA)}
     listed = by_name(catalog(registry, [], "ada"), "git_reset")
     assert {name: getattr(listed, name) for name in METADATA} == METADATA
 
@@ -155,28 +155,28 @@ def test_the_registrys_native_tool_and_the_servers_mcp_tool_of_one_bare_name_are
     # What brain.core.toolnames.keep_declared leaves in the registry for that clash.
     registry = {
         "git_status": spec("git_status", "client", type="native"),
-        "git/git_status": spec("git/git_status", mcp_server="git"),
-        "git_log": spec("git/git_log", mcp_server="git"),
-        "git/git_log": spec("git/git_log", mcp_server="git"),
+        "git.git_status": spec("git.git_status", mcp_server="git"),
+        "git_log": spec("git.git_log", mcp_server="git"),
+        "git.git_log": spec("git.git_log", mcp_server="git"),
     }
     tools = catalog(registry, [], "ada")
-    assert names(tools) == ["git/git_status", "git_log", "git_status"]
-    mcp_status = by_name(tools, "git/git_status")
+    assert names(tools) == ["git.git_status", "git_log", "git_status"]
+    mcp_status = by_name(tools, "git.git_status")
     assert (mcp_status.pool, mcp_status.action) == ("git", "git_status")
 
 
 def test_a_clients_mcp_tool_never_counts_as_offering_the_registrys_tool_of_its_bare_name() -> None:
     registry = {"git_status": spec("git_status", "client", type="native")}
     tools = catalog(registry, [session("laptop", "ada", mcp("git", "git_status"))], "ada")
-    native_status, mcp_status = by_name(tools, "git_status"), by_name(tools, "git/git_status")
+    native_status, mcp_status = by_name(tools, "git_status"), by_name(tools, "git.git_status")
     assert (native_status.available, native_status.clients) == (False, ())  # laptop has no native one
     assert (mcp_status.clients, mcp_status.pool, mcp_status.action) == (("laptop",), "git", "git_status")
 
 
 def test_an_mcp_tool_the_agent_announced_qualified_is_its_servers_action_by_its_own_name() -> None:
     registry = {"git_status": spec("git_status", "client", type="native")}
-    own = session("laptop", "ada", native("git_status"), mcp("git", "git/git_status"))
-    mcp_status = by_name(catalog(registry, [own], "ada"), "git/git_status")
+    own = session("laptop", "ada", native("git_status"), mcp("git", "git.git_status"))
+    mcp_status = by_name(catalog(registry, [own], "ada"), "git.git_status")
     assert (mcp_status.pool, mcp_status.action) == ("git", "git_status")
 
 
@@ -261,3 +261,27 @@ def test_with_a_memo_a_users_catalog_is_built_again_only_when_their_sessions_cha
     assert built[2:] == ["ada"] and after["ada"] != first["ada"] and after["bob"] == first["bob"]
     assert user_states(dict(REGISTRY), [more, DESK], ["ada"], memo=memo) == after  # another mapping
     assert sorted(built[3:]) == ["ada", "bob"]
+
+
+# --- names strict MCP hosts accept (issue 24 item 3) ----------------------------------------
+
+
+def test_an_older_agents_slash_qualified_tool_is_listed_under_the_dotted_name() -> None:
+    sessions = [session("laptop", "ada", native("git_log"), mcp("git", "git/git_log"))]
+    tools = catalog({}, sessions, "ada")
+    assert names(tools) == ["git.git_log", "git_log"]
+    assert (by_name(tools, "git.git_log").pool, by_name(tools, "git.git_log").action) == ("git", "git_log")
+
+
+def test_a_name_the_mcp_spec_refuses_is_never_listed() -> None:
+    from mcp.shared.tool_name_validation import validate_tool_name
+
+    sessions = [
+        session(
+            "laptop", "ada", native("has space"), native("x" * 129), mcp("my server", "add"), mcp("ok", "add")
+        )
+    ]
+    tools = catalog(REGISTRY, sessions, "ada")
+    assert all(validate_tool_name(t.name).is_valid for t in tools)
+    # Its bare name is valid, so "my server"'s add is listed; "ok"'s, second, qualified.
+    assert names(tools) == ["echo", "get_current_time", "read_local_file", "add", "ok.add"]

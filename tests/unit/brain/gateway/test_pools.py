@@ -25,7 +25,7 @@ def tool(
     name: str, pool: str, action: str | None = None, available: bool = True, desc: str = ""
 ) -> GatewayTool:
     return GatewayTool(
-        name=name, pool=pool, action=action or name.split("/")[-1], description=desc,
+        name=name, pool=pool, action=action or name.split(".")[-1], description=desc,
         location=Location.SERVER if available else Location.CLIENT, available=available,
     )  # fmt: skip
 
@@ -77,16 +77,23 @@ def test_configured_pools_take_the_tools_their_patterns_match_first() -> None:
     assert "time" not in pools and pools["empty"].actions == {}
 
 
+@pytest.mark.parametrize("pattern", ["time.*", "time/*"])  # the second written before the dot
+def test_a_pool_pattern_on_a_server_matches_its_qualified_names_in_either_form(pattern: str) -> None:
+    tools = [tool("time.get_current_time", "time", "get_current_time"), tool("other.time", "other", "time")]
+    pools = build_pools(tools, [PoolConfig(name="clock", tools=[pattern])])
+    assert list(pools["clock"].actions) == ["get_current_time"]
+
+
 def test_actions_sharing_a_short_name_in_one_pool_are_named_in_full() -> None:
-    pools = build_pools([tool("a/log", "mix", "log"), tool("b/log", "mix", "log")], [])
-    assert sorted(pools["mix"].actions) == ["a/log", "b/log"]
+    pools = build_pools([tool("a.log", "mix", "log"), tool("b.log", "mix", "log")], [])
+    assert sorted(pools["mix"].actions) == ["a.log", "b.log"]
 
 
 @pytest.mark.parametrize(
     ("pool", "action", "expected"),
     [
         ("time", "convert_time", "convert_time"),
-        ("time", "time/convert_time", None),  # not a name of it
+        ("time", "time.convert_time", None),  # not a name of it
         ("builtin", "echo", "echo"),
         ("nope", "echo", "unknown pool 'nope'; the pools are: brain, builtin, git, native, time"),
         ("time", "nope", "pool 'time' has no action 'nope'; its actions: convert_time, get_current_time"),

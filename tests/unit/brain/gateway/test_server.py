@@ -124,11 +124,11 @@ def test_a_call_the_brain_refuses_before_it_runs_is_an_error_result_the_model_ca
         "task 'call': args.a: '2' is not of type 'integer'",
         "task 'call': args: 'b' is a required property",
     ]
-    refused = InvalidTaskTree("tools/call notes/add", problems)
-    result = call(gateway(FakeBackend(submit_error=refused)), "notes/add", {"a": "2"})
+    refused = InvalidTaskTree("tools/call notes.add", problems)
+    result = call(gateway(FakeBackend(submit_error=refused)), "notes.add", {"a": "2"})
     assert result.is_error
     assert result.content[0].text == (  # type: ignore[union-attr]
-        "tool 'notes/add' was not called: args.a: '2' is not of type 'integer'; args: 'b' is a required property"
+        "tool 'notes.add' was not called: args.a: '2' is not of type 'integer'; args: 'b' is a required property"
     )
 
 

@@ -48,7 +48,7 @@ def call(tool: str, args: dict[str, object]) -> SubmitRequest:
 def test_a_client_only_tools_bad_arguments_are_refused_at_submit_as_a_server_tools_are(rig: Rig) -> None:
     connect_with_add(rig)
     with pytest.raises(InvalidTaskTree) as client_route:
-        rig.scheduler.accept(call("notes/add", {"a": 1}))
+        rig.scheduler.accept(call("notes.add", {"a": 1}))
     with pytest.raises(InvalidTaskTree) as server_route:
         rig.scheduler.accept(call("echo", {}))
     assert client_route.value.problems == ["task 'call': args: 'b' is a required property"]

@@ -95,7 +95,7 @@ def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
     from brain.runtime.registry import unserved_mcp_tools
     from workers.contracts import MCPServerFailure
 
-    placed = {"time/get_current_time": _spec("time/get_current_time", mcp_server="time")}
+    placed = {"time.get_current_time": _spec("time.get_current_time", mcp_server="time")}
     failures = [MCPServerFailure(server=s, message="boom") for s in failed]
     found = unserved_mcp_tools({declared.name: declared}, placed, servers, failures)
     assert found == ({declared.name: why} if why else {})
@@ -103,7 +103,7 @@ def test_registry_tools_whose_mcp_server_cannot_run_them_are_named(
 
 def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_tools(tmp_path: Path) -> None:
     """Issue 24 item E: they were merged silently (a native tool inheriting mcp_server 'git'),
-    and git/git_status vanished from the gateway's list and the git pool, with no warning."""
+    and git.git_status vanished from the gateway's list and the git pool, with no warning."""
     import subprocess
     import sys
 
@@ -123,13 +123,41 @@ def test_the_example_registrys_native_git_status_and_mcp_server_gits_stay_two_to
         mcp_config=write_mcp_config(tmp_path / "mcp.json", {"git": git}),
     )
     registry = build_registry(settings)
-    native, served = registry.tools["git_status"], registry.tools["git/git_status"]
+    native, served = registry.tools["git_status"], registry.tools["git.git_status"]
     assert (native.type, native.mcp_server, native.location) == (ToolType.NATIVE, None, Location.CLIENT)
     assert (served.type, served.mcp_server, served.location) == (ToolType.MCP, "git", Location.SERVER)
     assert registry.tools["git_log"].mcp_server == "git"  # no clash: bare and qualified
     assert clash_lines(registry.clashes) == [
         (
-            "tool name 'git_status' is offered by registry file, git/git_status: 'git_status' is the registry "
-            "file's tool; write 'git/git_status' for the other"
+            "tool name 'git_status' is offered by registry file, git.git_status: 'git_status' is the registry "
+            "file's tool; write 'git.git_status' for the other"
         )
     ]
+
+
+def test_a_qualified_name_over_128_characters_is_refused_at_registration_naming_server_and_tool(
+    tmp_path: Path,
+) -> None:
+    """Issue 24 item 3: MCP tool names are at most 128 characters (the SDK's validate_tool_name).
+    A server named with 120 characters keeps git_add (120 + 1 + 7 = 128), not git_diff (129)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import write_mcp_config
+
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    git = {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_git", "--repository", str(tmp_path / "repo")],
+    }
+    server = "g" * 120
+    registry = build_registry(
+        make_settings(tmp_path, mcp_config=write_mcp_config(tmp_path / "mcp.json", {server: git}))
+    )
+    assert f"{server}.git_add" in registry.tools and "git_add" in registry.tools
+    assert f"{server}.git_diff" not in registry.tools and "git_diff" not in registry.tools
+    refused = {f.message for f in registry.mcp_failures if f.server == server}
+    assert (
+        f"tool 'git_diff' of MCP server {server!r} is not registered: its name '{server}.git_diff' breaks the "
+        "MCP tool-name rule (Tool name exceeds maximum length of 128 characters (current: 129))"
+    ) in refused
