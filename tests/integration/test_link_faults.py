@@ -67,7 +67,7 @@ def runs_in(ledger: Path) -> int:
         "issue 25, open: seen 2026-12-02. The brain takes the running call back 2 s into the cut "
         "(missed heartbeat), so the agent's result after the heal is refused (not the current run) "
         "and the call is queued to run again; and the agent, re-announced, never takes that "
-        "queued run within 120 s of the heal (its consumer does not resume after the cut). "
+        "queued run within the bound after the heal (seen: not in 120 s) (its consumer does not resume after the cut). "
         "Strict: when both are fixed this test passes and must lose this mark."
     ),
 )
@@ -102,7 +102,8 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     assert proxy.stats.dropped_bytes > 0  # the agent kept trying: heartbeats, the result
     proxy.heal()
     healed = time.monotonic()
-    done = wait_for_tree(brain, rec.tree_id, 120)
+    bound = HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 10  # the issue's: TTL + the lease + 10 s
+    done = wait_for_tree(brain, rec.tree_id, bound + 30)
     took = time.monotonic() - healed
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert done.status is TreeStatus.DONE, {t: (r.state, r.reason, r.error) for t, r in tasks.items()}
@@ -111,5 +112,4 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
         tasks["call"].state is TaskState.DONE and tasks["call"].result == 1
     )  # recorded once, its own result
     assert tasks["after"].result == 1
-    # The issue's bound: the agent's heartbeat TTL + the lease + 10 s after the heal.
-    assert took <= HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 10, took
+    assert took <= bound, took
