@@ -27,6 +27,10 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 # brain's max_total_s end runs long before this.
 HARD_TIME_LIMIT_S = 6 * 3600
 
+# A Redis command's reply, and a connection, take at most this long on a live link.
+SOCKET_TIMEOUT_S = 10.0
+SOCKET_CONNECT_TIMEOUT_S = 5.0
+
 
 def message_limit(max_result_bytes: int | None) -> int:
     """Largest message a consumer accepts: room for a result of ``max_result_bytes`` once it is
@@ -48,6 +52,15 @@ def celery_config(
         "unacked_restore_interval": RESTORE_EVERY_S,
         "unacked_restore_throttle": 1,
         "vt_max_message_bytes": max_message_bytes,
+        # kombu sets no socket timeout: a command whose bytes a link dropped (a cut, a Wi-Fi
+        # drop, a Redis restart behind a NAT) waits for its reply for ever. Seen (issue 25):
+        # an agent's consumer stuck in restore_visible's lock SET after a 15 s cut, never
+        # taking work again. No Redis command Vancetope sends takes this long (BRPOP is read
+        # only once readable, with its own 1 s timeout); the connection is dropped and
+        # Celery reconnects. Keepalive finds a peer that vanished without a word.
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+        "socket_keepalive": True,
     }
     if keyprefix:
         transport["global_keyprefix"] = keyprefix
