@@ -211,6 +211,8 @@ class FaultProxy:
         pipes = (_Pipe(self.link, reader, up_writer, True), _Pipe(self.link, up_reader, writer, False))
         try:
             await asyncio.gather(*(p.read() for p in pipes), *(p.write() for p in pipes))
+        except asyncio.CancelledError:
+            pass  # stopping: asyncio's server callback would log a cancelled handler as an error
         finally:
             self._open.discard(writer)
             self._open.discard(up_writer)

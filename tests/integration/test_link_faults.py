@@ -64,11 +64,10 @@ def runs_in(ledger: Path) -> int:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "issue 25, open: seen 2026-12-02. The brain takes the running call back 2 s into the cut "
-        "(missed heartbeat), so the agent's result after the heal is refused (not the current run) "
-        "and the call is queued to run again; and the agent, re-announced, never takes that "
-        "queued run within the bound after the heal (seen: not in 120 s) (its consumer does not resume after the cut). "
-        "Strict: when both are fixed this test passes and must lose this mark."
+        "issue 25, open: the brain takes the running call back 2 s into the cut (missed "
+        "heartbeat), so the agent's result after the heal is refused (not the current run) and "
+        "the call runs again: recorded once, executed twice (the ledger holds 2). Strict: when "
+        "fixed this test passes and must lose this mark."
     ),
 )
 def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
