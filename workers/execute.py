@@ -253,19 +253,27 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
+# Clock arithmetic in floats: 0.6 - 0.4 is a hair under 0.2, and must still earn its token.
+_EPSILON = 1e-6
+
+
 class Throttle:
-    """An MCP server's progress notifications as ``ToolProgress``, coalesced: at most one per
-    ``EVERY_S`` (a server may send thousands, and each one is a store write), and never one
-    lost for good. An update inside the interval waits, replaced by any later one, and the
-    one waiting goes when the interval ends (a timer) or when the call ends (``flush``, before
-    its result), whichever comes first. After ``flush`` nothing more is sent.
+    """An MCP server's progress notifications as ``ToolProgress``, through a token bucket: a
+    short burst passes at once (``BURST`` updates: a 0/50/100 sent within 100 ms reaches the
+    MCP client as three notifications, not one), then at most ``RATE`` per second (a server may
+    send thousands, and each one is a store write and a tree event). Never one lost for good:
+    an update with no token left waits, replaced by any later one, and the one waiting goes
+    when the next token is due (a timer) or when the call ends (``flush``, before its result),
+    whichever comes first. After ``flush`` nothing more is sent.
 
     Called on the MCP client's loop thread; the timer sends from its own thread, so sending
     happens under a lock (an older update never follows a newer one). ``later(delay, fn)``
     starts the timer and returns something with ``cancel()`` (tests give a fake clock and a
     fake timer)."""
 
-    EVERY_S = 0.2
+    BURST = 5
+    RATE = 5.0  # tokens per second once the burst is spent
+    EVERY_S = 1 / RATE  # the gap between two updates once the burst is spent
 
     def __init__(
         self,
@@ -277,7 +285,8 @@ class Throttle:
     ) -> None:
         self.call, self.sink, self.client_id, self.clock = call, sink, client_id, clock
         self.later = later or _timer
-        self.last = float("-inf")  # when the last update was sent
+        self.tokens = float(self.BURST)
+        self.filled_at: float | None = None  # when ``tokens`` was last topped up
         self.pending: ToolProgress | None = None
         self.timer: Cancellable | None = None
         self.closed = False
@@ -298,19 +307,33 @@ class Throttle:
         with self._lock:
             if self.closed:
                 return
-            wait = self.last + self.EVERY_S - now
-            if wait <= 0 and self.pending is None:
-                self._send(update, now)
+            self._fill(now)
+            if self.tokens >= 1 - _EPSILON and self.pending is None:
+                self._send(update)
                 return
             self.pending = update  # the latest wins; the timer sends it
             if self.timer is None:
-                self.timer = self.later(max(wait, 0.0), self._due)
+                self.timer = self.later(self._wait(), self._due)
+
+    def _fill(self, now: float) -> None:
+        if self.filled_at is not None:
+            self.tokens = min(float(self.BURST), self.tokens + (now - self.filled_at) * self.RATE)
+        self.filled_at = now
+
+    def _wait(self) -> float:
+        """How long until the next token."""
+        return max((1 - self.tokens) / self.RATE, 0.0)
 
     def _due(self) -> None:
         with self._lock:
             self.timer = None
-            if not self.closed and self.pending is not None:
-                self._send(self.pending, self.clock())
+            if self.closed or self.pending is None:
+                return
+            self._fill(self.clock())
+            if self.tokens >= 1 - _EPSILON:
+                self._send(self.pending)
+            else:  # a timer that went off early: wait for the token
+                self.timer = self.later(self._wait(), self._due)
 
     def flush(self) -> None:
         """The call ended: send the update still waiting, at once, and nothing after it."""
@@ -320,10 +343,12 @@ class Throttle:
                 self.timer.cancel()
                 self.timer = None
             if self.pending is not None:
-                self._send(self.pending, self.clock())
+                self._send(self.pending, spend=False)
 
-    def _send(self, update: ToolProgress, now: float) -> None:
-        self.pending, self.last = None, now
+    def _send(self, update: ToolProgress, spend: bool = True) -> None:
+        self.pending = None
+        if spend:
+            self.tokens = max(self.tokens - 1, 0.0)
         try:
             self.sink(update)
         except Exception:  # progress is best effort; the call goes on
