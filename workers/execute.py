@@ -23,6 +23,7 @@ from jsonschema import validators
 from mcp.types import CallToolResult
 
 from workers import argcheck
+from workers.call_relay import CallChannel, CallRelay
 from workers.contracts import (
     MAX_PROGRESS_MESSAGE_CHARS,
     ErrorInfo,
@@ -56,21 +57,24 @@ def execute(
     clock: Callable[[], float] = time.time,
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
     progress: Callable[[ToolProgress], None] | None = None,
+    channel: CallChannel | None = None,
 ) -> ToolResult:
     """Run ``call`` and report its outcome; raises only for bugs in this function itself.
 
     ``native`` holds the native tools of a client agent (same shape as built-ins);
     ``client_id`` marks the result as executed by that client; ``builtins`` are the
     built-ins as this worker's settings made them (``builtin_tools``); ``progress`` gets an
-    MCP server's progress notifications for this call (``Throttle`` coalesces them).
+    MCP server's progress notifications for this call (``Throttle`` coalesces them);
+    ``channel`` its log messages and sampling/elicitation requests (``CallRelay``).
     """
     started = clock()
     value: Any = None
     whole: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
+    relay = CallRelay(call, channel, client_id, clock)
     try:
-        value, whole = _dispatch(call, mcp, native, builtins, on_progress)
+        value, whole = _dispatch(call, mcp, native, builtins, on_progress, relay)
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
@@ -79,6 +83,7 @@ def execute(
     finally:
         if on_progress is not None:
             on_progress.flush()  # the latest progress goes before the result, or never
+        relay.close()
     return ToolResult(
         run_id=call.run_id,
         tree_id=call.tree_id,
@@ -101,6 +106,7 @@ def _dispatch(
     native: Mapping[str, BuiltinTool] | None,
     builtins: Mapping[str, BuiltinTool],
     on_progress: ProgressSink | None = None,
+    relay: CallRelay | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """The value, and for an MCP tool the server's whole result."""
     if call.tool_type is ToolType.BUILT_IN:
@@ -114,7 +120,7 @@ def _dispatch(
         return _run_builtin(tool, call.args, call.timeout_s), None
     if call.tool_type is ToolType.MCP:
         # The convenient value is derived from the whole result where it is recorded.
-        return None, whole_result(_run_mcp(call, mcp, on_progress))
+        return None, whole_result(_run_mcp(call, mcp, on_progress, relay))
     if native is not None:
         tool = native.get(call.tool)
         if tool is None:
@@ -130,7 +136,10 @@ def _dispatch(
 
 
 def _run_mcp(
-    call: ToolCall, mcp: MCPClientManager | None, on_progress: ProgressSink | None
+    call: ToolCall,
+    mcp: MCPClientManager | None,
+    on_progress: ProgressSink | None,
+    relay: CallRelay | None = None,
 ) -> CallToolResult:
     if not call.mcp_server:
         raise ToolNotFound(f"MCP tool {call.tool!r} names no mcp_server", tool=call.tool)
@@ -149,7 +158,7 @@ def _run_mcp(
     if schema is not None:
         validate_args(call.tool, schema, call.args)
     return mcp.call_tool_result(
-        call.mcp_server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress
+        call.mcp_server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress, hooks=relay
     )
 
 
