@@ -195,7 +195,10 @@ class CallRelay:
             client_id=self.client_id,
         )
         channel = self.channel
-        answer = await anyio.to_thread.run_sync(channel.ask, ask, timeout, abandon_on_cancel=True)
+        try:
+            answer = await anyio.to_thread.run_sync(channel.ask, ask, timeout, abandon_on_cancel=True)
+        except Exception as exc:  # the route failed (the broker away): the server gets why
+            raise AskRefused(f"{what} for tool {self.tool!r} could not be passed on: {exc}") from exc
         if not answer.ok or answer.result is None:
             raise AskRefused(f"{what} for tool {self.tool!r}: {answer.error or 'no answer'}")
         return answer.result
