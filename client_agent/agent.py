@@ -268,9 +268,15 @@ class Agent:
 
         def pop(block: float) -> bytes | None:
             found = client.brpop([key], timeout=block)
-            return bytes(found[1]) if found else None
+            if not found:
+                return None
+            value = found[1]
+            return value if isinstance(value, bytes) else value.encode()
 
-        return wait_answer(pop, ask.ask_id, timeout)
+        try:
+            return wait_answer(pop, ask.ask_id, timeout)
+        finally:
+            client.delete(key)  # an answer that came too late (the gateway writes none after)
 
     def _approvals_changed(self) -> None:
         self.reload_mcp("the workstation's user approved an MCP server or tool")

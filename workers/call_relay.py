@@ -192,6 +192,7 @@ class CallRelay:
             ask_id=uuid.uuid4().hex,
             kind=kind,
             params=params,
+            answer_by=time.time() + timeout,
             client_id=self.client_id,
         )
         channel = self.channel

@@ -609,6 +609,9 @@ class ToolAsk(BaseModel):
     ask_id: str = Field(pattern=ASK_ID_PATTERN)
     kind: AskKind
     params: Annotated[dict[str, Any], AfterValidator(_capped(MAX_ASK_BYTES, "an ask's params"))]
+    # When the worker stops waiting (unix seconds; the call's timeout bounds it): the gateway
+    # stops asking its MCP client then, and writes no answer nobody would read.
+    answer_by: float = Field(allow_inf_nan=False)
     # The client the call runs on (None: the server pool): where the answer goes. Set by
     # whoever passes the ask on (the brain's relay: the outbox it came through), never taken
     # from a workstation's word.

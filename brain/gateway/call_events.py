@@ -15,9 +15,11 @@ or the server pool's). Anything else on the channel is a wake-up and nothing mor
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
+import anyio
 import redis.asyncio
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -45,8 +47,6 @@ from workers.contracts import (
 
 log = logging.getLogger("vancetope.gateway")
 
-# How long an answer waits for the worker that asked (it waits at most the call's timeout).
-ANSWER_TTL_S = 300
 # MCP sessions whose logging/setLevel is kept (the oldest forgotten first).
 MAX_SESSIONS = 10_000
 
@@ -153,18 +153,24 @@ class CallEvents:
                 ask.client_id,
             )
             return
-        try:
-            result = await self._put(ask)
-            answer = AskAnswer(ask_id=ask.ask_id, ok=True, result=result)
-        except (MCPError, ValidationError, ValueError) as exc:
-            answer = AskAnswer(ask_id=ask.ask_id, ok=False, error=_why(ask, exc))
-        if self.aredis is None:
-            return  # not serving (a test's gateway): nobody waits
-        pipe = self.aredis.pipeline(transaction=False)
-        key = answer_key(ask)
-        pipe.lpush(key, answer.model_dump_json())
-        pipe.expire(key, ANSWER_TTL_S)
-        await pipe.execute()
+        answer: AskAnswer | None = None
+        # Not past when the worker stops waiting: after it, nobody would read the answer (and
+        # its key would stay: the gateway may not set a TTL, brain.hot.acl).
+        with anyio.move_on_after(ask.answer_by - time.time()):
+            try:
+                result = await self._put(ask)
+                answer = AskAnswer(ask_id=ask.ask_id, ok=True, result=result)
+            except (MCPError, ValidationError, ValueError) as exc:
+                answer = AskAnswer(ask_id=ask.ask_id, ok=False, error=_why(ask, exc))
+        if answer is None or time.time() >= ask.answer_by:
+            log.info(
+                "the %s request of task %s was not answered before its call stopped waiting",
+                ask.kind,
+                ask.task_id,
+            )
+            return
+        if self.aredis is not None:  # None: not serving (a test's gateway), nobody waits
+            await self.aredis.lpush(answer_key(ask), answer.model_dump_json())
 
     async def _put(self, ask: ToolAsk) -> dict[str, Any]:
         """The MCP client's answer to ``ask`` as JSON; MCPError when it has not the capability,
@@ -208,4 +214,4 @@ def _why(ask: ToolAsk, exc: Exception) -> str:
     return f"{ask.kind} refused by the gateway's MCP client: {reason}"[:MAX_ASK_ERROR_CHARS]
 
 
-__all__ = ["ANSWER_TTL_S", "CallEvents", "SessionLevels", "answer_key", "ours"]
+__all__ = ["CallEvents", "SessionLevels", "answer_key", "ours"]

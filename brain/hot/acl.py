@@ -112,14 +112,16 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # the caller's token: brain.runtime.gateway_door) and waits for its reply; it reads the registry and
     # presence the brain publishes and wakes on tree events. It answers its calls' sampling and
     # elicitation requests (issue 24) into the answer keys (the pool's, and each client's own
-    # ``c:<id>:answer:<ask id>``, the one kind of a client's key it reaches: LPUSH and EXPIRE
-    # there, nothing a client agent would read as work). No other client key, no store key it
+    # ``c:<id>:answer:<ask id>``, the one kind of a client's key it reaches: LPUSH there, nothing
+    # a client agent would read as work). No EXPIRE: on the registry or presence it would be a
+    # way to make them vanish; the asker deletes its answer key when it stops waiting, and the
+    # gateway writes none after that (``ToolAsk.answer_by``). No other client key, no store key it
     # could write with these commands (reads only there), no SCAN/KEYS, PSUBSCRIBE, scripts or admin.
     "vt-gateway": (
         f"~{key_registry()}", f"~{key_registry_loaded_at()}", f"~{key_presence()}",
         f"~{GATEWAY_QUEUE}", f"~{GATEWAY_QUEUE}.reply.*", f"~{ANSWER_KEYS}", f"~{CLIENT_ANSWER_KEYS}",
         "resetchannels", f"&{channel_tree_events('*')}",
-        "-@all", "+get", "+hget", "+hgetall", "+lpush", "+blpop", "+expire", "+subscribe", "+unsubscribe",
+        "-@all", "+get", "+hget", "+hgetall", "+lpush", "+blpop", "+subscribe", "+unsubscribe",
         "+ping", "+select", "+echo", *_HOUSEKEEPING,
     ),
     # Other Celery apps submit trees with a credential of one user (`vancetope submit-url --user

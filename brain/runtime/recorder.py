@@ -43,7 +43,7 @@ from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
-from brain.hot.state import HotState
+from brain.hot.state import HotState, as_bytes
 from brain.runtime.dispatch import Publisher, args_summary
 from brain.runtime.events import ClientEvents
 from brain.runtime.intake import Intake
@@ -210,9 +210,12 @@ class InlineRecorder:
 
             def pop(block: float) -> bytes | None:
                 found = r.blpop([key], timeout=block)
-                return bytes(found[1]) if found else None
+                return as_bytes(found[1]) if found else None
 
-            return wait_answer(pop, ask.ask_id, timeout)
+            try:
+                return wait_answer(pop, ask.ask_id, timeout)
+            finally:
+                r.delete(key)  # an answer that came too late (the gateway writes none after)
         except Exception as exc:  # noqa: BLE001 - the server gets an error, the call goes on
             log.warning("could not pass on a %s request of task %s: %s", ask.kind, ask.task_id, exc)
             return AskAnswer(ask_id=ask.ask_id, ok=False, error=f"the server pool could not pass it on: {exc}")

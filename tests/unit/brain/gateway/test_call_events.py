@@ -5,6 +5,7 @@ why none) written where the asking worker waits. A fake session and a fake Redis
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,27 +60,12 @@ class Session:
         )
 
 
-class Pipe:
-    def __init__(self, store: dict[str, list[str]]) -> None:
-        self.store = store
-        self.expiring: list[str] = []
-
-    def lpush(self, key: str, value: str) -> None:
-        self.store.setdefault(key, []).append(value)
-
-    def expire(self, key: str, ttl: int) -> None:
-        self.expiring.append(key)
-
-    async def execute(self) -> None:
-        return None
-
-
 class Redis:
     def __init__(self) -> None:
         self.store: dict[str, list[str]] = {}
 
-    def pipeline(self, transaction: bool = True) -> Pipe:
-        return Pipe(self.store)
+    async def lpush(self, key: str, value: str) -> None:
+        self.store.setdefault(key, []).append(value)
 
 
 def events(session: Session, level: Any = None) -> tuple[CallEvents, Redis]:
@@ -103,7 +89,7 @@ def log(level: Any, data: str, run_id: str = "r1", client_id: str | None = "lapt
     return LogEvent(log=update).model_dump_json().encode()
 
 
-def ask(run_id: str = "r1", client_id: str | None = "laptop") -> bytes:
+def ask(run_id: str = "r1", client_id: str | None = "laptop", answer_by: float | None = None) -> bytes:
     found = ToolAsk(
         run_id=run_id,
         tree_id="g",
@@ -111,6 +97,7 @@ def ask(run_id: str = "r1", client_id: str | None = "laptop") -> bytes:
         ask_id=ASK_ID,
         kind="sampling",
         params={"messages": [{"role": "user", "content": {"type": "text", "text": "2+2?"}}], "maxTokens": 5},
+        answer_by=time.time() + 30 if answer_by is None else answer_by,
         client_id=client_id,
     )
     return AskEvent(ask=found).model_dump_json().encode()
@@ -175,8 +162,17 @@ def test_an_ask_for_another_run_or_client_is_not_put_to_anyone() -> None:
     assert session.requests == [] and redis.store == {}
 
 
+def test_no_answer_is_written_once_the_worker_stopped_waiting() -> None:
+    session = Session()
+    relay, redis = events(session)
+    handle(relay, ask(answer_by=time.time() - 1))
+    assert redis.store == {}
+
+
 def test_the_answer_goes_to_the_pools_key_or_the_clients_own() -> None:
-    pool = ToolAsk(run_id="r", tree_id="g", task_id="call", ask_id=ASK_ID, kind="elicitation", params={})
+    pool = ToolAsk(
+        run_id="r", tree_id="g", task_id="call", ask_id=ASK_ID, kind="elicitation", params={}, answer_by=0
+    )
     assert answer_key(pool) == key_answer(ASK_ID)
     assert answer_key(pool.model_copy(update={"client_id": "laptop"})) == f"c:laptop:answer:{ASK_ID}"
 

@@ -83,6 +83,7 @@ def ask(tree_id: str = "g", run_id: str = "r1", client_id: str | None = "laptop"
         "ask_id": ASK_ID,
         "kind": "sampling",
         "params": {"messages": [], "maxTokens": 5},
+        "answer_by": 1e10,
         "client_id": client_id,
     }
     return ToolAsk.model_validate(fields | over)
