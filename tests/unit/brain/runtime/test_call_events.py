@@ -7,15 +7,30 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
+from brain.runtime.clientwork import ClientWork
 from brain.runtime.intake import Intake
+from brain.runtime.relay import Relay
 from brain.runtime.scheduler import Scheduler
 from brain.store.sqlite import SQLiteStore
-from workers.contracts import TREE_EVENT, AskEvent, LogEvent, ProgressEvent, ToolAsk, ToolLog, ToolProgress
+from workers.contracts import (
+    MAX_ASK_BYTES,
+    MAX_LOG_DATA_BYTES,
+    TREE_EVENT,
+    AskEvent,
+    ClientToolAsk,
+    ClientToolLog,
+    LogEvent,
+    ProgressEvent,
+    ToolAsk,
+    ToolLog,
+    ToolProgress,
+)
 
 S = TaskState
 ASK_ID = "0" * 32
@@ -155,3 +170,30 @@ def test_an_ask_of_a_gateway_call_is_published_naming_where_it_runs(store: SQLit
 def test_a_forged_ask_publishes_nothing(store: SQLiteStore, forged: ToolAsk, from_client: str | None) -> None:
     door, hot = rig(store)
     assert not door.on_ask(forged, from_client=from_client) and hot.events == []
+
+
+def test_the_relay_takes_a_clients_log_and_ask_as_from_the_outbox_they_came_through(
+    store: SQLiteStore,
+) -> None:
+    door, hot = rig(store)
+    door.scheduler.settings = SimpleNamespace(max_result_bytes=1 << 20, outbox_max_messages=100)  # type: ignore[attr-defined]
+    relay = Relay(door, cast(ClientWork, None))
+    forged = ClientToolAsk(client_id="laptop", ask=ask()).model_dump_json().encode()
+    relay.handle("mallory", forged)  # mallory's outbox, claiming to be laptop
+    relay.handle("mallory", ClientToolLog(client_id="laptop", log=log_of()).model_dump_json().encode())
+    assert hot.events == []
+    relay.handle("laptop", forged)
+    relay.handle("laptop", ClientToolLog(client_id="laptop", log=log_of()).model_dump_json().encode())
+    kinds = [type(TREE_EVENT.validate_json(e)).__name__ for _, e in hot.events]
+    assert kinds == ["AskEvent", "LogEvent"]
+
+
+def test_an_ask_or_a_log_over_its_limits_does_not_parse() -> None:
+    with pytest.raises(ValueError, match="over"):
+        ask(params={"messages": [], "blob": "x" * (MAX_ASK_BYTES + 1)})
+    with pytest.raises(ValueError, match="over"):
+        ToolLog(
+            run_id="r", tree_id="g", task_id="call", level="info", data="x" * (MAX_LOG_DATA_BYTES + 1), at=1
+        )
+    with pytest.raises(ValueError):
+        ToolLog(run_id="r", tree_id="g", task_id="call", level="loud", data="x", at=1)  # type: ignore[arg-type]
