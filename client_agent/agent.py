@@ -255,13 +255,19 @@ class Agent:
 
     def log(self, update: ToolLog) -> None:
         """An MCP server's log message during a call: to the outbox, for the brain to publish
-        (this agent may publish nowhere). Never retried: a log must not hold the call up."""
+        (this agent may publish nowhere), redacted as a result is. Never retried: a log must not
+        hold the call up."""
+        data, _ = self.redactor.anything(update.data)
+        update = update.model_copy(update={"data": data})
         self.channel.send(ClientToolLog(client_id=self.config.client_id, log=update), retry_delays=())
 
     def ask(self, ask: ToolAsk, timeout: float) -> AskAnswer:
         """An MCP server's sampling/elicitation request during a gateway call: to the outbox;
         the brain checks it is a call running here and publishes it for the gateway, which
-        writes the answer into a key of this client's own (the only kind it can read)."""
+        writes the answer into a key of this client's own (the only kind it can read). What it
+        asks is redacted as a result is: it leaves the workstation for an LLM host."""
+        params, _ = self.redactor.anything(ask.params)
+        ask = ask.model_copy(update={"params": params})
         self.channel.send(ClientToolAsk(client_id=self.config.client_id, ask=ask), retry_delays=(0.2, 0.5))
         key = self.channel.key(client_answer_key(ask.ask_id))
         client = self.channel.client
