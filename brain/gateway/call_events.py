@@ -160,7 +160,7 @@ class CallEvents:
             try:
                 result = await self._put(ask)
                 answer = AskAnswer(ask_id=ask.ask_id, ok=True, result=result)
-            except (MCPError, ValidationError, ValueError) as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever failed, the worker waits for a word
                 answer = AskAnswer(ask_id=ask.ask_id, ok=False, error=_why(ask, exc))
         if answer is None or time.time() >= ask.answer_by:
             log.info(
