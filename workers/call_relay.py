@@ -135,6 +135,7 @@ class CallRelay:
     ) -> None:
         self.call, self.channel, self.client_id, self.clock = call, channel, client_id, clock
         self.tool = call.tool
+        self.interactive = call.interactive
         self.budget = LogBudget(LOGS_PER_S, time.monotonic)
         # When an ask must have its answer: the call's own timeout bounds it (monotonic).
         self.deadline = deadline if deadline is not None else time.monotonic() + call.timeout_s

@@ -244,6 +244,19 @@ class _Session:
 
     async def _ask(self, kind: Any, params: Any, model: Any) -> Any:
         hooks = self._only()
+        if hooks is None and self.inflight and not any(h.interactive for h in self.inflight):
+            # Whichever call asked, none has an MCP client to ask: say so, as for one call.
+            tools = sorted({h.tool for h in self.inflight})
+            if len(tools) == 1:
+                hooks = self.inflight[0]
+            else:
+                what = "sampling" if kind == "sampling" else "elicitation"
+                return mcp_types.ErrorData(
+                    code=mcp_types.INVALID_REQUEST,
+                    message=f"{what} is not available to calls from task trees: the calls of tools "
+                    f"{', '.join(map(repr, tools))} in flight on MCP server {self.name!r} come from "
+                    "trees, and no MCP client waits for them; call the tool through the MCP gateway to use it",
+                )
         if hooks is None:
             return mcp_types.ErrorData(
                 code=mcp_types.INVALID_REQUEST,
@@ -345,6 +358,7 @@ class CallHooks(Protocol):
     result as JSON or raises AskRefused."""
 
     tool: str
+    interactive: bool  # a gateway call: an MCP client waits for it
 
     def log(self, level: Any, logger: str | None, data: Any) -> None: ...
 
@@ -357,6 +371,7 @@ class _NoHooks:
 
     def __init__(self, tool: str) -> None:
         self.tool = tool
+        self.interactive = False
 
     def log(self, level: Any, logger: str | None, data: Any) -> None:
         return None

@@ -75,6 +75,9 @@ MCP_PATH = "/mcp"
 WATCH_INTERVAL_S = 1.0
 # Between two reads of a call's record when no tree event woke the wait.
 POLL_S = 0.5
+# How long the end of a call waits for the next message of its tree, while there are some: what
+# was published before the result (progress, log messages) is still arriving.
+DRAIN_S = 0.02
 INSTRUCTIONS = (
     "Vancetope routes each tool call to where it can run: the server's worker pool or one of your "
     "own workstations (client agents). Tools of a workstation come and go with it. When the list "
@@ -370,18 +373,32 @@ class Gateway:
     ) -> types.CallToolResult:
         events = CallEvents(ctx, self._aredis, CALL_TASK, self.levels.get(_session_key(ctx)))
         blocked: TaskRecord | None = None  # the call's record while it was blocked
+        quiet = False  # the last wait ended with no message
+
+        async def relayed(result: types.CallToolResult, rec: TaskRecord) -> types.CallToolResult:
+            # What was published before the call ended is relayed before its result (progress,
+            # log messages, in order), then the record's progress if the events missed it.
+            message = await woken(DRAIN_S)
+            while message is not None:
+                await events.handle(message)
+                message = await woken(DRAIN_S)
+            await events.progress_from_record(rec)
+            return result
+
         while True:
             rec = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
             events.current = rec
-            # The record keeps the latest progress: one the events missed (a dropped
-            # subscription, a brain that only wrote the record) still reaches the client.
-            await events.progress_from_record(rec)
             if rec.state is TaskState.EXPIRED and blocked is not None:
-                return waited_result(blocked, submitted.wait_s)  # the brain's sweep was first
+                return await relayed(waited_result(blocked, submitted.wait_s), rec)  # the brain's sweep was first
             if rec.state.is_final:
-                return final_result(rec)
+                return await relayed(final_result(rec), rec)
             if rec.state is TaskState.PENDING_CLIENT:
-                return queued_result(rec)
+                return await relayed(queued_result(rec), rec)
+            if quiet:
+                # The record keeps the latest progress: one no event brought (a dropped
+                # subscription) still reaches the client. Only after a quiet wait: the record is
+                # written before its event is published, so it may be ahead of events in flight.
+                await events.progress_from_record(rec)
             blocked = rec if rec.state is TaskState.BLOCKED else None
             # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
             if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
@@ -390,10 +407,11 @@ class Gateway:
                 # It may have started meanwhile (the client came back): then its end counts.
                 if after.state is TaskState.DONE or after.state in QUEUED:
                     continue
-                return waited_result(blocked, submitted.wait_s)
+                return await relayed(waited_result(blocked, submitted.wait_s), after)
             # Every event there is (in order: a log message sent before the result is relayed
             # before it), then the record again.
             message = await woken(POLL_S)
+            quiet = message is None
             while message is not None:
                 await events.handle(message)
                 message = await woken(0)

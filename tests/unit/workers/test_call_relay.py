@@ -5,13 +5,14 @@ tree with an error naming the tool. Pure pieces, then a real stdio server (the t
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
 from mcp import types
 
 from tests.unit.workers.helpers import FIXTURES, make_config, stdio
-from workers.call_relay import LogBudget, capped_data, level_passes, wait_answer
+from workers.call_relay import LOGS_PER_S, LogBudget, capped_data, level_passes, wait_answer
 from workers.contracts import MAX_LOG_DATA_BYTES, AskAnswer, ToolAsk, ToolCall, ToolLog, ToolType, json_size
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, _Session
@@ -117,9 +118,12 @@ def test_three_log_messages_reach_the_channel_in_order(manager: MCPClientManager
 def test_a_flood_of_logs_is_cut_to_the_budget_and_the_call_goes_on(manager: MCPClientManager) -> None:
     channel = Channel()
     call = CALL.model_copy(update={"tool": "flood", "args": {"n": 500}})
+    started = time.monotonic()
     result = execute(call, mcp=manager, worker="w1", channel=channel)
+    took = time.monotonic() - started
     assert result.ok, result.error
-    assert 10 <= len(channel.logs) <= 40
+    # A burst of LOGS_PER_S, then LOGS_PER_S a second for as long as the flood lasted.
+    assert LOGS_PER_S <= len(channel.logs) <= LOGS_PER_S * (1 + took) + 1 < 500
 
 
 def test_a_gateway_calls_sampling_and_elicitation_round_trip(manager: MCPClientManager) -> None:
@@ -161,6 +165,7 @@ def test_inside_a_tree_sampling_is_refused_at_once_naming_the_tool(manager: MCPC
 class Hooks:
     def __init__(self) -> None:
         self.tool = "t"
+        self.interactive = True
         self.logs: list[object] = []
 
     def log(self, level: object, logger: str | None, data: object) -> None:
