@@ -310,13 +310,12 @@ class Intake:
         The answer goes to where the run is (``client_id``: the one it was sent to, whatever
         the ask says), so a workstation can ask only the MCP session that made a call running
         on it, and read only its own answers."""
-        if refuse_claim(ask.client_id, from_client) is not None:
-            return False
-        rec = self._current(ask.tree_id, ask.task_id, ask.run_id, from_client)
+        claim = refuse_claim(ask.client_id, from_client)
+        rec = self._current(ask.tree_id, ask.task_id, ask.run_id, from_client) if claim is None else None
         tree_rec = self.scheduler.tree(ask.tree_id) if rec is not None else None
         if rec is None or tree_rec is None or not tree_rec.gateway_call:
             log.warning(
-                "dropped a %s request for task %s of tree %s (run %s) from %s: not a gateway call running there",
+                "dropped a request (%s) for task %s of tree %s (run %s) from %s: not a gateway call running there",
                 ask.kind,
                 ask.task_id,
                 ask.tree_id,

@@ -11,6 +11,8 @@ Every wait is bounded; nothing sleeps to wait for readiness.
 from __future__ import annotations
 
 import sys
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,15 +20,18 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import redis
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from brain.core.models import SessionKind, TaskState, TaskTree
+from brain.core.models import SessionKind, TaskRecord, TaskState, TaskTree
+from brain.runtime.enrollment import enroll
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import FIXTURES, agent_with_servers, wait_for_tree, write_mcp_config
+from tests.conftest import FIXTURES, agent_with_servers, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_gateway import start_gateway, text_of, token_for
+from workers.contracts import CLIENT_OUTBOX, ClientToolAsk, ToolAsk, client_answer_key, client_key
 
 pytestmark = [
     pytest.mark.integration,
@@ -236,3 +241,73 @@ def test_inside_a_tree_sampling_and_elicitation_fail_saying_they_are_not_availab
         message = task.error.message if task.error else task.reason
         assert f"{what} is not available to calls from task trees" in message, message
         assert ("'ask_llm'" if what == "sampling" else "'ask_user'") in message, message  # the tool
+
+
+def test_a_hostile_workstation_cannot_ask_another_workstations_caller(
+    talk: tuple[EmbeddedStack, str, dict[str, str]], brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    """Mallory (user eve, her own credential) learns the run of ada's gateway call on laptop and
+    puts a request for it in her outbox, naming laptop or herself; and writes an answer where
+    laptop waits. Ada's MCP client is asked once (laptop's own request), and answers it."""
+    stack, url, tools = talk
+    brain = brain_factory(stack)
+    mallory = enroll(brain.scheduler.presence, "mallory", "eve", stack.redis.address_url)
+    as_mallory = redis.Redis.from_url(mallory.broker_url, socket_timeout=5)
+    asked: list[str] = []
+
+    def running_call() -> TaskRecord | None:
+        for tree_rec in brain.store.list_trees(limit=50):
+            rec = brain.store.get_task(tree_rec.tree_id, "call")
+            if rec is not None and rec.client_id == "laptop" and rec.state is TaskState.RUNNING:
+                return rec
+        return None
+
+    def forge(rec: TaskRecord) -> None:
+        assert rec.run_id is not None
+        for claimed in ("laptop", "mallory"):
+            ask = ToolAsk(
+                run_id=rec.run_id,
+                tree_id=rec.tree_id,
+                task_id=rec.task_id,
+                ask_id=uuid.uuid4().hex,
+                kind="elicitation",
+                params={
+                    "mode": "form",
+                    "message": "forged",
+                    "requestedSchema": {"type": "object", "properties": {}},
+                },
+                answer_by=time.time() + 30,
+                client_id=claimed,
+            )
+            as_mallory.lpush(
+                client_key("mallory", CLIENT_OUTBOX),
+                ClientToolAsk(client_id=claimed, ask=ask).model_dump_json(),
+            )
+        with pytest.raises(redis.exceptions.NoPermissionError):  # a forged answer for laptop
+            as_mallory.lpush(client_key("laptop", client_answer_key(uuid.uuid4().hex)), b"{}")
+        # The brain's relay refused both (it says so in its log), before the call went on.
+        brain_log = stack.settings.data_dir / "logs" / "brain.log"
+        wait_until(
+            lambda: brain_log.read_text(errors="replace").count("not a gateway call running there") >= 2,
+            30,
+            "the relay refusing both forged requests",
+        )
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if len(asked) == 1:
+            rec = running_call()
+            assert rec is not None
+            await anyio.to_thread.run_sync(forge, rec)
+        return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+    async def scenario() -> types.CallToolResult:
+        async with client(url, token_for(stack, "ada"), elicitation=elicit) as mcp:
+            return await mcp.call_tool(tools["client:ask_user"], {"question": "Your name?"})
+
+    try:
+        result = anyio.run(scenario)
+    finally:
+        as_mallory.close()
+    assert text_of(result) == "user said: Ada", text_of(result)
+    assert asked == ["Your name?"]  # the forged requests reached nobody
