@@ -102,7 +102,8 @@ def checked_payload(
 
 class Intake:
     """The brain's doors for what comes back: ``on_result``, ``on_progress``, ``on_started``,
-    ``on_awaiting``.
+    ``on_awaiting``; and for what a gateway call's MCP server says while it runs, passed on
+    as tree events only: ``on_log``, ``on_ask``.
     ``from_client`` is the client whose outbox carried the message, None for the brain queue."""
 
     def __init__(self, scheduler: Scheduler) -> None:
