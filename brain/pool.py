@@ -42,6 +42,7 @@ run_tool = register(
     builtins=builtin_tools(HttpAllow.from_env(os.environ), HttpHeaders.from_env(os.environ)),
     progress=recorder.progress,
     task_events=settings.task_events,
+    channel=recorder,
 )
 # Everything is read: the credentials leave the environment, and the pool's memory and
 # /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard); they

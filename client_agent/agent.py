@@ -35,18 +35,25 @@ from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
 from client_agent.self_protection import check_sandbox_roots
 from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
+from workers.call_relay import wait_answer
 from workers.contracts import (
+    AskAnswer,
     ClientDisconnected,
+    ClientToolAsk,
     ClientToolAwaiting,
+    ClientToolLog,
     ClientToolProgress,
     ClientToolResult,
     ClientToolStarted,
+    ToolAsk,
     ToolAwaiting,
     ToolCall,
     ToolDescriptor,
+    ToolLog,
     ToolProgress,
     ToolResult,
     ToolStarted,
+    client_answer_key,
     client_queue,
     key_cancelled,
 )
@@ -105,6 +112,7 @@ class Agent:
             progress=self.report_progress,
             gate=gate if config.ask else None,
             started_sink=self.report_started,
+            channel=self,
         )
         self.announcer = Announcer(
             self.channel,
@@ -244,6 +252,37 @@ class Agent:
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""
         self.channel.send(ClientToolProgress(client_id=self.config.client_id, progress=update))
+
+    def log(self, update: ToolLog) -> None:
+        """An MCP server's log message during a call: to the outbox, for the brain to publish
+        (this agent may publish nowhere), redacted as a result is. Never retried: a log must not
+        hold the call up."""
+        data, _ = self.redactor.anything(update.data)
+        update = update.model_copy(update={"data": data})
+        self.channel.send(ClientToolLog(client_id=self.config.client_id, log=update), retry_delays=())
+
+    def ask(self, ask: ToolAsk, timeout: float) -> AskAnswer:
+        """An MCP server's sampling/elicitation request during a gateway call: to the outbox;
+        the brain checks it is a call running here and publishes it for the gateway, which
+        writes the answer into a key of this client's own (the only kind it can read). What it
+        asks is redacted as a result is: it leaves the workstation for an LLM host."""
+        params, _ = self.redactor.anything(ask.params)
+        ask = ask.model_copy(update={"params": params})
+        self.channel.send(ClientToolAsk(client_id=self.config.client_id, ask=ask), retry_delays=(0.2, 0.5))
+        key = self.channel.key(client_answer_key(ask.ask_id))
+        client = self.channel.client
+
+        def pop(block: float) -> bytes | None:
+            found = client.brpop([key], timeout=block)
+            if not found:
+                return None
+            value = found[1]
+            return value if isinstance(value, bytes) else value.encode()
+
+        try:
+            return wait_answer(pop, ask.ask_id, timeout)
+        finally:
+            client.delete(key)  # an answer that came too late (the gateway writes none after)
 
     def _approvals_changed(self) -> None:
         self.reload_mcp("the workstation's user approved an MCP server or tool")

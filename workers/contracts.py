@@ -13,7 +13,15 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 # --- queues -----------------------------------------------------------------
 
@@ -250,6 +258,18 @@ class ToolCall(BaseModel):
     max_deliveries: int = Field(default=3, ge=1)
     # Set on client routes; the brain accepts a result only from this client.
     client_id: str | None = None
+    # A gateway tools/call (an MCP client, so an LLM host, waits for it): the MCP server's
+    # sampling and elicitation requests are passed on to that MCP client. Inside a tree they
+    # are refused. Sent only when true, so an older agent (extra="forbid") still parses
+    # every ordinary call.
+    interactive: bool = False
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.interactive:
+            data.pop("interactive", None)
+        return data
 
 
 class ErrorInfo(BaseModel):
@@ -574,6 +594,151 @@ class ClientToolProgress(BaseModel):
     progress: ToolProgress
 
 
+# --- what a running call says besides its progress (issue 24): logs and asks -------------
+#
+# An MCP server's notifications/message and its sampling/elicitation requests during a gateway
+# call reach the MCP client that made the call: from the worker (server pool) or through the
+# client's outbox and the brain's relay (client agent), then as a ``TreeEvent`` on the tree's
+# channel, which the gateway following the call reads. Everything here is bounded: a
+# workstation sends it, and the gateway passes it to someone's LLM host.
+
+LogLevel = Literal["debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"]
+# RFC 5424 severities, least severe first (MCP's logging levels).
+LOG_LEVELS: tuple[LogLevel, ...] = (
+    "debug", "info", "notice", "warning", "error", "critical", "alert", "emergency",
+)  # fmt: skip
+MAX_LOG_DATA_BYTES = 8 * 1024
+MAX_LOGGER_CHARS = 200
+# An ask's params and an answer's result, as compact JSON (a sampling prompt, a form's schema).
+MAX_ASK_BYTES = 256 * 1024
+MAX_ASK_ERROR_CHARS = 2000
+ASK_ID_PATTERN = r"^[0-9a-f]{32}$"
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact UTF-8 JSON (ValueError/TypeError when it is not JSON)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode())
+
+
+def _capped(limit: int, what: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if json_size(value) > limit:
+            raise ValueError(f"{what} is over {limit} bytes as JSON")
+        return value
+
+    return check
+
+
+class ToolLog(BaseModel):
+    """A log message an MCP server sent while a call runs (notifications/message)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    level: LogLevel
+    logger: str | None = Field(default=None, max_length=MAX_LOGGER_CHARS)
+    data: Annotated[Any, AfterValidator(_capped(MAX_LOG_DATA_BYTES, "a log message's data"))] = None
+    at: float = Field(allow_inf_nan=False)
+    client_id: str | None = Field(default=None, max_length=MAX_WIRE_ID_CHARS)
+
+
+class ClientToolLog(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_log"] = "tool_log"
+    client_id: str = Field(max_length=MAX_WIRE_ID_CHARS)
+    log: ToolLog
+
+
+AskKind = Literal["sampling", "elicitation"]
+
+
+class ToolAsk(BaseModel):
+    """An MCP server's sampling/createMessage or elicitation/create request during a gateway
+    call, to be put to the MCP client that made the call. ``params`` are the request's params
+    as the spec spells them (the gateway validates them with the SDK's models)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    tree_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    task_id: str = Field(min_length=1, max_length=MAX_WIRE_ID_CHARS)
+    ask_id: str = Field(pattern=ASK_ID_PATTERN)
+    kind: AskKind
+    params: Annotated[dict[str, Any], AfterValidator(_capped(MAX_ASK_BYTES, "an ask's params"))]
+    # When the worker stops waiting (unix seconds; the call's timeout bounds it): the gateway
+    # stops asking its MCP client then, and writes no answer nobody would read.
+    answer_by: float = Field(allow_inf_nan=False)
+    # The client the call runs on (None: the server pool): where the answer goes. Set by
+    # whoever passes the ask on (the brain's relay: the outbox it came through), never taken
+    # from a workstation's word.
+    client_id: str | None = Field(default=None, max_length=MAX_WIRE_ID_CHARS)
+
+
+class ClientToolAsk(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["tool_ask"] = "tool_ask"
+    client_id: str = Field(max_length=MAX_WIRE_ID_CHARS)
+    ask: ToolAsk
+
+
+class AskAnswer(BaseModel):
+    """The gateway's answer to a ``ToolAsk``: the MCP client's result (a CreateMessageResult or
+    an ElicitResult as the spec spells it), or why there is none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ask_id: str = Field(pattern=ASK_ID_PATTERN)
+    ok: bool
+    result: Annotated[dict[str, Any], AfterValidator(_capped(MAX_ASK_BYTES, "an answer"))] | None = None
+    error: str = Field(default="", max_length=MAX_ASK_ERROR_CHARS)
+
+
+def key_answer(ask_id: str) -> str:
+    """List: the gateway's ``AskAnswer`` to a server pool's ask (the pool BLPOPs it)."""
+    if not re.fullmatch(ASK_ID_PATTERN, ask_id):
+        raise ValueError(f"invalid ask id {ask_id!r}")
+    return f"{KEY_NS}answer:{ask_id}"
+
+
+def client_answer_key(ask_id: str) -> str:
+    """The same for a client agent's ask, relative to the client's prefix (``client_key``): a
+    key of its own, the only kind it can read."""
+    if not re.fullmatch(ASK_ID_PATTERN, ask_id):
+        raise ValueError(f"invalid ask id {ask_id!r}")
+    return f"answer:{ask_id}"
+
+
+class ProgressEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["progress"] = "progress"
+    progress: ToolProgress
+
+
+class LogEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["log"] = "log"
+    log: ToolLog
+
+
+class AskEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["ask"] = "ask"
+    ask: ToolAsk
+
+
+# A message on ``channel_tree_events`` that says more than "something changed" (b"1"): every
+# listener wakes on any message; the gateway reads these.
+TreeEvent = Annotated[ProgressEvent | LogEvent | AskEvent, Field(discriminator="kind")]
+TREE_EVENT: TypeAdapter[TreeEvent] = TypeAdapter(TreeEvent)
+
+
 class ToolStarted(BaseModel):
     """A client agent began a call it was sent (its delivery was counted, not cancelled, within
     ``max_deliveries``), before asking its user's approval if it asks: the brain records the
@@ -635,7 +800,9 @@ ClientMessage = Annotated[
     | ClientToolResult
     | ClientToolProgress
     | ClientToolStarted
-    | ClientToolAwaiting,
+    | ClientToolAwaiting
+    | ClientToolLog
+    | ClientToolAsk,
     Field(discriminator="type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)

@@ -23,6 +23,7 @@ from jsonschema import validators
 from mcp.types import CallToolResult
 
 from workers import argcheck, mcp_surface
+from workers.call_relay import CallChannel, CallRelay
 from workers.contracts import (
     MAX_PROGRESS_MESSAGE_CHARS,
     ErrorInfo,
@@ -57,21 +58,24 @@ def execute(
     clock: Callable[[], float] = time.time,
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
     progress: Callable[[ToolProgress], None] | None = None,
+    channel: CallChannel | None = None,
 ) -> ToolResult:
     """Run ``call`` and report its outcome; raises only for bugs in this function itself.
 
     ``native`` holds the native tools of a client agent (same shape as built-ins);
     ``client_id`` marks the result as executed by that client; ``builtins`` are the
     built-ins as this worker's settings made them (``builtin_tools``); ``progress`` gets an
-    MCP server's progress notifications for this call (``Throttle`` coalesces them).
+    MCP server's progress notifications for this call (``Throttle`` coalesces them);
+    ``channel`` its log messages and sampling/elicitation requests (``CallRelay``).
     """
     started = clock()
     value: Any = None
     whole: dict[str, Any] | None = None
     error: ErrorInfo | None = None
     on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
+    relay = CallRelay(call, channel, client_id, clock)
     try:
-        value, whole = _dispatch(call, mcp, native, builtins, on_progress)
+        value, whole = _dispatch(call, mcp, native, builtins, on_progress, relay)
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
@@ -80,6 +84,7 @@ def execute(
     finally:
         if on_progress is not None:
             on_progress.flush()  # the latest progress goes before the result, or never
+        relay.close()
     return ToolResult(
         run_id=call.run_id,
         tree_id=call.tree_id,
@@ -102,6 +107,7 @@ def _dispatch(
     native: Mapping[str, BuiltinTool] | None,
     builtins: Mapping[str, BuiltinTool],
     on_progress: ProgressSink | None = None,
+    relay: CallRelay | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """The value, and for an MCP tool the server's whole result."""
     if call.tool_type is ToolType.BUILT_IN:
@@ -118,7 +124,7 @@ def _dispatch(
         return _run_surface(call, mcp), None
     if call.tool_type is ToolType.MCP:
         # The convenient value is derived from the whole result where it is recorded.
-        return None, whole_result(_run_mcp(call, mcp, on_progress))
+        return None, whole_result(_run_mcp(call, mcp, on_progress, relay))
     if native is not None:
         tool = native.get(call.tool)
         if tool is None:
@@ -156,7 +162,10 @@ def _run_surface(call: ToolCall, mcp: MCPClientManager | None) -> dict[str, Any]
 
 
 def _run_mcp(
-    call: ToolCall, mcp: MCPClientManager | None, on_progress: ProgressSink | None
+    call: ToolCall,
+    mcp: MCPClientManager | None,
+    on_progress: ProgressSink | None,
+    relay: CallRelay | None = None,
 ) -> CallToolResult:
     server, manager = _mcp_for(call, mcp)
     schema = manager.input_schema(server, call.tool)
@@ -168,7 +177,7 @@ def _run_mcp(
     if schema is not None:
         validate_args(call.tool, schema, call.args)
     return manager.call_tool_result(
-        server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress
+        server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress, hooks=relay
     )
 
 
@@ -272,19 +281,27 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
+# Clock arithmetic in floats: 0.6 - 0.4 is a hair under 0.2, and must still earn its token.
+_EPSILON = 1e-6
+
+
 class Throttle:
-    """An MCP server's progress notifications as ``ToolProgress``, coalesced: at most one per
-    ``EVERY_S`` (a server may send thousands, and each one is a store write), and never one
-    lost for good. An update inside the interval waits, replaced by any later one, and the
-    one waiting goes when the interval ends (a timer) or when the call ends (``flush``, before
-    its result), whichever comes first. After ``flush`` nothing more is sent.
+    """An MCP server's progress notifications as ``ToolProgress``, through a token bucket: a
+    short burst passes at once (``BURST`` updates: a 0/50/100 sent within 100 ms reaches the
+    MCP client as three notifications, not one), then at most ``RATE`` per second (a server may
+    send thousands, and each one is a store write and a tree event). Never one lost for good:
+    an update with no token left waits, replaced by any later one, and the one waiting goes
+    when the next token is due (a timer) or when the call ends (``flush``, before its result),
+    whichever comes first. After ``flush`` nothing more is sent.
 
     Called on the MCP client's loop thread; the timer sends from its own thread, so sending
     happens under a lock (an older update never follows a newer one). ``later(delay, fn)``
     starts the timer and returns something with ``cancel()`` (tests give a fake clock and a
     fake timer)."""
 
-    EVERY_S = 0.2
+    BURST = 5
+    RATE = 5.0  # tokens per second once the burst is spent
+    EVERY_S = 1 / RATE  # the gap between two updates once the burst is spent
 
     def __init__(
         self,
@@ -296,7 +313,8 @@ class Throttle:
     ) -> None:
         self.call, self.sink, self.client_id, self.clock = call, sink, client_id, clock
         self.later = later or _timer
-        self.last = float("-inf")  # when the last update was sent
+        self.tokens = float(self.BURST)
+        self.filled_at: float | None = None  # when ``tokens`` was last topped up
         self.pending: ToolProgress | None = None
         self.timer: Cancellable | None = None
         self.closed = False
@@ -317,19 +335,33 @@ class Throttle:
         with self._lock:
             if self.closed:
                 return
-            wait = self.last + self.EVERY_S - now
-            if wait <= 0 and self.pending is None:
-                self._send(update, now)
+            self._fill(now)
+            if self.tokens >= 1 - _EPSILON and self.pending is None:
+                self._send(update)
                 return
             self.pending = update  # the latest wins; the timer sends it
             if self.timer is None:
-                self.timer = self.later(max(wait, 0.0), self._due)
+                self.timer = self.later(self._wait(), self._due)
+
+    def _fill(self, now: float) -> None:
+        if self.filled_at is not None:
+            self.tokens = min(float(self.BURST), self.tokens + (now - self.filled_at) * self.RATE)
+        self.filled_at = now
+
+    def _wait(self) -> float:
+        """How long until the next token."""
+        return max((1 - self.tokens) / self.RATE, 0.0)
 
     def _due(self) -> None:
         with self._lock:
             self.timer = None
-            if not self.closed and self.pending is not None:
-                self._send(self.pending, self.clock())
+            if self.closed or self.pending is None:
+                return
+            self._fill(self.clock())
+            if self.tokens >= 1 - _EPSILON:
+                self._send(self.pending)
+            else:  # a timer that went off early: wait for the token
+                self.timer = self.later(self._wait(), self._due)
 
     def flush(self) -> None:
         """The call ended: send the update still waiting, at once, and nothing after it."""
@@ -339,10 +371,12 @@ class Throttle:
                 self.timer.cancel()
                 self.timer = None
             if self.pending is not None:
-                self._send(self.pending, self.clock())
+                self._send(self.pending, spend=False)
 
-    def _send(self, update: ToolProgress, now: float) -> None:
-        self.pending, self.last = None, now
+    def _send(self, update: ToolProgress, spend: bool = True) -> None:
+        self.pending = None
+        if spend:
+            self.tokens = max(self.tokens - 1, 0.0)
         try:
             self.sink(update)
         except Exception:  # progress is best effort; the call goes on

@@ -26,12 +26,13 @@ import tempfile
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
-from typing import IO, Any, TextIO, TypeVar, TypeVarTuple, cast
+from typing import IO, Any, Protocol, TextIO, TypeVar, TypeVarTuple, cast
 
 import anyio
 import anyio.from_thread
 import httpx2
 from mcp import Client
+from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -39,6 +40,7 @@ from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
 from workers import mcp_surface, sandbox
+from workers.call_relay import AskRefused
 from workers.contracts import TOOL_METADATA_FIELDS, MCPServerFailure, ToolDescriptor, ToolType
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
@@ -118,6 +120,9 @@ class _Session:
         self._stop = asyncio.Event()
         self._scope: anyio.CancelScope | None = None
         self._task: asyncio.Task[None] | None = None
+        # The hooks of each call in flight on this session (loop thread only): where the
+        # server's log messages and sampling/elicitation requests go (``_only``).
+        self.inflight: list[CallHooks] = []
 
     @property
     def usable(self) -> bool:
@@ -137,7 +142,18 @@ class _Session:
                 self._scope = scope
                 async with AsyncExitStack() as stack:
                     transport = await self._transport(stack)
-                    client = Client(transport, message_handler=self._on_message)
+                    # The handshake-era protocol (initialize): the one in which a server may
+                    # send its client requests (sampling, elicitation) and log messages while a
+                    # call runs; on a 2026-07-28 connection a server's create_message/elicit has
+                    # no back-channel over stdio, and logs need a per-request opt-in.
+                    client = Client(
+                        transport,
+                        message_handler=self._on_message,
+                        mode="legacy",
+                        logging_callback=self._on_log,
+                        sampling_callback=self._on_sampling,
+                        elicitation_callback=self._on_elicitation,
+                    )
                     self.client = await stack.enter_async_context(client)
                     scope.deadline = math.inf
                     _settle(ready)
@@ -193,6 +209,70 @@ class _Session:
         self.garbage_error = message
         self.garbage.set()
         self.mark_broken()
+
+    def _only(self) -> CallHooks | None:
+        """The call a log message or a request of the server belongs to. The SDK's callbacks
+        get no id of the request that caused them (a stdio server's notification or request
+        names none), so it is the only call in flight on this session. With several in flight
+        (a client agent runs calls in threads; a prefork pool child runs one at a time) it is
+        none: a log message goes to no call rather than to each (another MCP session, maybe
+        another conversation, would read it), and a request is refused, as guessing whose
+        LLM host to ask would be worse than no answer."""
+        return self.inflight[0] if len(self.inflight) == 1 else None
+
+    async def _on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
+        hooks = self._only()
+        if hooks is None:
+            logger.debug(
+                "MCP server %r logged with %d calls in flight: not passed on", self.name, len(self.inflight)
+            )
+            return
+        hooks.log(params.level, params.logger, params.data)
+
+    async def _on_sampling(
+        self, context: Any, params: mcp_types.CreateMessageRequestParams
+    ) -> mcp_types.CreateMessageResult | mcp_types.CreateMessageResultWithTools | mcp_types.ErrorData:
+        model: type[mcp_types.CreateMessageResult | mcp_types.CreateMessageResultWithTools] = (
+            mcp_types.CreateMessageResultWithTools if params.tools else mcp_types.CreateMessageResult
+        )
+        return await self._ask("sampling", params, model)
+
+    async def _on_elicitation(
+        self, context: Any, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        return await self._ask("elicitation", params, mcp_types.ElicitResult)
+
+    async def _ask(self, kind: Any, params: Any, model: Any) -> Any:
+        hooks = self._only()
+        if hooks is None and self.inflight and not any(h.interactive for h in self.inflight):
+            # Whichever call asked, none has an MCP client to ask: say so, as for one call.
+            tools = sorted({h.tool for h in self.inflight})
+            if len(tools) == 1:
+                hooks = self.inflight[0]
+            else:
+                what = "sampling" if kind == "sampling" else "elicitation"
+                return mcp_types.ErrorData(
+                    code=mcp_types.INVALID_REQUEST,
+                    message=f"{what} is not available to calls from task trees: the calls of tools "
+                    f"{', '.join(map(repr, tools))} in flight on MCP server {self.name!r} come from "
+                    "trees, and no MCP client waits for them; call the tool through the MCP gateway to use it",
+                )
+        if hooks is None:
+            return mcp_types.ErrorData(
+                code=mcp_types.INVALID_REQUEST,
+                message=f"{kind} refused: MCP server {self.name!r} asked with "
+                f"{len(self.inflight) or 'no'} calls in flight on its session, so whose MCP client to ask is unknown",
+            )
+        try:
+            result = await hooks.ask(kind, params.model_dump(mode="json", by_alias=True, exclude_none=True))
+            return model.model_validate(result)
+        except AskRefused as exc:
+            return mcp_types.ErrorData(code=mcp_types.INVALID_REQUEST, message=str(exc))
+        except ValidationError as exc:
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR,
+                message=f"{kind} for tool {hooks.tool!r}: the MCP client's answer is not valid: {exc.errors()[0]['msg']}",
+            )
 
     def tail(self, lines: int) -> str:
         return self.stderr.tail(lines) if self.stderr is not None else ""
@@ -270,6 +350,34 @@ def _describe(exc: BaseException) -> str:
 
 
 ProgressSink = Callable[[float, "float | None", "str | None"], None]
+
+
+class CallHooks(Protocol):
+    """Where one call's server log messages and requests go (``workers.call_relay.CallRelay``).
+    ``log`` runs on the loop thread (quick, never raising); ``ask`` returns the MCP client's
+    result as JSON or raises AskRefused."""
+
+    tool: str
+    interactive: bool  # a gateway call: an MCP client waits for it
+
+    def log(self, level: Any, logger: str | None, data: Any) -> None: ...
+
+    async def ask(self, kind: Any, params: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class _NoHooks:
+    """A call nobody relays for (``call_tool`` without hooks): it still counts as in flight, so
+    another call's hooks never get its server's messages."""
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
+        self.interactive = False
+
+    def log(self, level: Any, logger: str | None, data: Any) -> None:
+        return None
+
+    async def ask(self, kind: Any, params: dict[str, Any]) -> dict[str, Any]:
+        raise AskRefused(f"{kind} refused: nothing passes the requests of tool {self.tool!r} on")
 
 
 def _progress_callback(sink: ProgressSink | None) -> Any:
@@ -394,14 +502,16 @@ class MCPClientManager:
         args: dict[str, Any],
         timeout: float,
         on_progress: ProgressSink | None = None,
+        hooks: CallHooks | None = None,
     ) -> CallToolResult:
         """Call one tool and return the server's whole ``CallToolResult``; ToolFailed if the
         server marked it an error. ``timeout`` bounds the call, start_timeout a (re)start.
         ``on_progress(progress, total, message)`` gets the server's progress notifications
-        (on the manager's loop thread: it must be quick and not block)."""
+        (on the manager's loop thread: it must be quick and not block); ``hooks`` its log
+        messages and sampling/elicitation requests (without: logs dropped, requests refused)."""
         self._spec(server)
         return self._submit(
-            self._start_timeout + 2 * timeout, self._call, server, tool, args, timeout, on_progress
+            self._start_timeout + 2 * timeout, self._call, server, tool, args, timeout, on_progress, hooks
         )
 
     def surface_request(self, server: str, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -602,12 +712,15 @@ class MCPClientManager:
         args: dict[str, Any],
         timeout: float,
         on_progress: ProgressSink | None = None,
+        hooks: CallHooks | None = None,
     ) -> CallToolResult:
         session = await self._session(server, self._start_timeout)
         await self._require_tool(session, tool, timeout)
         client = session.client
         if client is None:
             raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
+        mine = hooks or _NoHooks(tool)
+        session.inflight.append(mine)
         try:
             with anyio.fail_after(timeout):
                 result = await _unless_garbage(
@@ -626,6 +739,7 @@ class MCPClientManager:
         except Exception as exc:
             raise self._call_error(session, tool, exc) from exc
         finally:
+            session.inflight.remove(mine)
             if session.stderr is not None:
                 session.stderr.trim()
         if result.is_error:

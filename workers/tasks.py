@@ -25,13 +25,17 @@ from celery.exceptions import Retry
 from pydantic import ValidationError
 
 from workers import masking
+from workers.call_relay import CallChannel
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
     RETRYING,
     RUN_TOOL_TASK,
+    AskAnswer,
     ErrorInfo,
+    ToolAsk,
     ToolCall,
+    ToolLog,
     ToolProgress,
     ToolResult,
     key_cancelled,
@@ -149,6 +153,7 @@ def register(
     begin: RunStart | None = None,
     started_sink: StartSink | None = None,
     task_events: bool = True,
+    channel: CallChannel | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -160,7 +165,9 @@ def register(
     ``HotState.begin_run``, the cancelled set and a delivery counter in Redis); ``started_sink`` is
     told when a run begins, before ``gate`` (the server pool's ``begin`` records that itself,
     in the store). Without
-    ``task_events`` a server pool sends no ``task-progress`` events either."""
+    ``task_events`` a server pool sends no ``task-progress`` events either. ``channel`` takes
+    an MCP server's log messages and its sampling/elicitation requests during a call
+    (``workers.call_relay``)."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
 
@@ -209,6 +216,7 @@ def register(
                     client_id,
                     started,
                     _reporter(self, progress, flower=client_id is None and task_events),
+                    _Masked(channel) if channel is not None else None,
                 )
         outcome = deliver(masked(result))
         if not result.ok and client_id is None:
@@ -263,6 +271,22 @@ def _reporter(task: Task, sink: ProgressSink | None, flower: bool) -> ProgressSi
     return report
 
 
+class _Masked:
+    """A channel whose log messages have every vault secret this process resolved replaced by
+    ``***`` first, as a result's and a progress message's are."""
+
+    def __init__(self, channel: CallChannel) -> None:
+        self.channel = channel
+
+    def log(self, update: ToolLog) -> None:
+        if masking.active():
+            update = ToolLog.model_validate(masking.mask_data(update.model_dump(mode="json")))
+        self.channel.log(update)
+
+    def ask(self, ask: ToolAsk, timeout: float) -> AskAnswer:
+        return self.channel.ask(ask, timeout)
+
+
 def _run(
     call: ToolCall,
     mcp: Callable[[], MCPClientManager | None],
@@ -272,6 +296,7 @@ def _run(
     client_id: str | None,
     started: float,
     progress: ProgressSink,
+    channel: CallChannel | None = None,
 ) -> ToolResult:
     try:
         manager = mcp()
@@ -287,6 +312,7 @@ def _run(
         client_id=client_id,
         builtins=builtins,
         progress=progress,
+        channel=channel,
     )
 
 

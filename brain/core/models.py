@@ -522,6 +522,9 @@ class TreeRecord(BaseModel):
     finished_at: float | None = None
     # The `[[schedules]]` entry that started this run (None: submitted by hand).
     schedule: str | None = None
+    # One gateway tools/call: an MCP client waits for its one task, so that task's MCP server
+    # may ask it (sampling, elicitation: ToolCall.interactive). No other tree has anyone to ask.
+    gateway_call: bool = False
 
 
 class Enrollment(BaseModel):

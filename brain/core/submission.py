@@ -43,6 +43,7 @@ class SubmitRequest(BaseModel):
     client_id: str | None = None  # bound to this client agent (an interactive session's)
     tree_id: str | None = None  # the run's id, when the caller chooses it (idempotent ways in)
     schedule: str | None = None  # the `[[schedules]]` entry that fired it
+    gateway_call: bool = False  # one gateway tools/call (TreeRecord.gateway_call)
 
 
 class Accepted(BaseModel):

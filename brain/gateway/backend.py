@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 import threading
+import time
+import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +97,13 @@ def call_tree_id(tool: str) -> str:
     return ("mcp-" + re.sub(r"[^A-Za-z0-9_.:-]", ".", tool))[:MAX_TREE_ID_CHARS]
 
 
+def call_run_id(tool: str) -> str:
+    """The run's id of a call of ``tool``, chosen by the gateway (as the brain would choose it:
+    a time and a token after the tree id) so that it can listen to the run's channel before
+    submitting: an MCP server may log or ask as soon as the call starts."""
+    return f"{call_tree_id(tool)}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 class GatewayBackend(Protocol):
     """All the MCP server (``brain.gateway.server``) asks of the stack. ``Backend`` is the real
     one, over Redis and a read-only store; the server depends on nothing else of the brain."""
@@ -102,7 +111,9 @@ class GatewayBackend(Protocol):
     def user_of(self, token: str) -> str | None: ...
     def view(self, user: str) -> UserView: ...
     def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]: ...
-    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted: ...
+    def submit_call(
+        self, caller: Caller, tool: str, args: Mapping[str, Any], run_id: str | None = None
+    ) -> Submitted: ...
     def call_record(self, tree_id: str) -> TaskRecord: ...
     def cancel(self, caller: Caller, tree_id: str, task_id: str | None = None) -> list[str]: ...
     def primary(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Any: ...
@@ -202,10 +213,13 @@ class Backend:
         return registry.loaded_at, states
 
     # --- routed calls ----------------------------------------------------------------
-    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
+    def submit_call(
+        self, caller: Caller, tool: str, args: Mapping[str, Any], run_id: str | None = None
+    ) -> Submitted:
         """Submit ``tool(args)`` as a one-task interactive tree of the caller, through the
-        brain. Raises InvalidTaskTree (every problem named) when the call cannot be valid,
-        DoorRefused with the brain's words when it refuses."""
+        brain (``run_id``: the run's tree id, ``call_run_id``; None: the brain's choice). Raises
+        InvalidTaskTree (every problem named) when the call cannot be valid, DoorRefused with
+        the brain's words when it refuses."""
         registry = self.registry()
         own = user_sessions(self.sessions().values(), caller.user)
         announced = frozenset(n for s in own for n in s.tool_names(registry.tools))
@@ -232,7 +246,9 @@ class Backend:
             announced=announced,
             announced_schemas=announced_schemas(own, registry.tools),
         )
-        reply = self._ask(caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE)
+        reply = self._ask(
+            caller, kind="submit", tree=data, session=SessionKind.INTERACTIVE, call=True, tree_id=run_id
+        )
         assert reply.tree_id is not None
         return Submitted(tree_id=reply.tree_id, wait_s=wait_s)
 

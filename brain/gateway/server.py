@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
@@ -58,7 +59,16 @@ from starlette.routing import Route
 from brain.core.models import TaskRecord, TaskState
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
-from brain.gateway.backend import CALL_TASK, Caller, GatewayBackend, Refused, Submitted, UnknownTool
+from brain.gateway.backend import (
+    CALL_TASK,
+    Caller,
+    GatewayBackend,
+    Refused,
+    Submitted,
+    UnknownTool,
+    call_run_id,
+)
+from brain.gateway.call_events import CallEvents, SessionLevels
 from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import pool_detail, pool_summary, resolve, search
 from brain.gateway.primary import LIST_POOLS, PRIMARY, SPECIALIZED_CMD
@@ -75,6 +85,9 @@ from brain.runtime.gateway_door import DoorRefused
 from workers.contracts import channel_tree_events, tool_metadata
 
 log = logging.getLogger("vancetope.gateway")
+# The gateway serves handshake-era clients too: logging/setLevel, notifications/message,
+# sampling and elicitation are theirs (the SDK calls them deprecated as of 2026-07-28).
+warnings.filterwarnings("ignore", category=MCPDeprecationWarning, module=r"brain\.gateway\.")
 
 MCP_PATH = "/mcp"
 # How often the watcher compares what each user sees (one HGETALL + one GET, then each watched
@@ -82,6 +95,9 @@ MCP_PATH = "/mcp"
 WATCH_INTERVAL_S = 1.0
 # Between two reads of a call's record when no tree event woke the wait.
 POLL_S = 0.5
+# How long the end of a call waits for the next message of its tree, while there are some: what
+# was published before the result (progress, log messages) is still arriving.
+DRAIN_S = 0.02
 INSTRUCTIONS = (
     "Vancetope routes each tool call to where it can run: the server's worker pool or one of your "
     "own workstations (client agents). Tools of a workstation come and go with it. When the list "
@@ -211,6 +227,7 @@ class Gateway:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
             on_subscriptions_listen=self.listen,
+            on_set_logging_level=self.set_level,
             on_list_resources=self.list_resources,
             on_list_resource_templates=self.list_resource_templates,
             on_read_resource=self.read_resource,
@@ -222,6 +239,8 @@ class Gateway:
         )
         self.server.middleware.append(self._remember_session)
         self._aredis: redis.asyncio.Redis | None = None
+        # Each MCP session's logging/setLevel: the least severe level it wants relayed.
+        self.levels = SessionLevels()
 
     # --- the ASGI app ---------------------------------------------------------------
     def app(self, host: str) -> Starlette:
@@ -295,6 +314,15 @@ class Gateway:
         view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
         return types.ListToolsResult(tools=[mcp_tool(t) for t in view.listing.tools])
 
+    # --- logging/setLevel --------------------------------------------------------------
+    async def set_level(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        """Keep the session's level: the MCP servers' log messages relayed to it during its
+        calls are filtered by it (until then, every one the server sent)."""
+        self.levels.set(_session_key(ctx), params.level)
+        return types.EmptyResult()
+
     # --- tools/call --------------------------------------------------------------------
     async def call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -321,16 +349,21 @@ class Gateway:
             except (Refused, InvalidTaskTree, DoorRefused) as exc:
                 return text_result(f"{name}: {exc}", error=True)
             return value_result(value)
-        try:
-            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, name, args)
-        except InvalidTaskTree as exc:
-            # Arguments its schema refuses (the registry's, or the announcing client's: the same
-            # check on both routes): a tool execution error, as the spec words input validation
-            # errors, so the model reads what to fix. Nothing was submitted.
-            return text_result(f"tool {name!r} was not called: {call_problems(exc)}", error=True)
-        except DoorRefused as exc:
-            return text_result(f"tool {name!r} was not called: {exc}", error=True)
-        return await self._follow(ctx, caller, submitted)
+        run_id = call_run_id(name)
+        # Listening before the call exists: its MCP server may log or ask as soon as it starts.
+        async with self._tree_events(run_id) as woken:
+            try:
+                submitted = await anyio.to_thread.run_sync(
+                    self.backend.submit_call, caller, name, args, run_id
+                )
+            except InvalidTaskTree as exc:
+                # Arguments its schema refuses (the registry's, or the announcing client's: the
+                # same check on both routes): a tool execution error, as the spec words input
+                # validation errors, so the model reads what to fix. Nothing was submitted.
+                return text_result(f"tool {name!r} was not called: {call_problems(exc)}", error=True)
+            except DoorRefused as exc:
+                return text_result(f"tool {name!r} was not called: {exc}", error=True)
+            return await self._follow(ctx, caller, submitted, woken)
 
     async def _pooled(
         self, ctx: ServerRequestContext[Any, Any], caller: Caller, name: str, args: dict[str, Any]
@@ -358,10 +391,14 @@ class Gateway:
         return await self._call(ctx, caller, found.name, params)
 
     async def _follow(
-        self, ctx: ServerRequestContext[Any, Any], caller: Caller, submitted: Submitted
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        caller: Caller,
+        submitted: Submitted,
+        woken: Callable[[float], Awaitable[bytes | None]],
     ) -> types.CallToolResult:
         """Wait for the call's task: its result, a queued receipt, or the block text after its wait."""
-        ended = await self._outcome(ctx, caller, submitted)
+        ended = await self._outcome(ctx, caller, submitted, woken)
         if ended.kind == "queued":
             return queued_result(ended.rec)
         if ended.kind == "waited":
@@ -369,14 +406,18 @@ class Gateway:
         return final_result(ended.rec)
 
     async def _outcome(
-        self, ctx: ServerRequestContext[Any, Any], caller: Caller, submitted: Submitted
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        caller: Caller,
+        submitted: Submitted,
+        woken: Callable[[float], Awaitable[bytes | None]],
     ) -> Ended:
-        """How the call's task ended (or parked). Progress is forwarded; a cancelled MCP
+        """How the call's task ended (or parked). Progress and log messages are relayed, and
+        sampling/elicitation requests put to the MCP client (``call_events``); a cancelled MCP
         request cancels the task."""
         tree_id = submitted.tree_id
         try:
-            async with self._tree_events(tree_id) as woken:
-                return await self._wait(ctx, caller, submitted, woken)
+            return await self._wait(ctx, caller, submitted, woken)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 cancelled = await anyio.to_thread.run_sync(self.backend.cancel, caller, tree_id)
@@ -388,23 +429,36 @@ class Gateway:
         ctx: ServerRequestContext[Any, Any],
         caller: Caller,
         submitted: Submitted,
-        woken: Callable[[float], Awaitable[None]],
+        woken: Callable[[float], Awaitable[bytes | None]],
     ) -> Ended:
-        last_progress = None
+        events = CallEvents(ctx, self._aredis, CALL_TASK, self.levels.get(_session_key(ctx)))
         blocked: TaskRecord | None = None  # the call's record while it was blocked
+        quiet = False  # the last wait ended with no message
+
+        async def relayed(ended: Ended, rec: TaskRecord) -> Ended:
+            # What was published before the call ended is relayed before its result (progress,
+            # log messages, in order), then the record's progress if the events missed it.
+            message = await woken(DRAIN_S)
+            while message is not None:
+                await events.handle(message)
+                message = await woken(DRAIN_S)
+            await events.progress_from_record(rec)
+            return ended
+
         while True:
             rec = await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
-            if rec.progress is not None and rec.progress != last_progress:
-                last_progress = rec.progress
-                await ctx.session.report_progress(
-                    rec.progress.progress, rec.progress.total, rec.progress.message
-                )
+            events.current = rec
             if rec.state is TaskState.EXPIRED and blocked is not None:
-                return Ended("waited", blocked)  # the brain's sweep was first
+                return await relayed(Ended("waited", blocked), rec)  # the brain's sweep was first
             if rec.state.is_final:
-                return Ended("final", rec)
+                return await relayed(Ended("final", rec), rec)
             if rec.state is TaskState.PENDING_CLIENT:
-                return Ended("queued", rec)
+                return await relayed(Ended("queued", rec), rec)
+            if quiet:
+                # The record keeps the latest progress: one no event brought (a dropped
+                # subscription) still reaches the client. Only after a quiet wait: the record is
+                # written before its event is published, so it may be ahead of events in flight.
+                await events.progress_from_record(rec)
             blocked = rec if rec.state is TaskState.BLOCKED else None
             # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
             if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:
@@ -413,8 +467,14 @@ class Gateway:
                 # It may have started meanwhile (the client came back): then its end counts.
                 if after.state is TaskState.DONE or after.state in QUEUED:
                     continue
-                return Ended("waited", blocked)
-            await woken(POLL_S)
+                return await relayed(Ended("waited", blocked), after)
+            # Every event there is (in order: a log message sent before the result is relayed
+            # before it), then the record again.
+            message = await woken(POLL_S)
+            quiet = message is None
+            while message is not None:
+                await events.handle(message)
+                message = await woken(0)
 
     # --- resources, prompts, completion: routed like tools ------------------------------
     async def list_resources(
@@ -515,26 +575,34 @@ class Gateway:
     ) -> Any:
         """A surface request as a one-task tree, routed like a tool call (server pool or the
         user's workstation, the same offline rules); its value, or the MCP error saying why not."""
-        try:
-            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, tool, args)
-        except InvalidTaskTree as exc:
-            raise MCPError(types.INVALID_PARAMS, f"{tool!r} was not sent: {call_problems(exc)}") from None
-        except (UnknownTool, DoorRefused) as exc:
-            raise MCPError(types.INVALID_REQUEST, f"{tool!r} was not sent: {exc}") from None
-        except (redis.RedisError, BrainError) as exc:
-            raise MCPError(types.INTERNAL_ERROR, f"{tool!r} could not be sent: {exc}") from None
-        ended = await self._outcome(ctx, caller, submitted)
+        run_id = call_run_id(tool)
+        async with self._tree_events(run_id) as woken:
+            try:
+                submitted = await anyio.to_thread.run_sync(
+                    self.backend.submit_call, caller, tool, args, run_id
+                )
+            except InvalidTaskTree as exc:
+                raise MCPError(types.INVALID_PARAMS, f"{tool!r} was not sent: {call_problems(exc)}") from None
+            except (UnknownTool, DoorRefused) as exc:
+                raise MCPError(types.INVALID_REQUEST, f"{tool!r} was not sent: {exc}") from None
+            except (redis.RedisError, BrainError) as exc:
+                raise MCPError(types.INTERNAL_ERROR, f"{tool!r} could not be sent: {exc}") from None
+            ended = await self._outcome(ctx, caller, submitted, woken)
         return surface_value(ended.kind, ended.rec, submitted.wait_s)
 
     @asynccontextmanager
-    async def _tree_events(self, tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[None]]]:
-        """A wait that returns at the tree's next event (or after ``timeout``)."""
+    async def _tree_events(self, tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[bytes | None]]]:
+        """A wait that returns the tree's next message (None after ``timeout`` without one)."""
         assert self._aredis is not None
         pubsub = self._aredis.pubsub(ignore_subscribe_messages=True)
         await pubsub.subscribe(channel_tree_events(tree_id))
 
-        async def woken(timeout: float) -> None:
-            await pubsub.get_message(timeout=timeout)
+        async def woken(timeout: float) -> bytes | None:
+            found = await pubsub.get_message(timeout=timeout)
+            if found is None:
+                return None
+            data = found.get("data")
+            return data if isinstance(data, bytes) else str(data).encode()
 
         try:
             yield woken
@@ -594,6 +662,12 @@ class Gateway:
                 self.watch.subscribed.pop(session_id, None)
             if not seen:
                 del self.watch.sessions[user]
+
+
+def _session_key(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The MCP session a request belongs to (its Mcp-Session-Id), None without one."""
+    request = ctx.request
+    return request.headers.get("mcp-session-id") if request is not None else None
 
 
 def serve(backend: GatewayBackend, redis_url: str, host: str, port: int) -> None:

@@ -37,6 +37,9 @@ from workers.contracts import (
 log = logging.getLogger("vancetope.brain.acl")
 
 CLIENT_USER_PREFIX = "vtc-"
+# The answers to sampling/elicitation requests (workers.contracts.key_answer, client_answer_key).
+ANSWER_KEYS = f"{KEY_NS}answer:*"
+CLIENT_ANSWER_KEYS = "c:*:answer:*"
 
 # What a client agent sends: its kombu/Celery worker on the c:<id>: prefix, its
 # outbox/ack/heartbeat channel, the run_tool task's cancel and running marks. This is
@@ -80,14 +83,15 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # (workers.tasks.HotState.begin_run), the retry timer of a failed attempt it records
     # (brain.hot.retries: a forged timer starts nothing the store does not say is retrying) —
     # and the pools' copy of the registry snapshot (Redis 6.2
-    # cannot make the brain's read-only). No presence, no parked lists, no tool pins, no client
+    # cannot make the brain's read-only), and the answers to its gateway calls' sampling and
+    # elicitation requests (``key_answer``, written by the gateway). No presence, no parked lists, no tool pins, no client
     # key, not the registry others route with: work that needs presence to route goes to the
     # brain (brain.runtime.recorder), so a pool cannot reroute anyone's client calls (issue 20, M6).
     # kombu adds priority suffixes to queue keys (server\x06\x163 ...): hence the stars.
     "vt-pool": (
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
         f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
-        f"~{key_cancelled()}", f"~{key_pool_registry()}", f"~{key_retry_at()}",
+        f"~{key_cancelled()}", f"~{key_pool_registry()}", f"~{key_retry_at()}", f"~{ANSWER_KEYS}",
         "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no
@@ -106,11 +110,17 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     ),
     # The MCP gateway (brain.gateway) asks the brain to submit and cancel (queue `gateway`, with
     # the caller's token: brain.runtime.gateway_door) and waits for its reply; it reads the registry and
-    # presence the brain publishes and wakes on tree events. No client key, no store key it could
-    # write with these commands (reads only there), no SCAN/KEYS, PSUBSCRIBE, scripts or admin.
+    # presence the brain publishes and wakes on tree events. It answers its calls' sampling and
+    # elicitation requests (issue 24) into the answer keys (the pool's, and each client's own
+    # ``c:<id>:answer:<ask id>``, the one kind of a client's key it reaches: LPUSH there, nothing
+    # a client agent would read as work). No EXPIRE: on the registry or presence it would be a
+    # way to make them vanish; the asker deletes its answer key when it stops waiting, and the
+    # gateway writes none after that (``ToolAsk.answer_by``). No other client key, no store key it
+    # could write with these commands (reads only there), no SCAN/KEYS, PSUBSCRIBE, scripts or admin.
     "vt-gateway": (
         f"~{key_registry()}", f"~{key_registry_loaded_at()}", f"~{key_presence()}",
-        f"~{GATEWAY_QUEUE}", f"~{GATEWAY_QUEUE}.reply.*", "resetchannels", f"&{channel_tree_events('*')}",
+        f"~{GATEWAY_QUEUE}", f"~{GATEWAY_QUEUE}.reply.*", f"~{ANSWER_KEYS}", f"~{CLIENT_ANSWER_KEYS}",
+        "resetchannels", f"&{channel_tree_events('*')}",
         "-@all", "+get", "+hget", "+hgetall", "+lpush", "+blpop", "+subscribe", "+unsubscribe",
         "+ping", "+select", "+echo", *_HOUSEKEEPING,
     ),

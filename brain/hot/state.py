@@ -82,6 +82,11 @@ class HotState:
     def notify(self, tree_id: str) -> None:
         self.r.publish(channel_tree_events(tree_id), b"1")
 
+    def publish_event(self, tree_id: str, event: str) -> None:
+        """A ``TreeEvent`` (JSON) on the tree's channel: it wakes every listener as ``notify``
+        does, and the gateway following the call reads what it says."""
+        self.r.publish(channel_tree_events(tree_id), event)
+
     # running marks ------------------------------------------------------------------
     def running(self, tree_id: str, clients: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
         """Running marks of the server pool, and of the given clients (under their prefixes)."""

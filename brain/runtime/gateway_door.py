@@ -51,6 +51,9 @@ class GatewayRequest(BaseModel):
     session: SessionKind = SessionKind.INTERACTIVE
     tree_id: str | None = Field(default=None, max_length=256)
     task_id: str | None = Field(default=None, max_length=256)
+    # A tools/call (one task, its MCP client waiting), not brain_submit_tree: its MCP server may
+    # ask that client (sampling, elicitation). A one-task tree only (Scheduler.submit).
+    call: bool = False
 
 
 class GatewayReply(BaseModel):
@@ -91,7 +94,19 @@ def _submit(brain: Brain, user: str, request: GatewayRequest) -> GatewayReply:
     source = "brain_submit_tree" if request.session is SessionKind.AUTONOMOUS else "tools/call"
     check_tree_data(request.tree, brain.settings, source=source)
     tree = tree_from_data(request.tree, source=source)
-    accepted = brain.scheduler.accept(SubmitRequest(tree=tree, source=source, session=request.session, user=user))
+    accepted = brain.scheduler.accept(
+        SubmitRequest(
+            tree=tree,
+            source=source,
+            session=request.session,
+            user=user,
+            gateway_call=request.call and request.session is SessionKind.INTERACTIVE,
+            # A call's run id is the gateway's choice, so that it listens to the tree's channel
+            # before anything runs (an MCP server may log or ask at once). Checked as every
+            # chosen id is; one already taken is refused by the store.
+            tree_id=request.tree_id if request.call else None,
+        )
+    )
     log.info("gateway: submitted tree %s for user %s", accepted.record.tree_id, user)
     return GatewayReply(ok=True, tree_id=accepted.record.tree_id, warnings=accepted.warnings)
 
@@ -149,7 +164,10 @@ def ask(r: redis.Redis, timeout_s: float, **fields: Any) -> GatewayReply:
     """Send one request and wait for its reply; DoorRefused with the brain's words, or when no
     brain answered within ``timeout_s``."""
     request = GatewayRequest(request_id=uuid.uuid4().hex, **fields)
-    r.lpush(GATEWAY_QUEUE, envelope(request.model_dump(mode="json")))
+    body = request.model_dump(mode="json")
+    if not request.call:
+        body.pop("call")  # what a brain before the field reads too
+    r.lpush(GATEWAY_QUEUE, envelope(body))
     found = None
     deadline = time.monotonic() + timeout_s
     # Short blocking pops up to the deadline: redis-py 8 reads with a 5 s socket timeout by

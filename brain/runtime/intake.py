@@ -20,8 +20,13 @@ from brain.core.transitions import IN_FLIGHT
 from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
 from workers.contracts import (
     BRAIN_QUEUE,
+    AskEvent,
     ErrorInfo,
+    LogEvent,
+    ProgressEvent,
+    ToolAsk,
     ToolAwaiting,
+    ToolLog,
     ToolProgress,
     ToolResult,
     ToolStarted,
@@ -97,7 +102,8 @@ def checked_payload(
 
 class Intake:
     """The brain's doors for what comes back: ``on_result``, ``on_progress``, ``on_started``,
-    ``on_awaiting``.
+    ``on_awaiting``; and for what a gateway call's MCP server says while it runs, passed on
+    as tree events only: ``on_log``, ``on_ask``.
     ``from_client`` is the client whose outbox carried the message, None for the brain queue."""
 
     def __init__(self, scheduler: Scheduler) -> None:
@@ -257,7 +263,10 @@ class Intake:
 
     def on_progress(self, update: ToolProgress, from_client: str | None = None) -> bool:
         """Keep a running call's latest progress in its record: only for the current run, only
-        while it is in flight, only from where it was sent (a compare-and-set like a result's)."""
+        while it is in flight, only from where it was sent (a compare-and-set like a result's);
+        and publish it, with its values, on the tree's channel (a ``ProgressEvent``): the
+        gateway relays each one to the MCP client, the record holds only the latest. The
+        worker's ``Throttle`` bounds how many come (a burst, then 5 a second)."""
         if refuse_claim(update.client_id, from_client) is not None:
             return False
         written = self.scheduler.store.transition(
@@ -272,8 +281,52 @@ class Intake:
             updated_at=self.scheduler.clock(),
         )
         if written is not None:
-            self._wake_watchers(update.tree_id)
+            self.scheduler.hot.publish_event(update.tree_id, ProgressEvent(progress=update).model_dump_json())
         return written is not None
+
+    def _current(self, tree_id: str, task_id: str, run_id: str, from_client: str | None) -> TaskRecord | None:
+        """The task's record when ``run_id`` is its current run, in flight, sent to
+        ``from_client`` (None: the server pool); else None. What a log or an ask must match:
+        a workstation may speak only of a call running on it now."""
+        rec = self.scheduler.store.get_task(tree_id, task_id)
+        if rec is None or rec.state not in IN_FLIGHT or rec.run_id != run_id or rec.client_id != from_client:
+            return None
+        return rec
+
+    def on_log(self, update: ToolLog, from_client: str | None = None) -> bool:
+        """Publish an MCP server's log message of a running call on the tree's channel (a
+        ``LogEvent``; nothing is stored): only for the current run, in flight, from where it
+        was sent. The worker bounds how many and how big."""
+        if refuse_claim(update.client_id, from_client) is not None:
+            return False
+        if self._current(update.tree_id, update.task_id, update.run_id, from_client) is None:
+            return False
+        self.scheduler.hot.publish_event(update.tree_id, LogEvent(log=update).model_dump_json())
+        return True
+
+    def on_ask(self, ask: ToolAsk, from_client: str | None = None) -> bool:
+        """Publish an MCP server's sampling/elicitation request of a running gateway call on the
+        tree's channel (an ``AskEvent``), for the gateway following it to put to its MCP client:
+        only for the current run of a one-task gateway call, in flight, from where it was sent.
+        The answer goes to where the run is (``client_id``: the one it was sent to, whatever
+        the ask says), so a workstation can ask only the MCP session that made a call running
+        on it, and read only its own answers."""
+        claim = refuse_claim(ask.client_id, from_client)
+        rec = self._current(ask.tree_id, ask.task_id, ask.run_id, from_client) if claim is None else None
+        tree_rec = self.scheduler.tree(ask.tree_id) if rec is not None else None
+        if rec is None or tree_rec is None or not tree_rec.gateway_call:
+            log.warning(
+                "dropped a request (%s) for task %s of tree %s (run %s) from %s: not a gateway call running there",
+                ask.kind,
+                ask.task_id,
+                ask.tree_id,
+                ask.run_id,
+                f"client {from_client!r}" if from_client else "the server pool",
+            )
+            return False
+        event = AskEvent(ask=ask.model_copy(update={"client_id": from_client}))
+        self.scheduler.hot.publish_event(ask.tree_id, event.model_dump_json())
+        return True
 
     def on_started(self, started: ToolStarted, from_client: str | None = None) -> bool:
         """A client agent began a call it was sent: ``queued_client`` -> ``running``, for the

@@ -43,18 +43,23 @@ from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
-from brain.hot.state import HotState
+from brain.hot.state import HotState, as_bytes
 from brain.runtime.dispatch import Publisher, args_summary
 from brain.runtime.events import ClientEvents
 from brain.runtime.intake import Intake
 from brain.runtime.scheduler import Scheduler
 from brain.store import open_store
+from workers.call_relay import wait_answer
 from workers.contracts import (
     BRAIN_QUEUE,
     PUBLISH_CALL_TASK,
+    AskAnswer,
+    ToolAsk,
     ToolCall,
+    ToolLog,
     ToolProgress,
     ToolResult,
+    key_answer,
     key_pool_registry,
 )
 from workers.tasks import RunStart
@@ -180,6 +185,40 @@ class InlineRecorder:
             self.intake().on_progress(update)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not record progress of task %s: %s", update.task_id, exc)
+
+    def log(self, update: ToolLog) -> None:
+        """An MCP server's log message during a call, onto the tree's channel (best effort)."""
+        try:
+            self.intake().on_log(update)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not pass on a log message of task %s: %s", update.task_id, exc)
+
+    def ask(self, ask: ToolAsk, timeout: float) -> AskAnswer:
+        """An MCP server's sampling/elicitation request during a gateway call: onto the tree's
+        channel for the gateway following the call, then its answer from ``key_answer`` (the
+        gateway writes it there), waited for at most ``timeout``."""
+        try:
+            intake = self.intake()
+            if not intake.on_ask(ask):
+                return AskAnswer(
+                    ask_id=ask.ask_id,
+                    ok=False,
+                    error=f"task {ask.task_id!r} is not a gateway call running here; nobody to ask",
+                )
+            r = intake.scheduler.hot.r
+            key = key_answer(ask.ask_id)
+
+            def pop(block: float) -> bytes | None:
+                found = r.blpop([key], timeout=block)
+                return as_bytes(found[1]) if found else None
+
+            try:
+                return wait_answer(pop, ask.ask_id, timeout)
+            finally:
+                r.delete(key)  # an answer that came too late (the gateway writes none after)
+        except Exception as exc:  # noqa: BLE001 - the server gets an error, the call goes on
+            log.warning("could not pass on a %s request of task %s: %s", ask.kind, ask.task_id, exc)
+            return AskAnswer(ask_id=ask.ask_id, ok=False, error=f"the server pool could not pass it on: {exc}")
 
     def intake(self) -> Intake:
         """This process's intake, over ``scheduler()``."""

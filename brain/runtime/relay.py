@@ -2,7 +2,8 @@
 
 Each enrolled client writes to its own ``c:<id>:outbox`` (it can reach no other
 key); the relay pops every outbox, checks size, depth and shape, and hands
-announcements, disconnects, results, starts, progress and approval waits to the brain. The outbox a message came
+announcements, disconnects, results, starts, progress, approval waits, and an MCP server's log
+messages and sampling/elicitation requests (issue 24) to the brain. The outbox a message came
 through — not what the message claims — says which client sent it.
 
 Fair and bounded: each poll is one MULTI round that trims every outbox to
@@ -45,7 +46,9 @@ from workers.contracts import (
     AnnouncementAck,
     ClientConnected,
     ClientDisconnected,
+    ClientToolAsk,
     ClientToolAwaiting,
+    ClientToolLog,
     ClientToolProgress,
     ClientToolResult,
     ClientToolStarted,
@@ -131,6 +134,10 @@ class Relay:
             self._started(owner, msg)
         elif isinstance(msg, ClientToolAwaiting):
             self._awaiting(owner, msg)
+        elif isinstance(msg, ClientToolLog):
+            self.intake.on_log(msg.log, from_client=owner)
+        elif isinstance(msg, ClientToolAsk):
+            self.intake.on_ask(msg.ask, from_client=owner)
 
     def _started(self, owner: str, msg: ClientToolStarted) -> None:
         if self.intake.on_started(msg.started, from_client=owner) and self.s.events is not None:

@@ -184,6 +184,7 @@ class Scheduler:
             client_id=request.client_id,
             user=user,
             schedule=request.schedule,
+            gateway_call=request.gateway_call,
         )
         return Accepted(record=record, warnings=warnings)
 
@@ -196,9 +197,11 @@ class Scheduler:
         client_id: str | None = None,
         user: str | None = None,
         schedule: str | None = None,
+        gateway_call: bool = False,
     ) -> TreeRecord:
         """Record the tree and its tasks, then dispatch what is ready. ``tree_id`` names this run;
-        ``schedule`` the `[[schedules]]` entry that started it."""
+        ``schedule`` the `[[schedules]]` entry that started it; ``gateway_call`` marks one
+        gateway tools/call (a one-task tree an MCP client waits for)."""
         now = self.clock()
         if client_id and not user:
             enrollment = self.presence.enrollment(client_id)
@@ -220,6 +223,7 @@ class Scheduler:
             user=user,
             submitted_at=now,
             schedule=schedule,
+            gateway_call=gateway_call and len(tree.tasks) == 1,
         )
         tasks = [
             TaskRecord(tree_id=run_tree_id, task_id=t.id, tool=t.tool, updated_at=now) for t in tree.tasks
@@ -790,7 +794,12 @@ class Scheduler:
             max_result_bytes=self.settings.max_result_bytes,
             max_deliveries=self.settings.max_deliveries,
             client_id=client_id,
+            interactive=self._gateway_call(rec.tree_id),
         )
+
+    def _gateway_call(self, tree_id: str) -> bool:
+        tree_rec = self.tree(tree_id)
+        return tree_rec is not None and tree_rec.gateway_call
 
     def publish_queued(self, tree_id: str, task_id: str, run_id: str, client_id: str) -> bool:
         """Send the call of a run another process recorded as queued for a client. The call is

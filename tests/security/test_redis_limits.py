@@ -33,8 +33,11 @@ from workers.app import message_limit
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_OUTBOX,
+    channel_tree_events,
+    client_answer_key,
     client_key,
     client_queue,
+    key_answer,
     key_cancelled,
     key_deliveries,
     key_parked,
@@ -472,3 +475,46 @@ def test_the_pool_and_beat_do_their_jobs_with_no_refusal_and_client_work_still_r
     for user in ("vt-pool", "vt-beat"):
         assert agent_refusals(admin, user) == [], user
     admin.close()
+
+
+# --- issue 24: the answers to sampling/elicitation requests reach only who asked -------------
+
+ASK = "f" * 32
+
+
+def test_the_gateway_writes_answers_only_into_answer_keys_and_each_asker_reads_only_its_own(
+    mallory: Credential, redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    gateway = redis.Redis.from_url(redis_server.url_for("vt-gateway"), socket_timeout=5)
+    pool = redis.Redis.from_url(redis_server.url_for("vt-pool"), socket_timeout=5)
+    agent = redis.Redis.from_url(mallory.broker_url, socket_timeout=5)
+    try:
+        # The gateway answers the pool's ask and a client's, where each one waits.
+        for key in (key_answer(ASK), client_key("mallory", client_answer_key(ASK))):
+            assert gateway.lpush(key, b"{}") == 1
+        # ... and reaches no other key of a client: not its outbox, queue or ack; and it may
+        # make no key expire (the registry, presence: Redis 6.2 cannot limit EXPIRE to a key).
+        for probe in (
+            lambda: gateway.lpush(client_key("mallory", CLIENT_OUTBOX), b"{}"),
+            lambda: gateway.lpush(client_key("mallory", client_queue("mallory")), b"{}"),
+            lambda: gateway.get(client_key("mallory", CLIENT_ACK)),
+            lambda: gateway.expire(key_registry(), 1),
+            lambda: gateway.expire(key_answer(ASK), 1),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                probe()
+        # The pool reads its answer; a client reads its own, and nobody else's.
+        assert pool.blpop([key_answer(ASK)], timeout=1) is not None
+        assert agent.brpop([client_key("mallory", client_answer_key(ASK))], timeout=1) is not None
+        for probe in (
+            lambda: agent.brpop([client_key("laptop", client_answer_key(ASK))], timeout=1),
+            lambda: agent.brpop([key_answer(ASK)], timeout=1),
+            lambda: agent.lpush(client_key("laptop", client_answer_key(ASK)), b"{}"),  # a forged answer
+            lambda: agent.publish(channel_tree_events("mcp-x"), b"{}"),  # a forged ask
+            lambda: pool.lpush(client_key("laptop", client_answer_key(ASK)), b"{}"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                probe()
+    finally:
+        for r in (gateway, pool, agent):
+            r.close()

@@ -124,6 +124,19 @@ def test_tool_call_limits(change: dict[str, Any], ok: bool) -> None:
             ToolCall.model_validate(data)
 
 
+def test_interactive_travels_only_when_true_so_an_older_agent_still_parses_ordinary_calls() -> None:
+    class OlderToolCall(ToolCall):  # the contract before the field: extra="forbid" refuses it
+        @classmethod
+        def fields(cls) -> set[str]:
+            return set(ToolCall.model_fields) - {"interactive"}
+
+    ordinary = ToolCall.model_validate(CALL).model_dump(mode="json")
+    assert "interactive" not in ordinary and set(ordinary) <= OlderToolCall.fields()
+    gateway_call = ToolCall.model_validate({**CALL, "interactive": True})
+    assert gateway_call.model_dump(mode="json")["interactive"] is True
+    assert ToolCall.model_validate(gateway_call.model_dump(mode="json")).interactive
+
+
 @pytest.mark.parametrize(
     ("fields", "ok"),
     [

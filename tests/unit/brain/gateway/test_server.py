@@ -54,11 +54,13 @@ class FakeBackend:
         self.asked_for.append(set(users))
         return 0.0, self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
-    def submit_call(self, caller: Caller, tool: str, args: Mapping[str, Any]) -> Submitted:
+    def submit_call(
+        self, caller: Caller, tool: str, args: Mapping[str, Any], run_id: str | None = None
+    ) -> Submitted:
         if self.submit_error is not None:
             raise self.submit_error
         self.submitted.append((tool, args))
-        return Submitted(tree_id="mcp-t-1", wait_s=30.0)
+        return Submitted(tree_id=run_id or "mcp-t-1", wait_s=30.0)
 
     def call_record(self, tree_id: str) -> TaskRecord:
         return self.records.pop(0) if len(self.records) > 1 else self.records[0]
