@@ -23,7 +23,6 @@ from pydantic import (
 )
 
 from brain.core.retry import Attempt, RetryPolicy
-from brain.core.toolnames import LEGACY_SEPARATOR, canonical
 from workers.contracts import (
     MAX_CALL_TIMEOUT_S,
     MAX_TOOL_NAME_CHARS,
@@ -43,6 +42,7 @@ from workers.contracts import (
     surface_tool,
 )
 from workers.contracts import RETRYING as RETRYING_STATE
+from workers.toolnames import LEGACY_SEPARATOR, canonical
 
 # --- ids: one grammar, sized so that whatever a tree file may hold fits on the wire -------
 

@@ -55,8 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from brain.core.models import ExecutionTarget, Location, OfflineStrategy, SessionKind, Side, ToolSpec
 from brain.core.pools import pool_route, unknown_pool
-from brain.core.toolnames import canonical
 from workers.contracts import DEFAULT_POOL, client_queue, pool_queue
+from workers.toolnames import canonical
 
 
 class RouteKind(StrEnum):

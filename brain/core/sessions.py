@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import Enrollment, ToolSpec
-from brain.core.toolnames import bare_name_taken, client_clashes, is_qualified, name_on_server, qualified
+from brain.core.toolnames import bare_name_taken, client_clashes
 from workers.contracts import MAX_ANNOUNCED_TOOLS, ClientConnected, ClientType, ToolDescriptor, surface_op
+from workers.toolnames import is_qualified, name_on_server, qualified
 
 
 class ClientSession(BaseModel):

@@ -28,43 +28,15 @@ from typing import TYPE_CHECKING
 from mcp.shared.tool_name_validation import validate_tool_name
 
 from workers.contracts import ToolDescriptor, ToolType
+from workers.toolnames import canonical, is_qualified, qualified
 
-if TYPE_CHECKING:  # models reads ``canonical`` from here, so no import of it at run time
+if TYPE_CHECKING:
     from brain.core.models import ToolSpec
 
-SEPARATOR = "."
-# Read still, in trees, registry files, announcements and user settings; never written.
-LEGACY_SEPARATOR = "/"
 # Who may own a bare name in a clash, beside ``<server>.<tool>`` names (which never do, but
 # for the qualified name a dotted bare name repeats: that one is the qualified tool's).
 BUILT_IN = "built-in"
 REGISTRY_FILE = "registry file"
-
-
-def qualified(server: str, tool: str) -> str:
-    return f"{server}{SEPARATOR}{tool}"
-
-
-def name_on_server(name: str, server: str | None) -> str:
-    """The name MCP server ``server`` knows a tool by: ``name`` without ``<server>.`` (or the
-    legacy ``<server>/``). Never a split on the first dot: ``a.b.c`` of server ``a.b`` is ``c``."""
-    if server:
-        for separator in (SEPARATOR, LEGACY_SEPARATOR):
-            if name.startswith(server + separator):
-                return name[len(server) + len(separator) :]
-    return name
-
-
-def is_qualified(name: str, server: str | None) -> bool:
-    """Whether ``name`` is a qualified name of ``server``'s (either separator)."""
-    return bool(server) and name_on_server(name, server) != name
-
-
-def canonical(name: str) -> str:
-    """``<server>/<tool>`` (the old form) as ``<server>.<tool>``; any other name as it is.
-    A tool name holds no ``/`` (ids do not), so the first one is the old separator."""
-    server, slash, tool = name.partition(LEGACY_SEPARATOR)
-    return qualified(server, tool) if slash else name
 
 
 def legacy_warning(where: str, written: str) -> str:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brain.core.models import Location, ToolSpec
 from brain.core.sessions import ClientSession, user_sessions
-from brain.core.toolnames import is_qualified, name_on_server, qualified, spec_name_problem
+from brain.core.toolnames import spec_name_problem
 from workers.contracts import (
     TOOL_METADATA_FIELDS,
     McpSurface,
@@ -34,6 +34,7 @@ from workers.contracts import (
     ToolType,
     surface_op,
 )
+from workers.toolnames import is_qualified, name_on_server, qualified
 
 BUILTIN_POOL = "builtin"
 NATIVE_POOL = "native"

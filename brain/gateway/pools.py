@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from brain.core.models import ID_BODY
-from brain.core.toolnames import LEGACY_SEPARATOR, qualified
 from brain.errors import ConfigError
 from brain.gateway.catalog import GatewayTool
 from brain.gateway.primary import BRAIN_POOL, PRIMARY, ROUTER
+from workers.toolnames import LEGACY_SEPARATOR, qualified
 
 _POOL_NAME = rf"^{ID_BODY}$"
 

@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from brain.core.toolnames import qualified
 from brain.gateway.catalog import GatewayTool
 from workers.contracts import COMPLETE, GET_PROMPT, READ_RESOURCE, surface_op, surface_tool
+from workers.toolnames import qualified
 
 
 @dataclass(frozen=True)

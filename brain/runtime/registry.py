@@ -14,12 +14,13 @@ from brain.config import Settings
 from brain.core.models import Location, ToolSpec
 from brain.core.pools import registry_pool_problems
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.toolnames import is_qualified, keep_declared, name_on_server, place, qualified
+from brain.core.toolnames import keep_declared, place
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
 from workers.contracts import MCPServerFailure, surface_op
 from workers.mcp_clients import MCPClientManager
 from workers.mcp_config import load_mcp_config, skipped_servers
+from workers.toolnames import is_qualified, name_on_server, qualified
 from workers.tools.builtin import builtin_descriptors
 
 DISCOVERY_TIMEOUT_S = 30.0

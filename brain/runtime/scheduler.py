@@ -48,7 +48,6 @@ from brain.core.routing import (
 from brain.core.sessions import ClientSession, announced_schemas, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import Accepted, SubmitRequest, check_submission
-from brain.core.toolnames import name_on_server
 from brain.core.transitions import (
     FAN_OUT_WAIT,
     FINAL,
@@ -76,6 +75,7 @@ from workers.contracts import (
     ToolCall,
     ToolType,
 )
+from workers.toolnames import name_on_server
 
 log = logging.getLogger("vancetope.brain")
 

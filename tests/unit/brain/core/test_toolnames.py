@@ -6,18 +6,11 @@ import pytest
 from mcp.shared.tool_name_validation import validate_tool_name
 
 from brain.core.models import Location, ToolSpec, ToolType
-from brain.core.toolnames import (
-    canonical,
-    clash_lines,
-    client_clashes,
-    keep_declared,
-    name_on_server,
-    place,
-    qualified,
-)
+from brain.core.toolnames import clash_lines, client_clashes, keep_declared, place
 from brain.core.treefile import merge_registry
 from brain.runtime.registry import bind_to_servers
 from workers.contracts import ToolDescriptor
+from workers.toolnames import canonical, name_on_server, qualified
 
 
 def builtin(name: str) -> ToolSpec:

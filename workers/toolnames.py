@@ -1,0 +1,41 @@
+"""How a tool of an MCP server is named, for the brain and the client agent alike (pure).
+
+``<server>.<tool>``: MCP tool names may hold only ``[A-Za-z0-9._-]`` (the SDK's
+``validate_tool_name``). The older ``<server>/<tool>`` is still read (trees, registry files, an
+older agent's announcement, user settings), never written. Tool and server names may hold dots
+themselves, so a name is never split on its first dot: a known server's prefix is taken off.
+The brain's placing of names (clashes, bare names) is ``brain.core.toolnames``; the agent's
+patterns are ``client_agent.toolnames``.
+"""
+
+from __future__ import annotations
+
+SEPARATOR = "."
+# Read still, in trees, registry files, announcements and user settings; never written.
+LEGACY_SEPARATOR = "/"
+
+
+def qualified(server: str, tool: str) -> str:
+    return f"{server}{SEPARATOR}{tool}"
+
+
+def name_on_server(name: str, server: str | None) -> str:
+    """The name MCP server ``server`` knows a tool by: ``name`` without ``<server>.`` (or the
+    legacy ``<server>/``). Never a split on the first dot: ``a.b.c`` of server ``a.b`` is ``c``."""
+    if server:
+        for separator in (SEPARATOR, LEGACY_SEPARATOR):
+            if name.startswith(server + separator):
+                return name[len(server) + len(separator) :]
+    return name
+
+
+def is_qualified(name: str, server: str | None) -> bool:
+    """Whether ``name`` is a qualified name of ``server``'s (either separator)."""
+    return bool(server) and name_on_server(name, server) != name
+
+
+def canonical(name: str) -> str:
+    """``<server>/<tool>`` (the old form) as ``<server>.<tool>``; any other name as it is.
+    A tool name holds no ``/`` (ids do not), so the first one is the old separator."""
+    server, slash, tool = name.partition(LEGACY_SEPARATOR)
+    return qualified(server, tool) if slash else name
