@@ -83,6 +83,9 @@ class UserView:
     pools: dict[str, Pool]
     sessions: list[ClientSession]
     surface: Surface = field(default_factory=Surface)
+    # The user's enrolled clients that are not connected (client_id order): what a resource
+    # nobody offers now may be waiting on.
+    offline: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,13 @@ class Backend:
             pools=build_pools(tools, self.pool_config),
             sessions=own,
             surface=surface_of(every),
+            offline=self._offline_clients(user, own),
         )
+
+    def _offline_clients(self, user: str, own: list[ClientSession]) -> tuple[str, ...]:
+        connected = {s.client_id for s in own}
+        enrolled = (e.client_id for e in self.store.list_enrollments() if e.user == user)
+        return tuple(sorted(c for c in enrolled if c not in connected))
 
     def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:
         """(the registry's loaded_at, what each of ``users`` and each user with a connected

@@ -170,6 +170,23 @@ def _session_id(ctx: ServerRequestContext[Any, Any]) -> str:
     return (request.headers.get("mcp-session-id") if request is not None else None) or ""
 
 
+def unknown_resource(uri: str, offline: tuple[str, ...]) -> str:
+    """Why a read of ``uri`` goes nowhere, naming the user's clients that are offline: the
+    resource may be on one of them."""
+    text = (
+        f"resource {uri!r} is not offered by any MCP server of yours that is reachable now (the "
+        "brain's, or your connected clients'): resources/list shows what is"
+    )
+    if offline:
+        names = ", ".join(repr(c) for c in offline)
+        text += (
+            f". Your client(s) {names} are offline: if it is on one of them, start its client agent "
+            "and ask again (declare <server>#read_resource in the registry with location client to "
+            "have reads wait or park instead)"
+        )
+    return text
+
+
 def call_problems(exc: InvalidTaskTree) -> str:
     """The problems of a refused one-task call, without the tree around it: ``args.a: '2' is not
     of type 'integer'; args: 'b' is a required property``."""
@@ -504,12 +521,7 @@ class Gateway:
         view = await anyio.to_thread.run_sync(self.backend.view, user)
         tool = view.surface.reader_of(uri)
         if tool is None:
-            raise MCPError(
-                RESOURCE_NOT_FOUND,
-                f"resource {uri!r} is not offered by any MCP server of yours (the brain's, or your "
-                "connected clients'): resources/list shows what is",
-                {"uri": uri},
-            )
+            raise MCPError(RESOURCE_NOT_FOUND, unknown_resource(uri, view.offline), {"uri": uri})
         return tool
 
     async def subscribe(

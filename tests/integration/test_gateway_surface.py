@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -27,8 +28,16 @@ from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.core.submission import SubmitRequest
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import EXAMPLES, FIXTURES, agent_with_servers, tree, wait_for_tree, write_mcp_config
-from tests.integration.test_gateway import mcp_client, start_gateway, token_for
+from tests.conftest import (
+    EXAMPLES,
+    FIXTURES,
+    agent_with_servers,
+    npm_binary,
+    tree,
+    wait_for_tree,
+    write_mcp_config,
+)
+from tests.integration.test_gateway import INSPECTOR_PACKAGE, inspect, mcp_client, start_gateway, token_for
 
 pytestmark = pytest.mark.integration
 
@@ -156,7 +165,7 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     world: tuple[EmbeddedStack, str, dict[str, Any]],
     brain_factory: Callable[[EmbeddedStack], Brain],
 ) -> None:
-    stack, _, _ = world
+    stack, url, _ = world
     brain = brain_factory(stack)
     night = tree(
         {
@@ -190,6 +199,10 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     agent = stack.service("client-agent").process
     assert agent is not None
     os.killpg(agent.pid, 9)
+    # Through the gateway meanwhile: the vault's note is nobody's now, and the error says which
+    # of ada's clients is offline.
+    offline = anyio.run(_read_error, url, token_for(stack, "ada"), "note://groceries")
+    assert offline.error.code == -32002 and "'laptop' are offline" in offline.error.message
     parked = brain.scheduler.accept(
         SubmitRequest(tree=night, source="test", session=SessionKind.AUTONOMOUS, user="ada")
     ).record.tree_id
@@ -199,6 +212,37 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     again = wait_for_tree(brain, parked, 120)
     assert again.status is TreeStatus.DONE
     assert brain.store.get_task(parked, "shout").result == NOTES["groceries"].upper()  # type: ignore[union-attr]
+
+
+async def _read_error(url: str, token: str, uri: str) -> MCPError:
+    async with mcp_client(url, token) as mcp:
+        with pytest.raises(MCPError) as caught:
+            await mcp.read_resource(uri)
+    return caught.value
+
+
+@pytest.fixture(scope="session")
+def inspector_cli() -> Path:
+    return npm_binary(INSPECTOR_PACKAGE, "mcp-inspector", "the gateway's Inspector tests")
+
+
+def test_the_inspector_cli_lists_and_reads_resources_and_gets_a_prompt(
+    world: tuple[EmbeddedStack, str, dict[str, Any]], inspector_cli: Path, tmp_path: Path
+) -> None:
+    inspector = inspector_cli
+    stack, url, _ = world
+    token = token_for(stack, "ada")
+    listed = inspect(inspector, url, token, tmp_path, "--method", "resources/list")
+    assert "note://garden" in {r["uri"] for r in listed["resources"]}
+    read = inspect(inspector, url, token, tmp_path, "--method", "resources/read", "--uri", "note://garden")
+    assert read["contents"][0]["text"] == NOTES["garden"]
+    prompts = inspect(inspector, url, token, tmp_path, "--method", "prompts/list")
+    assert "summarize_note" in {p["name"] for p in prompts["prompts"]}
+    got = inspect(
+        inspector, url, token, tmp_path, "--method", "prompts/get", "--prompt-name", "summarize_note",
+        "--prompt-args", "name=groceries",
+    )  # fmt: skip
+    assert "oat milk" in got["messages"][0]["content"]["text"]
 
 
 def _state(brain: Brain, tree_id: str, task_id: str) -> TaskState | None:

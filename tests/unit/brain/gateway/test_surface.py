@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import Location
-from brain.core.toolnames import qualified
 from brain.gateway.catalog import GatewayTool
 from brain.gateway.surface import surface_of, template_pattern
 from workers.contracts import McpSurface
+from workers.toolnames import qualified
 
 
 def reader(
@@ -120,3 +120,12 @@ def test_completion_goes_to_the_server_of_the_prompt_or_template_and_only_if_it_
     assert found.completer_of({"type": "ref/resource", "uri": "note://{name}"}) == "vault#complete"
     assert found.completer_of({"type": "ref/prompt", "name": "hello"}) is None  # plain completes nothing
     assert found.completer_of({"type": "ref/prompt", "name": "nope"}) is None
+
+
+def test_a_resource_nobody_offers_names_the_users_offline_clients() -> None:
+    from brain.gateway.server import unknown_resource
+
+    alone = unknown_resource("note://x", ())
+    assert "'note://x' is not offered by any MCP server of yours" in alone and "offline" not in alone
+    named = unknown_resource("note://x", ("desk", "laptop"))
+    assert "Your client(s) 'desk', 'laptop' are offline" in named and "start its client agent" in named
