@@ -22,7 +22,7 @@ import logging
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -366,13 +366,9 @@ class Gateway:
             except (Refused, InvalidTaskTree, DoorRefused) as exc:
                 return text_result(f"{name}: {exc}", error=True)
             return value_result(value)
-        run_id = call_run_id(name)
-        # Listening before the call exists: its MCP server may log or ask as soon as it starts.
-        async with self._tree_events(run_id) as woken:
+        async with AsyncExitStack() as listening:
             try:
-                submitted = await anyio.to_thread.run_sync(
-                    self.backend.submit_call, caller, name, args, run_id
-                )
+                submitted, woken = await listening.enter_async_context(self._submitted(caller, name, args))
             except InvalidTaskTree as exc:
                 # Arguments its schema refuses (the registry's, or the announcing client's: the
                 # same check on both routes): a tool execution error, as the spec words input
@@ -381,6 +377,18 @@ class Gateway:
             except DoorRefused as exc:
                 return text_result(f"tool {name!r} was not called: {exc}", error=True)
             return await self._follow(ctx, caller, submitted, woken)
+
+    @asynccontextmanager
+    async def _submitted(
+        self, caller: Caller, name: str, args: dict[str, Any]
+    ) -> AsyncIterator[tuple[Submitted, Callable[[float], Awaitable[bytes | None]]]]:
+        """``name(args)`` submitted as a one-task tree of the caller, and the wait for its
+        tree's events, listened to from before the call exists: its MCP server may log or ask
+        as soon as it starts. Raises what ``submit_call`` raises."""
+        run_id = call_run_id(name)
+        async with self._tree_events(run_id) as woken:
+            submitted = await anyio.to_thread.run_sync(self.backend.submit_call, caller, name, args, run_id)
+            yield submitted, woken
 
     async def _pooled(
         self, ctx: ServerRequestContext[Any, Any], caller: Caller, name: str, args: dict[str, Any]
@@ -587,12 +595,9 @@ class Gateway:
     ) -> Any:
         """A surface request as a one-task tree, routed like a tool call (server pool or the
         user's workstation, the same offline rules); its value, or the MCP error saying why not."""
-        run_id = call_run_id(tool)
-        async with self._tree_events(run_id) as woken:
+        async with AsyncExitStack() as listening:
             try:
-                submitted = await anyio.to_thread.run_sync(
-                    self.backend.submit_call, caller, tool, args, run_id
-                )
+                submitted, woken = await listening.enter_async_context(self._submitted(caller, tool, args))
             except InvalidTaskTree as exc:
                 raise MCPError(types.INVALID_PARAMS, f"{tool!r} was not sent: {call_problems(exc)}") from None
             except (UnknownTool, DoorRefused) as exc:
