@@ -201,6 +201,7 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     os.killpg(agent.pid, 9)
     # Through the gateway meanwhile: the vault's note is nobody's now, and the error says which
     # of ada's clients is offline.
+    anyio.run(_until_listed, url, token_for(stack, "ada"), "note://groceries", False)
     offline = anyio.run(_read_error, url, token_for(stack, "ada"), "note://groceries")
     assert offline.error.code == -32002 and "'laptop' are offline" in offline.error.message
     parked = brain.scheduler.accept(
@@ -212,6 +213,15 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     again = wait_for_tree(brain, parked, 120)
     assert again.status is TreeStatus.DONE
     assert brain.store.get_task(parked, "shout").result == NOTES["groceries"].upper()  # type: ignore[union-attr]
+
+
+async def _until_listed(url: str, token: str, uri: str, listed: bool, timeout: float = 60) -> None:
+    """Until resources/list shows ``uri`` (or, with ``listed`` False, no longer does): the
+    brain has seen the laptop come or go."""
+    async with mcp_client(url, token) as mcp:
+        with anyio.fail_after(timeout):
+            while (uri in {str(r.uri) for r in (await mcp.list_resources()).resources}) is not listed:
+                await anyio.sleep(0.2)
 
 
 async def _read_error(url: str, token: str, uri: str) -> MCPError:
@@ -232,6 +242,7 @@ def test_the_inspector_cli_lists_and_reads_resources_and_gets_a_prompt(
     inspector = inspector_cli
     stack, url, _ = world
     token = token_for(stack, "ada")
+    anyio.run(_until_listed, url, token, "note://garden", True)  # the laptop is (back) on line
     listed = inspect(inspector, url, token, tmp_path, "--method", "resources/list")
     assert "note://garden" in {r["uri"] for r in listed["resources"]}
     read = inspect(inspector, url, token, tmp_path, "--method", "resources/read", "--uri", "note://garden")

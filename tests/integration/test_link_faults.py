@@ -8,6 +8,9 @@ many times a call really ran, beside how many times it was recorded.
 
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -58,7 +61,20 @@ def behind_proxy(
 
 
 def runs_in(ledger: Path) -> int:
-    return len(ledger.read_text().splitlines()) if ledger.exists() else 0
+    return len(spans_in(ledger, ended=False))
+
+
+def spans_in(ledger: Path, ended: bool = True) -> list[tuple[float, float]]:
+    """(start, end) of each run the ledger holds, by start; a run not ended ends at inf (left
+    out with ``ended``)."""
+    if not ledger.exists():
+        return []
+    spans: dict[str, list[float]] = {}
+    for line in ledger.read_text().splitlines():
+        what, at, run = line.split()[:3]
+        spans.setdefault(run, [float("inf"), float("inf")])[0 if what == "start" else 1] = float(at)
+    found = sorted((start, end) for start, end in spans.values())
+    return [s for s in found if not ended or s[1] != float("inf")]
 
 
 @pytest.mark.xfail(
@@ -112,3 +128,45 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     )  # recorded once, its own result
     assert tasks["after"].result == 1
     assert took <= bound, took
+
+
+def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_without_overlap(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """SIGSTOP the agent mid-call for longer than its heartbeat TTL and the visibility timeout,
+    then SIGCONT: it notices (heartbeat, re-announcement), the late result of its stale run is
+    refused, the call is never run twice at once, and the tree ends with one recorded result."""
+    stack, _ = behind_proxy
+    brain = brain_factory(stack)
+    ledger = tmp_path / "ledger.txt"
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "sleep",
+                "tasks": [
+                    {"id": "call", "tool": "ledger.work", "args": {"seconds": 3, "ledger": str(ledger)}}
+                ],
+            }
+        ),
+        user="ada",
+    )
+    wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
+    agent = stack.service("client-agent").process
+    assert agent is not None
+    os.killpg(agent.pid, signal.SIGSTOP)  # the lid closes
+    time.sleep(VISIBILITY_TIMEOUT_S + 10)
+    os.killpg(agent.pid, signal.SIGCONT)
+    done = wait_for_tree(brain, rec.tree_id, 120)
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert done.status is TreeStatus.DONE and call is not None and call.state is TaskState.DONE
+    assert call.run_id != first_run  # the stale session's run was taken back, its late result refused
+    spans = spans_in(ledger)
+    assert 1 <= len(spans) <= 2, spans
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans  # never two at once
+    assert (
+        "ignored result of run " + str(first_run)
+        in (stack.settings.data_dir / "logs" / "brain.log").read_text()
+    )
