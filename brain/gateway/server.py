@@ -256,6 +256,7 @@ class Gateway:
         )
         self.server.middleware.append(self._remember_session)
         self._aredis: redis.asyncio.Redis | None = None
+        self._told_clashes: set[str] = set()
         # Each MCP session's logging/setLevel: the least severe level it wants relayed.
         self.levels = SessionLevels()
 
@@ -506,6 +507,10 @@ class Gateway:
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         view = await anyio.to_thread.run_sync(self.backend.view, self.user(ctx))
+        for line in view.surface.clashes:
+            if line not in self._told_clashes:  # once per clash, not at every listing
+                self._told_clashes.add(line)
+                log.warning("%s", line)
         listed = [types.Resource.model_validate(r) for r in view.surface.resources]
         return types.ListResourcesResult(resources=listed)
 

@@ -7,9 +7,9 @@ completion is routed to the surface tool of the server that listed it, like a to
 
 - Resources keep their URIs (a URI is the resource's identity, and clients read back the
   URI they listed). A URI two servers list is listed once, for the first; the clash is
-  reported (``clashes``).
+  reported (``clashes``, which the gateway logs once).
 - Prompts are named as tools are: bare while no other server of the user has that name,
-  else ``<server>.<prompt>`` for each of them (``brain.core.toolnames.qualified``).
+  else ``<server>.<prompt>`` for each of them (``workers.toolnames.qualified``).
 - A URI no server listed goes to the server whose resource template matches it (RFC 6570
   simple expansion), else to the one server with resources when there is only one, or whose
   list was cut short (``McpSurface.truncated``), else to the one workstation server the

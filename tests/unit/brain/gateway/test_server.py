@@ -4,6 +4,7 @@ handlers are called as the SDK calls them."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -24,6 +25,8 @@ from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
 from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import listing
 from brain.gateway.server import Gateway, _Seen
+from brain.gateway.surface import surface_of
+from workers.contracts import McpSurface
 
 
 class FakeBackend:
@@ -209,3 +212,28 @@ def test_the_watcher_tells_the_sessions_of_a_user_whose_catalog_changed_in_the_s
     # what a user sees of resources and prompts comes from the same catalog: told alike
     assert ada.lists == ["tools", "resources", "prompts"]
     assert backend.asked_for == [{"ada"}] * 3  # the watched users' states are asked for
+
+
+# --- resources ----------------------------------------------------------------------------------
+
+
+def test_a_uri_two_servers_list_is_listed_once_and_the_clash_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def reader(server: str) -> GatewayTool:
+        listed = McpSurface(resources=[{"uri": "shared://x", "name": "x"}])
+        name = f"{server}#read_resource"
+        return GatewayTool(name=name, pool=server, action=name, location=Location.SERVER, surface=listed)
+
+    backend = FakeBackend()
+    backend.view = lambda user: UserView(  # type: ignore[method-assign]
+        user=user, tools=[], listing=listing([], 40), pools={}, sessions=[],
+        surface=surface_of([reader("a"), reader("b")]),
+    )  # fmt: skip
+    gw = gateway(backend)
+    with caplog.at_level(logging.WARNING, logger="vancetope.gateway"):
+        first = anyio.run(gw.list_resources, context(), None)
+        anyio.run(gw.list_resources, context(), None)
+    assert [str(r.uri) for r in first.resources] == ["shared://x"]
+    told = [r.getMessage() for r in caplog.records if "shared://x" in r.getMessage()]
+    assert told == ["resource 'shared://x' is listed by MCP servers 'a', 'b': it is read from 'a'"]
