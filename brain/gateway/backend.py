@@ -83,9 +83,6 @@ class UserView:
     pools: dict[str, Pool]
     sessions: list[ClientSession]
     surface: Surface = field(default_factory=Surface)
-    # The user's enrolled clients that are not connected (client_id order): what a resource
-    # nobody offers now may be waiting on.
-    offline: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,6 +110,7 @@ class GatewayBackend(Protocol):
 
     def user_of(self, token: str) -> str | None: ...
     def view(self, user: str) -> UserView: ...
+    def offline_clients(self, user: str) -> tuple[str, ...]: ...
     def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]: ...
     def submit_call(
         self, caller: Caller, tool: str, args: Mapping[str, Any], run_id: str | None = None
@@ -200,11 +198,12 @@ class Backend:
             pools=build_pools(tools, self.pool_config),
             sessions=own,
             surface=surface_of(every),
-            offline=self._offline_clients(user, own),
         )
 
-    def _offline_clients(self, user: str, own: list[ClientSession]) -> tuple[str, ...]:
-        connected = {s.client_id for s in own}
+    def offline_clients(self, user: str) -> tuple[str, ...]:
+        """The user's enrolled clients that are not connected (client_id order): where a
+        resource nobody offers now may be. A store read, so only asked on that miss."""
+        connected = {s.client_id for s in user_sessions(self.sessions().values(), user)}
         enrolled = (e.client_id for e in self.store.list_enrollments() if e.user == user)
         return tuple(sorted(c for c in enrolled if c not in connected))
 

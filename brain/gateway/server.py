@@ -534,7 +534,8 @@ class Gateway:
         view = await anyio.to_thread.run_sync(self.backend.view, user)
         tool = view.surface.reader_of(uri)
         if tool is None:
-            raise MCPError(RESOURCE_NOT_FOUND, unknown_resource(uri, view.offline), {"uri": uri})
+            offline = await anyio.to_thread.run_sync(self.backend.offline_clients, user)
+            raise MCPError(RESOURCE_NOT_FOUND, unknown_resource(uri, offline), {"uri": uri})
         return tool
 
     async def subscribe(

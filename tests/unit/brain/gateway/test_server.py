@@ -53,6 +53,9 @@ class FakeBackend:
     def view(self, user: str) -> UserView:
         return UserView(user=user, tools=self.tools, listing=listing(self.tools, 40), pools={}, sessions=[])
 
+    def offline_clients(self, user: str) -> tuple[str, ...]:
+        return ()
+
     def state(self, users: Collection[str]) -> tuple[float, dict[str, UserState]]:
         self.asked_for.append(set(users))
         return 0.0, self.states.pop(0) if len(self.states) > 1 else self.states[0]
