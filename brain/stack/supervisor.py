@@ -4,8 +4,10 @@
 pool, client agent, Flower) or redis-server itself is started again after a backoff that
 doubles from ``first_delay_s`` to ``max_delay_s`` and starts over once the service has
 stayed up ``stable_after_s``. A service that exits within ``quick_exit_s`` of its start
-``give_up_after`` times in a row is failing at start (a config error, say): restarting it
-only loops, so the supervisor gives up — on Flower by reporting it and carrying on, on
+``give_up_after`` times in a row is failing at start (a config error, say), and so is one that
+exits with a code of ``config_error_codes`` (78, sysexits' EX_CONFIG, is how the brain, beat and
+pools say their configuration is wrong) however long its start took — on a loaded machine
+loading a bad config can take longer than ``quick_exit_s``: restarting it only loops, so the supervisor gives up — on Flower by reporting it and carrying on, on
 anything else by stopping the stack. ``decide_restart`` is the decision, a function of
 values (time passed in); ``Supervisor`` does the I/O.
 """
@@ -39,6 +41,8 @@ class RestartPolicy:
     # An exit this soon after a start counts as failing at start.
     quick_exit_s: float = 15.0
     give_up_after: int = 3
+    # Exit codes that say "my configuration is wrong": a failing start whatever the uptime.
+    config_error_codes: frozenset[int] = frozenset({78})
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Track:
 
     started_at: float
     restarts: int = 0  # restarts since it last stayed up stable_after_s
-    quick_exits: int = 0  # exits within quick_exit_s of their start, in a row
+    quick_exits: int = 0  # failing starts in a row: exits within quick_exit_s, or config errors
 
 
 class Verdict(StrEnum):
@@ -62,11 +66,15 @@ class Decision:
     track: Track  # the history after this exit
 
 
-def decide_restart(policy: RestartPolicy, track: Track, exited_at: float) -> Decision:
-    """What to do about a service that exited at ``exited_at`` (same clock as ``track``)."""
+def decide_restart(
+    policy: RestartPolicy, track: Track, exited_at: float, code: int | None = None
+) -> Decision:
+    """What to do about a service that exited at ``exited_at`` (same clock as ``track``) with
+    exit code ``code``."""
     uptime = exited_at - track.started_at
     restarts = 0 if uptime >= policy.stable_after_s else track.restarts
-    quick_exits = track.quick_exits + 1 if uptime < policy.quick_exit_s else 0
+    failed_start = uptime < policy.quick_exit_s or code in policy.config_error_codes
+    quick_exits = track.quick_exits + 1 if failed_start else 0
     after = replace(track, restarts=restarts + 1, quick_exits=quick_exits)
     if quick_exits >= policy.give_up_after:
         return Decision(Verdict.GIVE_UP, 0.0, after)
@@ -118,13 +126,14 @@ class Supervisor:
 
     def _on_exit(self, name: str, code: int) -> None:
         now = self.clock()
-        decision = decide_restart(self.policy, self.tracks.get(name, Track(started_at=now)), now)
+        decision = decide_restart(self.policy, self.tracks.get(name, Track(started_at=now)), now, code)
         self.tracks[name] = decision.track
         ending = self._log_tail(name)
         if decision.verdict is Verdict.GIVE_UP:
             why = (
-                f"{name} exited with code {code} within {self.policy.quick_exit_s:g}s of starting, "
-                f"{decision.track.quick_exits} times in a row; not restarting it.{ending}"
+                f"{name} exited with code {code}: failing at start {decision.track.quick_exits} times "
+                f"in a row (exits within {self.policy.quick_exit_s:g}s of starting, or code 78: "
+                f"its configuration is wrong); not restarting it.{ending}"
             )
             if name not in OPTIONAL_SERVICES:
                 raise GaveUp(f"{why}\nStopping the stack.")

@@ -191,12 +191,12 @@ def test_up_gives_up_on_a_brain_that_keeps_failing_at_start_and_exits_3_with_the
         wait_until(lambda: stack_state(data), timeout=120, what="`vancetope up` to write stack.json")
         mcp.write_text(BAD_SERVER)  # broken while it runs: the next brain start fails
         os.kill(stack_state(data)["services"]["brain"], signal.SIGKILL)
-        up.wait(120)
+        up.wait(180)  # three brain starts on a loaded CI box
     assert up.returncode == 3, up_log(tmp_path)
     log = up_log(tmp_path)
     assert "brain exited with code -9; restarting it in 1s" in log
     assert "brain exited with code 78; restarting it in 2s" in log
-    assert "brain exited with code 78 within 15s of starting, 3 times in a row; not restarting it" in log, log
+    assert "brain exited with code 78: failing at start 3 times in a row" in log, log
     assert REASON in log and "Stopping the stack" in log
     assert not (data / "stack.json").exists()
 

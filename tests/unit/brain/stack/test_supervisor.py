@@ -53,3 +53,17 @@ def test_a_service_that_always_exits_at_start_is_given_up_after_the_policys_coun
             started_at=now, restarts=decision.track.restarts, quick_exits=decision.track.quick_exits
         )
     assert verdicts == [Verdict.RESTART, Verdict.RESTART, Verdict.GIVE_UP]
+
+
+@pytest.mark.parametrize(
+    ("code", "verdict"), [(78, Verdict.GIVE_UP), (1, Verdict.RESTART), (-9, Verdict.RESTART)]
+)
+def test_a_config_error_exit_is_a_failing_start_however_long_the_start_took(
+    code: int, verdict: Verdict
+) -> None:
+    # Seen in CI: a brain loading a bad mcpServers file on a loaded box took longer than
+    # quick_exit_s to exit 78, so the count reset and `up` restarted it for minutes.
+    track = Track(started_at=0.0, restarts=2, quick_exits=2)
+    decision = decide_restart(POLICY, track, 40.0, code)
+    assert decision.verdict is verdict
+    assert decision.track.quick_exits == (3 if code == 78 else 0)
