@@ -58,6 +58,7 @@ from workers.contracts import (
     key_cancelled,
 )
 from workers.mcp_clients import MCPClientManager
+from workers.recent_calls import RecentCalls
 from workers.tasks import register
 from workers.urls import redact_url
 
@@ -113,6 +114,9 @@ class Agent:
             gate=gate if config.ask else None,
             started_sink=self.report_started,
             channel=self,
+            # A task re-sent after its result was lost (a link cut mid-call) is answered from the
+            # run that did it, not run twice (workers.recent_calls).
+            recent=RecentCalls(),
         )
         self.announcer = Announcer(
             self.channel,

@@ -46,6 +46,7 @@ from workers.contracts import (
 from workers.errors import CallFailed, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
+from workers.recent_calls import RecentCalls
 from workers.tools.builtin import BUILTINS, BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
@@ -154,6 +155,7 @@ def register(
     started_sink: StartSink | None = None,
     task_events: bool = True,
     channel: CallChannel | None = None,
+    recent: RecentCalls | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -167,7 +169,8 @@ def register(
     in the store). Without
     ``task_events`` a server pool sends no ``task-progress`` events either. ``channel`` takes
     an MCP server's log messages and its sampling/elicitation requests during a call
-    (``workers.call_relay``)."""
+    (``workers.call_relay``). ``recent`` (a client agent's) answers a task re-sent as a new run
+    after its result was lost from the run that already did it (``workers.recent_calls``)."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
 
@@ -202,22 +205,38 @@ def register(
             result = _failure(call, err.to_info(), worker, started, client_id)
         else:
             _tell_started(started_sink, call, started)
-            refusal = gate(call) if gate is not None else None
-            if refusal is not None:
-                result = _failure(call, refusal, worker, started, client_id)
-            else:
-                started = time.time() if gate is not None else started
-                result = _run(
-                    call,
-                    mcp_manager,
-                    native,
-                    builtins,
-                    worker,
-                    client_id,
-                    started,
-                    _reporter(self, progress, flower=client_id is None and task_events),
-                    _Masked(channel) if channel is not None else None,
+            reused = recent.begin(call, wait_s=call.timeout_s) if recent is not None else None
+            if reused is not None:
+                log.warning(
+                    "run %s of task %r (tool %r): the same call succeeded as run %s %.0fs ago and "
+                    "its result did not reach the brain; answering with that result instead of "
+                    "running the tool again",
+                    call.run_id,
+                    call.task_id,
+                    call.tool,
+                    reused.first_run_id,
+                    reused.age_s,
                 )
+                result = reused.result
+            else:
+                ran: ToolResult | None = None
+                try:
+                    ran = _gated_run(
+                        call,
+                        gate,
+                        mcp_manager,
+                        native,
+                        builtins,
+                        worker,
+                        client_id,
+                        started,
+                        _reporter(self, progress, flower=client_id is None and task_events),
+                        _Masked(channel) if channel is not None else None,
+                    )
+                finally:
+                    if recent is not None:
+                        recent.end(call, ran)
+                result = ran
         outcome = deliver(masked(result))
         if not result.ok and client_id is None:
             # Handed on already; raising only makes Celery's own event (and so Flower) say
@@ -285,6 +304,27 @@ class _Masked:
 
     def ask(self, ask: ToolAsk, timeout: float) -> AskAnswer:
         return self.channel.ask(ask, timeout)
+
+
+def _gated_run(
+    call: ToolCall,
+    gate: CallGate | None,
+    mcp: Callable[[], MCPClientManager | None],
+    native: Mapping[str, BuiltinTool] | None,
+    builtins: Mapping[str, BuiltinTool],
+    worker: str,
+    client_id: str | None,
+    started: float,
+    progress: ProgressSink,
+    channel: CallChannel | None,
+) -> ToolResult:
+    """The call, once ``gate`` (a client agent's user) lets it run; the time spent asking is
+    not the tool's."""
+    refusal = gate(call) if gate is not None else None
+    if refusal is not None:
+        return _failure(call, refusal, worker, started, client_id)
+    started = time.time() if gate is not None else started
+    return _run(call, mcp, native, builtins, worker, client_id, started, progress, channel)
 
 
 def _run(

@@ -85,15 +85,6 @@ def spans_in(ledger: Path, ended: bool = True) -> list[tuple[float, float]]:
     return [s for s in found if not ended or s[1] != float("inf")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 25, open: the brain takes the running call back 2 s into the cut (missed "
-        "heartbeat), so the agent's result after the heal is refused (not the current run) and "
-        "the call runs again: recorded once, executed twice (the ledger holds 2). Strict: when "
-        "fixed this test passes and must lose this mark."
-    ),
-)
 def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     tmp_path: Path,
     behind_proxy: tuple[EmbeddedStack, FaultProxy],
@@ -120,6 +111,7 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
         user="ada",
     )
     wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
     proxy.cut()  # a train into a tunnel, 1 s into a 5 s call
     time.sleep(60)
     assert proxy.stats.dropped_bytes > 0  # the agent kept trying: heartbeats, the result
@@ -136,6 +128,10 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     )  # recorded once, its own result
     assert tasks["after"].result == 1
     assert took <= bound, took
+    # How: the brain took the call back at the missed heartbeat and re-sent it after the heal;
+    # the agent answered the new run from the one it had finished during the cut.
+    agent_log = (stack.settings.data_dir / "logs" / "client-agent.log").read_text()
+    assert f"the same call succeeded as run {first_run}" in agent_log, agent_log[-3000:]
 
 
 def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_without_overlap(
