@@ -98,7 +98,9 @@ class Agent:
         # One line saying what to do while the broker cannot be reached, not one per retry.
         broker_url = config.own_broker_url()
         self.outage = BrokerOutage(broker_url, config.client_id, config.user)
-        self.channel = AgentChannel(connect_redis(broker_url), config.client_id, self.outage)
+        self.channel = AgentChannel(
+            connect_redis(broker_url), config.client_id, self.outage, broker_url=broker_url
+        )
         # Consent (docs/client-agent.md, "Consent on the workstation"): approvals live in a 0700 directory.
         self.consent = ConsentDir.for_config(config)
         self.redactor = Redactor.build(config.redact, config.redact_builtin)

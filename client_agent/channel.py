@@ -23,20 +23,40 @@ log = logging.getLogger("vancetope.agent.channel")
 # A result must survive a short network blip; past this, the task fails and the brain's
 # reconciler owns it.
 SEND_RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)
+# A message bigger than this is written on a connection of its own whose socket timeout grows
+# with its size: Redis answers an LPUSH only once the whole value has crossed the link, and
+# 1 MB at 256 kbit/s takes 33 s, past the 10 s every other command may wait. The slowest link
+# a workstation is expected to have (a bad hotel Wi-Fi, a phone's 3G) sets the pace.
+BULK_BYTES = 64 * 1024
+SLOWEST_LINK_BYTES_PER_S = 16_000  # 128 kbit/s
 
 
-def connect_redis(broker_url: str) -> redis.Redis:
+def bulk_timeout_s(size: int, base_s: float = 10.0) -> float:
+    """The socket timeout for writing ``size`` bytes over the slowest expected link."""
+    return base_s + size / SLOWEST_LINK_BYTES_PER_S
+
+
+def connect_redis(broker_url: str, socket_timeout_s: float = 10.0) -> redis.Redis:
     """A redis-py client for the agent's own keys; timeouts so no call hangs on a dead network."""
     return redis.Redis.from_url(
-        broker_url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=15
+        broker_url, socket_connect_timeout=5, socket_timeout=socket_timeout_s, health_check_interval=15
     )
 
 
 class AgentChannel:
     """Outbox, acknowledgement and heartbeat of one client, under its key prefix."""
 
-    def __init__(self, client: redis.Redis, client_id: str, outage: BrokerOutage | None = None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        client_id: str,
+        outage: BrokerOutage | None = None,
+        broker_url: str | None = None,
+    ) -> None:
         self.client = client
+        # For big messages, a connection of their own (``_bulk_client``); without it (tests'
+        # channels) they go through ``client`` as any other.
+        self.broker_url = broker_url
         self.client_id = client_id
         self.prefix = client_keyprefix(client_id)
         # While it says the broker cannot be reached, each retry here is not said again.
@@ -55,7 +75,11 @@ class AgentChannel:
         body = message.model_dump_json()
         for delay in (*retry_delays, None):
             try:
-                self.client.lpush(self.key(CLIENT_OUTBOX), body)
+                if len(body) > BULK_BYTES:
+                    with self._bulk_client(len(body)) as bulk:
+                        bulk.lpush(self.key(CLIENT_OUTBOX), body)
+                else:
+                    self.client.lpush(self.key(CLIENT_OUTBOX), body)
                 return
             except redis.RedisError as exc:
                 if delay is None:
@@ -70,6 +94,14 @@ class AgentChannel:
                     delay,
                 )
                 time.sleep(delay)
+
+    def _bulk_client(self, size: int) -> redis.Redis:
+        """A client of its own, from the same URL (credentials, TLS), whose socket timeout lets
+        ``size`` bytes cross the slowest expected link; closed after use (big messages are rare:
+        one connection more each is cheap beside their bytes)."""
+        if self.broker_url is None:
+            return redis.Redis(connection_pool=self.client.connection_pool)
+        return connect_redis(self.broker_url, socket_timeout_s=bulk_timeout_s(size))
 
     def announce(self, body: str) -> None:
         """Clear the previous ack and push the announcement in one transaction, so an ack read

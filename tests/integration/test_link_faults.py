@@ -176,16 +176,6 @@ def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_wit
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "issue 25, open: seen 2026-12-02. The agent's outbox write of a ~1 MB result times out "
-        "after its 10 s socket timeout (10 s of a 256 kbit/s link carry ~320 kB) and is retried "
-        "from the start, six times; the futile attempts fill the link, the heartbeat lapses "
-        "(false offline at ~70 s), the call is taken back and, as a tool no connected client "
-        "offers, fails. Strict: when fixed this test passes and must lose this mark."
-    ),
-)
 def test_a_256_kbit_link_carrying_a_1_mb_result_keeps_the_laptop_online(
     tmp_path: Path,
     behind_proxy: tuple[EmbeddedStack, FaultProxy],

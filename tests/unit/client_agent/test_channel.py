@@ -1,0 +1,42 @@
+"""The agent's outbox writes: a big result gets a socket timeout that lets it cross a slow link."""
+
+from __future__ import annotations
+
+import redis
+
+from client_agent.channel import BULK_BYTES, AgentChannel, bulk_timeout_s
+from workers.contracts import CLIENT_OUTBOX, ClientToolResult, ToolResult, client_key
+
+CID = "laptop"
+
+
+def test_the_timeout_of_a_big_write_lets_it_cross_a_128_kbit_link() -> None:
+    assert bulk_timeout_s(0) == 10.0
+    # 1 MB at 128 kbit/s (16 kB/s) takes 62.5 s; at 256 kbit/s half that.
+    assert bulk_timeout_s(1_000_000) >= 1_000_000 / 16_000 + 10
+
+
+def test_a_big_message_reaches_the_outbox_through_a_connection_of_its_own(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    channel = AgentChannel(r, CID, broker_url=redis_url)
+    before = r.info("stats")["total_connections_received"]
+    channel.send(result("r1", "x" * (2 * BULK_BYTES)))
+    channel.send(result("r2", "small"))
+    assert r.llen(client_key(CID, CLIENT_OUTBOX)) == 2
+    # the big one opened (and closed) a connection of its own; the small one used the channel's
+    assert r.info("stats")["total_connections_received"] - before == 1
+
+
+def result(run_id: str, value: str) -> ClientToolResult:
+    done = ToolResult(
+        run_id=run_id,
+        tree_id="t",
+        task_id="k",
+        tool="read_local_file",
+        ok=True,
+        value=value,
+        started_at=1.0,
+        finished_at=2.0,
+        client_id=CID,
+    )
+    return ClientToolResult(client_id=CID, result=done)
