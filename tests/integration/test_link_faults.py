@@ -203,3 +203,41 @@ def test_a_256_kbit_link_carrying_a_1_mb_result_keeps_the_laptop_online(
     assert took >= 2 * size / 32_000 * 0.9  # it did crawl (the link, not the machine, set the pace)
     log = (stack.settings.data_dir / "logs" / "brain.log").read_text()
     assert "client laptop disconnected" not in log, log[-2000:]
+
+
+def test_a_flaky_link_resetting_2_percent_of_connections_runs_500_calls_each_once(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """Each second each of the agent's connections is reset with probability 2 % while 500 calls
+    run on it: every call ends done, recorded once, and its tool ran once (a reset between the
+    run and its result being written is the case that could run it twice)."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    ledgers = tmp_path / "ledgers"
+    ledgers.mkdir()
+    n = 500
+    tasks = [
+        {"id": f"c{i}", "tool": "ledger.work", "args": {"seconds": 0, "ledger": str(ledgers / f"{i}.txt")}}
+        for i in range(n)
+    ]
+    proxy.flaky(0.02)
+    started = time.monotonic()
+    rec = brain.scheduler.submit(tree({"id": "flaky", "tasks": tasks}), user="ada")
+    # 2 %/s of a handful of connections over a short run may by chance reset none: one reset
+    # of them all, a fifth of the way in, makes sure the run meets at least one.
+    wait_until(lambda: len(list(ledgers.iterdir())) >= n // 5, 300, "a fifth of the calls to run")
+    proxy.reset()
+    done = wait_for_tree(brain, rec.tree_id, 600)
+    took = time.monotonic() - started
+    proxy.flaky(0)
+    records = brain.store.get_tasks(rec.tree_id)
+    states = {r.state for r in records}
+    assert done.status is TreeStatus.DONE, {
+        r.task_id: (r.state, r.reason) for r in records if r.state is not TaskState.DONE
+    }
+    assert len(records) == n and states == {TaskState.DONE}
+    runs = {i: runs_in(ledgers / f"{i}.txt") for i in range(n)}
+    assert all(count == 1 for count in runs.values()), {i: c for i, c in runs.items() if c != 1}
+    print(f"\n500 calls over a link resetting 2 %/s: {took:.1f} s, {proxy.stats.resets} resets")
