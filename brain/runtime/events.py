@@ -15,6 +15,7 @@ import queue
 import sys
 import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
 from celery import Celery
@@ -48,6 +49,9 @@ DRAIN_S = 2.0
 # and not while the call's own result is being recorded (the same window as the server
 # pool's, ``workers.event_batching``).
 GATHER_S = 0.01
+# Runs whose end was sent, remembered so that a late "started" or "progress" of one is not
+# (most recent first forgotten last; a run's late event comes within seconds of its end).
+ENDED_KEPT = 10_000
 
 
 class ClientEvents:
@@ -71,6 +75,13 @@ class ClientEvents:
         self._queue: queue.SimpleQueue[tuple[str, str, dict[str, Any]] | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
         self._pid = 0
+        # Celery's event state (Flower's) lets any event replace RETRY, so a "received" queued
+        # after a run's "retried" turned it back to RECEIVED for good (seen in CI: a client call
+        # that failed at once, its end sent by the relay before the thread that published it
+        # sent its "received"). Ends are noted here and checked under ``_order``, with the
+        # event queued in the same step.
+        self._order = threading.Lock()
+        self._ended: OrderedDict[str, None] = OrderedDict()
 
     def _dispatcher(self, client_id: str) -> EventDispatcher:
         """The calling sender's dispatcher for ``client_id``, on that sender's connection."""
@@ -90,6 +101,20 @@ class ClientEvents:
                 buffer_while_offline=False,
             )
         return d
+
+    def _send_unless_ended(self, client_id: str, run_id: str, event: str, **fields: Any) -> None:
+        """A running call's event (started, progress, awaiting): dropped once its end was sent."""
+        with self._order:
+            if run_id not in self._ended:
+                self._send(client_id, event, uuid=run_id, **fields)
+
+    def _send_end(self, client_id: str, run_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+        with self._order:
+            self._ended[run_id] = None
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+            for event, fields in events:
+                self._send(client_id, event, uuid=run_id, **fields)
 
     def _send(self, client_id: str, event: str, **fields: Any) -> None:
         if not self.task_events and event.startswith("task-"):
@@ -188,10 +213,12 @@ class ClientEvents:
     def task_sent(self, call: ToolCall) -> None:
         if call.client_id is None:
             return
-        self._send(
+        # Sent after the call was published: a call that fails at once may have ended (and its
+        # end been sent) first, and a "received" then would replace its RETRY in Flower.
+        self._send_unless_ended(
             call.client_id,
+            call.run_id,
             "task-received",
-            uuid=call.run_id,
             name=RUN_TOOL_TASK,
             args=args_summary(call),  # as for the server pool's tasks: argument names, no values
             kwargs="{}",
@@ -204,46 +231,47 @@ class ClientEvents:
     def task_done(self, result: ToolResult) -> None:
         if result.client_id is None:
             return
-        self._send(result.client_id, "task-started", uuid=result.run_id, timestamp=result.started_at)
         runtime = max(result.finished_at - result.started_at, 0.0)
         if result.ok:
-            self._send(
-                result.client_id,
-                "task-succeeded",
-                uuid=result.run_id,
-                runtime=runtime,
-                result=repr({"ok": True, "tool": result.tool, "task": result.task_id}),
-            )
+            summary = repr({"ok": True, "tool": result.tool, "task": result.task_id})
+            end = ("task-succeeded", {"runtime": runtime, "result": summary})
         else:
             # As a server pool's task shows it (workers.contracts.shown_failure): never the message.
-            shown = shown_failure(result)
-            self._send(result.client_id, "task-failed", uuid=result.run_id, exception=shown, traceback="")
+            end = ("task-failed", {"exception": shown_failure(result), "traceback": ""})
+        started = ("task-started", {"timestamp": result.started_at})
+        self._send_end(result.client_id, result.run_id, [started, end])
 
     def task_retried(self, result: ToolResult, next_at: float) -> None:
         """A client's call failed and is tried again at ``next_at``: Flower shows RETRY, as for
         a Celery task that retries (a server pool's task raises ``Retry`` itself)."""
         if result.client_id is None:
             return
-        self._send(result.client_id, "task-started", uuid=result.run_id, timestamp=result.started_at)
         shown = (
             f"{shown_failure(result)}; next attempt at {time.strftime('%H:%M:%S', time.localtime(next_at))}"
         )
-        self._send(result.client_id, "task-retried", uuid=result.run_id, exception=shown, traceback="")
+        started = ("task-started", {"timestamp": result.started_at})
+        self._send_end(
+            result.client_id,
+            result.run_id,
+            [started, ("task-retried", {"exception": shown, "traceback": ""})],
+        )
 
     def task_started(self, started: ToolStarted) -> None:
         """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""
         if started.client_id is None:
             return
-        self._send(started.client_id, "task-started", uuid=started.run_id, timestamp=started.started_at)
+        self._send_unless_ended(
+            started.client_id, started.run_id, "task-started", timestamp=started.started_at
+        )
 
     def task_progress(self, update: ToolProgress) -> None:
         """A client's call reporting progress: Flower shows the task as PROGRESS meanwhile."""
         if update.client_id is None:
             return
-        self._send(
+        self._send_unless_ended(
             update.client_id,
+            update.run_id,
             "task-progress",
-            uuid=update.run_id,
             progress=update.progress,
             total=update.total,
             message=update.message or "",
@@ -255,13 +283,13 @@ class ClientEvents:
         if update.client_id is None:
             return
         if update.waiting:
-            self._send(
-                update.client_id, "task-awaiting_approval", uuid=update.run_id, approval=update.approval_id
+            self._send_unless_ended(
+                update.client_id, update.run_id, "task-awaiting_approval", approval=update.approval_id
             )
         else:
             # Not task-started: Celery ranks a custom state above STARTED and would keep showing
             # AWAITING_APPROVAL; another custom state replaces it.
-            self._send(update.client_id, "task-approved", uuid=update.run_id, timestamp=update.at)
+            self._send_unless_ended(update.client_id, update.run_id, "task-approved", timestamp=update.at)
 
     def close(self) -> None:
         """Send what is queued (waiting at most ``DRAIN_S``). The sender then stops and lets its

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from celery import Celery
 from celery.events.state import State
 
 from brain.cli.display import shown_state
@@ -16,6 +17,7 @@ from workers.contracts import ToolAwaiting, ToolStarted
 
 class Recorder(ClientEvents):
     def __init__(self) -> None:
+        super().__init__(Celery("test"))
         self.sent: list[dict[str, Any]] = []
 
     def _send(self, client_id: str, event: str, **fields: Any) -> None:
@@ -62,7 +64,9 @@ def test_flower_shows_a_clients_call_started_then_awaiting_approval_then_approve
     events, state = Recorder(), State()
     state.event({"type": "task-received", "uuid": "r1", "hostname": "client-agent@laptop", "timestamp": 0.0,
                  "local_received": 0.0, "clock": 0, "name": "vancetope.run_tool"})  # fmt: skip
-    events.task_started(ToolStarted(run_id="r1", tree_id="t", task_id="w", started_at=1.0, client_id="laptop"))
+    events.task_started(
+        ToolStarted(run_id="r1", tree_id="t", task_id="w", started_at=1.0, client_id="laptop")
+    )
     state.event(events.sent[-1])
     seen = [state.tasks["r1"].state]
     for waiting in (True, False):

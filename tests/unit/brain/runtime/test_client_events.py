@@ -185,3 +185,34 @@ def test_a_sender_still_sending_when_close_stops_waiting_releases_its_connection
     assert [e for e, _ in channel.sent] == ["worker-online", "worker-heartbeat"]
     assert len(app.opened) == 1 and app.opened[0].released
     assert channel.closed
+
+
+def test_a_calls_start_or_progress_handled_after_its_end_is_not_sent() -> None:
+    """Seen in CI: a client call that failed at once had its "retried" sent (by the relay) before
+    its "received" (by the thread that published it), which turned Flower's RETRY back to
+    RECEIVED for good (Celery lets any event replace RETRY). Once a run's end was sent, its late
+    received, start, progress and approval events are not."""
+    from workers.contracts import ErrorInfo, ToolProgress, ToolStarted
+
+    channel = Channel()
+    events = Events(channel)
+    failed = result("laptop", 1).model_copy(
+        update={"ok": False, "value": None, "error": ErrorInfo(type="ToolError", message="no")}
+    )
+    events.task_retried(failed, next_at=100.0)
+    events.task_sent(call("laptop", 1))
+    events.task_started(
+        ToolStarted(run_id="r1", tree_id="t", task_id="k1", started_at=1.0, client_id="laptop")
+    )
+    events.task_progress(
+        ToolProgress(run_id="r1", tree_id="t", task_id="k1", progress=1, total=2, at=1.5, client_id="laptop")
+    )
+    events.task_started(
+        ToolStarted(run_id="r2", tree_id="t", task_id="k2", started_at=1.0, client_id="laptop")
+    )
+    events.close()
+    assert [(e, f["uuid"]) for e, f in channel.sent] == [
+        ("task-started", "r1"),
+        ("task-retried", "r1"),
+        ("task-started", "r2"),
+    ]
