@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
-import pymongo.errors
 import redis
 from rich.console import Console
 from rich.markup import escape
@@ -210,12 +209,23 @@ def main() -> None:
     except (BrainError, MCPConfigError) as exc:
         # An MCP config file that does not load is the caller's input, like a bad tree.
         fail(str(exc), EXIT_BAD_INPUT)
-    except (sqlite3.Error, pymongo.errors.PyMongoError) as exc:
+    except redis.RedisError as exc:
+        # Last resort: every command maps Redis errors itself; none may end in a traceback.
+        fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)
+    except Exception as exc:
+        if not is_store_failure(exc):
+            raise
         fail(
             f"the store failed: {exc}; check VANCETOPE_STORE_URL / VANCETOPE_MONGO_URL and that the "
             "database is up",
             EXIT_STACK,
         )
-    except redis.RedisError as exc:
-        # Last resort: every command maps Redis errors itself; none may end in a traceback.
-        fail(f"Redis failed: {exc}; is the stack running (`vancetope up`)?", EXIT_STACK)
+
+
+def is_store_failure(exc: BaseException) -> bool:
+    """A SQLite or MongoDB error. pymongo is looked up, not imported: it is loaded only when a
+    MongoDB store was opened (0.5 s of every command's start otherwise), and without it no
+    error can be pymongo's."""
+    mongo_errors = sys.modules.get("pymongo.errors")
+    mongo_error = getattr(mongo_errors, "PyMongoError", None)
+    return isinstance(exc, sqlite3.Error) or (mongo_error is not None and isinstance(exc, mongo_error))

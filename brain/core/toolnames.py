@@ -11,7 +11,7 @@ explain`` and ``vancetope clients`` show them (``clash_lines``), and every tool 
 reachable by its qualified name.
 
 The separator is a dot because the MCP spec allows tool names of ``[A-Za-z0-9._-]`` only
-(``mcp``'s ``validate_tool_name``), and the gateway lists these names to MCP hosts. Tool and
+(``mcp``'s ``validate_tool_name``, ``workers.toolnames.spec_name_problem``), and the gateway lists these names to MCP hosts. Tool and
 server names may hold dots themselves, so a qualified name is never split on a dot: the
 server is known (a spec's or descriptor's ``mcp_server``) and only its prefix is taken off.
 The old ``<server>/<tool>`` form is still read (``canonical``), with a deprecation warning
@@ -25,10 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from mcp.shared.tool_name_validation import validate_tool_name
-
 from workers.contracts import ToolDescriptor, ToolType
-from workers.toolnames import canonical, is_qualified, qualified
+from workers.toolnames import canonical, is_qualified, qualified, spec_name_problem
 
 if TYPE_CHECKING:
     from brain.core.models import ToolSpec
@@ -45,15 +43,6 @@ def legacy_warning(where: str, written: str) -> str:
         f"{where}: tool name {written!r} is the deprecated '<server>/<tool>' form; it is read as "
         f"{canonical(written)!r}, write that (MCP tool names may not hold '/')"
     )
-
-
-def spec_name_problem(name: str) -> str | None:
-    """Why ``name`` breaks the MCP spec's tool-name rule (letters, digits, ``_ . -``, 1 to 128
-    characters; the SDK's ``validate_tool_name``), or None: strict hosts refuse such a name."""
-    result = validate_tool_name(name)
-    if result.is_valid:
-        return None
-    return "; ".join(w for w in result.warnings if not w.startswith("Allowed characters"))
 
 
 @dataclass(frozen=True)

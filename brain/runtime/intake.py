@@ -32,7 +32,6 @@ from workers.contracts import (
     ToolStarted,
     result_size,
 )
-from workers.mcp_clients import value_of
 
 log = logging.getLogger("vancetope.brain")
 
@@ -90,6 +89,10 @@ def checked_payload(
     if result.mcp is None:
         return True, result.value, None, None
     try:
+        # Imported here: it loads the MCP SDK (a second of CPU), which a CLI command that only
+        # reads the store never needs; the brain loads it at its first MCP result.
+        from workers.mcp_clients import value_of
+
         return True, value_of(result.mcp), result.mcp, None
     except ValueError as exc:
         error = ErrorInfo(

@@ -18,7 +18,6 @@ from brain.core.toolnames import keep_declared, place
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
 from workers.contracts import MCPServerFailure, surface_op
-from workers.mcp_clients import MCPClientManager
 from workers.mcp_config import load_mcp_config, skipped_servers
 from workers.toolnames import is_qualified, name_on_server, qualified
 from workers.tools.builtin import builtin_descriptors
@@ -40,6 +39,8 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     if settings.mcp_config and discover:
         config = load_mcp_config(str(settings.mcp_config))
         servers = sorted(config.servers) + [f.server for f in skipped_servers(config)]
+        from workers.mcp_clients import MCPClientManager  # the MCP SDK: only when there are servers
+
         manager = MCPClientManager(config)
         try:
             descriptors, failures = manager.discover(timeout=DISCOVERY_TIMEOUT_S)

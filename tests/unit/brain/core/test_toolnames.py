@@ -194,3 +194,22 @@ def test_a_clients_mcp_tool_whose_bare_name_the_registry_gives_to_another_is_rep
 def test_a_registry_file_entry_written_with_the_old_slash_name_is_the_dotted_tool() -> None:
     spec = ToolSpec(name="git/git_status", location=Location.BOTH, mcp_server="git", fallback_tool="fs/read")
     assert (spec.name, spec.fallback_tool) == ("git.git_status", "fs.read")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["echo", "everything.echo", "fs/list_directory", "my tool", "a,b", "-x", "x.", "é", "", "x" * 128, "x" * 129,
+     "git.git_status", "a b/c,d", "日本"],
+)  # fmt: skip
+def test_the_spec_name_rule_agrees_with_the_sdks_validate_tool_name(name: str) -> None:
+    """Checked without importing the SDK (that loads all of ``mcp``): the same verdict, and the
+    SDK's words but its "Allowed characters" line."""
+    from mcp.shared.tool_name_validation import validate_tool_name
+
+    from workers.toolnames import spec_name_problem
+
+    sdk = validate_tool_name(name)
+    ours = spec_name_problem(name)
+    assert (ours is None) is sdk.is_valid
+    if not sdk.is_valid:
+        assert ours == "; ".join(w for w in sdk.warnings if not w.startswith("Allowed characters"))
