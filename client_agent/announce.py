@@ -13,8 +13,10 @@ without saying goodbye disappears on its own.
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +39,8 @@ log = logging.getLogger("vancetope.agent.announce")
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 30.0
 _ACK_POLL_S = 0.1
+# Heartbeats whose round trips make the one reported (their median: one slow beat is no trend).
+ROUND_TRIPS_KEPT = 5
 
 
 def retry_delay(attempt: int, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_CAP_S) -> float:
@@ -276,11 +280,16 @@ class Heartbeat(threading.Thread):
         self.ttl_s = ttl_s
         self.stop = stop
         self.announcer = announcer
+        # The last heartbeats' round trips (s): their median goes with the next heartbeat.
+        self.round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
 
-    def _check_remembered(self) -> None:
+    def round_trip_ms(self) -> float | None:
+        """The median of the last heartbeats' round trips, in ms (None before the first)."""
+        return statistics.median(self.round_trips) * 1000 if self.round_trips else None
+
+    def _check_remembered(self, ack: AnnouncementAck | None) -> None:
         if self.announcer is None or not self.announcer.accepted.is_set():
             return
-        ack = self.channel.read_ack()
         if ack is None:
             log.warning("the brain dropped this agent (its ack is gone); announcing again")
             self.announcer.request()
@@ -292,8 +301,9 @@ class Heartbeat(threading.Thread):
         failing = False
         while not self.stop.is_set():
             try:
-                self.channel.beat(self.session_id, self.ttl_s)
-                self._check_remembered()
+                beat = self.channel.beat(self.session_id, self.ttl_s, self.round_trip_ms())
+                self.round_trips.append(beat.round_trip_s)
+                self._check_remembered(beat.ack)
                 if self.on_beat is not None:
                     self.on_beat()
                 if self.outage is not None:

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import redis
 from pydantic import BaseModel, ValidationError
 
 from client_agent.errors import BrokerUnavailable
 from client_agent.outage import BrokerOutage, is_outage
-from workers.contracts import CLIENT_ACK, CLIENT_HEARTBEAT, CLIENT_OUTBOX, AnnouncementAck, client_keyprefix
+from workers.contracts import (
+    CLIENT_ACK,
+    CLIENT_HEARTBEAT,
+    CLIENT_OUTBOX,
+    CLIENT_ROUND_TRIP,
+    AnnouncementAck,
+    client_keyprefix,
+)
 
 log = logging.getLogger("vancetope.agent.channel")
 
@@ -34,6 +42,24 @@ SLOWEST_LINK_BYTES_PER_S = 16_000  # 128 kbit/s
 def bulk_timeout_s(size: int, base_s: float = 10.0) -> float:
     """The socket timeout for writing ``size`` bytes over the slowest expected link."""
     return base_s + size / SLOWEST_LINK_BYTES_PER_S
+
+
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat found: how long its round trip took, and the brain's ack (None: none)."""
+
+    round_trip_s: float
+    ack: AnnouncementAck | None
+
+
+def parse_ack(raw: bytes | str | None) -> AnnouncementAck | None:
+    if raw is None:
+        return None
+    try:
+        return AnnouncementAck.model_validate_json(raw)
+    except ValidationError as exc:
+        log.error("ignoring an acknowledgement that is not an AnnouncementAck: %s", exc)
+        return None
 
 
 def connect_redis(broker_url: str, socket_timeout_s: float = 10.0) -> redis.Redis:
@@ -112,17 +138,20 @@ class AgentChannel:
         pipe.execute()
 
     def read_ack(self) -> AnnouncementAck | None:
-        raw = self.client.get(self.key(CLIENT_ACK))
-        if raw is None:
-            return None
-        try:
-            return AnnouncementAck.model_validate_json(raw)
-        except ValidationError as exc:
-            log.error("ignoring an acknowledgement that is not an AnnouncementAck: %s", exc)
-            return None
+        return parse_ack(self.client.get(self.key(CLIENT_ACK)))
 
-    def beat(self, session_id: str, ttl_s: float) -> None:
-        self.client.set(self.key(CLIENT_HEARTBEAT), session_id, px=max(1, int(ttl_s * 1000)))
+    def beat(self, session_id: str, ttl_s: float, round_trip_ms: float | None = None) -> Beat:
+        """Renew the heartbeat (and say the round trip last measured), and read the ack, in one
+        round trip; how long that took is the round trip measured now."""
+        ttl_ms = max(1, int(ttl_s * 1000))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(self.key(CLIENT_HEARTBEAT), session_id, px=ttl_ms)
+        if round_trip_ms is not None:
+            pipe.set(self.key(CLIENT_ROUND_TRIP), f"{round_trip_ms:.1f}", px=ttl_ms)
+        pipe.get(self.key(CLIENT_ACK))
+        started = time.monotonic()
+        replies = pipe.execute()
+        return Beat(round_trip_s=time.monotonic() - started, ack=parse_ack(replies[-1]))
 
     def clear_heartbeat(self) -> None:
         self.client.delete(self.key(CLIENT_HEARTBEAT))

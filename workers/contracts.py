@@ -525,6 +525,10 @@ class MCPServerFailure(BaseModel):
 
 CLIENT_OUTBOX = "outbox"  # list: ClientMessage JSON, LPUSH by the agent, popped by the brain
 CLIENT_HEARTBEAT = "heartbeat"  # string: the agent's session id, with a TTL
+# string: the agent's round trip to Redis in ms ("12.5", the median of its last heartbeats),
+# written with each heartbeat and with its TTL; `vancetope clients` shows it
+CLIENT_ROUND_TRIP = "rtt"
+MAX_ROUND_TRIP_BYTES = 16
 CLIENT_ACK = "ack"  # string: the brain's AnnouncementAck JSON for the latest announcement
 # kombu's Redis transport keeps a connection's in-flight (reserved, unacked) messages in this
 # hash, with delivery times in the sorted set beside it (under the client's prefix too).

@@ -42,21 +42,22 @@ def clients(ctx: click.Context, as_json: bool) -> None:
     with running_brain(ctx.obj) as brain:
         book = brain.scheduler.presence
         marks = brain.clients.misbehaving.all()
+        sessions = book.sessions()
+        rtts = book.round_trips(sessions)
         if as_json:
             report = clients_report(
                 book.enrolled(),
-                book.sessions(),
+                sessions,
                 brain.scheduler.parked.waiting(),
                 brain.scheduler.registry,
                 misbehaving=marks,
+                round_trips=rtts,
             )
             click.echo(json.dumps(report, indent=2))
             return
-        console.print(
-            clients_table(book.enrolled(), book.sessions(), brain.scheduler.parked.waiting(), marks)
-        )
+        console.print(clients_table(book.enrolled(), sessions, brain.scheduler.parked.waiting(), marks, rtts))
         registry = brain.scheduler.registry
-        for cid, session in sorted(book.sessions().items()):
+        for cid, session in sorted(sessions.items()):
             # A client's MCP tool the registry's bare name does not mean (brain.core.toolnames).
             for line in clash_lines(session.clashes(registry.tools)):
                 console.print(f"[yellow]clash:[/] {escape(f'client {cid}: {line}')}", highlight=False)

@@ -160,12 +160,14 @@ def clients_table(
     sessions: Mapping[str, Any],
     waiting: Mapping[str, int],
     misbehaving: Mapping[str, Any] | None = None,
+    round_trips: Mapping[str, float | None] | None = None,
 ) -> Table:
-    """Enrolled clients, their sessions and tools, the parked work each could take, and why
-    a suspended one is (brain.hot.misbehaving)."""
+    """Enrolled clients, their sessions, round trips and tools, the parked work each could
+    take, and why a suspended one is (brain.hot.misbehaving)."""
     marks = misbehaving or {}
+    rtts = round_trips or {}
     table = Table(title="client agents", title_justify="left")
-    for col in ("client", "user", "state", "type", "tools", "waiting for it"):
+    for col in ("client", "user", "state", "type", "round trip", "tools", "waiting for it"):
         table.add_column(col, overflow="fold")
     for cid, enrollment in sorted(enrolled.items()):
         session = sessions.get(cid)
@@ -185,10 +187,17 @@ def clients_table(
             Text(enrollment.user),
             state,
             Text(session.client_type.value if session else ""),
+            Text(_round_trip(rtts.get(cid)) if session else ""),
             Text(tools),
             Text(wait),
         )
     return table
+
+
+def _round_trip(ms: float | None) -> str:
+    if ms is None:
+        return "?"  # an older agent, or no heartbeat measured yet
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
 
 
 def _waiting_for(own: int, users: int, user: str) -> str:

@@ -51,11 +51,13 @@ def clients_report(
     waiting: Mapping[str, int],
     registry: RegistrySnapshot | None = None,
     misbehaving: Mapping[str, Mark] | None = None,
+    round_trips: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
     """`vancetope clients --json`: every enrolled client (never its secret's hash), its session,
-    the parked work it could take and why it is suspended, if it is; and the registry's last
-    (re)load."""
+    its round trip to Redis, the parked work it could take and why it is suspended, if it is;
+    and the registry's last (re)load."""
     marks = misbehaving or {}
+    rtts = round_trips or {}
     clients = []
     for cid, enrollment in sorted(enrolled.items()):
         session = sessions.get(cid)
@@ -67,6 +69,8 @@ def clients_report(
                 "connected": session is not None,
                 "client_type": session.client_type.value if session else None,
                 "connected_at": session.connected_at if session else None,
+                # As its agent measured it (median of its last heartbeats); null if not said.
+                "round_trip_ms": rtts.get(cid) if session else None,
                 "tools": sorted(t.name for t in session.tools) if session else [],
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],

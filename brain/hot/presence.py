@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import redis
 from pydantic import ValidationError
@@ -23,7 +23,9 @@ from brain.hot.state import as_text, is_wrong_type
 from brain.hot.toolpins import ToolPins
 from brain.store import Store
 from workers.contracts import (
+    CLIENT_ROUND_TRIP,
     KOMBU_UNACKED,
+    MAX_ROUND_TRIP_BYTES,
     ClientConnected,
     client_key,
     client_queue,
@@ -186,6 +188,16 @@ class PresenceBook:
         )
         return Presence(session_client=session_client, user=user, clients=clients)
 
+    def round_trips(self, client_ids: Iterable[str]) -> dict[str, float | None]:
+        """Each client's round trip to Redis in ms, as its agent last measured it (None: not
+        said, or an older agent): one round trip for all of them."""
+        ids = list(client_ids)
+        pipe = self.r.pipeline(transaction=False)
+        for cid in ids:
+            pipe.getrange(client_key(cid, CLIENT_ROUND_TRIP), 0, MAX_ROUND_TRIP_BYTES - 1)
+        replies = pipe.execute(raise_on_error=False) if ids else []
+        return {cid: _round_trip(reply) for cid, reply in zip(ids, replies)}
+
     def loads(self, client_ids: list[str]) -> dict[str, int]:
         """Calls waiting in each client's queue plus those it has taken and not yet acked
         (kombu's unacked hash under its prefix): one round trip for all of them."""
@@ -202,6 +214,18 @@ class PresenceBook:
 # The load of a client whose queue or unacked hash cannot be read (its agent changed their
 # type): chosen last. The heartbeat sweep suspends it (brain.runtime.clientwork).
 UNREADABLE_LOAD = 1 << 30
+
+
+def _round_trip(reply: object) -> float | None:
+    """A client's ``rtt`` key (``GETRANGE`` bounded: the client wrote it), in ms, or None when
+    absent or not a plausible number."""
+    if isinstance(reply, Exception) or not isinstance(reply, bytes | str) or not reply:
+        return None
+    try:
+        ms = float(reply)
+    except ValueError:
+        return None
+    return ms if 0 <= ms < 3_600_000 else None
 
 
 def _load(queued: object, taken: object) -> int:

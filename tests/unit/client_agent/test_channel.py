@@ -40,3 +40,20 @@ def result(run_id: str, value: str) -> ClientToolResult:
         client_id=CID,
     )
     return ClientToolResult(client_id=CID, result=done)
+
+
+def test_a_heartbeat_says_the_round_trip_and_reads_the_ack_in_one_round_trip(redis_url: str) -> None:
+    from brain.hot.presence import _round_trip
+    from workers.contracts import CLIENT_HEARTBEAT, CLIENT_ROUND_TRIP
+
+    r = redis.Redis.from_url(redis_url)
+    channel = AgentChannel(r, CID)
+    beat = channel.beat("s1", 5, round_trip_ms=212.34)
+    assert beat.ack is None and beat.round_trip_s >= 0
+    assert r.get(client_key(CID, CLIENT_HEARTBEAT)) == b"s1"
+    assert r.get(client_key(CID, CLIENT_ROUND_TRIP)) == b"212.3"
+    assert 0 < r.pttl(client_key(CID, CLIENT_ROUND_TRIP)) <= 5000
+    # what the brain makes of what a client wrote there: a number, or nothing
+    assert [_round_trip(v) for v in (b"212.3", b"", b"nan?", b"-1", None, ValueError())] == [
+        212.3, None, None, None, None, None,
+    ]  # fmt: skip

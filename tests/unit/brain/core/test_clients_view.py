@@ -39,5 +39,5 @@ def test_the_clients_table_shows_bound_work_on_its_client_only_and_unbound_work_
     console = Console(width=200, record=True)
     console.print(clients_table(enrolled, {}, {"client:laptop2": 2, "user:ada": 3}))
     rows = {line.split("│")[1].strip(): line for line in console.export_text().splitlines() if "│" in line}
-    assert rows["laptop2"].split("│")[6].strip() == "2 + 3 for any client of user ada"
-    assert rows["laptop"].split("│")[6].strip() == "3 for any client of user ada"
+    assert rows["laptop2"].split("│")[7].strip() == "2 + 3 for any client of user ada"
+    assert rows["laptop"].split("│")[7].strip() == "3 for any client of user ada"
