@@ -184,8 +184,8 @@ def test_against_a_running_stack_run_binds_to_its_client_and_refuses_a_typo_befo
         for line in vancetope("clients", data=data, timeout=60).stdout.splitlines()
         if line.count("│") > 4
     }
-    assert rows["laptop2"].split("│")[6].strip() == "1", rows
-    assert rows["laptop"].split("│")[6].strip() == "", rows  # nothing of it waits for laptop
+    assert rows["laptop2"].split("│")[7].strip() == "1", rows
+    assert rows["laptop"].split("│")[7].strip() == "", rows  # nothing of it waits for laptop
 
     # explain answers with who is connected (issue 22 item 5): the routes run would take now.
     said = vancetope("explain", str(hello), "--user", "ada", data=data, timeout=60)
