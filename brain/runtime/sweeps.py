@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
@@ -119,6 +120,8 @@ class Sweeps:
         self.registry = registry
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
+        self._second_look = SecondLook(settings.reconcile_grace_s)
+        self._suspended: set[str] = set()
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
@@ -163,6 +166,12 @@ class Sweeps:
         # None: could not be read (Redis refused): nothing of that owner is called lost this
         # sweep, and the other owners are still looked at.
         held: dict[str | None, set[str] | None] = {}
+        # A client run is called lost on a second look only (brain.core.second_look): one
+        # round trip for every client's measured round trip; unreadable ones keep one look.
+        clients = sorted({rec.client_id for rec in stale if rec.client_id is not None})
+        round_trips = self._guarded("reading clients' round trips", self.presence.round_trips, clients) or {}
+        now = self.clock()
+        missed: list[str] = []
         resent: list[str] = []
         for rec in stale:
             cid = rec.client_id
@@ -170,9 +179,18 @@ class Sweeps:
                 owner = "the server queues" if cid is None else f"client {cid!r}'s queues"
                 held[cid] = self._guarded(f"reading {owner}", self._held, cid, stale)
             ids = held[cid]
+            if ids is None or rec.run_id in ids:
+                continue
+            run = rec.run_id or f"{rec.tree_id}.{rec.task_id}"
+            missed.append(run)
+            rtt = round_trips.get(cid) if cid is not None and cid not in self._suspended else None
+            if not self._second_look.lost(run, rtt, now):
+                continue
             what = f"re-sending task {rec.task_id!r} of tree {rec.tree_id}"
-            if ids is not None and rec.run_id not in ids and self._guarded(what, self._resend, rec, cid):
+            if self._guarded(what, self._resend, rec, cid):
                 resent.append(rec.task_id)
+        self._second_look.keep_only(missed)
+        self._suspended.clear()
         return resent
 
     def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str]:
@@ -185,6 +203,8 @@ class Sweeps:
         try:
             return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id)
         except ClientKeyUnreadable as exc:
+            # Its calls were just taken back: what is left queued needs no second look.
+            self._suspended.add(client_id)
             cause = Cause(kind=f"{exc.name} type", detail=exc.detail)
             self._guarded(f"suspending client {client_id!r}", self.clients.suspend, client_id, cause)
             return set()

@@ -15,9 +15,10 @@ from brain.core.models import TaskState, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.parked import key_requeues
 from brain.runtime.sweeps import server_queues
-from tests.unit.brain.runtime.rig import Rig, echo, kombu_message, local_read, tree
+from tests.unit.brain.runtime.rig import GRACE, Rig, echo, kombu_message, local_read, tree
 from workers.contracts import (
     CLIENT_ACK,
+    CLIENT_ROUND_TRIP,
     KOMBU_UNACKED,
     client_key,
     client_queue,
@@ -115,6 +116,47 @@ def test_a_lost_call_of_a_client_gone_is_parked_for_its_next_connect(rig: Rig) -
     assert task.reason == "Queued for Client: read_local_file (its message to client laptop was lost)"
     assert rig.r.llen(key_parked("user:ada")) == 1
     assert len(rig.sent.of("r")) == 1  # parked, not sent again
+
+
+@pytest.mark.parametrize(("round_trip_ms", "second_look_s"), [("400", GRACE), ("4000", 16.0)])
+def test_a_client_run_is_called_lost_on_a_second_look_a_grace_or_four_round_trips_later(
+    rig: Rig, round_trip_ms: str, second_look_s: float
+) -> None:
+    # kombu BRPOPs a message and writes it to its unacked hash a round trip later: a look in
+    # that gap finds the run nowhere. Its agent says how far it is from Redis.
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rig.r.set(client_key("laptop", CLIENT_ROUND_TRIP), round_trip_ms)
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    first = rig.task(rec.tree_id, "r").run_id
+
+    rig.later()
+    assert rig.sweeps.run_once() == []  # nowhere, once: maybe between BRPOP and HSET
+    rig.clock.advance(second_look_s - 0.1)
+    assert rig.sweeps.run_once() == []  # not yet far enough apart
+    rig.clock.advance(0.1)
+    assert rig.sweeps.run_once() == ["r"]
+    assert rig.task(rec.tree_id, "r").run_id != first
+    assert len(rig.sent.of("r")) == 2
+
+
+def test_a_client_run_seen_held_at_the_second_look_is_not_resent(rig: Rig) -> None:
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rig.r.set(client_key("laptop", CLIENT_ROUND_TRIP), "200")
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    run_id = rig.task(rec.tree_id, "r").run_id
+    queue = client_key("laptop", client_queue("laptop"))
+    rig.r.delete(queue)  # the agent popped it...
+
+    rig.later()
+    assert rig.sweeps.run_once() == []
+    unacked = client_key("laptop", KOMBU_UNACKED)  # ...and wrote it to its unacked hash
+    rig.r.hset(unacked, "tag1", json.dumps([json.loads(kombu_message(run_id)), "", queue]))
+    rig.clock.advance(GRACE + 1)
+    assert rig.sweeps.run_once() == []
+    assert rig.task(rec.tree_id, "r").run_id == run_id
+    assert len(rig.sent.of("r")) == 1
 
 
 @pytest.mark.parametrize("case", ["given up", "client gone"])
