@@ -39,12 +39,14 @@ from workers.call_relay import wait_answer
 from workers.contracts import (
     AskAnswer,
     ClientDisconnected,
+    ClientResourceUpdated,
     ClientToolAsk,
     ClientToolAwaiting,
     ClientToolLog,
     ClientToolProgress,
     ClientToolResult,
     ClientToolStarted,
+    ResourceUpdated,
     ToolAsk,
     ToolAwaiting,
     ToolCall,
@@ -160,7 +162,18 @@ class Agent:
 
     def mcp_manager(self) -> MCPClientManager | None:
         with self._mcp_lock:
-            return self._mcp.manager
+            manager = self._mcp.manager
+        if manager is not None:
+            manager.resource_sink = self.resource_updated
+        return manager
+
+    def resource_updated(self, update: ResourceUpdated) -> None:
+        """A server of mcp.json said a resource a gateway session subscribed to changed: to the
+        outbox (this agent may publish nowhere); the brain publishes it as this client's, and
+        the gateway tells only the sessions of this client's user that subscribed to it. Not
+        retried: the next change says it again."""
+        message = ClientResourceUpdated(client_id=self.config.client_id, updated=update)
+        self.channel.send(message, retry_delays=())
 
     def load_mcp(self) -> MCPTools:
         cfg = self.config

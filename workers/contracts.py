@@ -452,6 +452,36 @@ def surface_op(name: str) -> tuple[str, str] | None:
     return server, op
 
 
+# --- resources/updated, relayed to the gateway (issue 24) --------------------------------
+
+# A gateway session's resources/subscribe reaches the process that holds the upstream session
+# as a read with ``subscribe: true``; that process subscribes upstream (if the server declares
+# ``resources.subscribe``) and keeps the subscription for the life of its session. Each
+# ``notifications/resources/updated`` it then gets is a ``ResourceUpdated``: a server pool
+# publishes it on ``channel_resource_updates``; a client agent (which may publish nowhere) sends
+# it to its outbox, and the brain publishes it stamped with the outbox's owner.
+MAX_RESOURCE_URI_CHARS = 2048
+# What the gateway reads of one message on the channel before it parses anything.
+MAX_RESOURCE_UPDATE_BYTES = 4 * 1024
+
+
+class ResourceUpdated(BaseModel):
+    """Upstream MCP server ``server`` said its resource ``uri`` changed. ``client_id``: the
+    client whose server it is (set by the brain from the outbox it came through), None for a
+    server of the server pool."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    server: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
+    uri: str = Field(min_length=1, max_length=MAX_RESOURCE_URI_CHARS)
+    client_id: str | None = Field(default=None, min_length=1, max_length=MAX_WIRE_ID_CHARS)
+
+
+def channel_resource_updates() -> str:
+    """Pub/sub channel of ``ResourceUpdated`` messages, which the gateway relays."""
+    return f"{KEY_NS}resources:updated"
+
+
 def _wire_list(model: str) -> Callable[[Any], Any]:
     one = _wire(model)
     return lambda items: [one(i) for i in items]
@@ -798,6 +828,16 @@ class ClientToolResult(BaseModel):
     result: ToolResult
 
 
+class ClientResourceUpdated(BaseModel):
+    """A server of the client's mcp.json said a resource it subscribed to changed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["resource_updated"] = "resource_updated"
+    client_id: str = Field(max_length=MAX_WIRE_ID_CHARS)
+    updated: ResourceUpdated
+
+
 ClientMessage = Annotated[
     ClientConnected
     | ClientDisconnected
@@ -806,7 +846,8 @@ ClientMessage = Annotated[
     | ClientToolStarted
     | ClientToolAwaiting
     | ClientToolLog
-    | ClientToolAsk,
+    | ClientToolAsk
+    | ClientResourceUpdated,
     Field(discriminator="type"),
 ]
 CLIENT_MESSAGE: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)

@@ -24,6 +24,7 @@ import math
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import IO, Any, Protocol, TextIO, TypeVar, TypeVarTuple, cast
@@ -35,13 +36,20 @@ from mcp import Client
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
 from workers import mcp_surface, sandbox
 from workers.call_relay import AskRefused
-from workers.contracts import TOOL_METADATA_FIELDS, MCPServerFailure, ToolDescriptor, ToolType
+from workers.contracts import (
+    READ_RESOURCE,
+    TOOL_METADATA_FIELDS,
+    MCPServerFailure,
+    ResourceUpdated,
+    ToolDescriptor,
+    ToolType,
+)
 from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
@@ -49,6 +57,9 @@ from workers.secret_refs import resolve_values
 from workers.tools.process import mcp_server_env
 
 logger = logging.getLogger(__name__)
+# The sessions speak the handshake-era protocol (``mode="legacy"``), whose way to hear of a
+# resource's changes is resources/subscribe (the SDK calls it removed as of 2026-07-28).
+warnings.filterwarnings("ignore", message=r"resources/subscribe is removed", category=MCPDeprecationWarning)
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -107,9 +118,15 @@ class _StderrLog:
 class _Session:
     """One server's connection, entered and exited by its own long-lived owner task."""
 
-    def __init__(self, name: str, spec: MCPServerSpec) -> None:
+    def __init__(
+        self, name: str, spec: MCPServerSpec, on_updated: Callable[[str, str], None] | None = None
+    ) -> None:
         self.name = name
         self.spec = spec
+        # Told (server, uri) of each notifications/resources/updated (loop thread; must not block).
+        self.on_updated = on_updated
+        # The resource URIs this session subscribed to upstream.
+        self.subscribed: set[str] = set()
         self.stderr = _StderrLog() if isinstance(spec, StdioServerSpec) else None
         self.client: Client | None = None
         self.broken = False
@@ -199,7 +216,13 @@ class _Session:
         session is ready it is tolerated (a banner printed while starting); after, the server
         broke the protocol: fail what waits and restart it on the next call. Stdio only: a
         line of a local server's stdout is the whole message there (an HTTP transport's
-        faults are its own, and fail their request already)."""
+        faults are its own, and fail their request already). A resource this session subscribed
+        to changed: ``on_updated`` is told."""
+        if isinstance(message, mcp_types.ResourceUpdatedNotification):
+            uri = str(message.params.uri)
+            if self.on_updated is not None and uri in self.subscribed:
+                self.on_updated(self.name, uri)
+            return
         if not isinstance(message, Exception) or self.stderr is None:
             return
         if self.client is None:
@@ -292,6 +315,11 @@ class _Session:
                 await asyncio.wait({task}, timeout=grace)
         if self.stderr is not None:
             self.stderr.close()
+
+
+def _log_sink_failure(future: asyncio.Future[None]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.warning("passing on a resources/updated failed: %s", future.exception())
 
 
 def _settle(future: asyncio.Future[None], exc: BaseException | None = None) -> None:
@@ -474,6 +502,11 @@ class MCPClientManager:
         self._tools_lock = threading.Lock()
         self._closed = False
         self._close_lock = threading.Lock()
+        # Where an upstream notifications/resources/updated goes (a server pool publishes it, a
+        # client agent sends it to its outbox); None: nowhere. Called on a thread of its own.
+        self.resource_sink: Callable[[ResourceUpdated], None] | None = None
+        # server -> the URIs subscribed to (loop thread): subscribed again on a restarted session.
+        self._wanted: dict[str, set[str]] = {}
         # The loop thread: anyio runs an asyncio loop in it and takes calls from any thread.
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
         self._portal = self._portal_cm.__enter__()
@@ -598,13 +631,18 @@ class MCPClientManager:
                 return current
             if current is not None:
                 await current.close(_CLOSE_GRACE_S)
-            fresh = self._sessions[server] = _Session(server, self._spec(server))
+            fresh = self._sessions[server] = _Session(server, self._spec(server), self._updated)
             try:
                 await fresh.open(start_timeout)
             except Exception as exc:  # noqa: BLE001 - every start failure means the same to callers
                 raise self._unavailable(fresh, "could not start", exc) from None
             with contextlib.suppress(WorkerError):
                 await self._list(fresh, start_timeout)  # for argument validation; not essential
+            for uri in sorted(self._wanted.get(server, ())):
+                try:
+                    await self._subscribe(fresh, uri, start_timeout)
+                except Exception as exc:  # noqa: BLE001 - a lost subscription must not fail the call
+                    logger.warning("MCP server %r: subscribing again to %r failed: %s", server, uri, exc)
             return fresh
 
     def _unavailable(self, session: _Session, what: str, exc: BaseException) -> MCPServerUnavailable:
@@ -674,6 +712,8 @@ class MCPClientManager:
             raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
         try:
             with anyio.fail_after(timeout):
+                if op == READ_RESOURCE and args.get("subscribe") is True:
+                    await self._subscribe(session, str(args["uri"]), timeout)
                 return await mcp_surface.request(server, client, op, args)
         except TimeoutError:
             raise ToolTimeout(
@@ -683,6 +723,37 @@ class MCPClientManager:
             raise
         except Exception as exc:
             raise self._call_error(session, op, exc) from exc
+
+    async def _subscribe(self, session: _Session, uri: str, timeout: float) -> None:
+        """resources/subscribe to ``uri`` on the session, once, if the server declares it can;
+        kept for the life of the session (and the process: a restarted session subscribes
+        again). The process may be one of several that run the server's calls (a prefork pool),
+        so an unsubscribe could not be sent to the session that holds it: none is."""
+        client = session.client
+        caps = client.server_capabilities.resources if client is not None else None
+        if client is None or caps is None or not caps.subscribe or uri in session.subscribed:
+            return
+        with anyio.fail_after(timeout):
+            await client.subscribe_resource(uri)
+        session.subscribed.add(uri)
+        self._wanted.setdefault(session.name, set()).add(uri)
+
+    def _updated(self, server: str, uri: str) -> None:
+        """An upstream resource changed: to ``resource_sink`` on a thread (it writes to Redis),
+        so the session's message loop never waits on it."""
+        sink = self.resource_sink
+        if sink is None:
+            logger.debug("MCP server %r: resource %r changed; nowhere to tell", server, uri)
+            return
+        try:
+            update = ResourceUpdated(server=server, uri=uri)
+        except ValidationError as exc:
+            logger.warning(
+                "MCP server %r: a resources/updated not passed on (%s)", server, exc.errors()[0]["msg"]
+            )
+            return
+        future = asyncio.get_running_loop().run_in_executor(None, sink, update)
+        future.add_done_callback(_log_sink_failure)
 
     async def _discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:
         names = list(self.config.servers)

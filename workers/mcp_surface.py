@@ -32,7 +32,11 @@ _PAGE_CAP = 20
 # What each surface tool takes: the arguments a tree writes and the gateway sends.
 READ_RESOURCE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"uri": {"type": "string", "minLength": 1}},
+    "properties": {
+        "uri": {"type": "string", "minLength": 1},
+        # Also subscribe to it upstream, when the server can (the gateway's resources/subscribe).
+        "subscribe": {"type": "boolean"},
+    },
     "required": ["uri"],
     "additionalProperties": False,
 }

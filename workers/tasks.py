@@ -33,11 +33,13 @@ from workers.contracts import (
     RUN_TOOL_TASK,
     AskAnswer,
     ErrorInfo,
+    ResourceUpdated,
     ToolAsk,
     ToolCall,
     ToolLog,
     ToolProgress,
     ToolResult,
+    channel_resource_updates,
     key_cancelled,
     key_deliveries,
     key_tree_running,
@@ -174,8 +176,15 @@ def register(
     hot = HotState(app)
     start_run = begin or hot.begin_run
 
+    def publish_updated(update: ResourceUpdated) -> None:
+        hot.client.publish(channel_resource_updates(), update.model_dump_json())
+
     def server_mcp() -> MCPClientManager | None:
-        return get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
+        manager = get_manager(os.environ.get("VANCETOPE_MCP_CONFIG") or None)
+        if manager is not None:
+            # The gateway relays what a subscribed resource's server says of it (issue 24).
+            manager.resource_sink = publish_updated
+        return manager
 
     deliver = sink or send_to_brain(app)
     mcp_manager = mcp or server_mcp

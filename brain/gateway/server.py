@@ -9,8 +9,14 @@ Resources, prompts and completion of the brain's MCP servers and of the user's c
 served too, routed like tool calls (``brain.gateway.surface``): a read is a one-task tree of
 the surface tool ``<server>#read_resource``, so it runs where that server runs, with the same
 offline rules; its failure is a protocol error (these requests have no error results).
-Subscriptions are accepted and kept per session; an upstream server's
-``notifications/resources/updated`` is not relayed (its session lives in a worker).
+A ``resources/subscribe`` is kept per session and routed like a read, with ``subscribe``: the
+process that holds the upstream session (a pool worker, or the user's client agent) subscribes
+upstream when the server declares ``resources.subscribe``, and keeps that subscription for the
+life of its session (an unsubscribe only stops this gateway telling the session). What the
+server then says (``notifications/resources/updated``) comes back on a pub/sub channel, from a
+pool directly, from a client agent through its outbox and the brain, which stamps it with
+the client it came from; the gateway sends it, under the same URI, to each session that
+subscribed to it and whose user's catalog says the server is that sender's (``relay_update``).
 
 Handlers decide nothing themselves: ``catalog``/``pools`` say what a user sees, ``backend``
 submits and reads (in worker threads), ``results`` turns a task record into a result.
@@ -57,6 +63,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from brain.core.models import TaskRecord, TaskState
+from brain.core.resource_updates import Dropped, parse_update, subscribers
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import (
@@ -66,6 +73,7 @@ from brain.gateway.backend import (
     Refused,
     Submitted,
     UnknownTool,
+    UserView,
     call_run_id,
 )
 from brain.gateway.call_events import CallEvents, SessionLevels
@@ -82,7 +90,13 @@ from brain.gateway.results import (
     waited_result,
 )
 from brain.runtime.gateway_door import DoorRefused
-from workers.contracts import channel_tree_events, tool_metadata
+from workers.contracts import (
+    READ_RESOURCE,
+    channel_resource_updates,
+    channel_tree_events,
+    surface_tool,
+    tool_metadata,
+)
 
 log = logging.getLogger("vancetope.gateway")
 # The gateway serves handshake-era clients too: logging/setLevel, notifications/message,
@@ -136,8 +150,8 @@ class Watch:
     # user -> the bus of its subscriptions/listen streams (2026-07-28 clients)
     buses: dict[str, InMemorySubscriptionBus] = field(default_factory=dict)
     listeners: dict[str, ListenHandler] = field(default_factory=dict)
-    # MCP session id -> the resource URIs it subscribed to
-    subscribed: dict[str, set[str]] = field(default_factory=dict)
+    # MCP session id -> the resource URIs it subscribed to -> the surface tool that reads each
+    subscribed: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def changed_users(
@@ -279,6 +293,7 @@ class Gateway:
             try:
                 async with manager.run(), anyio.create_task_group() as tasks:
                     tasks.start_soon(self._watch_loop)
+                    tasks.start_soon(self._relay_loop)
                     yield
                     tasks.cancel_scope.cancel()
             finally:
@@ -541,17 +556,105 @@ class Gateway:
     async def subscribe(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscribeRequestParams
     ) -> types.EmptyResult:
-        """Noted per session (a resource the user cannot read is refused). Updates of the
-        upstream server are not relayed yet: its session lives in a worker, not here."""
-        await self._reader(self.user(ctx), str(params.uri))
-        self.watch.subscribed.setdefault(_session_id(ctx), set()).add(str(params.uri))
+        """Noted per session (a resource the user cannot read is refused), then read with
+        ``subscribe`` where its server runs, like a read: that process subscribes upstream when
+        the server can, and what the server then says of it comes back (``relay_update``)."""
+        caller = self.caller(ctx)
+        uri = str(params.uri)
+        reader = await self._reader(caller.user, uri)
+        # Noted first: a change said while the subscribing read runs is not lost.
+        mine = self.watch.subscribed.setdefault(_session_id(ctx), {})
+        mine[uri] = reader
+        try:
+            await self._routed(ctx, caller, reader, {"uri": uri, "subscribe": True})
+        except BaseException:
+            mine.pop(uri, None)
+            raise
         return types.EmptyResult()
 
     async def unsubscribe(
         self, ctx: ServerRequestContext[Any, Any], params: types.UnsubscribeRequestParams
     ) -> types.EmptyResult:
-        self.watch.subscribed.get(_session_id(ctx), set()).discard(str(params.uri))
+        """This session hears no more of it. The upstream subscription stays (the process that
+        holds it cannot be addressed: one of a pool's workers); what it says reaches nobody."""
+        self.watch.subscribed.get(_session_id(ctx), {}).pop(str(params.uri), None)
         return types.EmptyResult()
+
+    # --- notifications/resources/updated ------------------------------------------------
+    async def _relay_loop(self) -> None:
+        while True:
+            try:
+                await self._relay_updates()
+            except redis.RedisError as exc:
+                log.warning("listening for resources/updated failed (%s); trying again", exc)
+                await anyio.sleep(WATCH_INTERVAL_S)
+
+    async def _relay_updates(self) -> None:
+        assert self._aredis is not None
+        pubsub = self._aredis.pubsub(ignore_subscribe_messages=True)
+        await pubsub.subscribe(channel_resource_updates())
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") != "message":
+                    continue
+                try:
+                    await self.relay_update(message["data"])
+                except (redis.RedisError, BrainError) as exc:
+                    # The user's catalog could not be read: this change is lost, not the relay.
+                    log.warning("a resources/updated was not relayed: %s", exc)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()
+
+    async def relay_update(self, raw: bytes | str) -> list[str]:
+        """Tell each session that subscribed to the resource that it changed, under the URI it
+        subscribed to, if the user's catalog says the server is the sender's; the sessions told.
+        The message is untrusted (a client agent's words, published by the brain as that
+        client's): bounded, parsed strictly, and dropped with a log line when it does not fit."""
+        try:
+            update = parse_update(raw)
+        except Dropped as exc:
+            log.warning("a resources/updated message was dropped: %s", exc)
+            return []
+        reader = surface_tool(update.server, READ_RESOURCE)
+        sender = "the server pool" if update.client_id is None else f"client {update.client_id!r}"
+        sids = subscribers(self.watch.subscribed, reader, update.uri)
+        if not sids:
+            log.debug(
+                "resources/updated of %r (%s, server %r): no session subscribed",
+                update.uri,
+                sender,
+                update.server,
+            )
+            return []
+        owners = {
+            sid: (user, seen) for user, by_sid in self.watch.sessions.items() for sid, seen in by_sid.items()
+        }
+        views: dict[str, UserView] = {}
+        told: list[str] = []
+        for sid in sids:
+            if sid not in owners:
+                continue
+            user, seen = owners[sid]
+            if user not in views:
+                views[user] = await anyio.to_thread.run_sync(self.backend.view, user)
+            if not views[user].surface.may_notify(reader, update.client_id):
+                log.warning(
+                    "resources/updated of %r from %s dropped: MCP server %r is not one it serves user %r",
+                    update.uri,
+                    sender,
+                    update.server,
+                    user,
+                )
+                continue
+            try:
+                await seen.session.send_resource_updated(update.uri)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                continue  # its stream is gone; the session is forgotten when idle
+            told.append(sid)
+        if told:
+            log.info("resources/updated of %r (%s): told %d session(s)", update.uri, sender, len(told))
+        return told
 
     async def list_prompts(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from brain.core.models import Location
+from brain.core.resource_updates import may_notify
 from brain.gateway.catalog import GatewayTool
 from workers.contracts import COMPLETE, GET_PROMPT, READ_RESOURCE, surface_op, surface_tool
 from workers.toolnames import qualified
@@ -54,6 +56,9 @@ class Surface:
     # read tools of the registry whose workstation is offline (``location: client``)
     offline_readers: list[str] = field(default_factory=list)
     completers: set[str] = field(default_factory=set)
+    # read tool -> (where it runs, the user's clients that offer it): who may say its server's
+    # resources changed (``may_notify``)
+    origins: dict[str, tuple[Location, tuple[str, ...]]] = field(default_factory=dict)
     # "uri ... is listed by a, b" lines, for the log
     clashes: list[str] = field(default_factory=list)
 
@@ -69,6 +74,12 @@ class Surface:
         if len(self.readers) == 1 and not self.offline_readers:
             return self.readers[0]
         return self.offline_readers[0] if len(self.offline_readers) == 1 and not self.readers else None
+
+    def may_notify(self, reader: str, client_id: str | None) -> bool:
+        """Whether ``client_id`` (None: a server pool) may say that a resource read by
+        ``reader`` changed: only one of the user's clients that offers it now, or the pool."""
+        origin = self.origins.get(reader)
+        return origin is not None and may_notify(origin[0], origin[1], client_id)
 
     def prompt(self, name: str) -> Prompt | None:
         return next((p for p in self.prompts if p.name == name), None)
@@ -134,6 +145,7 @@ def surface_of(tools: Iterable[GatewayTool]) -> Surface:
         listed = tool.surface
         if op == READ_RESOURCE:
             found.readers.append(tool.name)
+            found.origins[tool.name] = (tool.location, tool.clients)
             if listed is not None and listed.truncated:
                 found.truncated.append(tool.name)
             for resource in listed.resources if listed else []:

@@ -22,6 +22,7 @@ from brain.hot.state import as_text
 from workers.contracts import (
     GATEWAY_QUEUE,
     KEY_NS,
+    channel_resource_updates,
     channel_tree_events,
     client_keyprefix,
     key_cancelled,
@@ -110,7 +111,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     ),
     # The MCP gateway (brain.gateway) asks the brain to submit and cancel (queue `gateway`, with
     # the caller's token: brain.runtime.gateway_door) and waits for its reply; it reads the registry and
-    # presence the brain publishes and wakes on tree events. It answers its calls' sampling and
+    # presence the brain publishes and wakes on tree events and on resources/updated. It answers its calls' sampling and
     # elicitation requests (issue 24) into the answer keys (the pool's, and each client's own
     # ``c:<id>:answer:<ask id>``, the one kind of a client's key it reaches: LPUSH there, nothing
     # a client agent would read as work). No EXPIRE: on the registry or presence it would be a
@@ -120,7 +121,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     "vt-gateway": (
         f"~{key_registry()}", f"~{key_registry_loaded_at()}", f"~{key_presence()}",
         f"~{GATEWAY_QUEUE}", f"~{GATEWAY_QUEUE}.reply.*", f"~{ANSWER_KEYS}", f"~{CLIENT_ANSWER_KEYS}",
-        "resetchannels", f"&{channel_tree_events('*')}",
+        "resetchannels", f"&{channel_tree_events('*')}", f"&{channel_resource_updates()}",
         "-@all", "+get", "+hget", "+hgetall", "+lpush", "+blpop", "+subscribe", "+unsubscribe",
         "+ping", "+select", "+echo", *_HOUSEKEEPING,
     ),

@@ -46,12 +46,14 @@ from workers.contracts import (
     AnnouncementAck,
     ClientConnected,
     ClientDisconnected,
+    ClientResourceUpdated,
     ClientToolAsk,
     ClientToolAwaiting,
     ClientToolLog,
     ClientToolProgress,
     ClientToolResult,
     ClientToolStarted,
+    channel_resource_updates,
     client_key,
 )
 from workers.transport import depth_over
@@ -138,6 +140,19 @@ class Relay:
             self.intake.on_log(msg.log, from_client=owner)
         elif isinstance(msg, ClientToolAsk):
             self.intake.on_ask(msg.ask, from_client=owner)
+        elif isinstance(msg, ClientResourceUpdated):
+            self._resource_updated(owner, msg)
+
+    def _resource_updated(self, owner: str, msg: ClientResourceUpdated) -> None:
+        """Published for the gateway as ``owner``'s, whatever the message claims: the gateway
+        tells only sessions of ``owner``'s user subscribed to that URI of ``owner``'s server."""
+        if msg.client_id != owner:
+            log.warning(
+                "client %r sent a resources/updated claiming client %r: dropped", owner, msg.client_id
+            )
+            return
+        stamped = msg.updated.model_copy(update={"client_id": owner})
+        self.s.hot.r.publish(channel_resource_updates(), stamped.model_dump_json())
 
     def _started(self, owner: str, msg: ClientToolStarted) -> None:
         if self.intake.on_started(msg.started, from_client=owner) and self.s.events is not None:

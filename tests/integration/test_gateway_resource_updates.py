@@ -1,0 +1,190 @@
+"""An upstream server's notifications/resources/updated reaches the gateway sessions that
+subscribed (issue 24): one route per side, and no other user's session.
+
+A real stack: the server pool runs ``shelf``, ada's workstation "laptop" runs ``desk`` from its
+mcp.json, both ``tests/fixtures/mcp_watched_server.py`` (files that say when they change). Real
+MCP clients (the SDK's streamable-HTTP client) for ada and bob subscribe through the gateway;
+a test writes a file; the client hears of it under the gateway's URI. A hostile workstation of
+bob's, with nothing but its own enrolled credential, says ada's resource changed: dropped, with
+a line in the gateway's log. Every wait bounded.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from mcp import types
+
+from brain.runtime.enrollment import enroll
+from brain.runtime.service import Brain
+from brain.stack.embedded import EmbeddedStack
+from tests.conftest import FIXTURES, agent_with_servers, wait_until, write_mcp_config
+from tests.integration.test_gateway import mcp_client, start_gateway, token_for
+from workers.contracts import (
+    CLIENT_OUTBOX,
+    ClientResourceUpdated,
+    ResourceUpdated,
+    channel_resource_updates,
+    client_key,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    # resources/subscribe is the handshake era's (the SDK calls it removed as of 2026-07-28).
+    pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning"),
+]
+
+WATCHED = str(FIXTURES / "mcp_watched_server.py")
+HEARD_S = 60.0
+
+
+class World:
+    def __init__(self, stack: EmbeddedStack, url: str, shelf: Path, desk: Path) -> None:
+        self.stack, self.url, self.shelf, self.desk = stack, url, shelf, desk
+
+    def gateway_log(self) -> str:
+        path = self.stack.service("gateway").log_path
+        assert path is not None
+        return path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def world(
+    module_stack_factory: Callable[..., EmbeddedStack], tmp_path_factory: pytest.TempPathFactory
+) -> World:
+    tmp = tmp_path_factory.mktemp("updates")
+    folders = {}
+    for name in ("shelf", "desk"):
+        folders[name] = tmp / name
+        folders[name].mkdir()
+        for stem in ("a", "b"):
+            (folders[name] / f"{stem}.txt").write_text(f"{name} {stem}\n")
+
+    def entry(name: str) -> dict[str, Any]:
+        return {"command": sys.executable, "args": [WATCHED, str(folders[name])]}
+
+    stack = module_stack_factory(
+        agent_config=agent_with_servers(tmp, {"desk": entry("desk")}),
+        mcp_config=write_mcp_config(tmp / "server-mcp.json", {"shelf": entry("shelf")}),
+    )
+    assert stack.wait_connected("laptop", 90)
+    return World(stack, start_gateway(stack), folders["shelf"], folders["desk"])
+
+
+def change(path: Path) -> None:
+    with path.open("a") as f:
+        f.write("changed\n")
+
+
+def listener(heard: list[str]) -> Callable[[Any], None]:
+    def on(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            heard.append(str(message.params.uri))
+
+    return on
+
+
+async def until(what: Callable[[], bool]) -> None:
+    with anyio.fail_after(HEARD_S):
+        while not what():
+            await anyio.sleep(0.05)
+
+
+def test_a_change_of_a_server_side_resource_reaches_the_session_that_subscribed_and_no_other(
+    world: World,
+) -> None:
+    ada_heard: list[str] = []
+    bob_heard: list[str] = []
+
+    async def scenario() -> None:
+        async with (
+            mcp_client(world.url, token_for(world.stack, "ada"), listener(ada_heard)) as ada,
+            mcp_client(world.url, token_for(world.stack, "bob"), listener(bob_heard)) as bob,
+        ):
+            await ada.subscribe_resource("watch://shelf/a")
+            await bob.subscribe_resource("watch://shelf/b")
+            change(world.shelf / "a.txt")
+            await until(lambda: bool(ada_heard))
+            # Bob's session works (it hears of its own), and heard nothing of ada's before it.
+            change(world.shelf / "b.txt")
+            await until(lambda: bool(bob_heard))
+            # Unsubscribed: ada hears no more of a, still of what it keeps.
+            await ada.unsubscribe_resource("watch://shelf/a")
+            await ada.subscribe_resource("watch://shelf/b")
+            change(world.shelf / "a.txt")
+            change(world.shelf / "b.txt")
+            await until(lambda: len(ada_heard) == 2 and len(bob_heard) == 2)
+            # The contents are read again as the spec says a client does: the change is there.
+            read = await ada.read_resource("watch://shelf/b")
+            assert read.contents[0].text.endswith("changed\n")  # type: ignore[union-attr]
+
+    anyio.run(scenario)
+    assert ada_heard == ["watch://shelf/a", "watch://shelf/b"]
+    assert bob_heard == ["watch://shelf/b", "watch://shelf/b"]
+
+
+def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_cannot_fake_one(
+    world: World, brain_factory: Callable[[EmbeddedStack], Brain]
+) -> None:
+    brain = brain_factory(world.stack)
+    hostile = enroll(brain.scheduler.presence, "bobpc", "bob", world.stack.redis.address_url)  # type: ignore[union-attr]
+    as_bobpc = redis.Redis.from_url(hostile.broker_url)
+    ada_heard: list[str] = []
+    bob_heard: list[str] = []
+
+    async def scenario() -> None:
+        async with (
+            mcp_client(world.url, token_for(world.stack, "ada"), listener(ada_heard)) as ada,
+            mcp_client(world.url, token_for(world.stack, "bob"), listener(bob_heard)) as bob,
+        ):
+            await ada.subscribe_resource("watch://desk/a")
+            # Bob cannot subscribe to ada's workstation's resource: he does not see it.
+            with pytest.raises(Exception, match="watch://desk/a"):
+                await bob.subscribe_resource("watch://desk/a")
+            await bob.subscribe_resource("watch://shelf/a")
+            # Bob's workstation says ada's desk changed, through the only door it has (its
+            # outbox); the brain publishes it as bobpc's; the gateway drops it.
+            forged = ClientResourceUpdated(
+                client_id="bobpc", updated=ResourceUpdated(server="desk", uri="watch://desk/a")
+            )
+            as_bobpc.lpush(client_key("bobpc", CLIENT_OUTBOX), forged.model_dump_json())
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: "from client 'bobpc' dropped: MCP server 'desk'" in world.gateway_log(),
+                    HEARD_S,
+                    "the gateway dropping bobpc's word",
+                )
+            )
+            # Ada's desk really changes: she hears it (and only that: her stream is in order).
+            change(world.desk / "a.txt")
+            await until(lambda: bool(ada_heard))
+            change(world.shelf / "a.txt")
+            await until(lambda: bool(bob_heard))
+            read = await ada.read_resource("watch://desk/a")
+            assert read.contents[0].text.endswith("changed\n")  # type: ignore[union-attr]
+
+    anyio.run(scenario)
+    assert ada_heard == ["watch://desk/a"]
+    assert bob_heard == ["watch://shelf/a"]
+
+
+def test_a_message_on_the_channel_that_is_too_big_or_malformed_is_dropped_with_a_log_line(
+    world: World,
+) -> None:
+    admin = redis.Redis.from_url(world.stack.redis_url)
+    channel = channel_resource_updates()
+    assert admin.publish(channel, '{"server": "shelf", "uri": "' + "x" * 10_000 + '"}') == 1
+    assert admin.publish(channel, "{not json") == 1
+    wait_until(
+        lambda: world.gateway_log().count("a resources/updated message was dropped") >= 2,
+        HEARD_S,
+        "the gateway dropping both",
+    )
+    log = world.gateway_log()
+    assert "-byte limit" in log and "malformed" in log
