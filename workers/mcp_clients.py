@@ -24,7 +24,6 @@ import math
 import os
 import tempfile
 import threading
-import warnings
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import IO, Any, Protocol, TextIO, TypeVar, TypeVarTuple, cast
@@ -36,7 +35,7 @@ from mcp import Client
 from mcp import types as mcp_types
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, CallToolResult, TextContent, Tool
 from pydantic import ValidationError
 
@@ -57,9 +56,6 @@ from workers.secret_refs import resolve_values
 from workers.tools.process import mcp_server_env
 
 logger = logging.getLogger(__name__)
-# The sessions speak the handshake-era protocol (``mode="legacy"``), whose way to hear of a
-# resource's changes is resources/subscribe (the SDK calls it removed as of 2026-07-28).
-warnings.filterwarnings("ignore", message=r"resources/subscribe is removed", category=MCPDeprecationWarning)
 
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
@@ -733,8 +729,12 @@ class MCPClientManager:
         caps = client.server_capabilities.resources if client is not None else None
         if client is None or caps is None or not caps.subscribe or uri in session.subscribed:
             return
+        # The request Client.subscribe_resource sends, without its deprecation warning: these
+        # sessions speak the handshake-era protocol (mode="legacy"), in which this is the way
+        # to hear of a resource's changes (the SDK calls it removed as of 2026-07-28).
+        request = mcp_types.SubscribeRequest(params=mcp_types.SubscribeRequestParams(uri=uri))
         with anyio.fail_after(timeout):
-            await client.subscribe_resource(uri)
+            await client.session.send_request(request, mcp_types.EmptyResult)
         session.subscribed.add(uri)
         self._wanted.setdefault(session.name, set()).add(uri)
 

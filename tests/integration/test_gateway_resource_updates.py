@@ -48,10 +48,13 @@ class World:
     def __init__(self, stack: EmbeddedStack, url: str, shelf: Path, desk: Path) -> None:
         self.stack, self.url, self.shelf, self.desk = stack, url, shelf, desk
 
-    def gateway_log(self) -> str:
-        path = self.stack.service("gateway").log_path
+    def log(self, service: str) -> str:
+        path = self.stack.service(service).log_path
         assert path is not None
         return path.read_text(errors="replace")
+
+    def gateway_log(self) -> str:
+        return self.log("gateway")
 
 
 @pytest.fixture(scope="module")
@@ -150,15 +153,20 @@ def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_c
             await bob.subscribe_resource("watch://shelf/a")
             # Bob's workstation says ada's desk changed, through the only door it has (its
             # outbox); the brain publishes it as bobpc's; the gateway drops it.
-            forged = ClientResourceUpdated(
-                client_id="bobpc", updated=ResourceUpdated(server="desk", uri="watch://desk/a")
-            )
-            as_bobpc.lpush(client_key("bobpc", CLIENT_OUTBOX), forged.model_dump_json())
+            # Once as itself, once claiming to be ada's laptop: the brain drops that one.
+            desk_a = ResourceUpdated(server="desk", uri="watch://desk/a")
+            for claimed in ("bobpc", "laptop"):
+                forged = ClientResourceUpdated(client_id=claimed, updated=desk_a)
+                as_bobpc.lpush(client_key("bobpc", CLIENT_OUTBOX), forged.model_dump_json())
             await anyio.to_thread.run_sync(
                 lambda: wait_until(
-                    lambda: "from client 'bobpc' dropped: MCP server 'desk'" in world.gateway_log(),
+                    lambda: (
+                        "from client 'bobpc' dropped: MCP server 'desk'" in world.gateway_log()
+                        and "client 'bobpc' sent a resources/updated claiming client 'laptop'"
+                        in world.log("brain")
+                    ),
                     HEARD_S,
-                    "the gateway dropping bobpc's word",
+                    "bobpc's words dropped, by the gateway and by the brain",
                 )
             )
             # Ada's desk really changes: she hears it (and only that: her stream is in order).
