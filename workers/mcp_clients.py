@@ -503,6 +503,8 @@ class MCPClientManager:
         self.resource_sink: Callable[[ResourceUpdated], None] | None = None
         # server -> the URIs subscribed to (loop thread): subscribed again on a restarted session.
         self._wanted: dict[str, set[str]] = {}
+        # One thread: changes are passed on in the order the servers said them.
+        self._sink_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vancetope-mcp-updates")
         # The loop thread: anyio runs an asyncio loop in it and takes calls from any thread.
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
         self._portal = self._portal_cm.__enter__()
@@ -579,6 +581,7 @@ class MCPClientManager:
             with contextlib.suppress(Exception):
                 self._portal.start_task_soon(self._portal.stop, True).result(timeout)
             self._thread.join(timeout)
+        self._sink_thread.shutdown(wait=False, cancel_futures=True)
         if self._thread.is_alive():
             logger.warning("the MCP client loop thread did not stop within %gs", timeout)
         else:
@@ -739,8 +742,8 @@ class MCPClientManager:
         self._wanted.setdefault(session.name, set()).add(uri)
 
     def _updated(self, server: str, uri: str) -> None:
-        """An upstream resource changed: to ``resource_sink`` on a thread (it writes to Redis),
-        so the session's message loop never waits on it."""
+        """An upstream resource changed: to ``resource_sink`` on a thread of its own (it writes
+        to Redis), so the session's message loop never waits on it, in order."""
         sink = self.resource_sink
         if sink is None:
             logger.debug("MCP server %r: resource %r changed; nowhere to tell", server, uri)
@@ -752,7 +755,7 @@ class MCPClientManager:
                 "MCP server %r: a resources/updated not passed on (%s)", server, exc.errors()[0]["msg"]
             )
             return
-        future = asyncio.get_running_loop().run_in_executor(None, sink, update)
+        future = asyncio.get_running_loop().run_in_executor(self._sink_thread, sink, update)
         future.add_done_callback(_log_sink_failure)
 
     async def _discover(self, timeout: float) -> tuple[list[ToolDescriptor], list[MCPServerFailure]]:

@@ -17,6 +17,8 @@ server then says (``notifications/resources/updated``) comes back on a pub/sub c
 pool directly, from a client agent through its outbox and the brain, which stamps it with
 the client it came from; the gateway sends it, under the same URI, to each session that
 subscribed to it and whose user's catalog says the server is that sender's (``relay_update``).
+A 2026-07-28 client's listen stream that asks for resource URIs subscribes upstream the same
+way while it lasts, and hears of them through its user's bus.
 
 Handlers decide nothing themselves: ``catalog``/``pools`` say what a user sees, ``backend``
 submits and reads (in worker threads), ``results`` turns a task record into a result.
@@ -30,6 +32,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -55,6 +58,7 @@ from mcp.server.subscriptions import (
     ResourcesListChanged,
     ToolsListChanged,
 )
+from mcp.server.subscriptions import ResourceUpdated as ResourceChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from starlette.applications import Starlette
@@ -107,6 +111,8 @@ MCP_PATH = "/mcp"
 # How often the watcher compares what each user sees (one HGETALL + one GET, then each watched
 # user's catalog, computed in memory).
 WATCH_INTERVAL_S = 1.0
+# Resource URIs of one listen stream subscribed to upstream (each one is a routed read).
+MAX_LISTENED_URIS = 64
 # Between two reads of a call's record when no tree event woke the wait.
 POLL_S = 0.5
 # How long the end of a call waits for the next message of its tree, while there are some: what
@@ -152,6 +158,8 @@ class Watch:
     listeners: dict[str, ListenHandler] = field(default_factory=dict)
     # MCP session id -> the resource URIs it subscribed to -> the surface tool that reads each
     subscribed: dict[str, dict[str, str]] = field(default_factory=dict)
+    # user -> listen stream -> the resource URIs it asked for -> the surface tool that reads each
+    listened: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 def changed_users(
@@ -608,9 +616,11 @@ class Gateway:
 
     async def relay_update(self, raw: bytes | str) -> list[str]:
         """Tell each session that subscribed to the resource that it changed, under the URI it
-        subscribed to, if the user's catalog says the server is the sender's; the sessions told.
-        The message is untrusted (a client agent's words, published by the brain as that
-        client's): bounded, parsed strictly, and dropped with a log line when it does not fit."""
+        subscribed to (handshake-era sessions: ``resources/subscribe``; 2026-07-28 ones: a listen
+        stream that asked for it, through the user's bus), if the user's catalog says the server
+        is the sender's; who was told (session ids, ``listen:<user>``). The message is untrusted
+        (a client agent's words, published by the brain as that client's): bounded, parsed
+        strictly, and dropped with a log line when it does not fit."""
         try:
             update = parse_update(raw)
         except Dropped as exc:
@@ -618,24 +628,19 @@ class Gateway:
             return []
         reader = surface_tool(update.server, READ_RESOURCE)
         sender = "the server pool" if update.client_id is None else f"client {update.client_id!r}"
-        sids = subscribers(self.watch.subscribed, reader, update.uri)
-        if not sids:
+        targets = self._update_targets(reader, update.uri)
+        if not targets:
             log.debug(
-                "resources/updated of %r (%s, server %r): no session subscribed",
+                "resources/updated of %r (%s, server %r): nobody subscribed",
                 update.uri,
                 sender,
                 update.server,
             )
             return []
-        owners = {
-            sid: (user, seen) for user, by_sid in self.watch.sessions.items() for sid, seen in by_sid.items()
-        }
         views: dict[str, UserView] = {}
         told: list[str] = []
-        for sid in sids:
-            if sid not in owners:
-                continue
-            user, seen = owners[sid]
+        users: set[str] = set()
+        for user, who, send in targets:
             if user not in views:
                 views[user] = await anyio.to_thread.run_sync(self.backend.view, user)
             if not views[user].surface.may_notify(reader, update.client_id):
@@ -648,13 +653,39 @@ class Gateway:
                 )
                 continue
             try:
-                await seen.session.send_resource_updated(update.uri)
+                await send()
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 continue  # its stream is gone; the session is forgotten when idle
-            told.append(sid)
+            told.append(who)
+            users.add(user)
         if told:
-            log.info("resources/updated of %r (%s): told %d session(s)", update.uri, sender, len(told))
+            # Counted, not named: a session id is half of what it takes to speak in that session.
+            log.info(
+                "resources/updated of %r (%s): told %d session(s) or stream(s) of user(s) %s",
+                update.uri,
+                sender,
+                len(told),
+                ", ".join(sorted(users)),
+            )
         return told
+
+    def _update_targets(self, reader: str, uri: str) -> list[tuple[str, str, Callable[[], Awaitable[None]]]]:
+        """(user, who, how to tell them) for each session subscribed to ``uri`` read by
+        ``reader``, and each user one of whose listen streams asked for it."""
+        owners = {
+            sid: (user, seen) for user, by_sid in self.watch.sessions.items() for sid, seen in by_sid.items()
+        }
+        found: list[tuple[str, str, Callable[[], Awaitable[None]]]] = []
+        for sid in subscribers(self.watch.subscribed, reader, uri):
+            if sid in owners:
+                user, seen = owners[sid]
+                found.append((user, sid, partial(seen.session.send_resource_updated, uri)))
+        for user, streams in sorted(self.watch.listened.items()):
+            bus = self.watch.buses.get(user)
+            if bus is not None and subscribers(streams, reader, uri):
+                # The bus hands it to the user's streams that asked for this URI, and no other.
+                found.append((user, f"listen:{user}", partial(bus.publish, ResourceChanged(uri=uri))))
+        return found
 
     async def list_prompts(
         self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -741,11 +772,39 @@ class Gateway:
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
         """subscriptions/listen (2026-07-28 clients): one bus per user, so a user hears only of
-        changes to their own tools."""
+        changes to their own tools, and of their own resources' (``relay_update``)."""
         user = self.user(ctx)
         bus = self.watch.buses.setdefault(user, InMemorySubscriptionBus())
         handler = self.watch.listeners.setdefault(user, ListenHandler(bus))
-        return await handler(ctx, params)
+        uris = list(params.notifications.resource_subscriptions or ())[:MAX_LISTENED_URIS]
+        if not uris:
+            return await handler(ctx, params)
+        # Resources it asks to hear of are subscribed to upstream as resources/subscribe does,
+        # before the stream is acknowledged (a client that has the ack misses no change), and
+        # heard of while it lasts. A URI none of the user's servers has is honored and never fires.
+        caller = self.caller(ctx)
+        view = await anyio.to_thread.run_sync(self.backend.view, user)
+        wanted = {uri: reader for uri in uris if (reader := view.surface.reader_of(uri)) is not None}
+        streams = self.watch.listened.setdefault(user, {})
+        token = f"{_session_id(ctx)}/{ctx.request_id}"
+        streams[token] = wanted
+        try:
+            async with anyio.create_task_group() as upstream:
+                for uri, reader in wanted.items():
+                    upstream.start_soon(self._subscribe_upstream, ctx, caller, uri, reader)
+            return await handler(ctx, params)
+        finally:
+            streams.pop(token, None)
+            if not streams:
+                self.watch.listened.pop(user, None)
+
+    async def _subscribe_upstream(
+        self, ctx: ServerRequestContext[Any, Any], caller: Caller, uri: str, reader: str
+    ) -> None:
+        try:
+            await self._routed(ctx, caller, reader, {"uri": uri, "subscribe": True})
+        except MCPError as exc:
+            log.info("listen stream of user %s: subscribing to %r upstream failed: %s", caller.user, uri, exc)
 
     async def _watch_loop(self) -> None:
         while True:

@@ -20,6 +20,8 @@ import anyio
 import pytest
 import redis
 from mcp import types
+from mcp.client.subscriptions import ResourceUpdated as ResourceChanged
+from mcp.client.subscriptions import listen
 
 from brain.runtime.enrollment import enroll
 from brain.runtime.service import Brain
@@ -75,6 +77,10 @@ def world(
     stack = module_stack_factory(
         agent_config=agent_with_servers(tmp, {"desk": entry("desk")}),
         mcp_config=write_mcp_config(tmp / "server-mcp.json", {"shelf": entry("shelf")}),
+        # One pool worker, so one upstream session of shelf: with two, each that ran a
+        # subscribe holds one, and a change may be told twice (docs/gateway.md). The order of
+        # what a session hears is then what proves nothing else came before it.
+        server_concurrency=1,
     )
     assert stack.wait_connected("laptop", 90)
     return World(stack, start_gateway(stack), folders["shelf"], folders["desk"])
@@ -196,3 +202,23 @@ def test_a_message_on_the_channel_that_is_too_big_or_malformed_is_dropped_with_a
     )
     log = world.gateway_log()
     assert "-byte limit" in log and "malformed" in log
+
+
+def test_a_2026_era_client_hears_of_the_resources_its_listen_stream_asked_for(world: World) -> None:
+    async def scenario() -> list[Any]:
+        heard = []
+        async with (
+            mcp_client(world.url, token_for(world.stack, "ada"), modern=True) as mcp,
+            listen(mcp, resource_subscriptions=["watch://desk/b", "watch://shelf/b"]) as events,
+        ):
+            # Acknowledged once both are subscribed to upstream: no change is missed.
+            for path in (world.desk / "b.txt", world.shelf / "b.txt"):
+                change(path)
+                with anyio.fail_after(HEARD_S):
+                    heard.append(await events.__anext__())
+        return heard
+
+    assert anyio.run(scenario) == [
+        ResourceChanged(uri="watch://desk/b"),
+        ResourceChanged(uri="watch://shelf/b"),
+    ]

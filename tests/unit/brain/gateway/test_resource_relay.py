@@ -9,6 +9,8 @@ import time
 
 import anyio
 import pytest
+from mcp.server.subscriptions import InMemorySubscriptionBus
+from mcp.server.subscriptions import ResourceUpdated as ResourceChanged
 
 from brain.core.models import Location
 from brain.gateway.backend import UserView
@@ -123,3 +125,25 @@ def test_a_change_said_by_anyone_but_the_servers_own_side_is_dropped_with_a_log_
     assert sum("from client 'laptop' dropped: MCP server 'shelf'" in m for m in lines) == 2
     dropped = [m for m in lines if m.startswith("a resources/updated message was dropped")]
     assert len(dropped) == 3 and "-byte limit" in dropped[0] and "Extra inputs" in dropped[2]
+
+
+def test_a_listen_stream_that_asked_for_the_uri_hears_of_it_on_its_users_bus_and_only_there(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gw, _ = world()
+    heard: dict[str, list[object]] = {"ada": [], "bob": []}
+    for user, events in heard.items():
+        gw.watch.buses[user] = InMemorySubscriptionBus()
+        gw.watch.buses[user].subscribe(events.append)
+    gw.watch.listened = {
+        "ada": {"ada-3/listen-1": {"watch://desk/a": "desk#read_resource"}},
+        "bob": {"bob-2/listen-1": {"watch://shelf/a": "shelf#read_resource"}},
+    }
+    assert relay(gw, update("desk", "watch://desk/a", "laptop")) == ["ada-1", "listen:ada"]
+    assert heard == {"ada": [ResourceChanged(uri="watch://desk/a")], "bob": []}
+    with caplog.at_level(logging.WARNING, logger="vancetope.gateway"):
+        assert relay(gw, update("desk", "watch://desk/a", "bobpc")) == []
+        assert relay(gw, update("shelf", "watch://shelf/a", "laptop")) == []
+    assert heard["bob"] == [] and len(heard["ada"]) == 1
+    assert relay(gw, update("shelf", "watch://shelf/a", None)) == ["ada-1", "bob-1", "listen:bob"]
+    assert heard["bob"] == [ResourceChanged(uri="watch://shelf/a")]
