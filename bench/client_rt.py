@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench import celery_baseline
@@ -59,43 +60,49 @@ def one_call_tree() -> TaskTree:
     )
 
 
+@contextlib.contextmanager
+def client_stack(root: Path) -> Iterator[EmbeddedStack]:
+    """An embedded stack in ``root`` with its brain, server pool and its own enrolled client
+    agent (``bench-laptop``, see :func:`agent_config`) connected; stopped on the way out."""
+    settings = bench_settings(root, agent_config=agent_config(root))
+    stack = EmbeddedStack(settings, only=())
+    try:
+        with contextlib.chdir(root):
+            stack.start()
+        start_vancetope(stack)
+        with contextlib.chdir(root):
+            stack.start_service("client-agent")
+        if not stack.wait_connected(CLIENT_ID, 60.0):
+            raise BenchError(f"the client agent did not connect; see {settings.data_dir}/logs")
+        yield stack
+    finally:
+        stack.stop()
+
+
 def run(quick: bool = False) -> list[Row]:
     calls = 15 if quick else 200
     base_ms: list[float] = []
     vt_ms: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp:
-        root = Path(tmp)
-        settings = bench_settings(root, agent_config=agent_config(root))
-        stack = EmbeddedStack(settings, only=())
+    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, client_stack(Path(tmp)) as stack:
+        brain = Brain.connect(stack.settings, stack.redis_url)
+        vt = Vancetope(stack, brain)
         try:
-            with contextlib.chdir(root):
-                stack.start()
-            start_vancetope(stack)
-            with contextlib.chdir(root):
-                stack.start_service("client-agent")
-            if not stack.wait_connected(CLIENT_ID, 60.0):
-                raise BenchError(f"the client agent did not connect; see {settings.data_dir}/logs")
-            brain = Brain.connect(settings, stack.redis_url)
-            vt = Vancetope(stack, brain)
-            try:
-                with baseline_on(stack, queue=QUEUE, result_backend=True, pool="threads") as celery:
-                    for i in range(calls + 3):
-                        t0 = time.perf_counter()
-                        got = celery.app.send_task(
-                            celery_baseline.ECHO_TASK, args=[f"v{i}"], queue=QUEUE
-                        ).get(timeout=30)
-                        b = time.perf_counter() - t0
-                        if got != f"v{i}":
-                            raise BenchError(f"baseline echo returned {got!r}")
-                        _, _, v = _client_call(vt)
-                        if i >= 3:  # the first three of each side warm up
-                            base_ms.append(b * 1000)
-                            vt_ms.append(v * 1000)
-            finally:
-                vt.close()
-                brain.close()
+            with baseline_on(stack, queue=QUEUE, result_backend=True, pool="threads") as celery:
+                for i in range(calls + 3):
+                    t0 = time.perf_counter()
+                    got = celery.app.send_task(celery_baseline.ECHO_TASK, args=[f"v{i}"], queue=QUEUE).get(
+                        timeout=30
+                    )
+                    b = time.perf_counter() - t0
+                    if got != f"v{i}":
+                        raise BenchError(f"baseline echo returned {got!r}")
+                    _, _, v = _client_call(vt)
+                    if i >= 3:  # the first three of each side warm up
+                        base_ms.append(b * 1000)
+                        vt_ms.append(v * 1000)
         finally:
-            stack.stop()
+            vt.close()
+            brain.close()
     return [
         Row(
             benchmark=NAME,

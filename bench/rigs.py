@@ -130,6 +130,8 @@ class Vancetope:
         self.stack = stack
         self.brain = brain
         self._status_db: sqlite3.Connection | None = None
+        # This process's CPU-seconds (all threads) in the last run_tree's submit() call.
+        self.last_submit_cpu_s = 0.0
 
     def run_tree(
         self, tree: TaskTree, timeout: float, **submit_kwargs: Any
@@ -145,7 +147,9 @@ class Vancetope:
         pubsub.subscribe(channel_tree_events(tree_id))  # before submitting: no wake-up is missed
         try:
             started = time.perf_counter()
+            cpu_started = time.process_time()
             self.brain.scheduler.submit(tree, tree_id=tree_id, **submit_kwargs)
+            self.last_submit_cpu_s = time.process_time() - cpu_started
             submitted = time.perf_counter() - started
             deadline = time.monotonic() + timeout
             while True:
@@ -217,6 +221,13 @@ def vancetope_on(stack: EmbeddedStack) -> Iterator[Vancetope]:
     """Start the brain and the server pool on ``stack``, connect a brain, warm both up.
     The stack's own ``stop()`` (the caller's) ends the processes."""
     start_vancetope(stack)
+    with vancetope_connected(stack) as vt:
+        yield vt
+
+
+@contextmanager
+def vancetope_connected(stack: EmbeddedStack) -> Iterator[Vancetope]:
+    """Connect a brain to ``stack``'s running brain and server pool and warm them up."""
     brain = Brain.connect(stack.settings, stack.redis_url)
     vt = Vancetope(stack, brain)
     try:
