@@ -84,11 +84,14 @@ def baseline_on(
     queue: str = celery_baseline.QUEUE,
     result_backend: bool = False,
     pool: str = "prefork",
+    worker_url: str | None = None,
 ) -> Iterator[Baseline]:
     """Start the baseline worker (prefork ``-c concurrency``, like Vancetope's pool), warm it
     up, and stop it (and its pool children) on the way out, also on an error. With
     ``result_backend`` both the worker and the producer use Celery's Redis result backend
-    on the stack's Redis (the chord and ``.get()`` baselines)."""
+    on the stack's Redis (the chord and ``.get()`` baselines). ``worker_url`` is the stack's
+    Redis as the worker reaches it (its broker and result backend; default the admin URL):
+    the WAN rows put a fault proxy there while the producer stays direct, as the brain does."""
     argv = [
         sys.executable,
         "-m",
@@ -109,7 +112,8 @@ def baseline_on(
     ]
     log_path = stack.settings.data_dir / "logs" / f"baseline-worker-{queue}.log"
     backend = stack.redis_url if result_backend else None
-    env = child_env(BENCH_REDIS_URL=stack.redis_url, BENCH_RESULT_BACKEND=backend or "")
+    url = worker_url or stack.redis_url
+    env = child_env(BENCH_REDIS_URL=url, BENCH_RESULT_BACKEND=url if result_backend else "")
     worker = Child.start("baseline-worker", argv, env, log_path)
     base = Baseline(stack, worker, queue, backend)
     try:

@@ -29,7 +29,19 @@ if str(ROOT) not in sys.path:
 from rich.console import Console
 from rich.table import Table
 
-from bench import chain, client_rt, cpu, fan_in, fan_out, growth, mcp_call, requeue, scale_out, throughput
+from bench import (
+    chain,
+    client_rt,
+    cpu,
+    fan_in,
+    fan_out,
+    growth,
+    mcp_call,
+    requeue,
+    scale_out,
+    throughput,
+    wan,
+)
 from bench.common import Row, environment, scrub_vancetope_env
 
 BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
@@ -39,6 +51,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "fan_in": fan_in.run,
     "fan_out": fan_out.run,
     "client": client_rt.run,
+    "wan": wan.run,
     "requeue": requeue.run,
     "scale_out": scale_out.run,
     "mcp": mcp_call.run,
