@@ -187,6 +187,11 @@ class FaultProxy:
     def open_connections(self) -> int:
         return len(self._open)
 
+    def upstream_ports(self) -> set[int]:
+        """The local ports of the open connections to the upstream: how redis-server (its
+        ``CLIENT LIST``, ``MONITOR``) names what came through this proxy."""
+        return self._call(self._upstream_ports)
+
     # --- on the loop ----------------------------------------------------------------------
     def _call(self, fn: Callable[[], Any]) -> Any:
         async def run() -> Any:
@@ -218,6 +223,10 @@ class FaultProxy:
             self._open.discard(up_writer)
             _abort(writer)
             _abort(up_writer)
+
+    def _upstream_ports(self) -> set[int]:
+        names = (w.get_extra_info("sockname") for w in self._open if not _is_client_side(w, self.port))
+        return {name[1] for name in names if name}
 
     def _reset_all(self) -> int:
         clients = [w for w in self._open if _is_client_side(w, self.port)]
