@@ -7,9 +7,10 @@ does. The baseline, plain Celery ``send_task(...).get()`` to a threads worker, h
 worker (broker and result backend) behind a second proxy with the same delay; the producer,
 like the brain and the submitter, stays on loopback.
 
-One run: first both sides at delay 0 (through the same proxies, their loopback p50s),
-then 50 ms each way; calls alternate side by side after 3 warm-up calls each, ``calls``
-per side and phase (quick 10, full 60).
+One run: first both sides at delay 0 (through the same proxies, their loopback p50s; at
+least 40 calls each), then 50 ms each way; calls alternate side by side after 3 warm-up
+calls each, ``calls`` per side (quick 10, full 60). ``python -m bench.wan_timeline`` shows
+where the round trips of one call go (bench/README.md, "A client call over a WAN link").
 
 Rows:
 
@@ -46,6 +47,7 @@ GOAL_COUNT = 1.5
 DELAY_S = 0.05  # each way
 RTT_MS = 2 * DELAY_S * 1000
 WARMUP = 3
+LOOPBACK_CALLS = 40
 CALL_TIMEOUT_S = 30.0
 
 
@@ -115,11 +117,13 @@ def wan_rig(root: Path) -> Iterator[Rig]:
 def run(quick: bool = False) -> list[Row]:
     calls = 10 if quick else 60
     with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, wan_rig(Path(tmp)) as rig:
-        loopback = _phase(rig, calls)
+        # A loopback call takes ~10 ms: more of them cost little and steady the p50 that
+        # wan_round_trips subtracts (on a busy box 10 calls measured it at 39 ms, 60 at 22).
+        loopback = _phase(rig, max(calls, LOOPBACK_CALLS))
         rig.delay(DELAY_S)
         wan = _phase(rig, calls)
         ping_ms = _ping_p50(rig.worker_link.url(rig.stack.redis_url))
-    return rows(loopback, wan, ping_ms, calls)
+    return rows(loopback, wan, ping_ms)
 
 
 def _phase(rig: Rig, calls: int) -> Phase:
@@ -180,7 +184,8 @@ def _minus(after: LinkStats, before: LinkStats) -> LinkStats:
     return LinkStats(**{k: v - getattr(before, k) for k, v in vars(after).items()})
 
 
-def rows(loopback: Phase, wan: Phase, ping_ms: float, calls: int) -> list[Row]:
+def rows(loopback: Phase, wan: Phase, ping_ms: float) -> list[Row]:
+    calls = len(wan.vt_ms)
     base_p50, vt_p50 = percentile(wan.base_ms, 50), percentile(wan.vt_ms, 50)
     base_lo, vt_lo = percentile(loopback.base_ms, 50), percentile(loopback.vt_ms, 50)
     per_call = {
@@ -189,6 +194,7 @@ def rows(loopback: Phase, wan: Phase, ping_ms: float, calls: int) -> list[Row]:
     }
     extra = {
         "calls": calls,
+        "loopback_calls": len(loopback.vt_ms),
         "delay_ms_each_way": DELAY_S * 1000,
         "rtt_ms": RTT_MS,
         "ping_ms_through_proxy": ping_ms,
@@ -207,7 +213,7 @@ def rows(loopback: Phase, wan: Phase, ping_ms: float, calls: int) -> list[Row]:
     sides = (
         f"{calls} calls each, alternating, {DELAY_S * 1000:g} ms each way (a PING through the proxy "
         f"{ping_ms:.1f} ms); p99 {extra['baseline_p99']:.0f} vs {extra['vancetope_p99']:.0f} ms; "
-        f"loopback p50 {base_lo:.1f} vs {vt_lo:.1f} ms"
+        f"loopback ({len(loopback.vt_ms)} calls each) p50 {base_lo:.1f} vs {vt_lo:.1f} ms"
     )
     return [
         Row(
