@@ -37,6 +37,7 @@ from client_agent.self_protection import check_sandbox_roots
 from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
 from workers.call_relay import wait_answer
 from workers.contracts import (
+    CLIENT_OUTBOX,
     AskAnswer,
     ClientDisconnected,
     ClientResourceUpdated,
@@ -61,7 +62,7 @@ from workers.contracts import (
 )
 from workers.mcp_clients import MCPClientManager
 from workers.recent_calls import RecentCalls
-from workers.tasks import register
+from workers.tasks import begin_run, register
 from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.agent")
@@ -70,8 +71,6 @@ _JOIN_S = 5.0
 # Exit code when the broker refuses this agent's credentials (not enrolled, or revoked).
 EXIT_NOT_ENROLLED = 3
 _GOODBYE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
-# A start notice waits at most this long for the outbox: the call it announces is waiting.
-START_RETRY_DELAYS_S = (0.2, 0.5)
 
 
 def new_session_id() -> str:
@@ -116,7 +115,7 @@ class Agent:
             client_id=config.client_id,
             progress=self.report_progress,
             gate=gate if config.ask else None,
-            started_sink=self.report_started,
+            begin=self.begin_run,
             channel=self,
             # A task re-sent after its result was lost (a link cut mid-call) is answered from the
             # run that did it, not run twice (workers.recent_calls).
@@ -254,10 +253,11 @@ class Agent:
         log.info("%s", describe_result(result))
         self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
 
-    def report_started(self, call: ToolCall, started_at: float) -> None:
-        """A call begins (before its user is asked, if asked): to the outbox, so the brain
-        records it ``running``. Briefly retried only: the call must not wait on it, and a lost
-        one leaves the record queued until the result, as an older agent's always was."""
+    def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
+        """Start a run (the cancel check, its delivery counted, workers.tasks.begin_run) and tell
+        the brain it began, so it records the run ``running``: one round trip for both, on the
+        channel's connection (its socket timeout bounds a cut link). The brain ignores a start
+        of a run that is not the task's current one, so one sent for a cancelled run is harmless."""
         started = ToolStarted(
             run_id=call.run_id,
             tree_id=call.tree_id,
@@ -265,8 +265,16 @@ class Agent:
             started_at=started_at,
             client_id=self.config.client_id,
         )
-        message = ClientToolStarted(client_id=self.config.client_id, started=started)
-        self.channel.send(message, retry_delays=START_RETRY_DELAYS_S)
+        body = ClientToolStarted(client_id=self.config.client_id, started=started).model_dump_json()
+        outbox = self.channel.key(CLIENT_OUTBOX)
+        return begin_run(
+            self.channel.client,
+            self.channel.prefix,
+            call,
+            worker,
+            started_at,
+            then=lambda p: p.lpush(outbox, body),
+        )
 
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""

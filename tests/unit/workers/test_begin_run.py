@@ -1,16 +1,16 @@
-"""Starting a run (``workers.tasks.HotState.begin_run``) is one MULTI/EXEC, no script: as a
-client agent's own Redis user, on a real redis-server.
+"""Starting a run (``workers.tasks.begin_run``) is one MULTI/EXEC, one round trip, no WATCH
+and no script: as a client agent's own Redis user, on a real redis-server.
 
-What the Lua script it replaced guaranteed still holds: a cancelled run never starts and is
-not counted; every delivery gets its own number, even two at once; the running mark is
-written only within ``max_deliveries``; a cancel that lands while a run is being started
-wins. kombu's mutex is released without a script too (``workers.redis_lock``).
+A cancelled run never starts; every delivery gets its own number, even two at once; what
+``then`` queues (the agent's "started" message) goes in the same transaction. The count and
+the mark are written whatever the cancel check finds: nothing reads a cancelled run's count,
+and readers trust a mark only for the run the store has in flight. kombu's mutex is released
+without a script too (``workers.redis_lock``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -33,7 +33,7 @@ from workers.contracts import (
     key_deliveries,
     key_tree_running,
 )
-from workers.tasks import HotState
+from workers.tasks import HotState, begin_run
 from workers.transport import GuardedChannel
 
 CLIENT = "laptop"
@@ -76,20 +76,15 @@ def test_each_delivery_is_counted_and_marks_the_run_running(hot: HotState, redis
         assert 0 < redis_client.ttl(client_key(CLIENT, key)) <= 7 * 24 * 3600
 
 
-def test_a_cancelled_run_does_not_start_and_is_not_counted(hot: HotState, redis_client: redis.Redis) -> None:
+def test_a_cancelled_run_does_not_start(hot: HotState, redis_client: redis.Redis) -> None:
     redis_client.sadd(client_key(CLIENT, key_cancelled()), "t-k-1")
     assert hot.begin_run(call(), "w", 1.0) is None
-    assert deliveries(redis_client, "t-k-1") is None
-    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+    assert hot.begin_run(call(), "w", 2.0) is None  # nor on any later delivery
 
 
-def test_over_the_delivery_limit_the_run_is_counted_but_not_marked(
-    hot: HotState, redis_client: redis.Redis
-) -> None:
-    assert [hot.begin_run(call(max_deliveries=1), "w", 1.0) for _ in range(2)] == [1, 2]
-    redis_client.delete(client_key(CLIENT, key_tree_running("t")))
-    assert hot.begin_run(call(max_deliveries=1), "w", 2.0) == 3
-    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+def test_over_the_delivery_limit_the_run_is_still_counted(hot: HotState) -> None:
+    # run_tool fails a run whose number is over max_deliveries as a PoisonTask.
+    assert [hot.begin_run(call(max_deliveries=1), "w", 1.0) for _ in range(3)] == [1, 2, 3]
 
 
 def test_deliveries_started_at_once_each_get_their_own_number(
@@ -115,33 +110,34 @@ def test_deliveries_started_at_once_each_get_their_own_number(
     assert deliveries(redis_client, "t-k-1") == b"8"
 
 
-class CancelDuringStart(Pipeline):
-    """A pipeline that, right after begin_run read the counter under WATCH, lets the brain
-    cancel the run (as it may at any moment), once."""
-
-    cancel: Any = None
-
-    def get(self, name: Any) -> Any:
-        value = super().get(name)
-        if CancelDuringStart.cancel is not None:
-            CancelDuringStart.cancel, cancel = None, CancelDuringStart.cancel
-            cancel()
-        return value
-
-
-class CancellingClient(redis.Redis):
-    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
-        return CancelDuringStart(self.connection_pool, self.response_callbacks, transaction, shard_hint)
-
-
-def test_a_cancel_that_lands_while_the_run_starts_wins(
+def test_what_then_queues_is_in_the_same_transaction_in_one_round_trip(
     hot: HotState, agent_url: str, redis_client: redis.Redis
 ) -> None:
-    CancelDuringStart.cancel = lambda: redis_client.sadd(client_key(CLIENT, key_cancelled()), "t-k-1")
-    hot._client, hot._pid = CancellingClient.from_url(agent_url), os.getpid()
-    assert hot.begin_run(call(), "w", 1.0) is None  # the EXEC was aborted; looked again: cancelled
-    assert deliveries(redis_client, "t-k-1") is None
-    assert not redis_client.exists(client_key(CLIENT, key_tree_running("t")))
+    outbox = client_key(CLIENT, "outbox")
+    sent: list[int] = []
+
+    class Counting(redis.Redis):
+        def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Pipeline:
+            pipe = super().pipeline(transaction, shard_hint)
+            execute = pipe.execute
+
+            def counted(raise_on_error: bool = True) -> list[Any]:
+                sent.append(len(pipe.command_stack))
+                return execute(raise_on_error)
+
+            pipe.execute = counted  # type: ignore[method-assign]
+            return pipe
+
+    client = Counting.from_url(agent_url)
+    try:
+        got = begin_run(
+            client, client_keyprefix(CLIENT), call(), "w", 1.0, then=lambda p: p.lpush(outbox, "started")
+        )
+        assert got == 1
+        assert sent == [6]  # one execute: the check, the count, the mark, their TTLs, and the push
+        assert redis_client.lrange(outbox, 0, -1) == [b"started"]
+    finally:
+        client.close()
 
 
 def test_kombus_mutex_is_taken_and_released_by_a_client_user_without_a_script(
