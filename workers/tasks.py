@@ -317,28 +317,14 @@ def _gated_run(
     channel: CallChannel | None,
 ) -> ToolResult:
     """The call, once ``gate`` (a client agent's user) lets it run; the time spent asking is
-    not the tool's."""
+    not the tool's. A broken MCP config fails the call, not the worker."""
     refusal = gate(call) if gate is not None else None
     if refusal is not None:
         return _failure(call, refusal, worker, started, client_id)
     started = time.time() if gate is not None else started
-    return _run(call, mcp, native, builtins, worker, client_id, started, progress, channel)
-
-
-def _run(
-    call: ToolCall,
-    mcp: Callable[[], MCPClientManager | None],
-    native: Mapping[str, BuiltinTool] | None,
-    builtins: Mapping[str, BuiltinTool],
-    worker: str,
-    client_id: str | None,
-    started: float,
-    progress: ProgressSink,
-    channel: CallChannel | None = None,
-) -> ToolResult:
     try:
         manager = mcp()
-    except Exception as exc:  # noqa: BLE001 - a broken MCP config fails the call, not the worker
+    except Exception as exc:  # noqa: BLE001 - the call's error, said in its result
         return _failure(
             call, ErrorInfo(type=type(exc).__name__, message=str(exc)), worker, started, client_id
         )
