@@ -27,6 +27,7 @@ from client_agent.approvals import ConsentDir
 from client_agent.channel import AgentChannel, connect_redis
 from client_agent.config import AgentConfig
 from client_agent.consent_gate import ConsentGate
+from client_agent.early_begin import EarlyBegin
 from client_agent.errors import AgentError, AnnouncementTooLarge, NotEnrolled
 from client_agent.local_state import AgentState, MCPJsonState, clear_state, write_state
 from client_agent.mcp_json import FileWatcher, MCPTools, load_mcp_tools
@@ -34,7 +35,13 @@ from client_agent.outage import CELERY_CONSUMER_LOGGER, BrokerOutage, is_outage
 from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
 from client_agent.self_protection import check_sandbox_roots
-from client_agent.worker import install_signal_handlers, make_agent_app, make_worker, request_stop
+from client_agent.worker import (
+    install_signal_handlers,
+    make_agent_app,
+    make_worker,
+    request_stop,
+    worker_hostname,
+)
 from workers.call_relay import wait_answer
 from workers.contracts import (
     CLIENT_OUTBOX,
@@ -107,6 +114,12 @@ class Agent:
         self.redactor = Redactor.build(config.redact, config.redact_builtin)
         gate = ConsentGate(config, self.consent, self.report_awaiting, self._stop, self._cancelled)
         self.app = make_agent_app(config)
+        # Each run starts while kombu reserves its message: two round trips overlap.
+        self.early = EarlyBegin(self.begin_run, config.client_id, worker_hostname(config.client_id))
+        self.app.conf.broker_transport_options = {
+            **(self.app.conf.broker_transport_options or {}),
+            "vt_on_delivery": self.early.on_delivery,
+        }
         register(
             self.app,
             sink=self.deliver,
@@ -115,7 +128,7 @@ class Agent:
             client_id=config.client_id,
             progress=self.report_progress,
             gate=gate if config.ask else None,
-            begin=self.begin_run,
+            begin=self.early.begin,
             channel=self,
             # A task re-sent after its result was lost (a link cut mid-call) is answered from the
             # run that did it, not run twice (workers.recent_calls).
@@ -468,6 +481,7 @@ class Agent:
         with self._mcp_lock:
             mcp, self._mcp = self._mcp, MCPTools()
         mcp.close()
+        self.early.close()
         self.channel.client.close()
         clear_state(self.config.data_dir, self._state.pid)
         log.info("client agent %s stopped (%s)", self.config.client_id, self._stop_reason)

@@ -21,6 +21,7 @@ import binascii
 import functools
 import logging
 import re
+from collections.abc import Callable
 from itertools import accumulate
 from queue import Empty
 from typing import Any, Final, Literal
@@ -134,6 +135,11 @@ def _check_depth(raw: bytes, max_depth: int, what: str) -> None:
         raise UnsafeMessage(f"{what} nested {depth} deep, over the limit of {max_depth}")
 
 
+def body_bytes(message: dict[str, Any]) -> bytes:
+    """The body of a message ``check_payload`` passed, decoded as kombu would."""
+    return _body_bytes(Envelope.model_validate(message))
+
+
 def _body_bytes(envelope: Envelope) -> bytes:
     """The body as Celery will decode it; a body kombu could not decode is refused here."""
     if envelope.properties.body_encoding != "base64":
@@ -162,9 +168,13 @@ class GuardedChannel(kombu_redis.Channel):
         *kombu_redis.Channel.from_transport_options,
         "vt_max_message_bytes",
         "vt_max_json_depth",
+        "vt_on_delivery",
     )
     vt_max_message_bytes: int = MAX_MESSAGE_BYTES
     vt_max_json_depth: int = MAX_JSON_DEPTH
+    # Told of each checked message popped, before kombu writes it to its unacked hash (one
+    # round trip): a client agent starts the run meanwhile (client_agent.early_begin).
+    vt_on_delivery: Callable[[dict[str, Any]], None] | None = None
 
     def _get_client(self) -> Any:
         # kombu's client classes, with a lock released without a script (workers.redis_lock):
@@ -228,11 +238,20 @@ class GuardedChannel(kombu_redis.Channel):
             message = self._checked(item, dest)
             if message is None:
                 raise Empty()  # what kombu raises for "nothing delivered"; the loop goes on
+            self._tell_delivered(message)
             self.connection._deliver(message, dest)
             return True
         finally:
             self._in_poll = None  # type: ignore[assignment]  # kombu's own reset, typed bool there
             self._flush_brpop_reauth()
+
+    def _tell_delivered(self, message: dict[str, Any]) -> None:
+        if self.vt_on_delivery is None:
+            return
+        try:
+            self.vt_on_delivery(message)
+        except Exception:  # a hint only: the message is delivered whatever it does
+            log.exception("the delivery hook failed; delivering the message anyway")
 
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         # kombu's _get (basic_get and the polling path), checked the same way.
