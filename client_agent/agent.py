@@ -220,6 +220,14 @@ class Agent:
             self._record_mcp(error=str(exc))
             return
         with self._mcp_lock:
+            current = self._mcp.manager
+        if fresh.manager is not None:
+            # Changes of the resources gateway sessions subscribed to keep coming (issue 24):
+            # subscribed again on the new sessions before they are the ones in use.
+            fresh.manager.resource_sink = self.resource_updated
+            if current is not None:
+                fresh.manager.adopt_subscriptions(current, self.config.default_timeout_s)
+        with self._mcp_lock:
             # A reload that finishes after shutdown must not leave its servers running.
             closing = self._closed
             if not closing:

@@ -504,7 +504,9 @@ class MCPClientManager:
         # server -> the URIs subscribed to (loop thread): subscribed again on a restarted session.
         self._wanted: dict[str, set[str]] = {}
         # One thread: changes are passed on in the order the servers said them.
-        self._sink_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vancetope-mcp-updates")
+        self._sink_thread = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="vancetope-mcp-updates"
+        )
         # The loop thread: anyio runs an asyncio loop in it and takes calls from any thread.
         self._portal_cm = anyio.from_thread.start_blocking_portal("asyncio")
         self._portal = self._portal_cm.__enter__()
@@ -588,6 +590,39 @@ class MCPClientManager:
             self._portal_cm.__exit__(None, None, None)  # joins the (finished) thread
 
     # --- plumbing ------------------------------------------------------------------
+
+    def adopt_subscriptions(self, previous: MCPClientManager, timeout: float) -> None:
+        """A reload replaced ``previous`` (a client agent's mcp.json edited): what gateway
+        sessions subscribed to there is subscribed to here, on each server this config still
+        has (at once where its session is open, else when it opens), so their changes keep
+        coming. A subscription that fails is logged; the rest go on."""
+        try:
+            wanted = previous._submit(timeout, previous._subscriptions)
+        except WorkerError:
+            return  # closed already: nothing to carry over
+        if not wanted:
+            return
+        try:
+            self._submit(timeout * (1 + sum(map(len, wanted.values()))), self._adopt, wanted, timeout)
+        except WorkerError as exc:  # the reload goes on; its sessions subscribe again when they open
+            logger.warning("carrying the resource subscriptions over to the reloaded servers failed: %s", exc)
+
+    async def _subscriptions(self) -> dict[str, set[str]]:
+        return {server: set(uris) for server, uris in self._wanted.items()}
+
+    async def _adopt(self, wanted: dict[str, set[str]], timeout: float) -> None:
+        for server, uris in sorted(wanted.items()):
+            if server not in self.config.servers:
+                continue
+            self._wanted.setdefault(server, set()).update(uris)
+            session = self._sessions.get(server)
+            if session is None or not session.usable:
+                continue  # subscribed when it opens (_session)
+            for uri in sorted(uris):
+                try:
+                    await self._subscribe(session, uri, timeout)
+                except Exception as exc:  # noqa: BLE001 - one lost subscription must not stop the others
+                    logger.warning("MCP server %r: subscribing again to %r failed: %s", server, uri, exc)
 
     def _spec(self, server: str) -> MCPServerSpec:
         spec = self.config.servers.get(server)

@@ -11,6 +11,7 @@ a line in the gateway's log. Every wait bounded.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,8 +48,8 @@ HEARD_S = 60.0
 
 
 class World:
-    def __init__(self, stack: EmbeddedStack, url: str, shelf: Path, desk: Path) -> None:
-        self.stack, self.url, self.shelf, self.desk = stack, url, shelf, desk
+    def __init__(self, stack: EmbeddedStack, url: str, shelf: Path, desk: Path, mcp_json: Path) -> None:
+        self.stack, self.url, self.shelf, self.desk, self.mcp_json = stack, url, shelf, desk, mcp_json
 
     def log(self, service: str) -> str:
         path = self.stack.service(service).log_path
@@ -83,7 +84,7 @@ def world(
         server_concurrency=1,
     )
     assert stack.wait_connected("laptop", 90)
-    return World(stack, start_gateway(stack), folders["shelf"], folders["desk"])
+    return World(stack, start_gateway(stack), folders["shelf"], folders["desk"], tmp / "mcp.json")
 
 
 def change(path: Path) -> None:
@@ -186,6 +187,29 @@ def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_c
     anyio.run(scenario)
     assert ada_heard == ["watch://desk/a"]
     assert bob_heard == ["watch://shelf/a"]
+
+
+def test_a_workstation_that_reloads_its_mcp_json_still_tells_of_what_was_subscribed_to(world: World) -> None:
+    heard: list[str] = []
+
+    def reloads() -> int:
+        return world.log("client-agent").count("reloaded mcp.json")
+
+    async def scenario() -> None:
+        async with mcp_client(world.url, token_for(world.stack, "ada"), listener(heard)) as ada:
+            await ada.subscribe_resource("watch://desk/a")
+            before = reloads()
+            # The same servers, written out again (an editor's save): the agent reloads them,
+            # with new upstream sessions that hold no subscription of their own.
+            world.mcp_json.write_text(json.dumps(json.loads(world.mcp_json.read_text()), indent=2))
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(lambda: reloads() > before, HEARD_S, "the agent to reload mcp.json")
+            )
+            change(world.desk / "a.txt")
+            await until(lambda: bool(heard))
+
+    anyio.run(scenario)
+    assert heard == ["watch://desk/a"]
 
 
 def test_a_message_on_the_channel_that_is_too_big_or_malformed_is_dropped_with_a_log_line(
