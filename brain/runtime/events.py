@@ -52,6 +52,10 @@ GATHER_S = 0.01
 # Runs whose end was sent, remembered so that a late "started" or "progress" of one is not
 # (most recent first forgotten last; a run's late event comes within seconds of its end).
 ENDED_KEPT = 10_000
+# A client call's RETRY is said again this long after: Celery's event state lets any event
+# replace RETRY, and the "received" of the call was sent by the process that published it
+# (the CLI, a schedule, the gateway's door), whose events may reach Flower after this one's.
+RESTATE_RETRY_S = 3.0
 
 
 class ClientEvents:
@@ -82,6 +86,7 @@ class ClientEvents:
         # event queued in the same step.
         self._order = threading.Lock()
         self._ended: OrderedDict[str, None] = OrderedDict()
+        self._restates: set[threading.Timer] = set()
 
     def _dispatcher(self, client_id: str) -> EventDispatcher:
         """The calling sender's dispatcher for ``client_id``, on that sender's connection."""
@@ -250,11 +255,21 @@ class ClientEvents:
             f"{shown_failure(result)}; next attempt at {time.strftime('%H:%M:%S', time.localtime(next_at))}"
         )
         started = ("task-started", {"timestamp": result.started_at})
-        self._send_end(
-            result.client_id,
-            result.run_id,
-            [started, ("task-retried", {"exception": shown, "traceback": ""})],
-        )
+        retried = {"exception": shown, "traceback": "", "timestamp": time.time()}
+        self._send_end(result.client_id, result.run_id, [started, ("task-retried", dict(retried))])
+        # Said again: a late "received" from another process would otherwise show for good.
+        timer = threading.Timer(RESTATE_RETRY_S, self._restate, (result.client_id, result.run_id, retried))
+        timer.daemon = True
+        with self._lock:
+            self._restates.add(timer)
+        timer.start()
+
+    def _restate(self, client_id: str, run_id: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            self._restates = {
+                t for t in self._restates if t.is_alive() and t is not threading.current_thread()
+            }
+        self._send(client_id, "task-retried", uuid=run_id, **fields)
 
     def task_started(self, started: ToolStarted) -> None:
         """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""
@@ -294,6 +309,10 @@ class ClientEvents:
     def close(self) -> None:
         """Send what is queued (waiting at most ``DRAIN_S``). The sender then stops and lets its
         connection go; one still sending after the wait does so once it has sent the rest."""
+        with self._lock:
+            restates, self._restates = self._restates, set()
+        for timer in restates:
+            timer.cancel()
         sender = self._sender
         if sender is not None and self._pid == os.getpid() and sender.is_alive():
             self._queue.put(None)

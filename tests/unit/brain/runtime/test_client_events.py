@@ -6,6 +6,7 @@ trips of a client call's)."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -216,3 +217,49 @@ def test_a_calls_start_or_progress_handled_after_its_end_is_not_sent() -> None:
         ("task-retried", "r1"),
         ("task-started", "r2"),
     ]
+
+
+def until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_retry_is_said_again_so_a_received_from_another_process_does_not_show_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The "received" of a client call is sent by the process that published it (the CLI, a
+    schedule), the "retried" by the brain that recorded the failure: on a loaded box the first
+    reached Flower last (CI), and Celery's state lets it replace RETRY. The brain says RETRY
+    again a moment later."""
+    from workers.contracts import ErrorInfo
+
+    monkeypatch.setattr(events_module, "RESTATE_RETRY_S", 0.1)
+    channel = Channel()
+    brain, submitter = Events(channel), Events(channel)
+    failed = result("laptop", 1).model_copy(
+        update={"ok": False, "value": None, "error": ErrorInfo(type="ToolError", message="no")}
+    )
+    brain.task_retried(failed, next_at=100.0)
+    until(lambda: len(channel.sent) == 2)
+    submitter.task_sent(call("laptop", 1))  # late, from another process
+    submitter.close()
+    until(lambda: [e for e, _ in channel.sent].count("task-retried") == 2)
+    brain.close()
+    assert [e for e, _ in channel.sent] == ["task-started", "task-retried", "task-received", "task-retried"]
+    first, again = (f for e, f in channel.sent if e == "task-retried")
+    assert again == first  # the same failure at the same time, said again
+
+
+def test_close_cancels_a_retry_not_yet_said_again() -> None:
+    from workers.contracts import ErrorInfo
+
+    channel = Channel()
+    events = Events(channel)
+    failed = result("laptop", 1).model_copy(
+        update={"ok": False, "value": None, "error": ErrorInfo(type="ToolError", message="no")}
+    )
+    events.task_retried(failed, next_at=100.0)
+    events.close()
+    assert not any(t.is_alive() for t in events._restates) and not events._restates
