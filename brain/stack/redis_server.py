@@ -113,6 +113,19 @@ ADMIN_SECRET_FILE = "admin.secret"
 ACL_FILE = "users.acl"
 
 
+# The users the brain makes (brain.hot.acl.CLIENT_USER_PREFIX, brain.runtime.submitters).
+KEPT_USER_PREFIXES = ("user vtc-", "user vts-")
+
+
+def kept_user_lines(acl_file: Path) -> list[str]:
+    """The client and submit users of an ACL file Redis saved (none if there is no file)."""
+    try:
+        text = acl_file.read_text()
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if line.startswith(KEPT_USER_PREFIXES)]
+
+
 def read_or_create_secret(path: Path) -> str:
     """The secret in ``path``; a new one (file mode 0600, created that way) if there is none."""
     try:
@@ -229,12 +242,17 @@ class RedisServer:
         self.port = self.port or free_port()
         self.admin_secret = read_or_create_secret(self.data_dir / ADMIN_SECRET_FILE)
         acl_file = self.data_dir / ACL_FILE
-        # Written anew at each start: the brain restores client users from the store.
+        # The stack's own users are written anew at each start. Client and submit users are kept
+        # from the last file (the brain's ACL SAVE wrote them): a restarted Redis lets every
+        # workstation straight back in, where waiting for the brain to restore them from the
+        # store refused the agents that came back first (an agent takes a refusal for a
+        # revocation and stops). The brain still syncs them with the store, the record.
         components = {user: component_secret(self.admin_secret, user) for user in COMPONENT_RULES}
         lines = [
             "user default off resetkeys resetchannels -@all",
             f"user {ADMIN_USER} on #{secret_sha256(self.admin_secret)} ~* &* +@all",
             *component_acl_lines(components),
+            *kept_user_lines(acl_file),
         ]
         write_private(acl_file, "\n".join(lines) + "\n")
         args = [
