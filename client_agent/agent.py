@@ -102,6 +102,10 @@ class Agent:
         self._stop = threading.Event()
         self._stop_reason = "graceful shutdown"
         self._refused: NotEnrolled | None = None
+        # Since when the broker refuses the credentials (None: it accepts them), and whether the
+        # brain ever accepted this agent's announcement (only then is a refusal waited out).
+        self._refused_since: float | None = None
+        self._was_accepted = False
         self._closed = False
         # One line saying what to do while the broker cannot be reached, not one per retry.
         broker_url = config.own_broker_url()
@@ -402,7 +406,13 @@ class Agent:
 
     def _record_beat(self) -> None:
         """For `vancetope-agent status`: the broker took a heartbeat now (and was the announcement accepted?)."""
-        self._update_state(heartbeat_at=time.time(), accepted=self.announcer.accepted.is_set())
+        accepted = self.announcer.accepted.is_set()
+        with self._mcp_lock:
+            self._was_accepted = self._was_accepted or accepted
+            refused_since, self._refused_since = self._refused_since, None
+        if refused_since is not None:
+            log.info("the broker accepts this agent's credentials again")
+        self._update_state(heartbeat_at=time.time(), accepted=accepted)
 
     def _update_state(self, **fields: object) -> None:
         """Change what agent.json says and write it: one writer at a time (the heartbeat, a
@@ -438,8 +448,24 @@ class Agent:
         return NotEnrolled(self.config.client_id, self.config.user, str(exc) or type(exc).__name__)
 
     def _on_refused(self, exc: redis.AuthenticationError) -> None:
-        """The broker refused the credentials while running (revoked): stop, exit non-zero."""
+        """The broker refused the credentials while running: revoked, or a Redis restarted
+        without its users, which the brain restores from the store within seconds. An agent the
+        brain has accepted tries again for ``refused_grace_s``; then, or never accepted, it
+        stops and exits non-zero (3: a service manager does not restart it)."""
+        now = time.monotonic()
         with self._mcp_lock:
+            self._was_accepted = self._was_accepted or self.announcer.accepted.is_set()
+            if self._refused_since is None:
+                self._refused_since = now
+                if self._was_accepted and self.config.refused_grace_s > 0:
+                    log.warning(
+                        "the broker refused this agent's credentials (%s): revoked, or Redis restarted "
+                        "and the brain has not restored its users yet; trying again for up to %gs",
+                        exc,
+                        self.config.refused_grace_s,
+                    )
+            if self._was_accepted and now - self._refused_since < self.config.refused_grace_s:
+                return
             first = self._refused is None
             if first:
                 self._refused = self._not_enrolled(exc)

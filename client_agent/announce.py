@@ -212,7 +212,7 @@ class Announcer(threading.Thread):
                 log.error("the broker refused this agent's credentials: %s", exc)
                 return False
             self.on_refused(exc)
-            return True  # nothing to retry: the agent is stopping
+            return self.stop.is_set()  # stopping: nothing to retry; else tried again
         except redis.RedisError as exc:
             if self.outage is not None and is_outage(exc):
                 self.outage.lost(exc)
@@ -313,9 +313,10 @@ class Heartbeat(threading.Thread):
                 failing = False
             except redis.AuthenticationError as exc:
                 if self.on_refused is not None:
-                    self.on_refused(exc)
-                    return
-                if not failing:
+                    self.on_refused(exc)  # stops the agent, or waits a refusal out (Agent._on_refused)
+                    if self.stop.is_set():
+                        return
+                elif not failing:
                     log.error("heartbeat refused: the broker refused this agent's credentials: %s", exc)
                 failing = True
             except Exception as exc:  # noqa: BLE001 - the heartbeat thread must outlive any one failure

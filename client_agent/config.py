@@ -74,6 +74,11 @@ class AgentConfig(BaseModel):
     # git_status, shell_execute without timeout_s.
     default_timeout_s: float = Field(default=30.0, gt=0)
     ack_timeout_s: float = Field(default=10.0, gt=0)
+    # How long an agent the brain has accepted goes on trying when the broker refuses its
+    # credentials before it stops as revoked (exit 3). A Redis restarted without its users
+    # refuses every agent until the brain restores them from the store (within its
+    # reconcile_interval_s); a revocation looks the same from here. 0: stop at once.
+    refused_grace_s: float = Field(default=60.0, ge=0)
     log_level: str = "INFO"
     # --- consent (README "Consent on the workstation"); the state lives in data_dir/consent ---
     # Tools whose every call waits for `vancetope-agent approve ID`: names or "<server>.*" globs ("<server>/*" too).

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,9 @@ from typing import Any
 import pytest
 import redis
 
+from brain.hot.acl import client_username
 from brain.runtime.enrollment import enroll, revoke
+from brain.runtime.relay import Relay
 from brain.stack.redis_server import RedisServer
 from tests.conftest import FIXTURES
 from workers.app import make_app
@@ -190,7 +193,9 @@ class Brain:
                 self.started.add(message.started.run_id)
                 continue
             assert isinstance(message, ClientToolResult), message
-            assert message.result.run_id in self.started, f"{message.result.run_id}: a result before its start"
+            assert message.result.run_id in self.started, (
+                f"{message.result.run_id}: a result before its start"
+            )
             found[message.result.run_id] = message.result
         return found
 
@@ -366,7 +371,10 @@ def test_an_unenrolled_agent_is_told_so_and_exits_instead_of_retrying_forever(
 def test_a_revoked_or_re_enrolled_agent_stops_with_the_reason(
     workspace: Workspace, brain_on_redis: Any, redis_server: RedisServer, tmp_path: Path, how: str
 ) -> None:
-    """Re-enrolled: seen by a new user, the old agent went on taking calls it could not answer."""
+    """Re-enrolled: seen by a new user, the old agent went on taking calls it could not answer.
+    An agent the brain accepted waits a refusal out for ``refused_grace_s`` first (2 s here)."""
+    with workspace.config.open("a") as f:
+        f.write("refused_grace_s = 2\n")
     credential = enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
     agent = AgentProcess(workspace.config, credential.broker_url, tmp_path / "agent.log")
     try:
@@ -384,3 +392,36 @@ def test_a_revoked_or_re_enrolled_agent_stops_with_the_reason(
         agent.stop()
     assert code == 3, agent.output()
     assert NOT_ENROLLED in agent.output()
+
+
+def test_an_agent_waits_out_a_redis_that_lost_its_user_until_the_brain_restores_it(
+    workspace: Workspace, brain_on_redis: Any, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A Redis restarted without its ACL users refuses every agent until the brain restores them
+    from the store (its reconciler, every few seconds). The agents that came back first used to
+    take that for a revocation and exit 3, which a service manager does not restart: a fleet
+    lost at 09:00. Now an agent the brain accepted tries again for ``refused_grace_s``."""
+    credential = enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
+    stop = threading.Event()
+    relay = Relay(brain_on_redis.intake, brain_on_redis.clients).run(stop)  # the brain's announcement desk
+    agent = AgentProcess(workspace.config, credential.broker_url, tmp_path / "agent.log")
+    try:
+        wait_for(lambda: "the brain accepted the announcement" in agent.output(), 60, "the announcement")
+        admin = redis.Redis.from_url(redis_server.url)
+        admin.execute_command("ACL", "DELUSER", client_username(CID))  # as a restart without its users
+        wait_for(lambda: "trying again for up to 60s" in agent.output(), 30, "the agent to be refused")
+        time.sleep(3)  # several heartbeats refused meanwhile
+        assert agent.proc.poll() is None, agent.output()
+        brain_on_redis.sync_client_users()  # the reconciler's step: the store is the record
+        wait_for(
+            lambda: "the broker accepts this agent's credentials again" in agent.output(),
+            30,
+            "the agent back",
+        )
+        assert agent.proc.poll() is None, agent.output()
+        admin.close()
+    finally:
+        agent.stop()
+        stop.set()
+        relay.join(10)
+    assert NOT_ENROLLED not in agent.output()

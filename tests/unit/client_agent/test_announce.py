@@ -284,6 +284,11 @@ def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried
 ) -> None:
     client = _RefusingRedis(error)
     calls: list[redis.AuthenticationError] = []
+
+    def refused_stops(exc: redis.AuthenticationError) -> None:  # as Agent._on_refused past its grace
+        calls.append(exc)
+        stop.set()
+
     announcer = Announcer(
         AgentChannel(client, CID),  # type: ignore[arg-type]
         "s1",
@@ -291,7 +296,7 @@ def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried
         stop,
         ack_timeout_s=0.1,
         backoff=lambda attempt: 0.05,
-        on_refused=calls.append,
+        on_refused=refused_stops,
     )
     announcer.start()
     announcer.request()
@@ -305,3 +310,26 @@ def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried
     else:
         assert calls == []
         assert client.attempts >= 3
+
+
+def test_a_refusal_the_agent_waits_out_is_announced_again(stop: threading.Event) -> None:
+    """Agent._on_refused within its grace (a Redis restarted without its users) does not stop
+    the agent: the announcer tries again, with its backoff."""
+    client = _RefusingRedis(redis.AuthenticationError("WRONGPASS invalid username-password pair"))
+    calls: list[redis.AuthenticationError] = []
+    announcer = Announcer(
+        AgentChannel(client, CID),  # type: ignore[arg-type]
+        "s1",
+        lambda: "{}",
+        stop,
+        ack_timeout_s=0.1,
+        backoff=lambda attempt: 0.05,
+        on_refused=calls.append,
+    )
+    announcer.start()
+    announcer.request()
+    deadline = time.monotonic() + 10
+    while client.attempts < 3 and time.monotonic() < deadline:
+        stop.wait(0.05)
+    stop.set()
+    assert client.attempts >= 3 and len(calls) >= 3
