@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
 from rich.console import Console
 from rich.table import Table
 
-from bench import chain, client_rt, fan_in, fan_out, growth, mcp_call, requeue, scale_out, throughput
+from bench import chain, client_rt, fan_in, fan_out, fleet, growth, mcp_call, requeue, scale_out, throughput
 from bench.common import Row, environment, scrub_vancetope_env
 
 BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
@@ -42,6 +42,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "requeue": requeue.run,
     "scale_out": scale_out.run,
     "mcp": mcp_call.run,
+    "fleet": fleet.run,
 }
 
 
