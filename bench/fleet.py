@@ -180,13 +180,22 @@ class Fleet:
         if self.proc.poll() is None:
             with contextlib.suppress(BrokenPipeError, BenchError):
                 self.send("stop")
-                lag = float(self.expect("stopped", 60)[2])
+                lag = float(self.expect("stopped", 180)[2])
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
         return lag
+
+
+def dropped(log: Path) -> int:
+    """Sessions the brain has dropped for a missed heartbeat so far (its log's lines): a
+    simulated client whose beat came late, when the simulator could not keep time."""
+    try:
+        return log.read_text(errors="replace").count("disconnected: missed heartbeat")
+    except OSError:
+        return 0
 
 
 def sessions(r: redis.Redis) -> set[str]:
@@ -237,7 +246,8 @@ def run(quick: bool = False) -> list[Row]:
             time.sleep(3.0)  # the agent's first restore cycle and the brain's first sweeps
             w0 = idle_window(r, brain_pid, 0, seconds)
             windows: list[Window] = []
-            lags: dict[int, tuple[float, int]] = {}
+            lags: dict[int, tuple[float, int, int]] = {}
+            brain_log = settings.data_dir / "logs" / "brain.log"
             wire = ""
             for n in (small, large):
                 fleet = Fleet(root, enroll_up_to(n), toml, f"idle{n}")
@@ -245,17 +255,21 @@ def run(quick: bool = False) -> list[Row]:
                 fleet.expect("ready", 120)
                 fleet.send(f"go {2.0}")  # phases spread over one heartbeat interval, as agents started apart
                 fleet.expect("accepted", 600)
+                drops = dropped(brain_log)
                 time.sleep(12.0)  # past one kombu restore cycle (10 s) of every client
                 if n == large:
                     users = ["vtc-" + CLIENT_ID, "vtc-" + sim_id(0)]
                     wire = _wire_notes(connections_by_user(r, users), sim_connections(r), n)
                 windows.append(idle_window(r, brain_pid, n, seconds))
-                online = len(sessions(r) & set(creds))
-                lags[n] = (fleet.stop() or math.nan, online)
+                online, drops = len(sessions(r) & set(creds)), dropped(brain_log) - drops
+                # (Before the goodbyes: a sweep between an agent's goodbye and the relay reading it
+                # finds the heartbeat deleted and says "missed heartbeat", for a real agent too.)
+                lags[n] = (fleet.stop() or math.nan, online, drops)
                 wait_offline(r, list(creds))
             fidelity = "; ".join(
-                f"{n} clients: {online} with a session at the window's end, simulator timers late by at most {lag:.2f}s"
-                for n, (lag, online) in lags.items()
+                f"{n} clients: {online} with a session at the window's end, {drops} sessions dropped for a "
+                f"missed heartbeat after all were accepted, simulator timers late by at most {lag:.2f}s"
+                for n, (lag, online, drops) in lags.items()
             )
             idle_row = _idle_row(w0, windows[0], windows[1], f"{wire}. {fidelity}", seconds, size)
             storm_row = _storm(root, stack, brain, r, enroll_up_to(large), toml, fleets, size)
@@ -402,6 +416,10 @@ def _storm(
         if pinger.process.stdout.readline().strip() != b"ready":
             raise BenchError("the pinger did not start")
         ids = set(creds)
+        brain_log = stack.settings.data_dir / "logs" / "brain.log"
+        drops = dropped(brain_log)
+        brain_pid = stack.service("brain").process.pid  # type: ignore[union-attr]
+        cpu0 = (tree_cpu_s(brain_pid), tree_cpu_s(fleet.proc.pid))
         t0 = time.monotonic()
         fleet.send("go 0")
         announced_at: float | None = None
@@ -420,6 +438,13 @@ def _storm(
                     f"{parked()} tasks still parked"
                 )
             time.sleep(0.1)
+        drops = dropped(brain_log) - drops
+        # Who had the CPU: on 2 cores the simulator (1,000 agents' ack polls in one process)
+        # competes with the brain, which real agents on their own machines would not.
+        brain_pct, sim_pct = (
+            100 * (tree_cpu_s(p) - c) / (done_at - t0)
+            for p, c in zip((brain_pid, fleet.proc.pid), cpu0, strict=True)
+        )
         pinger.process.send_signal(15)
         out, _ = pinger.process.communicate(timeout=60)
     finally:
@@ -438,7 +463,9 @@ def _storm(
         f"(states after: {', '.join(f'{k} {v}' for k, v in sorted(states.items()))}); worst PING of another "
         f"client meanwhile {worst_ms:.1f} ms over {len(during)} pings (goal ≤ {PING_GOAL_MS:g} ms: "
         f"{'met' if ping_met else 'missed'}); Redis bytes per parked task: {parked_lists:,.0f} in its list "
-        f"(MEMORY USAGE), {per_parked:,.0f} by used_memory. Simulator timers late by at most {lag or math.nan:.2f}s. "
+        f"(MEMORY USAGE), {per_parked:,.0f} by used_memory. Simulator timers late by at most {lag or math.nan:.2f}s; "
+        f"{drops} sessions dropped for a missed heartbeat meanwhile; CPU meanwhile, % of one core: brain "
+        f"{brain_pct:.0f}, simulator {sim_pct:.0f}. "
         f"Not in the time: the restart itself and "
         f"restoring the {n + 1} client ACL users from the store took {restore_s:.1f}s before any client "
         "could log in"
@@ -457,6 +484,9 @@ def _storm(
             "announced_s": announced_at - t0,
             "redis_restart_and_acl_restore_s": restore_s,
             "simulator_worst_lag_s": lag,
+            "sessions_dropped_missed_heartbeat": drops,
+            "brain_cpu_pct_during": brain_pct,
+            "simulator_cpu_pct_during": sim_pct,
             "requeued_s": total,
             "worst_ping_ms": worst_ms,
             "ping_goal_ms": PING_GOAL_MS,
