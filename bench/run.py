@@ -35,6 +35,7 @@ from bench import (
     cpu,
     fan_in,
     fan_out,
+    fleet,
     growth,
     mcp_call,
     requeue,
@@ -56,6 +57,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "scale_out": scale_out.run,
     "mcp": mcp_call.run,
     "cpu": cpu.run,
+    "fleet": fleet.run,
 }
 
 
