@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from bench import celery_baseline
 from bench.common import BenchError, Row, bench_settings, percentile, start_vancetope
@@ -61,10 +62,11 @@ def one_call_tree() -> TaskTree:
 
 
 @contextlib.contextmanager
-def client_stack(root: Path) -> Iterator[EmbeddedStack]:
+def client_stack(root: Path, **overrides: Any) -> Iterator[EmbeddedStack]:
     """An embedded stack in ``root`` with its brain, server pool and its own enrolled client
-    agent (``bench-laptop``, see :func:`agent_config`) connected; stopped on the way out."""
-    settings = bench_settings(root, agent_config=agent_config(root))
+    agent (``bench-laptop``, see :func:`agent_config`) connected; stopped on the way out.
+    ``overrides``: more settings (a registry file, say)."""
+    settings = bench_settings(root, agent_config=agent_config(root), **overrides)
     stack = EmbeddedStack(settings, only=())
     try:
         with contextlib.chdir(root):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,28 +129,26 @@ def _redis_pid(stack: EmbeddedStack) -> int:
 
 
 def _baseline_run(stack: EmbeddedStack, celery: Baseline, n: int) -> Sample:
-    roots = {"worker": celery.worker.process.pid}
     key = celery.new_counter()
-    redis0, procs0 = tree_cpu_s([_redis_pid(stack)]), _trees(roots)
-    started, caller0 = time.perf_counter(), time.process_time()
-    for i in range(n):
-        celery.send_noop(key, f"v{i}")
-    celery.wait_count(key, n, _timeout(n))
-    caller = time.process_time() - caller0
-    wall = time.perf_counter() - started
-    time.sleep(SETTLE_S)
-    return Sample(
-        processes={name: cpu - procs0[name] for name, cpu in _trees(roots).items()},
-        caller=caller,
-        redis=tree_cpu_s([_redis_pid(stack)]) - redis0,
-        wall=wall,
-    )
+
+    def work() -> None:
+        for i in range(n):
+            celery.send_noop(key, f"v{i}")
+        celery.wait_count(key, n, _timeout(n))
+
+    return _measured(stack, {"worker": celery.worker.process.pid}, work)
 
 
 def _vancetope_run(stack: EmbeddedStack, vt: Vancetope, roots: dict[str, int], n: int) -> Sample:
+    return _measured(stack, roots, lambda: vt.run_tree(echo_tree("cpu", n, chained=False), _timeout(n)))
+
+
+def _measured(stack: EmbeddedStack, roots: dict[str, int], work: Callable[[], object]) -> Sample:
+    """CPU of each process tree in ``roots``, of this process and of redis-server while ``work``
+    runs (and ``SETTLE_S`` after, for the last acks and event flushes)."""
     redis0, procs0 = tree_cpu_s([_redis_pid(stack)]), _trees(roots)
     started, caller0 = time.perf_counter(), time.process_time()
-    vt.run_tree(echo_tree("cpu", n, chained=False), _timeout(n))
+    work()
     caller = time.process_time() - caller0
     wall = time.perf_counter() - started
     time.sleep(SETTLE_S)

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import redis
 
-from bench.client_rt import CLIENT_ID, agent_config
-from bench.common import BenchError, Child, Row, bench_settings, child_env, start_vancetope, wait_until
+from bench.client_rt import CLIENT_ID, client_stack
+from bench.common import BenchError, Child, Row, child_env, wait_until
 from brain.core.models import SessionKind, TaskTree
 from brain.core.transitions import PARKED
 from brain.runtime.enrollment import enroll
@@ -213,21 +213,16 @@ def run(quick: bool = False) -> list[Row]:
     small, large = (10, 100) if quick else (100, 1000)
     seconds = QUICK_IDLE_S if quick else FULL_IDLE_S
     size = "quick: " if quick else ""
-    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp:
-        root = Path(tmp)
-        toml = agent_config(root)
-        settings = bench_settings(root, agent_config=toml, registry=registry_file(root))
-        stack = EmbeddedStack(settings, only=())
+    with (
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
+        client_stack(Path(tmp), registry=registry_file(Path(tmp))) as stack,
+    ):
+        root, settings = Path(tmp), stack.settings
+        toml = settings.agent_config
+        assert toml is not None
         fleets: list[Fleet] = []
         brain: Brain | None = None
         try:
-            with contextlib.chdir(root):
-                stack.start()
-            start_vancetope(stack)
-            with contextlib.chdir(root):
-                stack.start_service("client-agent")
-            if not stack.wait_connected(CLIENT_ID, 60.0):
-                raise BenchError(f"the client agent did not connect; see {settings.data_dir}/logs")
             brain = Brain.connect(settings, stack.redis_url)
             r = redis.Redis.from_url(stack.redis_url)
             brain_pid = stack.service("brain").process.pid  # type: ignore[union-attr]
@@ -279,7 +274,6 @@ def run(quick: bool = False) -> list[Row]:
                 fleet.stop()
             if brain is not None:
                 brain.close()
-            stack.stop()
 
 
 def sim_connections(r: redis.Redis) -> tuple[int, int]:
