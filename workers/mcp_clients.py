@@ -618,11 +618,7 @@ class MCPClientManager:
             session = self._sessions.get(server)
             if session is None or not session.usable:
                 continue  # subscribed when it opens (_session)
-            for uri in sorted(uris):
-                try:
-                    await self._subscribe(session, uri, timeout)
-                except Exception as exc:  # noqa: BLE001 - one lost subscription must not stop the others
-                    logger.warning("MCP server %r: subscribing again to %r failed: %s", server, uri, exc)
+            await self._subscribe_again(session, uris, timeout)
 
     def _spec(self, server: str) -> MCPServerSpec:
         spec = self.config.servers.get(server)
@@ -672,11 +668,7 @@ class MCPClientManager:
                 raise self._unavailable(fresh, "could not start", exc) from None
             with contextlib.suppress(WorkerError):
                 await self._list(fresh, start_timeout)  # for argument validation; not essential
-            for uri in sorted(self._wanted.get(server, ())):
-                try:
-                    await self._subscribe(fresh, uri, start_timeout)
-                except Exception as exc:  # noqa: BLE001 - a lost subscription must not fail the call
-                    logger.warning("MCP server %r: subscribing again to %r failed: %s", server, uri, exc)
+            await self._subscribe_again(fresh, self._wanted.get(server, set()), start_timeout)
             return fresh
 
     def _unavailable(self, session: _Session, what: str, exc: BaseException) -> MCPServerUnavailable:
@@ -775,6 +767,15 @@ class MCPClientManager:
             await client.session.send_request(request, mcp_types.EmptyResult)
         session.subscribed.add(uri)
         self._wanted.setdefault(session.name, set()).add(uri)
+
+    async def _subscribe_again(self, session: _Session, uris: set[str], timeout: float) -> None:
+        """``_subscribe`` to each of ``uris`` (a restarted session, or a reload's new one); one
+        that fails is logged: a lost subscription must not fail the call or stop the others."""
+        for uri in sorted(uris):
+            try:
+                await self._subscribe(session, uri, timeout)
+            except Exception as exc:  # noqa: BLE001 - said in the log, the rest go on
+                logger.warning("MCP server %r: subscribing again to %r failed: %s", session.name, uri, exc)
 
     def _updated(self, server: str, uri: str) -> None:
         """An upstream resource changed: to ``resource_sink`` on a thread of its own (it writes
