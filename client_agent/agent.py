@@ -178,10 +178,7 @@ class Agent:
 
     def mcp_manager(self) -> MCPClientManager | None:
         with self._mcp_lock:
-            manager = self._mcp.manager
-        if manager is not None:
-            manager.resource_sink = self.resource_updated
-        return manager
+            return self._mcp.manager
 
     def resource_updated(self, update: ResourceUpdated) -> None:
         """A server of mcp.json said a resource a gateway session subscribed to changed: to the
@@ -195,7 +192,7 @@ class Agent:
         cfg = self.config
         with self._mcp_lock:
             previous = self._mcp.config
-        return load_mcp_tools(
+        tools = load_mcp_tools(
             cfg.mcp_json,
             self.policy,
             self.native,
@@ -204,6 +201,10 @@ class Agent:
             cfg.trust_mcp_servers,
             previous=previous,
         )
+        if tools.manager is not None:
+            # What its servers say of resources gateway sessions subscribed to (issue 24).
+            tools.manager.resource_sink = self.resource_updated
+        return tools
 
     def reload_mcp(self, why: str = "") -> None:
         """mcp.json changed: start the new servers, check the new set can be announced, swap, announce.
@@ -225,12 +226,10 @@ class Agent:
             return
         with self._mcp_lock:
             current = self._mcp.manager
-        if fresh.manager is not None:
+        if fresh.manager is not None and current is not None:
             # Changes of the resources gateway sessions subscribed to keep coming (issue 24):
             # subscribed again on the new sessions before they are the ones in use.
-            fresh.manager.resource_sink = self.resource_updated
-            if current is not None:
-                fresh.manager.adopt_subscriptions(current, self.config.default_timeout_s)
+            fresh.manager.adopt_subscriptions(current, self.config.default_timeout_s)
         with self._mcp_lock:
             # A reload that finishes after shutdown must not leave its servers running.
             closing = self._closed
