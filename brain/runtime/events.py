@@ -256,7 +256,7 @@ class ClientEvents:
         )
         started = ("task-started", {"timestamp": result.started_at})
         retried = {"exception": shown, "traceback": "", "timestamp": time.time()}
-        self._send_end(result.client_id, result.run_id, [started, ("task-retried", dict(retried))])
+        self._send_end(result.client_id, result.run_id, [started, ("task-retried", retried)])
         # Said again: a late "received" from another process would otherwise show for good.
         timer = threading.Timer(RESTATE_RETRY_S, self._restate, (result.client_id, result.run_id, retried))
         timer.daemon = True
@@ -266,9 +266,7 @@ class ClientEvents:
 
     def _restate(self, client_id: str, run_id: str, fields: dict[str, Any]) -> None:
         with self._lock:
-            self._restates = {
-                t for t in self._restates if t.is_alive() and t is not threading.current_thread()
-            }
+            self._restates.discard(threading.current_thread())  # type: ignore[arg-type]  # this timer
         self._send(client_id, "task-retried", uuid=run_id, **fields)
 
     def task_started(self, started: ToolStarted) -> None:
