@@ -191,6 +191,13 @@ def start_vancetope(stack: EmbeddedStack, ready_timeout: float = 60.0) -> None:
     stack.wait_ready(ready_timeout)
 
 
+def service_pid(stack: EmbeddedStack, name: str) -> int:
+    """The pid of one of the stack's running services (``brain``, ``server-pool``, ...)."""
+    process = stack.service(name).process
+    assert process is not None, f"{name} is not running"
+    return process.pid
+
+
 def stack_logs(stack: EmbeddedStack, lines: int = 15) -> str:
     return "\n".join(f"--- {s.name} ({s.log_path})\n{tail(s.log_path, lines)}" for s in stack.services)
 

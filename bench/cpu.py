@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client_rt import client_stack
-from bench.common import Row
+from bench.common import Row, service_pid
 from bench.proc_cpu import tree_cpu_s
 from bench.rigs import Baseline, Vancetope, baseline_on, echo_tree, vancetope_connected
 from brain.stack.embedded import EmbeddedStack
@@ -78,7 +78,7 @@ def run(quick: bool = False) -> list[Row]:
         baseline_on(stack) as celery,
         vancetope_connected(stack) as vt,
     ):
-        vt_roots = {name: _pid(stack, name) for name in VANCETOPE_SERVICES}
+        vt_roots = {name: service_pid(stack, name) for name in VANCETOPE_SERVICES}
         for _ in range(reps):
             base.append(_baseline_run(stack, celery, n))
             vt_runs.append(_vancetope_run(stack, vt, vt_roots, n))
@@ -117,12 +117,6 @@ def run(quick: bool = False) -> list[Row]:
     ]
 
 
-def _pid(stack: EmbeddedStack, name: str) -> int:
-    process = stack.service(name).process
-    assert process is not None
-    return process.pid
-
-
 def _redis_pid(stack: EmbeddedStack) -> int:
     assert stack.redis is not None and stack.redis.process is not None
     return stack.redis.process.pid
@@ -146,7 +140,8 @@ def _vancetope_run(stack: EmbeddedStack, vt: Vancetope, roots: dict[str, int], n
 def _measured(stack: EmbeddedStack, roots: dict[str, int], work: Callable[[], object]) -> Sample:
     """CPU of each process tree in ``roots``, of this process and of redis-server while ``work``
     runs (and ``SETTLE_S`` after, for the last acks and event flushes)."""
-    redis0, procs0 = tree_cpu_s([_redis_pid(stack)]), _trees(roots)
+    redis_pid = _redis_pid(stack)
+    redis0, procs0 = tree_cpu_s([redis_pid]), _trees(roots)
     started, caller0 = time.perf_counter(), time.process_time()
     work()
     caller = time.process_time() - caller0
@@ -155,7 +150,7 @@ def _measured(stack: EmbeddedStack, roots: dict[str, int], work: Callable[[], ob
     return Sample(
         processes={name: cpu - procs0[name] for name, cpu in _trees(roots).items()},
         caller=caller,
-        redis=tree_cpu_s([_redis_pid(stack)]) - redis0,
+        redis=tree_cpu_s([redis_pid]) - redis0,
         wall=wall,
     )
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import redis
 
 from bench.client_rt import CLIENT_ID, client_stack
-from bench.common import BenchError, Child, Row, child_env, wait_until
+from bench.common import BenchError, Child, Row, child_env, service_pid, wait_until
 from brain.core.models import SessionKind, TaskTree
 from brain.core.transitions import PARKED
 from brain.runtime.enrollment import enroll
@@ -225,7 +225,7 @@ def run(quick: bool = False) -> list[Row]:
         try:
             brain = Brain.connect(settings, stack.redis_url)
             r = redis.Redis.from_url(stack.redis_url)
-            brain_pid = stack.service("brain").process.pid  # type: ignore[union-attr]
+            brain_pid = service_pid(stack, "brain")
             assert stack.redis is not None
             address = stack.redis.address_url
 
@@ -412,7 +412,7 @@ def _storm(
         ids = set(creds)
         brain_log = stack.settings.data_dir / "logs" / "brain.log"
         drops = dropped(brain_log)
-        brain_pid = stack.service("brain").process.pid  # type: ignore[union-attr]
+        brain_pid = service_pid(stack, "brain")
         cpu0 = (tree_cpu_s(brain_pid), tree_cpu_s(fleet.proc.pid))
         t0 = time.monotonic()
         fleet.send("go 0")

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Self
 
-from bench.common import Row, redis_only_stack
+from bench.common import Row, redis_only_stack, service_pid
 from bench.rigs import echo_tree, vancetope_on
 
 SMALL = 100
@@ -71,7 +71,7 @@ def run(quick: bool = False) -> list[Row]:
             _, _, elapsed = vt.run_tree(echo_tree("growth-small", SMALL, chained=False), 60.0)
             small_runs.append(elapsed)
         small_s = statistics.median(small_runs)
-        brain_pid = stack.service("brain").process.pid  # type: ignore[union-attr]
+        brain_pid = service_pid(stack, "brain")
         idle_mb = rss_mb(brain_pid)
         with PeakRss(brain_pid) as rss:
             _, submit_s, big_s = vt.run_tree(echo_tree("growth-big", big, chained=False), max(600.0, big / 5))

@@ -43,7 +43,7 @@ from typing import Any
 from celery import Celery
 
 from bench.client_rt import CLIENT_ID, client_stack
-from bench.common import BenchError, Child, Row, wait_until
+from bench.common import BenchError, Child, Row, service_pid, wait_until
 from bench.proc_cpu import tree_cpu_s
 from bench.rigs import Vancetope, vancetope_connected
 from brain.core.models import SessionKind, TaskTree
@@ -145,7 +145,7 @@ def run(quick: bool = False) -> list[Row]:
         vancetope_connected(stack) as vt,
         recorded_results(stack.redis_url) as counter,
     ):
-        brain1 = _pid(stack, "brain")
+        brain1 = service_pid(stack, "brain")
         # Untimed: warms the agent and the relay, and proves the receiver is listening.
         _tree(vt, counter, [brain1], "warm-one", 20, warm_up=True)
         for _ in range(reps):
@@ -199,12 +199,6 @@ def _row(
             f"({n / one_s:.0f} vs {n / two_s:.0f} results/s)"
         ),
     )
-
-
-def _pid(stack: EmbeddedStack, name: str) -> int:
-    process = stack.service(name).process
-    assert process is not None
-    return process.pid
 
 
 @contextmanager
