@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,18 @@ def listener(heard: list[str]) -> Callable[[Any], None]:
     return on
 
 
+@asynccontextmanager
+async def ada_and_bob(
+    world: World, ada_heard: list[str], bob_heard: list[str]
+) -> AsyncIterator[tuple[Any, Any]]:
+    """An MCP session of ada's and one of bob's through the gateway, each noting what it hears."""
+    async with (
+        mcp_client(world.url, token_for(world.stack, "ada"), listener(ada_heard)) as ada,
+        mcp_client(world.url, token_for(world.stack, "bob"), listener(bob_heard)) as bob,
+    ):
+        yield ada, bob
+
+
 async def until(what: Callable[[], bool]) -> None:
     with anyio.fail_after(HEARD_S):
         while not what():
@@ -113,10 +126,7 @@ def test_a_change_of_a_server_side_resource_reaches_the_session_that_subscribed_
     bob_heard: list[str] = []
 
     async def scenario() -> None:
-        async with (
-            mcp_client(world.url, token_for(world.stack, "ada"), listener(ada_heard)) as ada,
-            mcp_client(world.url, token_for(world.stack, "bob"), listener(bob_heard)) as bob,
-        ):
+        async with ada_and_bob(world, ada_heard, bob_heard) as (ada, bob):
             await ada.subscribe_resource("watch://shelf/a")
             await bob.subscribe_resource("watch://shelf/b")
             change(world.shelf / "a.txt")
@@ -149,10 +159,7 @@ def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_c
     bob_heard: list[str] = []
 
     async def scenario() -> None:
-        async with (
-            mcp_client(world.url, token_for(world.stack, "ada"), listener(ada_heard)) as ada,
-            mcp_client(world.url, token_for(world.stack, "bob"), listener(bob_heard)) as bob,
-        ):
+        async with ada_and_bob(world, ada_heard, bob_heard) as (ada, bob):
             await ada.subscribe_resource("watch://desk/a")
             # Bob cannot subscribe to ada's workstation's resource: he does not see it.
             with pytest.raises(Exception, match="watch://desk/a"):

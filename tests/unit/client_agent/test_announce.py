@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -270,6 +270,24 @@ class _RefusingRedis:
         raise self.error
 
 
+def announcing(
+    client: _RefusingRedis, stop: threading.Event, on_refused: Callable[[redis.AuthenticationError], None]
+) -> Announcer:
+    """An announcer on ``client``, quick to retry, started and asked to announce."""
+    announcer = Announcer(
+        AgentChannel(client, CID),  # type: ignore[arg-type]
+        "s1",
+        lambda: "{}",
+        stop,
+        ack_timeout_s=0.1,
+        backoff=lambda attempt: 0.05,
+        on_refused=on_refused,
+    )
+    announcer.start()
+    announcer.request()
+    return announcer
+
+
 @pytest.mark.parametrize(
     ("error", "refused"),
     [
@@ -289,17 +307,7 @@ def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried
         calls.append(exc)
         stop.set()
 
-    announcer = Announcer(
-        AgentChannel(client, CID),  # type: ignore[arg-type]
-        "s1",
-        lambda: "{}",
-        stop,
-        ack_timeout_s=0.1,
-        backoff=lambda attempt: 0.05,
-        on_refused=refused_stops,
-    )
-    announcer.start()
-    announcer.request()
+    announcing(client, stop, refused_stops)
     deadline = time.monotonic() + 10
     while client.attempts < 3 and not calls and time.monotonic() < deadline:
         stop.wait(0.05)
@@ -317,17 +325,7 @@ def test_a_refusal_the_agent_waits_out_is_announced_again(stop: threading.Event)
     the agent: the announcer tries again, with its backoff."""
     client = _RefusingRedis(redis.AuthenticationError("WRONGPASS invalid username-password pair"))
     calls: list[redis.AuthenticationError] = []
-    announcer = Announcer(
-        AgentChannel(client, CID),  # type: ignore[arg-type]
-        "s1",
-        lambda: "{}",
-        stop,
-        ack_timeout_s=0.1,
-        backoff=lambda attempt: 0.05,
-        on_refused=calls.append,
-    )
-    announcer.start()
-    announcer.request()
+    announcing(client, stop, calls.append)
     deadline = time.monotonic() + 10
     while client.attempts < 3 and time.monotonic() < deadline:
         stop.wait(0.05)
