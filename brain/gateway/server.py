@@ -67,7 +67,7 @@ from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.routing import Route
 
 from brain.core.models import TaskRecord, TaskState
-from brain.core.resource_updates import Dropped, parse_update, subscribers
+from brain.core.resource_updates import DropCounts, Dropped, parse_update, subscribers
 from brain.core.transitions import QUEUED
 from brain.errors import BrainError, InvalidTaskTree
 from brain.gateway.backend import (
@@ -151,6 +151,8 @@ class Watch:
 
     loaded_at: float | None = None
     per_user: dict[str, UserState] = field(default_factory=dict)
+    # client id -> its user, for the clients connected at the last look (from ``per_user``)
+    client_users: dict[str, str] = field(default_factory=dict)
     # user -> MCP session id -> the session (handshake-era clients: notifications on its GET stream)
     sessions: dict[str, dict[str, _Seen]] = field(default_factory=dict)
     # user -> the bus of its subscriptions/listen streams (2026-07-28 clients)
@@ -259,6 +261,7 @@ class Gateway:
         self.backend = backend
         self.redis_url = redis_url
         self.watch = Watch()
+        self._update_drops = DropCounts()
         self.server = _GatewayServer(
             "vancetope",
             version="0.1.0",
@@ -624,7 +627,7 @@ class Gateway:
         try:
             update = parse_update(raw)
         except Dropped as exc:
-            log.warning("a resources/updated message was dropped: %s", exc)
+            self._dropped_update(f"a {exc.kind} message on the channel", f"it was dropped: {exc}")
             return []
         reader = surface_tool(update.server, READ_RESOURCE)
         sender = "the server pool" if update.client_id is None else f"client {update.client_id!r}"
@@ -640,16 +643,20 @@ class Gateway:
         views: dict[str, UserView] = {}
         told: list[str] = []
         users: set[str] = set()
+        # A connected client is one user's: another user's catalog is not even built for its word.
+        owner = None if update.client_id is None else self.watch.client_users.get(update.client_id)
         for user, who, send in targets:
-            if user not in views:
-                views[user] = await anyio.to_thread.run_sync(self.backend.view, user)
-            if not views[user].surface.may_notify(reader, update.client_id):
-                log.warning(
-                    "resources/updated of %r from %s dropped: MCP server %r is not one it serves user %r",
-                    update.uri,
+            if owner is not None and user != owner:
+                refused = True
+            else:
+                if user not in views:
+                    views[user] = await anyio.to_thread.run_sync(self.backend.view, user)
+                refused = not views[user].surface.may_notify(reader, update.client_id)
+            if refused:
+                self._dropped_update(
                     sender,
-                    update.server,
-                    user,
+                    f"its resources/updated of {update.uri!r} was dropped: "
+                    f"MCP server {update.server!r} is not one it serves user {user!r}",
                 )
                 continue
             try:
@@ -668,6 +675,13 @@ class Gateway:
                 ", ".join(sorted(users)),
             )
         return told
+
+    def _dropped_update(self, sender: str, what: str) -> None:
+        """A WARNING for a dropped update, at most once a minute per sender (a hostile workstation
+        may send a thousand a round), saying how many it covers."""
+        count = self._update_drops.dropped(sender, time.monotonic())
+        if count is not None:
+            log.warning("%s: %s (%d such since the last line; at most one a minute)", sender, what, count)
 
     def _update_targets(self, reader: str, uri: str) -> list[tuple[str, str, Callable[[], Awaitable[None]]]]:
         """(user, who, how to tell them) for each session subscribed to ``uri`` read by
@@ -821,6 +835,7 @@ class Gateway:
         after = await anyio.to_thread.run_sync(self.backend.state, watched)
         before = (self.watch.loaded_at, self.watch.per_user)
         self.watch.loaded_at, self.watch.per_user = after
+        self.watch.client_users = {cid: user for user, (present, _) in after[1].items() for cid, _ in present}
         users = changed_users(before, after, watched)
         for user in sorted(users):
             await self._tell(user)

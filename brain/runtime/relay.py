@@ -33,6 +33,7 @@ import redis
 from pydantic import ValidationError
 
 from brain.core.client_health import Cause, reply_cause
+from brain.core.resource_updates import DropCounts, announced_servers
 from brain.hot.state import as_bytes, as_text
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.events import HEARTBEAT_S
@@ -99,6 +100,10 @@ class Relay:
         # Clients suspended, as last read (every enrollment refresh) or suspended here since.
         self.suspended: set[str] = set()
         self._stop = threading.Event()  # run()'s, so a pause in poll_once ends with it
+        # The servers each client's session announced a resource reader for, read once a round
+        # (a hostile client may send a thousand updates a round) and again after it announces.
+        self._servers: dict[str, frozenset[str]] = {}
+        self._update_drops = DropCounts()
 
     def handle(self, owner: str, raw: bytes) -> None:
         """Act on one message popped from ``owner``'s outbox. Bad messages are logged and dropped:
@@ -122,6 +127,8 @@ class Relay:
             self._suspend(owner, Cause(kind="malformed message", detail=detail))
             self._refuse_if_announcement(owner, raw, f"malformed announcement: {reason}")
             return
+        if isinstance(msg, (ClientConnected, ClientDisconnected)):
+            self._servers.pop(owner, None)
         if isinstance(msg, ClientConnected):
             if self.clients.on_connected(msg, owner).accepted:
                 self.suspended.discard(owner)
@@ -144,15 +151,30 @@ class Relay:
             self._resource_updated(owner, msg)
 
     def _resource_updated(self, owner: str, msg: ClientResourceUpdated) -> None:
-        """Published for the gateway as ``owner``'s, whatever the message claims: the gateway
-        tells only sessions of ``owner``'s user subscribed to that URI of ``owner``'s server."""
+        """Published for the gateway as ``owner``'s, and only about a server whose resources
+        ``owner``'s session offers: the gateway then tells only sessions of ``owner``'s user
+        subscribed to that URI of ``owner``'s server. Anything else is dropped here, so a hostile
+        workstation costs the gateway nothing for it (logged once a minute per client)."""
         if msg.client_id != owner:
-            log.warning(
-                "client %r sent a resources/updated claiming client %r: dropped", owner, msg.client_id
-            )
+            self._drop_update(owner, f"it claims to speak for client {msg.client_id!r}")
+            return
+        if owner not in self._servers:
+            self._servers[owner] = announced_servers(self.clients.presence.session(owner))
+        if msg.updated.server not in self._servers[owner]:
+            self._drop_update(owner, f"its session offers no resources of MCP server {msg.updated.server!r}")
             return
         stamped = msg.updated.model_copy(update={"client_id": owner})
         self.s.hot.r.publish(channel_resource_updates(), stamped.model_dump_json())
+
+    def _drop_update(self, owner: str, why: str) -> None:
+        count = self._update_drops.dropped(owner, time.monotonic())
+        if count is not None:
+            log.warning(
+                "client %r: %d resources/updated dropped, the last because %s (at most one such line a minute)",
+                owner,
+                count,
+                why,
+            )
 
     def _started(self, owner: str, msg: ClientToolStarted) -> None:
         if self.intake.on_started(msg.started, from_client=owner) and self.s.events is not None:
@@ -186,6 +208,7 @@ class Relay:
             return False
         order = rotated(enrolled, self.turn)
         self.turn += 1
+        self._servers.clear()
         batches, faults = self._pop_round(order)
         batches = self._within_budget(batches)
         for owner, raw in interleaved(batches):

@@ -5,8 +5,8 @@ A real stack: the server pool runs ``shelf``, ada's workstation "laptop" runs ``
 mcp.json, both ``tests/fixtures/mcp_watched_server.py`` (files that say when they change). Real
 MCP clients (the SDK's streamable-HTTP client) for ada and bob subscribe through the gateway;
 a test writes a file; the client hears of it under the gateway's URI. A hostile workstation of
-bob's, with nothing but its own enrolled credential, says ada's resource changed: dropped, with
-a line in the gateway's log. Every wait bounded.
+bob's, with nothing but its own enrolled credential, says ada's resource changed: the brain
+drops it, with a line in its log, and the gateway never hears it. Every wait bounded.
 """
 
 from __future__ import annotations
@@ -166,21 +166,25 @@ def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_c
                 await bob.subscribe_resource("watch://desk/a")
             await bob.subscribe_resource("watch://shelf/a")
             # Bob's workstation says ada's desk changed, through the only door it has (its
-            # outbox); the brain publishes it as bobpc's; the gateway drops it.
-            # Once as itself, once claiming to be ada's laptop: the brain drops that one.
+            # outbox), once as itself and once claiming to be ada's laptop. It offers no server
+            # "desk" (it is not even connected), so the brain drops both: the gateway never hears
+            # them. (A connected one naming its own server "desk": tests/unit/brain/gateway/
+            # test_resource_relay.py, the gateway drops it without building ada's catalog.)
             desk_a = ResourceUpdated(server="desk", uri="watch://desk/a")
+            outbox = client_key("bobpc", CLIENT_OUTBOX)
             for claimed in ("bobpc", "laptop"):
                 forged = ClientResourceUpdated(client_id=claimed, updated=desk_a)
-                as_bobpc.lpush(client_key("bobpc", CLIENT_OUTBOX), forged.model_dump_json())
+                as_bobpc.lpush(outbox, forged.model_dump_json())
             await anyio.to_thread.run_sync(
                 lambda: wait_until(
                     lambda: (
-                        "from client 'bobpc' dropped: MCP server 'desk'" in world.gateway_log()
-                        and "client 'bobpc' sent a resources/updated claiming client 'laptop'"
+                        "client 'bobpc': 1 resources/updated dropped, the last because its session "
+                        "offers no resources of MCP server 'desk'"
                         in world.log("brain")
+                        and brain.hot.r.llen(outbox) == 0
                     ),
                     HEARD_S,
-                    "bobpc's words dropped, by the gateway and by the brain",
+                    "bobpc's words dropped by the brain",
                 )
             )
             # Ada's desk really changes: she hears it (and only that: her stream is in order).
@@ -192,8 +196,10 @@ def test_a_change_on_adas_workstation_reaches_her_session_and_bobs_workstation_c
             assert read.contents[0].text.endswith("changed\n")  # type: ignore[union-attr]
 
     anyio.run(scenario)
+    # Only the real change, and only to her: bobpc's words reached no session and no gateway log.
     assert ada_heard == ["watch://desk/a"]
     assert bob_heard == ["watch://shelf/a"]
+    assert "bobpc" not in world.gateway_log()
 
 
 def test_a_workstation_that_reloads_its_mcp_json_still_tells_of_what_was_subscribed_to(world: World) -> None:
@@ -227,7 +233,7 @@ def test_a_message_on_the_channel_that_is_too_big_or_malformed_is_dropped_with_a
     assert admin.publish(channel, '{"server": "shelf", "uri": "' + "x" * 10_000 + '"}') == 1
     assert admin.publish(channel, "{not json") == 1
     wait_until(
-        lambda: world.gateway_log().count("a resources/updated message was dropped") >= 2,
+        lambda: world.gateway_log().count(" message on the channel: it was dropped") >= 2,
         HEARD_S,
         "the gateway dropping both",
     )

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from brain.core.models import Location
-from brain.core.resource_updates import Dropped, may_notify, parse_update, subscribers
-from workers.contracts import MAX_RESOURCE_UPDATE_BYTES, ResourceUpdated
+from brain.core.resource_updates import (
+    DropCounts,
+    Dropped,
+    announced_servers,
+    may_notify,
+    parse_update,
+    subscribers,
+)
+from brain.core.sessions import ClientSession
+from workers.contracts import MAX_RESOURCE_UPDATE_BYTES, ClientType, ResourceUpdated, ToolDescriptor, ToolType
 
 
 def test_a_message_is_parsed_strictly_and_bounded_before_it_is_parsed() -> None:
@@ -20,8 +28,9 @@ def test_a_message_is_parsed_strictly_and_bounded_before_it_is_parsed() -> None:
         (b'{"server": "desk", "uri": ""}', "uri: String should have at least 1 character"),
         (b'{"server": "desk", "uri": "' + b"x" * MAX_RESOURCE_UPDATE_BYTES + b'"}', "-byte limit"),
     ]:
-        with pytest.raises(Dropped, match=why):
+        with pytest.raises(Dropped, match=why) as dropped:
             parse_update(raw)
+        assert dropped.value.kind == ("too big" if why == "-byte limit" else "malformed")
 
 
 def test_only_sessions_subscribed_to_that_uri_of_that_server_hear_of_it() -> None:
@@ -43,3 +52,33 @@ def test_a_client_speaks_only_for_servers_it_offers_and_the_pool_only_for_the_se
     assert may_notify(Location.SERVER, (), None)
     assert not may_notify(Location.SERVER, (), "laptop")
     assert may_notify(Location.BOTH, ("laptop",), None) and may_notify(Location.BOTH, ("laptop",), "laptop")
+
+
+def test_a_client_may_report_changes_only_of_servers_its_session_offers_resources_of() -> None:
+    def session(*names: str) -> ClientSession:
+        tools = [ToolDescriptor(name=n, type=ToolType.MCP, mcp_server="desk") for n in names]
+        return ClientSession(
+            client_id="laptop",
+            user="ada",
+            session_id="s1",
+            client_type=ClientType.CLI,
+            tools=tools,
+            connected_at=0,
+        )
+
+    assert announced_servers(None) == frozenset()
+    assert announced_servers(session("desk_note", "desk#get_prompt")) == frozenset()
+    assert announced_servers(session("desk#read_resource", "notes#read_resource", "x#complete")) == {
+        "desk",
+        "notes",
+    }
+
+
+def test_a_senders_drops_make_one_line_a_minute_saying_how_many() -> None:
+    counts = DropCounts(every_s=60)
+    assert counts.dropped("bobpc", 0.0) == 1  # the first, at once
+    assert [counts.dropped("bobpc", t) for t in (1.0, 30.0, 59.9)] == [None, None, None]
+    assert counts.dropped("laptop", 10.0) == 1  # another sender has its own minute
+    assert counts.dropped("bobpc", 60.0) == 4  # the three kept quiet, and this one
+    assert counts.dropped("bobpc", 61.0) is None
+    assert counts.dropped("bobpc", 200.0) == 2

@@ -28,8 +28,10 @@ class Views(FakeBackend):
     def __init__(self, tools: dict[str, list[GatewayTool]]) -> None:
         super().__init__()
         self.by_user = tools
+        self.built: list[str] = []
 
     def view(self, user: str) -> UserView:
+        self.built.append(user)
         tools = self.by_user.get(user, [])
         return UserView(
             user=user, tools=[], listing=listing([], 40), pools={}, sessions=[], surface=surface_of(tools)
@@ -115,16 +117,52 @@ def test_a_change_said_by_anyone_but_the_servers_own_side_is_dropped_with_a_log_
     lines = [r.getMessage() for r in caplog.records]
     assert (
         sum(
-            "from client 'bobpc' dropped: MCP server 'desk' is not one it serves user 'ada'" in m
+            "client 'bobpc': its resources/updated of 'watch://desk/a' was dropped: "
+            "MCP server 'desk' is not one it serves user 'ada' (1 such since the last line" in m
             for m in lines
         )
         == 1
     )
-    assert sum("from the server pool dropped: MCP server 'desk'" in m for m in lines) == 1
-    # Both of the sessions subscribed to the pool's resource were refused the laptop's word.
-    assert sum("from client 'laptop' dropped: MCP server 'shelf'" in m for m in lines) == 2
-    dropped = [m for m in lines if m.startswith("a resources/updated message was dropped")]
-    assert len(dropped) == 3 and "-byte limit" in dropped[0] and "Extra inputs" in dropped[2]
+    assert (
+        sum("the server pool: its resources/updated of 'watch://desk/a' was dropped" in m for m in lines) == 1
+    )
+    # Both of the sessions subscribed to the pool's resource were refused the laptop's word:
+    # one line for the two (at most one a minute per sender).
+    assert sum("client 'laptop': its resources/updated of 'watch://shelf/a'" in m for m in lines) == 1
+    dropped = [m for m in lines if " message on the channel: it was dropped" in m]
+    # Too big; malformed (the second malformed one within the minute: counted, not logged).
+    assert (
+        len(dropped) == 2 and "-byte limit" in dropped[0] and "malformed: message: Invalid JSON" in dropped[1]
+    )
+
+
+def test_a_hostile_workstations_flood_costs_one_line_a_minute_and_no_other_users_catalog(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Bob's connected workstation names its own MCP server like ada's laptop's (so the brain
+    passes its updates on) and says ada's subscribed resource changed, a thousand times."""
+    gw, told = world()
+    gw.watch.client_users = {"laptop": "ada", "bobpc": "bob"}
+    backend = gw.backend
+    assert isinstance(backend, Views)
+    with caplog.at_level(logging.WARNING, logger="vancetope.gateway"):
+        for _ in range(1000):
+            assert relay(gw, update("desk", "watch://desk/a", "bobpc")) == []
+    assert backend.built == []  # ada's catalog was never built for bobpc's word
+    assert [r.getMessage() for r in caplog.records] == [
+        (
+            "client 'bobpc': its resources/updated of 'watch://desk/a' was dropped: MCP server 'desk' is "
+            "not one it serves user 'ada' (1 such since the last line; at most one a minute)"
+        )
+    ]
+    # A minute on, one line covers the 999 since.
+    gw._update_drops.every_s = 0.0
+    with caplog.at_level(logging.WARNING, logger="vancetope.gateway"):
+        relay(gw, update("desk", "watch://desk/a", "bobpc"))
+    assert "(1000 such since the last line" in caplog.records[-1].getMessage()
+    # Ada's own laptop is still heard, her catalog built for it.
+    assert relay(gw, update("desk", "watch://desk/a", "laptop")) == ["ada-1"]
+    assert backend.built == ["ada"] and told["ada-1"].uris == ["watch://desk/a"]
 
 
 def test_a_listen_stream_that_asked_for_the_uri_hears_of_it_on_its_users_bus_and_only_there(
