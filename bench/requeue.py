@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import redis
 
@@ -66,8 +67,8 @@ def naive_take(r: redis.Redis, client_id: str, owners: list[str]) -> list[Parked
     for owner in owners:
         src = key_parked(owner)
         while (item := r.lpop(src)) is not None:
-            r.rpush(dest, item)
-    refs = decode_chunk(b"\n".join(r.lrange(dest, 0, -1)))
+            r.rpush(dest, cast(bytes, item))
+    refs = decode_chunk(b"\n".join(cast(list[bytes], r.lrange(dest, 0, -1))))
     return sorted(refs, key=lambda ref: ref.parked_at)
 
 

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -246,7 +247,7 @@ def test_channel_uses_only_keys_under_its_prefix(redis_url: str, r: redis.Redis)
     assert channel.read_ack() is None
     r.set(client_key(CID, CLIENT_ACK), "not json")
     assert channel.read_ack() is None
-    assert all(key.startswith(b"c:laptop:") for key in r.keys("*"))
+    assert all(cast(bytes, key).startswith(b"c:laptop:") for key in r.keys("*"))
 
 
 class _RefusingRedis:
