@@ -28,11 +28,16 @@ from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
-from brain.runtime.events import ClientEvents
+from brain.runtime.events import HEARTBEAT_S, ClientEvents
 from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
+
+# Flower expects an agent's heartbeat every HEARTBEAT_S and lists it offline after two missed;
+# the relay sweeps every 1-2 s, so the next round of heartbeats is due this long after the last
+# (gaps of 1.5 to about 3 s), never at every sweep.
+BEAT_DUE_S = 0.75 * HEARTBEAT_S
 
 
 class ClientScheduling(Protocol):
@@ -90,6 +95,7 @@ class ClientWork:
         # Clients suspended for what they wrote (brain.hot.misbehaving), in the brain's own key.
         self.misbehaving = MisbehavingBook(hot.r)
         self._sweep_failing: set[str] = set()
+        self._beats_sent: float | None = None  # when the last round of Flower heartbeats went
 
     # --- connect -------------------------------------------------------------------------
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
@@ -271,8 +277,9 @@ class ClientWork:
 
     def sweep_heartbeats(self) -> None:
         """Drop clients whose heartbeat stopped, suspend those whose keys are malformed, tell
-        Flower the others are alive. One client's failure is logged (once until it
-        recovers) and the others are still swept."""
+        Flower the others are alive (all in one round, every ``BEAT_DUE_S`` at most). One
+        client's failure is logged (once until it recovers) and the others are still swept."""
+        alive: list[str] = []
         for cid, (session, reading) in self.presence.inspect().items():
             try:
                 causes = reading.all_causes()
@@ -282,13 +289,19 @@ class ClientWork:
                     continue
                 if reading.beat.session_id != session.session_id:
                     self.on_disconnected(cid, session.session_id, "missed heartbeat")
-                elif self.events is not None:
-                    self.events.heartbeat(cid)
+                else:
+                    alive.append(cid)
                 self._sweep_failing.discard(cid)
             except Exception:
                 if cid not in self._sweep_failing:
                     log.exception("heartbeat sweep of client %r failed; going on with the others", cid)
                 self._sweep_failing.add(cid)
+        now = self.clock()
+        last = self._beats_sent
+        # (A clock set back makes the gap negative: beat then too, rather than fall silent.)
+        if self.events is not None and alive and (last is None or not 0 <= now - last < BEAT_DUE_S):
+            self.events.heartbeats(alive)
+            self._beats_sent = now
 
 
 def suspension_reason(causes: str) -> str:
