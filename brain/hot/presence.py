@@ -196,8 +196,18 @@ class PresenceBook:
         """The router's view for one session, of ``sessions`` (default: read now); the load of
         each client it may choose among is read now. With the ``registry``, a client's MCP tool
         whose bare name the registry gives to another tool is offered under
-        ``<server>.<tool>`` only (``ClientSession.tool_names``)."""
-        seen = list((self.sessions() if sessions is None else sessions).values())
+        ``<server>.<tool>`` only (``ClientSession.tool_names``).
+
+        The view holds only the clients the router may look at (brain.core.routing): the
+        session's own client and the clients of ``user``. Every other client's view was built for
+        nothing, and with 1,000 clients reconnecting at once, each requeued task built all 1,000
+        (a storm was O(N²) in ``tool_names``)."""
+        every = self.sessions() if sessions is None else sessions
+        seen = [
+            s
+            for s in every.values()
+            if s.client_id == session_client or (user is not None and s.user == user)
+        ]
         # Load only chooses among several clients of the user (the session's own client is
         # taken first whatever its load): with fewer, it is not worth a round trip.
         same_user = [s.client_id for s in seen if user and s.user == user]

@@ -185,17 +185,29 @@ class ClientWork:
         placed = 0
         touched: set[str] = set()
 
+        # A tree bound to this client routes to it alone (brain.core.routing): its session is
+        # all the view needs. Another tree's view needs its user's clients: every session is
+        # read for those, once per chunk of refs (up to 1,000). Both used to read every session
+        # per requeued task, so 1,000 clients reconnecting at once cost O(N²).
+        own = {client_id: session}
+
         def place(refs: list[ParkedRef]) -> None:
             nonlocal placed
+            every: dict[str, ClientSession] | None = None
             for ref in refs:
                 rec = self.store.get_task(ref.tree_id, ref.task_id)
                 tree_rec = self.scheduler.tree(ref.tree_id)
                 # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
                 if rec is None or tree_rec is None or rec.state not in PARKED:
                     continue
+                if tree_rec.client_id == client_id:
+                    sessions = own
+                else:
+                    every = sessions = self.presence.sessions() if every is None else every
                 presence = self.presence.view(
                     user=tree_rec.user,
                     session_client=tree_rec.client_id,
+                    sessions=sessions,
                     registry=self.scheduler.registry.tools,
                 )
                 if self.scheduler.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
@@ -237,6 +249,7 @@ class ClientWork:
             self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())
         taken = 0
         touched: set[str] = set()
+        sessions = self.presence.sessions() if where_by_run else {}  # once, for every call re-routed
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
@@ -259,6 +272,7 @@ class ClientWork:
                 presence = self.presence.view(
                     user=tree_rec.user,
                     session_client=tree_rec.client_id,
+                    sessions=sessions,
                     registry=self.scheduler.registry.tools,
                 )
                 moved = self.scheduler.start(
