@@ -7,7 +7,7 @@ other client's replies are still read. The verdicts are ``brain.core.client_heal
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,27 +28,35 @@ class KeyReading(BaseModel):
         return [*([self.beat.cause] if self.beat.cause else []), *self.causes]
 
 
-def read_client_keys(r: redis.Redis, client_ids: Iterable[str]) -> dict[str, KeyReading]:
+def read_client_keys(
+    r: redis.Redis, client_ids: Iterable[str], typed: Collection[str] | None = None
+) -> dict[str, KeyReading]:
     """Each client's heartbeat (at most ``MAX_HEARTBEAT_BYTES`` of it read) and the type of
-    each key the brain uses under its prefix: one round trip for all of them."""
+    each key the brain uses under its prefix, for the clients in ``typed`` only when given
+    (the others' ``causes`` are then empty): one round trip for all of them."""
     ids = list(dict.fromkeys(client_ids))
     if not ids:
         return {}
     names = list(typed_keys(ids[0]))
+    wanted = None if typed is None else set(typed)
+    checked = [wanted is None or cid in wanted for cid in ids]
     pipe = r.pipeline(transaction=False)
-    for cid in ids:
+    for cid, check in zip(ids, checked, strict=True):
         beat_key = client_key(cid, CLIENT_HEARTBEAT)
         pipe.strlen(beat_key)
         pipe.getrange(beat_key, 0, MAX_HEARTBEAT_BYTES - 1)
-        for key, _expected in typed_keys(cid).values():
-            pipe.type(key)
+        if check:
+            for key, _expected in typed_keys(cid).values():
+                pipe.type(key)
     replies = pipe.execute(raise_on_error=False)
-    width = 2 + len(names)
     readings: dict[str, KeyReading] = {}
-    for i, cid in enumerate(ids):
-        row = replies[i * width : (i + 1) * width]
+    at = 0
+    for cid, check in zip(ids, checked, strict=True):
+        width = 2 + (len(names) if check else 0)
+        row = replies[at : at + width]
+        at += width
         readings[cid] = KeyReading(
             beat=read_heartbeat(row[0], row[1]),
-            causes=type_causes(cid, dict(zip(names, row[2:], strict=True))),
+            causes=type_causes(cid, dict(zip(names, row[2:], strict=True))) if check else [],
         )
     return readings

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 
 import redis
@@ -34,6 +35,13 @@ from workers.contracts import (
 
 log = logging.getLogger("vancetope.brain")
 
+# How often the heartbeat sweep checks the type of each connected client's keys (``inspect``).
+# The check is there for a client that turns its own queue, outbox, unacked hash or cancelled
+# set into another type: every read of those keys already survives that (each reply is checked
+# on its own), so this check only makes the brain suspend it sooner. Its heartbeat is read at
+# every sweep; five TYPEs per client per sweep were most of the sweep's commands.
+TYPES_EVERY_S = 10.0
+
 
 class PresenceBook:
     """Who may connect (the store's enrollments) and who is connected (sessions in Redis)."""
@@ -45,6 +53,8 @@ class PresenceBook:
         # all, and an announcement (with its tools' schemas) changes far less often than that.
         self._parsed: dict[str, tuple[bytes | str, ClientSession]] = {}
         self._bad: dict[str, bytes | str] = {}
+        # Per client, the TYPES_EVERY_S period in which its keys' types were last checked.
+        self._types_checked: dict[str, int] = {}
 
     # enrollment ---------------------------------------------------------------------
     def enroll(
@@ -149,11 +159,26 @@ class PresenceBook:
         self._parsed[client_id] = (raw, session)
         return session
 
-    def inspect(self) -> dict[str, tuple[ClientSession, KeyReading]]:
+    def inspect(self, now: float | None = None) -> dict[str, tuple[ClientSession, KeyReading]]:
         """Each connected client's session with its heartbeat and the health of its keys
-        (brain.hot.client_keys): one round trip, and no client's key can make it raise."""
+        (brain.hot.client_keys): one round trip, and no client's key can make it raise. The
+        types of a client's keys are checked when it is first seen, then once every
+        ``TYPES_EVERY_S`` (``now``: ``time.monotonic()`` by default), each client at a phase of
+        its own so that the checks are spread over the period, not all in one sweep."""
         sessions = self.sessions()
-        readings = read_client_keys(self.r, sessions)
+        at = time.monotonic() if now is None else now
+        due: list[str] = []
+        periods: dict[str, int] = {}
+        for cid in sessions:
+            period = periods[cid] = int((at + _phase(cid)) // TYPES_EVERY_S)
+            if self._types_checked.get(cid) != period:
+                due.append(cid)
+        readings = read_client_keys(self.r, sessions, typed=due)
+        checked = self._types_checked
+        for cid in due:
+            checked[cid] = periods[cid]
+        if len(checked) > len(sessions):  # clients gone
+            self._types_checked = {cid: checked[cid] for cid in sessions if cid in checked}
         return {cid: (s, readings[cid]) for cid, s in sessions.items()}
 
     def silent(self) -> list[ClientSession]:
@@ -171,8 +196,18 @@ class PresenceBook:
         """The router's view for one session, of ``sessions`` (default: read now); the load of
         each client it may choose among is read now. With the ``registry``, a client's MCP tool
         whose bare name the registry gives to another tool is offered under
-        ``<server>.<tool>`` only (``ClientSession.tool_names``)."""
-        seen = list((self.sessions() if sessions is None else sessions).values())
+        ``<server>.<tool>`` only (``ClientSession.tool_names``).
+
+        The view holds only the clients the router may look at (brain.core.routing): the
+        session's own client and the clients of ``user``. Every other client's view was built for
+        nothing, and with 1,000 clients reconnecting at once, each requeued task built all 1,000
+        (a storm was O(N²) in ``tool_names``)."""
+        every = self.sessions() if sessions is None else sessions
+        seen = [
+            s
+            for s in every.values()
+            if s.client_id == session_client or (user is not None and s.user == user)
+        ]
         # Load only chooses among several clients of the user (the session's own client is
         # taken first whatever its load): with fewer, it is not worth a round trip.
         same_user = [s.client_id for s in seen if user and s.user == user]
@@ -214,6 +249,11 @@ class PresenceBook:
 # The load of a client whose queue or unacked hash cannot be read (its agent changed their
 # type): chosen last. The heartbeat sweep suspends it (brain.runtime.clientwork).
 UNREADABLE_LOAD = 1 << 30
+
+
+def _phase(client_id: str) -> float:
+    """Where in each ``TYPES_EVERY_S`` period ``client_id``'s types are checked (stable)."""
+    return (zlib.crc32(client_id.encode()) % 1000) / 1000 * TYPES_EVERY_S
 
 
 def _round_trip(reply: object) -> float | None:

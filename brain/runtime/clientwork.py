@@ -28,11 +28,16 @@ from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
-from brain.runtime.events import ClientEvents
+from brain.runtime.events import HEARTBEAT_S, ClientEvents
 from brain.store import Store
 from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
+
+# Flower expects an agent's heartbeat every HEARTBEAT_S and lists it offline after two missed;
+# the relay sweeps every 1-2 s, so the next round of heartbeats is due this long after the last
+# (gaps of 1.5 to about 3 s), never at every sweep.
+BEAT_DUE_S = 0.75 * HEARTBEAT_S
 
 
 class ClientScheduling(Protocol):
@@ -90,6 +95,7 @@ class ClientWork:
         # Clients suspended for what they wrote (brain.hot.misbehaving), in the brain's own key.
         self.misbehaving = MisbehavingBook(hot.r)
         self._sweep_failing: set[str] = set()
+        self._beats_sent: float | None = None  # when the last round of Flower heartbeats went
 
     # --- connect -------------------------------------------------------------------------
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
@@ -179,17 +185,29 @@ class ClientWork:
         placed = 0
         touched: set[str] = set()
 
+        # A tree bound to this client routes to it alone (brain.core.routing): its session is
+        # all the view needs. Another tree's view needs its user's clients: every session is
+        # read for those, once per chunk of refs (up to 1,000). Both used to read every session
+        # per requeued task, so 1,000 clients reconnecting at once cost O(N²).
+        own = {client_id: session}
+
         def place(refs: list[ParkedRef]) -> None:
             nonlocal placed
+            every: dict[str, ClientSession] | None = None
             for ref in refs:
                 rec = self.store.get_task(ref.tree_id, ref.task_id)
                 tree_rec = self.scheduler.tree(ref.tree_id)
                 # A ref whose task moved on (cancelled, expired, requeued elsewhere) is just dropped.
                 if rec is None or tree_rec is None or rec.state not in PARKED:
                     continue
+                if tree_rec.client_id == client_id:
+                    sessions = own
+                else:
+                    every = sessions = self.presence.sessions() if every is None else every
                 presence = self.presence.view(
                     user=tree_rec.user,
                     session_client=tree_rec.client_id,
+                    sessions=sessions,
                     registry=self.scheduler.registry.tools,
                 )
                 if self.scheduler.start(tree_rec, rec, presence, {rec.state}, parked_at=ref.parked_at):
@@ -231,6 +249,7 @@ class ClientWork:
             self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())
         taken = 0
         touched: set[str] = set()
+        sessions = self.presence.sessions() if where_by_run else {}  # once, for every call re-routed
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
@@ -253,6 +272,7 @@ class ClientWork:
                 presence = self.presence.view(
                     user=tree_rec.user,
                     session_client=tree_rec.client_id,
+                    sessions=sessions,
                     registry=self.scheduler.registry.tools,
                 )
                 moved = self.scheduler.start(
@@ -271,8 +291,9 @@ class ClientWork:
 
     def sweep_heartbeats(self) -> None:
         """Drop clients whose heartbeat stopped, suspend those whose keys are malformed, tell
-        Flower the others are alive. One client's failure is logged (once until it
-        recovers) and the others are still swept."""
+        Flower the others are alive (all in one round, every ``BEAT_DUE_S`` at most). One
+        client's failure is logged (once until it recovers) and the others are still swept."""
+        alive: list[str] = []
         for cid, (session, reading) in self.presence.inspect().items():
             try:
                 causes = reading.all_causes()
@@ -282,13 +303,19 @@ class ClientWork:
                     continue
                 if reading.beat.session_id != session.session_id:
                     self.on_disconnected(cid, session.session_id, "missed heartbeat")
-                elif self.events is not None:
-                    self.events.heartbeat(cid)
+                else:
+                    alive.append(cid)
                 self._sweep_failing.discard(cid)
             except Exception:
                 if cid not in self._sweep_failing:
                     log.exception("heartbeat sweep of client %r failed; going on with the others", cid)
                 self._sweep_failing.add(cid)
+        now = self.clock()
+        last = self._beats_sent
+        # (A clock set back makes the gap negative: beat then too, rather than fall silent.)
+        if self.events is not None and alive and (last is None or not 0 <= now - last < BEAT_DUE_S):
+            self.events.heartbeats(alive)
+            self._beats_sent = now
 
 
 def suspension_reason(causes: str) -> str:

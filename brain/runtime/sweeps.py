@@ -20,7 +20,7 @@ from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
-from brain.hot.client_quota import QUOTA_EVERY_S, free_client_keys, measure_client_usage
+from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
@@ -120,6 +120,7 @@ class Sweeps:
         self.registry = registry
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
+        self._usage = UsageMeter()
         self._second_look = SecondLook(settings.reconcile_grace_s)
         self._suspended: set[str] = set()
 
@@ -218,8 +219,11 @@ class Sweeps:
         if now - self._quota_checked < QUOTA_EVERY_S:
             return {}
         self._quota_checked = now
-        used = measure_client_usage(self.hot.r)
         quota = self.settings.client_quota_bytes
+        used = self._usage.measure(self.hot.r, now, quota)
+        # One read of every mark, not one per enrolled client: only a client marked over its
+        # quota can have that mark lifted (``clear`` reads it again before it writes).
+        marked = {cid for cid, mark in self.clients.misbehaving.all().items() if QUOTA_KIND in mark.causes}
         for cid in self.presence.enrolled():
             cause = quota_cause(used.get(cid, 0), quota)
             if cause is not None:
@@ -228,7 +232,7 @@ class Sweeps:
                     f"freeing client {cid!r}'s keys", free_client_keys, self.hot.r, cid, self._ack_only(cid)
                 )
                 log.warning("client %r was over its quota: deleted %s of its keys in Redis", cid, freed)
-            elif self.clients.misbehaving.clear(cid, {QUOTA_KIND}) is not None:
+            elif cid in marked and self.clients.misbehaving.clear(cid, {QUOTA_KIND}) is not None:
                 log.info(
                     "client %r keeps %d bytes, back under its quota of %d: its next announcement is accepted",
                     cid,

@@ -9,13 +9,16 @@ from __future__ import annotations
 import logging
 
 import pytest
+import redis
 
 from brain.core.models import SessionKind, TaskState
 from brain.errors import StoreError
+from brain.runtime import relay as relay_module
 from brain.runtime.relay import POP_BATCH, Relay
 from brain.runtime.service import Brain
 from tests.conftest import result_for, tree
 from tests.integration.test_parking import connect, reads
+from tests.redis_commands import command_counts, reset_counts
 from workers.contracts import CLIENT_OUTBOX, ClientToolResult, client_key
 
 pytestmark = pytest.mark.integration
@@ -125,3 +128,35 @@ def test_a_message_whose_handling_fails_does_not_take_the_rest_of_its_batch_with
     assert any(
         "message from client 'laptop'; going on with the next" in r.getMessage() for r in caplog.records
     )
+
+
+def test_idle_outboxes_cost_a_poll_no_command_of_their_own(
+    brain_on_redis: Brain, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With 1,000 clients idle, an LLEN, LTRIM and RPOP of every outbox at every poll were
+    3,000 commands a second. Now an idle poll is two commands whatever the number of outboxes
+    (which hold anything, then BRPOP), and a round touches only the outboxes that hold
+    something, still trimmed to the cap."""
+    monkeypatch.setattr(relay_module, "POP_TIMEOUT_S", 0.05)  # BRPOP finds nothing: no need to wait
+    brain = brain_on_redis
+    enrolled = [f"idle-{i:03d}" for i in range(300)]
+    relay = Relay(brain.intake, brain.clients)
+    reset_counts(redis_client)
+    for _ in range(3):
+        assert relay.poll_once(enrolled) is False
+    counts = command_counts(redis_client)
+    # commandstats counts the script's own EXISTS of each outbox too: inside Redis, no reply each.
+    inside_script = counts.pop("exists", 0)
+    assert inside_script == 3 * len(enrolled)
+    sent = {k: n for k, n in counts.items() if k not in ("hello", "client")}  # the connection's setup
+    assert sent.get("brpop") == 3 and sent.get("evalsha") == 3
+    assert sum(sent.values()) <= 3 * 3  # (the script's first call may load it: EVAL)
+    assert not {"llen", "ltrim", "rpop"} & set(sent)  # not one per outbox
+
+    cap = brain.scheduler.settings.outbox_max_messages
+    flood(brain, "idle-150", cap + 5)
+    reset_counts(redis_client)
+    assert relay.poll_once(enrolled) is True  # its messages are junk: dropped, the client suspended
+    counts = command_counts(redis_client)
+    assert counts["llen"] == counts["ltrim"] == counts["rpop"] == 1  # the one that held something
+    assert redis_client.llen(client_key("idle-150", CLIENT_OUTBOX)) <= cap

@@ -15,6 +15,7 @@ from brain.core.models import TaskState, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.parked import key_requeues
 from brain.runtime.sweeps import server_queues
+from tests.redis_commands import command_counts, reset_counts
 from tests.unit.brain.runtime.rig import GRACE, Rig, echo, kombu_message, local_read, tree
 from workers.contracts import (
     CLIENT_ACK,
@@ -325,6 +326,26 @@ def test_a_client_over_its_quota_is_suspended_and_its_keys_freed_but_the_ack(
     ack = json.loads(rig.r.get(client_key("big", CLIENT_ACK)))
     assert ack["accepted"] is False and ack["reason"].startswith("suspended by the brain")
     assert rig.clients.misbehaving.get("small") is None
+
+
+def test_the_quota_check_reads_the_suspension_marks_once_not_once_per_client(
+    rigs: Callable[..., Rig],
+) -> None:
+    """A read of each enrolled client's mark every 2 s was a tenth of what 1,000 idle clients cost
+    the brain; only a client marked over its quota can have that mark lifted."""
+    rig = rigs(client_quota_bytes=64 * 1024)
+    for i in range(40):
+        rig.presence.enroll(f"c{i:02d}", "ada")
+        rig.r.set(client_key(f"c{i:02d}", "note"), b"x" * 100)
+    rig.r.set(client_key("c07", "junk"), b"x" * 200_000)
+    rig.sweeps.check_quotas()
+    assert rig.clients.misbehaving.get("c07") is not None
+
+    rig.sweeps._quota_checked = float("-inf")  # measure again now
+    reset_counts(rig.r)
+    rig.sweeps.check_quotas()  # c07's keys were freed: back under its quota
+    assert command_counts(rig.r).get("hget", 0) <= 2  # c07's mark, read again before it is lifted
+    assert rig.clients.misbehaving.get("c07") is None
 
 
 def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(rig: Rig) -> None:
