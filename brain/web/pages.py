@@ -127,8 +127,7 @@ def trees_page(rows: Sequence[TreeRow], status: str | None, user: str | None, us
 
 def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
     reason = waiting_reason(t)
-    label = t.task_id if len(t.task_id) <= 28 else t.task_id[:27] + "…"
-    tool = t.tool if len(t.tool) <= 30 else t.tool[:29] + "…"
+    label, tool = _fit(t.task_id), _fit(t.tool)
     tip = f"{t.task_id}: {t.tool} ({t.state.value}){' — ' + reason if reason else ''}"
     href = f"/trees/{quote(tree_id, safe='')}/tasks/{quote(t.task_id, safe='')}"
     return (
@@ -138,9 +137,17 @@ def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
         f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
         f'<text x="6" y="14" class="tool">{escape(label)}</text>'
         f'<text x="6" y="28">{escape(tool)}</text>'
-        f'<text x="6" y="41" class="muted">{escape(" · ".join(badges(t)))}'
-        f"{(' · ' + escape(reason[:40])) if reason else ''}</text></g></a>"
+        f'<text x="6" y="41" class="muted">{escape(_fit(" · ".join([*badges(t), *([reason] if reason else [])])))}'
+        "</text></g></a>"
     )
+
+
+# About this many characters of 12px text fit in a node; the tooltip has the rest.
+NODE_CHARS = 30
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= NODE_CHARS else text[: NODE_CHARS - 1] + "…"
 
 
 def graph_svg(tree_id: str, graph: Graph) -> str:
