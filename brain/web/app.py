@@ -27,7 +27,7 @@ from brain.core.models import TaskState, TreeStatus
 from brain.store import Store
 from brain.web import pages
 from brain.web.guard import Guard
-from brain.web.views import layout, matches, tree_row
+from brain.web.views import WAITING, layout, matches, tree_row
 
 POLL_S = 0.5
 # A comment line this often keeps proxies from closing a quiet event stream.
@@ -81,7 +81,14 @@ def create_app(
             users_seen = sorted({t.user for t in recent if t.user})
             shown = [t for t in recent if matches(t, status, user)][:SHOWN_TREES]
             now = clock()
-            rows = [tree_row(t, store.get_tasks(t.tree_id), now) for t in shown]
+            rows = []
+            for t in shown:
+                # States only (an index read); whole records only of the tasks that wait.
+                states = store.task_states(t.tree_id)
+                waiting = (
+                    [k for k, v in states.items() if v in WAITING] if t.status is TreeStatus.RUNNING else []
+                )
+                rows.append(tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else []))
             return pages.trees_page(rows, status, user, users_seen)
 
         return _html(await run_in_threadpool(read))
@@ -95,7 +102,8 @@ def create_app(
                 return None
             tasks = store.get_tasks(tree_id)
             now = clock()
-            return pages.tree_page(record, tasks, layout(record, tasks), tree_row(record, tasks, now), now)
+            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks)
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now)
 
         text = await run_in_threadpool(read)
         return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text)

@@ -89,11 +89,19 @@ class TreeRow:
     waits: list[str]
 
 
-def tree_row(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> TreeRow:
-    counts = Counter(t.state.value for t in tasks)
+# The states whose records ``waits_for`` reads: /trees fetches only these tasks whole.
+WAITING: frozenset[TaskState] = PARKED | {TaskState.AWAITING_APPROVAL, TaskState.RETRYING}
+
+
+def tree_row(
+    tree: TreeRecord, states: Mapping[str, TaskState], now: float, waiting: Sequence[TaskRecord] = ()
+) -> TreeRow:
+    """``states``: every task's (``Store.task_states``); ``waiting``: the records of those in
+    ``WAITING`` (more are ignored), so a big tree's row does not parse every record."""
+    counts = Counter(state.value for state in states.values())
     end = tree.finished_at or now
     return TreeRow(
-        tree_summary(tree, counts), seconds(max(end - tree.submitted_at, 0.0)), waits_for(tree, tasks, now)
+        tree_summary(tree, counts), seconds(max(end - tree.submitted_at, 0.0)), waits_for(tree, waiting, now)
     )
 
 
