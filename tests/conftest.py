@@ -145,6 +145,8 @@ def own_gateway_port(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     parts = request.node.path.parts
     if "integration" in parts or "security" in parts:
         monkeypatch.setenv("VANCETOPE_GATEWAY_PORT", str(free_port()))
+        # And the web view `up` serves (default 8766).
+        monkeypatch.setenv("VANCETOPE_WEB_PORT", str(free_port()))
 
 
 def agent_with_servers(tmp_path: Path, servers: dict[str, Any]) -> Path:

@@ -46,6 +46,7 @@ from brain.stack.embedded import (
 from brain.stack.flowerauth import FlowerAccess, FlowerUnprotected, flower_access
 from brain.stack.redis_server import port_free
 from brain.stack.supervisor import GaveUp, Supervisor
+from brain.stack.webauth import WEB_PORT, WebAccess, WebUnprotected, web_access
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, submit_queue_of
 from workers.urls import with_credentials
@@ -91,6 +92,14 @@ def beat(settings: Settings) -> None:
     help="Serve the MCP gateway on this port of gateway_host (default: gateway_port, 8765).",
 )
 @click.option("--no-gateway", is_flag=True, help="Do not start the MCP gateway.")
+@click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    envvar="VANCETOPE_WEB_PORT",
+    help=f"Serve the web view (trees, graphs, timelines) on this port of 127.0.0.1 (default {WEB_PORT}; "
+    "env VANCETOPE_WEB_PORT).",
+)
+@click.option("--no-web", is_flag=True, help="Do not start the web view.")
 @click.pass_obj
 def up(
     settings: Settings,
@@ -100,6 +109,8 @@ def up(
     no_agent: bool,
     gateway_port: int | None,
     no_gateway: bool,
+    web_port: int | None,
+    no_web: bool,
 ) -> None:
     """Run the embedded stack in the foreground (Ctrl-C stops it) for repeated `vancetope run`.
 
@@ -111,6 +122,7 @@ def up(
     """
     wants_flower = flower or flower_port is not None or flower_address is not None
     access = _flower_access(settings, flower_address or "127.0.0.1") if wants_flower else None
+    web = None if no_web else _web_access(settings, "127.0.0.1")
     check_config_files(settings)
     stack = EmbeddedStack(settings, only=without_agent(settings) if no_agent else None)
     stop = threading.Event()
@@ -124,6 +136,8 @@ def up(
             _start_flower(stack, flower_port or FLOWER_PORT, access)
         if not no_gateway:
             _start_gateway(stack, gateway_port or settings.gateway_port)
+        if web is not None:
+            _start_web(stack, web_port or WEB_PORT, web)
         assert stack.redis is not None
         # soft_wrap: whole lines in a log file, whatever the terminal's width (grep finds them).
         console.print(
@@ -199,6 +213,42 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
     login = access.login()
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
     console.print(escape(f"flower: http://{host}:{port} ({login})"), highlight=False, soft_wrap=True)
+
+
+def _web_access(settings: Settings, address: str) -> WebAccess:
+    """Decided before anything starts: a malformed VANCETOPE_WEB_BASIC_AUTH is bad input."""
+    try:
+        return web_access(address, settings.data_dir, os.environ)
+    except WebUnprotected as exc:
+        fail(str(exc), EXIT_BAD_INPUT)
+
+
+def _start_web(stack: EmbeddedStack, port: int, access: WebAccess) -> None:
+    address = access.address
+    if not port_free(port, address):
+        err.print(
+            f"[yellow]web view not started: {address}:{port} is already in use; pick a free port with "
+            "--web-port (or --no-web). The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    service = stack.start_web(port, access)
+    deadline = time.monotonic() + GATEWAY_READY_S
+    while port_free(port, address) and time.monotonic() < deadline:
+        if service.process is not None and service.process.poll() is not None:
+            break
+        time.sleep(0.1)
+    if port_free(port, address):
+        err.print(
+            f"[yellow]web view not serving yet on {address}:{port}; see {service.log_path}. "
+            "The rest of the stack runs.[/]",
+            highlight=False,
+        )
+        return
+    # The user and where the password is, never the password (this line may be logged).
+    console.print(
+        escape(f"web: http://{address}:{port}/ ({access.login()})"), highlight=False, soft_wrap=True
+    )
 
 
 def _start_gateway(stack: EmbeddedStack, port: int) -> None:

@@ -42,6 +42,7 @@ from brain.stack.redis_server import (
     port_free,
     redis_limits,
 )
+from brain.stack.webauth import WebAccess
 from brain.store import open_store
 from workers.contracts import DEFAULT_POOL, key_pool_registry, key_presence, key_registry, pool_queue
 
@@ -189,6 +190,11 @@ def gateway_argv() -> list[str]:
     return [sys.executable, "-m", "brain.gateway"]
 
 
+def web_argv(port: int, address: str = "127.0.0.1") -> list[str]:
+    """The web view (brain.web): trees, graphs, timelines; its password comes in the environment."""
+    return [sys.executable, "-m", "brain.web", "--host", address, "--port", str(port)]
+
+
 def agent_identity(agent_config: Path) -> tuple[str, str]:
     """(client_id, user) of a client agent config, read as plain TOML: the brain never
     imports the agent package (docs/architecture.md: brain -> workers <- client_agent)."""
@@ -211,6 +217,9 @@ class EmbeddedStack:
     flower_access: FlowerAccess | None = None
     # The MCP gateway's port once start_gateway() ran.
     gateway_port: int | None = None
+    # The web view's port and who may open it, once start_web() ran.
+    web_port: int | None = None
+    web_access: WebAccess | None = None
     started_at: float = 0.0
     _lock_fd: int | None = field(default=None, repr=False)
 
@@ -288,7 +297,23 @@ class EmbeddedStack:
         self.write_stack_file()
         return service
 
+    def start_web(self, port: int, access: WebAccess) -> Service:
+        """Start the web view on ``access.address``:``port`` (issue 27)."""
+        self.web_access = access
+        self.web_port = port
+        service = self.start_service("web")
+        self.write_stack_file()
+        return service
+
     def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
+        if name == "web":
+            assert self.web_port is not None and self.web_access is not None
+            # It reads the store only: no Redis credential, no vault key.
+            env = stack_env(self.settings, "")
+            for variable in ("VANCETOPE_REDIS_URL", "VANCETOPE_VAULT_KEY"):
+                env.pop(variable, None)
+            env.update(self.web_access.env())
+            return web_argv(self.web_port, self.web_access.address), env
         if name == "gateway":
             assert self.gateway_port is not None
             settings = self.settings.model_copy(update={"gateway_port": self.gateway_port})

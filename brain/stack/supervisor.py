@@ -27,7 +27,7 @@ from brain.stack.embedded import EmbeddedStack, tail
 
 REDIS = "redis-server"
 # Services whose giving up is reported but does not stop the stack.
-OPTIONAL_SERVICES = frozenset({"flower", "gateway"})
+OPTIONAL_SERVICES = frozenset({"flower", "gateway", "web"})
 POLL_S = 0.5
 LOG_LINES_SHOWN = 8
 

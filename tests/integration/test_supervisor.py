@@ -94,7 +94,7 @@ def up_log(tmp_path: Path) -> str:
 def test_up_restarts_every_service_killed_with_sigkill_and_a_tree_still_runs(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with running_up(tmp_path, "--flower-port", str(free_port()), "--gateway-port", str(free_port())) as up:
-        names = {"brain", "server-pool", "client-agent", "flower", "gateway"}
+        names = {"brain", "server-pool", "client-agent", "flower", "gateway", "web"}
         wait_until(
             lambda: set(stack_state(data).get("services", {})) == names,
             timeout=120,

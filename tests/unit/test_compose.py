@@ -39,7 +39,10 @@ def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module
 
 
 def test_compose_environment_uses_the_settings_names() -> None:
-    known = {ENV_PREFIX + field.upper() for field in Settings.model_fields}
+    from brain.stack.webauth import BASIC_AUTH_VARIABLE as WEB_BASIC_AUTH
+
+    # And the web view's password, which brain.web reads from its environment, not a setting.
+    known = {ENV_PREFIX + field.upper() for field in Settings.model_fields} | {WEB_BASIC_AUTH}
     for name, service in compose()["services"].items():
         for var in service.get("environment") or {}:
             if var.startswith(ENV_PREFIX):
@@ -80,7 +83,7 @@ def test_compose_mongodb_asks_for_a_password_from_env_and_every_store_url_carrie
     )
     for name, service in services.items():
         url = (service.get("environment") or {}).get("VANCETOPE_MONGO_URL")
-        if url is None or name == "gateway":
+        if url is None or name in ("gateway", "web"):  # read-only users: tested below
             continue
         assert url.startswith(
             f"mongodb://${{{user}:?set it in .env}}:${{{password}:?set it in .env}}@mongo:"
@@ -172,3 +175,14 @@ def test_compose_runs_the_production_shape_two_named_pools_beat_and_the_vault_ke
         has_key = "VANCETOPE_VAULT_KEY" in (service.get("environment") or {})
         resolves = name == "brain" or service.get("command", [])[:2] == ["vancetope", "worker"]
         assert has_key == resolves, name
+
+
+def test_compose_web_view_asks_for_a_password_reads_the_store_read_only_and_has_no_redis() -> None:
+    web = compose()["services"]["web"]
+    env = web["environment"]
+    assert env["VANCETOPE_WEB_BASIC_AUTH"] == "vancetope:${VANCETOPE_WEB_PASSWORD:?set it in .env}"
+    assert (
+        env["VANCETOPE_MONGO_URL"] == compose()["services"]["gateway"]["environment"]["VANCETOPE_MONGO_URL"]
+    )
+    assert "VANCETOPE_REDIS_URL" not in env and "VANCETOPE_VAULT_KEY" not in env
+    assert web["ports"] == ["127.0.0.1:8766:8766"]

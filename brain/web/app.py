@@ -1,0 +1,179 @@
+"""The web view as a Starlette app (layer: brain/web): ``/trees``, ``/trees/<id>``, a task's
+details, and a tree's live updates as server-sent events.
+
+It reads the store only, read-only (``open_store(..., read_only=True)``: SQLite ``mode=ro``;
+MongoDB as the URL's user), through the same store calls ``vancetope status`` makes; it needs
+no Redis. Live updates poll the store's ``task_states`` (an index read, not whole records)
+every ``poll_s`` for each open tree page and send what changed: a change shows within about
+half a second whoever made it (brain, server pool, relay), with no wake-up channel to miss and
+no Redis credential to hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from brain.core.models import TaskState, TreeStatus
+from brain.store import Store
+from brain.web import pages
+from brain.web.guard import Guard
+from brain.web.views import WAITING, layout, matches, tree_row
+
+POLL_S = 0.5
+# A comment line this often keeps proxies from closing a quiet event stream.
+KEEPALIVE_S = 15.0
+# How many of the newest trees /trees looks at before filtering.
+RECENT_TREES = 200
+SHOWN_TREES = 50
+
+
+def _html(text: str, status: int = 200) -> HTMLResponse:
+    """A page with its inline script allowed by a nonce and nothing else from anywhere."""
+    nonce = secrets.token_urlsafe(16)
+    return HTMLResponse(
+        text.replace("<script>", f'<script nonce="{nonce}">'),
+        status_code=status,
+        headers={
+            "Content-Security-Policy": (
+                f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+                "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
+            ),
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "same-origin",
+            "Cache-Control": "no-store",
+        },
+    )
+
+
+def _not_found(what: str) -> HTMLResponse:
+    return _html(pages.page("Not found", f"<h1>Not found</h1><p>{pages.escape(what)}</p>"), 404)
+
+
+def create_app(
+    store: Store,
+    *,
+    address: str,
+    users: Mapping[str, str],
+    unauthorized: str,
+    clock: Callable[[], float] = time.time,
+    poll_s: float = POLL_S,
+) -> Guard:
+    """The app behind its guard (``brain.web.guard``): no route is reachable without it."""
+
+    async def trees(request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        user = request.query_params.get("user") or None
+        if status is not None and status not in pages.TREE_STATUSES:
+            return PlainTextResponse(f"status must be one of {', '.join(pages.TREE_STATUSES)}\n", 400)
+
+        def read() -> str:
+            recent = store.list_trees(limit=RECENT_TREES)
+            users_seen = sorted({t.user for t in recent if t.user})
+            shown = [t for t in recent if matches(t, status, user)][:SHOWN_TREES]
+            now = clock()
+            rows = []
+            for t in shown:
+                # States only (an index read); whole records only of the tasks that wait.
+                states = store.task_states(t.tree_id)
+                waiting = (
+                    [k for k, v in states.items() if v in WAITING] if t.status is TreeStatus.RUNNING else []
+                )
+                rows.append(tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else []))
+            return pages.trees_page(rows, status, user, users_seen)
+
+        return _html(await run_in_threadpool(read))
+
+    async def tree(request: Request) -> Response:
+        tree_id = request.path_params["tree_id"]
+
+        def read() -> str | None:
+            record = store.get_tree(tree_id)
+            if record is None:
+                return None
+            tasks = store.get_tasks(tree_id)
+            now = clock()
+            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks)
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now)
+
+        text = await run_in_threadpool(read)
+        return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text)
+
+    async def task(request: Request) -> Response:
+        tree_id, task_id = request.path_params["tree_id"], request.path_params["task_id"]
+        record = await run_in_threadpool(store.get_tree, tree_id)
+        rec = await run_in_threadpool(store.get_task, tree_id, task_id) if record else None
+        if record is None or rec is None:
+            return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
+        if request.query_params.get("fragment"):
+            return _html(pages.task_details(record, rec))
+        return _html(pages.task_page(record, rec))
+
+    async def events(request: Request) -> Response:
+        tree_id = request.path_params["tree_id"]
+        if await run_in_threadpool(store.get_tree, tree_id) is None:
+            return _not_found(f"no task tree {tree_id!r}")
+        return StreamingResponse(
+            _changes(request, store, tree_id, poll_s),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def root(request: Request) -> Response:
+        return RedirectResponse("/trees", 303)
+
+    app = Starlette(
+        routes=[
+            Route("/", root),
+            Route("/trees", trees),
+            Route("/trees/{tree_id}", tree),
+            Route("/trees/{tree_id}/events", events),
+            Route("/trees/{tree_id}/tasks/{task_id}", task),
+        ]
+    )
+    return Guard(app, address=address, users=users, unauthorized=unauthorized)
+
+
+async def _changes(request: Request, store: Store, tree_id: str, poll_s: float) -> AsyncIterator[str]:
+    """Server-sent events: first every task's state, then what changed, every ``poll_s``; the
+    tree's status with its counts when any state changed; ``final`` once the tree ended."""
+    sent: dict[str, str] = {}
+    quiet_since = time.monotonic()
+    while not await request.is_disconnected():
+        states = {k: v.value for k, v in (await run_in_threadpool(store.task_states, tree_id)).items()}
+        changed = {k: v for k, v in states.items() if sent.get(k) != v}
+        # The tree's status is written just after its last task's: once every task is final,
+        # look again until the status says so too.
+        if changed or (sent and all(TaskState(v).is_final for v in states.values())):
+            record = await run_in_threadpool(store.get_tree, tree_id)
+            status = record.status if record else TreeStatus.RUNNING
+            if not changed and status is TreeStatus.RUNNING:
+                await asyncio.sleep(poll_s)
+                continue
+            counts = dict(Counter(states.values()))
+            payload: dict[str, object] = {
+                "states": changed,
+                "status": status.value,
+                "counts_html": pages.counts_html(counts),
+                # Tasks the page was not drawn with (a fan-out's items): it lays itself out again.
+                "unknown": bool(sent) and bool(states.keys() - sent.keys()),
+                "final": status is not TreeStatus.RUNNING,
+            }
+            sent = states
+            quiet_since = time.monotonic()
+            yield pages.event_data(payload)
+            if status is not TreeStatus.RUNNING:
+                return
+        elif time.monotonic() - quiet_since > KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ": still here\n\n"
+        await asyncio.sleep(poll_s)

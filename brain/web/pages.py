@@ -1,0 +1,326 @@
+"""The web view's HTML (layer: brain/web; pure rendering, every value escaped).
+
+Server-rendered pages with one stylesheet and one small inline script (the tree page's live
+updates and task details); nothing to build. Colours are keyed on ``data-state``, so changing
+that attribute is all a live update does to a node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from html import escape
+from urllib.parse import quote
+
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.web.views import (
+    NODE_H,
+    NODE_W,
+    Graph,
+    TreeRow,
+    badges,
+    clock,
+    seconds,
+    timeline,
+    waiting_reason,
+)
+
+# One colour per state (fill of a node, bar of the timeline).
+STATE_COLOURS = {
+    "pending": "#e5e7eb",
+    "queued_server": "#bfdbfe",
+    "queued_client": "#c7d2fe",
+    "running": "#60a5fa",
+    "awaiting_approval": "#f0abfc",
+    "blocked": "#fdba74",
+    "pending_client": "#fcd34d",
+    "retrying": "#fca5a5",
+    "fanned_out": "#a5b4fc",
+    "done": "#86efac",
+    "failed": "#f87171",
+    "skipped": "#d1d5db",
+    "expired": "#fb923c",
+    "not_triggered": "#f3f4f6",
+}
+TREE_STATUSES = [s.value for s in TreeStatus]
+
+
+def _css() -> str:
+    states = "\n".join(
+        f'[data-state="{state}"] rect.box, .bar[data-state="{state}"], .pill[data-state="{state}"] '
+        f"{{fill: {colour}; background: {colour};}}"
+        for state, colour in STATE_COLOURS.items()
+    )
+    return f"""
+body {{font: 14px/1.4 system-ui, sans-serif; margin: 0; color: #111827;}}
+header {{background: #1f2937; color: #f9fafb; padding: 8px 16px;}}
+header a {{color: #f9fafb; margin-right: 16px; text-decoration: none;}}
+main {{padding: 12px 16px;}}
+table {{border-collapse: collapse;}}
+td, th {{border-bottom: 1px solid #e5e7eb; padding: 4px 8px; text-align: left; vertical-align: top;}}
+.pill {{display: inline-block; border-radius: 8px; padding: 0 6px; margin: 1px; font-size: 12px;}}
+.waits {{color: #9a3412;}}
+.muted {{color: #6b7280;}}
+svg text {{font: 12px system-ui, sans-serif; pointer-events: none;}}
+svg .tool {{font-weight: 600;}}
+svg .edge {{stroke: #9ca3af; fill: none;}}
+rect.box {{stroke: #374151; stroke-width: 1;}}
+.scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
+#details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
+{states}
+"""
+
+
+def page(title: str, body: str, script: str = "") -> str:
+    return (
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        f"<title>{escape(title)} — Vancetope</title><style>{_css()}</style></head><body>"
+        '<header><a href="/trees"><b>Vancetope</b></a><a href="/trees">Trees</a>'
+        '<a href="/trees?status=running">Running</a></header>'
+        f"<main>{body}</main>{f'<script>{script}</script>' if script else ''}</body></html>"
+    )
+
+
+def _pills(counts: dict[str, int]) -> str:
+    return "".join(
+        f'<span class="pill" data-state="{escape(state)}">{escape(state)} {n}</span>'
+        for state, n in sorted(counts.items())
+    )
+
+
+def trees_page(rows: Sequence[TreeRow], status: str | None, user: str | None, users: Sequence[str]) -> str:
+    options = "".join(
+        f'<option value="{escape(s)}"{" selected" if s == status else ""}>{escape(s)}</option>'
+        for s in ["", *TREE_STATUSES]
+    )
+    user_options = "".join(
+        f'<option value="{escape(u)}"{" selected" if u == user else ""}>{escape(u) or "any"}</option>'
+        for u in ["", *users]
+    )
+    form = (
+        '<form method=get action="/trees">status <select name=status>'
+        f"{options}</select> user <select name=user>{user_options}</select> "
+        "<button>filter</button></form>"
+    )
+    lines = []
+    for row in rows:
+        s = row.summary
+        tree_id = str(s["tree_id"])
+        waits = "<br>".join(escape(w) for w in row.waits)
+        lines.append(
+            f'<tr data-tree-id="{escape(tree_id)}" data-status="{escape(s["status"])}">'
+            f'<td><a href="/trees/{quote(tree_id, safe="")}">{escape(tree_id)}</a>'
+            f'<div class="muted">{escape(str(s["name"]))}{" · schedule " + escape(s["schedule"]) if s["schedule"] else ""}</div></td>'
+            f"<td>{escape(s['status'])}</td><td>{escape(s['user'] or '')}</td>"
+            f"<td>{escape(clock(s['submitted_at']))}</td><td>{escape(row.duration)}</td>"
+            f"<td>{_pills(s['counts'])}</td><td class=waits>{waits}</td></tr>"
+        )
+    table = (
+        "<table><thead><tr><th>tree</th><th>status</th><th>user</th><th>submitted</th>"
+        "<th>duration</th><th>tasks by state</th><th>waiting for</th></tr></thead>"
+        f"<tbody>{''.join(lines)}</tbody></table>"
+        if lines
+        else '<p class="muted">no task trees match</p>'
+    )
+    return page("Trees", f"<h1>Trees</h1>{form}{table}")
+
+
+def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
+    reason = waiting_reason(t)
+    label, tool = _fit(t.task_id), _fit(t.tool)
+    tip = f"{t.task_id}: {t.tool} ({t.state.value}){' — ' + reason if reason else ''}"
+    href = f"/trees/{quote(tree_id, safe='')}/tasks/{quote(t.task_id, safe='')}"
+    return (
+        f'<a href="{escape(href)}"><g class="node" data-task-id="{escape(t.task_id)}" '
+        f'data-state="{t.state.value}" transform="translate({x},{y})">'
+        f"<title>{escape(tip)}</title>"
+        f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+        f'<text x="6" y="14" class="tool">{escape(label)}</text>'
+        f'<text x="6" y="28">{escape(tool)}</text>'
+        f'<text x="6" y="41" class="muted">{escape(_fit(" · ".join([*badges(t), *([reason] if reason else [])])))}'
+        "</text></g></a>"
+    )
+
+
+# About this many characters of 12px text fit in a node; the tooltip has the rest.
+NODE_CHARS = 30
+
+
+def _fit(text: str) -> str:
+    return text if len(text) <= NODE_CHARS else text[: NODE_CHARS - 1] + "…"
+
+
+def graph_svg(tree_id: str, graph: Graph) -> str:
+    edges = []
+    for src, dst in graph.edges:
+        a, b = graph.by_id[src], graph.by_id[dst]
+        x1, y1 = a.x + NODE_W, a.y + NODE_H // 2
+        x2, y2 = b.x, b.y + NODE_H // 2
+        mid = (x1 + x2) // 2
+        edges.append(f'<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>')
+    nodes = [_node(tree_id, n.x, n.y, n.task) for n in graph.nodes]
+    return (
+        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}">'
+        f"{''.join(edges)}{''.join(nodes)}</svg>"
+    )
+
+
+TIMELINE_W = 900
+BAR_H = 12
+
+
+def timeline_svg(tasks: Sequence[TaskRecord], now: float) -> str:
+    start, end, bars = timeline(tasks, now)
+    if not bars:
+        return '<p class="muted">no task has been queued yet</p>'
+    span = max(end - start, 1e-6)
+    label_w = 180
+
+    def px(at: float) -> float:
+        return label_w + (at - start) / span * (TIMELINE_W - label_w - 10)
+
+    rows = []
+    for i, b in enumerate(bars):
+        y = i * (BAR_H + 4) + 18
+        first = b.queued if b.queued is not None else b.started
+        assert first is not None
+        began = b.started if b.started is not None else (b.finished or end)
+        stop = b.finished if b.finished is not None else end
+        title = f"{b.task_id}: queued {clock(b.queued)}, waited {seconds(began - first)}" + (
+            f", ran {seconds(stop - b.started)}" if b.started is not None else ""
+        )
+        rows.append(
+            f'<g data-task-id="{escape(b.task_id)}"><title>{escape(title)}</title>'
+            f'<text x="0" y="{y + BAR_H - 2}">{escape(b.task_id[:26])}</text>'
+            f'<rect x="{px(first):.1f}" y="{y}" width="{max(px(began) - px(first), 0.5):.1f}" height="{BAR_H}" fill="#e5e7eb"/>'
+            + (
+                f'<rect class="bar" data-state="{escape(b.state)}" x="{px(b.started):.1f}" y="{y}" '
+                f'width="{max(px(stop) - px(b.started), 1):.1f}" height="{BAR_H}"/>'
+                if b.started is not None
+                else ""
+            )
+            + "</g>"
+        )
+    height = len(bars) * (BAR_H + 4) + 24
+    axis = (
+        f'<text x="{label_w}" y="12" class="muted">{escape(clock(start))}</text>'
+        f'<text x="{TIMELINE_W - 60}" y="12" class="muted">+{escape(seconds(end - start))}</text>'
+    )
+    return (
+        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{TIMELINE_W}" height="{height}">'
+        f"{axis}{''.join(rows)}</svg>"
+    )
+
+
+LIVE_SCRIPT = """
+const nodes = new Map();
+document.querySelectorAll('#graph g.node').forEach(n => nodes.set(n.dataset.taskId, n));
+const status = document.getElementById('status');
+const counts = document.getElementById('counts');
+const source = new EventSource(location.pathname.replace(/\\/$/, '') + '/events');
+source.onmessage = (e) => {
+  const m = JSON.parse(e.data);
+  for (const [id, state] of Object.entries(m.states || {})) {
+    const n = nodes.get(id);
+    if (n) n.setAttribute('data-state', state);
+  }
+  if (m.status) { status.textContent = m.status; status.dataset.status = m.status; }
+  if (m.counts_html !== undefined) counts.innerHTML = m.counts_html;
+  if (m.unknown) location.reload();  // new tasks (a fan-out's items): lay the graph out again
+  if (m.final) source.close();
+};
+const details = document.getElementById('details');
+document.getElementById('graph').addEventListener('click', async (e) => {
+  const a = e.target.closest('a');
+  if (!a) return;
+  e.preventDefault();
+  const r = await fetch(a.getAttribute('href') + '?fragment=1');
+  details.innerHTML = await r.text();
+});
+"""
+
+
+def tree_page(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, row: TreeRow, now: float) -> str:
+    s = row.summary
+    waits = "".join(f"<li>{escape(w)}</li>" for w in row.waits)
+    head = (
+        f"<h1>Tree {escape(tree.tree_id)}</h1>"
+        f'<p><b id="status" data-status="{escape(s["status"])}">{escape(s["status"])}</b> · '
+        f"user {escape(s['user'] or '—')} · submitted {escape(clock(tree.submitted_at))} · "
+        f"duration {escape(row.duration)} · {len(tasks)} tasks"
+        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>"
+        f'<p id="counts">{_pills(s["counts"])}</p>'
+        f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
+    )
+    body = (
+        f"{head}<h2>Graph</h2><p class=muted>Columns by dependency depth; click a task for its details.</p>"
+        f'<div class="scroll">{graph_svg(tree.tree_id, graph)}</div><div id="details"></div>'
+        f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
+        f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
+    )
+    final = tree.status is not TreeStatus.RUNNING
+    return page(f"Tree {tree.tree_id}", body, "" if final else LIVE_SCRIPT)
+
+
+def counts_html(counts: dict[str, int]) -> str:
+    return _pills(counts)
+
+
+def _when(at: float | None) -> str:
+    return f"{clock(at)} ({at:.3f})" if at else "—"
+
+
+def task_details(tree: TreeRecord, t: TaskRecord) -> str:
+    """A task's details: tool, route and why, attempts, timings, error. Argument names only,
+    never their values (as Flower shows them); the result is not shown (`vancetope status TREE
+    TASK` prints it)."""
+    spec = next((s for s in tree.tree.tasks if s.id == t.task_id), None) or t.spec
+    arg_names = ", ".join(sorted(spec.args)) if spec is not None else ""
+    deps = ", ".join(spec.depends_on) if spec is not None else ""
+    ran = seconds(t.finished_at - t.started_at) if t.started_at and t.finished_at else ""
+    rows = [
+        ("task", t.task_id),
+        ("state", t.state.value),
+        ("tool", f"{t.tool}({arg_names})"),
+        ("depends on", deps),
+        ("route", t.route),
+        ("client", t.client_id or ""),
+        ("pool", t.pool or ""),
+        ("reason", t.reason),
+        ("attempt", str(t.attempt)),
+        ("deliveries", str(t.deliveries) if t.deliveries else ""),
+        ("worker", t.worker),
+        ("run id", t.run_id or ""),
+        ("first queued", _when(t.first_queued_at)),
+        ("queued", _when(t.queued_at)),
+        ("started", _when(t.started_at)),
+        ("finished", _when(t.finished_at)),
+        ("ran for", ran),
+    ]
+    if t.state is TaskState.RETRYING:
+        rows.append(("next attempt", _when(t.retry_at)))
+    if t.error is not None:
+        rows.append(("error", f"{t.error.type}: {t.error.message}"))
+    cells = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows if v)
+    attempts = "".join(
+        f"<li>attempt {a.number} on {escape(a.route)}: "
+        f"{escape(f'{a.error.type}: {a.error.message}' if a.error else 'failed')}"
+        f"{escape(' after ' + seconds(a.finished_at - a.started_at)) if a.started_at and a.finished_at else ''}</li>"
+        for a in t.attempts
+    )
+    return (
+        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>'
+        f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}"
+        "<p class=muted>Argument values and the result are not shown here; "
+        f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code> prints the result.</p></div>"
+    )
+
+
+def task_page(tree: TreeRecord, t: TaskRecord) -> str:
+    back = f'<p><a href="/trees/{quote(tree.tree_id, safe="")}">← tree {escape(tree.tree_id)}</a></p>'
+    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t)}")
+
+
+def event_data(payload: dict[str, object]) -> str:
+    """One server-sent event's bytes."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

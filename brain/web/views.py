@@ -1,0 +1,255 @@
+"""What the web pages show, from the store's records (layer: brain/web; pure).
+
+A tree's row (counts by state from ``brain.core.report``, as ``vancetope status`` counts them;
+duration; what it waits for), a tree's graph laid out in columns by dependency depth, and its
+timeline. Functions of their arguments (time comes in as ``now``): tests are tables.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from brain.core.models import TaskRecord, TaskState, TreeRecord
+from brain.core.report import tree_summary
+from brain.core.transitions import FINAL, PARKED
+
+# Node size and spacing of the graph, in SVG user units (px at zoom 1).
+NODE_W = 200
+NODE_H = 46
+COL_GAP = 70
+ROW_GAP = 10
+MARGIN = 10
+
+
+def clock(at: float | None) -> str:
+    """``HH:MM`` of a unix time in the web process's local time zone ('' for None)."""
+    return time.strftime("%H:%M", time.localtime(at)) if at else ""
+
+
+def seconds(span: float | None) -> str:
+    """A duration as people read it: 850ms, 12.3s, 4m05s, 2h13m."""
+    if span is None:
+        return ""
+    if span < 1:
+        return f"{span * 1000:.0f}ms"
+    if span < 60:
+        return f"{span:.1f}s"
+    if span < 3600:
+        return f"{int(span // 60)}m{int(span % 60):02d}s"
+    return f"{int(span // 3600)}h{int(span % 3600 // 60):02d}m"
+
+
+def waits_for(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list[str]:
+    """What an unfinished tree waits for, one line per cause, e.g. "3 tasks waiting for
+    client laptop (parked since 02:14)". From the store only: when a client went offline is
+    not recorded, so the time said is when its oldest task was parked."""
+    if tree.status.value != "running":
+        return []
+    parked: dict[str, list[TaskRecord]] = defaultdict(list)
+    approval: dict[str, int] = Counter()
+    retrying: list[TaskRecord] = []
+    for t in tasks:
+        if t.state in PARKED:
+            # Parked work of a tree bound to a client waits for that client (its record names
+            # no client until it is sent).
+            client = t.client_id or tree.client_id
+            who = f"client {client}" if client else f"a client of user {tree.user or '?'}"
+            parked[who].append(t)
+        elif t.state is TaskState.AWAITING_APPROVAL:
+            approval[t.client_id or "?"] += 1
+        elif t.state is TaskState.RETRYING:
+            retrying.append(t)
+    lines = []
+    for who, waiting in sorted(parked.items()):
+        since = min((t.queued_at for t in waiting if t.queued_at), default=None)
+        when = f" (parked since {clock(since)})" if since else ""
+        lines.append(f"{_tasks(len(waiting))} waiting for {who}{when}")
+    for cid, n in sorted(approval.items()):
+        lines.append(f"{_tasks(n)} awaiting its user's approval on client {cid}")
+    if retrying:
+        due = min((t.retry_at for t in retrying if t.retry_at), default=None)
+        lines.append(f"{_tasks(len(retrying))} retrying" + (f" (next at {clock(due)})" if due else ""))
+    return lines
+
+
+def _tasks(n: int) -> str:
+    return f"{n} task" if n == 1 else f"{n} tasks"
+
+
+@dataclass(frozen=True)
+class TreeRow:
+    """One row of ``/trees``."""
+
+    summary: dict[str, Any]  # brain.core.report.tree_summary: the shape `status --json` prints
+    duration: str
+    waits: list[str]
+
+
+# The states whose records ``waits_for`` reads: /trees fetches only these tasks whole.
+WAITING: frozenset[TaskState] = PARKED | {TaskState.AWAITING_APPROVAL, TaskState.RETRYING}
+
+
+def tree_row(
+    tree: TreeRecord, states: Mapping[str, TaskState], now: float, waiting: Sequence[TaskRecord] = ()
+) -> TreeRow:
+    """``states``: every task's (``Store.task_states``); ``waiting``: the records of those in
+    ``WAITING`` (more are ignored), so a big tree's row does not parse every record."""
+    counts = Counter(state.value for state in states.values())
+    end = tree.finished_at or now
+    return TreeRow(
+        tree_summary(tree, counts), seconds(max(end - tree.submitted_at, 0.0)), waits_for(tree, waiting, now)
+    )
+
+
+def matches(tree: TreeRecord, status: str | None, user: str | None) -> bool:
+    """The trees page's filters (None or '': any)."""
+    return (not status or tree.status.value == status) and (not user or tree.user == user)
+
+
+# --- the graph --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    task: TaskRecord
+    col: int
+    row: int
+
+    @property
+    def x(self) -> int:
+        return MARGIN + self.col * (NODE_W + COL_GAP)
+
+    @property
+    def y(self) -> int:
+        return MARGIN + self.row * (NODE_H + ROW_GAP)
+
+
+@dataclass(frozen=True)
+class Graph:
+    nodes: list[Node]
+    edges: list[tuple[str, str]]  # (from task id, to task id), from depends_on and fan-outs
+    width: int
+    height: int
+    by_id: dict[str, Node] = field(default_factory=dict)
+
+
+def dependencies(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> dict[str, list[str]]:
+    """Task id -> the task ids it waits for: its spec's ``depends_on`` (an item of a fan-out:
+    its parent), and, for a task that depends on a fanned-out task, that task's items too."""
+    specs = {s.id: s for s in tree.tree.tasks}
+    known = {t.task_id for t in tasks}
+    items: dict[str, list[str]] = defaultdict(list)
+    for t in tasks:
+        if t.parent is not None:
+            items[t.parent].append(t.task_id)
+    deps: dict[str, list[str]] = {}
+    for t in tasks:
+        if t.parent is not None:
+            deps[t.task_id] = [t.parent] if t.parent in known else []
+            continue
+        spec = specs.get(t.task_id) or t.spec
+        wanted = list(spec.depends_on) if spec is not None else []
+        deps[t.task_id] = [d for d in wanted if d in known] + [i for d in wanted for i in items.get(d, ())]
+    return deps
+
+
+def layout(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> Graph:
+    """Each task in the column of its dependency depth (the longest chain of dependencies
+    before it), in the tree's order within a column; edges from ``depends_on`` and from a
+    fanned-out task to its items (an item's dependents are drawn from the task it came from)."""
+    deps = dependencies(tree, tasks)
+    depth: dict[str, int] = {}
+    for t in tasks:  # a tree is acyclic (validation); iterative, so 10,000 deep cannot overflow
+        if t.task_id in depth:
+            continue
+        stack = [t.task_id]
+        while stack:
+            top = stack[-1]
+            waiting = [d for d in deps.get(top, ()) if d not in depth]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            depth[top] = 1 + max((depth[d] for d in deps.get(top, ())), default=-1)
+    rows: Counter[int] = Counter()
+    nodes = []
+    for t in tasks:
+        col = depth[t.task_id]
+        nodes.append(Node(t, col, rows[col]))
+        rows[col] += 1
+    by_id = {n.task.task_id: n for n in nodes}
+    parents = {t.task_id: t.parent for t in tasks}
+    edges = []
+    for t in tasks:
+        for d in deps[t.task_id]:
+            # A dependent of a fan-out is drawn from the fanned-out task only, not from each item.
+            if parents.get(d) is not None and parents[d] != t.task_id:
+                continue
+            edges.append((d, t.task_id))
+    cols = max(rows, default=0) + 1
+    width = 2 * MARGIN + cols * NODE_W + (cols - 1) * COL_GAP
+    height = 2 * MARGIN + max(rows.values(), default=0) * (NODE_H + ROW_GAP)
+    return Graph(nodes, edges, width, height, by_id)
+
+
+def badges(t: TaskRecord) -> list[str]:
+    """What a node says under its tool: its route, retries, progress, why it waits."""
+    shown = [t.route or "unrouted"]
+    if t.attempts:
+        shown.append(f"retry {len(t.attempts)}")
+    if t.progress is not None and t.state is TaskState.RUNNING:
+        pct = (
+            f"{t.progress.progress / t.progress.total:.0%}"
+            if t.progress.total
+            else f"{t.progress.progress:g}"
+        )
+        shown.append(pct)
+    if t.fan_out is not None:
+        shown.append(f"{t.fan_out} items")
+    return shown
+
+
+def waiting_reason(t: TaskRecord) -> str:
+    """A parked, retrying or held task's reason ('' for the others: a final task's reason is
+    in its details)."""
+    if t.state in PARKED or t.state in (TaskState.RETRYING, TaskState.AWAITING_APPROVAL):
+        return t.reason
+    return ""
+
+
+# --- the timeline -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One task's span: queued (first left pending) -> started -> finished (or now)."""
+
+    task_id: str
+    state: str
+    queued: float | None
+    started: float | None
+    finished: float | None
+
+
+def timeline(tasks: Sequence[TaskRecord], now: float) -> tuple[float, float, list[Bar]]:
+    """(start, end, bars) of the tasks that ever left pending, in the tree's order."""
+    bars = []
+    for t in tasks:
+        queued = t.first_queued_at or t.queued_at
+        if queued is None and t.started_at is None:
+            continue
+        finished = t.finished_at if t.state in FINAL else None
+        bars.append(Bar(t.task_id, t.state.value, queued, t.started_at, finished))
+    points = [p for b in bars for p in (b.queued, b.started, b.finished) if p is not None]
+    if not points:
+        return now, now, []
+    unfinished = any(b.finished is None for b in bars)
+    return min(points), max([*points, now] if unfinished else points), bars
+
+
+def states_of(tasks: Sequence[TaskRecord]) -> Mapping[str, str]:
+    return {t.task_id: t.state.value for t in tasks}

@@ -1,0 +1,170 @@
+"""The web view in a real browser (Debian's chromium, headless, driven by Playwright) and
+beside a real stack: `up` prints where it is, a tree page follows a running tree live."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from brain.core.models import SessionKind, TaskState
+from brain.runtime.service import Brain
+from brain.stack.embedded import EmbeddedStack
+from brain.stack.redis_server import free_port, port_free
+from brain.stack.webauth import WEB_SECRET_FILE, WEB_USER, web_access
+from tests.conftest import agent_with_servers, tree, wait_until
+from tests.integration.test_supervisor import running_up, up_log
+from tests.unit.brain.web.served import USERS, served, stored_tree
+
+pytestmark = pytest.mark.integration
+
+# The flags every headless Chromium of the suite runs with (tests/integration/test_flower.py).
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",  # tests run as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+EVERY_NODE_DONE = "[...document.querySelectorAll('#graph g.node')].every(n => n.dataset.state === 'done')"
+
+
+@contextmanager
+def browser_page(chromium: str, user: str, password: str) -> Iterator[Any]:
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            context = browser.new_context(http_credentials={"username": user, "password": password})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+def node_states(page: Any) -> dict[str, str]:
+    return dict(
+        page.evaluate(
+            "[...document.querySelectorAll('#graph g.node')].map(n => [n.dataset.taskId, n.dataset.state])"
+        )
+    )
+
+
+def test_up_serves_the_web_view_behind_its_password_and_prints_where(tmp_path: Path) -> None:
+    port = free_port()
+    with running_up(tmp_path, "--no-agent", "--no-gateway", "--web-port", str(port)) as up:
+        line = wait_until(
+            lambda: re.search(r"web: (http://127\.0\.0\.1:\d+/) \(([^)]*)\)", up_log(tmp_path)),
+            timeout=120,
+            what="`vancetope up` to print its web: line",
+        )
+        assert line.group(1) == f"http://127.0.0.1:{port}/"
+        secret_file = tmp_path / "data" / WEB_SECRET_FILE
+        assert line.group(2) == f"user {WEB_USER}, password in {secret_file}"
+        password = secret_file.read_text().strip()
+        assert password not in up_log(tmp_path)
+        refused = httpx2.get(line.group(1) + "trees", timeout=10)
+        assert refused.status_code == 401 and str(secret_file) in refused.text
+        assert httpx2.get(line.group(1) + "trees", auth=(WEB_USER, password), timeout=10).status_code == 200
+        assert up.poll() is None
+
+
+def test_a_tree_page_shows_a_parked_task_and_flips_every_node_to_done_live_when_the_agent_connects(
+    chromium: str,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    tmp_path: Path,
+) -> None:  # chromium first: a skip comes before the stack starts
+    agent = agent_with_servers(tmp_path, {})
+    (tmp_path / "sandbox" / "notes.txt").write_text("the notes")
+    # The agent is enrolled but not started: its task parks until it connects.
+    stack = stack_factory(services=("brain", "server-pool"), agent_config=agent)
+    brain = brain_factory(stack)
+    port = free_port()
+    access = web_access("127.0.0.1", stack.settings.data_dir, {})
+    stack.start_web(port, access)
+    wait_until(lambda: not port_free(port), timeout=60, what="the web view to listen")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "live",
+                "tasks": [
+                    {"id": "start", "tool": "echo", "args": {"value": "s"}},
+                    {
+                        "id": "read",
+                        "tool": "read_local_file",
+                        "args": {"path": "notes.txt"},
+                        "depends_on": ["start"],
+                    },
+                    {"id": "after", "tool": "echo", "args": {"value": "a"}, "depends_on": ["read"]},
+                ],
+            }
+        ),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    wait_until(
+        lambda: (
+            getattr(brain.store.get_task(rec.tree_id, "read"), "state", None)
+            in (TaskState.BLOCKED, TaskState.PENDING_CLIENT)
+        ),
+        timeout=60,
+        what="the client's task to park",
+    )
+    url = f"http://127.0.0.1:{port}"
+    user, password = access.basic_auth.split(":", 1)
+    with browser_page(chromium, user, password) as page:
+        page.goto(f"{url}/trees")
+        row = page.locator(f'tr[data-tree-id="{rec.tree_id}"]')
+        assert row.get_attribute("data-status") == "running"
+        assert "waiting for client laptop" in row.inner_text()
+        page.goto(f"{url}/trees/{rec.tree_id}")
+        page.evaluate("window.notReloaded = true")
+        before = node_states(page)
+        assert before["start"] == "done" and before["after"] == "pending"
+        assert before["read"] in ("blocked", "pending_client")
+        # The parked task says why on the node (the whole reason in its tooltip).
+        parked = page.locator('g.node[data-task-id="read"]')
+        assert "Waiting for Client for Tool: read_local_file" in parked.locator("title").text_content()
+        assert "Waiting for Client" in (parked.locator("text").last.text_content() or "")
+        stack.start_service("client-agent")
+        # Polled from here: Playwright's wait_for_function evaluates a string in the page, which
+        # the page's Content-Security-Policy (no eval) refuses, as it should.
+        wait_until(lambda: page.evaluate(EVERY_NODE_DONE), timeout=120, what="every node to show done")
+        assert page.evaluate("window.notReloaded") is True, "the page updated by reloading"
+        wait_until(
+            lambda: page.evaluate("document.getElementById('status').dataset.status") == "done",
+            timeout=30,
+            what="the tree's status to show done",
+        )
+        assert node_states(page) == {"start": "done", "read": "done", "after": "done"}
+
+
+def test_a_stored_tree_of_1000_tasks_renders_in_chromium(chromium: str, tmp_path: Path) -> None:
+    """Measures (prints) how long Chromium takes to load and lay out the page; asserts only
+    what it shows, never a time (the machine may be slow)."""
+    tasks: list[dict[str, Any]] = []
+    for i in range(1000):  # ten columns of a hundred, each task after one of the column before
+        deps = [f"t{i - 100}"] if i >= 100 else []
+        tasks.append({"id": f"t{i}", "tool": "echo", "args": {"value": i}, "depends_on": deps})
+    states = {f"t{i}": TaskState.DONE if i < 600 else TaskState.PENDING for i in range(1000)}
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "big-1", tasks, states)
+        with browser_page(chromium, "ops", USERS["ops"]) as page:
+            page.goto(f"{web.url}/trees")  # a first page: Chromium's own start-up is not counted
+            started = time.perf_counter()
+            page.goto(f"{web.url}/trees/big-1", wait_until="load")
+            page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            took = time.perf_counter() - started
+            shown = node_states(page)
+    print(f"\n1,000-task tree page: loaded and painted in Chromium in {took:.2f}s")
+    assert len(shown) == 1000
+    assert sum(state == "done" for state in shown.values()) == 600

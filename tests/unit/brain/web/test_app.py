@@ -1,0 +1,169 @@
+"""The web view over HTTP (a real uvicorn server, a real read-only SQLite store): who may read
+it, and what /trees, /trees/<id> and a tree's events say."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from brain.core.models import TaskState, TreeStatus
+from tests.unit.brain.web.served import UNAUTHORIZED, USERS, served, stored_tree
+
+AUTH = ("ops", USERS["ops"])
+S = TaskState
+CHAIN = [
+    {"id": "fetch", "tool": "echo", "args": {"value": "planted-secret-value"}},
+    {"id": "parse", "tool": "echo", "args": {"value": "x"}, "depends_on": ["fetch"]},
+    {"id": "upload", "tool": "read_local_file", "args": {"path": "/p"}, "depends_on": ["parse"]},
+    {"id": "notify", "tool": "echo", "args": {"value": "y"}, "depends_on": ["fetch"]},
+]
+
+
+def test_without_the_password_every_page_is_401_saying_where_the_password_is(tmp_path: Path) -> None:
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", CHAIN)
+        for path in ("/", "/trees", "/trees/night-1", "/trees/night-1/events", "/trees/night-1/tasks/fetch"):
+            answer = httpx2.get(web.url + path, timeout=10)
+            assert answer.status_code == 401, path
+            assert answer.text == UNAUTHORIZED
+            assert answer.headers["www-authenticate"].startswith("Basic ")
+            assert "night-1" not in answer.text
+        wrong = httpx2.get(web.url + "/trees", auth=("ops", "guess"), timeout=10)
+        assert wrong.status_code == 401
+        assert httpx2.get(web.url + "/trees", auth=("nobody", USERS["ops"]), timeout=10).status_code == 401
+        assert httpx2.get(web.url + "/trees", auth=AUTH, timeout=10).status_code == 200
+
+
+def test_a_host_header_that_is_not_loopback_is_refused_on_loopback_even_with_the_password(
+    tmp_path: Path,
+) -> None:
+    # DNS rebinding: evil.example resolves to 127.0.0.1, so the browser sends its own name.
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", CHAIN)
+        port = web.url.rsplit(":", 1)[1]
+        for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example"):
+            answer = httpx2.get(web.url + "/trees/night-1", auth=AUTH, headers={"Host": host}, timeout=10)
+            assert answer.status_code == 421, host
+            assert "night-1" not in answer.text
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert (
+                httpx2.get(web.url + "/trees", auth=AUTH, headers={"Host": host}, timeout=10).status_code
+                == 200
+            )
+
+
+def test_a_request_that_could_change_something_needs_this_hosts_origin_before_the_password(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as web:
+        host = web.url.removeprefix("http://")
+        for headers in ({}, {"Origin": "http://evil.example"}, {"Origin": "null"}):
+            answer = httpx2.post(web.url + "/trees", auth=AUTH, headers=headers, timeout=10)
+            assert answer.status_code == 403, headers
+        # Same origin and the password: past the guard, and no route changes anything yet.
+        same = httpx2.post(web.url + "/trees", auth=AUTH, headers={"Origin": f"http://{host}"}, timeout=10)
+        assert same.status_code == 405
+
+
+def test_beyond_loopback_any_host_name_is_served_but_only_with_the_password(tmp_path: Path) -> None:
+    with served(tmp_path, address="0.0.0.0") as web:
+        url = web.url.replace("0.0.0.0", "127.0.0.1")
+        headers = {"Host": "vancetope.internal"}
+        assert httpx2.get(url + "/trees", headers=headers, timeout=10).status_code == 401
+        assert httpx2.get(url + "/trees", auth=AUTH, headers=headers, timeout=10).status_code == 200
+
+
+def test_trees_lists_running_and_finished_trees_with_counts_duration_and_what_they_wait_for(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as web:
+        stored_tree(
+            web.writer,
+            "night-1",
+            CHAIN,
+            {"fetch": S.DONE, "parse": S.DONE, "upload": S.PENDING_CLIENT, "notify": S.BLOCKED},
+            upload={"client_id": "laptop"},
+            notify={"client_id": "laptop"},
+        )
+        stored_tree(web.writer, "day-2", CHAIN[:1], {"fetch": S.DONE}, user="bob", status=TreeStatus.DONE)
+        page = httpx2.get(web.url + "/trees", auth=AUTH, timeout=10).text
+        running = _row(page, "night-1")
+        assert 'data-status="running"' in running
+        assert "2 tasks waiting for client laptop (parked since" in running
+        assert ">done 2<" in running and ">pending_client 1<" in running and ">blocked 1<" in running
+        finished = _row(page, "day-2")
+        assert 'data-status="done"' in finished and "1m00s" in finished  # submitted T0, finished T0+60
+        only_bob = httpx2.get(web.url + "/trees", params={"user": "bob"}, auth=AUTH, timeout=10).text
+        assert "day-2" in only_bob and "night-1" not in only_bob
+        only_running = httpx2.get(web.url + "/trees?status=running", auth=AUTH, timeout=10).text
+        assert "night-1" in only_running and 'data-tree-id="day-2"' not in only_running
+        assert httpx2.get(web.url + "/trees?status=bogus", auth=AUTH, timeout=10).status_code == 400
+
+
+def _row(page: str, tree_id: str) -> str:
+    found = re.search(rf'<tr data-tree-id="{re.escape(tree_id)}".*?</tr>', page)
+    assert found, f"no row for {tree_id}"
+    return found.group(0)
+
+
+def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_argument_values(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as web:
+        stored_tree(
+            web.writer,
+            "night-1",
+            CHAIN,
+            {"fetch": S.DONE, "parse": S.RUNNING, "upload": S.PENDING, "notify": S.PENDING_CLIENT},
+            notify={"client_id": "laptop", "route": "client:laptop", "reason": "client laptop is offline"},
+        )
+        answer = httpx2.get(web.url + "/trees/night-1", auth=AUTH, timeout=10)
+        assert answer.status_code == 200
+        page = answer.text
+        nodes = dict(re.findall(r'<g class="node" data-task-id="([^"]+)" data-state="([^"]+)"', page))
+        assert nodes == {"fetch": "done", "parse": "running", "upload": "pending", "notify": "pending_client"}
+        # Columns by dependency depth: fetch, then parse and notify, then upload.
+        xs = dict(re.findall(r'data-task-id="([^"]+)" data-state="[^"]+" transform="translate\((\d+),', page))
+        assert xs["fetch"] < xs["parse"] == xs["notify"] < xs["upload"]
+        assert page.count('class="edge"') == 3
+        assert "client:laptop" in page and "client laptop is offline" in page
+        assert "planted-secret-value" not in page
+        assert 'id="timeline"' in page
+        details = httpx2.get(web.url + "/trees/night-1/tasks/fetch", auth=AUTH, timeout=10).text
+        assert "echo(value)" in details and "planted-secret-value" not in details
+        assert httpx2.get(web.url + "/trees/nope", auth=AUTH, timeout=10).status_code == 404
+        assert httpx2.get(web.url + "/trees/night-1/tasks/nope", auth=AUTH, timeout=10).status_code == 404
+
+
+def test_a_trees_events_send_every_state_then_each_change_and_end_with_the_tree(tmp_path: Path) -> None:
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", CHAIN[:2], {"fetch": S.RUNNING})
+        seen: list[dict[str, object]] = []
+        with httpx2.stream("GET", web.url + "/trees/night-1/events", auth=AUTH, timeout=30) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            for line in stream.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                seen.append(json.loads(line[6:]))
+                if len(seen) == 1:
+                    web.writer.transition("night-1", "fetch", from_states=[S.RUNNING], state=S.DONE)
+                elif len(seen) == 2:
+                    web.writer.transition("night-1", "parse", from_states=[S.PENDING], state=S.DONE)
+                    web.writer.finish_tree("night-1", TreeStatus.DONE, 1.0)
+                if seen[-1].get("final"):
+                    break
+        assert seen[0]["states"] == {"fetch": "running", "parse": "pending"}
+        assert seen[1]["states"] == {"fetch": "done"}
+        assert seen[-1]["states"] in ({"parse": "done"}, {}) and seen[-1]["status"] == "done"
+
+
+@pytest.mark.parametrize("given", ["ops", "ops:", ":pw", ""])
+def test_malformed_credentials_are_refused(given: str) -> None:
+    from brain.stack.webauth import BASIC_AUTH_VARIABLE, WebUnprotected, decide_web_access
+
+    with pytest.raises(WebUnprotected, match=BASIC_AUTH_VARIABLE):
+        decide_web_access("127.0.0.1", {BASIC_AUTH_VARIABLE: given}, Path("/nonexistent/web.secret"))

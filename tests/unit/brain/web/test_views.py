@@ -1,0 +1,90 @@
+"""What the web pages show, from records (pure): layout by dependency depth, what a tree waits for."""
+
+from __future__ import annotations
+
+from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
+from brain.web.views import layout, timeline, waits_for
+
+S = TaskState
+
+
+def tree_of(tasks: list[dict], client_id: str | None = None) -> TreeRecord:
+    return TreeRecord(
+        tree_id="t-1", tree=TaskTree.model_validate({"id": "t", "tasks": tasks}), user="ada",
+        client_id=client_id, submitted_at=100.0,
+    )  # fmt: skip
+
+
+def rec(task_id: str, state: TaskState = S.PENDING, **fields: object) -> TaskRecord:
+    return TaskRecord(tree_id="t-1", task_id=task_id, tool="echo", state=state, **fields)  # type: ignore[arg-type]
+
+
+def test_columns_follow_the_longest_chain_of_dependencies() -> None:
+    tree = tree_of(
+        [
+            {"id": "a", "tool": "echo"},
+            {"id": "b", "tool": "echo", "depends_on": ["a"]},
+            {"id": "c", "tool": "echo", "depends_on": ["a", "b"]},
+            {"id": "d", "tool": "echo"},
+        ]
+    )
+    graph = layout(tree, [rec(i) for i in "abcd"])
+    assert {n.task.task_id: (n.col, n.row) for n in graph.nodes} == {
+        "a": (0, 0), "b": (1, 0), "c": (2, 0), "d": (0, 1),
+    }  # fmt: skip
+    assert sorted(graph.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
+
+
+def test_a_fan_outs_items_sit_after_it_and_its_dependents_after_them_drawn_from_the_fanned_out_task() -> None:
+    tree = tree_of(
+        [
+            {"id": "list", "tool": "echo"},
+            {"id": "each", "tool": "echo", "depends_on": ["list"], "for_each": "list"},
+            {"id": "sum", "tool": "echo", "depends_on": ["each"]},
+        ]
+    )
+    items = [rec(f"each[{i}]", parent="each") for i in range(3)]
+    graph = layout(tree, [rec("list", S.DONE), rec("each", S.FANNED_OUT, fan_out=3), rec("sum"), *items])
+    cols = {n.task.task_id: n.col for n in graph.nodes}
+    assert cols == {"list": 0, "each": 1, "each[0]": 2, "each[1]": 2, "each[2]": 2, "sum": 3}
+    assert ("each", "sum") in graph.edges and ("each", "each[1]") in graph.edges
+    assert not any(src.startswith("each[") for src, _ in graph.edges)
+
+
+def test_a_deep_chain_lays_out_without_recursion() -> None:
+    tasks = [{"id": "t0", "tool": "echo"}] + [
+        {"id": f"t{i}", "tool": "echo", "depends_on": [f"t{i - 1}"]} for i in range(1, 3000)
+    ]
+    graph = layout(tree_of(tasks), [rec(f"t{i}") for i in range(3000)])
+    assert graph.by_id["t2999"].col == 2999
+
+
+def test_what_a_running_tree_waits_for_one_line_per_cause() -> None:
+    tree = tree_of([{"id": x, "tool": "echo"} for x in "abcde"])
+    tasks = [
+        rec("a", S.PENDING_CLIENT, client_id="laptop", queued_at=7200.0),
+        rec("b", S.BLOCKED, client_id="laptop", queued_at=3600.0),
+        rec("c", S.BLOCKED),
+        rec("d", S.AWAITING_APPROVAL, client_id="desk"),
+        rec("e", S.RETRYING, retry_at=9000.0),
+    ]
+    lines = waits_for(tree, tasks, now=10_000.0)
+    assert lines[0] == "1 task waiting for a client of user ada"
+    assert lines[1].startswith("2 tasks waiting for client laptop (parked since ")
+    assert lines[2] == "1 task awaiting its user's approval on client desk"
+    assert lines[3].startswith("1 task retrying (next at ")
+    # A tree bound to a client: its parked work waits for that client.
+    assert waits_for(tree_of([{"id": "c", "tool": "echo"}], "laptop"), [rec("c", S.BLOCKED)], 0.0) == [
+        "1 task waiting for client laptop"
+    ]
+
+
+def test_the_timeline_spans_the_first_queue_to_the_last_finish_and_skips_pending_tasks() -> None:
+    tasks = [
+        rec("a", S.DONE, first_queued_at=10.0, started_at=11.0, finished_at=15.0),
+        rec("b", S.RUNNING, queued_at=12.0, started_at=13.0),
+        rec("c"),
+    ]
+    start, end, bars = timeline(tasks, now=20.0)
+    assert (start, end) == (10.0, 20.0)  # b still runs: up to now
+    assert [(b.task_id, b.finished) for b in bars] == [("a", 15.0), ("b", None)]
