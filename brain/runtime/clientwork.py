@@ -238,8 +238,7 @@ class ClientWork:
         cid = session.client_id
         # Every call sent to this client must be looked at, not the first thousand.
         # Queued, begun or held for approval there; a running server task has no client id.
-        queued = self.store.tasks_in_states(SENT_TO_CLIENT, limit=1_000_000)
-        mine = [r for r in queued if r.client_id == cid]
+        mine = self.store.tasks_in_states(SENT_TO_CLIENT, client_id=cid, limit=1_000_000)
         # The queue and unacked hash are read once for all of them, not once per run.
         where_by_run = self.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
         try:

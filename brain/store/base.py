@@ -142,9 +142,16 @@ class Store(Protocol):
         ...
 
     def tasks_in_states(
-        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+        self,
+        states: Collection[TaskState],
+        *,
+        updated_before: float | None = None,
+        client_id: str | None = None,
+        limit: int = 1000,
     ) -> list[TaskRecord]:
-        """Tasks of every tree in ``states`` (optionally ``updated_at < updated_before``), stalest first."""
+        """Tasks of every tree in ``states`` (optionally ``updated_at < updated_before``, and only
+        those sent to ``client_id``), stalest first. The client is matched in the store: a client
+        going offline looks at its own calls without every other client's being parsed."""
         ...
 
     def end_tasks(

@@ -291,7 +291,12 @@ class MongoStore:
         return None if doc is None else int(doc["deliveries"])
 
     def tasks_in_states(
-        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+        self,
+        states: Collection[TaskState],
+        *,
+        updated_before: float | None = None,
+        client_id: str | None = None,
+        limit: int = 1000,
     ) -> list[TaskRecord]:
         values = state_values(states)
         if not values or limit <= 0:  # MongoDB reads limit 0 as "no limit"
@@ -299,6 +304,8 @@ class MongoStore:
         query: dict[str, Any] = {"state": {"$in": values}}
         if updated_before is not None:
             query["updated_at"] = {"$lt": updated_before}
+        if client_id is not None:
+            query["client_id"] = client_id
         with self._errors("tasks_in_states"):
             cursor = self._tasks.find(query, _HIDDEN).sort(
                 [("updated_at", ASCENDING), ("tree_id", ASCENDING), ("ord", ASCENDING)]

@@ -406,7 +406,12 @@ class SQLiteStore:
         return int(rows[0][0]) if rows else None
 
     def tasks_in_states(
-        self, states: Collection[TaskState], *, updated_before: float | None = None, limit: int = 1000
+        self,
+        states: Collection[TaskState],
+        *,
+        updated_before: float | None = None,
+        client_id: str | None = None,
+        limit: int = 1000,
     ) -> list[TaskRecord]:
         values = state_values(states)
         if not values or limit <= 0:  # SQLite reads a negative LIMIT as "all"
@@ -416,6 +421,9 @@ class SQLiteStore:
         if updated_before is not None:
             sql += " AND updated_at < ?"
             params.append(updated_before)
+        if client_id is not None:
+            sql += " AND json_extract(doc, '$.client_id') = ?"
+            params.append(client_id)
         sql += " ORDER BY updated_at, seq LIMIT ?"
         params.append(limit)
         with self._errors("tasks_in_states"):

@@ -331,9 +331,7 @@ def test_begin_run_counts_deliveries_of_the_current_server_run_only(store: Store
 
 def test_begin_run_moves_the_task_to_running_in_the_same_write(store: Store) -> None:
     put(store)
-    store.transition(
-        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", updated_at=1.0
-    )
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", updated_at=1.0)
     assert store.tasks_in_states({S.QUEUED_SERVER}, updated_before=2.0)[0].task_id == "a"
     assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
     got = store.get_task("t1", "a")
@@ -392,6 +390,17 @@ def test_tasks_in_states_spans_trees_and_filters_on_updated_before(store: Store)
     assert [t.task_id for t in store.tasks_in_states(queued, limit=1)] == ["y"]
     assert [t.task_id for t in store.tasks_in_states({S.PENDING})] == ["a", "c"]
     assert store.tasks_in_states([]) == []
+
+
+def test_tasks_in_states_of_one_client_only(store: Store) -> None:
+    put(store, "t1")
+    for task_id, cid in (("a", "laptop"), ("b", "desktop"), ("c", "laptop")):
+        store.transition("t1", task_id, from_states={S.PENDING}, state=S.QUEUED_CLIENT, client_id=cid)
+    sent = {S.QUEUED_CLIENT, S.RUNNING}
+    assert sorted(t.task_id for t in store.tasks_in_states(sent, client_id="laptop")) == ["a", "c"]
+    assert [t.task_id for t in store.tasks_in_states(sent, client_id="desktop")] == ["b"]
+    assert store.tasks_in_states(sent, client_id="nobody") == []
+    assert len(store.tasks_in_states(sent)) == 3
 
 
 def test_transition_applies_only_once_under_concurrency_in_threads(
