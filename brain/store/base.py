@@ -72,7 +72,10 @@ class Store(Protocol):
         """Record a new tree and its tasks (kept in this order); a known tree id is a StoreError."""
         ...
 
-    def get_tree(self, tree_id: str) -> TreeRecord | None: ...
+    def get_tree(self, tree_id: str, *, lazy: bool = False) -> TreeRecord | None:
+        """``lazy``: its tree's tasks validated as they are asked for (``TreeRecord.stored``), for
+        a process that advances the tree and uses a few of its tasks per result."""
+        ...
 
     def add_tasks(self, tree_id: str, tasks: list[TaskRecord]) -> None:
         """Add tasks to a recorded tree, after the ones it has (a for_each task's items). A

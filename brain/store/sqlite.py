@@ -259,10 +259,12 @@ class SQLiteStore:
                 ],
             )
 
-    def get_tree(self, tree_id: str) -> TreeRecord | None:
+    def get_tree(self, tree_id: str, *, lazy: bool = False) -> TreeRecord | None:
         with self._errors(f"get_tree({tree_id!r})"):
             row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()
-        return None if row is None else TreeRecord.model_validate_json(row[0])
+        if row is None:
+            return None
+        return TreeRecord.stored(json.loads(row[0])) if lazy else TreeRecord.model_validate_json(row[0])
 
     def list_trees(self, limit: int = 50) -> list[TreeRecord]:
         if limit <= 0:

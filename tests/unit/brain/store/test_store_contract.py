@@ -108,6 +108,15 @@ def test_put_then_get_returns_equal_records_with_nested_tree_and_error(store: St
     assert store.get_tasks("t1") == tasks
 
 
+def test_a_lazy_read_of_a_tree_is_the_same_record_its_tasks_validated_as_asked_for(store: Store) -> None:
+    record, _ = put(store, task_ids=("a", "b", "c"))
+    lazy = store.get_tree("t1", lazy=True)
+    assert lazy is not None
+    assert lazy.tree.task("b") == record.tree.task("b")
+    assert lazy == record and lazy.model_dump_json() == record.model_dump_json()
+    assert store.get_tree("no-such-tree", lazy=True) is None
+
+
 def test_missing_tree_and_task_read_as_none(store: Store) -> None:
     assert store.get_tree("nope") is None
     assert store.get_task("nope", "a") is None
@@ -331,9 +340,7 @@ def test_begin_run_counts_deliveries_of_the_current_server_run_only(store: Store
 
 def test_begin_run_moves_the_task_to_running_in_the_same_write(store: Store) -> None:
     put(store)
-    store.transition(
-        "t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", updated_at=1.0
-    )
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_SERVER, run_id="r1", updated_at=1.0)
     assert store.tasks_in_states({S.QUEUED_SERVER}, updated_before=2.0)[0].task_id == "a"
     assert store.begin_run("t1", "a", "r1", "w1", 5.0) == 1
     got = store.get_task("t1", "a")
