@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import InThread, wait_until
 from tests.unit.workers.helpers import DEMO_SERVER, make_config, stdio
 from workers.contracts import ToolCall, ToolResult, ToolType
+from workers.errors import InvalidArguments
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, value_of
 from workers.tools import builtin
@@ -245,3 +246,24 @@ def test_mcp_failures_become_results(manager: MCPClientManager) -> None:
         call("fail", ToolType.MCP, mcp_server="demo", args={"msg": "boom"}), mcp=manager, worker="w"
     )
     assert failed(boom)[0] == "ToolFailed" and "boom" in failed(boom)[1]
+
+
+def test_a_schema_object_is_written_out_once_to_find_its_validator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import execute as execute_module
+
+    looked_up: list[str] = []
+    real = execute_module._validator
+
+    def counted(schema_json: str) -> Any:
+        looked_up.append(schema_json)
+        return real(schema_json)
+
+    monkeypatch.setattr(execute_module, "_validator", counted)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for n in range(5):
+        execute_module.validate_args("t", schema, {"n": n})
+    with pytest.raises(InvalidArguments):
+        execute_module.validate_args("t", schema, {"n": "x"})
+    assert len(looked_up) == 1
+    execute_module.validate_args("t", dict(schema), {"n": 1})  # an equal schema, another object
+    assert len(looked_up) == 2
