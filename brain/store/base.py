@@ -295,7 +295,8 @@ def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
 
 
 def state_values(states: Collection[TaskState]) -> list[str]:
-    return [TaskState(s).value for s in states]
+    # A member as it is (most callers pass members); anything else checked by TaskState().
+    return [s.value if type(s) is TaskState else TaskState(s).value for s in states]
 
 
 def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, Any]:
