@@ -228,9 +228,16 @@ _SPARE = _SpareThreads()
 
 
 def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any:
-    """Run in another thread so the timeout holds even for a tool that blocks."""
+    """Run a tool that may block in another thread, so the timeout holds even when it does;
+    one that cannot block (``BuiltinTool.blocks``) here."""
     name = tool.descriptor.name
     ctx = BuiltinContext(deadline=time.monotonic() + timeout)
+    if not tool.blocks:
+        value = tool.run(args, ctx)
+        # Its answer came too late all the same: the same outcome a timeout thread gives.
+        if time.monotonic() > ctx.deadline:
+            raise ToolTimeout(f"tool {name!r} did not answer within {timeout:g}s", tool=name)
+        return value
     outcome: dict[str, Any] = {}
     finished = threading.Event()
 
@@ -257,7 +264,7 @@ def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any
 def validate_args(tool: str, schema: dict[str, Any], args: dict[str, Any]) -> None:
     """InvalidArguments listing every problem (``workers.argcheck`` wording, the brain's too);
     a schema that is itself invalid is not enforced."""
-    validator = _validator(json.dumps(schema, sort_keys=True))
+    validator = _validator_of(schema)
     if validator is None:
         return
     errors = list(validator.iter_errors(args))
@@ -267,6 +274,25 @@ def validate_args(tool: str, schema: dict[str, Any], args: dict[str, Any]) -> No
             tool=tool,
             field=argcheck.first_field(errors),
         )
+
+
+# The schemas a worker validates against are the same few objects call after call (a built-in's
+# descriptor, an MCP tool's listed schema, replaced whole when its server lists again): found
+# by identity first, keyed by the object itself so its id cannot be reused while kept. Writing
+# each one out as text to find its validator was a third of the check's cost.
+_BY_IDENTITY: dict[int, tuple[dict[str, Any], Any]] = {}
+_BY_IDENTITY_MAX = 256
+
+
+def _validator_of(schema: dict[str, Any]) -> Any:
+    found = _BY_IDENTITY.get(id(schema))
+    if found is not None and found[0] is schema:
+        return found[1]
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    if len(_BY_IDENTITY) >= _BY_IDENTITY_MAX:
+        _BY_IDENTITY.clear()
+    _BY_IDENTITY[id(schema)] = (schema, validator)
+    return validator
 
 
 @functools.lru_cache(maxsize=256)

@@ -17,8 +17,11 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -390,6 +393,13 @@ class TaskTree(BaseModel):
                 )
         return self
 
+    @model_serializer(mode="wrap")
+    def _whole(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A stored tree reads its tasks in when first asked (StoredTaskTree): before it is
+        # written out, so that no copy of it ever lacks them.
+        self.tasks  # noqa: B018
+        return handler(self)
+
     def task(self, task_id: str) -> TaskSpec:
         return self._by_id[task_id]
 
@@ -406,6 +416,68 @@ class TaskTree(BaseModel):
             for dep in t.depends_on:
                 index.setdefault(dep, []).append(t.id)
         return index
+
+
+_TASK_LIST: TypeAdapter[list[TaskSpec]] = TypeAdapter(list[TaskSpec])
+
+
+class StoredTaskTree(TaskTree):
+    """A tree read back from the store to advance it (``TreeRecord.stored``). Its spec was
+    validated whole when it was submitted and never changes, and a process recording one
+    result asks about that task's dependents only: so its header is validated when it is
+    read, a task when it is first asked for (``task``; ``dependents`` comes from the stored
+    ``depends_on`` lists), and the whole list only when something reads ``tasks``. Every
+    process that recorded a result of a 5,000-task tree validated all 5,000 specs once
+    (bench/README.md, "The CPU rows"); it now reads the JSON and validates what it uses.
+
+    It is a ``TaskTree`` in every other way: written out (``model_dump``) or compared, it
+    reads its tasks in first."""
+
+    _raw: list[dict[str, Any]] = PrivateAttr(default_factory=list)
+    _specs: dict[str, TaskSpec] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def of(cls, header: TaskTree, raw_tasks: list[dict[str, Any]]) -> StoredTaskTree:
+        """``header``'s fields (validated) with ``raw_tasks`` (as stored) as its tasks."""
+        fields = {name: getattr(header, name) for name in TaskTree.model_fields if name != "tasks"}
+        tree = cls.model_construct(header.model_fields_set - {"tasks"}, **fields)
+        tree._raw = raw_tasks
+        return tree
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "tasks":
+            return super().__getattr__(name)  # type: ignore[misc]
+        tasks = _TASK_LIST.validate_python(self._raw)
+        self.__dict__["tasks"] = tasks
+        return tasks
+
+    def task(self, task_id: str) -> TaskSpec:
+        if "tasks" in self.__dict__:
+            return super().task(task_id)
+        spec = self._specs.get(task_id)
+        if spec is None:
+            spec = self._specs[task_id] = TaskSpec.model_validate(self._raw_by_id[task_id])
+        return spec
+
+    @cached_property
+    def _raw_by_id(self) -> dict[str, dict[str, Any]]:
+        return {t["id"]: t for t in self._raw}
+
+    @cached_property
+    def dependents(self) -> dict[str, list[str]]:
+        index: dict[str, list[str]] = {}
+        for t in self._raw:
+            for dep in t.get("depends_on") or ():
+                index.setdefault(dep, []).append(t["id"])
+        return index
+
+    def __eq__(self, other: object) -> bool:
+        # Also asked for ``TaskTree == StoredTaskTree`` (a subclass's __eq__ goes first).
+        if not isinstance(other, TaskTree):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 # --- records kept by the store ---------------------------------------------------
@@ -525,6 +597,24 @@ class TreeRecord(BaseModel):
     # One gateway tools/call: an MCP client waits for its one task, so that task's MCP server
     # may ask it (sampling, elicitation: ToolCall.interactive). No other tree has anyone to ask.
     gateway_call: bool = False
+
+    @classmethod
+    def stored(cls, data: dict[str, Any]) -> TreeRecord:
+        """The record as the store keeps it (``data``: its JSON, parsed), with a tree whose tasks
+        are validated as they are asked for (``StoredTaskTree``): for the processes that advance
+        it, which use a few tasks per result. Everything else is validated now."""
+        tree = data.get("tree")
+        raw_tasks = tree.get("tasks") if isinstance(tree, dict) else None
+        if (
+            not isinstance(raw_tasks, list)
+            or not raw_tasks
+            or not all(isinstance(t, dict) for t in raw_tasks)
+        ):
+            return cls.model_validate(data)  # not the shape a store writes: all of it, and its errors
+        assert isinstance(tree, dict)
+        # The header with one task (a tree has at least one), which validates it as a tree's.
+        record = cls.model_validate({**data, "tree": {**tree, "tasks": raw_tasks[:1]}})
+        return record.model_copy(update={"tree": StoredTaskTree.of(record.tree, raw_tasks)})
 
 
 class Enrollment(BaseModel):

@@ -22,14 +22,25 @@ import redis
 
 from brain.core.client_health import owner_of_key
 from brain.hot.state import as_text
-from workers.contracts import client_key, client_keys_match
+from workers.contracts import KEY_NS, client_key, client_keys_match
 
 SCAN_COUNT = 1000
-# The quota is measured at most this often, whatever reconcile_interval_s says.
+# The quota is measured at most this often, whatever reconcile_interval_s says, by one brain.
 QUOTA_EVERY_S = 2.0
 # A client whose keys did not change names and who kept under half its quota is measured again
 # this often (``UsageMeter``).
 QUOTA_ALL_EVERY_S = 10.0
+
+# Held by the brain that measures, for QUOTA_EVERY_S (``my_turn_to_measure``).
+QUOTA_TURN_KEY = f"{KEY_NS}quota:measuring"
+
+
+def my_turn_to_measure(r: redis.Redis, holder: str) -> bool:
+    """Whether this brain measures now: the first to ask in each ``QUOTA_EVERY_S`` does (a lease,
+    ``SET NX PX``), the others skip it. A measure is a SCAN of the keyspace and a ``MEMORY
+    USAGE`` of every client key; each brain measuring every interval made a second brain's
+    share of it as large as the first's (bench/README.md, "The CPU rows")."""
+    return bool(r.set(QUOTA_TURN_KEY, holder, nx=True, px=int(QUOTA_EVERY_S * 1000)))
 
 
 def measure_client_usage(r: redis.Redis) -> dict[str, int]:

@@ -58,8 +58,10 @@ DRAIN_S = 2.0
 # How long the sender lets events gather before sending them: a client call's three task
 # events then go out with others as one ``task.multi`` message instead of three PUBLISHes,
 # and not while the call's own result is being recorded (the same window as the server
-# pool's, ``workers.event_batching``).
-GATHER_S = 0.01
+# pool's, ``workers.event_batching``). With 10 ms, a brain recording a few hundred client
+# results a second sent nearly one message per result, a kombu publish each: with two brains
+# sharing the results that cost each as much as one brain's (bench/README.md, "The CPU rows").
+GATHER_S = 0.1
 # Runs whose end was sent, remembered so that a late "started" or "progress" of one is not
 # (most recent first forgotten last; a run's late event comes within seconds of its end).
 ENDED_KEPT = 10_000

@@ -554,11 +554,13 @@ class Scheduler:
 
     def tree(self, tree_id: str) -> TreeRecord | None:
         """The tree's record; a running tree's is cached (its spec never changes, and a stale
-        status is harmless: every write is a compare-and-set)."""
+        status is harmless: every write is a compare-and-set). Its tasks are validated as they
+        are asked for (``TreeRecord.stored``): they were when it was submitted, and a process
+        that records one result of a big tree uses that task's dependents only."""
         cached = self._trees.get(tree_id)
         if cached is not None:
             return cached
-        rec = self.store.get_tree(tree_id)
+        rec = self.store.get_tree(tree_id, lazy=True)
         if rec is not None:
             self._cache_tree(rec)
         return rec

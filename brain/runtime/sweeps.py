@@ -10,6 +10,8 @@ cannot be read is suspended and skipped; every other client is still swept.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
@@ -20,7 +22,7 @@ from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
-from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys
+from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
@@ -121,6 +123,7 @@ class Sweeps:
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
         self._usage = UsageMeter()
+        self._holder = f"{socket.gethostname()}:{os.getpid()}"  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
         self._suspended: set[str] = set()
 
@@ -213,12 +216,15 @@ class Sweeps:
     # --- quotas ----------------------------------------------------------------------------
     def check_quotas(self) -> dict[str, int]:
         """Suspend each enrolled client keeping more than ``client_quota_bytes`` in Redis, and
-        lift that cause from one back under it. At most every ``QUOTA_EVERY_S``; returns
-        what was measured (empty when it was not time)."""
+        lift that cause from one back under it. At most every ``QUOTA_EVERY_S``, and by one brain
+        of several in each (``my_turn_to_measure``); returns what was measured (empty when it
+        was not time, or another brain's turn)."""
         now = time.monotonic()
         if now - self._quota_checked < QUOTA_EVERY_S:
             return {}
         self._quota_checked = now
+        if not my_turn_to_measure(self.hot.r, self._holder):
+            return {}  # another brain measured within the interval
         quota = self.settings.client_quota_bytes
         used = self._usage.measure(self.hot.r, now, quota)
         # One read of every mark, not one per enrolled client: only a client marked over its

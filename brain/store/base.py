@@ -72,7 +72,10 @@ class Store(Protocol):
         """Record a new tree and its tasks (kept in this order); a known tree id is a StoreError."""
         ...
 
-    def get_tree(self, tree_id: str) -> TreeRecord | None: ...
+    def get_tree(self, tree_id: str, *, lazy: bool = False) -> TreeRecord | None:
+        """``lazy``: its tree's tasks validated as they are asked for (``TreeRecord.stored``), for
+        a process that advances the tree and uses a few of its tasks per result."""
+        ...
 
     def add_tasks(self, tree_id: str, tasks: list[TaskRecord]) -> None:
         """Add tasks to a recorded tree, after the ones it has (a for_each task's items). A
@@ -299,7 +302,8 @@ def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
 
 
 def state_values(states: Collection[TaskState]) -> list[str]:
-    return [TaskState(s).value for s in states]
+    # A member as it is (most callers pass members); anything else checked by TaskState().
+    return [s.value if type(s) is TaskState else TaskState(s).value for s in states]
 
 
 def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +312,22 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
     Validation runs before the write so a bad value (``state="done!"``) is refused
     instead of being stored and breaking every later read of the record.
     """
+    return {
+        name: _CHANGEABLE[name].dump_python(value, mode="json")
+        for name, value in _validated(tree_id, task_id, changes).items()
+    }
+
+
+def task_changes_json(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, str]:
+    """``task_changes``, each value as its JSON text: one step in pydantic's serializer instead
+    of a JSON-compatible copy and then ``json.dumps`` of it (a store that writes JSON text)."""
+    return {
+        name: _CHANGEABLE[name].dump_json(value).decode()
+        for name, value in _validated(tree_id, task_id, changes).items()
+    }
+
+
+def _validated(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(changes) - _CHANGEABLE.keys())
     if unknown:
         known = ", ".join(sorted(_CHANGEABLE))
@@ -320,9 +340,8 @@ def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[st
     for name, value in changes.items():
         # Each field on its own, as TaskRecord would validate it (it has no model-wide
         # validators): validating a whole probe record per write was a tenth of a result's cost.
-        field = _CHANGEABLE[name]
         try:
-            values[name] = field.dump_python(field.validate_python(value), mode="json")
+            values[name] = _CHANGEABLE[name].validate_python(value)
         except ValidationError as exc:
             problems += [f"{'.'.join(map(str, (name, *e['loc'])))}: {e['msg']}" for e in exc.errors()]
     if problems:

@@ -171,10 +171,12 @@ class MongoStore:
                 if any(e.get("code") != _DUPLICATE_KEY for e in exc.details.get("writeErrors", [])):
                     raise
 
-    def get_tree(self, tree_id: str) -> TreeRecord | None:
+    def get_tree(self, tree_id: str, *, lazy: bool = False) -> TreeRecord | None:
         with self._errors(f"get_tree({tree_id!r})"):
             doc = self._trees.find_one({"tree_id": tree_id}, _HIDDEN)
-        return None if doc is None else _tree(doc)
+        if doc is None:
+            return None
+        return TreeRecord.stored(_decode(doc, _TREE_OPAQUE)) if lazy else _tree(doc)
 
     def list_trees(self, limit: int = 50) -> list[TreeRecord]:
         if limit <= 0:

@@ -42,7 +42,7 @@ from brain.store.base import (
     check_new_tree,
     duplicate_tree_error,
     state_values,
-    task_changes,
+    task_changes_json,
 )
 
 BUSY_TIMEOUT_S: Final = 10.0
@@ -259,10 +259,12 @@ class SQLiteStore:
                 ],
             )
 
-    def get_tree(self, tree_id: str) -> TreeRecord | None:
+    def get_tree(self, tree_id: str, *, lazy: bool = False) -> TreeRecord | None:
         with self._errors(f"get_tree({tree_id!r})"):
             row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()
-        return None if row is None else TreeRecord.model_validate_json(row[0])
+        if row is None:
+            return None
+        return TreeRecord.stored(json.loads(row[0])) if lazy else TreeRecord.model_validate_json(row[0])
 
     def list_trees(self, limit: int = 50) -> list[TreeRecord]:
         if limit <= 0:
@@ -357,7 +359,7 @@ class SQLiteStore:
         expect_client_id: str | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
-        values = task_changes(tree_id, task_id, changes)
+        values = task_changes_json(tree_id, task_id, changes)
         states = state_values(from_states)
         if not states:
             return None
@@ -365,12 +367,12 @@ class SQLiteStore:
         # row this call wrote (no second read that another writer could slip in front of).
         sets = ["doc = json_set(doc" + ", ?, json(?)" * len(values) + ")"] if values else ["seq = seq"]
         params: list[Any] = []
-        for name, value in values.items():
-            params += [f"$.{name}", json.dumps(value)]
+        for name, text in values.items():
+            params += [f"$.{name}", text]
         for name in _TASK_COLUMNS:
             if name in values:
                 sets.append(f"{name} = ?")
-                params.append(values[name])
+                params.append(json.loads(values[name]))  # a state, a run id or a time: a scalar
         where = f"tree_id = ? AND task_id = ? AND state IN ({', '.join('?' * len(states))})"
         params += [tree_id, task_id, *states]
         if expect_run_id is not ANY:

@@ -16,7 +16,7 @@ from brain.errors import StoreError
 from brain.runtime import relay as relay_module
 from brain.runtime.relay import POP_BATCH, Relay
 from brain.runtime.service import Brain
-from tests.conftest import result_for, tree
+from tests.conftest import InThread, result_for, tree, wait_until
 from tests.integration.test_parking import connect, reads
 from tests.redis_commands import command_counts, reset_counts
 from workers.contracts import CLIENT_OUTBOX, ClientToolResult, client_key
@@ -160,3 +160,31 @@ def test_idle_outboxes_cost_a_poll_no_command_of_their_own(
     counts = command_counts(redis_client)
     assert counts["llen"] == counts["ltrim"] == counts["rpop"] == 1  # the one that held something
     assert redis_client.llen(client_key("idle-150", CLIENT_OUTBOX)) <= cap
+
+
+def test_a_relay_woken_by_brpop_takes_the_rest_of_that_outbox_in_the_same_poll(
+    brain_on_redis: Brain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two brains race for each message: one woken for a message takes what else its outbox
+    holds at once (one RPOP), not one message per round and BRPOP each."""
+    brain = brain_on_redis
+    brain.scheduler.presence.enroll("laptop", "ada")
+    connect(brain, "laptop")
+    rec = brain.scheduler.submit(tree(reads(10)), session=SessionKind.INTERACTIVE, client_id="laptop")
+    messages = [result_message(brain, rec.tree_id, f"r{i}", "laptop") for i in range(10)]
+    monkeypatch.setattr(relay_module, "POP_TIMEOUT_S", 60)  # the push below wakes it, never a timeout
+
+    def push_once_blocked() -> None:
+        wait_until(
+            lambda: any(c.get("cmd") == "brpop" for c in brain.hot.r.client_list()), what="the relay in BRPOP"
+        )
+        brain.hot.r.lpush(client_key("laptop", CLIENT_OUTBOX), *messages)  # all ten at once
+
+    pusher = InThread(push_once_blocked)
+    assert Relay(brain.intake, brain.clients).poll_once(["laptop"]) is True  # one poll: round, BRPOP
+    wait_until(pusher.done, what="the pusher")
+    pusher.result()
+    assert {t.task_id: t.state for t in brain.store.get_tasks(rec.tree_id)} == {
+        f"r{i}": TaskState.DONE for i in range(10)
+    }
+    assert brain.hot.r.llen(client_key("laptop", CLIENT_OUTBOX)) == 0

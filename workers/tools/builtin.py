@@ -5,8 +5,9 @@ One job: the tools every server worker has without any MCP server, each a
 implementation. They work offline except ``http_get``, which reaches only public
 addresses unless the server's ``http_allow`` setting admits a target (``builtin_tools``
 takes it; ``BUILTINS`` is the table without any). Implementations raise
-``ToolFailed`` for failures they anticipate; ``workers.execute`` runs them in a
-thread, enforces the call's timeout and sets ``ctx.cancel`` when it gives up.
+``ToolFailed`` for failures they anticipate; ``workers.execute`` runs one that may
+block in a thread, enforces the call's timeout and sets ``ctx.cancel`` when it gives up,
+and runs one that cannot block (``blocks=False``) in the calling thread.
 """
 
 from __future__ import annotations
@@ -37,8 +38,17 @@ class BuiltinContext:
 
 @dataclass(frozen=True)
 class BuiltinTool:
+    """A tool and how to run it. ``blocks``: whether it may wait on something outside the
+    process (a socket, a pipe, a file on a network mount, a timer), so that only a thread the
+    caller can stop waiting for enforces its timeout. A tool that only computes on its
+    arguments (work bounded by their size, no I/O) says False and runs inline: a thread
+    could not stop it anyway (it holds the GIL), and handing it to one was a fifth of a
+    server worker child's time per task (bench/README.md). New tools block unless they say
+    otherwise."""
+
     descriptor: ToolDescriptor
     run: Callable[[dict[str, Any], BuiltinContext], Any]
+    blocks: bool = True
 
 
 def _descriptor(
@@ -175,6 +185,7 @@ def _tools(http_get_run: Callable[[dict[str, Any], BuiltinContext], Any]) -> tup
                 ["text", "op"],
             ),
             _text_transform,
+            blocks=False,
         ),
         BuiltinTool(
             _descriptor(
@@ -189,6 +200,7 @@ def _tools(http_get_run: Callable[[dict[str, Any], BuiltinContext], Any]) -> tup
                 ["data"],
             ),
             _json_transform,
+            blocks=False,
         ),
         BuiltinTool(
             _descriptor(
@@ -217,6 +229,7 @@ def _tools(http_get_run: Callable[[dict[str, Any], BuiltinContext], Any]) -> tup
                 "echo", "Return `value` unchanged.", {"value": {"description": "any JSON value"}}, ["value"]
             ),
             _echo,
+            blocks=False,
         ),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from tests.conftest import InThread, wait_until
 from tests.unit.workers.helpers import DEMO_SERVER, make_config, stdio
 from workers.contracts import ToolCall, ToolResult, ToolType
+from workers.errors import InvalidArguments
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, value_of
 from workers.tools import builtin
@@ -106,14 +108,50 @@ def test_builtin_calls_reuse_their_threads_and_one_that_hangs_holds_none_of_the_
     def builtin_threads() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name.startswith("builtin:")]
 
-    for i in range(50):
-        assert execute(call("echo", args={"value": i}), mcp=None, worker="w").value == i
-    assert len(builtin_threads()) <= 4  # kept spare, not one per call
+    for _ in range(50):
+        assert execute(call("sleep", args={"seconds": 0}), mcp=None, worker="w").ok
+    assert 1 <= len(builtin_threads()) <= 4  # kept spare, not one per call
 
     hung = execute(call("sleep", args={"seconds": 30}, timeout_s=0.2), mcp=None, worker="w")
     assert failed(hung) == ("ToolTimeout", "tool 'sleep' did not answer within 0.2s")
     # the next call runs at once in another thread while the timed-out one winds down
-    assert execute(call("echo", args={"value": "next"}), mcp=None, worker="w").value == "next"
+    assert execute(call("sleep", args={"seconds": 0}), mcp=None, worker="w").ok
+
+
+def test_a_builtin_that_cannot_block_runs_in_the_calling_thread_one_that_can_in_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """echo, text_transform, json_transform declare they cannot block: no hand-off to a thread."""
+    assert {name for name, tool in builtin.BUILTINS.items() if not tool.blocks} == {
+        "echo",
+        "text_transform",
+        "json_transform",
+    }
+    ran_in: list[threading.Thread] = []
+
+    def echo_here(args: dict[str, Any], ctx: builtin.BuiltinContext) -> Any:
+        ran_in.append(threading.current_thread())
+        return args["value"]
+
+    descriptor = builtin.BUILTINS["echo"].descriptor
+    monkeypatch.setitem(builtin.BUILTINS, "echo", BuiltinTool(descriptor, echo_here, blocks=False))
+    assert execute(call("echo", args={"value": 1}), mcp=None, worker="w").value == 1
+    monkeypatch.setitem(builtin.BUILTINS, "echo", BuiltinTool(descriptor, echo_here))
+    assert execute(call("echo", args={"value": 2}), mcp=None, worker="w").value == 2
+    assert ran_in[0] is threading.current_thread() and ran_in[1] is not threading.current_thread()
+
+
+def test_a_builtin_run_inline_that_answers_after_its_timeout_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def slow(args: dict[str, Any], ctx: builtin.BuiltinContext) -> Any:
+        time.sleep(0.1)  # past the 0.05 s deadline whatever the machine's speed
+        return args["value"]
+
+    descriptor = builtin.BUILTINS["echo"].descriptor
+    monkeypatch.setitem(builtin.BUILTINS, "echo", BuiltinTool(descriptor, slow, blocks=False))
+    kind, text = failed(execute(call("echo", args={"value": 1}, timeout_s=0.05), mcp=None, worker="w"))
+    assert (kind, text) == ("ToolTimeout", "tool 'echo' did not answer within 0.05s")
 
 
 def test_result_cap() -> None:
@@ -208,3 +246,24 @@ def test_mcp_failures_become_results(manager: MCPClientManager) -> None:
         call("fail", ToolType.MCP, mcp_server="demo", args={"msg": "boom"}), mcp=manager, worker="w"
     )
     assert failed(boom)[0] == "ToolFailed" and "boom" in failed(boom)[1]
+
+
+def test_a_schema_object_is_written_out_once_to_find_its_validator(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import execute as execute_module
+
+    looked_up: list[str] = []
+    real = execute_module._validator
+
+    def counted(schema_json: str) -> Any:
+        looked_up.append(schema_json)
+        return real(schema_json)
+
+    monkeypatch.setattr(execute_module, "_validator", counted)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for n in range(5):
+        execute_module.validate_args("t", schema, {"n": n})
+    with pytest.raises(InvalidArguments):
+        execute_module.validate_args("t", schema, {"n": "x"})
+    assert len(looked_up) == 1
+    execute_module.validate_args("t", dict(schema), {"n": 1})  # an equal schema, another object
+    assert len(looked_up) == 2

@@ -6,6 +6,7 @@ trees it woke. What is recorded is read back from the store, the record."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from brain.config import load_settings
-from brain.core.models import SessionKind, TaskState, TaskTree, TreeStatus
+from brain.core.models import SessionKind, TaskSpec, TaskState, TaskTree, TreeStatus
 from brain.core.routing import Presence
 from brain.hot.parked import ParkedRef
 from brain.runtime.intake import Intake
@@ -120,6 +121,31 @@ def test_a_chain_runs_one_task_after_another_and_the_next_takes_the_last_result(
     assert states(scheduler, rec.tree_id) == {"a": TaskState.DONE, "b": TaskState.DONE}
     assert scheduler.store.get_tree(rec.tree_id).status is TreeStatus.DONE
     assert hot.finished == [rec.tree_id]
+
+
+def test_a_process_recording_one_result_of_a_big_tree_validates_only_the_specs_it_uses(parts: Any) -> None:
+    """Each pool child and each brain validated the whole spec of every tree it recorded a
+    result of: O(N) per process per tree (bench/README.md, "The CPU rows")."""
+    scheduler, _, sent, hot, parked = parts
+    tasks = [{"id": f"e{i}", "tool": "echo", "args": {"value": i}} for i in range(300)]
+    scheduler.submit(
+        chain(*tasks, {"id": "last", "tool": "echo", "args": {"value": 0}, "depends_on": ["e0"]})
+    )
+    # Another process: the same store, a scheduler that has not seen the tree.
+    other = Scheduler(
+        scheduler.store, hot, sent, scheduler.registry, scheduler.settings,
+        presence=scheduler.presence, parked=parked, clock=scheduler.clock,
+    )  # fmt: skip
+    before = specs_alive()
+    assert Intake(other).take(result(sent.of("e0")[-1])) is TaskState.DONE
+    assert sent.of("last")  # its dependent, started by the other process
+    assert Intake(other).take(result(sent.of("e1")[-1])) is TaskState.DONE
+    assert specs_alive() - before == 1  # "last"'s, not 301
+
+
+def specs_alive() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is TaskSpec)
 
 
 def test_a_result_is_recorded_once_and_a_stale_run_changes_nothing(parts: Any) -> None:

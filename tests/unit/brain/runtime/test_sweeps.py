@@ -13,6 +13,7 @@ import pytest
 
 from brain.core.models import TaskState, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
+from brain.hot.client_quota import QUOTA_TURN_KEY
 from brain.hot.parked import key_requeues
 from brain.runtime.sweeps import server_queues
 from tests.redis_commands import command_counts, reset_counts
@@ -346,6 +347,24 @@ def test_the_quota_check_reads_the_suspension_marks_once_not_once_per_client(
     rig.sweeps.check_quotas()  # c07's keys were freed: back under its quota
     assert command_counts(rig.r).get("hget", 0) <= 2  # c07's mark, read again before it is lifted
     assert rig.clients.misbehaving.get("c07") is None
+
+
+def test_of_two_brains_one_measures_the_quotas_in_each_interval(rigs: Callable[..., Rig]) -> None:
+    """A measure is a SCAN and a MEMORY USAGE per client key: a second brain must not double it."""
+    first, second = rigs(), rigs()
+    first.presence.enroll("laptop", "ada")
+    first.r.set(client_key("laptop", "note"), b"x" * 100)
+
+    def scans() -> int:
+        return int(first.r.info("commandstats").get("cmdstat_scan", {}).get("calls", 0))
+
+    before = scans()
+    assert first.sweeps.check_quotas()["laptop"] > 0
+    assert second.sweeps.check_quotas() == {}  # the first's turn holds for QUOTA_EVERY_S
+    assert scans() == before + 1
+    first.r.delete(QUOTA_TURN_KEY)  # the interval over
+    second.sweeps._quota_checked = float("-inf")
+    assert second.sweeps.check_quotas()["laptop"] > 0
 
 
 def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(rig: Rig) -> None:

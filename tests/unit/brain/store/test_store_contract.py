@@ -108,6 +108,15 @@ def test_put_then_get_returns_equal_records_with_nested_tree_and_error(store: St
     assert store.get_tasks("t1") == tasks
 
 
+def test_a_lazy_read_of_a_tree_is_the_same_record_its_tasks_validated_as_asked_for(store: Store) -> None:
+    record, _ = put(store, task_ids=("a", "b", "c"))
+    lazy = store.get_tree("t1", lazy=True)
+    assert lazy is not None
+    assert lazy.tree.task("b") == record.tree.task("b")
+    assert lazy == record and lazy.model_dump_json() == record.model_dump_json()
+    assert store.get_tree("no-such-tree", lazy=True) is None
+
+
 def test_missing_tree_and_task_read_as_none(store: Store) -> None:
     assert store.get_tree("nope") is None
     assert store.get_task("nope", "a") is None
