@@ -35,6 +35,7 @@ from client_agent.outage import CELERY_CONSUMER_LOGGER, BrokerOutage, is_outage
 from client_agent.policy import Policy
 from client_agent.redact import Redactor, capped
 from client_agent.self_protection import check_sandbox_roots
+from client_agent.start_notices import StartNotices
 from client_agent.worker import (
     install_signal_handlers,
     make_agent_app,
@@ -44,7 +45,6 @@ from client_agent.worker import (
 )
 from workers.call_relay import wait_answer
 from workers.contracts import (
-    CLIENT_OUTBOX,
     AskAnswer,
     ClientDisconnected,
     ClientResourceUpdated,
@@ -118,6 +118,8 @@ class Agent:
         self.redactor = Redactor.build(config.redact, config.redact_builtin)
         gate = ConsentGate(config, self.consent, self.report_awaiting, self._stop, self._cancelled)
         self.app = make_agent_app(config)
+        # A call still running a moment after it began is said to be running (start_notices).
+        self.notices = StartNotices(self._tell_started)
         # Each run starts while kombu reserves its message: two round trips overlap.
         self.early = EarlyBegin(self.begin_run, config.client_id, worker_hostname(config.client_id))
         self.app.conf.broker_transport_options = {
@@ -271,6 +273,7 @@ class Agent:
     def deliver(self, result: ToolResult) -> None:
         """The run_tool sink: the result, redacted and within this workstation's own size cap,
         goes to this client's outbox for the brain."""
+        self.notices.ended(result.run_id)
         result = capped(self.redactor.result(result), self.config.max_result_bytes)
         if result.redactions:
             log.info("redacted %d match(es) in the result of task %s", result.redactions, result.task_id)
@@ -278,27 +281,25 @@ class Agent:
         self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
-        """Start a run (the cancel check, its delivery counted, workers.tasks.begin_run) and tell
-        the brain it began, so it records the run ``running``: one round trip for both, on the
-        channel's connection (its socket timeout bounds a cut link). The brain ignores a start
-        of a run that is not the task's current one, so one sent for a cancelled run is harmless."""
-        started = ToolStarted(
-            run_id=call.run_id,
-            tree_id=call.tree_id,
-            task_id=call.task_id,
-            started_at=started_at,
-            client_id=self.config.client_id,
-        )
-        body = ClientToolStarted(client_id=self.config.client_id, started=started).model_dump_json()
-        outbox = self.channel.key(CLIENT_OUTBOX)
-        return begin_run(
-            self.channel.client,
-            self.channel.prefix,
-            call,
-            worker,
-            started_at,
-            then=lambda p: p.lpush(outbox, body),
-        )
+        """Start a run (the cancel check, its delivery counted, workers.tasks.begin_run: one round
+        trip, on the channel's connection, whose socket timeout bounds a cut link); the brain is
+        told it began only if it is still running a moment later (``client_agent.start_notices``)."""
+        number = begin_run(self.channel.client, self.channel.prefix, call, worker, started_at)
+        if number is not None:
+            started = ToolStarted(
+                run_id=call.run_id,
+                tree_id=call.tree_id,
+                task_id=call.task_id,
+                started_at=started_at,
+                client_id=self.config.client_id,
+            )
+            self.notices.begun(started)
+        return number
+
+    def _tell_started(self, started: ToolStarted) -> None:
+        # Not retried: a start that arrives late says nothing the result will not.
+        message = ClientToolStarted(client_id=self.config.client_id, started=started)
+        self.channel.send(message, retry_delays=())
 
     def report_progress(self, update: ToolProgress) -> None:
         """An MCP server's progress on a running call: to the outbox too, for the brain."""
@@ -515,6 +516,7 @@ class Agent:
             mcp, self._mcp = self._mcp, MCPTools()
         mcp.close()
         self.early.close()
+        self.notices.close()
         self.channel.client.close()
         clear_state(self.config.data_dir, self._state.pid)
         log.info("client agent %s stopped (%s)", self.config.client_id, self._stop_reason)

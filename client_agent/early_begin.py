@@ -3,7 +3,7 @@
 A call costs the agent's link to Redis a round trip for each step it waits on. kombu's
 consumer pops a message and then writes it to its unacked hash (a round trip, on the
 consumer's thread); the run then starts (``workers.tasks.begin_run``: the cancel check, the
-delivery count and the "started" notice, another round trip). Nothing makes the second wait
+delivery count, another round trip). Nothing makes the second wait
 for the first, so ``EarlyBegin`` starts the run on a thread of its own the moment the message
 is popped (``workers.transport.GuardedChannel.vt_on_delivery``), and the task takes that
 answer when it runs. On a workstation 100 ms from Redis that is 200 ms off every call.

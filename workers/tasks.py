@@ -102,8 +102,7 @@ def begin_run(
     script, so none can block Redis for everyone): the cancel check, the count and the mark
     see the same state, so a run cancelled before its mark never starts, and two deliveries
     at once never get the same number. ``then`` queues more commands in the same
-    transaction (a client agent's "started" message to its outbox): on a link 100 ms from
-    Redis each round trip saved is 200 ms off every call.
+    transaction: on a link 100 ms from Redis each round trip saved is 200 ms off every call.
 
     The count and the mark are written whatever the check finds. A cancelled run's count
     is never read again, and its mark, like a mark over ``max_deliveries`` (that run fails
@@ -168,7 +167,7 @@ def register(
     not the tool's: ``timeout_s`` starts when the tool starts. ``begin`` starts a run, before
     ``gate`` (default: ``HotState.begin_run``, the cancelled set and a delivery counter in
     Redis; the server pool's records the start in the store, a client agent's also tells the
-    brain, in the same round trip). Without
+    brain when the call is still running a moment later). Without
     ``task_events`` a server pool sends no ``task-progress`` events either. ``channel`` takes
     an MCP server's log messages and its sampling/elicitation requests during a call
     (``workers.call_relay``). ``recent`` (a client agent's) answers a task re-sent as a new run

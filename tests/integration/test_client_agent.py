@@ -183,8 +183,9 @@ class Brain:
         self.app.send_task(RUN_TOOL_TASK, args=[payload], queue=client_queue(CID), task_id=run_id)
 
     def results(self, run_ids: set[str], timeout: float = 30.0) -> dict[str, ToolResult]:
-        """The results of ``run_ids``; each call's start notice (ClientToolStarted) must come
-        before its result."""
+        """The results of ``run_ids``. A call still running a moment after it began is said to
+        be running first (ClientToolStarted, client_agent.start_notices): noted in ``started``;
+        a quick one is not."""
         found: dict[str, ToolResult] = {}
         deadline = time.monotonic() + timeout
         while set(found) != run_ids:
@@ -193,9 +194,6 @@ class Brain:
                 self.started.add(message.started.run_id)
                 continue
             assert isinstance(message, ClientToolResult), message
-            assert message.result.run_id in self.started, (
-                f"{message.result.run_id}: a result before its start"
-            )
             found[message.result.run_id] = message.result
         return found
 
