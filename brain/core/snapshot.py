@@ -4,7 +4,7 @@ the CLI and the gateway."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from brain.core.models import ToolSpec
 from brain.core.routing import Engine
@@ -33,6 +33,16 @@ class RegistrySnapshot(BaseModel):
     # what every server run of that server / on that pool shares (brain.core.fairshare).
     server_limits: dict[str, Limits] = Field(default_factory=dict)
     pool_limits: dict[str, Limits] = Field(default_factory=dict)
+    _limited: bool | None = PrivateAttr(default=None)
+
+    @property
+    def limited(self) -> bool:
+        """Whether any tool has a limit (computed once: the dispatch fast path asks per call)."""
+        if self._limited is None:
+            self._limited = any(
+                t.rate_limit is not None or t.max_concurrency is not None for t in self.tools.values()
+            )
+        return self._limited
 
     def failure_hint(self, tool: str | None = None) -> str:
         """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""
