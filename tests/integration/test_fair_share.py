@@ -6,9 +6,11 @@ recorded start times, never from the test's own clock."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -89,7 +91,7 @@ def test_a_rate_limit_holds_across_two_pool_processes(
     brain_factory: Callable[[EmbeddedStack], Brain],
     second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
 ) -> None:
-    _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, rate_limit="5/s")
+    stack, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, rate_limit="5/s")
     rec = brain.scheduler.submit(tree(sleeps(60, 0)))
 
     # Calls wait at the gate, shown as throttled by the limit that holds them.
@@ -98,6 +100,24 @@ def test_a_rate_limit_holds_across_two_pool_processes(
         return set(Gate(brain.hot.r).throttled(r.run_id or "" for r in records if r is not None).values())
 
     wait_until(lambda: throttled() == {"rate_limit 5/s of tool sleep"}, 20, "calls throttled at the gate")
+    # ... and `vancetope status TREE --json` shows them so, beside the store's state.
+    shown = subprocess.run(  # noqa: PLW1510 - asserted below
+        [sys.executable, "-m", "brain", "status", rec.tree_id, "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "VANCETOPE_DATA_DIR": str(stack.settings.data_dir),
+            "VANCETOPE_REDIS_URL": stack.redis_url,
+        },
+    )
+    assert shown.returncode == 0, shown.stderr
+    gated = [t for t in json.loads(shown.stdout)["tasks"] if t.get("shown_state") == "throttled"]
+    assert gated and {(t["state"], t["throttled_by"]) for t in gated} == {
+        ("queued_server", "rate_limit 5/s of tool sleep")
+    }
 
     assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
     done = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(60)]

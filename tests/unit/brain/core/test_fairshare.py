@@ -203,3 +203,24 @@ def test_lanes_differ_by_pool_user_and_limits() -> None:
     }
     assert len(lanes) == 4
     assert lane_id(None, "ada", (a,)) == lane_id("default", "ada", (a,))
+
+
+def test_explain_lists_the_limits_of_each_server_task() -> None:
+    from brain.cli.trees import _limit_lines
+    from brain.core.models import TaskSpec
+    from brain.core.routing import Route, RouteKind
+    from brain.core.snapshot import RegistrySnapshot
+
+    registry = RegistrySnapshot(
+        tools={"http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}), "echo": _tool()},
+        pool_limits={"gpu": Limits(max_concurrency=1)},
+    )
+    routes = [
+        (TaskSpec(id="a", tool="http_get"), Route(kind=RouteKind.SERVER, tool="http_get", reason="")),
+        (TaskSpec(id="b", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="", pool="gpu")),
+        (TaskSpec(id="c", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="")),
+    ]
+    assert _limit_lines(routes, registry) == [
+        "task a: limits: rate_limit 5/s of tool http_get",
+        "task b: limits: max_concurrency 1 of pool gpu",
+    ]
