@@ -77,7 +77,7 @@ def test_lanes_sharing_a_cap_take_turns(redis_client: redis.Redis, gate: Gate) -
     ada, bob = lane("ada", one), lane("bob", one)
     put(redis_client, gate, ada, "a1", "a2", "a3")
     put(redis_client, gate, bob, "b1")
-    order = []
+    order: list[str] = []
     for _ in range(4):
         gate.admit(release=order[-1:])
         order = queued(redis_client)
