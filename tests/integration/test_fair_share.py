@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -155,20 +156,45 @@ def test_a_pool_process_killed_mid_call_gives_its_slot_back_and_the_tree_ends(
     brain_factory: Callable[[EmbeddedStack], Brain],
     second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
 ) -> None:
-    _, brain, proc = two_pools(tmp_path, stack_factory, brain_factory, second_pool, max_concurrency=1)
+    # One pool process at first, so the call allowed is surely its own.
+    stack = stack_factory(services=("brain",), registry=registry(tmp_path, max_concurrency=1))
+    brain = brain_factory(stack)
+    first = second_pool(stack)
+    wait_until(lambda: live_pool_workers(brain.hot.r, DEFAULT_POOL), 60, "a pool process")
     rec = brain.scheduler.submit(tree(sleeps(4, 3)))
 
-    def running_on_second() -> bool:
-        for i in range(4):
-            r = brain.store.get_task(rec.tree_id, f"t{i}")
-            if r is not None and r.state is TaskState.RUNNING and r.worker.startswith("server2@"):
-                return True
-        return False
+    def running() -> bool:
+        states = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(4)]
+        return any(r is not None and r.state is TaskState.RUNNING for r in states)
 
-    # Whichever process runs the one call allowed, kill the second one once it holds it.
-    wait_until(running_on_second, 60, "a call running on the second pool process")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-    # Its call comes back after the visibility timeout, runs on the stack's pool, gives the
-    # slot back; the other calls follow, one at a time.
-    assert wait_for_tree(brain, rec.tree_id, 120).status is TreeStatus.DONE
+    wait_until(running, 60, "the one call allowed running")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    # Another process takes the killed call back after the visibility timeout, runs it, gives
+    # the slot back; the other calls follow, one at a time.
+    second_pool(stack)
+    assert wait_for_tree(brain, rec.tree_id, 150).status is TreeStatus.DONE
+    spans = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(4)]
+    assert all(r is not None and r.state is TaskState.DONE for r in spans)
+
+
+def test_a_chain_of_limited_calls_is_put_at_the_gate_by_the_pool_and_ends(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # Each dependent is dispatched by the pool that recorded its dependency (as vt-pool): it
+    # writes the gate's lane and runs the gate's script under its own ACL user.
+    _, brain, _ = two_pools(
+        tmp_path, stack_factory, brain_factory, second_pool, rate_limit="5/s", max_concurrency=1
+    )
+    steps = [{"id": "s0", "tool": "sleep", "args": {"seconds": 0}}]
+    steps += [
+        {"id": f"s{i}", "tool": "sleep", "args": {"seconds": 0}, "depends_on": [f"s{i - 1}"]}
+        for i in range(1, 6)
+    ]
+    rec = brain.scheduler.submit(tree({"id": "chain", "tasks": steps}))
+    assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
+    starts = [brain.store.get_task(rec.tree_id, f"s{i}").started_at for i in range(6)]  # type: ignore[union-attr]
+    assert all(b is not None and a is not None and b > a for a, b in pairwise(starts))
