@@ -31,11 +31,21 @@ for i = 5, #ARGV do
   end
 end
 
+-- A lane moves calls into a server pool's queue, from its own wait list, and nowhere else: a
+-- pool's Redis user may write lanes, and the brain (who may write any key) runs this script
+-- too, so a forged lane must not reach a client's queue or any other key (docs/security.md).
+local WAIT_NS = NS .. 'w:'
+local function usable(queue, wait)
+  if not (queue == 'server' or string.match(queue, '^server%.[%w_%-]+$')) then return false end
+  return string.sub(wait, 1, #WAIT_NS) == WAIT_NS and string.sub(wait, -(#queue + 1)) == ':' .. queue
+end
+
 local lanes = {}
 for _, id in ipairs(redis.call('ZRANGE', LANES, 0, -1)) do
   local meta = redis.call('HMGET', NS .. 'lane:' .. id, 'queue', 'wait', 'limits')
-  if meta[1] and meta[2] and meta[3] then
-    table.insert(lanes, {id = id, queue = meta[1], wait = meta[2], limits = cjson.decode(meta[3])})
+  local ok, limits = pcall(cjson.decode, meta[3] or '')
+  if meta[1] and meta[2] and ok and type(limits) == 'table' and usable(meta[1], meta[2]) then
+    table.insert(lanes, {id = id, queue = meta[1], wait = meta[2], limits = limits})
   else
     redis.call('ZREM', LANES, id)
   end

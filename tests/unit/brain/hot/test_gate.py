@@ -113,3 +113,23 @@ def test_a_call_goes_to_its_own_pool_queue(redis_client: redis.Redis, gate: Gate
     put(redis_client, gate, gpu, "g1")
     gate.admit()
     assert queued(redis_client, "gpu") == ["g1"] and queued(redis_client) == []
+
+
+@pytest.mark.parametrize(
+    ("queue", "wait"),
+    [
+        ("c:alice:client.alice", "vt:gate:w:x:c:alice:client.alice"),  # a client's queue
+        ("brain", "vt:gate:w:x:brain"),
+        ("server", "c:alice:client.alice"),  # a wait list that is not the gate's
+    ],
+)
+def test_a_forged_lane_moves_nothing_outside_the_pool_queues(
+    redis_client: redis.Redis, gate: Gate, queue: str, wait: str
+) -> None:
+    # A pool's Redis user may write the gate's keys; the brain runs the script with every key.
+    redis_client.hset("vt:gate:lane:x", mapping={"queue": queue, "wait": wait, "limits": "[]"})
+    redis_client.zadd(key_gate_lanes(), {"x": 0})
+    redis_client.lpush(wait, json.dumps({"headers": {"id": "forged"}}))
+    assert gate.admit().count == 0
+    assert redis_client.llen(wait) == 1 and redis_client.llen(queue) == 0
+    assert redis_client.zcard(key_gate_lanes()) == 0
