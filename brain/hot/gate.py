@@ -25,6 +25,7 @@ import redis
 from brain.core.fairshare import AppliedLimit
 from brain.hot.state import as_text
 from workers.contracts import (
+    GATE_NS,
     gate_wait_prefix,
     key_cancelled,
     key_gate_fresh,
@@ -144,7 +145,9 @@ class Gate:
         pipe = self.r.pipeline(transaction=False)
         for lane in lanes:
             pipe.hget(key_gate_lane(lane), "wait")
-        return [as_text(key) for key in pipe.execute() if key]
+        # Only the gate's own lists: a lane a pool forged cannot make another key count as held.
+        keys = [as_text(key) for key in pipe.execute() if key]
+        return [key for key in keys if key.startswith(f"{GATE_NS}w:")]
 
     def throttled(self, run_ids: Iterable[str]) -> dict[str, str]:
         """Run id -> why it waits (``rate_limit 5/s of tool http_get``), for runs at the gate."""
