@@ -43,6 +43,7 @@ run_tool = register(
     progress=recorder.progress,
     task_events=settings.task_events,
     channel=recorder,
+    end=recorder.end,
 )
 # Everything is read: the credentials leave the environment, and the pool's memory and
 # /proc/<pid>/environ are closed to its children, the MCP servers (workers.proc_guard); they

@@ -190,6 +190,47 @@ def key_retry_at() -> str:
     return f"{KEY_NS}retry-at"
 
 
+# --- the admission gate of server pools (brain.hot.gate, docs/fair-share.md) ---------------
+GATE_NS = f"{KEY_NS}gate:"
+
+
+def key_gate_lanes() -> str:
+    """ZSET of the lanes with calls waiting at the gate, by when each was last served."""
+    return f"{GATE_NS}lanes"
+
+
+def key_gate_lane(lane: str) -> str:
+    """HASH of one lane: its pool queue, its wait list, its limits, why it waits."""
+    return f"{GATE_NS}lane:{lane}"
+
+
+def key_gate_fresh(lane: str) -> str:
+    """Set while a lane was just recorded and its calls' messages may not be written yet."""
+    return f"{GATE_NS}fresh:{lane}"
+
+
+def gate_wait_prefix(lane: str) -> str:
+    """kombu ``global_keyprefix`` of a lane's wait list: a call for pool queue Q waiting in lane L
+    is kombu's own message for Q in list ``<prefix>Q``, moved unchanged into Q when admitted
+    (its routing key already names Q, so a restored message goes back to Q)."""
+    return f"{GATE_NS}w:{lane}:"
+
+
+def key_gate_waiting() -> str:
+    """HASH run id -> its lane and lease, while the run waits at the gate (status shows it throttled)."""
+    return f"{GATE_NS}waiting"
+
+
+def key_gate_held() -> str:
+    """HASH run id -> the concurrency keys whose slots the admitted run holds."""
+    return f"{GATE_NS}held"
+
+
+def key_gate_wake() -> str:
+    """LIST the brain's gate timer blocks on: a process that puts a call at the gate wakes it."""
+    return f"{GATE_NS}wake"
+
+
 def key_cancelled() -> str:
     """Set of run ids no worker may start (cancel survives offline workers: they check it).
     Under a client's connection prefix this is that client's own set."""
@@ -263,12 +304,17 @@ class ToolCall(BaseModel):
     # are refused. Sent only when true, so an older agent (extra="forbid") still parses
     # every ordinary call.
     interactive: bool = False
+    # Admitted by the gate under a max_concurrency cap (brain.hot.gate): the server worker that
+    # ends the run gives its slot back. Server calls only; sent only when true, as above.
+    holds_slot: bool = False
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
         if not self.interactive:
             data.pop("interactive", None)
+        if not self.holds_slot:
+            data.pop("holds_slot", None)
         return data
 
 

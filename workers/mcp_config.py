@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from workers.contracts import MCPServerFailure
 from workers.errors import WorkerError
 from workers.jsonc import jsonc_to_json
+from workers.rates import Concurrency, Limits, RateLimitText
 from workers.secret_refs import VAULT_REF, references
 from workers.tools.http_headers import is_loopback_host
 
@@ -62,7 +63,9 @@ _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
 # own consent decides here.
 _STDIO_KEYS = ("command", "args", "env", "envFile", "cwd")
 _HTTP_KEYS = ("url", "headers")
-_ANY_KEYS = ("type", "disabled", "autoApprove")
+# rate_limit and max_concurrency bound every call of the server's tools together
+# (docs/fair-share.md); they are read here and enforced by the brain's gate.
+_ANY_KEYS = ("type", "disabled", "autoApprove", "rate_limit", "max_concurrency")
 _KEYS = _STDIO_KEYS + _HTTP_KEYS + _ANY_KEYS
 # Names other clients use, or that mean a key while not being spelled like it (difflib would
 # offer "cwd" for "cmd").
@@ -96,6 +99,12 @@ class StdioServerSpec(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    rate_limit: RateLimitText = None
+    max_concurrency: Concurrency = None
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(rate_limit=self.rate_limit, max_concurrency=self.max_concurrency)
 
     def describe(self) -> str:
         """The command, for error messages: without its arguments, which may carry tokens or
@@ -113,6 +122,12 @@ class HttpServerSpec(BaseModel):
     type: Literal["http"] = "http"
     url: str = Field(pattern=r"^[hH][tT][tT][pP][sS]?://")
     headers: dict[str, str] = Field(default_factory=dict)
+    rate_limit: RateLimitText = None
+    max_concurrency: Concurrency = None
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(rate_limit=self.rate_limit, max_concurrency=self.max_concurrency)
 
     def describe(self) -> str:
         return self.url
@@ -232,7 +247,7 @@ def _refuse_unknown_keys(where: str, entry: dict[str, Any]) -> None:
         hint = f" (did you mean {meant!r}?)" if meant else ""
         raise MCPConfigError(
             f"{where}: unknown key {key!r}{hint}; a server takes command, args, env, envFile and cwd "
-            "(stdio), or url and headers (http), and type and disabled"
+            "(stdio), or url and headers (http), and type, disabled, rate_limit and max_concurrency"
         )
 
 
@@ -476,4 +491,5 @@ def _first_problem(exc: ValidationError) -> str:
     loc = ".".join(str(part) for part in err["loc"])
     if err["type"] == "string_pattern_mismatch" and loc == "url":
         return f"url {err['input']!r} must start with http:// or https://"
-    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg

@@ -157,6 +157,7 @@ def register(
     task_events: bool = True,
     channel: CallChannel | None = None,
     recent: RecentCalls | None = None,
+    end: Callable[[ToolCall], None] | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -171,7 +172,9 @@ def register(
     ``task_events`` a server pool sends no ``task-progress`` events either. ``channel`` takes
     an MCP server's log messages and its sampling/elicitation requests during a call
     (``workers.call_relay``). ``recent`` (a client agent's) answers a task re-sent as a new run
-    after its result was lost from the run that already did it (``workers.recent_calls``)."""
+    after its result was lost from the run that already did it (``workers.recent_calls``).
+    ``end`` is told of every call this worker took once it is over (run, refused or failed;
+    the server pool gives back a gate slot there)."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
 
@@ -188,13 +191,7 @@ def register(
     deliver = sink or send_to_brain(app)
     mcp_manager = mcp or server_mcp
 
-    # ``throws``: a failed call is an expected outcome, logged by Celery without a traceback.
-    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, throws=(CallFailed,))
-    def run_tool(self: Task, payload: Any) -> Outcome:
-        worker = self.request.hostname or "worker"
-        call = _decode(payload, worker, client_id)
-        if call is None:
-            return Outcome({"ok": False, "error": "malformed tool call (see worker log)"})
+    def run(self: Task, call: ToolCall, worker: str) -> Outcome:
         started = time.time()
         deliveries = start_run(call, worker, started)
         if deliveries is None:
@@ -255,6 +252,20 @@ def register(
                 raise Retry(f"{failed}; tried again as a new run", exc=failed)
             raise failed
         return Outcome({"ok": result.ok, "tool": call.tool, "task": call.task_id})
+
+    # ``throws``: a failed call is an expected outcome, logged by Celery without a traceback.
+    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, throws=(CallFailed,))
+    def run_tool(self: Task, payload: Any) -> Outcome:
+        worker = self.request.hostname or "worker"
+        call = _decode(payload, worker, client_id)
+        if call is None:
+            return Outcome({"ok": False, "error": "malformed tool call (see worker log)"})
+        if end is None:
+            return run(self, call, worker)
+        try:
+            return run(self, call, worker)
+        finally:
+            end(call)
 
     return run_tool
 

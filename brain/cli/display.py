@@ -39,6 +39,11 @@ STATE_STYLE = {
 }
 
 
+# How status shows a queued_server run waiting at the gate (a view, not a store state: the
+# gate is Redis, docs/fair-share.md).
+THROTTLED = "throttled"
+
+
 def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> str:
     """The store's state. A run begun is ``running`` in the store (``Store.begin_run``, a
     client agent's ``ClientToolStarted``); a queued one shows ``running`` too when a worker
@@ -48,6 +53,13 @@ def shown_state(rec: TaskRecord, running: Mapping[str, Mapping[str, Any]]) -> st
     if rec.state is TaskState.QUEUED_SERVER and rec.deliveries > 0:
         return TaskState.RUNNING.value
     mark = running.get(rec.task_id)
+    if (
+        rec.state is TaskState.QUEUED_SERVER
+        and mark
+        and "throttled" in mark
+        and mark.get("run_id") == rec.run_id
+    ):
+        return THROTTLED
     if rec.state in QUEUED and mark and mark.get("run_id") == rec.run_id:
         return TaskState.RUNNING.value
     return rec.state.value
@@ -103,6 +115,8 @@ def task_table(
             shortened |= detail.endswith("…")
         elif rec.error is not None:
             detail = rec.error.message
+        elif state == THROTTLED:
+            detail = f"throttled by {running[rec.task_id]['throttled']}"
         elif rec.state in QUEUED and rec.progress is not None:
             detail = progress_text(rec.progress)
         else:

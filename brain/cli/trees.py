@@ -33,10 +33,11 @@ from brain.cli.base import (
     settings_options_given,
     stack_for,
 )
-from brain.cli.display import duration, queues_table, task_table, trees_table
+from brain.cli.display import THROTTLED, duration, queues_table, task_table, trees_table
 from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.cli.watch import watch
 from brain.config import Settings
+from brain.core.fairshare import applied_limits
 from brain.core.limits import TreeRefused
 from brain.core.models import (
     RunIf,
@@ -73,6 +74,7 @@ from brain.errors import (
     StackNotRunning,
 )
 from brain.hot.boundary import unreachable
+from brain.hot.gate import Gate
 from brain.hot.queues import QueuesReport, queues_report
 from brain.runtime import vault
 from brain.runtime.registry import build_registry
@@ -501,6 +503,8 @@ def explain(
     console.print(table)
     for line in _policy_lines(tree, registry, settings):
         console.print(Text(line), soft_wrap=True)
+    for line in _limit_lines(routes, registry):
+        console.print(Text(line), soft_wrap=True)
     console.print(Text(_routes_note(stack, session, client_id), style="dim"))
     if failing:
         missing = sorted({spec.tool for spec, route in failing if route.reason.startswith("Tool unknown")})
@@ -511,6 +515,21 @@ def explain(
                 highlight=False,
             )
         sys.exit(EXIT_TREE_FAILED)
+
+
+def _limit_lines(routes: Sequence[tuple[TaskSpec, Route]], registry: RegistrySnapshot) -> list[str]:
+    """Per server task bounded by limits: which (``rate_limit 5/s of tool http_get``): its call
+    waits at the gate, shown as throttled, while one of them holds it (docs/fair-share.md)."""
+    lines = []
+    for spec, route in routes:
+        tool = registry.tools.get(route.tool) if route.kind is RouteKind.SERVER else None
+        if tool is None:
+            continue
+        limits = applied_limits(tool, route.pool, registry.server_limits, registry.pool_limits)
+        if limits:
+            words = ", ".join(w for limit in limits for w in limit.described())
+            lines.append(f"task {spec.id}: limits: {words}")
+    return lines
 
 
 def _policy_lines(tree: TaskTree, registry: RegistrySnapshot, settings: Settings) -> list[str]:
@@ -616,9 +635,16 @@ def status(
         if task_id is not None:
             _show_task(tree_rec, tasks, task_id, as_json)
         elif as_json:
-            click.echo(json.dumps(_tree_json(store, tree_rec, tasks), indent=2))
+            report = _tree_json(store, tree_rec, tasks)
+            marks = _gate_marks(settings, tasks)
+            for entry in report.get("tasks", []):
+                mark = marks.get(entry.get("task_id", ""))
+                if mark is not None:
+                    # ``state`` stays the store's (queued_server); the gate's view beside it.
+                    entry["shown_state"], entry["throttled_by"] = THROTTLED, mark["throttled"]
+            click.echo(json.dumps(report, indent=2))
         else:
-            console.print(task_table(tree_rec, tasks, {}))
+            console.print(task_table(tree_rec, tasks, _gate_marks(settings, tasks)))
             summary = shown_summary(tree_rec, tasks, store.get_summaries(tree_id), time.time())
             if summary is not None:
                 console.print(Markdown(render_markdown(summary)))
@@ -704,6 +730,25 @@ def _print_queues(report: QueuesReport) -> None:
         console.print(
             f"[bold red]work waiting, nobody consuming:[/] {escape(line)}", highlight=False, soft_wrap=True
         )
+
+
+def _gate_marks(settings: Settings, tasks: Sequence[TaskRecord]) -> dict[str, dict[str, Any]]:
+    """Task id -> a ``throttled`` mark for each queued server run waiting at the gate
+    (brain.hot.gate): the store says ``queued_server``, the gate says it waits, and by which
+    limit. Without a stack that answers, none (status still reads the store alone)."""
+    waiting = {r.run_id: r.task_id for r in tasks if r.state is TaskState.QUEUED_SERVER and r.run_id}
+    url = settings.redis_url or running_stack_url(settings)
+    if not waiting or not url:
+        return {}
+    try:
+        r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+        try:
+            why = Gate(r).throttled(waiting)
+        finally:
+            r.close()
+    except redis.RedisError:
+        return {}
+    return {waiting[run]: {"run_id": run, "throttled": reason} for run, reason in why.items()}
 
 
 def _tree_json(store: Store, tree_rec: TreeRecord, tasks: list[TaskRecord]) -> dict[str, Any]:

@@ -19,9 +19,10 @@ from rich.live import Live
 from rich.text import Text
 
 from brain.cli.display import progress, task_table
-from brain.core.models import TaskRecord, TreeRecord, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.errors import StackNotRunning
 from brain.hot.boundary import unreachable
+from brain.hot.gate import Gate
 from brain.runtime.service import Brain
 from workers.contracts import channel_tree_events
 
@@ -62,6 +63,13 @@ class _RedisLink:
                 self.pubsub = self.brain.hot.r.pubsub(ignore_subscribe_messages=True)
                 self.pubsub.subscribe(channel_tree_events(self.tree_id))
             running = dict(self.brain.hot.running(self.tree_id, clients_of(records)))
+            # Queued server runs waiting at the gate show as throttled (brain.hot.gate).
+            waiting = {
+                r.run_id: r.task_id for r in records if r.state is TaskState.QUEUED_SERVER and r.run_id
+            }
+            if waiting:
+                for run, why in Gate(self.brain.hot.r).throttled(waiting).items():
+                    running.setdefault(waiting[run], {"run_id": run, "throttled": why})
         except redis.RedisError as exc:
             self._lost(exc)
             return {}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import cached_property
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -45,6 +46,7 @@ from workers.contracts import (
     surface_tool,
 )
 from workers.contracts import RETRYING as RETRYING_STATE
+from workers.rates import Concurrency, RateLimitText
 from workers.toolnames import LEGACY_SEPARATOR, canonical
 
 # --- ids: one grammar, sized so that whatever a tree file may hold fits on the wire -------
@@ -94,6 +96,25 @@ def check_pool(value: str | None) -> str | None:
     """A pool name (``[[pools]]`` in vancetope.toml, or ``default``); whether it is configured
     is checked against the configuration (``brain.core.pools``), not here."""
     return None if value is None else check_pool_name(value)
+
+
+PRIORITY_WORDS = {"low": 2, "normal": 5, "high": 8}
+
+
+def _priority(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in PRIORITY_WORDS:
+        return PRIORITY_WORDS[value.strip().lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 9:
+        return value
+    raise ValueError(
+        f"{value!r} is not a priority: write high, normal or low, or a whole number 0-9 (9 first)"
+    )
+
+
+# ``priority:`` of a tree or a task: a word or 0-9, kept as the number (higher goes first).
+Priority = Annotated[int | None, BeforeValidator(_priority)]
 
 
 class Location(StrEnum):
@@ -160,6 +181,10 @@ class ToolSpec(BaseModel):
     pool: str | None = None
     # How a failed call of this tool is tried again, unless its task says otherwise (brain.core.retry).
     retry: RetryPolicy | None = None
+    # How fast and how many at once its server runs may go, across every pool process
+    # ("10/s", "100/m", "1000/h"; docs/fair-share.md).
+    rate_limit: RateLimitText = None
+    max_concurrency: Concurrency = None
     # What its MCP server said of it beyond description and input_schema (workers.contracts,
     # wire names inside: destructiveHint, mimeType); the gateway lists it whole. A registry
     # file may set them too (for a tool of any type).
@@ -218,6 +243,9 @@ class ToolSpec(BaseModel):
             raise ValueError(
                 f"pool {self.pool!r} applies to server runs, and location 'client' never runs there"
             )
+        for field in ("rate_limit", "max_concurrency"):
+            if getattr(self, field) is not None and self.location is Location.CLIENT:
+                raise ValueError(f"{field} applies to server runs, and location 'client' never runs there")
         if self.prefer is not None and self.location is not Location.BOTH:
             raise ValueError(f"prefer only applies to location 'both', not {self.location.value!r}")
         if self.offline_strategy is OfflineStrategy.FALLBACK and not (
@@ -281,6 +309,8 @@ class TaskSpec(BaseModel):
     item_name: str = Field(default="item", alias="as", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     # At most this many items (default: the max_fan_out setting); more fails the task.
     max_fan_out: int | None = Field(default=None, gt=0)
+    # high | normal | low or 0-9 (kept as the number; wins over the tree's): brain.core.fairshare.
+    priority: Priority = None
 
     _valid_pool = field_validator("pool")(check_pool)
     # The tool names as written, where they were the deprecated ``<server>/<tool>`` form
@@ -374,6 +404,8 @@ class TaskTree(BaseModel):
     pool: str | None = None
     # How this tree's failed calls are tried again when neither the task nor its tool says.
     retry: RetryPolicy | None = None
+    # high | normal | low or 0-9 for its tasks that name none (brain.core.fairshare).
+    priority: Priority = None
     tasks: list[TaskSpec] = Field(min_length=1)
 
     _valid_pool = field_validator("pool")(check_pool)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from brain.core.models import TaskTree, ToolSpec
 from workers.contracts import DEFAULT_POOL, SERVER_QUEUE, check_pool_name, pool_queue
+from workers.rates import Concurrency, Limits, RateLimitText
 
 
 class PoolSpec(BaseModel):
@@ -30,6 +31,9 @@ class PoolSpec(BaseModel):
     name: str
     # Celery worker processes of `vancetope worker --pool NAME` (and of `vancetope up`'s one).
     concurrency: int = Field(default=2, ge=1, le=64)
+    # Every run on this pool, across all its workers (docs/fair-share.md): "10/s", and a cap.
+    rate_limit: RateLimitText = None
+    max_concurrency: Concurrency = None
 
     @field_validator("name")
     @classmethod
@@ -44,6 +48,10 @@ class PoolSpec(BaseModel):
     @property
     def queue(self) -> str:
         return pool_queue(self.name)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(rate_limit=self.rate_limit, max_concurrency=self.max_concurrency)
 
 
 def check_unique(pools: tuple[PoolSpec, ...]) -> tuple[PoolSpec, ...]:

@@ -4,12 +4,13 @@ the CLI and the gateway."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from brain.core.models import ToolSpec
 from brain.core.routing import Engine
 from brain.core.toolnames import clash_lines
 from workers.contracts import MCPServerFailure
+from workers.rates import Limits
 
 
 class RegistrySnapshot(BaseModel):
@@ -28,6 +29,20 @@ class RegistrySnapshot(BaseModel):
     # Registry-file tools whose MCP server the brain lacks (or that failed, or lacks the tool):
     # tool -> why a server run of it fails (brain.runtime.registry.unserved_mcp_tools).
     unserved: dict[str, str] = Field(default_factory=dict)
+    # Limits written on an MCP server (its mcpServers entry) and on a pool ([[pools]]), by name:
+    # what every server run of that server / on that pool shares (brain.core.fairshare).
+    server_limits: dict[str, Limits] = Field(default_factory=dict)
+    pool_limits: dict[str, Limits] = Field(default_factory=dict)
+    _limited: bool | None = PrivateAttr(default=None)
+
+    @property
+    def limited(self) -> bool:
+        """Whether any tool has a limit (computed once: the dispatch fast path asks per call)."""
+        if self._limited is None:
+            self._limited = any(
+                t.rate_limit is not None or t.max_concurrency is not None for t in self.tools.values()
+            )
+        return self._limited
 
     def failure_hint(self, tool: str | None = None) -> str:
         """Words to add to a 'Tool unknown' error: the tool's name clash, MCP servers that failed."""

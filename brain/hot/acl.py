@@ -20,6 +20,7 @@ import redis
 from brain.core.models import Enrollment
 from brain.hot.state import as_text
 from workers.contracts import (
+    GATE_NS,
     GATEWAY_QUEUE,
     KEY_NS,
     channel_resource_updates,
@@ -83,7 +84,8 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # liveness, the tree's running marks, a run's delivery counter, the cancel set it checks
     # (workers.tasks.HotState.begin_run), the retry timer of a failed attempt it records
     # (brain.hot.retries: a forged timer starts nothing the store does not say is retrying) —
-    # and the pools' copy of the registry snapshot (Redis 6.2
+    # the admission gate (brain.hot.gate: it puts dependents with limits there, runs the gate's
+    # script and gives back a slot when a run ends), and the pools' copy of the registry snapshot (Redis 6.2
     # cannot make the brain's read-only), and the answers to its gateway calls' sampling and
     # elicitation requests (``key_answer``, written by the gateway). No presence, no parked lists, no tool pins, no client
     # key, not the registry others route with: work that needs presence to route goes to the
@@ -93,7 +95,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
         f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
         f"~{key_cancelled()}", f"~{key_pool_registry()}", f"~{key_retry_at()}", f"~{ANSWER_KEYS}",
-        "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+        f"~{GATE_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no
     # other queue, no hot state, no events (task_send_sent_event is off), no reading a queue (LLEN:

@@ -23,6 +23,7 @@ from celery.events.event import get_exchange
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import utcoffset
 
+from brain.hot.gate import Gate, Lane, Waiting
 from workers.app import make_app
 from workers.contracts import (
     MAX_MESSAGE_BYTES,
@@ -51,9 +52,11 @@ class Publisher:
     reports a client's calls itself (``brain.runtime.events``). The events ride in the batch's own
     pipeline, after its calls: no round trip of their own."""
 
-    def __init__(self, app: Celery, *, task_events: bool = True) -> None:
+    def __init__(self, app: Celery, *, task_events: bool = True, gate: Gate | None = None) -> None:
         self.app = app
         self.task_events = task_events  # Settings.task_events: off, no task-sent events
+        # Calls with limits wait at the gate (brain.hot.gate); without one every call goes straight.
+        self.gate = gate
         self._client_apps: dict[str, Celery] = {}
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
@@ -62,14 +65,18 @@ class Publisher:
     def app_for(self, client_id: str | None) -> Celery:
         if client_id is None:
             return self.app
+        return self._prefixed(client_keyprefix(client_id))
+
+    def _prefixed(self, keyprefix: str) -> Celery:
+        """An app whose keys all carry ``keyprefix``: a client's own keys, or a gate lane's."""
         with self._lock:
-            app = self._client_apps.get(client_id)
+            app = self._client_apps.get(keyprefix)
             if app is None:
                 opts = self.app.conf.broker_transport_options or {}
-                app = self._client_apps[client_id] = make_app(
+                app = self._client_apps[keyprefix] = make_app(
                     self.app.conf.broker_url,
                     visibility_timeout_s=int(opts.get("visibility_timeout", VISIBILITY_TIMEOUT_S)),
-                    keyprefix=client_keyprefix(client_id),
+                    keyprefix=keyprefix,
                     max_message_bytes=int(opts.get("vt_max_message_bytes", MAX_MESSAGE_BYTES)),
                 )
             return app
@@ -90,14 +97,27 @@ class Publisher:
             yield
             return
         sent: list[dict[str, Any]] = []
+        gated: list[Waiting] = []
         with ExitStack() as stack:
             self._local.producers, self._local.stack, self._local.sent = {}, stack, sent
+            self._local.gated = gated
             try:
                 yield
+                if gated and self.gate is not None:
+                    # The lanes and runs are recorded before their messages are flushed.
+                    self.gate.enqueue(gated)
                 # Last in the pipeline, so after the calls; flushed with them when the stack exits.
                 self._publish_events(sent)
             finally:
                 self._local.producers = self._local.stack = self._local.sent = None
+                self._local.gated = None
+        if gated and self.gate is not None:
+            try:
+                self.gate.admit()
+            except Exception:  # the brain's gate timer admits them at its next turn
+                log.warning(
+                    "could not run the gate after putting %d call(s) there", len(gated), exc_info=True
+                )
 
     def _producer(self, app: Celery) -> Any:
         producers: dict[int, Any] | None = getattr(self._local, "producers", None)
@@ -110,15 +130,24 @@ class Publisher:
             stack.enter_context(producer.batch())
         return producer
 
-    def send(self, call: ToolCall, pool: str | None = None) -> None:
-        """Publish ``call`` on its client's queue, else on ``pool``'s (None: the default pool)."""
+    def send(self, call: ToolCall, pool: str | None = None, lane: Lane | None = None) -> None:
+        """Publish ``call`` on its client's queue, else on ``pool``'s (None: the default pool);
+        with ``lane`` (a server call with limits), into that lane's wait list at the gate."""
         if getattr(self._local, "producers", None) is None:
             with self.batch():  # a batch of one: the call and its event in one pipeline
-                self.send(call, pool)
+                self.send(call, pool, lane)
             return
-        app = self.app_for(call.client_id)
+        gated = lane is not None and self.gate is not None and call.client_id is None
+        app = self._prefixed(lane.prefix) if gated and lane is not None else self.app_for(call.client_id)
         queue = pool_queue(pool) if call.client_id is None else client_queue(call.client_id)
         limit_cap = float(app.conf.task_time_limit or 3600)
+        time_limit = min(call.timeout_s + _HARD_MARGIN_S, limit_cap)
+        if gated and lane is not None:
+            call = call.model_copy(update={"holds_slot": lane.holds_slot})
+            # A slot outlives a run whose worker died until its message is delivered again
+            # (visibility timeout + 5 s) and that delivery ran out its hard limit.
+            lease_s = time_limit + VISIBILITY_TIMEOUT_S + 35
+            self._local.gated.append(Waiting(call.run_id, lane, int(lease_s * 1000)))
         app.send_task(
             RUN_TOOL_TASK,
             producer=self._producer(app),
@@ -126,7 +155,7 @@ class Publisher:
             task_id=call.run_id,
             queue=queue,
             soft_time_limit=min(call.timeout_s + _SOFT_MARGIN_S, limit_cap - 1),
-            time_limit=min(call.timeout_s + _HARD_MARGIN_S, limit_cap),
+            time_limit=time_limit,
             # What Flower shows as the task's arguments: the tool and the names of its
             # arguments, never their values (they may hold file contents or upstream
             # results). Celery's default, a saferepr of the whole call, was also a third of

@@ -41,6 +41,7 @@ from brain.config import Settings, load_settings
 from brain.core.fanout import parent_of
 from brain.core.routing import route_without_presence
 from brain.core.snapshot import RegistrySnapshot
+from brain.hot.gate import Gate, Lane
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState, as_bytes
@@ -75,9 +76,9 @@ class ViaBrainPublisher(Publisher):
     """Sends server calls itself; hands a client's call to the brain, which alone may write
     that client's queue."""
 
-    def send(self, call: ToolCall, pool: str | None = None) -> None:
+    def send(self, call: ToolCall, pool: str | None = None, lane: Lane | None = None) -> None:
         if call.client_id is None:
-            super().send(call, pool)
+            super().send(call, pool, lane)
             return
         # Ids only: the brain rebuilds the call from the store, so nothing in this message
         # can change what the client is asked to run.
@@ -178,6 +179,20 @@ class InlineRecorder:
             )
             return self.begin_fallback(call, worker, started_at)
 
+    def end(self, call: ToolCall) -> None:
+        """A run this worker took has ended (recorded, handed on, refused or failed): a run the
+        gate admitted under a max_concurrency cap gives its slot back, and the gate admits what
+        that frees, in the same call. Its lease frees it anyway if this fails."""
+        if not call.holds_slot:
+            return
+        try:
+            gate = self.scheduler().publisher.gate
+            (gate or Gate(self.scheduler().hot.r)).admit(release=[call.run_id])
+        except Exception as exc:  # noqa: BLE001 - the slot's lease expires instead
+            log.warning(
+                "could not give back the gate slot of run %s (%s); its lease frees it", call.run_id, exc
+            )
+
     def progress(self, update: ToolProgress) -> None:
         """A running call's progress, into its record (best effort: a lost one is replaced
         by the next, and the result does not depend on it)."""
@@ -218,7 +233,9 @@ class InlineRecorder:
                 r.delete(key)  # an answer that came too late (the gateway writes none after)
         except Exception as exc:  # noqa: BLE001 - the server gets an error, the call goes on
             log.warning("could not pass on a %s request of task %s: %s", ask.kind, ask.task_id, exc)
-            return AskAnswer(ask_id=ask.ask_id, ok=False, error=f"the server pool could not pass it on: {exc}")
+            return AskAnswer(
+                ask_id=ask.ask_id, ok=False, error=f"the server pool could not pass it on: {exc}"
+            )
 
     def intake(self) -> Intake:
         """This process's intake, over ``scheduler()``."""
@@ -246,7 +263,7 @@ class InlineRecorder:
         scheduler = Scheduler(
             store,
             hot,
-            ViaBrainPublisher(self.app, task_events=settings.task_events),
+            ViaBrainPublisher(self.app, task_events=settings.task_events, gate=Gate(hot.r)),
             self._registry(hot),
             settings,
             presence=PresenceBook(hot.r, store),

@@ -18,7 +18,8 @@ from brain.core.toolnames import keep_declared, place
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
 from workers.contracts import MCPServerFailure, surface_op
-from workers.mcp_config import load_mcp_config, skipped_servers
+from workers.mcp_config import MCPConfig, load_mcp_config, skipped_servers
+from workers.rates import Limits
 from workers.toolnames import is_qualified, name_on_server, qualified
 from workers.tools.builtin import builtin_descriptors
 
@@ -36,6 +37,10 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
     discovered: list[ToolSpec] = []
     failures: list[MCPServerFailure] = []
     servers: list[str] = []
+    server_limits: dict[str, Limits] = {}
+    if settings.mcp_config:
+        # Read without discovery too: a bad limit is refused at load (explain, reload, start).
+        server_limits = mcp_server_limits(load_mcp_config(str(settings.mcp_config)))
     if settings.mcp_config and discover:
         config = load_mcp_config(str(settings.mcp_config))
         servers = sorted(config.servers) + [f.server for f in skipped_servers(config)]
@@ -80,7 +85,14 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
         pools=pools,
         loaded_at=time.time(),
         unserved=unserved_mcp_tools(declared, placed.tools, servers, failures) if asked else {},
+        server_limits=server_limits,
+        pool_limits={p.name: p.limits for p in settings.pools if p.limits.any},
     )
+
+
+def mcp_server_limits(config: MCPConfig) -> dict[str, Limits]:
+    """The limits each ``mcpServers`` entry sets (pure): all of a server's tools share them."""
+    return {name: spec.limits for name, spec in config.servers.items() if spec.limits.any}
 
 
 def surface_specs(surfaces: list[ToolSpec], tools: Mapping[str, ToolSpec]) -> dict[str, ToolSpec]:

@@ -20,6 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
+from brain.core.fairshare import applied_limits, lane_id
 from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
 from brain.core.limits import check_limits
 from brain.core.models import (
@@ -62,6 +63,7 @@ from brain.core.transitions import (
 )
 from brain.core.treefile import spec_from_descriptor
 from brain.core.validation import UnresolvedReference, resolve_args
+from brain.hot.gate import Lane
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
@@ -75,7 +77,7 @@ from workers.contracts import (
     ToolCall,
     ToolType,
 )
-from workers.toolnames import name_on_server
+from workers.toolnames import name_on_server, qualified
 
 log = logging.getLogger("vancetope.brain")
 
@@ -841,10 +843,34 @@ class Scheduler:
         args = self.resolved_args(rec.tree_id, spec)
         return self.call(spec, rec, tool, args, rec.client_id)
 
+    def lane(self, call: ToolCall, pool: str | None) -> Lane | None:
+        """The gate lane of a server call bounded by limits; None (the fast path: straight to
+        its pool's queue) for a client's call or a call with none."""
+        registry = self.registry
+        if call.client_id is not None or not (
+            registry.limited or registry.server_limits or registry.pool_limits
+        ):
+            return None
+        name = qualified(call.mcp_server, call.tool) if call.mcp_server else call.tool
+        tool = registry.tools.get(name)
+        if tool is None:
+            return None
+        limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits)
+        if not limits:
+            return None
+        tree_rec = self.tree(call.tree_id)
+        user = tree_rec.user if tree_rec is not None else None
+        return Lane(lane_id(pool, user, limits), pool, user, limits)
+
     def publish(self, call: ToolCall, pool: str | None = None) -> None:
-        """Send ``call`` to its client's queue, or to ``pool``'s (None: the default pool's)."""
+        """Send ``call`` to its client's queue, or to ``pool``'s (None: the default pool's),
+        through the gate when limits bound it."""
         try:
-            self.publisher.send(call, pool)
+            lane = self.lane(call, pool)
+            if lane is None:
+                self.publisher.send(call, pool)
+            else:
+                self.publisher.send(call, pool, lane)
         except Exception:
             log.exception(
                 "could not publish task %s (run %s); the reconciler will re-send it",

@@ -16,6 +16,7 @@ from brain.core.toolnames import clash_lines
 from brain.errors import StackNotRunning
 from brain.hot.acl import AclUsers
 from brain.hot.boundary import unreachable
+from brain.hot.gate import Gate
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
@@ -23,6 +24,7 @@ from brain.runtime import vault
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.dispatch import Publisher
 from brain.runtime.events import ClientEvents
+from brain.runtime.gate_timer import run_gate_timer
 from brain.runtime.intake import Intake
 from brain.runtime.registry import build_registry
 from brain.runtime.relay import Relay
@@ -75,7 +77,7 @@ class Brain:
         scheduler = Scheduler(
             store,
             hot,
-            Publisher(app, task_events=settings.task_events),
+            Publisher(app, task_events=settings.task_events, gate=Gate(hot.r)),
             registry,
             settings,
             presence=PresenceBook(hot.r, store),
@@ -173,6 +175,7 @@ def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread
         Relay(brain.intake, brain.clients).run(stop),
         run_reconciler(brain, stop),
         run_retry_timer(brain.scheduler, stop),
+        run_gate_timer(brain.redis_url, stop),
         Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]
 

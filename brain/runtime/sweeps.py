@@ -23,6 +23,7 @@ from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
+from brain.hot.gate import Gate
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
@@ -203,7 +204,10 @@ class Sweeps:
         nothing: what the take-back left queued is parked like any lost call of a client
         gone. Every other client's are still looked at."""
         if client_id is None:
-            return self.hot.message_ids_held(server_queues(stale, self.registry().pools))
+            # A run waiting at the gate is held (re-sent, it would run twice). Its wait list is
+            # read first: the gate moves a message from there to its pool queue, never back.
+            gate = Gate(self.hot.r)
+            return self.hot.message_ids_held(gate.wait_keys() + server_queues(stale, self.registry().pools))
         try:
             return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id)
         except ClientKeyUnreadable as exc:
@@ -277,6 +281,10 @@ class Sweeps:
                 tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
             )
             return False
+        if client_id is None and rec.run_id:
+            # A lost server run gives back any gate slot it held, and its waiting entry.
+            Gate(self.hot.r).admit(release=[rec.run_id])
+            Gate(self.hot.r).forget([rec.run_id])
         attempt = rec.attempt + 1
         now = self.clock()
         moved = self.scheduler.move(  # queued where it was sent, as a new run

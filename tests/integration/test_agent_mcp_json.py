@@ -121,8 +121,8 @@ def test_jsonc_loads_a_bad_edit_keeps_the_tools_and_status_says_why_and_a_fix_lo
     assert kept["error"] is None and kept["servers"] == ["demo", "time"]
     assert kept["kept"] == {
         "demo": f"{mcp_json}: server 'demo': unknown key 'arg' (did you mean 'args'?); a server takes command, "
-        "args, env, envFile and cwd (stdio), or url and headers (http), and type and disabled; its last good "
-        "definition stays in use"
+        "args, env, envFile and cwd (stdio), or url and headers (http), and type, disabled, rate_limit and "
+        "max_concurrency; its last good definition stays in use"
     }
     assert "kept: " + kept["kept"]["demo"] in " ".join(status(config, home, agent_url)[1].split())
 

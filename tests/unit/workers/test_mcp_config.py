@@ -225,7 +225,7 @@ def test_input_variables_are_refused_naming_the_server_and_the_key_and_what_to_d
             {"command": "x", "arg": ["-v"]},
             (
                 "cfg.json: server 'a': unknown key 'arg' (did you mean 'args'?); a server takes command, args, env, "
-                "envFile and cwd (stdio), or url and headers (http), and type and disabled"
+                "envFile and cwd (stdio), or url and headers (http), and type, disabled, rate_limit and max_concurrency"
             ),
         ),
         ({"cmd": "x"}, "cfg.json: server 'a': unknown key 'cmd' (did you mean 'command'?)"),
@@ -391,7 +391,7 @@ def test_an_entry_whose_edit_cannot_be_used_keeps_its_last_good_definition() -> 
     assert after.servers == {"git": before.servers["git"], "fresh": StdioServerSpec(command="f")}
     assert after.kept == {
         "git": "cfg.json: server 'git': unknown key 'arg' (did you mean 'args'?); a server takes command, args, "
-        "env, envFile and cwd (stdio), or url and headers (http), and type and disabled; "
+        "env, envFile and cwd (stdio), or url and headers (http), and type, disabled, rate_limit and max_concurrency; "
         "its last good definition stays in use"
     }
     assert set(after.skipped) == {"time", "new"}  # and "old", removed from the file, is gone

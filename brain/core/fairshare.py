@@ -1,0 +1,81 @@
+"""Which limits apply to a server run, and what a priority means (layer: brain/core; pure).
+
+docs/fair-share.md is the user's view. A server run is bounded by the limits written on
+its tool (registry ``rate_limit`` / ``max_concurrency``), on its tool's MCP server (the
+``mcpServers`` entry: every tool of the server shares one budget) and on the pool it runs
+on (``[[pools]]``). Each limit has a key (``tool:<name>``, ``server:<name>``,
+``pool:<name>``) under which Redis keeps its budget across every pool process
+(``brain.hot.gate``). Runs that share a pool, a user and a set of limit keys wait in one
+*lane*, in order; a run with no limit skips the gate altogether.
+
+Priorities are data only so far: ``high | normal | low`` or 0–9 on a tree or a task is
+checked at submit and recorded; the gate does not order by it yet (docs/fair-share.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from brain.core.models import PRIORITY_WORDS, Priority, ToolSpec
+from workers.contracts import DEFAULT_POOL, ToolType
+from workers.rates import Limits, rate_per_s
+
+__all__ = ["PRIORITY_WORDS", "AppliedLimit", "Priority", "applied_limits", "lane_id"]
+
+
+@dataclass(frozen=True)
+class AppliedLimit:
+    """One limit on a run: where it is written (``scope`` and ``name``) and what it allows."""
+
+    scope: str  # "tool", "server" or "pool"
+    name: str
+    rate_limit: str | None
+    max_concurrency: int | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.scope}:{self.name}"
+
+    @property
+    def per_s(self) -> float:
+        """Calls per second allowed (0: no rate limit)."""
+        return rate_per_s(self.rate_limit) if self.rate_limit else 0.0
+
+    def described(self) -> list[str]:
+        """``["rate_limit 5/s of tool http_get", ...]``: how status and explain name it."""
+        of = f"of {self.scope} {self.name}"
+        words = [f"rate_limit {self.rate_limit} {of}"] if self.rate_limit else []
+        if self.max_concurrency is not None:
+            words.append(f"max_concurrency {self.max_concurrency} {of}")
+        return words
+
+
+def applied_limits(
+    tool: ToolSpec,
+    pool: str | None,
+    server_limits: Mapping[str, Limits],
+    pool_limits: Mapping[str, Limits],
+) -> tuple[AppliedLimit, ...]:
+    """The limits a server run of ``tool`` on ``pool`` is bounded by, tool first."""
+    found: list[AppliedLimit] = []
+    if tool.rate_limit is not None or tool.max_concurrency is not None:
+        found.append(AppliedLimit("tool", tool.name, tool.rate_limit, tool.max_concurrency))
+    server = tool.mcp_server if tool.type is ToolType.MCP else None
+    on_server = server_limits.get(server) if server else None
+    if server and on_server is not None and on_server.any:
+        found.append(AppliedLimit("server", server, on_server.rate_limit, on_server.max_concurrency))
+    pool_name = pool or DEFAULT_POOL
+    on_pool = pool_limits.get(pool_name)
+    if on_pool is not None and on_pool.any:
+        found.append(AppliedLimit("pool", pool_name, on_pool.rate_limit, on_pool.max_concurrency))
+    return tuple(found)
+
+
+def lane_id(pool: str | None, user: str | None, limits: tuple[AppliedLimit, ...]) -> str:
+    """The lane of runs of ``user`` on ``pool`` bounded by exactly ``limits``: one FIFO list in
+    Redis. A short hash (a key prefix may not hold arbitrary tool and user names); the lane's
+    record in Redis says what it is."""
+    text = "\n".join([pool or DEFAULT_POOL, user or "", *(limit.key for limit in limits)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

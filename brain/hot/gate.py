@@ -1,0 +1,178 @@
+"""The admission gate of server pools (layer: brain/hot; Redis glue). docs/fair-share.md.
+
+A server call bounded by a ``rate_limit`` or ``max_concurrency`` (``brain.core.fairshare``) is
+not pushed onto its pool's queue: kombu writes it, as the very message it would have sent, into
+its *lane's* wait list (``gate_wait_prefix``: the same queue name under a key prefix, so its
+routing key still names the pool queue). No worker reads a wait list. ``gate.lua`` moves calls
+from the wait lists into the pool queues while every limit of their lane allows — a GCRA token
+bucket per rate limit on Redis's clock, a ZSET of leased slots per cap — lanes round-robin,
+oldest first within a lane. So a waiting call holds no worker slot, and the limits hold across
+every pool process on every machine. Everything is one EVALSHA.
+
+Who runs it: the process that put calls at the gate (right after they are written), a server
+worker that ends a run holding a slot (it gives the slot back in the same call), and the brain's
+gate timer (``brain.runtime.gate_timer``) when the soonest rate-limited call may go, or when woken.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import redis
+
+from brain.core.fairshare import AppliedLimit
+from brain.hot.state import as_text
+from workers.contracts import (
+    GATE_NS,
+    gate_wait_prefix,
+    key_cancelled,
+    key_gate_fresh,
+    key_gate_lane,
+    key_gate_lanes,
+    key_gate_waiting,
+    key_gate_wake,
+    pool_queue,
+)
+from workers.scripts import lua
+
+# Calls admitted per script call: a few ms of Redis at most; the caller goes again when full.
+ADMIT_BUDGET = 500
+# How long a lane recorded by a process that has not written its calls yet is kept empty.
+FRESH_MS = 30_000
+# A slot's lease when its run names none (a run holding one gives it back when it ends; a lease
+# is only for a run that never does: a lost message, a worker that died and never came back).
+DEFAULT_LEASE_MS = 600_000
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where a gated call waits: its pool, its user and the limits it is bounded by."""
+
+    id: str
+    pool: str | None
+    user: str | None
+    limits: tuple[AppliedLimit, ...]
+
+    @property
+    def queue(self) -> str:
+        return pool_queue(self.pool)
+
+    @property
+    def prefix(self) -> str:
+        return gate_wait_prefix(self.id)
+
+    @property
+    def wait_key(self) -> str:
+        return self.prefix + self.queue
+
+    @property
+    def holds_slot(self) -> bool:
+        return any(limit.max_concurrency is not None for limit in self.limits)
+
+    def meta(self) -> dict[str, str]:
+        limits = []
+        for limit in self.limits:
+            of = f"of {limit.scope} {limit.name}"
+            limits.append(
+                [
+                    limit.key,
+                    round(1_000_000 / limit.per_s) if limit.rate_limit else 0,
+                    limit.max_concurrency or 0,
+                    f"rate_limit {limit.rate_limit} {of}",
+                    f"max_concurrency {limit.max_concurrency} {of}",
+                ]
+            )
+        return {
+            "queue": self.queue,
+            "wait": self.wait_key,
+            "limits": json.dumps(limits),
+            "user": self.user or "",
+            "pool": self.pool or "",
+        }
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A call put at the gate: its run, its lane and how long a slot it takes may be leased."""
+
+    run_id: str
+    lane: Lane
+    lease_ms: int
+
+
+@dataclass(frozen=True)
+class Admitted:
+    count: int
+    # Seconds until the soonest blocked lane may go; None when nothing waits.
+    wait_s: float | None
+
+
+class Gate:
+    def __init__(self, r: redis.Redis) -> None:
+        self.r = r
+        self._script = r.register_script(lua("brain.hot", "gate"))
+
+    def enqueue(self, waiting: Sequence[Waiting]) -> None:
+        """Record lanes and runs before their messages are written (a crash between leaves a
+        lane with an empty list, which the script drops, never a message nobody admits)."""
+        if not waiting:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for lane in {w.lane.id: w.lane for w in waiting}.values():
+            pipe.hset(key_gate_lane(lane.id), mapping=lane.meta())  # type: ignore[arg-type]
+            # Fresh: the script keeps a lane whose list is still empty (messages not flushed yet).
+            pipe.set(key_gate_fresh(lane.id), b"1", px=FRESH_MS)
+            pipe.zadd(key_gate_lanes(), {lane.id: 0}, nx=True)
+        pipe.hset(key_gate_waiting(), mapping={w.run_id: f"{w.lane.id}\t{w.lease_ms}" for w in waiting})
+        pipe.execute()
+
+    def admit(self, release: Iterable[str] = (), *, wake: bool = True) -> Admitted:
+        """Give back the slots of ``release`` (runs that ended), then admit what may go; with
+        ``wake`` (any caller but the gate timer itself), wake that timer if calls are left waiting."""
+        count, wait_us = self._script(
+            args=[key_cancelled(), ADMIT_BUDGET, DEFAULT_LEASE_MS, "1" if wake else "0", *release],
+            client=self.r,
+        )
+        return Admitted(int(count), None if int(wait_us) < 0 else int(wait_us) / 1e6)
+
+    def wait_keys(self) -> list[str]:
+        """The wait lists of every lane (the reconciler counts a run waiting there as held)."""
+        lanes = [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+        if not lanes:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for lane in lanes:
+            pipe.hget(key_gate_lane(lane), "wait")
+        # Only the gate's own lists: a lane a pool forged cannot make another key count as held.
+        keys = [as_text(key) for key in pipe.execute() if key]
+        return [key for key in keys if key.startswith(f"{GATE_NS}w:")]
+
+    def throttled(self, run_ids: Iterable[str]) -> dict[str, str]:
+        """Run id -> why it waits (``rate_limit 5/s of tool http_get``), for runs at the gate."""
+        runs = [r for r in run_ids if r]
+        if not runs:
+            return {}
+        entries = self.r.hmget(key_gate_waiting(), runs)
+        lanes = {
+            run: as_text(entry).split("\t")[0] for run, entry in zip(runs, entries, strict=True) if entry
+        }
+        if not lanes:
+            return {}
+        ids = sorted(set(lanes.values()))
+        pipe = self.r.pipeline(transaction=False)
+        for lane in ids:
+            pipe.hget(key_gate_lane(lane), "why")
+        why = {lane: as_text(text) if text else "" for lane, text in zip(ids, pipe.execute(), strict=True)}
+        return {run: why[lane] or "its lane's limits" for run, lane in lanes.items()}
+
+    def forget(self, run_ids: Iterable[str]) -> None:
+        """Drop the waiting entries of runs no longer waiting (re-sent as new runs)."""
+        runs = [r for r in run_ids if r]
+        if runs:
+            self.r.hdel(key_gate_waiting(), *runs)
+
+    def wait_for_wake(self, timeout_s: float) -> None:
+        """Block until a process puts calls at the gate, or ``timeout_s`` passes."""
+        self.r.blpop([key_gate_wake()], timeout=max(timeout_s, 0.001))

@@ -1,0 +1,161 @@
+-- The admission gate of server pools (brain/hot/gate.py; docs/fair-share.md).
+-- Gives back the concurrency slots of runs that ended, then moves calls waiting in the lanes'
+-- wait lists into their pool queues while every limit of their lane allows, one call per lane
+-- per round (lanes share a limit round-robin), oldest first within a lane. Time is Redis's own
+-- (TIME), never a caller's clock.
+-- ARGV[1] the cancelled set (a cancelled run is dropped, spending no budget)
+-- ARGV[2] the most calls to admit in this call (bounds the script's time)
+-- ARGV[3] the lease of a slot in ms when a waiting entry names none
+-- ARGV[4] '1': push the brain's gate timer awake when calls are left waiting (a caller that
+--         is not that timer: it must learn when the next one may go)
+-- ARGV[5..] run ids whose slots to give back
+-- Returns {admitted, wait_us}: wait_us is when the soonest blocked lane may go (-1: none waits).
+redis.replicate_commands()
+local NS = 'vt:gate:'
+local LANES, WAITING, HELD = NS .. 'lanes', NS .. 'waiting', NS .. 'held'
+local cancelled, budget, default_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- GCRA tolerance: a call may go this early, so a timer a little late loses no rate and a
+-- fast limit admits a batch per call; under one interval of any rate below 20/s (no burst).
+local TAU = 50000
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+for i = 5, #ARGV do
+  local run = ARGV[i]
+  local held = redis.call('HGET', HELD, run)
+  if held then
+    for key in string.gmatch(held, '[^\n]+') do
+      redis.call('ZREM', NS .. 'slots:' .. key, run)
+    end
+    redis.call('HDEL', HELD, run)
+  end
+end
+
+-- A lane moves calls into a server pool's queue, from its own wait list, and nowhere else: a
+-- pool's Redis user may write lanes, and the brain (who may write any key) runs this script
+-- too, so a forged lane must not reach a client's queue or any other key (docs/security.md).
+local WAIT_NS = NS .. 'w:'
+local function usable(queue, wait)
+  if not (queue == 'server' or string.match(queue, '^server%.[%w_%-]+$')) then return false end
+  return string.sub(wait, 1, #WAIT_NS) == WAIT_NS and string.sub(wait, -(#queue + 1)) == ':' .. queue
+end
+
+local lanes = {}
+for _, id in ipairs(redis.call('ZRANGE', LANES, 0, -1)) do
+  local meta = redis.call('HMGET', NS .. 'lane:' .. id, 'queue', 'wait', 'limits')
+  local ok, limits = pcall(cjson.decode, meta[3] or '')
+  if meta[1] and meta[2] and ok and type(limits) == 'table' and usable(meta[1], meta[2]) then
+    table.insert(lanes, {id = id, queue = meta[1], wait = meta[2], limits = limits})
+  else
+    redis.call('ZREM', LANES, id)
+  end
+end
+
+local admitted, wait_us = 0, -1
+local function note_wait(us)
+  if us < 0 then us = 0 end
+  if wait_us < 0 or us < wait_us then wait_us = us end
+end
+
+-- Why the head of a lane may not go now (nil: it may), noting when it may.
+local function blocked_by(lane)
+  for _, l in ipairs(lane.limits) do
+    local key, interval, cap = l[1], tonumber(l[2]), tonumber(l[3])
+    if interval > 0 then
+      local tat = tonumber(redis.call('GET', NS .. 'rate:' .. key) or '0')
+      if tat - now > TAU then
+        note_wait(tat - TAU - now)
+        return l[4]
+      end
+    end
+    if cap > 0 then
+      local slots = NS .. 'slots:' .. key
+      redis.call('ZREMRANGEBYSCORE', slots, '-inf', now) -- leases of runs that never gave back
+      if redis.call('ZCARD', slots) >= cap then
+        local first = redis.call('ZRANGE', slots, 0, 0, 'WITHSCORES')
+        if first[2] then note_wait(tonumber(first[2]) - now) end
+        return l[5]
+      end
+    end
+  end
+  return nil
+end
+
+local function admit(lane, run)
+  local entry = redis.call('HGET', WAITING, run)
+  local lease = default_lease
+  if entry then
+    local _, _, ms = string.find(entry, '\t(%d+)$')
+    if ms then lease = tonumber(ms) end
+  end
+  local slots = {}
+  for _, l in ipairs(lane.limits) do
+    local key, interval, cap = l[1], tonumber(l[2]), tonumber(l[3])
+    if interval > 0 then
+      local k = NS .. 'rate:' .. key
+      local tat = tonumber(redis.call('GET', k) or '0')
+      if tat < now then tat = now end
+      tat = tat + interval
+      redis.call('SET', k, string.format('%d', tat), 'PX', math.floor((tat - now) / 1000) + 60000)
+    end
+    if cap > 0 then
+      redis.call('ZADD', NS .. 'slots:' .. key, now + lease * 1000, run)
+      table.insert(slots, key)
+    end
+  end
+  if #slots > 0 then redis.call('HSET', HELD, run, table.concat(slots, '\n')) end
+  redis.call('RPOPLPUSH', lane.wait, lane.queue)
+  redis.call('HDEL', WAITING, run)
+end
+
+local stopped = {}
+local progress = true
+-- Dropping a cancelled run is a step too: a cancelled 100,000-call tree is drained over many
+-- short calls, never in one that would stall Redis for everyone.
+local steps, max_steps = 0, budget * 4
+while progress and admitted < budget and steps < max_steps do
+  progress = false
+  for i, lane in ipairs(lanes) do
+    if not stopped[i] and admitted < budget and steps < max_steps then
+      steps = steps + 1
+      local raw = redis.call('LINDEX', lane.wait, -1)
+      if not raw then
+        stopped[i] = true
+        -- Kept while fresh: a lane is recorded before its calls' messages are written.
+        if redis.call('EXISTS', NS .. 'fresh:' .. lane.id) == 0 then
+          redis.call('ZREM', LANES, lane.id)
+          redis.call('DEL', NS .. 'lane:' .. lane.id)
+        end
+      else
+        local ok, msg = pcall(cjson.decode, raw)
+        local run = ok and type(msg) == 'table' and type(msg.headers) == 'table' and msg.headers.id or nil
+        if type(run) ~= 'string' then
+          -- Not a task message of ours: into the pool queue, where the guarded transport drops it.
+          redis.call('RPOPLPUSH', lane.wait, lane.queue)
+          progress = true
+        elseif redis.call('SISMEMBER', cancelled, run) == 1 then
+          redis.call('RPOP', lane.wait)
+          redis.call('HDEL', WAITING, run)
+          progress = true
+        else
+          local why = blocked_by(lane)
+          if why then
+            stopped[i] = true
+            redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', why)
+          else
+            admit(lane, run)
+            admitted = admitted + 1
+            progress = true
+            redis.call('ZADD', LANES, now, lane.id) -- served: goes behind the others next time
+          end
+        end
+      end
+    end
+  end
+end
+if admitted >= budget or steps >= max_steps then wait_us = 0 end
+if ARGV[4] == '1' and wait_us >= 0 then
+  redis.call('LPUSH', NS .. 'wake', '1')
+  redis.call('LTRIM', NS .. 'wake', 0, 0)
+end
+return {admitted, wait_us}

@@ -1,0 +1,49 @@
+"""Admit rate-limited calls when their budget frees up (layer: brain/runtime; a thread of the brain).
+
+The process that puts calls at the gate runs it once (``Publisher.batch``), and a server worker
+that gives a slot back runs it again (``InlineRecorder.end``); what neither can do is wait for a
+rate limit's next token. This thread does: it runs the gate when the soonest blocked lane may go
+(the script says when, from Redis's clock), and otherwise blocks on the gate's wake list, which
+every process that puts calls at the gate pushes to. Nothing waiting: one BLPOP every
+``IDLE_S``, no polling. Several brains may run it: the script is atomic, a call is admitted once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from brain.hot.gate import Gate
+
+log = logging.getLogger("vancetope.brain")
+
+# The longest this thread blocks without looking: a backstop for a wake that was lost (a
+# process that died between writing a call and waking it) and for a lease that expired.
+IDLE_S = 2.0
+
+
+def run_gate_timer(redis_url: str, stop: threading.Event) -> threading.Thread:
+    """Run the gate whenever something may be admitted, until ``stop`` is set."""
+
+    def loop() -> None:
+        # A connection of its own: BLPOP holds it while it waits.
+        r = redis.Redis.from_url(redis_url, socket_timeout=IDLE_S + 10)
+        gate = Gate(r)
+        try:
+            while not stop.is_set():
+                try:
+                    admitted = gate.admit(wake=False)
+                    wait = IDLE_S if admitted.wait_s is None else min(admitted.wait_s, IDLE_S)
+                    if wait > 0:
+                        gate.wait_for_wake(wait)
+                except Exception:
+                    log.exception("the gate timer failed; trying again")
+                    stop.wait(1.0)
+        finally:
+            r.close()
+
+    thread = threading.Thread(target=loop, name="vancetope-gate", daemon=True)
+    thread.start()
+    return thread

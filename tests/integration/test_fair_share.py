@@ -1,0 +1,200 @@
+"""The admission gate on a real stack with two server pool processes on the default pool (the
+stack's and a second `vancetope worker`), so a limit kept per process would show: a rate limit
+holds across both, a concurrency cap is never exceeded, a call at the gate shows as throttled,
+and a pool process killed mid-call does not keep its slot. Rates are read from the store's
+recorded start times, never from the test's own clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from brain.core.models import TaskState, TreeStatus
+from brain.hot.gate import Gate
+from brain.runtime.service import Brain
+from brain.stack.embedded import EmbeddedStack, celery_argv, stack_env
+from tests.conftest import tree, wait_for_tree, wait_until
+from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
+from workers.pool_presence import live_pool_workers
+
+pytestmark = pytest.mark.integration
+
+
+def registry(tmp_path: Path, **limits: object) -> Path:
+    path = tmp_path / "registry.yaml"
+    lines = ["tools:", "  - name: sleep", "    location: server"]
+    lines += [
+        f"    {key}: {value!r}" if isinstance(value, str) else f"    {key}: {value}"
+        for key, value in limits.items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def second_pool(tmp_path: Path) -> Iterator[Callable[[EmbeddedStack], subprocess.Popen[bytes]]]:
+    """A second process of the default pool (node ``server2@``), as the pool's ACL user."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(stack: EmbeddedStack) -> subprocess.Popen[bytes]:
+        log = open(tmp_path / "second-pool.log", "ab")  # noqa: SIM115 - the process writes it until the end
+        proc = subprocess.Popen(
+            celery_argv("brain.pool", pool_queue(None), "server2@%h", "-c", "2"),
+            cwd=tmp_path,
+            env=stack_env(stack.settings, stack.service_url("server-pool")),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def sleeps(n: int, seconds: float) -> dict[str, object]:
+    return {
+        "id": "gated",
+        "tasks": [{"id": f"t{i}", "tool": "sleep", "args": {"seconds": seconds}} for i in range(n)],
+    }
+
+
+def two_pools(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+    **limits: object,
+) -> tuple[EmbeddedStack, Brain, subprocess.Popen[bytes]]:
+    stack = stack_factory(services=("brain", "server-pool"), registry=registry(tmp_path, **limits))
+    brain = brain_factory(stack)
+    proc = second_pool(stack)
+    wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
+    return stack, brain, proc
+
+
+def test_a_rate_limit_holds_across_two_pool_processes(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    stack, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, rate_limit="5/s")
+    rec = brain.scheduler.submit(tree(sleeps(60, 0)))
+
+    # Calls wait at the gate, shown as throttled by the limit that holds them.
+    def throttled() -> set[str]:
+        records = [brain.store.get_task(rec.tree_id, t) for t in brain.store.task_states(rec.tree_id)]
+        return set(Gate(brain.hot.r).throttled(r.run_id or "" for r in records if r is not None).values())
+
+    wait_until(lambda: throttled() == {"rate_limit 5/s of tool sleep"}, 20, "calls throttled at the gate")
+    # ... and `vancetope status TREE --json` shows them so, beside the store's state.
+    shown = subprocess.run(  # noqa: PLW1510 - asserted below
+        [sys.executable, "-m", "brain", "status", rec.tree_id, "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "VANCETOPE_DATA_DIR": str(stack.settings.data_dir),
+            "VANCETOPE_REDIS_URL": stack.redis_url,
+        },
+    )
+    assert shown.returncode == 0, shown.stderr
+    gated = [t for t in json.loads(shown.stdout)["tasks"] if t.get("shown_state") == "throttled"]
+    assert gated and {(t["state"], t["throttled_by"]) for t in gated} == {
+        ("queued_server", "rate_limit 5/s of tool sleep")
+    }
+
+    assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
+    done = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(60)]
+    starts = sorted(r.started_at for r in done if r is not None and r.started_at is not None)
+    workers = {r.worker for r in done if r is not None}
+    assert len(starts) == 60 and len(workers) >= 2, workers  # both processes ran calls
+    rate = (len(starts) - 1) / (starts[-1] - starts[0])
+    assert 4.5 <= rate <= 5.5, f"achieved {rate:.2f}/s for a limit of 5/s"
+    assert brain.hot.r.hlen(key_gate_waiting()) == 0
+
+
+def test_max_concurrency_is_never_exceeded_across_two_pool_processes(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, max_concurrency=2)
+    rec = brain.scheduler.submit(tree(sleeps(12, 0.4)))
+    assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
+    spans = []
+    for i in range(12):
+        r = brain.store.get_task(rec.tree_id, f"t{i}")
+        assert r is not None and r.started_at is not None and r.finished_at is not None
+        spans.append((r.started_at, r.finished_at))
+    # At every start, how many runs had started and not finished.
+    most = max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
+    assert most == 2, f"{most} ran at once under max_concurrency 2"
+    assert len({brain.store.get_task(rec.tree_id, f"t{i}").worker for i in range(12)}) >= 2  # type: ignore[union-attr]
+
+
+def test_a_pool_process_killed_mid_call_gives_its_slot_back_and_the_tree_ends(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # One pool process at first, so the call allowed is surely its own.
+    stack = stack_factory(services=("brain",), registry=registry(tmp_path, max_concurrency=1))
+    brain = brain_factory(stack)
+    first = second_pool(stack)
+    wait_until(lambda: live_pool_workers(brain.hot.r, DEFAULT_POOL), 60, "a pool process")
+    rec = brain.scheduler.submit(tree(sleeps(4, 3)))
+
+    def running() -> bool:
+        states = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(4)]
+        return any(r is not None and r.state is TaskState.RUNNING for r in states)
+
+    wait_until(running, 60, "the one call allowed running")
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    # Another process takes the killed call back after the visibility timeout, runs it, gives
+    # the slot back; the other calls follow, one at a time.
+    second_pool(stack)
+    assert wait_for_tree(brain, rec.tree_id, 150).status is TreeStatus.DONE
+    spans = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(4)]
+    assert all(r is not None and r.state is TaskState.DONE for r in spans)
+
+
+def test_a_chain_of_limited_calls_is_put_at_the_gate_by_the_pool_and_ends(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # Each dependent is dispatched by the pool that recorded its dependency (as vt-pool): it
+    # writes the gate's lane and runs the gate's script under its own ACL user.
+    _, brain, _ = two_pools(
+        tmp_path, stack_factory, brain_factory, second_pool, rate_limit="5/s", max_concurrency=1
+    )
+    steps = [{"id": "s0", "tool": "sleep", "args": {"seconds": 0}}]
+    steps += [
+        {"id": f"s{i}", "tool": "sleep", "args": {"seconds": 0}, "depends_on": [f"s{i - 1}"]}
+        for i in range(1, 6)
+    ]
+    rec = brain.scheduler.submit(tree({"id": "chain", "tasks": steps}))
+    assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
+    starts = [brain.store.get_task(rec.tree_id, f"s{i}").started_at for i in range(6)]  # type: ignore[union-attr]
+    assert all(b is not None and a is not None and b > a for a, b in pairwise(starts))

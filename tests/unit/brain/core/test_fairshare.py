@@ -1,0 +1,226 @@
+"""Limits and priorities as data (brain.core.fairshare, workers.rates): what is read, what is
+refused at load or submit, and which limits apply to a server run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+import pytest
+
+from brain.config import load_settings
+from brain.core.fairshare import AppliedLimit, applied_limits, lane_id
+from brain.core.models import Location, ToolSpec
+from brain.core.treefile import load_registry, load_tree
+from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
+from workers.contracts import ToolType
+from workers.mcp_config import parse_mcp_config
+from workers.rates import Limits, rate_per_s
+
+
+@pytest.mark.parametrize(
+    ("text", "per_s"),
+    [("10/s", 10.0), ("120/m", 2.0), ("3600/h", 1.0), (" 5 / s ", 5.0), ("0.5/s", 0.5)],
+)
+def test_rate_limits_read_as_calls_per_second(text: str, per_s: float) -> None:
+    assert rate_per_s(text) == pytest.approx(per_s)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("ten per second", "is not a rate limit"),
+        ("10", "is not a rate limit"),
+        ("10/d", "is not a rate limit"),
+        ("-1/s", "is not a rate limit"),
+        ("0/s", "must allow at least some calls"),
+        ("20000/s", "is over 10000/s"),
+        ("1/h", None),
+        (10, "write it as a string"),
+    ],
+)
+def test_a_bad_rate_limit_on_a_tool_names_the_tool_and_the_field(
+    tmp_path: Path, value: object, says: str | None
+) -> None:
+    path = tmp_path / "registry.yaml"
+    shown = f'"{value}"' if isinstance(value, str) else value
+    path.write_text(f"tools:\n  - name: fetch\n    location: server\n    rate_limit: {shown}\n")
+    if says is None:
+        assert load_registry(path)["fetch"].rate_limit == value
+        return
+    with pytest.raises(InvalidRegistry) as caught:
+        load_registry(path)
+    (line,) = caught.value.problems
+    assert line.startswith("tool 'fetch': rate_limit: ") and says in line, line
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (0, "would let no call run"),
+        (-3, "would let no call run"),
+        ("2", "is not a number"),
+        (True, "is not a number"),
+    ],
+)
+def test_a_bad_cap_on_a_tool_names_the_tool_and_the_field(tmp_path: Path, value: object, says: str) -> None:
+    path = tmp_path / "registry.yaml"
+    shown = f'"{value}"' if isinstance(value, str) else str(value).lower()
+    path.write_text(f"tools:\n  - name: fetch\n    location: server\n    max_concurrency: {shown}\n")
+    with pytest.raises(InvalidRegistry) as caught:
+        load_registry(path)
+    (line,) = caught.value.problems
+    assert line.startswith("tool 'fetch': max_concurrency: ") and says in line, line
+
+
+def test_a_limit_on_a_client_only_tool_is_refused() -> None:
+    with pytest.raises(ValueError, match="rate_limit applies to server runs"):
+        ToolSpec(name="local", location=Location.CLIENT, rate_limit="1/s")
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ('"rate_limit": "ten per second"', "server 'jira': rate_limit: 'ten per second' is not a rate limit"),
+        ('"max_concurrency": -1', "server 'jira': max_concurrency: -1 would let no call run"),
+        ('"max_concurrency": 0', "server 'jira': max_concurrency: 0 would let no call run"),
+        ('"rate_limit": "10/q"', "server 'jira': rate_limit: '10/q' is not a rate limit"),
+        ('"rate_limits": "10/s"', "unknown key 'rate_limits' (did you mean 'rate_limit'?)"),
+    ],
+)
+def test_a_bad_limit_on_an_mcp_server_skips_it_naming_the_server_and_the_field(entry: str, says: str) -> None:
+    config = parse_mcp_config(f'{{"mcpServers": {{"jira": {{"command": "jira-mcp", {entry}}}}}}}', "mcp.json")
+    assert "jira" not in config.servers
+    assert says in config.skipped["jira"], config.skipped["jira"]
+
+
+def test_limits_on_an_mcp_server_are_read() -> None:
+    text = '{"mcpServers": {"jira": {"url": "https://jira.example/mcp", "rate_limit": "10/s", "max_concurrency": 4}}}'
+    assert parse_mcp_config(text, "mcp.json").servers["jira"].limits == Limits(
+        rate_limit="10/s", max_concurrency=4
+    )
+
+
+@pytest.mark.parametrize(
+    ("pool", "says"),
+    [
+        ('{"name": "gpu", "rate_limit": "ten per second"}', "rate_limit"),
+        ('{"name": "gpu", "max_concurrency": -2}', "max_concurrency"),
+    ],
+)
+def test_a_bad_limit_on_a_pool_is_a_config_error_naming_the_field(
+    tmp_path: Path, pool: str, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"pools\.0\.{says}"):
+        load_settings(env={"VANCETOPE_POOLS": f"[{pool}]"}, cwd=tmp_path)
+
+
+def test_limits_on_a_pool_are_read(tmp_path: Path) -> None:
+    settings = load_settings(
+        env={"VANCETOPE_POOLS": '[{"name": "gpu", "rate_limit": "2/s", "max_concurrency": 1}]'}, cwd=tmp_path
+    )
+    assert settings.pools[0].limits == Limits(rate_limit="2/s", max_concurrency=1)
+
+
+@pytest.mark.parametrize(
+    ("tree_priority", "task_priority", "expect"),
+    [("high", "low", (8, 2)), ("normal", 9, (5, 9)), (0, None, (0, None)), (None, "HIGH", (None, 8))],
+)
+def test_priorities_read_as_numbers(
+    tmp_path: Path, tree_priority: object, task_priority: object, expect: tuple[int | None, int | None]
+) -> None:
+    lines = ["id: t"] + ([f"priority: {tree_priority}"] if tree_priority is not None else [])
+    lines += ["tasks:", "  - id: a", "    tool: echo"]
+    lines += [f"    priority: {task_priority}"] if task_priority is not None else []
+    path = tmp_path / "tree.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    tree = load_tree(path)
+    assert (tree.priority, tree.tasks[0].priority) == expect
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "says"),
+    [
+        ("task", "urgent", "task 'a': priority: 'urgent' is not a priority"),
+        ("task", 10, "task 'a': priority: 10 is not a priority"),
+        ("task", -1, "task 'a': priority: -1 is not a priority"),
+        ("tree", "asap", "priority: 'asap' is not a priority"),
+    ],
+)
+def test_an_unknown_priority_is_refused_at_submit_naming_the_task(
+    tmp_path: Path, where: str, value: object, says: str
+) -> None:
+    tree_line = f"priority: {value}\n" if where == "tree" else ""
+    task_line = f"    priority: {value}\n" if where == "task" else ""
+    path = tmp_path / "tree.yaml"
+    path.write_text(dedent(f"id: t\n{tree_line}tasks:\n  - id: a\n    tool: echo\n{task_line}"))
+    with pytest.raises(InvalidTaskTree) as caught:
+        load_tree(path)
+    assert any(says in p for p in caught.value.problems), caught.value.problems
+
+
+def _tool(**kw: object) -> ToolSpec:
+    return ToolSpec.model_validate({"name": "jira.search", "location": "server", **kw})
+
+
+@pytest.mark.parametrize(
+    ("tool", "pool", "servers", "pools", "keys"),
+    [
+        (_tool(), None, {}, {}, []),
+        (_tool(rate_limit="5/s"), None, {}, {}, ["tool:jira.search"]),
+        (
+            _tool(type="mcp", mcp_server="jira", max_concurrency=2),
+            "gpu",
+            {"jira": Limits(rate_limit="10/s")},
+            {"gpu": Limits(max_concurrency=1)},
+            ["tool:jira.search", "server:jira", "pool:gpu"],
+        ),
+        # a built-in named like a server's tool is not that server's
+        (_tool(), None, {"jira": Limits(rate_limit="10/s")}, {}, []),
+        (_tool(), None, {}, {"default": Limits(rate_limit="1/s")}, ["pool:default"]),
+    ],
+)
+def test_which_limits_apply_to_a_server_run(
+    tool: ToolSpec, pool: str | None, servers: dict[str, Limits], pools: dict[str, Limits], keys: list[str]
+) -> None:
+    assert [limit.key for limit in applied_limits(tool, pool, servers, pools)] == keys
+
+
+def test_a_limit_is_described_by_its_name_and_where_it_is_written() -> None:
+    limit = AppliedLimit("tool", "http_get", "5/s", 2)
+    assert limit.described() == ["rate_limit 5/s of tool http_get", "max_concurrency 2 of tool http_get"]
+    assert limit.per_s == 5.0
+    assert ToolType.MCP  # the enum the server lookup keys on
+
+
+def test_lanes_differ_by_pool_user_and_limits() -> None:
+    a, b = AppliedLimit("tool", "x", "1/s", None), AppliedLimit("server", "s", None, 1)
+    lanes = {
+        lane_id(None, "ada", (a,)),
+        lane_id("gpu", "ada", (a,)),
+        lane_id(None, "bob", (a,)),
+        lane_id(None, "ada", (a, b)),
+    }
+    assert len(lanes) == 4
+    assert lane_id(None, "ada", (a,)) == lane_id("default", "ada", (a,))
+
+
+def test_explain_lists_the_limits_of_each_server_task() -> None:
+    from brain.cli.trees import _limit_lines
+    from brain.core.models import TaskSpec
+    from brain.core.routing import Route, RouteKind
+    from brain.core.snapshot import RegistrySnapshot
+
+    registry = RegistrySnapshot(
+        tools={"http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}), "echo": _tool()},
+        pool_limits={"gpu": Limits(max_concurrency=1)},
+    )
+    routes = [
+        (TaskSpec(id="a", tool="http_get"), Route(kind=RouteKind.SERVER, tool="http_get", reason="")),
+        (TaskSpec(id="b", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="", pool="gpu")),
+        (TaskSpec(id="c", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="")),
+    ]
+    assert _limit_lines(routes, registry) == [
+        "task a: limits: rate_limit 5/s of tool http_get",
+        "task b: limits: max_concurrency 1 of pool gpu",
+    ]

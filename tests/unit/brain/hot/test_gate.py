@@ -1,0 +1,135 @@
+"""The admission gate's script on a real redis-server (brain.hot.gate, brain/hot/lua/gate.lua):
+what it admits, in which order, what it holds back and why, what a release frees. Time is
+Redis's own; nothing here asserts how fast anything ran."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+
+from brain.core.fairshare import AppliedLimit, lane_id
+from brain.hot.gate import Gate, Lane, Waiting
+from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, pool_queue
+
+
+def lane(user: str, *limits: AppliedLimit, pool: str | None = None) -> Lane:
+    return Lane(lane_id(pool, user, limits), pool, user, limits)
+
+
+def put(r: redis.Redis, gate: Gate, at: Lane, *runs: str) -> None:
+    """Runs put at the gate as a publisher does: recorded first, then kombu's LPUSH of each."""
+    gate.enqueue([Waiting(run, at, 60_000) for run in runs])
+    for run in runs:
+        r.lpush(at.wait_key, json.dumps({"headers": {"id": run, "task": "vancetope.run_tool"}, "body": ""}))
+
+
+def queued(r: redis.Redis, pool: str | None = None) -> list[str]:
+    """Run ids on the pool queue, in the order workers take them (kombu pops the tail)."""
+    return [json.loads(raw)["headers"]["id"] for raw in reversed(r.lrange(pool_queue(pool), 0, -1))]
+
+
+@pytest.fixture
+def gate(redis_client: redis.Redis) -> Gate:
+    return Gate(redis_client)
+
+
+CAP2 = AppliedLimit("tool", "x", None, 2)
+RATE1 = AppliedLimit("tool", "slow", "1/s", None)
+
+
+def test_a_cap_admits_up_to_it_in_order_and_a_release_admits_the_next(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    a = lane("ada", CAP2)
+    put(redis_client, gate, a, "r1", "r2", "r3")
+    assert gate.admit().count == 2
+    assert queued(redis_client) == ["r1", "r2"]
+    assert gate.throttled(["r1", "r3"]) == {"r3": "max_concurrency 2 of tool x"}
+    assert gate.admit().count == 0  # nothing freed
+    assert gate.admit(release=["r1"]).count == 1
+    assert queued(redis_client) == ["r1", "r2", "r3"]
+    assert gate.throttled(["r3"]) == {}
+
+
+def test_a_rate_limit_spaces_calls_on_redis_time(redis_client: redis.Redis, gate: Gate) -> None:
+    s = lane("ada", RATE1)
+    put(redis_client, gate, s, "r1", "r2")
+    admitted = gate.admit()
+    assert admitted.count == 1 and admitted.wait_s is not None
+    # The next token is one interval (1 s) later, less the 50 ms a call may go early.
+    assert 0.8 < admitted.wait_s <= 0.95
+    assert gate.throttled(["r2"]) == {"r2": "rate_limit 1/s of tool slow"}
+
+
+def test_a_cancelled_run_is_dropped_without_spending_budget(redis_client: redis.Redis, gate: Gate) -> None:
+    s = lane("ada", RATE1)
+    put(redis_client, gate, s, "gone", "r2")
+    redis_client.sadd(key_cancelled(), "gone")
+    assert gate.admit().count == 1
+    assert queued(redis_client) == ["r2"]
+    assert gate.throttled(["gone"]) == {}
+
+
+def test_lanes_sharing_a_cap_take_turns(redis_client: redis.Redis, gate: Gate) -> None:
+    one = AppliedLimit("server", "jira", None, 1)
+    ada, bob = lane("ada", one), lane("bob", one)
+    put(redis_client, gate, ada, "a1", "a2", "a3")
+    put(redis_client, gate, bob, "b1")
+    order: list[str] = []
+    for _ in range(4):
+        gate.admit(release=order[-1:])
+        order = queued(redis_client)
+    # bob's one call does not wait behind all of ada's
+    assert order.index("b1") <= 1, order
+
+
+def test_a_slot_whose_run_never_gives_it_back_is_freed_by_its_lease(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    a = lane("ada", AppliedLimit("tool", "x", None, 1))
+    gate.enqueue([Waiting("r1", a, 1), Waiting("r2", a, 60_000)])  # r1: a 1 ms lease
+    for run in ("r1", "r2"):
+        redis_client.lpush(a.wait_key, json.dumps({"headers": {"id": run}}))
+    assert gate.admit().count == 1
+    redis_client.execute_command("DEBUG", "SLEEP", "0.01")
+    assert gate.admit().count == 1  # r1's lease lapsed: r2 goes without any release
+    assert queued(redis_client) == ["r1", "r2"]
+
+
+def test_an_empty_lane_is_kept_while_fresh_then_dropped(redis_client: redis.Redis, gate: Gate) -> None:
+    a = lane("ada", CAP2)
+    gate.enqueue([Waiting("r1", a, 60_000)])  # recorded; its message not written yet
+    gate.admit()
+    assert gate.wait_keys() == [a.wait_key]  # the reconciler still looks there
+    redis_client.delete(key_gate_fresh(a.id))
+    gate.admit()
+    assert redis_client.zcard(key_gate_lanes()) == 0 and gate.wait_keys() == []
+
+
+def test_a_call_goes_to_its_own_pool_queue(redis_client: redis.Redis, gate: Gate) -> None:
+    gpu = lane("ada", AppliedLimit("pool", "gpu", None, 3), pool="gpu")
+    put(redis_client, gate, gpu, "g1")
+    gate.admit()
+    assert queued(redis_client, "gpu") == ["g1"] and queued(redis_client) == []
+
+
+@pytest.mark.parametrize(
+    ("queue", "wait"),
+    [
+        ("c:alice:client.alice", "vt:gate:w:x:c:alice:client.alice"),  # a client's queue
+        ("brain", "vt:gate:w:x:brain"),
+        ("server", "c:alice:client.alice"),  # a wait list that is not the gate's
+    ],
+)
+def test_a_forged_lane_moves_nothing_outside_the_pool_queues(
+    redis_client: redis.Redis, gate: Gate, queue: str, wait: str
+) -> None:
+    # A pool's Redis user may write the gate's keys; the brain runs the script with every key.
+    redis_client.hset("vt:gate:lane:x", mapping={"queue": queue, "wait": wait, "limits": "[]"})
+    redis_client.zadd(key_gate_lanes(), {"x": 0})
+    redis_client.lpush(wait, json.dumps({"headers": {"id": "forged"}}))
+    assert gate.admit().count == 0
+    assert redis_client.llen(wait) == 1 and redis_client.llen(queue) == 0
+    assert redis_client.zcard(key_gate_lanes()) == 0
