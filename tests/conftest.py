@@ -251,6 +251,38 @@ def brain_factory() -> Iterator[Callable[[EmbeddedStack], Brain]]:
         brain.close()
 
 
+@pytest.fixture
+def pool_processes(
+    tmp_path: Path,
+) -> Iterator[Callable[[EmbeddedStack, list[str], str], subprocess.Popen[bytes]]]:
+    """Start another pool worker process of ``stack`` (``argv``, its output in ``<log_name>.log``),
+    connected as the pool's ACL user, as a machine of its own would be; killed after the test."""
+    import signal
+
+    from brain.stack.embedded import stack_env
+
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(stack: EmbeddedStack, argv: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        with open(tmp_path / f"{log_name}.log", "ab") as log:  # the process keeps its own copy
+            proc = subprocess.Popen(
+                argv,
+                cwd=tmp_path,
+                env=stack_env(stack.settings, stack.service_url("server-pool")),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 60.0) -> TreeRecord:
     """Block until the tree is no longer running (bounded), woken by the brain's events."""
     from workers.contracts import channel_tree_events

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import pytest
 from brain.core.models import TaskState, TreeStatus
 from brain.hot.gate import Gate
 from brain.runtime.service import Brain
-from brain.stack.embedded import EmbeddedStack, celery_argv, stack_env
+from brain.stack.embedded import EmbeddedStack, celery_argv
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
 from workers.pool_presence import live_pool_workers
@@ -40,29 +40,13 @@ def registry(tmp_path: Path, **limits: object) -> Path:
 
 
 @pytest.fixture
-def second_pool(tmp_path: Path) -> Iterator[Callable[[EmbeddedStack], subprocess.Popen[bytes]]]:
+def second_pool(
+    pool_processes: Callable[[EmbeddedStack, list[str], str], subprocess.Popen[bytes]],
+) -> Callable[[EmbeddedStack], subprocess.Popen[bytes]]:
     """A second process of the default pool (node ``server2@``), as the pool's ACL user."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(stack: EmbeddedStack) -> subprocess.Popen[bytes]:
-        log = open(tmp_path / "second-pool.log", "ab")  # noqa: SIM115 - the process writes it until the end
-        proc = subprocess.Popen(
-            celery_argv("brain.pool", pool_queue(None), "server2@%h", "-c", "2"),
-            cwd=tmp_path,
-            env=stack_env(stack.settings, stack.service_url("server-pool")),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    return lambda stack: pool_processes(
+        stack, celery_argv("brain.pool", pool_queue(None), "server2@%h", "-c", "2"), "second-pool"
+    )
 
 
 def sleeps(n: int, seconds: float) -> dict[str, object]:

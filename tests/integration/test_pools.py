@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import redis
 
 from brain.core.models import TaskState, TreeStatus
 from brain.runtime.service import Brain
-from brain.stack.embedded import EmbeddedStack, stack_env
+from brain.stack.embedded import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
 from workers.contracts import pool_queue
 from workers.pool_presence import live_pool_workers
@@ -55,29 +55,13 @@ def vancetope(*args: str, stack: EmbeddedStack, cwd: Path) -> subprocess.Complet
 
 
 @pytest.fixture
-def gpu_worker(tmp_path: Path) -> Iterator[Callable[[EmbeddedStack], subprocess.Popen[bytes]]]:
+def gpu_worker(
+    pool_processes: Callable[[EmbeddedStack, list[str], str], subprocess.Popen[bytes]],
+) -> Callable[[EmbeddedStack], subprocess.Popen[bytes]]:
     """`vancetope worker --pool gpu` as its own process, connected as the pool's ACL user."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(stack: EmbeddedStack) -> subprocess.Popen[bytes]:
-        log = open(tmp_path / "gpu-worker.log", "ab")  # noqa: SIM115 - the process writes it until the end
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "brain", "worker", "--pool", "gpu"],
-            cwd=tmp_path,
-            env=stack_env(stack.settings, stack.service_url("server-pool")),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    return lambda stack: pool_processes(
+        stack, [sys.executable, "-m", "brain", "worker", "--pool", "gpu"], "gpu-worker"
+    )
 
 
 def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_the_gpu_worker(
