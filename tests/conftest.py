@@ -251,6 +251,20 @@ def brain_factory() -> Iterator[Callable[[EmbeddedStack], Brain]]:
         brain.close()
 
 
+# The flags every headless Chromium of the suite runs with: without the background-networking
+# ones, Chromium's own connections are refused by CI's closed network, many at a time.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",  # tests run as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
 @pytest.fixture
 def pool_processes(
     tmp_path: Path,

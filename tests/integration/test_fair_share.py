@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
@@ -22,6 +21,7 @@ from brain.hot.gate import Gate
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, celery_argv
 from tests.conftest import tree, wait_for_tree, wait_until
+from tests.integration.test_pools import vancetope
 from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
 from workers.pool_presence import live_pool_workers
 
@@ -86,18 +86,7 @@ def test_a_rate_limit_holds_across_two_pool_processes(
 
     wait_until(lambda: throttled() == {"rate_limit 5/s of tool sleep"}, 20, "calls throttled at the gate")
     # ... and `vancetope status TREE --json` shows them so, beside the store's state.
-    shown = subprocess.run(  # noqa: PLW1510 - asserted below
-        [sys.executable, "-m", "brain", "status", rec.tree_id, "--json"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            **os.environ,
-            "VANCETOPE_DATA_DIR": str(stack.settings.data_dir),
-            "VANCETOPE_REDIS_URL": stack.redis_url,
-        },
-    )
+    shown = vancetope("status", rec.tree_id, "--json", stack=stack, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     gated = [t for t in json.loads(shown.stdout)["tasks"] if t.get("shown_state") == "throttled"]
     assert gated and {(t["state"], t["throttled_by"]) for t in gated} == {

@@ -25,6 +25,7 @@ from brain.stack.embedded import EmbeddedStack, flower_argv
 from brain.stack.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
 from brain.stack.redis_server import RedisServer, free_port
 from tests.conftest import (
+    CHROMIUM_FLAGS,
     agent_with_servers,
     make_settings,
     tree,
@@ -365,14 +366,7 @@ def browse(chromium: str, profile: Path, url: str, *extra: str) -> str:
     proc = subprocess.run(
         [
             chromium,
-            "--headless",
-            "--no-sandbox",  # tests run as root
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *CHROMIUM_FLAGS,
             f"--user-data-dir={profile}",
             # Flower fills its tables from its API once the page loaded: let those calls finish.
             "--virtual-time-budget=5000",

@@ -18,23 +18,12 @@ from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from brain.stack.redis_server import free_port, port_free
 from brain.stack.webauth import WEB_SECRET_FILE, WEB_USER, web_access
-from tests.conftest import agent_with_servers, tree, wait_until
+from tests.conftest import CHROMIUM_FLAGS, agent_with_servers, tree, wait_until
 from tests.integration.test_supervisor import running_up, up_log
 from tests.unit.brain.web.served import USERS, served, stored_tree
 
 pytestmark = pytest.mark.integration
 
-# The flags every headless Chromium of the suite runs with (tests/integration/test_flower.py).
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",  # tests run as root
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 EVERY_NODE_DONE = "[...document.querySelectorAll('#graph g.node')].every(n => n.dataset.state === 'done')"
 
 
