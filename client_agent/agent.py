@@ -243,7 +243,7 @@ class Agent:
             return
         self._record_mcp()
         log.info("reloaded mcp.json: %s; announcing again", tool_changes(old.tools, fresh.tools))
-        self.announcer.request()
+        self.announcer.request(same_session=True)
         old.close()
 
     def _record_mcp(self, error: str | None = None) -> None:

@@ -167,10 +167,17 @@ class Announcer(threading.Thread):
         self.backoff = backoff
         self._wanted = threading.Event()
         self.accepted = threading.Event()
+        # An announcement is on its way and not yet answered (its ack key was cleared for it).
+        self.pending = threading.Event()
 
-    def request(self) -> None:
-        """Announce (again) as soon as possible: the tools changed or the agent just started."""
-        self.accepted.clear()
+    def request(self, same_session: bool = False) -> None:
+        """Announce (again) as soon as possible: the agent just started, the brain dropped or
+        suspended it, or (``same_session``) its tools changed. The brain keeps an accepted
+        session, with its old tools, until it answers the new announcement, so then the agent
+        stays accepted (connected, for `vancetope-agent status`) meanwhile."""
+        if not same_session:
+            self.accepted.clear()
+        self.pending.set()
         self._wanted.set()
 
     def run(self) -> None:
@@ -242,9 +249,11 @@ class Announcer(threading.Thread):
             return self.stop.is_set()
         if not ack.accepted:
             log.warning("the brain rejected the announcement: %s", ack.reason or "(no reason given)")
+            self.accepted.clear()
             return False
         log.info("the brain accepted the announcement (%d tools registered)", ack.tools)
         self.accepted.set()
+        self.pending.clear()
         return True
 
 
@@ -288,7 +297,8 @@ class Heartbeat(threading.Thread):
         return statistics.median(self.round_trips) * 1000 if self.round_trips else None
 
     def _check_remembered(self, ack: AnnouncementAck | None) -> None:
-        if self.announcer is None or not self.announcer.accepted.is_set():
+        # While an announcement waits for its answer its ack key is empty: nothing was dropped.
+        if self.announcer is None or not self.announcer.accepted.is_set() or self.announcer.pending.is_set():
             return
         if ack is None:
             log.warning("the brain dropped this agent (its ack is gone); announcing again")

@@ -203,6 +203,39 @@ def test_announcer_retries_after_a_rejection_and_after_silence(
     assert announcer.accepted.wait(5)
 
 
+def test_a_session_announcing_other_tools_stays_accepted_until_the_brain_answers(
+    redis_url: str, r: redis.Redis, stop: threading.Event
+) -> None:
+    """An mcp.json reload announces again in the same session: the brain still holds the session
+    (with its old tools), so `vancetope-agent status` must not call the agent disconnected, and
+    the heartbeat must not take the cleared ack for a dropped agent."""
+    announcer = start_announcer(redis_url, stop)
+    assert isinstance(pop(r), ClientConnected)
+    ack(r, "s1", accepted=True)
+    assert announcer.accepted.wait(5) and not announcer.pending.is_set()
+
+    announcer.request(same_session=True)
+    assert isinstance(pop(r), ClientConnected)
+    assert announcer.accepted.is_set() and announcer.pending.is_set()  # no answer yet
+    assert r.get(client_key(CID, CLIENT_ACK)) is None  # cleared for the new answer
+    ack(r, "s1", accepted=True)
+    wait_for(lambda: not announcer.pending.is_set())
+    assert announcer.accepted.is_set()
+
+    # Refused this time (e.g. suspended): no longer accepted.
+    announcer.request(same_session=True)
+    assert isinstance(pop(r), ClientConnected)
+    ack(r, "s1", accepted=False, reason="over quota")
+    wait_for(lambda: not announcer.accepted.is_set())
+
+
+def wait_for(what: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "not within the bound"
+        time.sleep(0.01)
+
+
 def test_ack_for_another_session_is_not_taken(redis_url: str, r: redis.Redis, stop: threading.Event) -> None:
     announcer = start_announcer(redis_url, stop, ack_timeout_s=0.5)
     pop(r)
