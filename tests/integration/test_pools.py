@@ -93,7 +93,11 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
     )
 
     # The default pool runs its work; the gpu call waits on its own queue.
-    wait_until(lambda: brain.store.get_task(rec.tree_id, "plain").state is TaskState.DONE, 60, "plain done")
+    def plain_done() -> bool:
+        plain = brain.store.get_task(rec.tree_id, "plain")
+        return plain is not None and plain.state is TaskState.DONE
+
+    wait_until(plain_done, 60, "plain done")
     gpu = brain.store.get_task(rec.tree_id, "on_gpu")
     assert gpu is not None
     assert (gpu.state, gpu.route, gpu.pool) == (TaskState.QUEUED_SERVER, "server:gpu", "gpu")
