@@ -308,10 +308,10 @@ class EmbeddedStack:
     def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
         if name == "web":
             assert self.web_port is not None and self.web_access is not None
-            # It reads the store only: no Redis credential, no vault key.
-            env = stack_env(self.settings, "")
-            for variable in ("VANCETOPE_REDIS_URL", "VANCETOPE_VAULT_KEY"):
-                env.pop(variable, None)
+            # Its actions (cancel, approve tools) and clients page go through a brain: the
+            # brain's Redis user and a writable store (docs/web.md, "Who may open it"). No vault key.
+            env = stack_env(self.settings, self.service_url("brain"))
+            env.pop("VANCETOPE_VAULT_KEY", None)
             env.update(self.web_access.env())
             return web_argv(self.web_port, self.web_access.address), env
         if name == "gateway":

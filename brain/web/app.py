@@ -1,12 +1,12 @@
 """The web view as a Starlette app (layer: brain/web): ``/trees``, ``/trees/<id>``, a task's
-details, and a tree's live updates as server-sent events.
+details, a tree's live updates as server-sent events, and the actions (cancel a tree or a
+task) behind a CSRF token (brain.web.csrf).
 
-It reads the store only, read-only (``open_store(..., read_only=True)``: SQLite ``mode=ro``;
-MongoDB as the URL's user), through the same store calls ``vancetope status`` makes; it needs
-no Redis. Live updates poll the store's ``task_states`` (an index read, not whole records)
+Its pages read the store read-only (``open_store(..., read_only=True)``: SQLite ``mode=ro``;
+MongoDB as the URL's user), through the same store calls ``vancetope status`` makes; the
+actions go through a brain connection (brain.web.actions). Live updates poll the store's ``task_states`` (an index read, not whole records)
 every ``poll_s`` for each open tree page and send what changed: a change shows within about
-half a second whoever made it (brain, server pool, relay), with no wake-up channel to miss and
-no Redis credential to hold.
+half a second whoever made it (brain, server pool, relay), with no wake-up channel to miss.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
+from urllib.parse import parse_qs, quote
 
+import redis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -24,12 +26,20 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from brain.core.models import TaskState, TreeStatus
+from brain.errors import NotFound, StackNotRunning
+from brain.runtime import operations
+from brain.runtime.service import Brain
 from brain.store import Store
 from brain.web import pages
+from brain.web.actions import NO_REDIS, Actions
+from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
 from brain.web.views import WAITING, layout, matches, tree_row
 
 POLL_S = 0.5
+# An action's form is a token and a few names; a session cookie is ours (Csrf.new_session).
+MAX_FORM_BYTES = 16_384
+MAX_SESSION_CHARS = 64
 # A comment line this often keeps proxies from closing a quiet event stream.
 KEEPALIVE_S = 15.0
 # How many of the newest trees /trees looks at before filtering.
@@ -37,13 +47,16 @@ RECENT_TREES = 200
 SHOWN_TREES = 50
 
 
-def _html(text: str, status: int = 200) -> HTMLResponse:
-    """A page with its inline script allowed by a nonce and nothing else from anywhere."""
+def _html(text: str, status: int = 200, session: str | None = None) -> HTMLResponse:
+    """A page with its inline script allowed by a nonce and nothing else from anywhere;
+    ``session``: a new CSRF session cookie to set (brain.web.csrf)."""
     nonce = secrets.token_urlsafe(16)
+    cookie = {"Set-Cookie": Csrf.cookie(session)} if session else {}
     return HTMLResponse(
         text.replace("<script>", f'<script nonce="{nonce}">'),
         status_code=status,
         headers={
+            **cookie,
             "Content-Security-Policy": (
                 f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                 "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
@@ -67,8 +80,52 @@ def create_app(
     unauthorized: str,
     clock: Callable[[], float] = time.time,
     poll_s: float = POLL_S,
+    actions: Actions | None = None,
 ) -> Guard:
-    """The app behind its guard (``brain.web.guard``): no route is reachable without it."""
+    """The app behind its guard (``brain.web.guard``): no route is reachable without it.
+    ``actions``: the brain connection cancel and approve go through (None or without a Redis
+    URL: pages only, and each action answers 503)."""
+    csrf = Csrf()
+
+    def token(request: Request) -> tuple[str | None, str | None]:
+        """(the CSRF token a page gives its forms, None when no action is offered; the session
+        cookie to set when the browser has none)."""
+        if actions is None or not actions.available:
+            return None, None
+        session = request.cookies.get(COOKIE)
+        fresh = None
+        if not session or len(session) > MAX_SESSION_CHARS:
+            session = fresh = Csrf.new_session()
+        return csrf.token(session), fresh
+
+    async def act(request: Request, operation: Callable[[Brain], object], then: str) -> Response:
+        """Check the posted CSRF token against the session cookie, run ``operation`` through
+        the brain, then send the browser to ``then``."""
+        form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        given = request.headers.get(HEADER) or next(iter(form.get(FIELD, [])), None)
+        if not csrf.valid(request.cookies.get(COOKIE), given):
+            return PlainTextResponse(
+                "403 Forbidden: this action's CSRF token is missing or stale (the web view may have "
+                "restarted): reload the page and try again\n",
+                status_code=403,
+            )
+        if actions is None or not actions.available:
+            return PlainTextResponse(f"503 Service Unavailable: {NO_REDIS}\n", status_code=503)
+        try:
+            await run_in_threadpool(actions.run, operation)
+        except NotFound as exc:
+            return _not_found(str(exc))
+        except (StackNotRunning, redis.RedisError) as exc:
+            return PlainTextResponse(f"503 Service Unavailable: {exc}\n", status_code=503)
+        return RedirectResponse(then, 303)
+
+    async def cancel(request: Request) -> Response:
+        tree_id, task_id = request.path_params["tree_id"], request.path_params.get("task_id")
+        return await act(
+            request,
+            lambda brain: operations.cancel(brain, tree_id, task_id),
+            f"/trees/{quote(tree_id, safe='')}",
+        )
 
     async def trees(request: Request) -> Response:
         status = request.query_params.get("status") or None
@@ -103,10 +160,11 @@ def create_app(
             tasks = store.get_tasks(tree_id)
             now = clock()
             row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks)
-            return pages.tree_page(record, tasks, layout(record, tasks), row, now)
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given)
 
+        given, session = token(request)
         text = await run_in_threadpool(read)
-        return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text)
+        return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text, session=session)
 
     async def task(request: Request) -> Response:
         tree_id, task_id = request.path_params["tree_id"], request.path_params["task_id"]
@@ -114,9 +172,10 @@ def create_app(
         rec = await run_in_threadpool(store.get_task, tree_id, task_id) if record else None
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
+        given, session = token(request)
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec))
-        return _html(pages.task_page(record, rec))
+            return _html(pages.task_details(record, rec, given), session=session)
+        return _html(pages.task_page(record, rec, given), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]
@@ -138,6 +197,8 @@ def create_app(
             Route("/trees/{tree_id}", tree),
             Route("/trees/{tree_id}/events", events),
             Route("/trees/{tree_id}/tasks/{task_id}", task),
+            Route("/trees/{tree_id}/cancel", cancel, methods=["POST"]),
+            Route("/trees/{tree_id}/tasks/{task_id}/cancel", cancel, methods=["POST"]),
         ]
     )
     return Guard(app, address=address, users=users, unauthorized=unauthorized)

@@ -13,6 +13,7 @@ from html import escape
 from urllib.parse import quote
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.web.csrf import FIELD
 from brain.web.views import (
     NODE_H,
     NODE_W,
@@ -65,18 +66,43 @@ svg text {{font: 12px system-ui, sans-serif; pointer-events: none;}}
 svg .tool {{font-weight: 600;}}
 svg .edge {{stroke: #9ca3af; fill: none;}}
 rect.box {{stroke: #374151; stroke-width: 1;}}
+form.action {{display: inline; margin-left: 8px;}}
 .scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
 #details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
 {states}
 """
 
 
+# An action's form asks before it posts (its data-confirm says what will happen).
+CONFIRM_SCRIPT = """
+document.addEventListener('submit', (e) => {
+  const ask = e.target.dataset.confirm;
+  if (ask && !confirm(ask)) e.preventDefault();
+});
+"""
+
+
+def action_form(
+    action: str, csrf: str, label: str, confirm: str, fields: Sequence[tuple[str, str]] = ()
+) -> str:
+    """A POST form of one button carrying the page's CSRF token (brain.web.csrf)."""
+    hidden = "".join(
+        f'<input type=hidden name="{escape(k)}" value="{escape(v)}">' for k, v in [(FIELD, csrf), *fields]
+    )
+    return (
+        f'<form method=post class=action action="{escape(action)}" data-confirm="{escape(confirm)}">'
+        f"{hidden}<button>{escape(label)}</button></form>"
+    )
+
+
 def page(title: str, body: str, script: str = "") -> str:
+    if "data-confirm=" in body:
+        script += CONFIRM_SCRIPT
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{escape(title)} — Vancetope</title><style>{_css()}</style></head><body>"
         '<header><a href="/trees"><b>Vancetope</b></a><a href="/trees">Trees</a>'
-        '<a href="/trees?status=running">Running</a></header>'
+        '<a href="/trees?status=running">Running</a><a href="/clients">Clients</a></header>'
         f"<main>{body}</main>{f'<script>{script}</script>' if script else ''}</body></html>"
     )
 
@@ -240,15 +266,39 @@ document.getElementById('graph').addEventListener('click', async (e) => {
 """
 
 
-def tree_page(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, row: TreeRow, now: float) -> str:
+def _tree_url(tree_id: str) -> str:
+    return f"/trees/{quote(tree_id, safe='')}"
+
+
+def tree_page(
+    tree: TreeRecord,
+    tasks: Sequence[TaskRecord],
+    graph: Graph,
+    row: TreeRow,
+    now: float,
+    csrf: str | None = None,
+) -> str:
+    """``csrf``: the page's token when actions are offered (None: this web view has no brain
+    to act through)."""
     s = row.summary
+    final = tree.status is not TreeStatus.RUNNING
+    cancel = (
+        action_form(
+            f"{_tree_url(tree.tree_id)}/cancel",
+            csrf,
+            "Cancel tree",
+            f"Cancel every unfinished task of tree {tree.tree_id}?",
+        )
+        if csrf and not final
+        else ""
+    )
     waits = "".join(f"<li>{escape(w)}</li>" for w in row.waits)
     head = (
         f"<h1>Tree {escape(tree.tree_id)}</h1>"
         f'<p><b id="status" data-status="{escape(s["status"])}">{escape(s["status"])}</b> · '
         f"user {escape(s['user'] or '—')} · submitted {escape(clock(tree.submitted_at))} · "
         f"duration {escape(row.duration)} · {len(tasks)} tasks"
-        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>"
+        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}{cancel}</p>"
         f'<p id="counts">{_pills(s["counts"])}</p>'
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )
@@ -258,7 +308,6 @@ def tree_page(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, row: 
         f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
         f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
     )
-    final = tree.status is not TreeStatus.RUNNING
     return page(f"Tree {tree.tree_id}", body, "" if final else LIVE_SCRIPT)
 
 
@@ -270,7 +319,7 @@ def _when(at: float | None) -> str:
     return f"{clock(at)} ({at:.3f})" if at else "—"
 
 
-def task_details(tree: TreeRecord, t: TaskRecord) -> str:
+def task_details(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> str:
     """A task's details: tool, route and why, attempts, timings, error. Argument names only,
     never their values (as Flower shows them); the result is not shown (`vancetope status TREE
     TASK` prints it)."""
@@ -308,17 +357,27 @@ def task_details(tree: TreeRecord, t: TaskRecord) -> str:
         f"{escape(' after ' + seconds(a.finished_at - a.started_at)) if a.started_at and a.finished_at else ''}</li>"
         for a in t.attempts
     )
+    cancel = (
+        action_form(
+            f"{_tree_url(tree.tree_id)}/tasks/{quote(t.task_id, safe='')}/cancel",
+            csrf,
+            "Cancel task",
+            f"Cancel task {t.task_id} (its dependents are skipped)?",
+        )
+        if csrf and not t.state.is_final
+        else ""
+    )
     return (
-        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>'
+        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>{cancel}'
         f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}"
         "<p class=muted>Argument values and the result are not shown here; "
         f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code> prints the result.</p></div>"
     )
 
 
-def task_page(tree: TreeRecord, t: TaskRecord) -> str:
-    back = f'<p><a href="/trees/{quote(tree.tree_id, safe="")}">← tree {escape(tree.tree_id)}</a></p>'
-    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t)}")
+def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> str:
+    back = f'<p><a href="{_tree_url(tree.tree_id)}">← tree {escape(tree.tree_id)}</a></p>'
+    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf)}")
 
 
 def event_data(payload: dict[str, object]) -> str:

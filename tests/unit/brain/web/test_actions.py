@@ -1,0 +1,117 @@
+"""The web view's actions over HTTP against a real brain (real Redis, real SQLite store, no
+workers: server tasks stay queued): cancel a tree or a task, each only with the page's CSRF
+token for the browser's session cookie, and an unknown tree or task a 404 saying so."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from brain.core.models import TaskState
+from brain.runtime.service import Brain
+from brain.stack.redis_server import RedisServer
+from brain.web.actions import Actions
+from brain.web.csrf import COOKIE
+from tests.conftest import tree
+from tests.unit.brain.web.served import USERS, served, stored_tree
+
+AUTH = ("ops", USERS["ops"])
+TOKEN = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+
+
+@pytest.fixture
+def submitted(brain_on_redis: Brain) -> str:
+    brain_on_redis.publish_registry()  # what a brain worker does: Actions connects as the CLI does
+    rec = brain_on_redis.scheduler.submit(
+        tree(
+            {
+                "id": "night",
+                "tasks": [
+                    {"id": "a", "tool": "echo", "args": {"value": 1}},
+                    {"id": "b", "tool": "echo", "args": {"value": 2}},
+                ],
+            }
+        ),
+        user="ada",
+    )
+    return rec.tree_id
+
+
+def test_cancel_needs_the_pages_csrf_token_and_cancels_a_task_then_the_tree(
+    tmp_path: Path, brain_on_redis: Brain, redis_server: RedisServer, submitted: str
+) -> None:
+    brain = brain_on_redis
+    store_path = brain.settings.data_dir / "vancetope.db"
+    actions = Actions(brain.settings, redis_server.url)
+    try:
+        with served(tmp_path, actions=actions, store_path=store_path) as web:
+            origin = {"Origin": web.url}
+            with httpx2.Client(base_url=web.url, auth=AUTH, timeout=30) as browser:
+                page = browser.get(f"/trees/{submitted}")
+                assert page.status_code == 200 and COOKIE in page.cookies
+                assert (
+                    "HttpOnly" in page.headers["set-cookie"]
+                    and "SameSite=Strict" in page.headers["set-cookie"]
+                )
+                token = TOKEN.search(page.text)
+                assert token is not None, "the running tree's page offers no cancel form"
+                # No token, a wrong one, or the right one with another session cookie: refused.
+                for form, cookies in (
+                    ({}, None),
+                    ({"csrf": "0" * 64}, None),
+                    ({"csrf": token.group(1)}, {COOKIE: "someone-elses-session"}),
+                ):
+                    refused = httpx2.post(
+                        f"{web.url}/trees/{submitted}/cancel",
+                        data=form,
+                        cookies=cookies or dict(browser.cookies),
+                        auth=AUTH,
+                        headers=origin,
+                        timeout=30,
+                    )
+                    assert refused.status_code == 403, form
+                    assert "CSRF token" in refused.text
+                assert set(brain.store.task_states(submitted).values()) == {TaskState.QUEUED_SERVER}
+
+                form = {"csrf": token.group(1)}
+                missing = browser.post(f"/trees/{submitted}/tasks/nope/cancel", data=form, headers=origin)
+                assert missing.status_code == 404
+                assert (
+                    f"tree &#x27;{submitted}&#x27; has no task &#x27;nope&#x27;; its tasks: a, b"
+                    in missing.text
+                )
+                unknown = browser.post("/trees/nope/cancel", data=form, headers=origin)
+                assert unknown.status_code == 404 and "no task tree with id &#x27;nope&#x27;" in unknown.text
+
+                one = browser.post(f"/trees/{submitted}/tasks/a/cancel", data=form, headers=origin)
+                assert one.status_code == 303 and one.headers["location"] == f"/trees/{submitted}"
+                assert brain.store.task_states(submitted) == {
+                    "a": TaskState.SKIPPED,
+                    "b": TaskState.QUEUED_SERVER,
+                }
+                whole = browser.post(f"/trees/{submitted}/cancel", data=form, headers=origin)
+                assert whole.status_code == 303
+                assert set(brain.store.task_states(submitted).values()) == {TaskState.SKIPPED}
+                assert brain.store.get_task(submitted, "b").reason == "cancelled by user"
+                # A finished tree offers no cancel.
+                assert TOKEN.search(browser.get(f"/trees/{submitted}").text) is None
+    finally:
+        actions.close()
+
+
+def test_without_a_brain_no_page_offers_an_action_and_a_post_is_refused(tmp_path: Path) -> None:
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", [{"id": "a", "tool": "echo", "args": {"value": 1}}])
+        page = httpx2.get(f"{web.url}/trees/night-1", auth=AUTH, timeout=10)
+        assert page.status_code == 200 and "Cancel" not in page.text and COOKIE not in page.cookies
+        refused = httpx2.post(
+            f"{web.url}/trees/night-1/cancel",
+            data={"csrf": "x"},
+            auth=AUTH,
+            headers={"Origin": web.url},
+            timeout=10,
+        )
+        assert refused.status_code == 403
