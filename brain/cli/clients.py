@@ -47,7 +47,11 @@ def clients(ctx: click.Context, as_json: bool) -> None:
         marks = brain.clients.misbehaving.all()
         sessions = book.sessions()
         rtts = book.round_trips(sessions)
-        console.print(clients_table(book.enrolled(), sessions, brain.scheduler.parked.waiting(), marks, rtts))
+        console.print(
+            clients_table(
+                book.enrolled(), sessions, brain.scheduler.parked.waiting(), marks, rtts, book.last_seen()
+            )
+        )
         registry = brain.scheduler.registry
         for cid, session in sorted(sessions.items()):
             # A client's MCP tool the registry's bare name does not mean (brain.core.toolnames).

@@ -47,4 +47,5 @@ def clients_view(brain: Brain) -> dict[str, Any]:
         brain.scheduler.registry,
         misbehaving=brain.clients.misbehaving.all(),
         round_trips=book.round_trips(sessions),
+        last_seen=book.last_seen(),
     )

@@ -34,7 +34,7 @@ from brain.web import pages
 from brain.web.actions import NO_REDIS, Actions
 from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
-from brain.web.views import WAITING, layout, matches, tree_row
+from brain.web.views import WAITING, client_rows, layout, matches, tree_row
 
 POLL_S = 0.5
 # An action's form is a token and a few names; a session cookie is ours (Csrf.new_session).
@@ -98,9 +98,11 @@ def create_app(
             session = fresh = Csrf.new_session()
         return csrf.token(session), fresh
 
-    async def act(request: Request, operation: Callable[[Brain], object], then: str) -> Response:
+    async def act(
+        request: Request, operation: Callable[[Brain, dict[str, list[str]]], object], then: str
+    ) -> Response:
         """Check the posted CSRF token against the session cookie, run ``operation`` through
-        the brain, then send the browser to ``then``."""
+        the brain (with the posted form), then send the browser to ``then``."""
         form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
         given = request.headers.get(HEADER) or next(iter(form.get(FIELD, [])), None)
         if not csrf.valid(request.cookies.get(COOKIE), given):
@@ -112,7 +114,7 @@ def create_app(
         if actions is None or not actions.available:
             return PlainTextResponse(f"503 Service Unavailable: {NO_REDIS}\n", status_code=503)
         try:
-            await run_in_threadpool(actions.run, operation)
+            await run_in_threadpool(actions.run, lambda brain: operation(brain, form))
         except NotFound as exc:
             return _not_found(str(exc))
         except (StackNotRunning, redis.RedisError) as exc:
@@ -123,9 +125,28 @@ def create_app(
         tree_id, task_id = request.path_params["tree_id"], request.path_params.get("task_id")
         return await act(
             request,
-            lambda brain: operations.cancel(brain, tree_id, task_id),
+            lambda brain, _: operations.cancel(brain, tree_id, task_id),
             f"/trees/{quote(tree_id, safe='')}",
         )
+
+    async def approve_tools(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        return await act(
+            request,
+            # The tools the page showed held: one held since is not approved unseen.
+            lambda brain, form: operations.approve_tools(brain, client_id, form.get("tool", [])),
+            "/clients",
+        )
+
+    async def clients(request: Request) -> Response:
+        if actions is None or not actions.available:
+            return _html(pages.unavailable_page("Clients", NO_REDIS), 503)
+        given, session = token(request)
+        try:
+            report = await run_in_threadpool(actions.run, operations.clients_view)
+        except (StackNotRunning, redis.RedisError) as exc:
+            return _html(pages.unavailable_page("Clients", str(exc)), 503)
+        return _html(pages.clients_page(client_rows(report, clock()), given), session=session)
 
     async def trees(request: Request) -> Response:
         status = request.query_params.get("status") or None
@@ -199,6 +220,8 @@ def create_app(
             Route("/trees/{tree_id}/tasks/{task_id}", task),
             Route("/trees/{tree_id}/cancel", cancel, methods=["POST"]),
             Route("/trees/{tree_id}/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+            Route("/clients", clients),
+            Route("/clients/{client_id}/approve-tools", approve_tools, methods=["POST"]),
         ]
     )
     return Guard(app, address=address, users=users, unauthorized=unauthorized)

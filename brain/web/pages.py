@@ -17,6 +17,7 @@ from brain.web.csrf import FIELD
 from brain.web.views import (
     NODE_H,
     NODE_W,
+    ClientRow,
     Graph,
     TreeRow,
     badges,
@@ -62,6 +63,7 @@ td, th {{border-bottom: 1px solid #e5e7eb; padding: 4px 8px; text-align: left; v
 .pill {{display: inline-block; border-radius: 8px; padding: 0 6px; margin: 1px; font-size: 12px;}}
 .waits {{color: #9a3412;}}
 .muted {{color: #6b7280;}}
+.ok {{color: #166534;}}
 svg text {{font: 12px system-ui, sans-serif; pointer-events: none;}}
 svg .tool {{font-weight: 600;}}
 svg .edge {{stroke: #9ca3af; fill: none;}}
@@ -383,3 +385,54 @@ def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> str:
 def event_data(payload: dict[str, object]) -> str:
     """One server-sent event's bytes."""
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+CLIENT_STATE_CLASS = {"connected": "ok", "recently seen": "muted", "offline": "muted", "misbehaving": "waits"}
+
+
+def _client_row(r: ClientRow, csrf: str | None) -> str:
+    held = ""
+    if r.held:
+        approve = (
+            action_form(
+                f"/clients/{quote(r.client_id, safe='')}/approve-tools",
+                csrf,
+                "Approve changed tools",
+                f"Accept the new definitions of {', '.join(r.held)} on client {r.client_id}?",
+                [("tool", name) for name in r.held],
+            )
+            if csrf
+            else ""
+        )
+        held = f'<div class="waits">changed, held until approved: {escape(", ".join(r.held))}{approve}</div>'
+    clashes = "".join(f'<div class="muted">clash: {escape(c)}</div>' for c in r.clashes)
+    return (
+        f'<tr data-client-id="{escape(r.client_id)}" data-client-state="{escape(r.state)}">'
+        f"<td>{escape(r.client_id)}</td>"
+        f'<td class="{CLIENT_STATE_CLASS[r.state]}">{escape(r.said)}</td>'
+        f"<td>{escape(r.client_type)}</td><td>{escape(r.round_trip)}</td>"
+        f"<td>{escape(', '.join(r.tools))}{held}{clashes}</td><td class=waits>{escape(r.waiting)}</td></tr>"
+    )
+
+
+def clients_page(rows: dict[str, list[ClientRow]], csrf: str | None) -> str:
+    """``vancetope clients`` in the browser: each user's clients, connected first."""
+    head = (
+        "<thead><tr><th>client</th><th>state</th><th>type</th><th>round trip</th><th>tools</th>"
+        "<th>waiting for it</th></tr></thead>"
+    )
+    sections = "".join(
+        f'<h2>User {escape(user)}</h2><table data-user="{escape(user)}">{head}<tbody>'
+        f"{''.join(_client_row(r, csrf) for r in clients)}</tbody></table>"
+        for user, clients in rows.items()
+    )
+    body = (
+        "<h1>Clients</h1><p class=muted>Enrolled client agents by user: connected, then recently seen "
+        "(offline for less than a day), then the others. Round trip: to Redis, as the agent measures it.</p>"
+        f"{sections or '<p class=muted>no client is enrolled (`vancetope clients enroll`)</p>'}"
+    )
+    return page("Clients", body)
+
+
+def unavailable_page(title: str, why: str) -> str:
+    return page(title, f"<h1>{escape(title)}</h1><p>{escape(why)}</p>")

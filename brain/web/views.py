@@ -253,3 +253,74 @@ def timeline(tasks: Sequence[TaskRecord], now: float) -> tuple[float, float, lis
 
 def states_of(tasks: Sequence[TaskRecord]) -> Mapping[str, str]:
     return {t.task_id: t.state.value for t in tasks}
+
+
+# --- the clients page -------------------------------------------------------------------
+
+# An offline client gone for less than this is "recently seen"; others are listed after it.
+RECENT_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class ClientRow:
+    """One client of ``vancetope clients --json`` as the clients page shows it."""
+
+    client_id: str
+    state: str  # connected, recently seen, offline, misbehaving
+    said: str  # "connected since 02:10", "offline since 2026-12-06 02:14", ...
+    client_type: str
+    round_trip: str
+    tools: list[str]
+    held: list[str]
+    clashes: list[str]
+    waiting: str
+
+
+def client_rows(report: Mapping[str, Any], now: float) -> dict[str, list[ClientRow]]:
+    """User -> that user's clients: connected first, then the recently seen (last gone
+    first), then the others, each group by client id."""
+    by_user: dict[str, list[tuple[tuple[int, float, str], ClientRow]]] = defaultdict(list)
+    for c in report.get("clients", []):
+        seen = c.get("last_seen")
+        if c["connected"]:
+            state, said, rank = "connected", f"connected since {_day_clock(c['connected_at'], now)}", 0
+        elif seen is not None and now - seen < RECENT_S:
+            state, said, rank = "recently seen", f"offline since {_day_clock(seen, now)}", 1
+        else:
+            gone = (
+                f"offline since {_day_clock(seen, now)}"
+                if seen is not None
+                else "offline (not seen since recorded)"
+            )
+            state, said, rank = "offline", gone, 2
+        if c.get("misbehaving"):
+            state, said = "misbehaving", f"suspended: {c['misbehaving']}; {said}"
+        rtt = c.get("round_trip_ms")
+        waiting = c["waiting"]
+        parts = [f"{_tasks(waiting['client'])} for it"] if waiting["client"] else []
+        if waiting["user"]:
+            parts.append(f"{_tasks(waiting['user'])} for any client of user {c['user']}")
+        row = ClientRow(
+            client_id=c["client_id"],
+            state=state,
+            said=said,
+            client_type=c.get("client_type") or "",
+            round_trip="" if rtt is None else (f"{rtt:.0f} ms" if rtt >= 10 else f"{rtt:.1f} ms"),
+            tools=list(c.get("tools", [])),
+            held=list(c.get("held_tools", [])),
+            clashes=list(c.get("clashes", [])),
+            waiting="; ".join(parts),
+        )
+        by_user[c["user"]].append(((rank, -(seen or 0.0) if rank == 1 else 0.0, c["client_id"]), row))
+    return {
+        user: [row for _, row in sorted(rows, key=lambda r: r[0])] for user, rows in sorted(by_user.items())
+    }
+
+
+def _day_clock(at: float | None, now: float) -> str:
+    """``HH:MM`` on the day of ``now``, else ``YYYY-MM-DD HH:MM`` (local time of the web process)."""
+    if not at:
+        return "?"
+    if time.strftime("%Y-%m-%d", time.localtime(at)) == time.strftime("%Y-%m-%d", time.localtime(now)):
+        return clock(at)
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))

@@ -5,6 +5,7 @@ token for the browser's session cookie, and an unknown tree or task a 404 saying
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import httpx2
@@ -17,6 +18,7 @@ from brain.web.actions import Actions
 from brain.web.csrf import COOKIE
 from tests.conftest import tree
 from tests.unit.brain.web.served import USERS, served, stored_tree
+from workers.contracts import ClientConnected, ToolDescriptor, ToolType
 
 AUTH = ("ops", USERS["ops"])
 TOKEN = re.compile(r'name="csrf" value="([0-9a-f]+)"')
@@ -115,3 +117,68 @@ def test_without_a_brain_no_page_offers_an_action_and_a_post_is_refused(tmp_path
             timeout=10,
         )
         assert refused.status_code == 403
+
+
+def announce(brain: Brain, client_id: str, session_id: str, description: str = "") -> None:
+    """What the brain does with a client's announcement: its session, its tools checked
+    against their pins (a changed definition is held)."""
+    tools = (
+        [ToolDescriptor(name="lookup", type=ToolType.NATIVE, description=description)] if description else []
+    )
+    msg = ClientConnected(
+        client_id=client_id, session_id=session_id, available_tools=tools, sent_at=time.time()
+    )
+    book = brain.scheduler.presence
+    book.connect(msg, book.enrollment(client_id), time.time())
+
+
+def test_the_clients_page_shows_each_users_clients_last_seen_and_waiting_work_and_approves_held_tools(
+    tmp_path: Path, brain_on_redis: Brain, redis_server: RedisServer
+) -> None:
+    brain = brain_on_redis
+    brain.publish_registry()
+    book = brain.scheduler.presence
+    for cid, user in (("laptop", "ada"), ("desk", "ada"), ("box", "bob")):
+        book.enroll(cid, user)
+    announce(brain, "laptop", "s1", "Look it up.")
+    announce(brain, "laptop", "s1", "Look it up, and mail it away.")  # changed since pinned: held
+    announce(brain, "desk", "s2")
+    brain.clients.on_disconnected("desk", "s2", "missed heartbeats")
+    # Parked for any client of ada: none offers read_local_file.
+    brain.scheduler.submit(
+        tree({"id": "t", "tasks": [{"id": "r", "tool": "read_local_file", "args": {"path": "x"}}]}),
+        user="ada",
+    )
+    actions = Actions(brain.settings, redis_server.url)
+    try:
+        store_path = brain.settings.data_dir / "vancetope.db"
+        with (
+            served(tmp_path, actions=actions, store_path=store_path) as web,
+            httpx2.Client(base_url=web.url, auth=AUTH, timeout=30) as browser,
+        ):
+            page = browser.get("/clients")
+            assert page.status_code == 200
+            rows = dict(re.findall(r'data-client-id="([^"]+)" data-client-state="([^"]+)"', page.text))
+            assert rows == {"laptop": "connected", "desk": "recently seen", "box": "offline"}
+            assert page.text.index('data-user="ada"') < page.text.index('data-user="bob"')
+            assert "offline since" in page.text and "not seen since recorded" in page.text
+            assert "changed, held until approved: lookup" in page.text
+            assert "1 task for any client of user ada" in page.text
+            token = TOKEN.search(page.text)
+            assert token is not None
+            origin = {"Origin": web.url}
+            url = "/clients/laptop/approve-tools"
+            assert browser.post(url, data={"tool": "lookup"}, headers=origin).status_code == 403
+            other = browser.post(url, data={"tool": "nope", "csrf": token.group(1)}, headers=origin)
+            assert other.status_code == 404 and "holds no changed tool nope" in other.text
+            approved = browser.post(url, data={"tool": "lookup", "csrf": token.group(1)}, headers=origin)
+            assert approved.status_code == 303 and approved.headers["location"] == "/clients"
+        # Pinned as announced: the agent's next announcement is accepted whole.
+        announce(brain, "laptop", "s1", "Look it up, and mail it away.")
+        session = book.session("laptop")
+        assert (
+            session is not None and session.held_tools == [] and [t.name for t in session.tools] == ["lookup"]
+        )
+        assert book.last_seen().keys() == {"desk"}
+    finally:
+        actions.close()

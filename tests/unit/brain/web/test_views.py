@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
-from brain.web.views import layout, timeline, waits_for
+from brain.web.views import client_rows, clock, layout, timeline, waits_for
 
 S = TaskState
 
@@ -88,3 +90,43 @@ def test_the_timeline_spans_the_first_queue_to_the_last_finish_and_skips_pending
     start, end, bars = timeline(tasks, now=20.0)
     assert (start, end) == (10.0, 20.0)  # b still runs: up to now
     assert [(b.task_id, b.finished) for b in bars] == [("a", 15.0), ("b", None)]
+
+
+def test_client_rows_put_each_users_connected_clients_first_then_the_recently_seen_then_the_rest() -> None:
+    now = 1_700_000_000.0
+
+    def client(
+        cid: str, user: str, connected: bool = False, last_seen: float | None = None
+    ) -> dict[str, Any]:
+        return {
+            "client_id": cid, "user": user, "connected": connected, "connected_at": now - 60 if connected else None,
+            "client_type": "desktop" if connected else None, "round_trip_ms": 4.34 if connected else None,
+            "last_seen": last_seen, "tools": ["lookup"] if connected else [], "held_tools": [], "clashes": [],
+            "misbehaving": None, "waiting": {"client": 2, "user": 1},
+        }  # fmt: skip
+
+    report = {
+        "clients": [
+            client("old", "ada", last_seen=now - 3 * 86400),
+            client("never", "ada"),
+            client("gone-late", "ada", last_seen=now - 60),
+            client("gone-early", "ada", last_seen=now - 3600),
+            client("laptop", "ada", connected=True),
+            client("box", "bob", last_seen=now - 10),
+        ]
+    }
+    rows = client_rows(report, now)
+    assert list(rows) == ["ada", "bob"]
+    assert [(r.client_id, r.state) for r in rows["ada"]] == [
+        ("laptop", "connected"),
+        ("gone-late", "recently seen"),
+        ("gone-early", "recently seen"),
+        ("never", "offline"),
+        ("old", "offline"),
+    ]
+    laptop, late = rows["ada"][0], rows["ada"][1]
+    assert laptop.said.startswith("connected since ") and laptop.round_trip == "4.3 ms"
+    assert late.said == f"offline since {clock(now - 60)}" and late.round_trip == ""
+    assert laptop.waiting == "2 tasks for it; 1 task for any client of user ada"
+    assert rows["ada"][3].said == "offline (not seen since recorded)"
+    assert rows["ada"][4].said.startswith("offline since 2023-")
