@@ -312,6 +312,11 @@ class EmbeddedStack:
             # brain's Redis user and a writable store (docs/web.md, "Who may open it"). No vault key.
             env = stack_env(self.settings, self.service_url("brain"))
             env.pop("VANCETOPE_VAULT_KEY", None)
+            if self.settings.web_flower_url is None and self.flower_port is not None:
+                # Its task links go to the Flower this stack runs, wherever it was put.
+                address = self.flower_access.address if self.flower_access else "127.0.0.1"
+                shown = "127.0.0.1" if address in ("0.0.0.0", "::") else address
+                env["VANCETOPE_WEB_FLOWER_URL"] = f"http://{shown}:{self.flower_port}"
             env.update(self.web_access.env())
             return web_argv(self.web_port, self.web_access.address), env
         if name == "gateway":

@@ -25,7 +25,7 @@ from brain.stack.webauth import (
 )
 from brain.store import Store, open_store
 from brain.web.actions import Actions
-from brain.web.app import create_app
+from brain.web.app import DEFAULT_FLOWER_URL, create_app
 
 # A read-only store opens an existing database: the brain creates it as it starts.
 STORE_WAIT_S = 120.0
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         users=users,
         unauthorized=os.environ.get(UNAUTHORIZED_VARIABLE) or UNAUTHORIZED_DEFAULT,
         actions=actions,
+        flower_url=settings.web_flower_url or DEFAULT_FLOWER_URL,
     )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)

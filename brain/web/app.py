@@ -37,6 +37,8 @@ from brain.web.guard import Guard
 from brain.web.views import WAITING, client_rows, layout, matches, tree_row
 
 POLL_S = 0.5
+# The Flower `vancetope up --flower` starts (brain.cli.services.FLOWER_PORT).
+DEFAULT_FLOWER_URL = "http://127.0.0.1:5555"
 # An action's form is a token and a few names; a session cookie is ours (Csrf.new_session).
 MAX_FORM_BYTES = 16_384
 MAX_SESSION_CHARS = 64
@@ -81,10 +83,12 @@ def create_app(
     clock: Callable[[], float] = time.time,
     poll_s: float = POLL_S,
     actions: Actions | None = None,
+    flower_url: str | None = None,
 ) -> Guard:
     """The app behind its guard (``brain.web.guard``): no route is reachable without it.
     ``actions``: the brain connection cancel and approve go through (None or without a Redis
-    URL: pages only, and each action answers 503)."""
+    URL: pages only, and each action answers 503); ``flower_url``: where a task's Celery task
+    ids link (Flower's task pages; None: not linked)."""
     csrf = Csrf()
 
     def token(request: Request) -> tuple[str | None, str | None]:
@@ -195,8 +199,8 @@ def create_app(
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
         given, session = token(request)
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec, given), session=session)
-        return _html(pages.task_page(record, rec, given), session=session)
+            return _html(pages.task_details(record, rec, given, flower_url), session=session)
+        return _html(pages.task_page(record, rec, given, flower_url), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]

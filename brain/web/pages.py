@@ -321,7 +321,30 @@ def _when(at: float | None) -> str:
     return f"{clock(at)} ({at:.3f})" if at else "—"
 
 
-def task_details(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> str:
+def flower_links(t: TaskRecord, flower_url: str | None) -> str:
+    """A task's Celery task ids (its run ids: the current one and each earlier attempt's),
+    each a link to Flower's page of that task."""
+    runs = [(f"attempt {a.number}", a.run_id) for a in t.attempts if a.run_id]
+    if t.run_id:
+        runs.append(("current" if runs else "", t.run_id))
+    if not runs:
+        return ""
+    base = (flower_url or "").rstrip("/")
+    links = ", ".join(
+        (f"{escape(label)} " if label else "")
+        + (
+            f'<a class="flower" href="{escape(base)}/task/{quote(run, safe="")}">{escape(run)}</a>'
+            if base
+            else escape(run)
+        )
+        for label, run in runs
+    )
+    return f"<p>Celery task id{'s' if len(runs) > 1 else ''} (Flower): {links}</p>"
+
+
+def task_details(
+    tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None
+) -> str:
     """A task's details: tool, route and why, attempts, timings, error. Argument names only,
     never their values (as Flower shows them); the result is not shown (`vancetope status TREE
     TASK` prints it)."""
@@ -370,16 +393,20 @@ def task_details(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> st
         else ""
     )
     return (
-        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>{cancel}'
+        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>'
+        f"{flower_links(t, flower_url)}{cancel}"
         f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}"
         "<p class=muted>Argument values and the result are not shown here; "
         f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code> prints the result.</p></div>"
     )
 
 
-def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None) -> str:
+def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None) -> str:
     back = f'<p><a href="{_tree_url(tree.tree_id)}">← tree {escape(tree.tree_id)}</a></p>'
-    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf)}")
+    return page(
+        f"Task {t.task_id}",
+        f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf, flower_url)}",
+    )
 
 
 def event_data(payload: dict[str, object]) -> str:

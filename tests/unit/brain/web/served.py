@@ -81,6 +81,7 @@ def served(
     poll_s: float = 0.1,
     actions: Actions | None = None,
     store_path: Path | None = None,
+    flower_url: str | None = None,
 ) -> Iterator[Served]:
     """The web view on ``address`` over a fresh store (or the one at ``store_path``): ``writer``
     writes it, the app reads it through its own read-only connection; ``actions``: what it may
@@ -90,7 +91,13 @@ def served(
     reader = open_store(str(path), read_only=True)
     port = free_port()
     app = create_app(
-        reader, address=address, users=USERS, unauthorized=UNAUTHORIZED, poll_s=poll_s, actions=actions
+        reader,
+        address=address,
+        users=USERS,
+        unauthorized=UNAUTHORIZED,
+        poll_s=poll_s,
+        actions=actions,
+        flower_url=flower_url,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)
