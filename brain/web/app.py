@@ -16,6 +16,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
+from importlib import resources
 from urllib.parse import parse_qs, quote
 
 import redis
@@ -36,6 +37,10 @@ from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
 from brain.web.views import WAITING, client_rows, layout, matches, tree_row
 
+# The vendored libraries the pages load (brain/web/static/vendor/README.md), read once.
+VENDORED = {
+    name: (resources.files("brain.web") / "static" / "vendor" / name).read_bytes() for name in (pages.DAGRE,)
+}
 POLL_S = 0.5
 # The Flower `vancetope up --flower` starts (brain.cli.services.FLOWER_PORT).
 DEFAULT_FLOWER_URL = "http://127.0.0.1:5555"
@@ -60,7 +65,7 @@ def _html(text: str, status: int = 200, session: str | None = None) -> HTMLRespo
         headers={
             **cookie,
             "Content-Security-Policy": (
-                f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+                f"default-src 'self'; script-src 'self' 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                 "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
             ),
             "X-Content-Type-Options": "nosniff",
@@ -212,6 +217,16 @@ def create_app(
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
+    async def vendored(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in VENDORED:  # the listed files only: no path reaches anything else
+            return PlainTextResponse("404 Not Found\n", 404)
+        return Response(
+            VENDORED[name],
+            media_type="text/javascript",
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=3600"},
+        )
+
     async def root(request: Request) -> Response:
         return RedirectResponse("/trees", 303)
 
@@ -225,6 +240,7 @@ def create_app(
             Route("/trees/{tree_id}/cancel", cancel, methods=["POST"]),
             Route("/trees/{tree_id}/tasks/{task_id}/cancel", cancel, methods=["POST"]),
             Route("/clients", clients),
+            Route("/static/vendor/{name}", vendored),
             Route("/clients/{client_id}/approve-tools", approve_tools, methods=["POST"]),
         ]
     )

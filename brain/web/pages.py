@@ -97,15 +97,17 @@ def action_form(
     )
 
 
-def page(title: str, body: str, script: str = "") -> str:
+def page(title: str, body: str, script: str = "", vendored: Sequence[str] = ()) -> str:
+    """``vendored``: files of brain/web/static/vendor the page loads before its own script."""
     if "data-confirm=" in body:
         script += CONFIRM_SCRIPT
+    libraries = "".join(f'<script src="/static/vendor/{quote(name)}"></script>' for name in vendored)
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{escape(title)} — Vancetope</title><style>{_css()}</style></head><body>"
         '<header><a href="/trees"><b>Vancetope</b></a><a href="/trees">Trees</a>'
         '<a href="/trees?status=running">Running</a><a href="/clients">Clients</a></header>'
-        f"<main>{body}</main>{f'<script>{script}</script>' if script else ''}</body></html>"
+        f"<main>{body}</main>{libraries}{f'<script>{script}</script>' if script else ''}</body></html>"
     )
 
 
@@ -185,10 +187,14 @@ def graph_svg(tree_id: str, graph: Graph) -> str:
         x1, y1 = a.x + NODE_W, a.y + NODE_H // 2
         x2, y2 = b.x, b.y + NODE_H // 2
         mid = (x1 + x2) // 2
-        edges.append(f'<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>')
+        edges.append(
+            f'<path class="edge" data-from="{escape(src)}" data-to="{escape(dst)}" '
+            f'd="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>'
+        )
     nodes = [_node(tree_id, n.x, n.y, n.task) for n in graph.nodes]
     return (
-        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}">'
+        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}" '
+        f'data-node-w="{NODE_W}" data-node-h="{NODE_H}">'
         f"{''.join(edges)}{''.join(nodes)}</svg>"
     )
 
@@ -239,6 +245,36 @@ def timeline_svg(tasks: Sequence[TaskRecord], now: float) -> str:
         f"{axis}{''.join(rows)}</svg>"
     )
 
+
+# The graph laid out by dagre (brain/web/static/vendor): the server draws the nodes in columns
+# by dependency depth (readable without script), this moves them and routes the edges.
+DAGRE = "dagre.min.js"
+LAYOUT_SCRIPT = """
+(() => {
+  const svg = document.getElementById('graph');
+  if (!svg || typeof dagre === 'undefined') return;
+  const w = Number(svg.dataset.nodeW), h = Number(svg.dataset.nodeH);
+  const g = new dagre.graphlib.Graph();
+  g.setGraph({rankdir: 'LR', nodesep: 14, edgesep: 10, ranksep: 70, marginx: 10, marginy: 16});
+  g.setDefaultEdgeLabel(() => ({}));
+  const nodes = svg.querySelectorAll('g.node');
+  nodes.forEach(n => g.setNode(n.dataset.taskId, {width: w, height: h}));
+  const edges = [...svg.querySelectorAll('path.edge')];
+  edges.forEach(e => g.setEdge(e.dataset.from, e.dataset.to));
+  dagre.layout(g);
+  nodes.forEach(n => {
+    const p = g.node(n.dataset.taskId);
+    n.setAttribute('transform', `translate(${p.x - w / 2},${p.y - h / 2})`);
+  });
+  edges.forEach(e => {
+    const points = g.edge(e.dataset.from, e.dataset.to).points;
+    e.setAttribute('d', 'M' + points.map(p => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(' L'));
+  });
+  svg.setAttribute('width', Math.ceil(g.graph().width));
+  svg.setAttribute('height', Math.ceil(g.graph().height));
+  svg.dataset.layout = 'dagre';
+})();
+"""
 
 LIVE_SCRIPT = """
 const nodes = new Map();
@@ -305,12 +341,13 @@ def tree_page(
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )
     body = (
-        f"{head}<h2>Graph</h2><p class=muted>Columns by dependency depth; click a task for its details.</p>"
+        f"{head}<h2>Graph</h2><p class=muted>Laid out by dagre, left to right along <code>depends_on</code>; "
+        "click a task for its details.</p>"
         f'<div class="scroll">{graph_svg(tree.tree_id, graph)}</div><div id="details"></div>'
         f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
         f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
     )
-    return page(f"Tree {tree.tree_id}", body, "" if final else LIVE_SCRIPT)
+    return page(f"Tree {tree.tree_id}", body, LAYOUT_SCRIPT + ("" if final else LIVE_SCRIPT), [DAGRE])
 
 
 def counts_html(counts: dict[str, int]) -> str:

@@ -159,7 +159,15 @@ def test_a_stored_tree_of_1000_tasks_renders_in_chromium(chromium: str, tmp_path
             page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             took = time.perf_counter() - started
             shown = node_states(page)
-    print(f"\n1,000-task tree page: loaded and painted in Chromium in {took:.2f}s")
+            laid_out = page.evaluate("document.getElementById('graph').dataset.layout")
+            # dagre ranks by depends_on: t0..t99 first, t900..t999 last, left to right.
+            xs = page.evaluate(
+                "['t0', 't500', 't999'].map(id => document.querySelector(`g.node[data-task-id=\"${id}\"]`)"
+                ".transform.baseVal.consolidate().matrix.e)"
+            )
+    print(f"\n1,000-task tree page: loaded, laid out by dagre and painted in Chromium in {took:.2f}s")
+    assert laid_out == "dagre"
+    assert xs[0] < xs[1] < xs[2]
     assert len(shown) == 1000
     assert sum(state == "done" for state in shown.values()) == 600
 

@@ -194,3 +194,20 @@ def test_malformed_credentials_are_refused(given: str) -> None:
 
     with pytest.raises(WebUnprotected, match=BASIC_AUTH_VARIABLE):
         decide_web_access("127.0.0.1", {BASIC_AUTH_VARIABLE: given}, Path("/nonexistent/web.secret"))
+
+
+def test_the_vendored_layout_library_is_served_behind_the_password_and_nothing_else_under_static(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", CHAIN)
+        page = httpx2.get(web.url + "/trees/night-1", auth=AUTH, timeout=10)
+        assert '<script src="/static/vendor/dagre.min.js"></script>' in page.text
+        assert "script-src 'self' 'nonce-" in page.headers["content-security-policy"]
+        url = web.url + "/static/vendor/dagre.min.js"
+        assert httpx2.get(url, timeout=10).status_code == 401
+        library = httpx2.get(url, auth=AUTH, timeout=10)
+        assert library.status_code == 200 and library.headers["content-type"].startswith("text/javascript")
+        assert "dagre" in library.text[:200]
+        for other in ("dagre.LICENSE", "README.md", "..%2Fapp.py", "%2E%2E%2F%2E%2E%2Fapp.py"):
+            assert httpx2.get(web.url + "/static/vendor/" + other, auth=AUTH, timeout=10).status_code == 404
