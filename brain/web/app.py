@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from brain.core.fanout import parent_of
 from brain.core.models import TaskState, TreeStatus
 from brain.errors import NotFound, StackNotRunning
 from brain.runtime import operations
@@ -35,7 +36,18 @@ from brain.web import pages
 from brain.web.actions import NO_REDIS, Actions
 from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
-from brain.web.views import WAITING, client_rows, layout, matches, tree_row
+from brain.web.views import (
+    WAITING,
+    client_rows,
+    group_counts,
+    group_id,
+    group_label,
+    group_state,
+    group_title,
+    layout,
+    matches,
+    tree_row,
+)
 
 # The vendored libraries the pages load (brain/web/static/vendor/README.md), read once.
 VENDORED = {
@@ -264,8 +276,15 @@ async def _changes(request: Request, store: Store, tree_id: str, poll_s: float) 
                 await asyncio.sleep(poll_s)
                 continue
             counts = dict(Counter(states.values()))
+            touched = {group_id(p) for p in map(parent_of, changed) if p is not None}
+            groups = {
+                gid: {"state": group_state(c), "label": group_label(c), "title": group_title(gid[:-3], c)}
+                for gid, c in group_counts(states).items()
+                if gid in touched
+            }
             payload: dict[str, object] = {
                 "states": changed,
+                "groups": groups,
                 "status": status.value,
                 "counts_html": pages.counts_html(counts),
                 # Tasks the page was not drawn with (a fan-out's items): it lays itself out again.

@@ -22,6 +22,10 @@ from brain.web.views import (
     TreeRow,
     badges,
     clock,
+    group_id,
+    group_label,
+    group_state,
+    group_title,
     seconds,
     timeline,
     waiting_reason,
@@ -172,6 +176,24 @@ def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
     )
 
 
+def _group_node(tree_id: str, x: int, y: int, first: TaskRecord, counts: dict[str, int]) -> str:
+    """A fan-out's items as one node: the count by state, coloured by ``group_state``; a click
+    opens the fanned-out task."""
+    parent = first.parent or ""
+    label = group_label(counts)
+    href = f"/trees/{quote(tree_id, safe='')}/tasks/{quote(parent, safe='')}"
+    return (
+        f'<a href="{escape(href)}"><g class="node group" data-group="{escape(group_id(parent))}" '
+        f'data-state="{group_state(counts)}" transform="translate({x},{y})">'
+        f"<title>{escape(group_title(parent, counts))}</title>"
+        f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+        f'<rect class="box" x="3" y="3" width="{NODE_W}" height="{NODE_H}" rx="6" opacity="0.5"/>'
+        f'<text x="6" y="14" class="tool">{escape(_fit(f"{parent}[…]"))}</text>'
+        f'<text x="6" y="28">{escape(_fit(first.tool))}</text>'
+        f'<text x="6" y="41" class="muted count">{escape(_fit(label))}</text></g></a>'
+    )
+
+
 # About this many characters of 12px text fit in a node; the tooltip has the rest.
 NODE_CHARS = 30
 
@@ -191,7 +213,12 @@ def graph_svg(tree_id: str, graph: Graph) -> str:
             f'<path class="edge" data-from="{escape(src)}" data-to="{escape(dst)}" '
             f'd="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>'
         )
-    nodes = [_node(tree_id, n.x, n.y, n.task) for n in graph.nodes]
+    nodes = [
+        _node(tree_id, n.x, n.y, n.task)
+        if n.group is None
+        else _group_node(tree_id, n.x, n.y, n.task, n.group)
+        for n in graph.nodes
+    ]
     return (
         f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}" '
         f'data-node-w="{NODE_W}" data-node-h="{NODE_H}">'
@@ -258,12 +285,13 @@ LAYOUT_SCRIPT = """
   g.setGraph({rankdir: 'LR', nodesep: 14, edgesep: 10, ranksep: 70, marginx: 10, marginy: 16});
   g.setDefaultEdgeLabel(() => ({}));
   const nodes = svg.querySelectorAll('g.node');
-  nodes.forEach(n => g.setNode(n.dataset.taskId, {width: w, height: h}));
+  const id = (n) => n.dataset.taskId || n.dataset.group;  // a task, or a fan-out's items
+  nodes.forEach(n => g.setNode(id(n), {width: w, height: h}));
   const edges = [...svg.querySelectorAll('path.edge')];
   edges.forEach(e => g.setEdge(e.dataset.from, e.dataset.to));
   dagre.layout(g);
   nodes.forEach(n => {
-    const p = g.node(n.dataset.taskId);
+    const p = g.node(id(n));
     n.setAttribute('transform', `translate(${p.x - w / 2},${p.y - h / 2})`);
   });
   edges.forEach(e => {
@@ -278,7 +306,10 @@ LAYOUT_SCRIPT = """
 
 LIVE_SCRIPT = """
 const nodes = new Map();
-document.querySelectorAll('#graph g.node').forEach(n => nodes.set(n.dataset.taskId, n));
+const groups = new Map();
+document.querySelectorAll('#graph g.node').forEach(n => {
+  if (n.dataset.group) groups.set(n.dataset.group, n); else nodes.set(n.dataset.taskId, n);
+});
 const status = document.getElementById('status');
 const counts = document.getElementById('counts');
 const source = new EventSource(location.pathname.replace(/\\/$/, '') + '/events');
@@ -287,6 +318,13 @@ source.onmessage = (e) => {
   for (const [id, state] of Object.entries(m.states || {})) {
     const n = nodes.get(id);
     if (n) n.setAttribute('data-state', state);
+  }
+  for (const [id, g] of Object.entries(m.groups || {})) {  // a fan-out's items: one node
+    const n = groups.get(id);
+    if (!n) continue;
+    n.setAttribute('data-state', g.state);
+    n.querySelector('text.count').textContent = g.label;
+    n.querySelector('title').textContent = g.title;
   }
   if (m.status) { status.textContent = m.status; status.dataset.status = m.status; }
   if (m.counts_html !== undefined) counts.innerHTML = m.counts_html;

@@ -13,14 +13,14 @@ from typing import Any
 import httpx2
 import pytest
 
-from brain.core.models import SessionKind, TaskState, TreeStatus
+from brain.core.models import SessionKind, TaskRecord, TaskState, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from brain.stack.redis_server import free_port, port_free
 from brain.stack.webauth import WEB_SECRET_FILE, WEB_USER, web_access
 from tests.conftest import CHROMIUM_FLAGS, agent_with_servers, tree, wait_until
 from tests.integration.test_supervisor import running_up, up_log
-from tests.unit.brain.web.served import USERS, served, stored_tree
+from tests.unit.brain.web.served import T0, USERS, served, stored_tree
 
 pytestmark = pytest.mark.integration
 
@@ -214,3 +214,51 @@ def test_cancel_clicked_in_chromium_cancels_the_tree_and_a_post_without_the_csrf
         wait_until(
             lambda: set(node_states(page).values()) == {"skipped"}, timeout=30, what="the page to show it"
         )
+
+
+def test_a_fan_out_is_one_node_with_its_count_that_follows_its_items_live(
+    chromium: str, tmp_path: Path
+) -> None:
+    tasks = [
+        {"id": "list", "tool": "echo", "args": {"value": [1, 2]}},
+        {"id": "each", "tool": "echo", "depends_on": ["list"], "for_each": "list"},
+        {"id": "sum", "tool": "echo", "depends_on": ["each"]},
+    ]
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "fan-1", tasks, {"list": TaskState.DONE, "each": TaskState.FANNED_OUT})
+        items = [
+            TaskRecord(
+                tree_id="fan-1", task_id=f"each[{i}]", tool="echo", state=TaskState.RUNNING, parent="each"
+            )
+            for i in range(50)
+        ]
+        web.writer.add_tasks("fan-1", items)
+        with browser_page(chromium, "ops", USERS["ops"]) as page:
+            page.goto(f"{web.url}/trees/fan-1")
+            page.evaluate("window.notReloaded = true")
+            group = page.locator('#graph g.node[data-group="each[*]"]')
+            assert page.locator("#graph g.node").count() == 4  # list, each, its 50 items as one, sum
+            assert group.get_attribute("data-state") == "running"
+            assert group.locator("text.count").text_content() == "×50 · 50 running"
+            for i in range(30):
+                web.writer.end_tasks(
+                    "fan-1", from_states={TaskState.RUNNING}, state=TaskState.DONE, reason="", finished_at=T0 + 9,
+                    task_id=f"each[{i}]",
+                )  # fmt: skip
+            wait_until(
+                lambda: group.locator("text.count").text_content() == "×50 · 30 done · 20 running",
+                timeout=30,
+                what="the group's count to follow its items",
+            )
+            assert group.get_attribute("data-state") == "running"
+            web.writer.end_tasks(
+                "fan-1",
+                from_states={TaskState.RUNNING},
+                state=TaskState.FAILED,
+                reason="",
+                finished_at=T0 + 9,
+            )
+            wait_until(
+                lambda: group.get_attribute("data-state") == "failed", timeout=30, what="the group to fail"
+            )
+            assert page.evaluate("window.notReloaded") is True, "the page updated by reloading"

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
-from brain.web.views import client_rows, clock, layout, timeline, waits_for
+from brain.web.views import (
+    client_rows,
+    clock,
+    group_counts,
+    group_label,
+    group_state,
+    layout,
+    timeline,
+    waits_for,
+)
 
 S = TaskState
 
@@ -37,7 +46,9 @@ def test_columns_follow_the_longest_chain_of_dependencies() -> None:
     assert sorted(graph.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
 
 
-def test_a_fan_outs_items_sit_after_it_and_its_dependents_after_them_drawn_from_the_fanned_out_task() -> None:
+def test_a_fan_outs_items_are_one_node_after_it_with_their_count_by_state_and_dependents_drawn_from_it() -> (
+    None
+):
     tree = tree_of(
         [
             {"id": "list", "tool": "echo"},
@@ -45,12 +56,21 @@ def test_a_fan_outs_items_sit_after_it_and_its_dependents_after_them_drawn_from_
             {"id": "sum", "tool": "echo", "depends_on": ["each"]},
         ]
     )
-    items = [rec(f"each[{i}]", parent="each") for i in range(3)]
-    graph = layout(tree, [rec("list", S.DONE), rec("each", S.FANNED_OUT, fan_out=3), rec("sum"), *items])
-    cols = {n.task.task_id: n.col for n in graph.nodes}
-    assert cols == {"list": 0, "each": 1, "each[0]": 2, "each[1]": 2, "each[2]": 2, "sum": 3}
-    assert ("each", "sum") in graph.edges and ("each", "each[1]") in graph.edges
-    assert not any(src.startswith("each[") for src, _ in graph.edges)
+    states = [S.DONE, S.RUNNING, S.DONE, S.FAILED]
+    items = [rec(f"each[{i}]", state, parent="each") for i, state in enumerate(states)]
+    graph = layout(tree, [rec("list", S.DONE), rec("each", S.FANNED_OUT, fan_out=4), rec("sum"), *items])
+    cols = {n.node_id: n.col for n in graph.nodes}
+    assert cols == {"list": 0, "each": 1, "each[*]": 2, "sum": 3}
+    (group,) = [n for n in graph.nodes if n.group is not None]
+    assert group.group == {"done": 2, "running": 1, "failed": 1}
+    assert sorted(graph.edges) == [("each", "each[*]"), ("each", "sum"), ("list", "each")]
+    assert group_state(group.group) == "running"
+    assert group_label(group.group) == "×4 · 2 done · 1 failed · 1 running"
+    assert group_state({"done": 3, "failed": 1}) == "failed" and group_state({"done": 3}) == "done"
+    assert group_counts({"each[0]": "done", "each[1]": "done", "sum": "pending", "x[3]": "failed"}) == {
+        "each[*]": {"done": 2},
+        "x[*]": {"failed": 1},
+    }
 
 
 def test_a_deep_chain_lays_out_without_recursion() -> None:
