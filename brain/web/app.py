@@ -38,6 +38,7 @@ from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
 from brain.web.views import (
     WAITING,
+    Seen,
     client_rows,
     group_counts,
     group_id,
@@ -119,6 +120,21 @@ def create_app(
             session = fresh = Csrf.new_session()
         return csrf.token(session), fresh
 
+    async def clients_seen() -> Seen | None:
+        """Who is connected and when each client was last seen, for the waits' "offline since"
+        (None without a brain connection: the waits then say when the work was parked)."""
+        if actions is None or not actions.available:
+            return None
+
+        def read(brain: Brain) -> Seen:
+            book = brain.scheduler.presence
+            return Seen(frozenset(book.sessions()), book.last_seen())
+
+        try:
+            return await run_in_threadpool(actions.run, read)
+        except (StackNotRunning, redis.RedisError):
+            return None
+
     async def act(
         request: Request, operation: Callable[[Brain, dict[str, list[str]]], object], then: str
     ) -> Response:
@@ -187,9 +203,12 @@ def create_app(
                 waiting = (
                     [k for k, v in states.items() if v in WAITING] if t.status is TreeStatus.RUNNING else []
                 )
-                rows.append(tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else []))
+                rows.append(
+                    tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else [], seen)
+                )
             return pages.trees_page(rows, status, user, users_seen)
 
+        seen = await clients_seen()
         return _html(await run_in_threadpool(read))
 
     async def tree(request: Request) -> Response:
@@ -201,10 +220,11 @@ def create_app(
                 return None
             tasks = store.get_tasks(tree_id)
             now = clock()
-            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks)
+            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks, seen)
             return pages.tree_page(record, tasks, layout(record, tasks), row, now, given)
 
         given, session = token(request)
+        seen = await clients_seen()
         text = await run_in_threadpool(read)
         return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text, session=session)
 

@@ -44,10 +44,21 @@ def seconds(span: float | None) -> str:
     return f"{int(span // 3600)}h{int(span % 3600 // 60):02d}m"
 
 
-def waits_for(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list[str]:
+@dataclass(frozen=True)
+class Seen:
+    """What the brain knows of clients now (``PresenceBook``): who is connected, and when each
+    one's last session ended."""
+
+    connected: frozenset[str]
+    last_seen: Mapping[str, float]
+
+
+def waits_for(
+    tree: TreeRecord, tasks: Sequence[TaskRecord], now: float, seen: Seen | None = None
+) -> list[str]:
     """What an unfinished tree waits for, one line per cause, e.g. "3 tasks waiting for
-    client laptop (parked since 02:14)". From the store only: when a client went offline is
-    not recorded, so the time said is when its oldest task was parked."""
+    client laptop (offline since 02:14)": with ``seen``, when that client went offline;
+    without it (or never recorded), when its oldest task was parked."""
     if tree.status.value != "running":
         return []
     parked: dict[str, list[TaskRecord]] = defaultdict(list)
@@ -68,6 +79,10 @@ def waits_for(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list
     for who, waiting in sorted(parked.items()):
         since = min((t.queued_at for t in waiting if t.queued_at), default=None)
         when = f" (parked since {clock(since)})" if since else ""
+        client = who.removeprefix("client ") if who.startswith("client ") else None
+        if seen is not None and client is not None and client not in seen.connected:
+            gone = seen.last_seen.get(client)
+            when = f" (offline since {clock(gone)})" if gone else when
         lines.append(f"{_tasks(len(waiting))} waiting for {who}{when}")
     for cid, n in sorted(approval.items()):
         lines.append(f"{_tasks(n)} awaiting its user's approval on client {cid}")
@@ -95,14 +110,20 @@ WAITING: frozenset[TaskState] = PARKED | {TaskState.AWAITING_APPROVAL, TaskState
 
 
 def tree_row(
-    tree: TreeRecord, states: Mapping[str, TaskState], now: float, waiting: Sequence[TaskRecord] = ()
+    tree: TreeRecord,
+    states: Mapping[str, TaskState],
+    now: float,
+    waiting: Sequence[TaskRecord] = (),
+    seen: Seen | None = None,
 ) -> TreeRow:
     """``states``: every task's (``Store.task_states``); ``waiting``: the records of those in
     ``WAITING`` (more are ignored), so a big tree's row does not parse every record."""
     counts = Counter(state.value for state in states.values())
     end = tree.finished_at or now
     return TreeRow(
-        tree_summary(tree, counts), seconds(max(end - tree.submitted_at, 0.0)), waits_for(tree, waiting, now)
+        tree_summary(tree, counts),
+        seconds(max(end - tree.submitted_at, 0.0)),
+        waits_for(tree, waiting, now, seen),
     )
 
 

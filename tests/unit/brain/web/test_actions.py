@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from brain.core.models import TaskState
+from brain.core.models import SessionKind, TaskState
 from brain.runtime.service import Brain
 from brain.stack.redis_server import RedisServer
 from brain.web.actions import Actions
@@ -149,6 +149,11 @@ def test_the_clients_page_shows_each_users_clients_last_seen_and_waiting_work_an
         tree({"id": "t", "tasks": [{"id": "r", "tool": "read_local_file", "args": {"path": "x"}}]}),
         user="ada",
     )
+    bound = brain.scheduler.submit(
+        tree({"id": "d", "tasks": [{"id": "r", "tool": "read_local_file", "args": {"path": "x"}}]}),
+        session=SessionKind.INTERACTIVE,
+        client_id="desk",
+    )
     actions = Actions(brain.settings, redis_server.url)
     try:
         store_path = brain.settings.data_dir / "vancetope.db"
@@ -173,6 +178,9 @@ def test_the_clients_page_shows_each_users_clients_last_seen_and_waiting_work_an
             assert other.status_code == 404 and "holds no changed tool nope" in other.text
             approved = browser.post(url, data={"tool": "lookup", "csrf": token.group(1)}, headers=origin)
             assert approved.status_code == 303 and approved.headers["location"] == "/clients"
+            # The trees page says since when the client its work waits for is gone.
+            row = re.search(rf'<tr data-tree-id="{bound.tree_id}".*?</tr>', browser.get("/trees").text)
+            assert row is not None and "1 task waiting for client desk (offline since " in row.group(0)
         # Pinned as announced: the agent's next announcement is accepted whole.
         announce(brain, "laptop", "s1", "Look it up, and mail it away.")
         session = book.session("laptop")

@@ -6,6 +6,7 @@ from typing import Any
 
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
 from brain.web.views import (
+    Seen,
     client_rows,
     clock,
     group_counts,
@@ -98,6 +99,22 @@ def test_what_a_running_tree_waits_for_one_line_per_cause() -> None:
     # A tree bound to a client: its parked work waits for that client.
     assert waits_for(tree_of([{"id": "c", "tool": "echo"}], "laptop"), [rec("c", S.BLOCKED)], 0.0) == [
         "1 task waiting for client laptop"
+    ]
+
+
+def test_parked_work_says_since_when_its_client_is_offline_when_the_brain_recorded_it() -> None:
+    tree = tree_of([{"id": x, "tool": "echo"} for x in "abc"])
+    tasks = [
+        rec("a", S.PENDING_CLIENT, client_id="laptop", queued_at=3600.0),
+        rec("b", S.BLOCKED, client_id="desk", queued_at=3600.0),
+        rec("c", S.BLOCKED, client_id="box", queued_at=3600.0),
+    ]
+    # desk is connected (its work is on its way); box never went offline since recorded.
+    seen = Seen(connected=frozenset({"desk"}), last_seen={"laptop": 7200.0, "desk": 60.0})
+    assert waits_for(tree, tasks, 10_000.0, seen) == [
+        f"1 task waiting for client box (parked since {clock(3600.0)})",
+        f"1 task waiting for client desk (parked since {clock(3600.0)})",
+        f"1 task waiting for client laptop (offline since {clock(7200.0)})",
     ]
 
 
