@@ -72,7 +72,7 @@ svg text {{font: 12px system-ui, sans-serif; pointer-events: none;}}
 svg .tool {{font-weight: 600;}}
 svg .edge {{stroke: #9ca3af; fill: none;}}
 rect.box {{stroke: #374151; stroke-width: 1;}}
-form.action {{display: inline; margin-left: 8px;}}
+form.action {{display: inline-block; margin: 0 8px 8px 0;}}
 .scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
 #details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
 {states}
@@ -374,7 +374,7 @@ def tree_page(
         f'<p><b id="status" data-status="{escape(s["status"])}">{escape(s["status"])}</b> · '
         f"user {escape(s['user'] or '—')} · submitted {escape(clock(tree.submitted_at))} · "
         f"duration {escape(row.duration)} · {len(tasks)} tasks"
-        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}{cancel}</p>"
+        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>{cancel}"
         f'<p id="counts">{_pills(s["counts"])}</p>'
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )
