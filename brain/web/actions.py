@@ -10,12 +10,14 @@ action: ``available`` is False and each action answers 503 saying what to set.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from brain.config import Settings
 from brain.errors import StackNotRunning
-from brain.runtime.service import Brain
+from brain.runtime.recorder import REGISTRY_MAX_AGE_S
+from brain.runtime.service import Brain, published_registry
 
 T = TypeVar("T")
 
@@ -29,6 +31,7 @@ class Actions:
     def __init__(self, settings: Settings, redis_url: str | None) -> None:
         self.settings, self.redis_url = settings, redis_url
         self._brain: Brain | None = None
+        self._registry_read_at = 0.0
         # One request at a time: the brain's store connection and caches are not shared
         # between threads, and operators' clicks are rare.
         self._lock = threading.Lock()
@@ -45,6 +48,11 @@ class Actions:
         with self._lock:
             if self._brain is None:
                 self._brain = Brain.connect(self.settings, self.redis_url)
+                self._registry_read_at = time.monotonic()
+            elif time.monotonic() - self._registry_read_at > REGISTRY_MAX_AGE_S:
+                # A long-lived process: the brain's reloads reach it as they reach the pools.
+                self._brain.scheduler.registry = published_registry(self._brain.hot, self.redis_url)
+                self._registry_read_at = time.monotonic()
             return operation(self._brain)
 
     def close(self) -> None:

@@ -16,7 +16,7 @@ from brain.runtime.service import Brain
 from brain.stack.redis_server import RedisServer
 from brain.web.actions import Actions
 from brain.web.csrf import COOKIE
-from tests.conftest import tree
+from tests.conftest import tree, wait_until
 from tests.unit.brain.web.served import USERS, served, stored_tree
 from workers.contracts import ClientConnected, ToolDescriptor, ToolType
 
@@ -188,5 +188,23 @@ def test_the_clients_page_shows_each_users_clients_last_seen_and_waiting_work_an
             session is not None and session.held_tools == [] and [t.name for t in session.tools] == ["lookup"]
         )
         assert book.last_seen().keys() == {"desk"}
+    finally:
+        actions.close()
+
+
+def test_the_web_views_brain_follows_a_registry_the_brain_publishes_after_it_connected(
+    brain_on_redis: Brain, redis_server: RedisServer
+) -> None:
+    brain_on_redis.publish_registry()
+    actions = Actions(brain_on_redis.settings, redis_server.url)
+    try:
+        assert actions.run(lambda b: b.scheduler.registry.changes) == []
+        reloaded = brain_on_redis.scheduler.registry.model_copy(update={"changes": ["added tool: lookup"]})
+        brain_on_redis.hot.put_registry(reloaded.model_dump(mode="json"))  # what a reload publishes
+        wait_until(
+            lambda: actions.run(lambda b: b.scheduler.registry.changes) == ["added tool: lookup"],
+            timeout=60,
+            what="the web view's brain to read the reloaded registry",
+        )
     finally:
         actions.close()
