@@ -35,6 +35,7 @@ from brain.core.report import tree_report
 from brain.core.submission import SubmitRequest
 from brain.core.treefile import load_tree, tree_from_data
 from brain.errors import BrainError, StackNotRunning, TreeNotFound
+from brain.runtime import operations
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, running_stack_url, without_agent
 from workers.contracts import channel_tree_events, client_queue
@@ -296,11 +297,7 @@ class Vancetope:
             pass
 
     def _cancel(self, tree_id: str, task_id: str | None) -> list[str]:
-        if self.brain.store.get_tree(tree_id) is None:
-            raise TreeNotFound(tree_id)
-        if task_id is not None and self.brain.store.get_task(tree_id, task_id) is None:
-            raise BrainError(f"tree {tree_id!r} has no task {task_id!r}")
-        return list(self.brain.sweeps.cancel(tree_id, task_id))
+        return operations.cancel(self.brain, tree_id, task_id)
 
 
 def connect(settings: Settings | None = None, *, redis_url: str | None = None) -> Vancetope:

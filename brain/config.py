@@ -212,6 +212,9 @@ class Settings(BaseSettings):
     gateway_port: int = Field(default=8765, ge=1, le=65535)
     gateway_max_tools: int = Field(default=40, ge=2)
     gateway_max_wait_s: float = Field(default=30.0, gt=0)
+    # Where the web view links a task's Celery task ids (Flower's /task/<id> pages). None: the
+    # Flower `vancetope up --flower` starts (http://127.0.0.1:5555, or the port it was given).
+    web_flower_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
 
     @field_validator("redis_url", "agent_broker_url")
     @classmethod

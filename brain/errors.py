@@ -55,7 +55,33 @@ class StoreError(BrainError):
     """The durable store failed or was given something it cannot hold."""
 
 
-class TreeNotFound(BrainError):
+class NotFound(BrainError):
+    """An operation (cancel, approve) named a tree, task or client the stack does not know."""
+
+
+class TreeNotFound(NotFound):
     def __init__(self, tree_id: str) -> None:
         self.tree_id = tree_id
         super().__init__(f"no task tree with id {tree_id!r} in the store (see `vancetope status`)")
+
+
+class TaskNotFound(NotFound):
+    # Named, not listed, beyond this many: a fan-out's tree has thousands of tasks.
+    SHOWN = 20
+
+    def __init__(self, tree_id: str, task_id: str, known: list[str]) -> None:
+        self.tree_id, self.task_id = tree_id, task_id
+        listed = ", ".join(known[: self.SHOWN]) + (
+            f" and {len(known) - self.SHOWN} more" if len(known) > self.SHOWN else ""
+        )
+        super().__init__(f"tree {tree_id!r} has no task {task_id!r}; its tasks: {listed or 'none'}")
+
+
+class ToolNotHeld(NotFound):
+    """approve-tools named a tool the client does not hold back for approval."""
+
+    def __init__(self, client_id: str, tools: list[str]) -> None:
+        self.client_id, self.tools = client_id, tools
+        super().__init__(
+            f"client {client_id!r} holds no changed tool {', '.join(tools)}; see `vancetope clients`"
+        )

@@ -155,6 +155,12 @@ def key_presence() -> str:
     return f"{KEY_NS}presence"
 
 
+def key_last_seen() -> str:
+    """Hash: client id -> when its last session ended (a disconnect or a missed heartbeat), so
+    `vancetope clients` and the web view say how long an offline client has been gone."""
+    return f"{KEY_NS}last-seen"
+
+
 def key_parked(owner: str) -> str:
     """List of ``{tree_id, task_id}`` waiting for a client, in order. ``owner`` is
     ``user:<name>`` or ``client:<id>``: whose connect may requeue them."""

@@ -21,9 +21,9 @@ from brain.cli.base import (
 )
 from brain.cli.display import clients_table
 from brain.config import Settings
-from brain.core.report import clients_report
 from brain.core.toolnames import clash_lines
-from brain.hot.toolpins import ToolPins
+from brain.errors import NotFound
+from brain.runtime import operations
 from brain.runtime.enrollment import enroll, revoke
 from brain.stack.embedded import running_stack_url
 from brain.stack.redis_server import write_private
@@ -40,22 +40,18 @@ def clients(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with running_brain(ctx.obj) as brain:
+        if as_json:
+            click.echo(json.dumps(operations.clients_view(brain), indent=2))
+            return
         book = brain.scheduler.presence
         marks = brain.clients.misbehaving.all()
         sessions = book.sessions()
         rtts = book.round_trips(sessions)
-        if as_json:
-            report = clients_report(
-                book.enrolled(),
-                sessions,
-                brain.scheduler.parked.waiting(),
-                brain.scheduler.registry,
-                misbehaving=marks,
-                round_trips=rtts,
+        console.print(
+            clients_table(
+                book.enrolled(), sessions, brain.scheduler.parked.waiting(), marks, rtts, book.last_seen()
             )
-            click.echo(json.dumps(report, indent=2))
-            return
-        console.print(clients_table(book.enrolled(), sessions, brain.scheduler.parked.waiting(), marks, rtts))
+        )
         registry = brain.scheduler.registry
         for cid, session in sorted(sessions.items()):
             # A client's MCP tool the registry's bare name does not mean (brain.core.toolnames).
@@ -136,13 +132,10 @@ def clients_approve_tools(settings: Settings, client_id: str, tools: tuple[str, 
     """Accept the changed definitions of CLIENT_ID's TOOLS (all its held tools if none named):
     they are pinned as now announced and routed to again once the agent re-announces."""
     with running_brain(settings) as brain:
-        session = brain.scheduler.presence.session(client_id)
-        held = session.held_tools if session else []
-        unknown = sorted(set(tools) - {t.name for t in held})
-        if unknown:
-            fail(f"client {client_id!r} holds no changed tool {', '.join(unknown)}; see `vancetope clients`",
-                  EXIT_BAD_INPUT)  # fmt: skip
-        approved = ToolPins(brain.hot.r).approve(client_id, held, tools)
+        try:
+            approved = operations.approve_tools(brain, client_id, tools)
+        except NotFound as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
     if not approved:
         console.print(f"client {client_id} has no tool whose definition changed")
         return

@@ -175,11 +175,13 @@ def clients_table(
     waiting: Mapping[str, int],
     misbehaving: Mapping[str, Any] | None = None,
     round_trips: Mapping[str, float | None] | None = None,
+    last_seen: Mapping[str, float] | None = None,
 ) -> Table:
     """Enrolled clients, their sessions, round trips and tools, the parked work each could
-    take, and why a suspended one is (brain.hot.misbehaving)."""
+    take, since when an offline one is gone, and why a suspended one is (brain.hot.misbehaving)."""
     marks = misbehaving or {}
     rtts = round_trips or {}
+    seen = last_seen or {}
     table = Table(title="client agents", title_justify="left")
     for col in ("client", "user", "state", "type", "round trip", "tools", "waiting for it"):
         table.add_column(col, overflow="fold")
@@ -195,7 +197,10 @@ def clients_table(
         if cid in marks:
             state = Text(f"misbehaving: {marks[cid].shown()}", style="bold red")
         else:
-            state = Text("connected", style="green") if session else Text("offline", style="dim")
+            gone = (
+                f" since {time.strftime('%Y-%m-%d %H:%M', time.localtime(seen[cid]))}" if cid in seen else ""
+            )
+            state = Text("connected", style="green") if session else Text(f"offline{gone}", style="dim")
         table.add_row(
             Text(cid),
             Text(enrollment.user),

@@ -70,13 +70,14 @@ from brain.errors import (
     InvalidFile,
     InvalidRegistry,
     InvalidTaskTree,
+    NotFound,
     StackAlreadyRunning,
     StackNotRunning,
 )
 from brain.hot.boundary import unreachable
 from brain.hot.gate import Gate
 from brain.hot.queues import QueuesReport, queues_report
-from brain.runtime import vault
+from brain.runtime import operations, vault
 from brain.runtime.registry import build_registry
 from brain.runtime.scheduler import new_tree_id
 from brain.runtime.service import Brain
@@ -802,10 +803,8 @@ def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
     when that client comes back.
     """
     with running_brain(settings) as brain:
-        if brain.store.get_tree(tree_id) is None:
-            fail(f"no task tree {tree_id!r}; `vancetope status` lists them", EXIT_BAD_INPUT)
-        if task_id is not None and brain.store.get_task(tree_id, task_id) is None:
-            known = ", ".join(r.task_id for r in brain.store.get_tasks(tree_id))
-            fail(f"tree {tree_id!r} has no task {task_id!r}; its tasks: {known}", EXIT_BAD_INPUT)
-        done = brain.sweeps.cancel(tree_id, task_id)
+        try:
+            done = operations.cancel(brain, tree_id, task_id)
+        except NotFound as exc:
+            fail(str(exc), EXIT_BAD_INPUT)
     console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from brain.cli.base import EXIT_BAD_INPUT, cli, err, fail
 from brain.config import Settings
-from brain.stack.embedded import stack_env, web_argv
+from brain.stack.embedded import running_stack_url, stack_env, web_argv
 from brain.stack.webauth import WEB_PORT, WebUnprotected, web_access
 
 
@@ -21,7 +21,9 @@ from brain.stack.webauth import WEB_PORT, WebUnprotected, web_access
 def web(settings: Settings, host: str, port: int) -> None:
     """Serve the web view (trees, a tree's graph and timeline, live) in the foreground.
 
-    It reads the store (the `store` setting) read-only and needs no Redis. It asks for a
+    It reads the store (the `store` setting) for its pages; with the brain's Redis URL
+    (VANCETOPE_REDIS_URL, or the stack `vancetope up` runs here) it also cancels, approves
+    changed tools and shows the clients page. It asks for a
     password on every address, loopback too: VANCETOPE_WEB_BASIC_AUTH=user:password if set,
     else user 'vancetope' and a password generated into <data_dir>/web.secret.
     """
@@ -29,9 +31,11 @@ def web(settings: Settings, host: str, port: int) -> None:
         access = web_access(host, settings.data_dir, os.environ)
     except WebUnprotected as exc:
         fail(str(exc), EXIT_BAD_INPUT)
-    env = stack_env(settings, "")
-    for variable in ("VANCETOPE_REDIS_URL", "VANCETOPE_VAULT_KEY"):
-        env.pop(variable, None)
+    # The brain's Redis URL, when a stack answers here, for the actions and the clients page.
+    env = stack_env(settings, settings.redis_url or running_stack_url(settings) or "")
+    env.pop("VANCETOPE_VAULT_KEY", None)
+    if not env["VANCETOPE_REDIS_URL"]:
+        env.pop("VANCETOPE_REDIS_URL")
     env.update(access.env())
     shown = f"[{host}]" if ":" in host else host
     err.print(escape(f"web: http://{shown}:{port}/ ({access.login()})"), highlight=False, soft_wrap=True)

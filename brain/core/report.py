@@ -52,12 +52,14 @@ def clients_report(
     registry: RegistrySnapshot | None = None,
     misbehaving: Mapping[str, Mark] | None = None,
     round_trips: Mapping[str, float | None] | None = None,
+    last_seen: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """`vancetope clients --json`: every enrolled client (never its secret's hash), its session,
-    its round trip to Redis, the parked work it could take and why it is suspended, if it is;
-    and the registry's last (re)load."""
+    its round trip to Redis, when its last session ended, the parked work it could take and why
+    it is suspended, if it is; and the registry's last (re)load."""
     marks = misbehaving or {}
     rtts = round_trips or {}
+    seen = last_seen or {}
     clients = []
     for cid, enrollment in sorted(enrolled.items()):
         session = sessions.get(cid)
@@ -71,6 +73,9 @@ def clients_report(
                 "connected_at": session.connected_at if session else None,
                 # As its agent measured it (median of its last heartbeats); null if not said.
                 "round_trip_ms": rtts.get(cid) if session else None,
+                # When its last session ended (a disconnect or a missed heartbeat); null if none
+                # was recorded. While connected, that of the session before.
+                "last_seen": seen.get(cid),
                 "tools": sorted(t.name for t in session.tools) if session else [],
                 # Definitions changed since pinned: not routed to until `clients approve-tools`.
                 "held_tools": sorted(t.name for t in session.held_tools) if session else [],

@@ -12,6 +12,7 @@ import logging
 import time
 import zlib
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import redis
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ from workers.contracts import (
     ClientConnected,
     client_key,
     client_queue,
+    key_last_seen,
     key_presence,
 )
 
@@ -105,13 +107,29 @@ class PresenceBook:
         pipe.hset(key_presence(), client_id, session_json)
         pipe.execute()
 
-    def disconnect(self, client_id: str, session_id: str | None = None) -> ClientSession | None:
-        """Forget a client's session (only that session, when ``session_id`` is given)."""
+    def disconnect(
+        self, client_id: str, session_id: str | None = None, now: float | None = None
+    ) -> ClientSession | None:
+        """Forget a client's session (only that session, when ``session_id`` is given), and
+        record when it was last seen."""
         current = self.session(client_id)
         if current is None or (session_id is not None and current.session_id != session_id):
             return None
-        self.r.hdel(key_presence(), client_id)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hdel(key_presence(), client_id)
+        pipe.hset(key_last_seen(), client_id, repr(time.time() if now is None else now))
+        pipe.execute()
         return current
+
+    def last_seen(self) -> dict[str, float]:
+        """Client id -> when its last session ended (those recorded since this was added)."""
+        seen: dict[str, float] = {}
+        for k, v in self._hash(key_last_seen()).items():
+            try:
+                seen[as_text(k)] = float(v)
+            except ValueError:
+                continue  # the brain writes these; a value that is no number says nothing
+        return seen
 
     def session(self, client_id: str) -> ClientSession | None:
         try:
@@ -128,12 +146,7 @@ class PresenceBook:
             return None  # as in ``sessions``: an entry that does not parse is no session
 
     def sessions(self) -> dict[str, ClientSession]:
-        try:
-            raw = self.r.hgetall(key_presence())
-        except redis.ResponseError as exc:
-            if not is_wrong_type(exc):
-                raise
-            return {}  # no hash, no session (``connect`` replaces the key)
+        raw = self._hash(key_presence())  # no hash, no session (``connect`` replaces the key)
         sessions: dict[str, ClientSession] = {}
         for k, v in raw.items():
             cid = as_text(k)
@@ -149,6 +162,15 @@ class PresenceBook:
         if len(parsed) > len(sessions):  # clients gone: their sessions go from the cache too
             self._parsed = {cid: parsed[cid] for cid in sessions if cid in parsed}
         return sessions
+
+    def _hash(self, key: str) -> dict[bytes, bytes]:
+        """A hash's fields, or none when another party made the key something else."""
+        try:
+            return cast(dict[bytes, bytes], self.r.hgetall(key))
+        except redis.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            return {}
 
     def _parse(self, client_id: str, raw: bytes | str) -> ClientSession:
         """``raw`` parsed, or the session parsed from the very same bytes last time."""

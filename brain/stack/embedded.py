@@ -308,10 +308,15 @@ class EmbeddedStack:
     def _argv_env(self, name: str) -> tuple[list[str], dict[str, str]]:
         if name == "web":
             assert self.web_port is not None and self.web_access is not None
-            # It reads the store only: no Redis credential, no vault key.
-            env = stack_env(self.settings, "")
-            for variable in ("VANCETOPE_REDIS_URL", "VANCETOPE_VAULT_KEY"):
-                env.pop(variable, None)
+            # Its actions (cancel, approve tools) and clients page go through a brain: the
+            # brain's Redis user and a writable store (docs/web.md, "Who may open it"). No vault key.
+            env = stack_env(self.settings, self.service_url("brain"))
+            env.pop("VANCETOPE_VAULT_KEY", None)
+            if self.settings.web_flower_url is None and self.flower_port is not None:
+                # Its task links go to the Flower this stack runs, wherever it was put.
+                address = self.flower_access.address if self.flower_access else "127.0.0.1"
+                shown = "127.0.0.1" if address in ("0.0.0.0", "::") else address
+                env["VANCETOPE_WEB_FLOWER_URL"] = f"http://{shown}:{self.flower_port}"
             env.update(self.web_access.env())
             return web_argv(self.web_port, self.web_access.address), env
         if name == "gateway":

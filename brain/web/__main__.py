@@ -1,6 +1,7 @@
 """``python -m brain.web --host H --port P``: the web view's process (what `vancetope web` and
-`vancetope up` run). The store from the settings (``VANCETOPE_STORE``...), opened read-only; the
-password from ``VANCETOPE_WEB_BASIC_AUTH`` in the environment (never on the command line),
+`vancetope up` run). The store from the settings (``VANCETOPE_STORE``...), opened read-only for
+the pages; the brain's Redis URL (``VANCETOPE_REDIS_URL``), if given, for the actions and the
+clients page (brain.web.actions); the password from ``VANCETOPE_WEB_BASIC_AUTH`` in the environment (never on the command line),
 without which it does not start."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from brain.stack.webauth import (
     credentials,
 )
 from brain.store import Store, open_store
-from brain.web.app import create_app
+from brain.web.actions import Actions
+from brain.web.app import DEFAULT_FLOWER_URL, create_app
 
 # A read-only store opens an existing database: the brain creates it as it starts.
 STORE_WAIT_S = 120.0
@@ -63,15 +65,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrainError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, StoreError) else 2
+    actions = Actions(settings, settings.redis_url)
+    if not actions.available:
+        log.info("no VANCETOPE_REDIS_URL: serving pages only (no cancel, no approve, no clients page)")
     app = create_app(
         store,
         address=args.host,
         users=users,
         unauthorized=os.environ.get(UNAUTHORIZED_VARIABLE) or UNAUTHORIZED_DEFAULT,
+        actions=actions,
+        flower_url=settings.web_flower_url or DEFAULT_FLOWER_URL,
     )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
     finally:
+        actions.close()
         store.close()
     return 0
 

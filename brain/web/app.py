@@ -1,12 +1,12 @@
 """The web view as a Starlette app (layer: brain/web): ``/trees``, ``/trees/<id>``, a task's
-details, and a tree's live updates as server-sent events.
+details, a tree's live updates as server-sent events, and the actions (cancel a tree or a
+task) behind a CSRF token (brain.web.csrf).
 
-It reads the store only, read-only (``open_store(..., read_only=True)``: SQLite ``mode=ro``;
-MongoDB as the URL's user), through the same store calls ``vancetope status`` makes; it needs
-no Redis. Live updates poll the store's ``task_states`` (an index read, not whole records)
+Its pages read the store read-only (``open_store(..., read_only=True)``: SQLite ``mode=ro``;
+MongoDB as the URL's user), through the same store calls ``vancetope status`` makes; the
+actions go through a brain connection (brain.web.actions). Live updates poll the store's ``task_states`` (an index read, not whole records)
 every ``poll_s`` for each open tree page and send what changed: a change shows within about
-half a second whoever made it (brain, server pool, relay), with no wake-up channel to miss and
-no Redis credential to hold.
+half a second whoever made it (brain, server pool, relay), with no wake-up channel to miss.
 """
 
 from __future__ import annotations
@@ -16,20 +16,50 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
+from importlib import resources
+from urllib.parse import parse_qs, quote
 
+import redis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from brain.core.fanout import parent_of
 from brain.core.models import TaskState, TreeStatus
+from brain.errors import NotFound, StackNotRunning
+from brain.runtime import operations
+from brain.runtime.service import Brain
 from brain.store import Store
 from brain.web import pages
+from brain.web.actions import NO_REDIS, Actions
+from brain.web.csrf import COOKIE, FIELD, HEADER, Csrf
 from brain.web.guard import Guard
-from brain.web.views import WAITING, layout, matches, tree_row
+from brain.web.views import (
+    WAITING,
+    Seen,
+    client_rows,
+    group_counts,
+    group_id,
+    group_label,
+    group_state,
+    group_title,
+    layout,
+    matches,
+    tree_row,
+)
 
+# The vendored libraries the pages load (brain/web/static/vendor/README.md), read once.
+VENDORED = {
+    name: (resources.files("brain.web") / "static" / "vendor" / name).read_bytes() for name in (pages.DAGRE,)
+}
 POLL_S = 0.5
+# The Flower `vancetope up --flower` starts (brain.cli.services.FLOWER_PORT).
+DEFAULT_FLOWER_URL = "http://127.0.0.1:5555"
+# An action's form is a token and a few names; a session cookie is ours (Csrf.new_session).
+MAX_FORM_BYTES = 16_384
+MAX_SESSION_CHARS = 64
 # A comment line this often keeps proxies from closing a quiet event stream.
 KEEPALIVE_S = 15.0
 # How many of the newest trees /trees looks at before filtering.
@@ -37,15 +67,18 @@ RECENT_TREES = 200
 SHOWN_TREES = 50
 
 
-def _html(text: str, status: int = 200) -> HTMLResponse:
-    """A page with its inline script allowed by a nonce and nothing else from anywhere."""
+def _html(text: str, status: int = 200, session: str | None = None) -> HTMLResponse:
+    """A page with its inline script allowed by a nonce and nothing else from anywhere;
+    ``session``: a new CSRF session cookie to set (brain.web.csrf)."""
     nonce = secrets.token_urlsafe(16)
+    cookie = {"Set-Cookie": Csrf.cookie(session)} if session else {}
     return HTMLResponse(
         text.replace("<script>", f'<script nonce="{nonce}">'),
         status_code=status,
         headers={
+            **cookie,
             "Content-Security-Policy": (
-                f"default-src 'self'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; "
+                f"default-src 'self'; script-src 'self' 'nonce-{nonce}'; style-src 'unsafe-inline'; "
                 "img-src 'self' data:; frame-ancestors 'none'; form-action 'self'"
             ),
             "X-Content-Type-Options": "nosniff",
@@ -67,8 +100,90 @@ def create_app(
     unauthorized: str,
     clock: Callable[[], float] = time.time,
     poll_s: float = POLL_S,
+    actions: Actions | None = None,
+    flower_url: str | None = None,
 ) -> Guard:
-    """The app behind its guard (``brain.web.guard``): no route is reachable without it."""
+    """The app behind its guard (``brain.web.guard``): no route is reachable without it.
+    ``actions``: the brain connection cancel and approve go through (None or without a Redis
+    URL: pages only, and each action answers 503); ``flower_url``: where a task's Celery task
+    ids link (Flower's task pages; None: not linked)."""
+    csrf = Csrf()
+
+    def token(request: Request) -> tuple[str | None, str | None]:
+        """(the CSRF token a page gives its forms, None when no action is offered; the session
+        cookie to set when the browser has none)."""
+        if actions is None or not actions.available:
+            return None, None
+        session = request.cookies.get(COOKIE)
+        fresh = None
+        if not session or len(session) > MAX_SESSION_CHARS:
+            session = fresh = Csrf.new_session()
+        return csrf.token(session), fresh
+
+    async def clients_seen() -> Seen | None:
+        """Who is connected and when each client was last seen, for the waits' "offline since"
+        (None without a brain connection: the waits then say when the work was parked)."""
+        if actions is None or not actions.available:
+            return None
+
+        def read(brain: Brain) -> Seen:
+            book = brain.scheduler.presence
+            return Seen(frozenset(book.sessions()), book.last_seen())
+
+        try:
+            return await run_in_threadpool(actions.run, read)
+        except (StackNotRunning, redis.RedisError):
+            return None
+
+    async def act(
+        request: Request, operation: Callable[[Brain, dict[str, list[str]]], object], then: str
+    ) -> Response:
+        """Check the posted CSRF token against the session cookie, run ``operation`` through
+        the brain (with the posted form), then send the browser to ``then``."""
+        form = parse_qs((await request.body())[:MAX_FORM_BYTES].decode("utf-8", "replace"))
+        given = request.headers.get(HEADER) or next(iter(form.get(FIELD, [])), None)
+        if not csrf.valid(request.cookies.get(COOKIE), given):
+            return PlainTextResponse(
+                "403 Forbidden: this action's CSRF token is missing or stale (the web view may have "
+                "restarted): reload the page and try again\n",
+                status_code=403,
+            )
+        if actions is None or not actions.available:
+            return PlainTextResponse(f"503 Service Unavailable: {NO_REDIS}\n", status_code=503)
+        try:
+            await run_in_threadpool(actions.run, lambda brain: operation(brain, form))
+        except NotFound as exc:
+            return _not_found(str(exc))
+        except (StackNotRunning, redis.RedisError) as exc:
+            return PlainTextResponse(f"503 Service Unavailable: {exc}\n", status_code=503)
+        return RedirectResponse(then, 303)
+
+    async def cancel(request: Request) -> Response:
+        tree_id, task_id = request.path_params["tree_id"], request.path_params.get("task_id")
+        return await act(
+            request,
+            lambda brain, _: operations.cancel(brain, tree_id, task_id),
+            f"/trees/{quote(tree_id, safe='')}",
+        )
+
+    async def approve_tools(request: Request) -> Response:
+        client_id = request.path_params["client_id"]
+        return await act(
+            request,
+            # The tools the page showed held: one held since is not approved unseen.
+            lambda brain, form: operations.approve_tools(brain, client_id, form.get("tool", [])),
+            "/clients",
+        )
+
+    async def clients(request: Request) -> Response:
+        if actions is None or not actions.available:
+            return _html(pages.unavailable_page("Clients", NO_REDIS), 503)
+        given, session = token(request)
+        try:
+            report = await run_in_threadpool(actions.run, operations.clients_view)
+        except (StackNotRunning, redis.RedisError) as exc:
+            return _html(pages.unavailable_page("Clients", str(exc)), 503)
+        return _html(pages.clients_page(client_rows(report, clock()), given), session=session)
 
     async def trees(request: Request) -> Response:
         status = request.query_params.get("status") or None
@@ -88,9 +203,12 @@ def create_app(
                 waiting = (
                     [k for k, v in states.items() if v in WAITING] if t.status is TreeStatus.RUNNING else []
                 )
-                rows.append(tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else []))
+                rows.append(
+                    tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else [], seen)
+                )
             return pages.trees_page(rows, status, user, users_seen)
 
+        seen = await clients_seen()
         return _html(await run_in_threadpool(read))
 
     async def tree(request: Request) -> Response:
@@ -102,11 +220,13 @@ def create_app(
                 return None
             tasks = store.get_tasks(tree_id)
             now = clock()
-            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks)
-            return pages.tree_page(record, tasks, layout(record, tasks), row, now)
+            row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks, seen)
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given)
 
+        given, session = token(request)
+        seen = await clients_seen()
         text = await run_in_threadpool(read)
-        return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text)
+        return _not_found(f"no task tree {tree_id!r}") if text is None else _html(text, session=session)
 
     async def task(request: Request) -> Response:
         tree_id, task_id = request.path_params["tree_id"], request.path_params["task_id"]
@@ -114,9 +234,10 @@ def create_app(
         rec = await run_in_threadpool(store.get_task, tree_id, task_id) if record else None
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
+        given, session = token(request)
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec))
-        return _html(pages.task_page(record, rec))
+            return _html(pages.task_details(record, rec, given, flower_url), session=session)
+        return _html(pages.task_page(record, rec, given, flower_url), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]
@@ -126,6 +247,16 @@ def create_app(
             _changes(request, store, tree_id, poll_s),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def vendored(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in VENDORED:  # the listed files only: no path reaches anything else
+            return PlainTextResponse("404 Not Found\n", 404)
+        return Response(
+            VENDORED[name],
+            media_type="text/javascript",
+            headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "private, max-age=3600"},
         )
 
     async def root(request: Request) -> Response:
@@ -138,6 +269,11 @@ def create_app(
             Route("/trees/{tree_id}", tree),
             Route("/trees/{tree_id}/events", events),
             Route("/trees/{tree_id}/tasks/{task_id}", task),
+            Route("/trees/{tree_id}/cancel", cancel, methods=["POST"]),
+            Route("/trees/{tree_id}/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+            Route("/clients", clients),
+            Route("/static/vendor/{name}", vendored),
+            Route("/clients/{client_id}/approve-tools", approve_tools, methods=["POST"]),
         ]
     )
     return Guard(app, address=address, users=users, unauthorized=unauthorized)
@@ -160,8 +296,15 @@ async def _changes(request: Request, store: Store, tree_id: str, poll_s: float) 
                 await asyncio.sleep(poll_s)
                 continue
             counts = dict(Counter(states.values()))
+            touched = {group_id(p) for p in map(parent_of, changed) if p is not None}
+            groups = {
+                gid: {"state": group_state(c), "label": group_label(c), "title": group_title(gid[:-3], c)}
+                for gid, c in group_counts(states).items()
+                if gid in touched
+            }
             payload: dict[str, object] = {
                 "states": changed,
+                "groups": groups,
                 "status": status.value,
                 "counts_html": pages.counts_html(counts),
                 # Tasks the page was not drawn with (a fan-out's items): it lays itself out again.

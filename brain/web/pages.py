@@ -13,13 +13,19 @@ from html import escape
 from urllib.parse import quote
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.web.csrf import FIELD
 from brain.web.views import (
     NODE_H,
     NODE_W,
+    ClientRow,
     Graph,
     TreeRow,
     badges,
     clock,
+    group_id,
+    group_label,
+    group_state,
+    group_title,
     seconds,
     timeline,
     waiting_reason,
@@ -61,23 +67,51 @@ td, th {{border-bottom: 1px solid #e5e7eb; padding: 4px 8px; text-align: left; v
 .pill {{display: inline-block; border-radius: 8px; padding: 0 6px; margin: 1px; font-size: 12px;}}
 .waits {{color: #9a3412;}}
 .muted {{color: #6b7280;}}
+.ok {{color: #166534;}}
 svg text {{font: 12px system-ui, sans-serif; pointer-events: none;}}
 svg .tool {{font-weight: 600;}}
 svg .edge {{stroke: #9ca3af; fill: none;}}
 rect.box {{stroke: #374151; stroke-width: 1;}}
+form.action {{display: inline-block; margin: 0 8px 8px 0;}}
 .scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
 #details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
 {states}
 """
 
 
-def page(title: str, body: str, script: str = "") -> str:
+# An action's form asks before it posts (its data-confirm says what will happen).
+CONFIRM_SCRIPT = """
+document.addEventListener('submit', (e) => {
+  const ask = e.target.dataset.confirm;
+  if (ask && !confirm(ask)) e.preventDefault();
+});
+"""
+
+
+def action_form(
+    action: str, csrf: str, label: str, confirm: str, fields: Sequence[tuple[str, str]] = ()
+) -> str:
+    """A POST form of one button carrying the page's CSRF token (brain.web.csrf)."""
+    hidden = "".join(
+        f'<input type=hidden name="{escape(k)}" value="{escape(v)}">' for k, v in [(FIELD, csrf), *fields]
+    )
+    return (
+        f'<form method=post class=action action="{escape(action)}" data-confirm="{escape(confirm)}">'
+        f"{hidden}<button>{escape(label)}</button></form>"
+    )
+
+
+def page(title: str, body: str, script: str = "", vendored: Sequence[str] = ()) -> str:
+    """``vendored``: files of brain/web/static/vendor the page loads before its own script."""
+    if "data-confirm=" in body:
+        script += CONFIRM_SCRIPT
+    libraries = "".join(f'<script src="/static/vendor/{quote(name)}"></script>' for name in vendored)
     return (
         "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
         f"<title>{escape(title)} — Vancetope</title><style>{_css()}</style></head><body>"
         '<header><a href="/trees"><b>Vancetope</b></a><a href="/trees">Trees</a>'
-        '<a href="/trees?status=running">Running</a></header>'
-        f"<main>{body}</main>{f'<script>{script}</script>' if script else ''}</body></html>"
+        '<a href="/trees?status=running">Running</a><a href="/clients">Clients</a></header>'
+        f"<main>{body}</main>{libraries}{f'<script>{script}</script>' if script else ''}</body></html>"
     )
 
 
@@ -142,6 +176,24 @@ def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
     )
 
 
+def _group_node(tree_id: str, x: int, y: int, first: TaskRecord, counts: dict[str, int]) -> str:
+    """A fan-out's items as one node: the count by state, coloured by ``group_state``; a click
+    opens the fanned-out task."""
+    parent = first.parent or ""
+    label = group_label(counts)
+    href = f"/trees/{quote(tree_id, safe='')}/tasks/{quote(parent, safe='')}"
+    return (
+        f'<a href="{escape(href)}"><g class="node group" data-group="{escape(group_id(parent))}" '
+        f'data-state="{group_state(counts)}" transform="translate({x},{y})">'
+        f"<title>{escape(group_title(parent, counts))}</title>"
+        f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+        f'<rect class="box" x="3" y="3" width="{NODE_W}" height="{NODE_H}" rx="6" opacity="0.5"/>'
+        f'<text x="6" y="14" class="tool">{escape(_fit(f"{parent}[…]"))}</text>'
+        f'<text x="6" y="28">{escape(_fit(first.tool))}</text>'
+        f'<text x="6" y="41" class="muted count">{escape(_fit(label))}</text></g></a>'
+    )
+
+
 # About this many characters of 12px text fit in a node; the tooltip has the rest.
 NODE_CHARS = 30
 
@@ -157,10 +209,19 @@ def graph_svg(tree_id: str, graph: Graph) -> str:
         x1, y1 = a.x + NODE_W, a.y + NODE_H // 2
         x2, y2 = b.x, b.y + NODE_H // 2
         mid = (x1 + x2) // 2
-        edges.append(f'<path class="edge" d="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>')
-    nodes = [_node(tree_id, n.x, n.y, n.task) for n in graph.nodes]
+        edges.append(
+            f'<path class="edge" data-from="{escape(src)}" data-to="{escape(dst)}" '
+            f'd="M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"/>'
+        )
+    nodes = [
+        _node(tree_id, n.x, n.y, n.task)
+        if n.group is None
+        else _group_node(tree_id, n.x, n.y, n.task, n.group)
+        for n in graph.nodes
+    ]
     return (
-        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}">'
+        f'<svg id="graph" xmlns="http://www.w3.org/2000/svg" width="{graph.width}" height="{graph.height}" '
+        f'data-node-w="{NODE_W}" data-node-h="{NODE_H}">'
         f"{''.join(edges)}{''.join(nodes)}</svg>"
     )
 
@@ -212,9 +273,43 @@ def timeline_svg(tasks: Sequence[TaskRecord], now: float) -> str:
     )
 
 
+# The graph laid out by dagre (brain/web/static/vendor): the server draws the nodes in columns
+# by dependency depth (readable without script), this moves them and routes the edges.
+DAGRE = "dagre.min.js"
+LAYOUT_SCRIPT = """
+(() => {
+  const svg = document.getElementById('graph');
+  if (!svg || typeof dagre === 'undefined') return;
+  const w = Number(svg.dataset.nodeW), h = Number(svg.dataset.nodeH);
+  const g = new dagre.graphlib.Graph();
+  g.setGraph({rankdir: 'LR', nodesep: 14, edgesep: 10, ranksep: 70, marginx: 10, marginy: 16});
+  g.setDefaultEdgeLabel(() => ({}));
+  const nodes = svg.querySelectorAll('g.node');
+  const id = (n) => n.dataset.taskId || n.dataset.group;  // a task, or a fan-out's items
+  nodes.forEach(n => g.setNode(id(n), {width: w, height: h}));
+  const edges = [...svg.querySelectorAll('path.edge')];
+  edges.forEach(e => g.setEdge(e.dataset.from, e.dataset.to));
+  dagre.layout(g);
+  nodes.forEach(n => {
+    const p = g.node(id(n));
+    n.setAttribute('transform', `translate(${p.x - w / 2},${p.y - h / 2})`);
+  });
+  edges.forEach(e => {
+    const points = g.edge(e.dataset.from, e.dataset.to).points;
+    e.setAttribute('d', 'M' + points.map(p => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(' L'));
+  });
+  svg.setAttribute('width', Math.ceil(g.graph().width));
+  svg.setAttribute('height', Math.ceil(g.graph().height));
+  svg.dataset.layout = 'dagre';
+})();
+"""
+
 LIVE_SCRIPT = """
 const nodes = new Map();
-document.querySelectorAll('#graph g.node').forEach(n => nodes.set(n.dataset.taskId, n));
+const groups = new Map();
+document.querySelectorAll('#graph g.node').forEach(n => {
+  if (n.dataset.group) groups.set(n.dataset.group, n); else nodes.set(n.dataset.taskId, n);
+});
 const status = document.getElementById('status');
 const counts = document.getElementById('counts');
 const source = new EventSource(location.pathname.replace(/\\/$/, '') + '/events');
@@ -223,6 +318,13 @@ source.onmessage = (e) => {
   for (const [id, state] of Object.entries(m.states || {})) {
     const n = nodes.get(id);
     if (n) n.setAttribute('data-state', state);
+  }
+  for (const [id, g] of Object.entries(m.groups || {})) {  // a fan-out's items: one node
+    const n = groups.get(id);
+    if (!n) continue;
+    n.setAttribute('data-state', g.state);
+    n.querySelector('text.count').textContent = g.label;
+    n.querySelector('title').textContent = g.title;
   }
   if (m.status) { status.textContent = m.status; status.dataset.status = m.status; }
   if (m.counts_html !== undefined) counts.innerHTML = m.counts_html;
@@ -240,26 +342,50 @@ document.getElementById('graph').addEventListener('click', async (e) => {
 """
 
 
-def tree_page(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, row: TreeRow, now: float) -> str:
+def _tree_url(tree_id: str) -> str:
+    return f"/trees/{quote(tree_id, safe='')}"
+
+
+def tree_page(
+    tree: TreeRecord,
+    tasks: Sequence[TaskRecord],
+    graph: Graph,
+    row: TreeRow,
+    now: float,
+    csrf: str | None = None,
+) -> str:
+    """``csrf``: the page's token when actions are offered (None: this web view has no brain
+    to act through)."""
     s = row.summary
+    final = tree.status is not TreeStatus.RUNNING
+    cancel = (
+        action_form(
+            f"{_tree_url(tree.tree_id)}/cancel",
+            csrf,
+            "Cancel tree",
+            f"Cancel every unfinished task of tree {tree.tree_id}?",
+        )
+        if csrf and not final
+        else ""
+    )
     waits = "".join(f"<li>{escape(w)}</li>" for w in row.waits)
     head = (
         f"<h1>Tree {escape(tree.tree_id)}</h1>"
         f'<p><b id="status" data-status="{escape(s["status"])}">{escape(s["status"])}</b> · '
         f"user {escape(s['user'] or '—')} · submitted {escape(clock(tree.submitted_at))} · "
         f"duration {escape(row.duration)} · {len(tasks)} tasks"
-        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>"
+        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>{cancel}"
         f'<p id="counts">{_pills(s["counts"])}</p>'
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )
     body = (
-        f"{head}<h2>Graph</h2><p class=muted>Columns by dependency depth; click a task for its details.</p>"
+        f"{head}<h2>Graph</h2><p class=muted>Laid out by dagre, left to right along <code>depends_on</code>; "
+        "click a task for its details.</p>"
         f'<div class="scroll">{graph_svg(tree.tree_id, graph)}</div><div id="details"></div>'
         f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
         f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
     )
-    final = tree.status is not TreeStatus.RUNNING
-    return page(f"Tree {tree.tree_id}", body, "" if final else LIVE_SCRIPT)
+    return page(f"Tree {tree.tree_id}", body, LAYOUT_SCRIPT + ("" if final else LIVE_SCRIPT), [DAGRE])
 
 
 def counts_html(counts: dict[str, int]) -> str:
@@ -270,7 +396,30 @@ def _when(at: float | None) -> str:
     return f"{clock(at)} ({at:.3f})" if at else "—"
 
 
-def task_details(tree: TreeRecord, t: TaskRecord) -> str:
+def flower_links(t: TaskRecord, flower_url: str | None) -> str:
+    """A task's Celery task ids (its run ids: the current one and each earlier attempt's),
+    each a link to Flower's page of that task."""
+    runs = [(f"attempt {a.number}", a.run_id) for a in t.attempts if a.run_id]
+    if t.run_id:
+        runs.append(("current" if runs else "", t.run_id))
+    if not runs:
+        return ""
+    base = (flower_url or "").rstrip("/")
+    links = ", ".join(
+        (f"{escape(label)} " if label else "")
+        + (
+            f'<a class="flower" href="{escape(base)}/task/{quote(run, safe="")}">{escape(run)}</a>'
+            if base
+            else escape(run)
+        )
+        for label, run in runs
+    )
+    return f"<p>Celery task id{'s' if len(runs) > 1 else ''} (Flower): {links}</p>"
+
+
+def task_details(
+    tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None
+) -> str:
     """A task's details: tool, route and why, attempts, timings, error. Argument names only,
     never their values (as Flower shows them); the result is not shown (`vancetope status TREE
     TASK` prints it)."""
@@ -308,19 +457,84 @@ def task_details(tree: TreeRecord, t: TaskRecord) -> str:
         f"{escape(' after ' + seconds(a.finished_at - a.started_at)) if a.started_at and a.finished_at else ''}</li>"
         for a in t.attempts
     )
+    cancel = (
+        action_form(
+            f"{_tree_url(tree.tree_id)}/tasks/{quote(t.task_id, safe='')}/cancel",
+            csrf,
+            "Cancel task",
+            f"Cancel task {t.task_id} (its dependents are skipped)?",
+        )
+        if csrf and not t.state.is_final
+        else ""
+    )
     return (
         f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>'
+        f"{flower_links(t, flower_url)}{cancel}"
         f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}"
         "<p class=muted>Argument values and the result are not shown here; "
         f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code> prints the result.</p></div>"
     )
 
 
-def task_page(tree: TreeRecord, t: TaskRecord) -> str:
-    back = f'<p><a href="/trees/{quote(tree.tree_id, safe="")}">← tree {escape(tree.tree_id)}</a></p>'
-    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t)}")
+def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None) -> str:
+    back = f'<p><a href="{_tree_url(tree.tree_id)}">← tree {escape(tree.tree_id)}</a></p>'
+    return page(
+        f"Task {t.task_id}",
+        f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf, flower_url)}",
+    )
 
 
 def event_data(payload: dict[str, object]) -> str:
     """One server-sent event's bytes."""
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+CLIENT_STATE_CLASS = {"connected": "ok", "recently seen": "muted", "offline": "muted", "misbehaving": "waits"}
+
+
+def _client_row(r: ClientRow, csrf: str | None) -> str:
+    held = ""
+    if r.held:
+        approve = (
+            action_form(
+                f"/clients/{quote(r.client_id, safe='')}/approve-tools",
+                csrf,
+                "Approve changed tools",
+                f"Accept the new definitions of {', '.join(r.held)} on client {r.client_id}?",
+                [("tool", name) for name in r.held],
+            )
+            if csrf
+            else ""
+        )
+        held = f'<div class="waits">changed, held until approved: {escape(", ".join(r.held))}{approve}</div>'
+    clashes = "".join(f'<div class="muted">clash: {escape(c)}</div>' for c in r.clashes)
+    return (
+        f'<tr data-client-id="{escape(r.client_id)}" data-client-state="{escape(r.state)}">'
+        f"<td>{escape(r.client_id)}</td>"
+        f'<td class="{CLIENT_STATE_CLASS[r.state]}">{escape(r.said)}</td>'
+        f"<td>{escape(r.client_type)}</td><td>{escape(r.round_trip)}</td>"
+        f"<td>{escape(', '.join(r.tools))}{held}{clashes}</td><td class=waits>{escape(r.waiting)}</td></tr>"
+    )
+
+
+def clients_page(rows: dict[str, list[ClientRow]], csrf: str | None) -> str:
+    """``vancetope clients`` in the browser: each user's clients, connected first."""
+    head = (
+        "<thead><tr><th>client</th><th>state</th><th>type</th><th>round trip</th><th>tools</th>"
+        "<th>waiting for it</th></tr></thead>"
+    )
+    sections = "".join(
+        f'<h2>User {escape(user)}</h2><table data-user="{escape(user)}">{head}<tbody>'
+        f"{''.join(_client_row(r, csrf) for r in clients)}</tbody></table>"
+        for user, clients in rows.items()
+    )
+    body = (
+        "<h1>Clients</h1><p class=muted>Enrolled client agents by user: connected, then recently seen "
+        "(offline for less than a day), then the others. Round trip: to Redis, as the agent measures it.</p>"
+        f"{sections or '<p class=muted>no client is enrolled (`vancetope clients enroll`)</p>'}"
+    )
+    return page("Clients", body)
+
+
+def unavailable_page(title: str, why: str) -> str:
+    return page(title, f"<h1>{escape(title)}</h1><p>{escape(why)}</p>")

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from brain.core.fanout import parent_of
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.report import tree_summary
 from brain.core.transitions import FINAL, PARKED
@@ -43,10 +44,21 @@ def seconds(span: float | None) -> str:
     return f"{int(span // 3600)}h{int(span % 3600 // 60):02d}m"
 
 
-def waits_for(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list[str]:
+@dataclass(frozen=True)
+class Seen:
+    """What the brain knows of clients now (``PresenceBook``): who is connected, and when each
+    one's last session ended."""
+
+    connected: frozenset[str]
+    last_seen: Mapping[str, float]
+
+
+def waits_for(
+    tree: TreeRecord, tasks: Sequence[TaskRecord], now: float, seen: Seen | None = None
+) -> list[str]:
     """What an unfinished tree waits for, one line per cause, e.g. "3 tasks waiting for
-    client laptop (parked since 02:14)". From the store only: when a client went offline is
-    not recorded, so the time said is when its oldest task was parked."""
+    client laptop (offline since 02:14)": with ``seen``, when that client went offline;
+    without it (or never recorded), when its oldest task was parked."""
     if tree.status.value != "running":
         return []
     parked: dict[str, list[TaskRecord]] = defaultdict(list)
@@ -67,6 +79,10 @@ def waits_for(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list
     for who, waiting in sorted(parked.items()):
         since = min((t.queued_at for t in waiting if t.queued_at), default=None)
         when = f" (parked since {clock(since)})" if since else ""
+        client = who.removeprefix("client ") if who.startswith("client ") else None
+        if seen is not None and client is not None and client not in seen.connected:
+            gone = seen.last_seen.get(client)
+            when = f" (offline since {clock(gone)})" if gone else when
         lines.append(f"{_tasks(len(waiting))} waiting for {who}{when}")
     for cid, n in sorted(approval.items()):
         lines.append(f"{_tasks(n)} awaiting its user's approval on client {cid}")
@@ -94,14 +110,20 @@ WAITING: frozenset[TaskState] = PARKED | {TaskState.AWAITING_APPROVAL, TaskState
 
 
 def tree_row(
-    tree: TreeRecord, states: Mapping[str, TaskState], now: float, waiting: Sequence[TaskRecord] = ()
+    tree: TreeRecord,
+    states: Mapping[str, TaskState],
+    now: float,
+    waiting: Sequence[TaskRecord] = (),
+    seen: Seen | None = None,
 ) -> TreeRow:
     """``states``: every task's (``Store.task_states``); ``waiting``: the records of those in
     ``WAITING`` (more are ignored), so a big tree's row does not parse every record."""
     counts = Counter(state.value for state in states.values())
     end = tree.finished_at or now
     return TreeRow(
-        tree_summary(tree, counts), seconds(max(end - tree.submitted_at, 0.0)), waits_for(tree, waiting, now)
+        tree_summary(tree, counts),
+        seconds(max(end - tree.submitted_at, 0.0)),
+        waits_for(tree, waiting, now, seen),
     )
 
 
@@ -115,9 +137,17 @@ def matches(tree: TreeRecord, status: str | None, user: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Node:
+    """A task, or (``group`` set) a fan-out's items drawn as one node: ``task`` is then its
+    first item and ``group`` its items counted by state."""
+
     task: TaskRecord
     col: int
     row: int
+    group: dict[str, int] | None = None
+
+    @property
+    def node_id(self) -> str:
+        return group_id(self.task.parent or "") if self.group is not None else self.task.task_id
 
     @property
     def x(self) -> int:
@@ -175,25 +205,78 @@ def layout(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> Graph:
                 continue
             stack.pop()
             depth[top] = 1 + max((depth[d] for d in deps.get(top, ())), default=-1)
+    # A fan-out's items are one node (×N): a for_each over 5,000 rows is one box, not 5,000.
+    groups: dict[str, list[TaskRecord]] = defaultdict(list)
+    for t in tasks:
+        if t.parent is not None and t.parent in depth:
+            groups[t.parent].append(t)
+    shown = {t.task_id: group_id(t.parent or "") for items in groups.values() for t in items}
     rows: Counter[int] = Counter()
     nodes = []
     for t in tasks:
+        if t.task_id in shown:
+            if t is not groups[t.parent or ""][0]:
+                continue
+            counts = dict(Counter(i.state.value for i in groups[t.parent or ""]))
+        else:
+            counts = None
         col = depth[t.task_id]
-        nodes.append(Node(t, col, rows[col]))
+        nodes.append(Node(t, col, rows[col], counts))
         rows[col] += 1
-    by_id = {n.task.task_id: n for n in nodes}
+    by_id = {n.node_id: n for n in nodes}
     parents = {t.task_id: t.parent for t in tasks}
-    edges = []
+    edges: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
     for t in tasks:
         for d in deps[t.task_id]:
-            # A dependent of a fan-out is drawn from the fanned-out task only, not from each item.
+            # A dependent of a fan-out is drawn from the fanned-out task only, not from its items.
             if parents.get(d) is not None and parents[d] != t.task_id:
                 continue
-            edges.append((d, t.task_id))
+            edge = (shown.get(d, d), shown.get(t.task_id, t.task_id))
+            if edge not in seen:
+                seen.add(edge)
+                edges.append(edge)
     cols = max(rows, default=0) + 1
     width = 2 * MARGIN + cols * NODE_W + (cols - 1) * COL_GAP
     height = 2 * MARGIN + max(rows.values(), default=0) * (NODE_H + ROW_GAP)
     return Graph(nodes, edges, width, height, by_id)
+
+
+def group_id(parent: str) -> str:
+    """The node id of a fan-out's items (never a task id: ``[*]`` is no item index)."""
+    return f"{parent}[*]"
+
+
+# The state a group of items shows, the first of these any item is in: what still moves first,
+# then what failed, then what waits, then how they ended.
+GROUP_STATE_ORDER = (
+    "running", "retrying", "failed", "awaiting_approval", "blocked", "pending_client", "queued_client",
+    "queued_server", "pending", "expired", "skipped", "not_triggered", "fanned_out", "done",
+)  # fmt: skip
+
+
+def group_state(counts: Mapping[str, int]) -> str:
+    return next((s for s in GROUP_STATE_ORDER if counts.get(s)), "done")
+
+
+def group_label(counts: Mapping[str, int]) -> str:
+    """``×120 · 80 done · 30 running · 10 failed``: the count, then by state, most first."""
+    by_state = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return " · ".join([f"×{sum(counts.values())}", *(f"{n} {state}" for state, n in by_state)])
+
+
+def group_title(parent: str, counts: Mapping[str, int]) -> str:
+    return f"items of {parent}: {group_label(counts)}"
+
+
+def group_counts(states: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """Each fan-out's items counted by state, by group node id, from task id -> state."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for task_id, state in states.items():
+        parent = parent_of(task_id)
+        if parent is not None:
+            counts[group_id(parent)][state] += 1
+    return {gid: dict(c) for gid, c in counts.items()}
 
 
 def badges(t: TaskRecord) -> list[str]:
@@ -253,3 +336,74 @@ def timeline(tasks: Sequence[TaskRecord], now: float) -> tuple[float, float, lis
 
 def states_of(tasks: Sequence[TaskRecord]) -> Mapping[str, str]:
     return {t.task_id: t.state.value for t in tasks}
+
+
+# --- the clients page -------------------------------------------------------------------
+
+# An offline client gone for less than this is "recently seen"; others are listed after it.
+RECENT_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class ClientRow:
+    """One client of ``vancetope clients --json`` as the clients page shows it."""
+
+    client_id: str
+    state: str  # connected, recently seen, offline, misbehaving
+    said: str  # "connected since 02:10", "offline since 2026-12-06 02:14", ...
+    client_type: str
+    round_trip: str
+    tools: list[str]
+    held: list[str]
+    clashes: list[str]
+    waiting: str
+
+
+def client_rows(report: Mapping[str, Any], now: float) -> dict[str, list[ClientRow]]:
+    """User -> that user's clients: connected first, then the recently seen (last gone
+    first), then the others, each group by client id."""
+    by_user: dict[str, list[tuple[tuple[int, float, str], ClientRow]]] = defaultdict(list)
+    for c in report.get("clients", []):
+        seen = c.get("last_seen")
+        if c["connected"]:
+            state, said, rank = "connected", f"connected since {_day_clock(c['connected_at'], now)}", 0
+        elif seen is not None and now - seen < RECENT_S:
+            state, said, rank = "recently seen", f"offline since {_day_clock(seen, now)}", 1
+        else:
+            gone = (
+                f"offline since {_day_clock(seen, now)}"
+                if seen is not None
+                else "offline (not seen since recorded)"
+            )
+            state, said, rank = "offline", gone, 2
+        if c.get("misbehaving"):
+            state, said = "misbehaving", f"suspended: {c['misbehaving']}; {said}"
+        rtt = c.get("round_trip_ms")
+        waiting = c["waiting"]
+        parts = [f"{_tasks(waiting['client'])} for it"] if waiting["client"] else []
+        if waiting["user"]:
+            parts.append(f"{_tasks(waiting['user'])} for any client of user {c['user']}")
+        row = ClientRow(
+            client_id=c["client_id"],
+            state=state,
+            said=said,
+            client_type=c.get("client_type") or "",
+            round_trip="" if rtt is None else (f"{rtt:.0f} ms" if rtt >= 10 else f"{rtt:.1f} ms"),
+            tools=list(c.get("tools", [])),
+            held=list(c.get("held_tools", [])),
+            clashes=list(c.get("clashes", [])),
+            waiting="; ".join(parts),
+        )
+        by_user[c["user"]].append(((rank, -(seen or 0.0) if rank == 1 else 0.0, c["client_id"]), row))
+    return {
+        user: [row for _, row in sorted(rows, key=lambda r: r[0])] for user, rows in sorted(by_user.items())
+    }
+
+
+def _day_clock(at: float | None, now: float) -> str:
+    """``HH:MM`` on the day of ``now``, else ``YYYY-MM-DD HH:MM`` (local time of the web process)."""
+    if not at:
+        return "?"
+    if time.strftime("%Y-%m-%d", time.localtime(at)) == time.strftime("%Y-%m-%d", time.localtime(now)):
+        return clock(at)
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))

@@ -13,14 +13,14 @@ from typing import Any
 import httpx2
 import pytest
 
-from brain.core.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskRecord, TaskState, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from brain.stack.redis_server import free_port, port_free
 from brain.stack.webauth import WEB_SECRET_FILE, WEB_USER, web_access
 from tests.conftest import CHROMIUM_FLAGS, agent_with_servers, tree, wait_until
 from tests.integration.test_supervisor import running_up, up_log
-from tests.unit.brain.web.served import USERS, served, stored_tree
+from tests.unit.brain.web.served import T0, USERS, served, stored_tree
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +37,16 @@ def browser_page(chromium: str, user: str, password: str) -> Iterator[Any]:
             yield context.new_page()
         finally:
             browser.close()
+
+
+def serve_web(stack: EmbeddedStack) -> tuple[str, str, str]:
+    """The stack's web view started on a free port of loopback: (its URL, user, password)."""
+    port = free_port()
+    access = web_access("127.0.0.1", stack.settings.data_dir, {})
+    stack.start_web(port, access)
+    wait_until(lambda: not port_free(port), timeout=60, what="the web view to listen")
+    user, password = access.basic_auth.split(":", 1)
+    return f"http://127.0.0.1:{port}", user, password
 
 
 def node_states(page: Any) -> dict[str, str]:
@@ -77,10 +87,7 @@ def test_a_tree_page_shows_a_parked_task_and_flips_every_node_to_done_live_when_
     # The agent is enrolled but not started: its task parks until it connects.
     stack = stack_factory(services=("brain", "server-pool"), agent_config=agent)
     brain = brain_factory(stack)
-    port = free_port()
-    access = web_access("127.0.0.1", stack.settings.data_dir, {})
-    stack.start_web(port, access)
-    wait_until(lambda: not port_free(port), timeout=60, what="the web view to listen")
+    url, user, password = serve_web(stack)
     rec = brain.scheduler.submit(
         tree(
             {
@@ -108,8 +115,6 @@ def test_a_tree_page_shows_a_parked_task_and_flips_every_node_to_done_live_when_
         timeout=60,
         what="the client's task to park",
     )
-    url = f"http://127.0.0.1:{port}"
-    user, password = access.basic_auth.split(":", 1)
     with browser_page(chromium, user, password) as page:
         page.goto(f"{url}/trees")
         row = page.locator(f'tr[data-tree-id="{rec.tree_id}"]')
@@ -154,6 +159,106 @@ def test_a_stored_tree_of_1000_tasks_renders_in_chromium(chromium: str, tmp_path
             page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
             took = time.perf_counter() - started
             shown = node_states(page)
-    print(f"\n1,000-task tree page: loaded and painted in Chromium in {took:.2f}s")
+            laid_out = page.evaluate("document.getElementById('graph').dataset.layout")
+            # dagre ranks by depends_on: t0..t99 first, t900..t999 last, left to right.
+            xs = page.evaluate(
+                "['t0', 't500', 't999'].map(id => document.querySelector(`g.node[data-task-id=\"${id}\"]`)"
+                ".transform.baseVal.consolidate().matrix.e)"
+            )
+    print(f"\n1,000-task tree page: loaded, laid out by dagre and painted in Chromium in {took:.2f}s")
+    assert laid_out == "dagre"
+    assert xs[0] < xs[1] < xs[2]
     assert len(shown) == 1000
     assert sum(state == "done" for state in shown.values()) == 600
+
+
+def test_cancel_clicked_in_chromium_cancels_the_tree_and_a_post_without_the_csrf_token_is_refused(
+    chromium: str,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    # The brain only, no server pool: the tree's tasks stay queued until cancelled.
+    stack = stack_factory(services=("brain",))
+    brain = brain_factory(stack)
+    url, user, password = serve_web(stack)
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "night",
+                "tasks": [
+                    {"id": "first", "tool": "echo", "args": {"value": 1}},
+                    {"id": "then", "tool": "echo", "args": {"value": 2}, "depends_on": ["first"]},
+                ],
+            }
+        ),
+        user="ada",
+    )
+    origin = url
+    url = f"{url}/trees/{rec.tree_id}"
+    with browser_page(chromium, user, password) as page:
+        page.goto(url)
+        # Same origin and the password, but no token: the Guard lets it by, the CSRF check not.
+        refused = page.request.post(f"{url}/cancel", headers={"Origin": origin})
+        assert refused.status == 403 and "CSRF token" in refused.text()
+        assert brain.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING
+        page.on("dialog", lambda dialog: dialog.accept())  # "Cancel every unfinished task...?"
+        page.get_by_role("button", name="Cancel tree").click()
+        wait_until(
+            lambda: brain.store.get_tree(rec.tree_id).status is not TreeStatus.RUNNING,
+            timeout=60,
+            what="the tree to end cancelled",
+        )
+        assert {t.state for t in brain.store.get_tasks(rec.tree_id)} == {TaskState.SKIPPED}
+        assert all(t.reason == "cancelled by user" for t in brain.store.get_tasks(rec.tree_id))
+        page.wait_for_load_state()
+        wait_until(
+            lambda: set(node_states(page).values()) == {"skipped"}, timeout=30, what="the page to show it"
+        )
+
+
+def test_a_fan_out_is_one_node_with_its_count_that_follows_its_items_live(
+    chromium: str, tmp_path: Path
+) -> None:
+    tasks = [
+        {"id": "list", "tool": "echo", "args": {"value": [1, 2]}},
+        {"id": "each", "tool": "echo", "depends_on": ["list"], "for_each": "list"},
+        {"id": "sum", "tool": "echo", "depends_on": ["each"]},
+    ]
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "fan-1", tasks, {"list": TaskState.DONE, "each": TaskState.FANNED_OUT})
+        items = [
+            TaskRecord(
+                tree_id="fan-1", task_id=f"each[{i}]", tool="echo", state=TaskState.RUNNING, parent="each"
+            )
+            for i in range(50)
+        ]
+        web.writer.add_tasks("fan-1", items)
+        with browser_page(chromium, "ops", USERS["ops"]) as page:
+            page.goto(f"{web.url}/trees/fan-1")
+            page.evaluate("window.notReloaded = true")
+            group = page.locator('#graph g.node[data-group="each[*]"]')
+            assert page.locator("#graph g.node").count() == 4  # list, each, its 50 items as one, sum
+            assert group.get_attribute("data-state") == "running"
+            assert group.locator("text.count").text_content() == "×50 · 50 running"
+            for i in range(30):
+                web.writer.end_tasks(
+                    "fan-1", from_states={TaskState.RUNNING}, state=TaskState.DONE, reason="", finished_at=T0 + 9,
+                    task_id=f"each[{i}]",
+                )  # fmt: skip
+            wait_until(
+                lambda: group.locator("text.count").text_content() == "×50 · 30 done · 20 running",
+                timeout=30,
+                what="the group's count to follow its items",
+            )
+            assert group.get_attribute("data-state") == "running"
+            web.writer.end_tasks(
+                "fan-1",
+                from_states={TaskState.RUNNING},
+                state=TaskState.FAILED,
+                reason="",
+                finished_at=T0 + 9,
+            )
+            wait_until(
+                lambda: group.get_attribute("data-state") == "failed", timeout=30, what="the group to fail"
+            )
+            assert page.evaluate("window.notReloaded") is True, "the page updated by reloading"

@@ -83,7 +83,7 @@ def test_compose_mongodb_asks_for_a_password_from_env_and_every_store_url_carrie
     )
     for name, service in services.items():
         url = (service.get("environment") or {}).get("VANCETOPE_MONGO_URL")
-        if url is None or name in ("gateway", "web"):  # read-only users: tested below
+        if url is None or name == "gateway":  # a read-only user: tested below
             continue
         assert url.startswith(
             f"mongodb://${{{user}:?set it in .env}}:${{{password}:?set it in .env}}@mongo:"
@@ -177,12 +177,14 @@ def test_compose_runs_the_production_shape_two_named_pools_beat_and_the_vault_ke
         assert has_key == resolves, name
 
 
-def test_compose_web_view_asks_for_a_password_reads_the_store_read_only_and_has_no_redis() -> None:
-    web = compose()["services"]["web"]
+def test_compose_web_view_asks_for_a_password_and_acts_as_the_brain_without_the_vault_key() -> None:
+    """Its actions (cancel, approve tools) are the CLI's: the brain's Redis user and the store's
+    writing user (docs/web.md says so), never the vault key."""
+    services = compose()["services"]
+    web = services["web"]
     env = web["environment"]
     assert env["VANCETOPE_WEB_BASIC_AUTH"] == "vancetope:${VANCETOPE_WEB_PASSWORD:?set it in .env}"
-    assert (
-        env["VANCETOPE_MONGO_URL"] == compose()["services"]["gateway"]["environment"]["VANCETOPE_MONGO_URL"]
-    )
-    assert "VANCETOPE_REDIS_URL" not in env and "VANCETOPE_VAULT_KEY" not in env
+    assert env["VANCETOPE_MONGO_URL"] == services["brain"]["environment"]["VANCETOPE_MONGO_URL"]
+    assert env["VANCETOPE_REDIS_URL"] == services["brain"]["environment"]["VANCETOPE_REDIS_URL"]
+    assert "VANCETOPE_VAULT_KEY" not in env
     assert web["ports"] == ["127.0.0.1:8766:8766"]

@@ -77,17 +77,18 @@ def test_clients_report_every_enrolled_client_never_its_secret() -> None:
     }  # fmt: skip
     marks = {"desk": Mark(causes={"quota": "keeps 90 MB", "ack type": "its ack is a list"}, since=2.0)}
     rtts = {"laptop": 23.5, "desk": 9.0}  # desk's is an old key: it is offline
-    report = clients_report(enrolled, sessions, {"client:laptop": 2, "user:ada": 7}, None, marks, rtts)
+    seen = {"desk": 3.0}
+    report = clients_report(enrolled, sessions, {"client:laptop": 2, "user:ada": 7}, None, marks, rtts, seen)
 
     assert "registry" not in report
     desk, laptop = report["clients"]  # by client id
     assert laptop == {
         "client_id": "laptop", "user": "ada", "enrolled_at": 1.0, "connected": True, "client_type": "cli",
-        "connected_at": 5.0, "round_trip_ms": 23.5, "tools": ["aa", "zz"], "held_tools": ["changed"], "clashes": [],
+        "connected_at": 5.0, "round_trip_ms": 23.5, "last_seen": None, "tools": ["aa", "zz"], "held_tools": ["changed"], "clashes": [],
         "misbehaving": None, "waiting": {"client": 2, "user": 7},
     }  # fmt: skip
     assert desk["connected"] is False and desk["client_type"] is None and desk["tools"] == []
-    assert desk["round_trip_ms"] is None
+    assert desk["round_trip_ms"] is None and desk["last_seen"] == 3.0
     assert desk["misbehaving"] == "its ack is a list; keeps 90 MB"  # causes by kind
     assert desk["waiting"] == {"client": 0, "user": 7}
     assert "f" * 64 not in json.dumps(report)

@@ -16,6 +16,7 @@ import uvicorn
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
 from brain.stack.redis_server import free_port
 from brain.store import SQLiteStore, open_store
+from brain.web.actions import Actions
 from brain.web.app import create_app
 
 USERS = {"ops": "ops-password"}
@@ -74,14 +75,30 @@ class Served:
 
 
 @contextmanager
-def served(tmp_path: Path, address: str = "127.0.0.1", poll_s: float = 0.1) -> Iterator[Served]:
-    """The web view on ``address`` over a fresh store: ``writer`` writes it, the app reads it
-    through its own read-only connection."""
-    path = tmp_path / "store.db"
+def served(
+    tmp_path: Path,
+    address: str = "127.0.0.1",
+    poll_s: float = 0.1,
+    actions: Actions | None = None,
+    store_path: Path | None = None,
+    flower_url: str | None = None,
+) -> Iterator[Served]:
+    """The web view on ``address`` over a fresh store (or the one at ``store_path``): ``writer``
+    writes it, the app reads it through its own read-only connection; ``actions``: what it may
+    change through (none by default: pages only)."""
+    path = store_path or tmp_path / "store.db"
     writer = SQLiteStore(path)
     reader = open_store(str(path), read_only=True)
     port = free_port()
-    app = create_app(reader, address=address, users=USERS, unauthorized=UNAUTHORIZED, poll_s=poll_s)
+    app = create_app(
+        reader,
+        address=address,
+        users=USERS,
+        unauthorized=UNAUTHORIZED,
+        poll_s=poll_s,
+        actions=actions,
+        flower_url=flower_url,
+    )
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)
     thread.start()

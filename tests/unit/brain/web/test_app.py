@@ -139,6 +139,33 @@ def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_ar
         assert httpx2.get(web.url + "/trees/night-1/tasks/nope", auth=AUTH, timeout=10).status_code == 404
 
 
+def test_a_tasks_details_link_each_of_its_celery_task_ids_to_flowers_task_page(tmp_path: Path) -> None:
+    with served(tmp_path, flower_url="http://flower.example:5555/") as web:
+        attempt = {
+            "number": 1,
+            "run_id": "run-1",
+            "route": "server",
+            "error": {"type": "Boom", "message": "no"},
+        }
+        stored_tree(
+            web.writer,
+            "night-1",
+            CHAIN[:2],
+            {"fetch": S.RUNNING},
+            fetch={"run_id": "run-2", "attempt": 2, "attempts": [attempt]},
+        )
+        details = httpx2.get(web.url + "/trees/night-1/tasks/fetch?fragment=1", auth=AUTH, timeout=10).text
+        links = re.findall(r'<a class="flower" href="([^"]+)">([^<]+)</a>', details)
+        assert links == [
+            ("http://flower.example:5555/task/run-1", "run-1"),
+            ("http://flower.example:5555/task/run-2", "run-2"),
+        ]
+        assert "attempt 1 " in details and "current " in details
+        # Never sent yet: no Celery task, no link.
+        pending = httpx2.get(web.url + "/trees/night-1/tasks/parse?fragment=1", auth=AUTH, timeout=10).text
+        assert 'class="flower"' not in pending
+
+
 def test_a_trees_events_send_every_state_then_each_change_and_end_with_the_tree(tmp_path: Path) -> None:
     with served(tmp_path) as web:
         stored_tree(web.writer, "night-1", CHAIN[:2], {"fetch": S.RUNNING})
@@ -167,3 +194,20 @@ def test_malformed_credentials_are_refused(given: str) -> None:
 
     with pytest.raises(WebUnprotected, match=BASIC_AUTH_VARIABLE):
         decide_web_access("127.0.0.1", {BASIC_AUTH_VARIABLE: given}, Path("/nonexistent/web.secret"))
+
+
+def test_the_vendored_layout_library_is_served_behind_the_password_and_nothing_else_under_static(
+    tmp_path: Path,
+) -> None:
+    with served(tmp_path) as web:
+        stored_tree(web.writer, "night-1", CHAIN)
+        page = httpx2.get(web.url + "/trees/night-1", auth=AUTH, timeout=10)
+        assert '<script src="/static/vendor/dagre.min.js"></script>' in page.text
+        assert "script-src 'self' 'nonce-" in page.headers["content-security-policy"]
+        url = web.url + "/static/vendor/dagre.min.js"
+        assert httpx2.get(url, timeout=10).status_code == 401
+        library = httpx2.get(url, auth=AUTH, timeout=10)
+        assert library.status_code == 200 and library.headers["content-type"].startswith("text/javascript")
+        assert "dagre" in library.text[:200]
+        for other in ("dagre.LICENSE", "README.md", "..%2Fapp.py", "%2E%2E%2F%2E%2E%2Fapp.py"):
+            assert httpx2.get(web.url + "/static/vendor/" + other, auth=AUTH, timeout=10).status_code == 404

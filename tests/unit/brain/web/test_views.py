@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
-from brain.web.views import layout, timeline, waits_for
+from brain.web.views import (
+    Seen,
+    client_rows,
+    clock,
+    group_counts,
+    group_label,
+    group_state,
+    layout,
+    timeline,
+    waits_for,
+)
 
 S = TaskState
 
@@ -35,7 +47,9 @@ def test_columns_follow_the_longest_chain_of_dependencies() -> None:
     assert sorted(graph.edges) == [("a", "b"), ("a", "c"), ("b", "c")]
 
 
-def test_a_fan_outs_items_sit_after_it_and_its_dependents_after_them_drawn_from_the_fanned_out_task() -> None:
+def test_a_fan_outs_items_are_one_node_after_it_with_their_count_by_state_and_dependents_drawn_from_it() -> (
+    None
+):
     tree = tree_of(
         [
             {"id": "list", "tool": "echo"},
@@ -43,12 +57,21 @@ def test_a_fan_outs_items_sit_after_it_and_its_dependents_after_them_drawn_from_
             {"id": "sum", "tool": "echo", "depends_on": ["each"]},
         ]
     )
-    items = [rec(f"each[{i}]", parent="each") for i in range(3)]
-    graph = layout(tree, [rec("list", S.DONE), rec("each", S.FANNED_OUT, fan_out=3), rec("sum"), *items])
-    cols = {n.task.task_id: n.col for n in graph.nodes}
-    assert cols == {"list": 0, "each": 1, "each[0]": 2, "each[1]": 2, "each[2]": 2, "sum": 3}
-    assert ("each", "sum") in graph.edges and ("each", "each[1]") in graph.edges
-    assert not any(src.startswith("each[") for src, _ in graph.edges)
+    states = [S.DONE, S.RUNNING, S.DONE, S.FAILED]
+    items = [rec(f"each[{i}]", state, parent="each") for i, state in enumerate(states)]
+    graph = layout(tree, [rec("list", S.DONE), rec("each", S.FANNED_OUT, fan_out=4), rec("sum"), *items])
+    cols = {n.node_id: n.col for n in graph.nodes}
+    assert cols == {"list": 0, "each": 1, "each[*]": 2, "sum": 3}
+    (group,) = [n for n in graph.nodes if n.group is not None]
+    assert group.group == {"done": 2, "running": 1, "failed": 1}
+    assert sorted(graph.edges) == [("each", "each[*]"), ("each", "sum"), ("list", "each")]
+    assert group_state(group.group) == "running"
+    assert group_label(group.group) == "×4 · 2 done · 1 failed · 1 running"
+    assert group_state({"done": 3, "failed": 1}) == "failed" and group_state({"done": 3}) == "done"
+    assert group_counts({"each[0]": "done", "each[1]": "done", "sum": "pending", "x[3]": "failed"}) == {
+        "each[*]": {"done": 2},
+        "x[*]": {"failed": 1},
+    }
 
 
 def test_a_deep_chain_lays_out_without_recursion() -> None:
@@ -79,6 +102,22 @@ def test_what_a_running_tree_waits_for_one_line_per_cause() -> None:
     ]
 
 
+def test_parked_work_says_since_when_its_client_is_offline_when_the_brain_recorded_it() -> None:
+    tree = tree_of([{"id": x, "tool": "echo"} for x in "abc"])
+    tasks = [
+        rec("a", S.PENDING_CLIENT, client_id="laptop", queued_at=3600.0),
+        rec("b", S.BLOCKED, client_id="desk", queued_at=3600.0),
+        rec("c", S.BLOCKED, client_id="box", queued_at=3600.0),
+    ]
+    # desk is connected (its work is on its way); box never went offline since recorded.
+    seen = Seen(connected=frozenset({"desk"}), last_seen={"laptop": 7200.0, "desk": 60.0})
+    assert waits_for(tree, tasks, 10_000.0, seen) == [
+        f"1 task waiting for client box (parked since {clock(3600.0)})",
+        f"1 task waiting for client desk (parked since {clock(3600.0)})",
+        f"1 task waiting for client laptop (offline since {clock(7200.0)})",
+    ]
+
+
 def test_the_timeline_spans_the_first_queue_to_the_last_finish_and_skips_pending_tasks() -> None:
     tasks = [
         rec("a", S.DONE, first_queued_at=10.0, started_at=11.0, finished_at=15.0),
@@ -88,3 +127,43 @@ def test_the_timeline_spans_the_first_queue_to_the_last_finish_and_skips_pending
     start, end, bars = timeline(tasks, now=20.0)
     assert (start, end) == (10.0, 20.0)  # b still runs: up to now
     assert [(b.task_id, b.finished) for b in bars] == [("a", 15.0), ("b", None)]
+
+
+def test_client_rows_put_each_users_connected_clients_first_then_the_recently_seen_then_the_rest() -> None:
+    now = 1_700_000_000.0
+
+    def client(
+        cid: str, user: str, connected: bool = False, last_seen: float | None = None
+    ) -> dict[str, Any]:
+        return {
+            "client_id": cid, "user": user, "connected": connected, "connected_at": now - 60 if connected else None,
+            "client_type": "desktop" if connected else None, "round_trip_ms": 4.34 if connected else None,
+            "last_seen": last_seen, "tools": ["lookup"] if connected else [], "held_tools": [], "clashes": [],
+            "misbehaving": None, "waiting": {"client": 2, "user": 1},
+        }  # fmt: skip
+
+    report = {
+        "clients": [
+            client("old", "ada", last_seen=now - 3 * 86400),
+            client("never", "ada"),
+            client("gone-late", "ada", last_seen=now - 60),
+            client("gone-early", "ada", last_seen=now - 3600),
+            client("laptop", "ada", connected=True),
+            client("box", "bob", last_seen=now - 10),
+        ]
+    }
+    rows = client_rows(report, now)
+    assert list(rows) == ["ada", "bob"]
+    assert [(r.client_id, r.state) for r in rows["ada"]] == [
+        ("laptop", "connected"),
+        ("gone-late", "recently seen"),
+        ("gone-early", "recently seen"),
+        ("never", "offline"),
+        ("old", "offline"),
+    ]
+    laptop, late = rows["ada"][0], rows["ada"][1]
+    assert laptop.said.startswith("connected since ") and laptop.round_trip == "4.3 ms"
+    assert late.said == f"offline since {clock(now - 60)}" and late.round_trip == ""
+    assert laptop.waiting == "2 tasks for it; 1 task for any client of user ada"
+    assert rows["ada"][3].said == "offline (not seen since recorded)"
+    assert rows["ada"][4].said.startswith("offline since 2023-")
