@@ -430,8 +430,9 @@ class Sweeps:
 
     # --- cancel ----------------------------------------------------------------------------
     def _cancel_run(self, rec: TaskRecord) -> None:
-        """Add the task's run to the cancelled set its worker checks. A client that replaced
-        its own set is suspended; the task is cancelled in the store regardless."""
+        """Add the task's run to the cancelled set its worker checks (a client's message still
+        in its queue is taken out). A client that replaced its own set is suspended; the task
+        is cancelled in the store regardless."""
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
         except ClientKeyUnreadable as exc:

@@ -380,6 +380,39 @@ def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(r
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
 
 
+def test_cancel_takes_a_clients_queued_calls_out_of_its_queue_and_leaves_the_rest(rig: Rig) -> None:
+    # A workstation offline (its session not yet lapsed) or busy with a long call still has
+    # the cancelled calls in its queue: it must never pop them when it comes back or frees up.
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    cancelled = rig.scheduler.submit(tree(local_read("r1"), local_read("r2"), id="gone"), user="ada")
+    kept = rig.scheduler.submit(tree(local_read("r3"), id="kept"), user="ada")
+    runs = {t: rig.task(cancelled.tree_id, t).run_id for t in ("r1", "r2")}
+    other = rig.task(kept.tree_id, "r3").run_id
+    queue = client_key("laptop", client_queue("laptop"))
+    # What the publisher pushed (the rig records sends instead), a foreign message among them.
+    rig.r.lpush(
+        queue, kombu_message(runs["r1"]), kombu_message(other), b"not json", kombu_message(runs["r2"])
+    )
+
+    assert sorted(rig.sweeps.cancel(cancelled.tree_id)) == ["r1", "r2"]
+    assert rig.r.lrange(queue, 0, -1) == [b"not json", kombu_message(other)]
+    assert rig.r.smembers(client_key("laptop", key_cancelled())) == {r.encode() for r in runs.values()}
+    assert rig.task(kept.tree_id, "r3").state is TaskState.QUEUED_CLIENT
+
+
+def test_a_cancel_whose_client_replaced_its_queue_suspends_it_and_still_cancels(rig: Rig) -> None:
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    rig.r.set(client_key("laptop", client_queue("laptop")), "not a list")  # the agent wrote it
+
+    assert rig.sweeps.cancel(rec.tree_id) == ["r"]
+    assert rig.task(rec.tree_id, "r").state is TaskState.SKIPPED
+    assert rig.presence.session("laptop") is None
+    assert "queue" in rig.clients.misbehaving.get("laptop").shown()
+
+
 def test_cancelling_one_task_leaves_its_siblings_running(rig: Rig) -> None:
     rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
     assert rig.sweeps.cancel(rec.tree_id, "a") == ["a"]
