@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from bench.faultproxy import FaultProxy
-from brain.core.models import TaskState, TreeStatus
+from brain.core.models import TaskState, TreeRecord, TreeStatus
 from brain.hot.acl import client_username
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, stack_env
@@ -74,6 +74,12 @@ def behind_proxy(
         stack.start_service("client-agent")
         assert stack.wait_connected("laptop", 90)
         yield stack, proxy
+
+
+def one_ledger_call(brain: Brain, tree_id: str, ledger: Path, seconds: float) -> TreeRecord:
+    """Submit, as ada, a tree of one task "call": the ledger's tool working ``seconds``."""
+    call = {"id": "call", "tool": "ledger.work", "args": {"seconds": seconds, "ledger": str(ledger)}}
+    return brain.scheduler.submit(tree({"id": tree_id, "tasks": [call]}), user="ada")
 
 
 def runs_in(ledger: Path) -> int:
@@ -173,17 +179,7 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
         30,
         "the laptop's blocked reads to end",
     )
-    rec = brain.scheduler.submit(
-        tree(
-            {
-                "id": "popped",
-                "tasks": [
-                    {"id": "call", "tool": "ledger.work", "args": {"seconds": 1, "ledger": str(ledger)}}
-                ],
-            }
-        ),
-        user="ada",
-    )
+    rec = one_ledger_call(brain, "popped", ledger, seconds=1)
     old = brain.store.get_task(rec.tree_id, "call")
     assert old is not None and old.state is TaskState.QUEUED_CLIENT
     raw = wait_until(lambda: r.rpop(queue), 30, "the call in the laptop's queue")  # the pop the cut ate
@@ -234,17 +230,7 @@ def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_wit
     stack, _ = behind_proxy
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
-    rec = brain.scheduler.submit(
-        tree(
-            {
-                "id": "sleep",
-                "tasks": [
-                    {"id": "call", "tool": "ledger.work", "args": {"seconds": 3, "ledger": str(ledger)}}
-                ],
-            }
-        ),
-        user="ada",
-    )
+    rec = one_ledger_call(brain, "sleep", ledger, seconds=3)
     wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
     first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
     agent = stack.service("client-agent").process
