@@ -219,6 +219,48 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     assert call is not None and (call.state, call.run_id, call.attempt) == (TaskState.DONE, new_run, 2)
 
 
+def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_ones_out_of_its_queue(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The laptop runs two long calls (its concurrency) while three more wait in its queue. A
+    cancel takes those three out at once: the laptop, once free, never pops them (the link is
+    healthy here; an offline laptop's queue is emptied the same way, test_client_path)."""
+    stack, _ = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    queue = client_key("laptop", client_queue("laptop"))
+    ledgers = tmp_path / "ledgers"
+    ledgers.mkdir()
+    ledger = {f"c{i}": ledgers / f"{i}.txt" for i in range(5)}
+    tasks = [
+        {"id": task_id, "tool": "ledger.work", "args": {"seconds": 15, "ledger": str(path)}}
+        for task_id, path in ledger.items()
+    ]
+    rec = brain.scheduler.submit(tree({"id": "busy", "tasks": tasks}), user="ada")
+    wait_until(
+        lambda: sum(runs_in(path) for path in ledger.values()) == 2 and r.llen(queue) == 3,
+        60,
+        "two calls running on the laptop and three in its queue",
+    )
+    waiting = [t.run_id for t in brain.store.get_tasks(rec.tree_id) if not runs_in(ledger[t.task_id])]
+    assert sorted(brain.sweeps.cancel(rec.tree_id)) == sorted(ledger)
+    assert r.llen(queue) == 0
+
+    unacked = client_key("laptop", KOMBU_UNACKED)
+    wait_until(
+        lambda: sum(len(spans_in(path)) for path in ledger.values()) == 2 and r.hlen(unacked) == 0,
+        120,
+        "the two long calls to end and be acked",
+    )
+    assert sum(runs_in(path) for path in ledger.values()) == 2  # the three queued never started
+    log = stack.service("client-agent").log_path.read_text()
+    assert len(waiting) == 3 and not [run for run in waiting if run and run in log], log[-3000:]
+    records = brain.store.get_tasks(rec.tree_id)
+    assert {(t.state, t.result) for t in records} == {(TaskState.SKIPPED, None)}  # late results refused
+
+
 def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_without_overlap(
     tmp_path: Path,
     behind_proxy: tuple[EmbeddedStack, FaultProxy],
