@@ -43,6 +43,9 @@ from workers.lease import VISIBILITY_TIMEOUT_S
 pytestmark = pytest.mark.integration
 
 HEARTBEAT_TTL_S = 2.0  # agent_with_servers
+# The laptop's queue and kombu's hash of the calls it holds, under its prefix.
+LAPTOP_QUEUE = client_key("laptop", client_queue("laptop"))
+LAPTOP_UNACKED = client_key("laptop", KOMBU_UNACKED)
 
 
 def ledger_server() -> dict[str, Any]:
@@ -164,7 +167,6 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     stack, proxy = behind_proxy
     brain = brain_factory(stack)
     r = brain.hot.r
-    queue = client_key("laptop", client_queue("laptop"))
     ledger = tmp_path / "ledger.txt"
     proxy.cut()
     # Once no BRPOP of the laptop's is pending in Redis (kombu's time out and the next ones are
@@ -182,7 +184,9 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     rec = one_ledger_call(brain, "popped", ledger, seconds=1)
     old = brain.store.get_task(rec.tree_id, "call")
     assert old is not None and old.state is TaskState.QUEUED_CLIENT
-    raw = wait_until(lambda: r.rpop(queue), 30, "the call in the laptop's queue")  # the pop the cut ate
+    raw = wait_until(
+        lambda: r.rpop(LAPTOP_QUEUE), 30, "the call in the laptop's queue"
+    )  # the pop the cut ate
     new_run = wait_until(
         lambda: (t := brain.store.get_task(rec.tree_id, "call")) and t.run_id != old.run_id and t.run_id,
         60,
@@ -198,13 +202,12 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     # The old message surfaces late, to an agent that restarted (its memory of calls is gone).
     # The kill waits for the new run's ack: a run killed before its ack is delivered again, by
     # design (at least once), which is not what this test is about.
-    unacked = client_key("laptop", KOMBU_UNACKED)
-    wait_until(lambda: r.hlen(unacked) == 0, 60, "the agent to ack the new run")
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "the agent to ack the new run")
     agent = stack.service("client-agent").process
     assert agent is not None
     os.killpg(agent.pid, signal.SIGKILL)
     agent.wait(30)
-    r.lpush(queue, raw)
+    r.lpush(LAPTOP_QUEUE, raw)
     stack.start_service("client-agent")
     log = stack.service("client-agent").log_path
     wait_until(
@@ -213,7 +216,9 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
         "the restarted agent to refuse the old run",
     )
     # taken, refused, acked: it is never delivered again
-    wait_until(lambda: r.llen(queue) == 0 and r.hlen(unacked) == 0, 60, "the refused run to be acked")
+    wait_until(
+        lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "the refused run to be acked"
+    )
     assert runs_in(ledger) == 1  # the tool ran once
     call = brain.store.get_task(rec.tree_id, "call")
     assert call is not None and (call.state, call.run_id, call.attempt) == (TaskState.DONE, new_run, 2)
@@ -230,7 +235,6 @@ def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_one
     stack, _ = behind_proxy
     brain = brain_factory(stack)
     r = brain.hot.r
-    queue = client_key("laptop", client_queue("laptop"))
     ledgers = tmp_path / "ledgers"
     ledgers.mkdir()
     ledger = {f"c{i}": ledgers / f"{i}.txt" for i in range(5)}
@@ -240,17 +244,16 @@ def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_one
     ]
     rec = brain.scheduler.submit(tree({"id": "busy", "tasks": tasks}), user="ada")
     wait_until(
-        lambda: sum(runs_in(path) for path in ledger.values()) == 2 and r.llen(queue) == 3,
+        lambda: sum(runs_in(path) for path in ledger.values()) == 2 and r.llen(LAPTOP_QUEUE) == 3,
         60,
         "two calls running on the laptop and three in its queue",
     )
     waiting = [t.run_id for t in brain.store.get_tasks(rec.tree_id) if not runs_in(ledger[t.task_id])]
     assert sorted(brain.sweeps.cancel(rec.tree_id)) == sorted(ledger)
-    assert r.llen(queue) == 0
+    assert r.llen(LAPTOP_QUEUE) == 0
 
-    unacked = client_key("laptop", KOMBU_UNACKED)
     wait_until(
-        lambda: sum(len(spans_in(path)) for path in ledger.values()) == 2 and r.hlen(unacked) == 0,
+        lambda: sum(len(spans_in(path)) for path in ledger.values()) == 2 and r.hlen(LAPTOP_UNACKED) == 0,
         120,
         "the two long calls to end and be acked",
     )
