@@ -34,6 +34,8 @@ from workers.contracts import (
 # How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
 # one reply (it stalls Redis for everyone, docs/performance.md).
 READ_CHUNK = 1000
+# Run ids per SADD when runs are cancelled: one round trip each, no multi-megabyte command.
+CANCEL_CHUNK = 10_000
 
 
 def as_bytes(value: bytes | str) -> bytes:
@@ -111,22 +113,39 @@ class HotState:
         pipe.publish(channel_tree_events(tree_id), b"1")
         pipe.execute()
 
-    def cancel_runs(self, run_ids: Iterable[str], client_id: str | None = None) -> None:
-        """Tell workers (offline ones too, when they come back) never to start these runs."""
-        ids = list(run_ids)
+    def cancel_runs(
+        self, run_ids: Iterable[str], client_id: str | None = None, *, unqueue: bool = True
+    ) -> set[str]:
+        """Tell workers (offline ones too, when they come back) never to start these runs; a
+        client's runs still waiting in its queue are then taken out of it (``unqueue``), so a
+        workstation that comes back or frees up never pops them. Returns the run ids taken out.
+
+        The cancelled set is written first: a message the agent pops between the two is
+        refused at ``begin_run``, and one still queued costs it nothing at all. Run ids go
+        ``CANCEL_CHUNK`` per SADD (no multi-megabyte command); the queue is read once."""
+        ids = [r for r in run_ids if r]
         if not ids:
-            return
-        if client_id is None:
-            self.r.sadd(key_cancelled(), *ids)
-            return
-        try:
-            self.r.sadd(client_key(client_id, key_cancelled()), *ids)
-        except redis.ResponseError as exc:
-            # The client replaced its own cancelled set: only its own workstation may now run
-            # a cancelled call, whose result is refused (the task has moved on).
-            raise ClientKeyUnreadable(
-                client_id, "cancelled set", client_key(client_id, key_cancelled()), exc
-            ) from exc
+            return set()
+        key = key_cancelled() if client_id is None else client_key(client_id, key_cancelled())
+        for start in range(0, len(ids), CANCEL_CHUNK):
+            try:
+                self.r.sadd(key, *ids[start : start + CANCEL_CHUNK])
+            except redis.ResponseError as exc:
+                if client_id is None:
+                    raise
+                # The client replaced its own cancelled set: only its own workstation may now
+                # run a cancelled call, whose result is refused (the task has moved on).
+                raise ClientKeyUnreadable(client_id, "cancelled set", key, exc) from exc
+        if client_id is None or not unqueue:
+            return set()
+        queue_key = client_key(client_id, client_queue(client_id))
+        with _client_keys(client_id, "queue", queue_key):
+            queued = self._queued(queue_key, set(ids))
+        if not queued:
+            return set()
+        pipe = self.r.pipeline(transaction=False)
+        _lrem_each(pipe, queue_key, queued)
+        return set(_won(queued, pipe.execute(raise_on_error=False)))
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:
@@ -167,6 +186,16 @@ class HotState:
                         ids.update(_outbox_run_id(raw))
         return ids
 
+    def _queued(self, queue_key: str, wanted: set[str]) -> dict[str, bytes]:
+        """Run id -> its message as stored, for the ``wanted`` runs waiting in ``queue_key``
+        (read a chunk at a time)."""
+        queued: dict[str, bytes] = {}
+        for items in self._list_chunks(queue_key):
+            for raw in items:
+                for run_id in _task_id(raw) & wanted:
+                    queued.setdefault(run_id, raw)
+        return queued
+
     def take_client_runs(self, client_id: str, run_ids: Iterable[str]) -> dict[str, str]:
         """Pull runs' messages back from an offline client: run id -> ``"queued"`` if it was
         still waiting in its queue, ``"running"`` if it was reserved (unacked); a run the
@@ -183,10 +212,7 @@ class HotState:
         # any more: what it held is lost with it, so those runs are taken back as running.
         lost = False
         try:
-            for items in self._list_chunks(queue_key):
-                for raw in items:
-                    for run_id in _task_id(raw) & wanted:
-                        queued.setdefault(run_id, raw)
+            queued = self._queued(queue_key, wanted)
         except redis.ResponseError:
             lost = True
         reserved: dict[str, bytes] = {}
@@ -200,17 +226,12 @@ class HotState:
         if not queued and not reserved:
             return unknown
         pipe = self.r.pipeline(transaction=False)
-        for raw in queued.values():
-            pipe.lrem(queue_key, 1, cast(str, raw))  # the bytes as stored; redis-py sends them as they are
+        _lrem_each(pipe, queue_key, queued)
         for tag in reserved.values():
             pipe.hdel(unacked, tag)
         answers = pipe.execute(raise_on_error=False)
-        taken = {run_id: "queued" for run_id, n in zip(queued, answers) if isinstance(n, int) and n}
-        won = [
-            (run_id, tag)
-            for (run_id, tag), n in zip(reserved.items(), answers[len(queued) :])
-            if isinstance(n, int) and n
-        ]
+        taken = {run_id: "queued" for run_id in _won(queued, answers)}
+        won = [(run_id, reserved[run_id]) for run_id in _won(reserved, answers[len(queued) :])]
         taken.update((run_id, "running") for run_id, _tag in won)
         if won:
             try:
@@ -218,6 +239,17 @@ class HotState:
             except redis.ResponseError:
                 pass  # its index replaced by the client: kombu's restore finds nothing to restore
         return {**unknown, **taken}
+
+
+def _lrem_each(pipe: Any, queue_key: str, queued: dict[str, bytes]) -> None:
+    for raw in queued.values():
+        pipe.lrem(queue_key, 1, cast(str, raw))  # the bytes as stored; redis-py sends them as they are
+
+
+def _won(run_ids: Iterable[str], answers: list[Any]) -> list[str]:
+    """The runs whose LREM/HDEL answered 1: removed by *us*, not by the agent popping or acking
+    it meanwhile (so a run is never both taken back here and executed there)."""
+    return [run_id for run_id, n in zip(run_ids, answers) if isinstance(n, int) and n]
 
 
 def is_wrong_type(exc: redis.ResponseError) -> bool:

@@ -242,7 +242,7 @@ class ClientWork:
         # The queue and unacked hash are read once for all of them, not once per run.
         where_by_run = self.hot.take_client_runs(cid, [rec.run_id or "" for rec in mine])
         try:
-            self.hot.cancel_runs(where_by_run, cid)
+            self.hot.cancel_runs(where_by_run, cid, unqueue=False)  # just taken out of its queue
         except ClientKeyUnreadable as exc:
             # Its own cancelled set, replaced by the client: the calls still come back here.
             self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())

@@ -85,8 +85,6 @@ TREE_CACHE = 256
 # Ready tasks dispatched per store batch: big enough to amortise a commit and a pipeline,
 # small enough that workers start on the first chunk while the next is written.
 DISPATCH_CHUNK = 200
-# Run ids per SADD when a tree is cancelled: one round trip each, no multi-megabyte command.
-_CANCEL_CHUNK = 10_000
 # The reason a cancelled task records unless its canceller gives another (`vancetope run`
 # stopped by Ctrl-C records that instead).
 CANCELLED_BY_USER = "cancelled by user"
@@ -900,7 +898,9 @@ class Scheduler:
     ) -> list[str]:
         """Cancel a tree's unfinished tasks (or only ``task_id``): one store call ends them all
         ``skipped``, one Redis call per client (and one for the server) adds their runs to the
-        cancelled set workers check before starting; then the tree is advanced once. A
+        cancelled set workers check before starting, and a client's calls still in its queue
+        are taken out of it (a workstation coming back or freeing up never pops them); then
+        the tree is advanced once. A
         100,000-task tree is a few round trips, not 100,000 compare-and-sets. A client whose own
         cancelled set is broken goes to ``on_unreadable`` (raised without one) and stops no other
         client's marks; its tasks are cancelled in the store all the same. The ids cancelled."""
@@ -932,12 +932,19 @@ class Scheduler:
                 runs.setdefault(task.client_id, []).append(task.run_id)
         for client_id, run_ids in runs.items():
             try:
-                for start in range(0, len(run_ids), _CANCEL_CHUNK):
-                    self.hot.cancel_runs(run_ids[start : start + _CANCEL_CHUNK], client_id)
+                unqueued = self.hot.cancel_runs(run_ids, client_id)
             except ClientKeyUnreadable as exc:
                 if on_unreadable is None:
                     raise
                 on_unreadable(exc)
+                continue
+            if unqueued:
+                log.info(
+                    "tree %s: took %d cancelled call(s) out of client %s's queue",
+                    tree_id,
+                    len(unqueued),
+                    client_id,
+                )
         if ended:
             self._local.ended = self._ended_here() + len(ended)
         self.advance(tree_id)

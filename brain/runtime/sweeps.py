@@ -162,8 +162,9 @@ class Sweeps:
     # --- lost messages -----------------------------------------------------------------
     def resend_lost(self) -> list[str]:
         """Queued or running tasks no queue, worker or outbox holds get a new run id and are
-        sent again (queued, not running: nothing has begun the new run), so a late original is
-        ignored rather than recorded twice. A running task's message stays in kombu's unacked
+        sent again (queued, not running: nothing has begun the new run), and the old run is
+        added to the cancelled set, so a late original is refused at begin_run rather than run
+        beside the new one (and its result, if it ran, is ignored rather than recorded twice). A running task's message stays in kombu's unacked
         hash while its worker runs it, and after its worker died until it is delivered again;
         only a run nothing holds any more is lost. A call held for approval is the agent's."""
         cutoff = self.clock() - self.settings.reconcile_grace_s
@@ -257,7 +258,8 @@ class Sweeps:
         return frozenset({client_key(client_id, CLIENT_ACK)})
 
     def _resend(self, rec: TaskRecord, client_id: str | None) -> bool:
-        """Send ``rec`` again as a new run; True only when it was sent (not given up, not parked)."""
+        """Send ``rec`` again as a new run; True only when it was sent (not given up, not parked).
+        Whichever it is, the lost run is cancelled: it is no longer the task's run."""
         tree_rec = self.scheduler.tree(rec.tree_id)
         if tree_rec is None:
             return False
@@ -271,15 +273,17 @@ class Sweeps:
             if self.scheduler.finish_without_run(
                 rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
             ):
+                self._cancel_run(rec)
                 log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
                 self.scheduler.advance(rec.tree_id)
             return False  # given up, not re-sent
         if client_id is not None and self.presence.session(client_id) is None:
             # Its client is gone: treat it like work taken back on disconnect (parked, not re-sent).
             reason = f"Queued for Client: {rec.tool} (its message to client {client_id} was lost)"
-            self.scheduler.park(
+            if self.scheduler.park(
                 tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
-            )
+            ):
+                self._cancel_run(rec)  # it runs again as a new run when its client is back
             return False
         if client_id is None and rec.run_id:
             # A lost server run gives back any gate slot it held, and its waiting entry.
@@ -301,6 +305,10 @@ class Sweeps:
         )
         if moved is None:
             return False
+        # The old run is superseded before the new one is sent: its message, if it surfaces
+        # late (an agent that popped it before its link was cut, kombu restoring it after the
+        # agent died), is refused at begin_run, so the two never both start.
+        self._cancel_run(rec)
         call = self.scheduler.call_for(tree_rec, moved)
         if call is None:
             return False
@@ -430,8 +438,9 @@ class Sweeps:
 
     # --- cancel ----------------------------------------------------------------------------
     def _cancel_run(self, rec: TaskRecord) -> None:
-        """Add the task's run to the cancelled set its worker checks. A client that replaced
-        its own set is suspended; the task is cancelled in the store regardless."""
+        """Add the task's run to the cancelled set its worker checks (a client's message still
+        in its queue is taken out). A client that replaced its own set is suspended; the task
+        is cancelled in the store regardless."""
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
         except ClientKeyUnreadable as exc:

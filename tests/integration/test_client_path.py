@@ -25,6 +25,7 @@ from workers.contracts import (
     ToolDescriptor,
     ToolType,
     client_key,
+    client_queue,
 )
 
 pytestmark = pytest.mark.integration
@@ -234,12 +235,13 @@ def test_an_agent_the_brain_dropped_while_alive_announces_itself_again(
     assert back.session_id == first.session_id and back.connected_at > first.connected_at
 
 
-def test_a_call_cancelled_while_waiting_in_an_offline_clients_queue_never_runs_when_it_returns(
+def test_calls_cancelled_while_waiting_in_an_offline_clients_queue_leave_it_and_never_reach_the_agent(
     tmp_path: Path, stack_factory, brain_factory
 ) -> None:
     stack = stack_factory(services=("brain", "server-pool"), agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
-    # The brain believes laptop is connected (as just before a crash): the call goes to its queue.
+    # The brain believes laptop is connected (as just before a crash, or a laptop whose lid
+    # just closed): the calls go to its queue and wait there.
     brain.hot.r.set(client_key("laptop", CLIENT_HEARTBEAT), "before-crash", ex=120)
     brain.hot.r.lpush(
         client_key("laptop", CLIENT_OUTBOX),
@@ -251,29 +253,45 @@ def test_a_call_cancelled_while_waiting_in_an_offline_clients_queue_never_runs_w
         ).model_dump_json(),
     )
     wait_until(lambda: brain.scheduler.presence.session("laptop"), what="the brain to accept the session")
-    marker = tmp_path / "sandbox" / "must-not-exist.txt"
+    sandbox = tmp_path / "sandbox"
+    markers = [sandbox / f"must-not-exist-{i}.txt" for i in range(3)]
+    writes = [
+        {"id": f"w{i}", "tool": "write_local_file", "args": {"path": str(m), "content": "ran"}}
+        for i, m in enumerate(markers)
+    ]
     rec = brain.scheduler.submit(
+        tree({"id": "cancel", "tasks": writes}), session=SessionKind.INTERACTIVE, client_id="laptop"
+    )
+    queue = client_key("laptop", client_queue("laptop"))
+    cancelled = {t.task_id: t.run_id for t in brain.store.get_tasks(rec.tree_id)}
+    assert set(states(brain, rec.tree_id).values()) == {TaskState.QUEUED_CLIENT}
+    assert brain.hot.r.llen(queue) == 3
+    assert sorted(brain.sweeps.cancel(rec.tree_id)) == ["w0", "w1", "w2"]
+    assert brain.hot.r.llen(queue) == 0  # taken out, not left for the agent to pop and refuse
+
+    stack.start_service("client-agent")  # the real agent comes back and drains its queue
+    wait_until(
+        lambda: (s := brain.scheduler.presence.session("laptop")) and s.session_id != "before-crash",
+        timeout=90,
+        what="the real agent's announcement",
+    )
+    # A call sent after the cancel runs: the agent is up and consuming its queue. (Not a
+    # write: the real agent announced write_local_file unlike the session above, so it waits
+    # for `clients approve-tools`.)
+    after = brain.scheduler.submit(
         tree(
-            {
-                "id": "cancel",
-                "tasks": [
-                    {"id": "w", "tool": "write_local_file", "args": {"path": str(marker), "content": "ran"}}
-                ],
-            }
+            {"id": "after", "tasks": [{"id": "r", "tool": "read_local_file", "args": {"path": "notes.txt"}}]}
         ),
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    assert brain.store.get_task(rec.tree_id, "w").state is TaskState.QUEUED_CLIENT
-    assert brain.sweeps.cancel(rec.tree_id) == ["w"]
-
-    stack.start_service("client-agent")  # the real agent comes back and drains its queue
-    log = stack.service("client-agent").log_path
-    wait_until(
-        lambda: "was cancelled or is no longer its run; not starting it" in log.read_text(),
-        timeout=60,
-        what="the agent to skip the cancelled run",
-    )
-    assert not marker.exists()
-    task = brain.store.get_task(rec.tree_id, "w")
-    assert (task.state, task.reason, task.result) == (TaskState.SKIPPED, "cancelled by user", None)
+    assert wait_for_tree(brain, after.tree_id, timeout=90).status is TreeStatus.DONE
+    done = brain.store.get_task(after.tree_id, "r")
+    assert done.result["content"] == "kept on the laptop\n" and done.attempt == 1
+    assert not any(m.exists() for m in markers)
+    log = stack.service("client-agent").log_path.read_text()
+    assert not [run for run in cancelled.values() if run in log], log[-3000:]  # never even popped
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert {(t.state, t.reason, t.result) for t in tasks} == {(TaskState.SKIPPED, "cancelled by user", None)}
+    assert {t.task_id: t.run_id for t in tasks} == cancelled  # no run after the cancel
+    assert brain.store.get_tree(rec.tree_id).status is TreeStatus.FAILED

@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from bench.faultproxy import FaultProxy
-from brain.core.models import TaskState, TreeStatus
+from brain.core.models import TaskState, TreeRecord, TreeStatus
+from brain.hot.acl import client_username
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, stack_env
 from tests.conftest import (
@@ -36,11 +37,15 @@ from tests.conftest import (
     wait_until,
 )
 from tests.integration.test_cli import vancetope
+from workers.contracts import KOMBU_UNACKED, client_key, client_queue, key_cancelled
 from workers.lease import VISIBILITY_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
 HEARTBEAT_TTL_S = 2.0  # agent_with_servers
+# The laptop's queue and kombu's hash of the calls it holds, under its prefix.
+LAPTOP_QUEUE = client_key("laptop", client_queue("laptop"))
+LAPTOP_UNACKED = client_key("laptop", KOMBU_UNACKED)
 
 
 def ledger_server() -> dict[str, Any]:
@@ -49,19 +54,22 @@ def ledger_server() -> dict[str, Any]:
 
 @pytest.fixture
 def behind_proxy(
-    tmp_path: Path, stack_factory: Callable[..., EmbeddedStack]
+    request: pytest.FixtureRequest, tmp_path: Path, stack_factory: Callable[..., EmbeddedStack]
 ) -> Iterator[tuple[EmbeddedStack, FaultProxy]]:
     """A stack whose agent "laptop" (user ada, the ledger server in its mcp.json) talks to Redis
-    through a fault proxy."""
+    through a fault proxy; its heartbeat TTL is ``HEARTBEAT_TTL_S`` unless the test's indirect
+    parameter gives another."""
     # Declared as a client tool, as a night batch's workstation tools are: while its client is
     # away, its calls park (pending_client) instead of failing as unknown.
     registry = yaml.safe_load((EXAMPLES / "registry.yaml").read_text())
     registry["tools"].append({"name": "ledger.work", "location": "client", "mcp_server": "ledger"})
     (tmp_path / "registry.yaml").write_text(yaml.safe_dump(registry))
+    agent_config = agent_with_servers(tmp_path, {"ledger": ledger_server(), "desk": demo_server()})
+    ttl = getattr(request, "param", HEARTBEAT_TTL_S)
+    text = agent_config.read_text()
+    agent_config.write_text(text.replace(f"heartbeat_ttl_s = {HEARTBEAT_TTL_S}", f"heartbeat_ttl_s = {ttl}"))
     stack = stack_factory(
-        services=("brain", "server-pool"),
-        agent_config=agent_with_servers(tmp_path, {"ledger": ledger_server(), "desk": demo_server()}),
-        registry=tmp_path / "registry.yaml",
+        services=("brain", "server-pool"), agent_config=agent_config, registry=tmp_path / "registry.yaml"
     )
     assert stack.redis is not None and stack.agent_url is not None
     with FaultProxy(("127.0.0.1", stack.redis.port)) as proxy:
@@ -69,6 +77,12 @@ def behind_proxy(
         stack.start_service("client-agent")
         assert stack.wait_connected("laptop", 90)
         yield stack, proxy
+
+
+def one_ledger_call(brain: Brain, tree_id: str, ledger: Path, seconds: float) -> TreeRecord:
+    """Submit, as ada, a tree of one task "call": the ledger's tool working ``seconds``."""
+    call = {"id": "call", "tool": "ledger.work", "args": {"seconds": seconds, "ledger": str(ledger)}}
+    return brain.scheduler.submit(tree({"id": tree_id, "tasks": [call]}), user="ada")
 
 
 def runs_in(ledger: Path) -> int:
@@ -137,6 +151,119 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     assert f"the same call succeeded as run {first_run}" in agent_log, agent_log[-3000:]
 
 
+# A heartbeat TTL longer than the cut: the laptop stays connected, so the reconciler re-sends
+# the lost call (a laptop dropped as offline has it parked instead, as in the test above).
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_starts(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The agent's pop of a call reached Redis, then the link was cut: the reply and its unacked
+    write never made it, so no queue, hash or outbox holds the run. The reconciler re-sends it
+    as a new run and cancels the old one. When the old message surfaces after all (kombu
+    restoring it to a restarted agent, which no longer remembers the call), it is refused at
+    begin_run: the tool runs once, its result is recorded once."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    proxy.cut()
+    # Once no BRPOP of the laptop's is pending in Redis (kombu's time out and the next ones are
+    # dropped by the cut), nothing but this test takes from its queue.
+    wait_until(
+        lambda: (
+            not any(
+                c.get("user") == client_username("laptop") and "b" in c.get("flags", "")
+                for c in r.client_list()
+            )
+        ),
+        30,
+        "the laptop's blocked reads to end",
+    )
+    rec = one_ledger_call(brain, "popped", ledger, seconds=1)
+    old = brain.store.get_task(rec.tree_id, "call")
+    assert old is not None and old.state is TaskState.QUEUED_CLIENT
+    raw = wait_until(
+        lambda: r.rpop(LAPTOP_QUEUE), 30, "the call in the laptop's queue"
+    )  # the pop the cut ate
+    new_run = wait_until(
+        lambda: (t := brain.store.get_task(rec.tree_id, "call")) and t.run_id != old.run_id and t.run_id,
+        60,
+        "the reconciler to re-send the lost call",
+    )
+    assert r.sismember(client_key("laptop", key_cancelled()), old.run_id or "")
+    assert brain.scheduler.presence.session("laptop") is not None  # re-sent, not parked
+    proxy.heal()
+    done = wait_for_tree(brain, rec.tree_id, HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 60)
+    assert done.status is TreeStatus.DONE
+    assert runs_in(ledger) == 1
+
+    # The old message surfaces late, to an agent that restarted (its memory of calls is gone).
+    # The kill waits for the new run's ack: a run killed before its ack is delivered again, by
+    # design (at least once), which is not what this test is about.
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "the agent to ack the new run")
+    agent = stack.service("client-agent").process
+    assert agent is not None
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait(30)
+    r.lpush(LAPTOP_QUEUE, raw)
+    stack.start_service("client-agent")
+    log = stack.service("client-agent").log_path
+    wait_until(
+        lambda: f"run {old.run_id} of task call was cancelled or is no longer its run" in log.read_text(),
+        90,
+        "the restarted agent to refuse the old run",
+    )
+    # taken, refused, acked: it is never delivered again
+    wait_until(
+        lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "the refused run to be acked"
+    )
+    assert runs_in(ledger) == 1  # the tool ran once
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert call is not None and (call.state, call.run_id, call.attempt) == (TaskState.DONE, new_run, 2)
+
+
+def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_ones_out_of_its_queue(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The laptop runs two long calls (its concurrency) while three more wait in its queue. A
+    cancel takes those three out at once: the laptop, once free, never pops them (the link is
+    healthy here; an offline laptop's queue is emptied the same way, test_client_path)."""
+    stack, _ = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledgers = tmp_path / "ledgers"
+    ledgers.mkdir()
+    ledger = {f"c{i}": ledgers / f"{i}.txt" for i in range(5)}
+    tasks = [
+        {"id": task_id, "tool": "ledger.work", "args": {"seconds": 15, "ledger": str(path)}}
+        for task_id, path in ledger.items()
+    ]
+    rec = brain.scheduler.submit(tree({"id": "busy", "tasks": tasks}), user="ada")
+    wait_until(
+        lambda: sum(runs_in(path) for path in ledger.values()) == 2 and r.llen(LAPTOP_QUEUE) == 3,
+        60,
+        "two calls running on the laptop and three in its queue",
+    )
+    waiting = [t.run_id for t in brain.store.get_tasks(rec.tree_id) if not runs_in(ledger[t.task_id])]
+    assert sorted(brain.sweeps.cancel(rec.tree_id)) == sorted(ledger)
+    assert r.llen(LAPTOP_QUEUE) == 0
+
+    wait_until(
+        lambda: sum(len(spans_in(path)) for path in ledger.values()) == 2 and r.hlen(LAPTOP_UNACKED) == 0,
+        120,
+        "the two long calls to end and be acked",
+    )
+    assert sum(runs_in(path) for path in ledger.values()) == 2  # the three queued never started
+    log = stack.service("client-agent").log_path.read_text()
+    assert len(waiting) == 3 and not [run for run in waiting if run and run in log], log[-3000:]
+    records = brain.store.get_tasks(rec.tree_id)
+    assert {(t.state, t.result) for t in records} == {(TaskState.SKIPPED, None)}  # late results refused
+
+
 def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_without_overlap(
     tmp_path: Path,
     behind_proxy: tuple[EmbeddedStack, FaultProxy],
@@ -148,17 +275,7 @@ def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_wit
     stack, _ = behind_proxy
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
-    rec = brain.scheduler.submit(
-        tree(
-            {
-                "id": "sleep",
-                "tasks": [
-                    {"id": "call", "tool": "ledger.work", "args": {"seconds": 3, "ledger": str(ledger)}}
-                ],
-            }
-        ),
-        user="ada",
-    )
+    rec = one_ledger_call(brain, "sleep", ledger, seconds=3)
     wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
     first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
     agent = stack.service("client-agent").process

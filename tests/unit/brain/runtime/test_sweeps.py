@@ -27,6 +27,7 @@ from workers.contracts import (
     key_cancelled,
     key_parked,
 )
+from workers.tasks import begin_run
 
 # --- where a server run's message can be -------------------------------------------------------
 
@@ -159,6 +160,51 @@ def test_a_client_run_seen_held_at_the_second_look_is_not_resent(rig: Rig) -> No
     assert rig.sweeps.run_once() == []
     assert rig.task(rec.tree_id, "r").run_id == run_id
     assert len(rig.sent.of("r")) == 1
+
+
+@pytest.mark.parametrize("owner", ["server", "client"])
+def test_a_resent_run_supersedes_the_lost_one_so_a_late_delivery_of_it_never_starts(
+    rig: Rig, owner: str
+) -> None:
+    # A message nothing held may still surface: an agent popped it just before its link was
+    # cut (its unacked write lost), or kombu restores it after the agent died. That old run
+    # must be refused where every run starts (workers.tasks.begin_run), not run beside the new.
+    client = owner == "client"
+    if client:
+        rig.presence.enroll("laptop", "ada")
+        rig.connect()
+    rec = rig.scheduler.submit(tree(local_read("a") if client else echo("a")), user="ada")
+    old = rig.sent.of("a")[0]
+    rig.later()
+    assert rig.sweeps.run_once() == ["a"]
+    new = rig.sent.of("a")[-1]
+    assert new.run_id != old.run_id and rig.task(rec.tree_id, "a").run_id == new.run_id
+
+    prefix = client_key("laptop", "") if client else ""
+    assert rig.r.smembers(prefix + key_cancelled()) == {old.run_id.encode()}
+    assert begin_run(rig.r, prefix, old, "late", rig.clock()) is None
+    assert begin_run(rig.r, prefix, new, "w", rig.clock()) == 1
+
+
+@pytest.mark.parametrize("case", ["given up", "client gone"])
+def test_a_lost_run_given_up_or_parked_is_cancelled_too(rig: Rig, case: str) -> None:
+    if case == "given up":
+        rec = rig.scheduler.submit(tree(echo("a")))
+        for _ in range(rig.sweeps.settings.max_deliveries + 1):
+            rig.later()
+            rig.sweeps.run_once()
+        key = key_cancelled()
+    else:
+        rig.presence.enroll("laptop", "ada")
+        rig.connect()
+        rec = rig.scheduler.submit(tree(local_read("a")), user="ada")
+        rig.presence.disconnect("laptop")  # its session ended without a take-back (a crash)
+        key = client_key("laptop", key_cancelled())
+    last = rig.task(rec.tree_id, "a").run_id
+    rig.later()
+    rig.sweeps.run_once()
+    assert rig.task(rec.tree_id, "a").state in (TaskState.FAILED, TaskState.PENDING_CLIENT)
+    assert last.encode() in rig.r.smembers(key)
 
 
 @pytest.mark.parametrize("case", ["given up", "client gone"])
@@ -378,6 +424,39 @@ def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(r
         assert (task.state, task.reason) == (TaskState.SKIPPED, "cancelled by user")
     assert rig.r.smembers(key_cancelled()) == {run_id.encode()}
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
+
+
+def test_cancel_takes_a_clients_queued_calls_out_of_its_queue_and_leaves_the_rest(rig: Rig) -> None:
+    # A workstation offline (its session not yet lapsed) or busy with a long call still has
+    # the cancelled calls in its queue: it must never pop them when it comes back or frees up.
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    cancelled = rig.scheduler.submit(tree(local_read("r1"), local_read("r2"), id="gone"), user="ada")
+    kept = rig.scheduler.submit(tree(local_read("r3"), id="kept"), user="ada")
+    runs = {t: rig.task(cancelled.tree_id, t).run_id for t in ("r1", "r2")}
+    other = rig.task(kept.tree_id, "r3").run_id
+    queue = client_key("laptop", client_queue("laptop"))
+    # What the publisher pushed (the rig records sends instead), a foreign message among them.
+    rig.r.lpush(
+        queue, kombu_message(runs["r1"]), kombu_message(other), b"not json", kombu_message(runs["r2"])
+    )
+
+    assert sorted(rig.sweeps.cancel(cancelled.tree_id)) == ["r1", "r2"]
+    assert rig.r.lrange(queue, 0, -1) == [b"not json", kombu_message(other)]
+    assert rig.r.smembers(client_key("laptop", key_cancelled())) == {r.encode() for r in runs.values()}
+    assert rig.task(kept.tree_id, "r3").state is TaskState.QUEUED_CLIENT
+
+
+def test_a_cancel_whose_client_replaced_its_queue_suspends_it_and_still_cancels(rig: Rig) -> None:
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rec = rig.scheduler.submit(tree(local_read()), user="ada")
+    rig.r.set(client_key("laptop", client_queue("laptop")), "not a list")  # the agent wrote it
+
+    assert rig.sweeps.cancel(rec.tree_id) == ["r"]
+    assert rig.task(rec.tree_id, "r").state is TaskState.SKIPPED
+    assert rig.presence.session("laptop") is None
+    assert "queue" in rig.clients.misbehaving.get("laptop").shown()
 
 
 def test_cancelling_one_task_leaves_its_siblings_running(rig: Rig) -> None:
