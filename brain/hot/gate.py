@@ -17,6 +17,8 @@ gate timer (``brain.runtime.gate_timer``) when the soonest rate-limited call may
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +33,7 @@ from workers.contracts import (
     key_gate_fresh,
     key_gate_lane,
     key_gate_lanes,
+    key_gate_paused,
     key_gate_waiting,
     key_gate_wake,
     pool_queue,
@@ -41,6 +44,9 @@ from workers.scripts import lua
 ADMIT_BUDGET = 500
 # How long a lane recorded by a process that has not written its calls yet is kept empty.
 FRESH_MS = 30_000
+# How stale a dispatcher's copy of the paused servers may be: a call dispatched in that moment
+# goes straight to its pool (and may be answered 429 again, extending the pause).
+PAUSED_MAX_AGE_S = 1.0
 # A slot's lease when its run names none (a run holding one gives it back when it ends; a lease
 # is only for a run that never does: a lost message, a worker that died and never came back).
 DEFAULT_LEASE_MS = 600_000
@@ -113,6 +119,32 @@ class Gate:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._script = r.register_script(lua("brain.hot", "gate"))
+        self._pause_script = r.register_script(lua("brain.hot", "pause"))
+        self._paused: tuple[float, frozenset[str]] = (-PAUSED_MAX_AGE_S - 1, frozenset())
+        self._paused_lock = threading.Lock()
+
+    def pause(self, key: str, seconds: float, why: str) -> float:
+        """Admit nothing under limit ``key`` (``server:jira``) for ``seconds`` from now on Redis's
+        clock, across every process (a later pause already set is kept); the pause's end, epoch s."""
+        until_us = self._pause_script(args=[key, round(seconds * 1_000_000), why], client=self.r)
+        return int(until_us) / 1e6
+
+    def pauses(self) -> dict[str, float]:
+        """Limit key -> when its pause ends (epoch s, Redis time), for pauses not yet over."""
+        now = time.time()
+        raw = self.r.hgetall(key_gate_paused())
+        found = {as_text(k): int(v) / 1e6 for k, v in raw.items()}  # type: ignore[union-attr]
+        return {key: end for key, end in found.items() if end > now}
+
+    def paused(self) -> frozenset[str]:
+        """The limit keys paused now, as this process last read them (at most
+        ``PAUSED_MAX_AGE_S`` old: dispatching reads Redis once a second, not once a call)."""
+        with self._paused_lock:
+            read_at, keys = self._paused
+            if time.monotonic() - read_at > PAUSED_MAX_AGE_S:
+                keys = frozenset(self.pauses())
+                self._paused = (time.monotonic(), keys)
+            return keys
 
     def enqueue(self, waiting: Sequence[Waiting]) -> None:
         """Record lanes and runs before their messages are written (a crash between leaves a

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from brain.core.models import TaskState, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TreeStatus
 from brain.hot.gate import Gate
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, celery_argv
-from tests.conftest import tree, wait_for_tree, wait_until
+from tests.conftest import tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_pools import vancetope
+from tests.unit.workers.helpers import BUSY_SERVER, http_server
 from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
 from workers.pool_presence import live_pool_workers
 
@@ -171,3 +172,61 @@ def test_a_chain_of_limited_calls_is_put_at_the_gate_by_the_pool_and_ends(
     assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
     starts = [brain.store.get_task(rec.tree_id, f"s{i}").started_at for i in range(6)]  # type: ignore[union-attr]
     assert all(b is not None and a is not None and b > a for a, b in pairwise(starts))
+
+
+def test_a_429_with_retry_after_pauses_that_servers_calls_across_both_processes(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # Two real HTTP MCP servers with no limit written: `busy` answers its first tools/call
+    # 429 with Retry-After: 2, `calm` never does.
+    with (
+        http_server(tmp_path, BUSY_SERVER) as busy,
+        http_server(tmp_path, BUSY_SERVER, "0") as calm,
+    ):
+        servers = {"busy": {"url": busy}, "calm": {"url": calm}}
+        stack = stack_factory(
+            services=("brain", "server-pool"), mcp_config=write_mcp_config(tmp_path / "mcp.json", servers)
+        )
+        brain = brain_factory(stack)
+        second_pool(stack)
+        wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
+        retried = {"max_attempts": 3, "backoff_s": 0.1, "jitter": False}
+        first = brain.scheduler.submit(
+            tree({"id": "first", "tasks": [{"id": "p", "tool": "busy.ping", "retry": retried}]})
+        )
+
+        def refused() -> TaskRecord | None:
+            rec = brain.store.get_task(first.tree_id, "p")
+            return rec if rec is not None and rec.attempts else None
+
+        attempt = wait_until(refused, 60, "the 429 recorded as a failed attempt").attempts[0]
+        assert attempt.error is not None and attempt.error.data["status"] == 429
+        refused_at = attempt.finished_at
+        assert refused_at is not None
+        # The recording pool process paused the server's budget in Redis; this brain's
+        # dispatch sees it (re-read at most once a second) and routes busy's calls to the gate.
+        gate = brain.scheduler.publisher.gate
+        assert gate is not None
+        wait_until(lambda: "server:busy" in gate.paused(), 20, "the pause seen by the dispatcher")
+        assert set(gate.pauses()) == {"server:busy"}  # calm is not paused
+        tasks = [{"id": f"b{i}", "tool": "busy.ping"} for i in range(4)]
+        tasks += [{"id": f"c{i}", "tool": "calm.ping"} for i in range(4)]
+        second = brain.scheduler.submit(tree({"id": "second", "tasks": tasks}))
+        assert wait_for_tree(brain, second.tree_id, 60).status is TreeStatus.DONE
+        assert wait_for_tree(brain, first.tree_id, 60).status is TreeStatus.DONE
+
+    def started(tree_id: str, task: str) -> float:
+        rec = brain.store.get_task(tree_id, task)
+        assert rec is not None and rec.started_at is not None
+        return rec.started_at
+
+    # No call of busy started within the 2 s it asked for (a generous lower bound: the pause
+    # runs from when the pool recorded the 429, after the attempt finished) ...
+    busy_starts = [started(first.tree_id, "p")] + [started(second.tree_id, f"b{i}") for i in range(4)]
+    assert min(busy_starts) - refused_at >= 1.9, [s - refused_at for s in busy_starts]
+    # ... while calm's calls, submitted with them, were not held: they went first.
+    calm_starts = [started(second.tree_id, f"c{i}") for i in range(4)]
+    assert max(calm_starts) < min(busy_starts[1:]), (calm_starts, busy_starts)

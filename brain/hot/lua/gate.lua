@@ -61,6 +61,13 @@ end
 local function blocked_by(lane)
   for _, l in ipairs(lane.limits) do
     local key, interval, cap = l[1], tonumber(l[2]), tonumber(l[3])
+    -- A server that answered 429 with Retry-After: nothing of its budget until then (pause.lua
+    -- writes "<until µs>\t<why>"). A lane may carry a limit key for its pause alone (0, 0).
+    local until_us, why = string.match(redis.call('GET', NS .. 'pause:' .. key) or '', '^(%d+)\t(.*)$')
+    if until_us and tonumber(until_us) > now then
+      note_wait(tonumber(until_us) - now)
+      return why
+    end
     if interval > 0 then
       local tat = tonumber(redis.call('GET', NS .. 'rate:' .. key) or '0')
       if tat - now > TAU then

@@ -9,11 +9,11 @@ from textwrap import dedent
 import pytest
 
 from brain.config import load_settings
-from brain.core.fairshare import AppliedLimit, applied_limits, lane_id
+from brain.core.fairshare import AppliedLimit, applied_limits, lane_id, pause_asked_by
 from brain.core.models import Location, ToolSpec
 from brain.core.treefile import load_registry, load_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
-from workers.contracts import ToolType
+from workers.contracts import ErrorInfo, ToolType
 from workers.mcp_config import parse_mcp_config
 from workers.rates import Limits, rate_per_s
 
@@ -184,6 +184,33 @@ def test_which_limits_apply_to_a_server_run(
     tool: ToolSpec, pool: str | None, servers: dict[str, Limits], pools: dict[str, Limits], keys: list[str]
 ) -> None:
     assert [limit.key for limit in applied_limits(tool, pool, servers, pools)] == keys
+
+
+def test_a_paused_server_bounds_its_runs_even_with_no_limit_written() -> None:
+    jira = _tool(type="mcp", mcp_server="jira")
+    assert applied_limits(jira, None, {}, {}, paused={"server:other"}) == ()
+    (pause,) = applied_limits(jira, None, {}, {}, paused={"server:jira"})
+    assert (pause.key, pause.rate_limit, pause.max_concurrency) == ("server:jira", None, None)
+    assert pause.described() == []
+    # a server with limits of its own: its limit's key carries the pause, no second entry
+    limited = applied_limits(jira, None, {"jira": Limits(rate_limit="10/s")}, {}, paused={"server:jira"})
+    assert [limit.key for limit in limited] == ["server:jira"]
+    http_get = ToolSpec.model_validate({"name": "http_get", "location": "server"})
+    (on_tool,) = applied_limits(http_get, None, {}, {}, paused={"tool:http_get"})
+    assert on_tool.key == "tool:http_get"
+
+
+def test_which_budget_a_429_pauses() -> None:
+    def failed(**data: object) -> ErrorInfo:
+        return ErrorInfo(type="ToolFailed", message="m", data=data)
+
+    jira = failed(status=429, retry_after_s=2, server="jira")
+    assert pause_asked_by("search", jira) == ("server:jira", 2.0)
+    assert pause_asked_by("http_get", failed(status=429, retry_after_s=5)) == ("tool:http_get", 5.0)
+    assert pause_asked_by("http_get", failed(status=429)) is None  # no Retry-After: the retry policy alone
+    assert pause_asked_by("http_get", failed(status=429, retry_after_s=0)) is None
+    assert pause_asked_by("http_get", failed(status=500, retry_after_s=5)) is None
+    assert pause_asked_by("http_get", None) is None
 
 
 def test_a_limit_is_described_by_its_name_and_where_it_is_written() -> None:

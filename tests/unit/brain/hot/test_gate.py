@@ -11,7 +11,7 @@ import redis
 
 from brain.core.fairshare import AppliedLimit, lane_id
 from brain.hot.gate import Gate, Lane, Waiting
-from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, pool_queue
+from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, key_gate_pause, pool_queue
 
 
 def lane(user: str, *limits: AppliedLimit, pool: str | None = None) -> Lane:
@@ -133,3 +133,32 @@ def test_a_forged_lane_moves_nothing_outside_the_pool_queues(
     assert gate.admit().count == 0
     assert redis_client.llen(wait) == 1 and redis_client.llen(queue) == 0
     assert redis_client.zcard(key_gate_lanes()) == 0
+
+
+def test_a_paused_budget_admits_nothing_until_its_end_and_other_lanes_go_on(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    jira, calm = AppliedLimit("server", "jira", None, None), AppliedLimit("server", "calm", None, 5)
+    busy, other = lane("ada", jira), lane("ada", calm)
+    end = gate.pause("server:jira", 30, "paused by HTTP 429 from server jira (Retry-After 30s)")
+    put(redis_client, gate, busy, "j1")
+    put(redis_client, gate, other, "c1")
+    admitted = gate.admit()
+    assert admitted.count == 1 and queued(redis_client) == ["c1"]
+    # the gate timer is told when the pause ends (Redis time), not to poll
+    assert admitted.wait_s is not None and 25 < admitted.wait_s <= 30
+    assert gate.throttled(["j1"]) == {"j1": "paused by HTTP 429 from server jira (Retry-After 30s)"}
+    assert set(gate.pauses()) == {"server:jira"} and gate.paused() == {"server:jira"}
+    # a shorter pause asked later keeps the longer one
+    assert gate.pause("server:jira", 1, "shorter") == end
+    # the pause over (its key gone), the call goes
+    redis_client.delete(key_gate_pause("server:jira"))
+    assert gate.admit().count == 1 and queued(redis_client) == ["c1", "j1"]
+
+
+def test_a_pause_ends_on_redis_time(redis_client: redis.Redis, gate: Gate) -> None:
+    busy = lane("ada", AppliedLimit("tool", "http_get", None, None))
+    gate.pause("tool:http_get", 0.05, "paused")
+    put(redis_client, gate, busy, "h1")
+    redis_client.execute_command("DEBUG", "SLEEP", "0.1")
+    assert gate.admit().count == 1 and gate.pauses() == {}
