@@ -33,7 +33,7 @@ from brain.cli.base import (
     settings_options_given,
     stack_for,
 )
-from brain.cli.display import THROTTLED, duration, queues_table, task_table, trees_table
+from brain.cli.display import THROTTLED, duration, limits_table, queues_table, task_table, trees_table
 from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.cli.watch import watch
 from brain.config import Settings
@@ -726,6 +726,8 @@ def _show_queues(settings: Settings) -> None:
 
 def _print_queues(report: QueuesReport) -> None:
     console.print(queues_table(report))
+    if report.limits:
+        console.print(limits_table(report))
     for line in report.alarms():
         console.print(
             f"[bold red]work waiting, nobody consuming:[/] {escape(line)}", highlight=False, soft_wrap=True

@@ -15,7 +15,7 @@ checked at submit and recorded; the gate does not order by it yet (docs/fair-sha
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from brain.core.models import PRIORITY_WORDS, Priority, ToolSpec
@@ -31,6 +31,7 @@ __all__ = [
     "lane_id",
     "pause_asked_by",
     "pause_key",
+    "written_limits",
 ]
 
 
@@ -87,6 +88,25 @@ def applied_limits(
         scope, _, name = pause.partition(":")
         found.append(AppliedLimit(scope, name, None, None))
     return tuple(found)
+
+
+def written_limits(
+    tools: Iterable[ToolSpec], server_limits: Mapping[str, Limits], pool_limits: Mapping[str, Limits]
+) -> list[AppliedLimit]:
+    """Every limit written in the registry, the mcpServers file and the pools: tools, then
+    servers, then pools, each by name (what ``status --queues`` lists)."""
+    found = [
+        AppliedLimit("tool", t.name, t.rate_limit, t.max_concurrency)
+        for t in sorted(tools, key=lambda t: t.name)
+        if t.rate_limit is not None or t.max_concurrency is not None
+    ]
+    for scope, written in (("server", server_limits), ("pool", pool_limits)):
+        found += [
+            AppliedLimit(scope, name, limits.rate_limit, limits.max_concurrency)
+            for name, limits in sorted(written.items())
+            if limits.any
+        ]
+    return found
 
 
 def pause_key(tool: str, server: str | None) -> str:

@@ -27,12 +27,14 @@ import redis
 from brain.core.fairshare import AppliedLimit
 from brain.hot.state import as_text
 from workers.contracts import (
+    DEFAULT_POOL,
     GATE_NS,
     gate_wait_prefix,
     key_cancelled,
     key_gate_fresh,
     key_gate_lane,
     key_gate_lanes,
+    key_gate_pause,
     key_gate_paused,
     key_gate_waiting,
     key_gate_wake,
@@ -115,6 +117,30 @@ class Admitted:
     wait_s: float | None
 
 
+@dataclass(frozen=True)
+class LaneView:
+    """One lane as ``status --queues`` reads it: whose calls, bounded by which limit keys, how
+    many wait, and the limit that last held its head (``why_key``; empty: none yet)."""
+
+    pool: str
+    user: str
+    keys: tuple[str, ...]
+    waiting: int
+    why: str
+    why_key: str
+
+
+@dataclass(frozen=True)
+class KeyView:
+    """One limit key's budget now: slots held, calls admitted per second (Redis second ->
+    count, the last few seconds), and its pause if one is on (end: epoch s, Redis time)."""
+
+    running: int
+    admitted: dict[int, int]
+    paused_until: float | None
+    paused_why: str | None
+
+
 class Gate:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
@@ -168,6 +194,55 @@ class Gate:
             client=self.r,
         )
         return Admitted(int(count), None if int(wait_us) < 0 else int(wait_us) / 1e6)
+
+    def lanes_view(self) -> list[LaneView]:
+        """Every lane with its calls waiting (one pipelined read; the lanes are few)."""
+        lanes = [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+        if not lanes:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for lane in lanes:
+            pipe.hmget(key_gate_lane(lane), ["wait", "limits", "user", "pool", "why", "why_key"])
+        metas = pipe.execute()
+        for meta in metas:
+            pipe.llen(as_text(meta[0]) if meta[0] else "")
+        lengths = pipe.execute()
+        views = []
+        for meta, waiting in zip(metas, lengths, strict=True):
+            wait, limits, user, pool, why, why_key = (as_text(v) if v else "" for v in meta)
+            try:
+                keys = tuple(str(limit[0]) for limit in json.loads(limits))
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue  # a lane the script drops too
+            if not wait.startswith(f"{GATE_NS}w:"):
+                continue
+            views.append(LaneView(pool or DEFAULT_POOL, user, keys, int(waiting), why, why_key))
+        return views
+
+    def keys_view(self, keys: Iterable[str]) -> tuple[dict[str, KeyView], float]:
+        """Each limit key's budget now, and Redis's clock (epoch s) they were read at."""
+        wanted = sorted(set(keys))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        for key in wanted:
+            pipe.zcard(f"{GATE_NS}slots:{key}")
+            pipe.hgetall(f"{GATE_NS}admits:{key}")
+            pipe.get(key_gate_pause(key))
+        replies = pipe.execute()
+        seconds, micros = replies[0]
+        now = int(seconds) + int(micros) / 1e6
+        views = {}
+        for i, key in enumerate(wanted):
+            running, admits, pause = replies[1 + 3 * i : 4 + 3 * i]
+            until, _, why = as_text(pause).partition("\t") if pause else ("", "", "")
+            paused = int(until) / 1e6 if until.isdigit() and int(until) / 1e6 > now else None
+            views[key] = KeyView(
+                running=int(running),
+                admitted={int(k): int(v) for k, v in admits.items()},
+                paused_until=paused,
+                paused_why=why if paused is not None else None,
+            )
+        return views, now
 
     def wait_keys(self) -> list[str]:
         """The wait lists of every lane (the reconciler counts a run waiting there as held)."""

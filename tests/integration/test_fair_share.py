@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,28 @@ def test_a_rate_limit_holds_across_two_pool_processes(
     assert gated and {(t["state"], t["throttled_by"]) for t in gated} == {
         ("queued_server", "rate_limit 5/s of tool sleep")
     }
+
+    # `status --queues --json`: the pool's calls at the gate, the limit, what waits on it and
+    # who for, and how fast calls go through it now (never over the limit).
+    def limit_row() -> dict[str, Any]:
+        queues = vancetope("status", "--queues", "--json", stack=stack, cwd=tmp_path)
+        assert queues.returncode == 0, queues.stderr
+        report = json.loads(queues.stdout)
+        (row,) = [row for row in report["limits"] if row["limit"] == "tool:sleep"]
+        row["pool_throttled"] = next(p["throttled"] for p in report["pools"] if p["pool"] == DEFAULT_POOL)
+        return row
+
+    row = limit_row()
+    assert (row["scope"], row["name"], row["rate_limit"], row["max_concurrency"]) == (
+        "tool",
+        "sleep",
+        "5/s",
+        None,
+    )
+    assert row["waiting"] > 0 and row["throttled"] == row["waiting"] == row["pool_throttled"]
+    assert list(row["waiting_by_user"].values()) == [row["waiting"]]
+    row = wait_until(lambda: (r := limit_row())["rate_per_s"] > 0 and r, 30, "a rate measured")
+    assert row["rate_per_s"] <= 5.5
 
     assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
     done = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(60)]

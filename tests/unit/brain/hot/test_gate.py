@@ -162,3 +162,20 @@ def test_a_pause_ends_on_redis_time(redis_client: redis.Redis, gate: Gate) -> No
     put(redis_client, gate, busy, "h1")
     redis_client.execute_command("DEBUG", "SLEEP", "0.1")
     assert gate.admit().count == 1 and gate.pauses() == {}
+
+
+def test_the_gate_view_reads_lanes_and_budgets_as_status_shows_them(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    s = lane("ada", RATE1, pool="gpu")
+    put(redis_client, gate, s, "r1", "r2", "r3")
+    gate.admit()
+    gate.pause("server:jira", 30, "paused by HTTP 429 from server jira (Retry-After 30s)")
+    (view,) = gate.lanes_view()
+    assert (view.pool, view.user, view.keys, view.waiting) == ("gpu", "ada", ("tool:slow",), 2)
+    assert (view.why, view.why_key) == ("rate_limit 1/s of tool slow", "tool:slow")
+    keys, now = gate.keys_view(["tool:slow", "server:jira"])
+    assert sum(keys["tool:slow"].admitted.values()) == 1 and keys["tool:slow"].paused_until is None
+    jira = keys["server:jira"]
+    assert jira.paused_until is not None and 25 < jira.paused_until - now <= 30
+    assert jira.paused_why == "paused by HTTP 429 from server jira (Retry-After 30s)"
