@@ -15,8 +15,17 @@ a tree or a registry uses against the configured ones.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from brain.core.models import TaskTree, ToolSpec
 from workers.contracts import DEFAULT_POOL, SERVER_QUEUE, check_pool_name, pool_queue
@@ -34,6 +43,22 @@ class PoolSpec(BaseModel):
     # Every run on this pool, across all its workers (docs/fair-share.md): "10/s", and a cap.
     rate_limit: RateLimitText = None
     max_concurrency: Concurrency = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _named(cls, data: Any, handler: ModelWrapValidatorHandler[PoolSpec]) -> PoolSpec:
+        # A bad field names the pool, not only its index: "pool 'crawl': max_concurrency: -1 …".
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            name = data.get("name") if isinstance(data, dict) else None
+            if not isinstance(name, str) or not name:
+                raise
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'pool'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            )
+            raise ValueError(f"pool {name!r}: {problems}") from None
 
     @field_validator("name")
     @classmethod

@@ -253,3 +253,31 @@ def test_a_429_with_retry_after_pauses_that_servers_calls_across_both_processes(
     # ... while calm's calls, submitted with them, were not held: they went first.
     calm_starts = [started(second.tree_id, f"c{i}") for i in range(4)]
     assert max(calm_starts) < min(busy_starts[1:]), (calm_starts, busy_starts)
+
+
+def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names_it(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # server_max_concurrency: the default pool's cap, as max_concurrency on a [[pools]] table.
+    stack = stack_factory(
+        services=("brain", "server-pool"), registry=registry(tmp_path), server_max_concurrency=1
+    )
+    brain = brain_factory(stack)
+    second_pool(stack)
+    wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
+    tree_file = tmp_path / "tree.json"
+    tree_file.write_text(json.dumps(sleeps(6, 0.3)))
+    said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
+    assert said.returncode == 0, said.stderr
+    assert "task t0: limits: max_concurrency 1 of pool default" in said.stdout
+    rec = brain.scheduler.submit(tree(sleeps(6, 0.3)))
+    assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
+    spans = []
+    for i in range(6):
+        r = brain.store.get_task(rec.tree_id, f"t{i}")
+        assert r is not None and r.started_at is not None and r.finished_at is not None
+        spans.append((r.started_at, r.finished_at))
+    assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) == 1

@@ -13,6 +13,7 @@ from brain.core.fairshare import AppliedLimit, applied_limits, lane_id, pause_as
 from brain.core.models import Location, ToolSpec
 from brain.core.treefile import load_registry, load_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
+from brain.runtime.registry import pool_limits
 from workers.contracts import ErrorInfo, ToolType
 from workers.mcp_config import parse_mcp_config
 from workers.rates import Limits, rate_per_s
@@ -111,8 +112,41 @@ def test_limits_on_an_mcp_server_are_read() -> None:
 def test_a_bad_limit_on_a_pool_is_a_config_error_naming_the_field(
     tmp_path: Path, pool: str, says: str
 ) -> None:
-    with pytest.raises(ConfigError, match=rf"pools\.0\.{says}"):
+    with pytest.raises(ConfigError, match=rf"pools\.0: Value error, pool 'gpu': {says}: "):
         load_settings(env={"VANCETOPE_POOLS": f"[{pool}]"}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (
+            'server_rate_limit = "ten per second"',
+            "server_rate_limit (the default pool): Value error, 'ten per",
+        ),
+        (
+            "server_max_concurrency = -1",
+            "server_max_concurrency (the default pool): Value error, -1 would let",
+        ),
+    ],
+)
+def test_a_bad_limit_on_the_default_pool_is_a_config_error_naming_it(
+    tmp_path: Path, line: str, says: str
+) -> None:
+    (tmp_path / "vancetope.toml").write_text(f"[vancetope]\n{line}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={}, cwd=tmp_path)
+    assert says in str(caught.value)
+
+
+def test_limits_on_the_default_pool_bound_its_runs(tmp_path: Path) -> None:
+    settings = load_settings(
+        env={"VANCETOPE_SERVER_RATE_LIMIT": "3/s", "VANCETOPE_SERVER_MAX_CONCURRENCY": "2"}, cwd=tmp_path
+    )
+    assert pool_limits(settings) == {"default": Limits(rate_limit="3/s", max_concurrency=2)}
+    echo = ToolSpec.model_validate({"name": "echo", "location": "server"})
+    (on_pool,) = applied_limits(echo, None, {}, pool_limits(settings))
+    assert on_pool.described() == ["rate_limit 3/s of pool default", "max_concurrency 2 of pool default"]
+    assert pool_limits(load_settings(env={}, cwd=tmp_path)) == {}
 
 
 def test_limits_on_a_pool_are_read(tmp_path: Path) -> None:
