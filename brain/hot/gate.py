@@ -195,9 +195,12 @@ class Gate:
         )
         return Admitted(int(count), None if int(wait_us) < 0 else int(wait_us) / 1e6)
 
+    def _lane_ids(self) -> list[str]:
+        return [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+
     def lanes_view(self) -> list[LaneView]:
         """Every lane with its calls waiting (one pipelined read; the lanes are few)."""
-        lanes = [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+        lanes = self._lane_ids()
         if not lanes:
             return []
         pipe = self.r.pipeline(transaction=False)
@@ -246,7 +249,7 @@ class Gate:
 
     def wait_keys(self) -> list[str]:
         """The wait lists of every lane (the reconciler counts a run waiting there as held)."""
-        lanes = [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+        lanes = self._lane_ids()
         if not lanes:
             return []
         pipe = self.r.pipeline(transaction=False)

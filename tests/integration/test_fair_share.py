@@ -63,13 +63,28 @@ def two_pools(
     stack_factory: Callable[..., EmbeddedStack],
     brain_factory: Callable[[EmbeddedStack], Brain],
     second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+    settings: dict[str, object] | None = None,
     **limits: object,
 ) -> tuple[EmbeddedStack, Brain, subprocess.Popen[bytes]]:
-    stack = stack_factory(services=("brain", "server-pool"), registry=registry(tmp_path, **limits))
+    """The stack's pool process and a second one (``settings``: the stack's, beside the default)."""
+    stack = stack_factory(
+        services=("brain", "server-pool"), registry=registry(tmp_path, **limits), **(settings or {})
+    )
     brain = brain_factory(stack)
     proc = second_pool(stack)
     wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
     return stack, brain, proc
+
+
+def most_at_once(brain: Brain, tree_id: str, tasks: int) -> int:
+    """How many of ``t0``..``t<tasks-1>`` ran at once at most, from their recorded start and
+    finish times: at every start, how many runs had started and not finished."""
+    spans = []
+    for i in range(tasks):
+        r = brain.store.get_task(tree_id, f"t{i}")
+        assert r is not None and r.started_at is not None and r.finished_at is not None
+        spans.append((r.started_at, r.finished_at))
+    return max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
 
 
 def test_a_rate_limit_holds_across_two_pool_processes(
@@ -136,13 +151,7 @@ def test_max_concurrency_is_never_exceeded_across_two_pool_processes(
     _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, max_concurrency=2)
     rec = brain.scheduler.submit(tree(sleeps(12, 0.4)))
     assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
-    spans = []
-    for i in range(12):
-        r = brain.store.get_task(rec.tree_id, f"t{i}")
-        assert r is not None and r.started_at is not None and r.finished_at is not None
-        spans.append((r.started_at, r.finished_at))
-    # At every start, how many runs had started and not finished.
-    most = max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
+    most = most_at_once(brain, rec.tree_id, 12)
     assert most == 2, f"{most} ran at once under max_concurrency 2"
     assert len({brain.store.get_task(rec.tree_id, f"t{i}").worker for i in range(12)}) >= 2  # type: ignore[union-attr]
 
@@ -210,12 +219,8 @@ def test_a_429_with_retry_after_pauses_that_servers_calls_across_both_processes(
         http_server(tmp_path, BUSY_SERVER, "0") as calm,
     ):
         servers = {"busy": {"url": busy}, "calm": {"url": calm}}
-        stack = stack_factory(
-            services=("brain", "server-pool"), mcp_config=write_mcp_config(tmp_path / "mcp.json", servers)
-        )
-        brain = brain_factory(stack)
-        second_pool(stack)
-        wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
+        mcp = {"mcp_config": write_mcp_config(tmp_path / "mcp.json", servers)}
+        _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=mcp)
         retried = {"max_attempts": 3, "backoff_s": 0.1, "jitter": False}
         first = brain.scheduler.submit(
             tree({"id": "first", "tasks": [{"id": "p", "tool": "busy.ping", "retry": retried}]})
@@ -262,12 +267,8 @@ def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names
     second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
 ) -> None:
     # server_max_concurrency: the default pool's cap, as max_concurrency on a [[pools]] table.
-    stack = stack_factory(
-        services=("brain", "server-pool"), registry=registry(tmp_path), server_max_concurrency=1
-    )
-    brain = brain_factory(stack)
-    second_pool(stack)
-    wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
+    cap = {"server_max_concurrency": 1}
+    stack, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=cap)
     tree_file = tmp_path / "tree.json"
     tree_file.write_text(json.dumps(sleeps(6, 0.3)))
     said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
@@ -275,9 +276,4 @@ def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names
     assert "task t0: limits: max_concurrency 1 of pool default" in said.stdout
     rec = brain.scheduler.submit(tree(sleeps(6, 0.3)))
     assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
-    spans = []
-    for i in range(6):
-        r = brain.store.get_task(rec.tree_id, f"t{i}")
-        assert r is not None and r.started_at is not None and r.finished_at is not None
-        spans.append((r.started_at, r.finished_at))
-    assert max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans) == 1
+    assert most_at_once(brain, rec.tree_id, 6) == 1
