@@ -24,7 +24,7 @@ from brain.stack.embedded import EmbeddedStack, celery_argv
 from tests.conftest import tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_pools import vancetope
 from tests.unit.workers.helpers import BUSY_SERVER, http_server
-from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
+from workers.contracts import DEFAULT_POOL, key_gate_pause, key_gate_paused, key_gate_waiting, pool_queue
 from workers.pool_presence import live_pool_workers
 
 pytestmark = pytest.mark.integration
@@ -271,9 +271,18 @@ def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names
     stack, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=cap)
     tree_file = tmp_path / "tree.json"
     tree_file.write_text(json.dumps(sleeps(6, 0.3)))
+    # A budget a 429 paused shows beside the limits written, while the pause lasts.
+    gate = Gate(brain.hot.r)
+    gate.pause("tool:sleep", 600, "paused by HTTP 429 from tool sleep (Retry-After 600s)")
     said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
     assert said.returncode == 0, said.stderr
-    assert "task t0: limits: max_concurrency 1 of pool default" in said.stdout
+    assert (
+        "task t0: limits: max_concurrency 1 of pool default, "
+        "paused by HTTP 429 from tool sleep (Retry-After 600s) until "
+    ) in said.stdout
+    brain.hot.r.delete(key_gate_pause("tool:sleep"), key_gate_paused())
+    said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
+    assert "task t0: limits: max_concurrency 1 of pool default\n" in said.stdout
     rec = brain.scheduler.submit(tree(sleeps(6, 0.3)))
     assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
     assert most_at_once(brain, rec.tree_id, 6) == 1
