@@ -41,6 +41,7 @@ from workers.contracts import (
     pool_queue,
 )
 from workers.scripts import lua
+from workers.throttle import MAX_PAUSE_S
 
 # Calls admitted per script call: a few ms of Redis at most; the caller goes again when full.
 ADMIT_BUDGET = 500
@@ -151,8 +152,10 @@ class Gate:
 
     def pause(self, key: str, seconds: float, why: str) -> float:
         """Admit nothing under limit ``key`` (``server:jira``) for ``seconds`` from now on Redis's
-        clock, across every process (a later pause already set is kept); the pause's end, epoch s."""
-        until_us = self._pause_script(args=[key, round(seconds * 1_000_000), why], client=self.r)
+        clock, across every process (a later pause already set is kept; an hour at most, as
+        the script honours no longer one); the pause's end, epoch s."""
+        pause_us = round(min(max(seconds, 0.0), MAX_PAUSE_S) * 1_000_000)
+        until_us = self._pause_script(args=[key, pause_us, why], client=self.r)
         return int(until_us) / 1e6
 
     def pauses(self) -> dict[str, float]:

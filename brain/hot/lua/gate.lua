@@ -17,6 +17,8 @@ local cancelled, budget, default_lease = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 -- GCRA tolerance: a call may go this early, so a timer a little late loses no rate and a
 -- fast limit admits a batch per call; under one interval of any rate below 20/s (no burst).
 local TAU = 50000
+-- workers.throttle.MAX_PAUSE_S (+1 s of slack), in µs.
+local MAX_PAUSE_US = 3601000000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -66,9 +68,11 @@ local function blocked_by(lane)
     blocked_key = key
     -- A server that answered 429 with Retry-After: nothing of its budget until then (pause.lua
     -- writes "<until µs>\t<why>"). A lane may carry a limit key for its pause alone (0, 0).
+    -- A pause over an hour ahead (MAX_PAUSE_S) was not written by pause.lua: ignored.
     local until_us, why = string.match(redis.call('GET', NS .. 'pause:' .. key) or '', '^(%d+)\t(.*)$')
-    if until_us and tonumber(until_us) > now then
-      note_wait(tonumber(until_us) - now)
+    until_us = tonumber(until_us)
+    if until_us and until_us > now and until_us - now <= MAX_PAUSE_US then
+      note_wait(until_us - now)
       return why
     end
     if interval > 0 then

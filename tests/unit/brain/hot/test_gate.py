@@ -12,6 +12,7 @@ import redis
 from brain.core.fairshare import AppliedLimit, lane_id
 from brain.hot.gate import Gate, Lane, Waiting
 from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, key_gate_pause, pool_queue
+from workers.throttle import MAX_PAUSE_S
 
 
 def lane(user: str, *limits: AppliedLimit, pool: str | None = None) -> Lane:
@@ -179,3 +180,15 @@ def test_the_gate_view_reads_lanes_and_budgets_as_status_shows_them(
     jira = keys["server:jira"]
     assert jira.paused_until is not None and 25 < jira.paused_until - now <= 30
     assert jira.paused_why == "paused by HTTP 429 from server jira (Retry-After 30s)"
+
+
+def test_a_pause_is_an_hour_at_most_and_a_forged_longer_one_is_ignored(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    now = redis_client.time()[0]
+    assert gate.pause("server:jira", 10 * MAX_PAUSE_S, "long") - now <= MAX_PAUSE_S + 1
+    # A pool's Redis user may write the gate's keys: a pause days ahead is not the script's.
+    busy = lane("ada", AppliedLimit("server", "forged", None, None))
+    redis_client.set(key_gate_pause("server:forged"), f"{(now + 3 * 86_400) * 1_000_000}\tforged")
+    put(redis_client, gate, busy, "f1")
+    assert gate.admit().count == 1
