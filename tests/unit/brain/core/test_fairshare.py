@@ -273,7 +273,10 @@ def test_explain_lists_the_limits_of_each_server_task() -> None:
     from brain.core.snapshot import RegistrySnapshot
 
     registry = RegistrySnapshot(
-        tools={"http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}), "echo": _tool()},
+        tools={
+            "http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}),
+            "echo": _tool().model_copy(update={"name": "echo"}),
+        },
         pool_limits={"gpu": Limits(max_concurrency=1)},
     )
     routes = [
@@ -281,7 +284,13 @@ def test_explain_lists_the_limits_of_each_server_task() -> None:
         (TaskSpec(id="b", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="", pool="gpu")),
         (TaskSpec(id="c", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="")),
     ]
-    assert _limit_lines(routes, registry) == [
+    assert _limit_lines(routes, registry, {}) == [
         "task a: limits: rate_limit 5/s of tool http_get",
         "task b: limits: max_concurrency 1 of pool gpu",
+    ]
+    # a budget a 429 paused: named beside the limits, even where none is written
+    why = "paused by HTTP 429 from tool echo (Retry-After 5s) until 18:49:25"
+    assert _limit_lines(routes, registry, {"tool:echo": why})[1:] == [
+        f"task b: limits: max_concurrency 1 of pool gpu, {why}",
+        f"task c: limits: {why}",
     ]
