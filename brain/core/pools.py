@@ -21,10 +21,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ModelWrapValidatorHandler,
     ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
-    model_validator,
 )
 
 from brain.core.models import TaskTree, ToolSpec
@@ -44,20 +44,18 @@ class PoolSpec(BaseModel):
     rate_limit: RateLimitText = None
     max_concurrency: Concurrency = None
 
-    @model_validator(mode="wrap")
+    @field_validator("rate_limit", "max_concurrency", mode="wrap")
     @classmethod
-    def _named(cls, data: Any, handler: ModelWrapValidatorHandler[PoolSpec]) -> PoolSpec:
-        # A bad field names the pool, not only its index: "pool 'crawl': max_concurrency: -1 …".
+    def _named(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        # A bad limit names the pool, not only its index: "pools.0.max_concurrency: Value
+        # error, pool 'crawl': -1 would let no call run …" (the name is validated first).
         try:
-            return handler(data)
+            return handler(value)
         except ValidationError as exc:
-            name = data.get("name") if isinstance(data, dict) else None
-            if not isinstance(name, str) or not name:
+            name = info.data.get("name")
+            if not isinstance(name, str):
                 raise
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'pool'}: {e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors()
-            )
+            problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
             raise ValueError(f"pool {name!r}: {problems}") from None
 
     @field_validator("name")

@@ -112,7 +112,7 @@ def test_limits_on_an_mcp_server_are_read() -> None:
 def test_a_bad_limit_on_a_pool_is_a_config_error_naming_the_field(
     tmp_path: Path, pool: str, says: str
 ) -> None:
-    with pytest.raises(ConfigError, match=rf"pools\.0: Value error, pool 'gpu': {says}: "):
+    with pytest.raises(ConfigError, match=rf"pools\.0\.{says}: Value error, pool 'gpu': "):
         load_settings(env={"VANCETOPE_POOLS": f"[{pool}]"}, cwd=tmp_path)
 
 
