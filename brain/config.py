@@ -34,6 +34,7 @@ from brain.core.treefile import MAX_TREE_BYTES
 from brain.errors import ConfigError
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
+from workers.rates import Concurrency, Limits, RateLimitText
 from workers.sandbox import SandboxMode
 from workers.tools.http_headers import HttpHeaders
 from workers.tools.netguard import HttpAllow
@@ -81,6 +82,24 @@ class Settings(BaseSettings):
     registry: Path | None = None
     mcp_config: Path | None = None
     server_concurrency: int = Field(default=2, ge=1, le=64)
+    # Limits on every run of the default pool, across all its workers (docs/fair-share.md), as
+    # rate_limit / max_concurrency of a [[pools]] table bound a named pool: "10/s", and a cap.
+    server_rate_limit: RateLimitText = None
+    server_max_concurrency: Concurrency = None
+
+    @field_validator("server_max_concurrency", mode="before")
+    @classmethod
+    def _cap_from_env(cls, value: object) -> object:
+        # VANCETOPE_SERVER_MAX_CONCURRENCY arrives as text; the cap's own check reads numbers.
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            return int(value)
+        return value
+
+    @property
+    def default_pool_limits(self) -> Limits:
+        """The default pool's limits (both None: unlimited)."""
+        return Limits(rate_limit=self.server_rate_limit, max_concurrency=self.server_max_concurrency)
+
     # Celery's own line per task ("received", "succeeded in") in a server pool's log. Off: the
     # store records every task, and at night-batch rates those lines were a tenth of a
     # worker's time and most of its log (bench/README.md).
@@ -362,12 +381,22 @@ def load_settings(
     try:
         return Settings(**given)
     except ValidationError as exc:
-        lines = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        lines = [f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(
             "invalid settings (vancetope.toml / VANCETOPE_*):\n  " + "\n  ".join(lines)
         ) from exc
     finally:
         _LAYERS.reset(token)
+
+
+# Settings whose name alone does not say what they bound: an error names that too.
+_BOUNDS = {"server_rate_limit": "the default pool", "server_max_concurrency": "the default pool"}
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    where = ".".join(map(str, loc))
+    bounds = _BOUNDS.get(str(loc[0])) if loc else None
+    return f"{where} ({bounds})" if bounds else where
 
 
 def pool_tables(document: Mapping[str, object], source: Path) -> dict[str, object]:

@@ -232,6 +232,17 @@ def key_gate_held() -> str:
     return f"{GATE_NS}held"
 
 
+def key_gate_pause(limit_key: str) -> str:
+    """STRING ``<until µs>\t<why>`` while a limit key's budget is paused (a server's 429 with
+    Retry-After: brain/hot/lua/pause.lua); the gate admits nothing under that key until then."""
+    return f"{GATE_NS}pause:{limit_key}"
+
+
+def key_gate_paused() -> str:
+    """HASH limit key -> the end of its pause (µs, Redis time): what dispatchers and status read."""
+    return f"{GATE_NS}paused"
+
+
 def key_gate_wake() -> str:
     """LIST the brain's gate timer blocks on: a process that puts a call at the gate wakes it."""
     return f"{GATE_NS}wake"

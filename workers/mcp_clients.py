@@ -24,6 +24,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import IO, Any, Protocol, TextIO, TypeVar, TypeVarTuple, cast
@@ -53,6 +54,7 @@ from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolT
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
 from workers.secret_refs import resolve_values
+from workers.throttle import TOO_MANY_REQUESTS, throttled_data
 from workers.tools.process import mcp_server_env
 
 logger = logging.getLogger(__name__)
@@ -136,6 +138,15 @@ class _Session:
         # The hooks of each call in flight on this session (loop thread only): where the
         # server's log messages and sampling/elicitation requests go (``_only``).
         self.inflight: list[CallHooks] = []
+        # The last HTTP 429 the server answered: (when, monotonic; its Retry-After data). The
+        # SDK turns a 429 into a bare "Server returned an error response": a call that fails
+        # after one is reported as the 429 it was (``_throttled``).
+        self.too_many: tuple[float, dict[str, Any]] | None = None
+
+    async def _on_response(self, response: httpx2.Response) -> None:
+        if response.status_code == TOO_MANY_REQUESTS:
+            data = throttled_data(TOO_MANY_REQUESTS, response.headers.get("retry-after"), time.time())
+            self.too_many = (time.monotonic(), data)
 
     @property
     def usable(self) -> bool:
@@ -203,7 +214,11 @@ class _Session:
             )
             return stdio_client(params, errlog=cast(TextIO, self.stderr.file))
         headers = resolve_values(spec.headers, f"{where} headers")
-        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0))
+        http = httpx2.AsyncClient(
+            headers=headers,
+            timeout=httpx2.Timeout(30.0, read=300.0),
+            event_hooks={"response": [self._on_response]},
+        )
         await stack.enter_async_context(http)
         return streamable_http_client(spec.url, http_client=http)
 
@@ -374,6 +389,19 @@ def _describe(exc: BaseException) -> str:
 
 
 ProgressSink = Callable[[float, "float | None", "str | None"], None]
+
+
+def _throttled(session: _Session, tool: str, began: float) -> ToolFailed | None:
+    """The failure of a call during which its server answered HTTP 429 (None: it did not):
+    the status and Retry-After in its data, which pause the server's budget and let the
+    retry policy count it as unavailable (``workers.throttle``)."""
+    seen = session.too_many
+    if seen is None or seen[0] < began:
+        return None
+    data = seen[1]
+    after = f" (Retry-After: {data['retry_after_s']:g}s)" if "retry_after_s" in data else ""
+    message = f"MCP server {session.name!r} answered HTTP 429 Too Many Requests{after}"
+    return ToolFailed(message, server=session.name, tool=tool, **data)
 
 
 class CallHooks(Protocol):
@@ -831,6 +859,7 @@ class MCPClientManager:
             raise self._unavailable(session, "is not connected", RuntimeError("session closed"))
         mine = hooks or _NoHooks(tool)
         session.inflight.append(mine)
+        began = time.monotonic()
         try:
             with anyio.fail_after(timeout):
                 result = await _unless_garbage(
@@ -847,7 +876,7 @@ class MCPClientManager:
                 tool=tool,
             ) from None
         except Exception as exc:
-            raise self._call_error(session, tool, exc) from exc
+            raise _throttled(session, tool, began) or self._call_error(session, tool, exc) from exc
         finally:
             session.inflight.remove(mine)
             if session.stderr is not None:

@@ -239,7 +239,7 @@ def queues_table(report: QueuesReport) -> Table:
             "pool",
             Text(p.pool),
             Text(p.queue),
-            Text(str(p.waiting)),
+            Text(f"{p.waiting}" + (f" (+{p.throttled} throttled at the gate)" if p.throttled else "")),
             _consumers(p.nobody_consuming, p.workers),
         )
     for c in report.clients:
@@ -263,6 +263,35 @@ def queues_table(report: QueuesReport) -> Table:
             Text(f"(parked: any client of user {u.user})"),
             Text(str(u.parked)),
             _consumers(u.nobody_consuming, u.connected_clients),
+        )
+    return table
+
+
+def limits_table(report: QueuesReport) -> Table:
+    """Per limit (and per server paused by a 429): what it allows, the calls waiting at the gate
+    under it (per user), how many it holds itself, what runs and how fast calls go now."""
+    table = Table(title="limits (the gate)", title_justify="left")
+    for col in ("limit", "allows", "waiting", "held by it", "running", "rate now", "paused"):
+        table.add_column(col, overflow="fold")
+    for row in report.limits:
+        allows = [
+            f"{row.rate_limit}" if row.rate_limit else "",
+            f"{row.max_concurrency} at once" if row.max_concurrency else "",
+        ]
+        users = ", ".join(f"{user or '-'}: {n}" for user, n in row.waiting_by_user.items())
+        paused = (
+            f"until {time.strftime('%H:%M:%S', time.localtime(row.paused_until))}: {row.paused_why}"
+            if row.paused_until is not None
+            else ""
+        )
+        table.add_row(
+            Text(f"{row.scope} {row.name}"),
+            Text(", ".join(a for a in allows if a) or "-"),
+            Text(f"{row.waiting}" + (f" ({users})" if users else "")),
+            Text(str(row.throttled)),
+            Text(str(row.running) if row.max_concurrency else "-"),
+            Text(f"{row.rate_per_s:g}/s"),
+            Text(paused, style="yellow") if paused else Text(""),
         )
     return table
 

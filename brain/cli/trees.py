@@ -33,7 +33,7 @@ from brain.cli.base import (
     settings_options_given,
     stack_for,
 )
-from brain.cli.display import THROTTLED, duration, queues_table, task_table, trees_table
+from brain.cli.display import THROTTLED, duration, limits_table, queues_table, task_table, trees_table
 from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
 from brain.cli.watch import watch
 from brain.config import Settings
@@ -402,6 +402,8 @@ class _StackView:
         self.presence: Presence | None = None
         self.sessions: dict[str, ClientSession] = {}
         self.user: str | None = None
+        # Budgets a 429 paused now: limit key -> why and until when (brain.hot.gate).
+        self.pauses: dict[str, str] = {}
 
 
 def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, registry: bool) -> _StackView:
@@ -425,6 +427,13 @@ def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, r
             )
             if registry:
                 view.registry = brain.scheduler.registry
+            gate = Gate(brain.hot.r)
+            keys, _ = gate.keys_view(gate.pauses())
+            view.pauses = {
+                key: f"{k.paused_why} until {time.strftime('%H:%M:%S', time.localtime(k.paused_until))}"
+                for key, k in keys.items()
+                if k.paused_until is not None
+            }
         finally:
             brain.close()
     return view
@@ -504,7 +513,7 @@ def explain(
     console.print(table)
     for line in _policy_lines(tree, registry, settings):
         console.print(Text(line), soft_wrap=True)
-    for line in _limit_lines(routes, registry):
+    for line in _limit_lines(routes, registry, stack.pauses):
         console.print(Text(line), soft_wrap=True)
     console.print(Text(_routes_note(stack, session, client_id), style="dim"))
     if failing:
@@ -518,18 +527,22 @@ def explain(
         sys.exit(EXIT_TREE_FAILED)
 
 
-def _limit_lines(routes: Sequence[tuple[TaskSpec, Route]], registry: RegistrySnapshot) -> list[str]:
+def _limit_lines(
+    routes: Sequence[tuple[TaskSpec, Route]], registry: RegistrySnapshot, pauses: Mapping[str, str]
+) -> list[str]:
     """Per server task bounded by limits: which (``rate_limit 5/s of tool http_get``): its call
-    waits at the gate, shown as throttled, while one of them holds it (docs/fair-share.md)."""
+    waits at the gate, shown as throttled, while one of them holds it (docs/fair-share.md);
+    and a budget a 429 paused now (``pauses``: limit key -> why and until when)."""
     lines = []
     for spec, route in routes:
         tool = registry.tools.get(route.tool) if route.kind is RouteKind.SERVER else None
         if tool is None:
             continue
-        limits = applied_limits(tool, route.pool, registry.server_limits, registry.pool_limits)
+        limits = applied_limits(tool, route.pool, registry.server_limits, registry.pool_limits, pauses)
         if limits:
-            words = ", ".join(w for limit in limits for w in limit.described())
-            lines.append(f"task {spec.id}: limits: {words}")
+            words = [w for limit in limits for w in limit.described()]
+            words += [pauses[limit.key] for limit in limits if limit.key in pauses]
+            lines.append(f"task {spec.id}: limits: {', '.join(words)}")
     return lines
 
 
@@ -727,6 +740,8 @@ def _show_queues(settings: Settings) -> None:
 
 def _print_queues(report: QueuesReport) -> None:
     console.print(queues_table(report))
+    if report.limits:
+        console.print(limits_table(report))
     for line in report.alarms():
         console.print(
             f"[bold red]work waiting, nobody consuming:[/] {escape(line)}", highlight=False, soft_wrap=True

@@ -15,14 +15,24 @@ checked at submit and recorded; the gate does not order by it yet (docs/fair-sha
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from brain.core.models import PRIORITY_WORDS, Priority, ToolSpec
-from workers.contracts import DEFAULT_POOL, ToolType
+from workers.contracts import DEFAULT_POOL, ErrorInfo, ToolType
 from workers.rates import Limits, rate_per_s
+from workers.throttle import pause_asked
 
-__all__ = ["PRIORITY_WORDS", "AppliedLimit", "Priority", "applied_limits", "lane_id"]
+__all__ = [
+    "PRIORITY_WORDS",
+    "AppliedLimit",
+    "Priority",
+    "applied_limits",
+    "lane_id",
+    "pause_asked_by",
+    "pause_key",
+    "written_limits",
+]
 
 
 @dataclass(frozen=True)
@@ -57,8 +67,11 @@ def applied_limits(
     pool: str | None,
     server_limits: Mapping[str, Limits],
     pool_limits: Mapping[str, Limits],
+    paused: Collection[str] = (),
 ) -> tuple[AppliedLimit, ...]:
-    """The limits a server run of ``tool`` on ``pool`` is bounded by, tool first."""
+    """The limits a server run of ``tool`` on ``pool`` is bounded by, tool first. A budget in
+    ``paused`` (a server that answered 429) bounds it even when no limit is written there: the
+    run waits at the gate, which holds it until the pause ends."""
     found: list[AppliedLimit] = []
     if tool.rate_limit is not None or tool.max_concurrency is not None:
         found.append(AppliedLimit("tool", tool.name, tool.rate_limit, tool.max_concurrency))
@@ -70,7 +83,49 @@ def applied_limits(
     on_pool = pool_limits.get(pool_name)
     if on_pool is not None and on_pool.any:
         found.append(AppliedLimit("pool", pool_name, on_pool.rate_limit, on_pool.max_concurrency))
+    pause = pause_key(tool.name, server)
+    if pause in paused and all(limit.key != pause for limit in found):
+        scope, _, name = pause.partition(":")
+        found.append(AppliedLimit(scope, name, None, None))
     return tuple(found)
+
+
+def written_limits(
+    tools: Iterable[ToolSpec], server_limits: Mapping[str, Limits], pool_limits: Mapping[str, Limits]
+) -> list[AppliedLimit]:
+    """Every limit written in the registry, the mcpServers file and the pools: tools, then
+    servers, then pools, each by name (what ``status --queues`` lists)."""
+    found = [
+        AppliedLimit("tool", t.name, t.rate_limit, t.max_concurrency)
+        for t in sorted(tools, key=lambda t: t.name)
+        if t.rate_limit is not None or t.max_concurrency is not None
+    ]
+    for scope, written in (("server", server_limits), ("pool", pool_limits)):
+        found += [
+            AppliedLimit(scope, name, limits.rate_limit, limits.max_concurrency)
+            for name, limits in sorted(written.items())
+            if limits.any
+        ]
+    return found
+
+
+def pause_key(tool: str, server: str | None) -> str:
+    """The budget a 429 with Retry-After pauses: its MCP server's (every tool of it), or for a
+    tool of no MCP server (``http_get``) the tool's own."""
+    return f"server:{server}" if server else f"tool:{tool}"
+
+
+def pause_asked_by(tool: str, error: ErrorInfo | None) -> tuple[str, float] | None:
+    """The budget a failed server call asks to pause and for how long (a 429 with Retry-After,
+    ``workers.throttle``); None when it asks nothing. The MCP client names the server in the
+    error's data; a built-in's error names none."""
+    if error is None:
+        return None
+    seconds = pause_asked(error.data)
+    if seconds is None or seconds <= 0:
+        return None
+    server = error.data.get("server") if isinstance(error.data, dict) else None
+    return pause_key(tool, server if isinstance(server, str) and server else None), seconds
 
 
 def lane_id(pool: str | None, user: str | None, limits: tuple[AppliedLimit, ...]) -> str:

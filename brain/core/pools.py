@@ -15,8 +15,17 @@ a tree or a registry uses against the configured ones.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from brain.core.models import TaskTree, ToolSpec
 from workers.contracts import DEFAULT_POOL, SERVER_QUEUE, check_pool_name, pool_queue
@@ -34,6 +43,20 @@ class PoolSpec(BaseModel):
     # Every run on this pool, across all its workers (docs/fair-share.md): "10/s", and a cap.
     rate_limit: RateLimitText = None
     max_concurrency: Concurrency = None
+
+    @field_validator("rate_limit", "max_concurrency", mode="wrap")
+    @classmethod
+    def _named(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        # A bad limit names the pool, not only its index: "pools.0.max_concurrency: Value
+        # error, pool 'crawl': -1 would let no call run …" (the name is validated first).
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            name = info.data.get("name")
+            if not isinstance(name, str):
+                raise
+            problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+            raise ValueError(f"pool {name!r}: {problems}") from None
 
     @field_validator("name")
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.contracts import ErrorInfo
+from workers.throttle import pause_asked
 
 
 class RetryOn(StrEnum):
@@ -149,6 +150,10 @@ def next_attempt_at(
     if kind is None or kind not in policy.on or failures >= policy.max_attempts:
         return None
     at = now + policy.wait_s(failures, rand)
+    # A server that said when to come back (429 Retry-After) is not asked again before then.
+    asked = pause_asked(error.data) if error is not None else None
+    if asked is not None:
+        at = max(at, now + asked)
     if deadline is not None and at >= deadline:
         return None
     return at

@@ -17,6 +17,8 @@ gate timer (``brain.runtime.gate_timer``) when the soonest rate-limited call may
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -25,22 +27,29 @@ import redis
 from brain.core.fairshare import AppliedLimit
 from brain.hot.state import as_text
 from workers.contracts import (
+    DEFAULT_POOL,
     GATE_NS,
     gate_wait_prefix,
     key_cancelled,
     key_gate_fresh,
     key_gate_lane,
     key_gate_lanes,
+    key_gate_pause,
+    key_gate_paused,
     key_gate_waiting,
     key_gate_wake,
     pool_queue,
 )
 from workers.scripts import lua
+from workers.throttle import MAX_PAUSE_S
 
 # Calls admitted per script call: a few ms of Redis at most; the caller goes again when full.
 ADMIT_BUDGET = 500
 # How long a lane recorded by a process that has not written its calls yet is kept empty.
 FRESH_MS = 30_000
+# How stale a dispatcher's copy of the paused servers may be: a call dispatched in that moment
+# goes straight to its pool (and may be answered 429 again, extending the pause).
+PAUSED_MAX_AGE_S = 1.0
 # A slot's lease when its run names none (a run holding one gives it back when it ends; a lease
 # is only for a run that never does: a lost message, a worker that died and never came back).
 DEFAULT_LEASE_MS = 600_000
@@ -109,10 +118,62 @@ class Admitted:
     wait_s: float | None
 
 
+@dataclass(frozen=True)
+class LaneView:
+    """One lane as ``status --queues`` reads it: whose calls, bounded by which limit keys, how
+    many wait, and the limit that last held its head (``why_key``; empty: none yet)."""
+
+    pool: str
+    user: str
+    keys: tuple[str, ...]
+    waiting: int
+    why: str
+    why_key: str
+
+
+@dataclass(frozen=True)
+class KeyView:
+    """One limit key's budget now: slots held, calls admitted per second (Redis second ->
+    count, the last few seconds), and its pause if one is on (end: epoch s, Redis time)."""
+
+    running: int
+    admitted: dict[int, int]
+    paused_until: float | None
+    paused_why: str | None
+
+
 class Gate:
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
         self._script = r.register_script(lua("brain.hot", "gate"))
+        self._pause_script = r.register_script(lua("brain.hot", "pause"))
+        self._paused: tuple[float, frozenset[str]] = (-PAUSED_MAX_AGE_S - 1, frozenset())
+        self._paused_lock = threading.Lock()
+
+    def pause(self, key: str, seconds: float, why: str) -> float:
+        """Admit nothing under limit ``key`` (``server:jira``) for ``seconds`` from now on Redis's
+        clock, across every process (a later pause already set is kept; an hour at most, as
+        the script honours no longer one); the pause's end, epoch s."""
+        pause_us = round(min(max(seconds, 0.0), MAX_PAUSE_S) * 1_000_000)
+        until_us = self._pause_script(args=[key, pause_us, why], client=self.r)
+        return int(until_us) / 1e6
+
+    def pauses(self) -> dict[str, float]:
+        """Limit key -> when its pause ends (epoch s, Redis time), for pauses not yet over."""
+        now = time.time()
+        raw = self.r.hgetall(key_gate_paused())
+        found = {as_text(k): int(v) / 1e6 for k, v in raw.items()}  # type: ignore[union-attr]
+        return {key: end for key, end in found.items() if end > now}
+
+    def paused(self) -> frozenset[str]:
+        """The limit keys paused now, as this process last read them (at most
+        ``PAUSED_MAX_AGE_S`` old: dispatching reads Redis once a second, not once a call)."""
+        with self._paused_lock:
+            read_at, keys = self._paused
+            if time.monotonic() - read_at > PAUSED_MAX_AGE_S:
+                keys = frozenset(self.pauses())
+                self._paused = (time.monotonic(), keys)
+            return keys
 
     def enqueue(self, waiting: Sequence[Waiting]) -> None:
         """Record lanes and runs before their messages are written (a crash between leaves a
@@ -137,9 +198,61 @@ class Gate:
         )
         return Admitted(int(count), None if int(wait_us) < 0 else int(wait_us) / 1e6)
 
+    def _lane_ids(self) -> list[str]:
+        return [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+
+    def lanes_view(self) -> list[LaneView]:
+        """Every lane with its calls waiting (one pipelined read; the lanes are few)."""
+        lanes = self._lane_ids()
+        if not lanes:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for lane in lanes:
+            pipe.hmget(key_gate_lane(lane), ["wait", "limits", "user", "pool", "why", "why_key"])
+        metas = pipe.execute()
+        for meta in metas:
+            pipe.llen(as_text(meta[0]) if meta[0] else "")
+        lengths = pipe.execute()
+        views = []
+        for meta, waiting in zip(metas, lengths, strict=True):
+            wait, limits, user, pool, why, why_key = (as_text(v) if v else "" for v in meta)
+            try:
+                keys = tuple(str(limit[0]) for limit in json.loads(limits))
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue  # a lane the script drops too
+            if not wait.startswith(f"{GATE_NS}w:"):
+                continue
+            views.append(LaneView(pool or DEFAULT_POOL, user, keys, int(waiting), why, why_key))
+        return views
+
+    def keys_view(self, keys: Iterable[str]) -> tuple[dict[str, KeyView], float]:
+        """Each limit key's budget now, and Redis's clock (epoch s) they were read at."""
+        wanted = sorted(set(keys))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.time()
+        for key in wanted:
+            pipe.zcard(f"{GATE_NS}slots:{key}")
+            pipe.hgetall(f"{GATE_NS}admits:{key}")
+            pipe.get(key_gate_pause(key))
+        replies = pipe.execute()
+        seconds, micros = replies[0]
+        now = int(seconds) + int(micros) / 1e6
+        views = {}
+        for i, key in enumerate(wanted):
+            running, admits, pause = replies[1 + 3 * i : 4 + 3 * i]
+            until, _, why = as_text(pause).partition("\t") if pause else ("", "", "")
+            paused = int(until) / 1e6 if until.isdigit() and int(until) / 1e6 > now else None
+            views[key] = KeyView(
+                running=int(running),
+                admitted={int(k): int(v) for k, v in admits.items()},
+                paused_until=paused,
+                paused_why=why if paused is not None else None,
+            )
+        return views, now
+
     def wait_keys(self) -> list[str]:
         """The wait lists of every lane (the reconciler counts a run waiting there as held)."""
-        lanes = [as_text(lane) for lane in self.r.zrange(key_gate_lanes(), 0, -1)]  # type: ignore[arg-type]
+        lanes = self._lane_ids()
         if not lanes:
             return []
         pipe = self.r.pipeline(transaction=False)

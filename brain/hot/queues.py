@@ -10,14 +10,17 @@ user with parked work: whether any client of that user is connected to take it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import redis
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from brain.config import Settings
 from brain.core.client_health import reply_cause, typed_keys
+from brain.core.fairshare import AppliedLimit, written_limits
+from brain.core.snapshot import RegistrySnapshot
 from brain.hot.boundary import unreachable
+from brain.hot.gate import Gate, KeyView, LaneView
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
@@ -34,6 +37,7 @@ class PoolQueue(BaseModel):
     queue: str
     waiting: int  # messages on the queue that no worker has taken yet
     workers: list[str]  # live workers serving it (Celery node names)
+    throttled: int = 0  # calls for this pool waiting at the gate (brain.hot.gate), not on the queue
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -75,12 +79,37 @@ class UserQueue(BaseModel):
         return self.parked > 0 and not self.connected_clients
 
 
+class LimitQueue(BaseModel):
+    """One limit (or a paused server) at the gate: what it allows, what waits on it and who for,
+    how fast calls go through it now (docs/output.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit: str  # its key: tool:<name>, server:<name>, pool:<name>
+    scope: str
+    name: str
+    rate_limit: str | None
+    max_concurrency: int | None
+    waiting: int  # calls at the gate bounded by it
+    throttled: int  # of those, calls whose lane this very limit holds now
+    waiting_by_user: dict[str, int]  # waiting, per user ("" for runs without one)
+    running: int  # slots held now (its max_concurrency's)
+    rate_per_s: float  # calls admitted per second over the last RATE_WINDOW_S seconds
+    paused_until: float | None  # a 429's Retry-After: no call before this (epoch s)
+    paused_why: str | None
+
+
+# The window `status --queues` measures a limit's current rate over (the gate keeps 12 s).
+RATE_WINDOW_S = 10
+
+
 class QueuesReport(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     pools: list[PoolQueue]
     clients: list[ClientQueue]
     users: list[UserQueue]
+    limits: list[LimitQueue] = []
 
     def alarms(self) -> list[str]:
         """One line per queue with work waiting and nobody consuming it, saying what to start."""
@@ -131,20 +160,77 @@ def user_queues(parked: Mapping[str, int], connected: Mapping[str, str]) -> list
     ]
 
 
+def limit_queues(
+    written: Sequence[AppliedLimit], lanes: Sequence[LaneView], keys: Mapping[str, KeyView], now: float
+) -> list[LimitQueue]:
+    """Per limit written (and per budget paused with none written): the calls at the gate it
+    bounds, those it holds, per user, and its budget now (``keys``, read at Redis time ``now``).
+    Pure."""
+    limits = {limit.key: limit for limit in written}
+    for key, view in keys.items():
+        if key not in limits and view.paused_until is not None:
+            scope, _, name = key.partition(":")
+            limits[key] = AppliedLimit(scope, name, None, None)
+    second = int(now)
+    rows = []
+    for key, limit in limits.items():
+        mine = [lane for lane in lanes if key in lane.keys and lane.waiting]
+        by_user: dict[str, int] = {}
+        for lane in mine:
+            by_user[lane.user] = by_user.get(lane.user, 0) + lane.waiting
+        view = keys.get(key, KeyView(0, {}, None, None))
+        admitted = sum(n for s, n in view.admitted.items() if second - RATE_WINDOW_S <= s < second)
+        rows.append(
+            LimitQueue(
+                limit=key,
+                scope=limit.scope,
+                name=limit.name,
+                rate_limit=limit.rate_limit,
+                max_concurrency=limit.max_concurrency,
+                waiting=sum(by_user.values()),
+                throttled=sum(lane.waiting for lane in mine if lane.why_key == key),
+                waiting_by_user=dict(sorted(by_user.items())),
+                running=view.running,
+                rate_per_s=round(admitted / RATE_WINDOW_S, 2),
+                paused_until=view.paused_until,
+                paused_why=view.paused_why,
+            )
+        )
+    return rows
+
+
 def read_queues(
-    r: redis.Redis, book: PresenceBook, parked: ParkedWork, pools: Collection[str]
+    r: redis.Redis,
+    book: PresenceBook,
+    parked: ParkedWork,
+    pools: Collection[str],
+    limits: Sequence[AppliedLimit] = (),
 ) -> QueuesReport:
     """The report as Redis and the store have it now: a few pipelined reads, no scan of any queue.
-    ``pools``: the named pools to show (the default pool is always shown)."""
+    ``pools``: the named pools to show (the default pool is always shown); ``limits``: those
+    written (the gate's lanes and budgets are read for them)."""
     names = pool_names(pools)
     pipe = r.pipeline(transaction=False)
     for name in names:
         pipe.llen(pool_queue(name))
     lengths = pipe.execute()
+    gate = Gate(r)
+    lanes = gate.lanes_view()
+    at_gate: dict[str, int] = {}
+    for lane in lanes:
+        at_gate[lane.pool] = at_gate.get(lane.pool, 0) + lane.waiting
     pool_rows = [
-        PoolQueue(pool=name, queue=pool_queue(name), waiting=int(n), workers=live_pool_workers(r, name))
+        PoolQueue(
+            pool=name,
+            queue=pool_queue(name),
+            waiting=int(n),
+            workers=live_pool_workers(r, name),
+            throttled=at_gate.get(name, 0),
+        )
         for name, n in zip(names, lengths, strict=True)
     ]
+    keys, now = gate.keys_view([*(limit.key for limit in limits), *gate.pauses()])
+    limit_rows = limit_queues(limits, lanes, keys, now)
     enrolled = book.enrolled()
     sessions = book.sessions()
     waiting = parked.waiting()
@@ -181,7 +267,7 @@ def read_queues(
             )
         )
     users = user_queues(waiting, {cid: s.user for cid, s in sessions.items()})
-    return QueuesReport(pools=pool_rows, clients=client_rows, users=users)
+    return QueuesReport(pools=pool_rows, clients=client_rows, users=users, limits=limit_rows)
 
 
 def queues_report(settings: Settings, redis_url: str) -> QueuesReport:
@@ -192,7 +278,9 @@ def queues_report(settings: Settings, redis_url: str) -> QueuesReport:
     try:
         snapshot = hot.get_registry() or {}
         pools = [*snapshot.get("pools", []), *(p.name for p in settings.pools)]
-        return read_queues(hot.r, PresenceBook(hot.r, store), ParkedWork(hot.r), pools)
+        registry = RegistrySnapshot.model_validate(snapshot)
+        limits = written_limits(registry.tools.values(), registry.server_limits, registry.pool_limits)
+        return read_queues(hot.r, PresenceBook(hot.r, store), ParkedWork(hot.r), pools, limits)
     except redis.RedisError as exc:
         raise unreachable(redis_url, exc) from exc
     finally:

@@ -14,9 +14,11 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
+from brain.core.fairshare import pause_asked_by
 from brain.core.models import Progress, TaskRecord, TaskState
 from brain.core.retry import Attempt, effective_policy, next_attempt_at
 from brain.core.transitions import IN_FLIGHT
+from brain.hot.gate import Gate
 from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
 from workers.contracts import (
     BRAIN_QUEUE,
@@ -151,6 +153,8 @@ class Intake:
     ) -> tuple[TaskState, bool] | None:
         """Write the result and advance its tree: None if it was not recorded, else the state
         it recorded and whether the tree finished."""
+        if not ok and from_client is None and result.client_id is None:
+            self._pause(result, error)
         if not ok and self._retry(result, from_client, error):
             return TaskState.RETRYING, False
         # The source must be where the record says this run was sent: part of the
@@ -191,6 +195,24 @@ class Intake:
             events = self.scheduler.events  # Flower's copy after what the tree's watchers wait for
             self.scheduler.after_write(lambda: events.task_done(result))
         return recorded.state, finished
+
+    def _pause(self, result: ToolResult, error: ErrorInfo | None) -> None:
+        """A server run that its remote answered 429 with Retry-After: pause that server's
+        budget at the gate until then, for every pool process (``brain.hot.gate.Gate.pause``).
+        A client's own calls pause nothing: the server pools' budgets are not theirs to stop."""
+        asked = pause_asked_by(result.tool, error)
+        if asked is None:
+            return
+        key, seconds = asked
+        scope, _, name = key.partition(":")
+        why = f"paused by HTTP 429 from {scope} {name} (Retry-After {seconds:g}s)"
+        try:
+            gate = self.scheduler.publisher.gate or Gate(self.scheduler.hot.r)
+            gate.pause(key, seconds, why)
+        except Exception as exc:  # noqa: BLE001 - the retry's own wait still honours Retry-After
+            log.warning("could not pause %s after its 429 (%s)", key, exc)
+            return
+        log.info("%s: %s", key, why)
 
     def _retry(self, result: ToolResult, from_client: str | None, error: ErrorInfo | None) -> bool:
         """Record a failed attempt as ``retrying`` when its retry policy covers it, with the

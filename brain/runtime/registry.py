@@ -17,7 +17,7 @@ from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import keep_declared, place
 from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
 from brain.errors import ConfigError, InvalidRegistry
-from workers.contracts import MCPServerFailure, surface_op
+from workers.contracts import DEFAULT_POOL, MCPServerFailure, surface_op
 from workers.mcp_config import MCPConfig, load_mcp_config, skipped_servers
 from workers.rates import Limits
 from workers.toolnames import is_qualified, name_on_server, qualified
@@ -86,8 +86,14 @@ def build_registry(settings: Settings, *, discover: bool = True) -> RegistrySnap
         loaded_at=time.time(),
         unserved=unserved_mcp_tools(declared, placed.tools, servers, failures) if asked else {},
         server_limits=server_limits,
-        pool_limits={p.name: p.limits for p in settings.pools if p.limits.any},
+        pool_limits=pool_limits(settings),
     )
+
+
+def pool_limits(settings: Settings) -> dict[str, Limits]:
+    """The limits of each pool that has any: the default pool's settings, the [[pools]] tables."""
+    found = {DEFAULT_POOL: settings.default_pool_limits} if settings.default_pool_limits.any else {}
+    return found | {p.name: p.limits for p in settings.pools if p.limits.any}
 
 
 def mcp_server_limits(config: MCPConfig) -> dict[str, Limits]:

@@ -845,15 +845,18 @@ class Scheduler:
         """The gate lane of a server call bounded by limits; None (the fast path: straight to
         its pool's queue) for a client's call or a call with none."""
         registry = self.registry
-        if call.client_id is not None or not (
-            registry.limited or registry.server_limits or registry.pool_limits
-        ):
+        if call.client_id is not None:
+            return None
+        gate = self.publisher.gate
+        # Servers paused by a 429 (read from Redis at most once a second, not once a call).
+        paused = gate.paused() if gate is not None else frozenset()
+        if not (registry.limited or registry.server_limits or registry.pool_limits or paused):
             return None
         name = qualified(call.mcp_server, call.tool) if call.mcp_server else call.tool
         tool = registry.tools.get(name)
         if tool is None:
             return None
-        limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits)
+        limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits, paused)
         if not limits:
             return None
         tree_rec = self.tree(call.tree_id)

@@ -10,9 +10,10 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,9 +21,10 @@ from brain.core.models import TaskState, TreeStatus
 from brain.hot.gate import Gate
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, celery_argv
-from tests.conftest import tree, wait_for_tree, wait_until
+from tests.conftest import tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_pools import vancetope
-from workers.contracts import DEFAULT_POOL, key_gate_waiting, pool_queue
+from tests.unit.workers.helpers import BUSY_SERVER, http_server
+from workers.contracts import DEFAULT_POOL, key_gate_pause, key_gate_paused, key_gate_waiting, pool_queue
 from workers.pool_presence import live_pool_workers
 
 pytestmark = pytest.mark.integration
@@ -61,13 +63,28 @@ def two_pools(
     stack_factory: Callable[..., EmbeddedStack],
     brain_factory: Callable[[EmbeddedStack], Brain],
     second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+    settings: Mapping[str, object] | None = None,
     **limits: object,
 ) -> tuple[EmbeddedStack, Brain, subprocess.Popen[bytes]]:
-    stack = stack_factory(services=("brain", "server-pool"), registry=registry(tmp_path, **limits))
+    """The stack's pool process and a second one (``settings``: the stack's, beside the default)."""
+    stack = stack_factory(
+        services=("brain", "server-pool"), registry=registry(tmp_path, **limits), **(settings or {})
+    )
     brain = brain_factory(stack)
     proc = second_pool(stack)
     wait_until(lambda: len(live_pool_workers(brain.hot.r, DEFAULT_POOL)) >= 2, 60, "two pool processes")
     return stack, brain, proc
+
+
+def most_at_once(brain: Brain, tree_id: str, tasks: int) -> int:
+    """How many of ``t0``..``t<tasks-1>`` ran at once at most, from their recorded start and
+    finish times: at every start, how many runs had started and not finished."""
+    spans = []
+    for i in range(tasks):
+        r = brain.store.get_task(tree_id, f"t{i}")
+        assert r is not None and r.started_at is not None and r.finished_at is not None
+        spans.append((r.started_at, r.finished_at))
+    return max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
 
 
 def test_a_rate_limit_holds_across_two_pool_processes(
@@ -93,6 +110,28 @@ def test_a_rate_limit_holds_across_two_pool_processes(
         ("queued_server", "rate_limit 5/s of tool sleep")
     }
 
+    # `status --queues --json`: the pool's calls at the gate, the limit, what waits on it and
+    # who for, and how fast calls go through it now (never over the limit).
+    def limit_row() -> dict[str, Any]:
+        queues = vancetope("status", "--queues", "--json", stack=stack, cwd=tmp_path)
+        assert queues.returncode == 0, queues.stderr
+        report = json.loads(queues.stdout)
+        (row,) = [row for row in report["limits"] if row["limit"] == "tool:sleep"]
+        row["pool_throttled"] = next(p["throttled"] for p in report["pools"] if p["pool"] == DEFAULT_POOL)
+        return row
+
+    row = limit_row()
+    assert (row["scope"], row["name"], row["rate_limit"], row["max_concurrency"]) == (
+        "tool",
+        "sleep",
+        "5/s",
+        None,
+    )
+    assert row["waiting"] > 0 and row["throttled"] == row["waiting"] == row["pool_throttled"]
+    assert list(row["waiting_by_user"].values()) == [row["waiting"]]
+    row = wait_until(lambda: (r := limit_row())["rate_per_s"] > 0 and r, 30, "a rate measured")
+    assert row["rate_per_s"] <= 5.5
+
     assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
     done = [brain.store.get_task(rec.tree_id, f"t{i}") for i in range(60)]
     starts = sorted(r.started_at for r in done if r is not None and r.started_at is not None)
@@ -112,13 +151,7 @@ def test_max_concurrency_is_never_exceeded_across_two_pool_processes(
     _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, max_concurrency=2)
     rec = brain.scheduler.submit(tree(sleeps(12, 0.4)))
     assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
-    spans = []
-    for i in range(12):
-        r = brain.store.get_task(rec.tree_id, f"t{i}")
-        assert r is not None and r.started_at is not None and r.finished_at is not None
-        spans.append((r.started_at, r.finished_at))
-    # At every start, how many runs had started and not finished.
-    most = max(sum(1 for s, f in spans if s <= start < f) for start, _ in spans)
+    most = most_at_once(brain, rec.tree_id, 12)
     assert most == 2, f"{most} ran at once under max_concurrency 2"
     assert len({brain.store.get_task(rec.tree_id, f"t{i}").worker for i in range(12)}) >= 2  # type: ignore[union-attr]
 
@@ -171,3 +204,98 @@ def test_a_chain_of_limited_calls_is_put_at_the_gate_by_the_pool_and_ends(
     assert wait_for_tree(brain, rec.tree_id, 60).status is TreeStatus.DONE
     starts = [brain.store.get_task(rec.tree_id, f"s{i}").started_at for i in range(6)]  # type: ignore[union-attr]
     assert all(b is not None and a is not None and b > a for a, b in pairwise(starts))
+
+
+def test_a_429_with_retry_after_pauses_that_servers_calls_across_both_processes(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # Two real HTTP MCP servers: `busy` answers its first tools/call 429 with Retry-After: 2,
+    # `calm` never does. busy's calls go one at a time (max_concurrency 1), so the call that
+    # got the 429 was the only one in flight, and every other one is admitted after its
+    # failure was recorded, in whichever pool process: the pause must hold them.
+    with (
+        http_server(tmp_path, BUSY_SERVER) as busy,
+        http_server(tmp_path, BUSY_SERVER, "0") as calm,
+    ):
+        servers = {"busy": {"url": busy, "max_concurrency": 1}, "calm": {"url": calm}}
+        mcp = {"mcp_config": write_mcp_config(tmp_path / "mcp.json", servers)}
+        _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=mcp)
+        retried = {"max_attempts": 3, "backoff_s": 0.1, "jitter": False}
+        tasks = [{"id": f"b{i}", "tool": "busy.ping", "retry": retried} for i in range(4)]
+        tasks += [{"id": f"c{i}", "tool": "calm.ping"} for i in range(4)]
+        rec = brain.scheduler.submit(tree({"id": "busy-and-calm", "tasks": tasks}))
+        assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
+        # calm's calls never waited at the gate: no limit, no pause of theirs.
+        gate = brain.scheduler.publisher.gate
+        assert gate is not None
+        assert gate.keys_view(["server:calm"])[0]["server:calm"].admitted == {}
+
+    busy_runs = [brain.store.get_task(rec.tree_id, f"b{i}") for i in range(4)]
+    assert all(r is not None and r.started_at is not None for r in busy_runs)
+    (refused,) = [r for r in busy_runs if r is not None and r.attempts]
+    attempt = refused.attempts[0]
+    assert attempt.error is not None and attempt.error.data["status"] == 429
+    assert attempt.error.data["retry_after_s"] == 2.0 and attempt.finished_at is not None
+    # No call of busy started within the 2 s it asked for: the retry, and the three others
+    # (a generous lower bound: the pause runs from when the 429 was recorded, after it came).
+    waited = [r.started_at - attempt.finished_at for r in busy_runs if r is not None and r.started_at]
+    assert min(waited) >= 1.9, waited
+
+
+def test_a_call_of_a_paused_server_with_no_limit_waits_at_the_gate(brain_on_redis: Brain) -> None:
+    # A budget with no limit written is paused too: the dispatcher, which reads the paused
+    # budgets at most once a second, puts its calls at the gate while the pause lasts.
+    brain = brain_on_redis
+    gate = brain.scheduler.publisher.gate
+    assert gate is not None
+    why = "paused by HTTP 429 from tool http_get (Retry-After 600s)"
+    gate.pause("tool:http_get", 600, why)
+    wait_until(lambda: "tool:http_get" in gate.paused(), 10, "the pause seen by the dispatcher")
+    rec = brain.scheduler.submit(
+        tree(
+            {
+                "id": "paused",
+                "tasks": [
+                    {"id": "get", "tool": "http_get", "args": {"url": "https://example.com/"}},
+                    {"id": "say", "tool": "echo", "args": {"value": 1}},
+                ],
+            }
+        )
+    )
+    runs = {t: brain.store.get_task(rec.tree_id, t) for t in ("get", "say")}
+    get, say = (r.run_id if r is not None else None for r in runs.values())
+    assert get and say
+    assert gate.throttled([get, say]) == {get: why}
+    queued = [json.loads(raw)["headers"]["id"] for raw in brain.hot.r.lrange(pool_queue(None), 0, -1)]
+    assert queued == [say]
+
+
+def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names_it(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    # server_max_concurrency: the default pool's cap, as max_concurrency on a [[pools]] table.
+    cap = {"server_max_concurrency": 1}
+    stack, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=cap)
+    tree_file = tmp_path / "tree.json"
+    tree_file.write_text(json.dumps(sleeps(6, 0.3)))
+    # A budget a 429 paused shows beside the limits written, while the pause lasts.
+    gate = Gate(brain.hot.r)
+    gate.pause("tool:sleep", 600, "paused by HTTP 429 from tool sleep (Retry-After 600s)")
+    said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
+    assert said.returncode == 0, said.stderr
+    assert (
+        "task t0: limits: max_concurrency 1 of pool default, "
+        "paused by HTTP 429 from tool sleep (Retry-After 600s) until "
+    ) in said.stdout
+    brain.hot.r.delete(key_gate_pause("tool:sleep"), key_gate_paused())
+    said = vancetope("explain", str(tree_file), stack=stack, cwd=tmp_path)
+    assert "task t0: limits: max_concurrency 1 of pool default\n" in said.stdout
+    rec = brain.scheduler.submit(tree(sleeps(6, 0.3)))
+    assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
+    assert most_at_once(brain, rec.tree_id, 6) == 1

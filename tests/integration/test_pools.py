@@ -116,6 +116,7 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
         "queue": "server.gpu",
         "waiting": 1,
         "workers": [],
+        "throttled": 0,
         "nobody_consuming": True,
     }
     assert pools["default"]["workers"] and not pools["default"]["nobody_consuming"]

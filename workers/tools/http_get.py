@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import SplitResult, urljoin, urlsplit
 
 from workers.errors import InvalidArguments, ToolFailed
+from workers.throttle import throttled_data
 from workers.tools.http_headers import HEADERS_ENV_VAR, NO_HEADERS, HttpHeaders, origin_of
 from workers.tools.netguard import HttpAllow, IPAddress, refusal
 
@@ -52,7 +53,9 @@ def http_get(
             continue
         if not 200 <= status < 300:
             head = body[:_BODY_HEAD].decode("utf-8", "replace")
-            raise ToolFailed(f"http_get: {url} answered HTTP {status} {reason}: {head}", status=status)
+            # A 429's Retry-After pauses this tool's budget until then (workers.throttle).
+            data = throttled_data(status, answer.get("retry-after"), time.time())
+            raise ToolFailed(f"http_get: {url} answered HTTP {status} {reason}: {head}", **data)
         return _http_value(status, answer, body, max_bytes)
     raise ToolFailed(f"http_get: {args['url']} redirected more than {MAX_REDIRECTS} times; gave up at {url}")
 

@@ -17,6 +17,8 @@ local cancelled, budget, default_lease = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 -- GCRA tolerance: a call may go this early, so a timer a little late loses no rate and a
 -- fast limit admits a batch per call; under one interval of any rate below 20/s (no burst).
 local TAU = 50000
+-- workers.throttle.MAX_PAUSE_S (+1 s of slack), in µs.
+local MAX_PAUSE_US = 3601000000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -57,10 +59,22 @@ local function note_wait(us)
   if wait_us < 0 or us < wait_us then wait_us = us end
 end
 
--- Why the head of a lane may not go now (nil: it may), noting when it may.
+-- Why the head of a lane may not go now (nil: it may), noting when it may; blocked_key is
+-- the limit key that holds it (status counts what waits on each limit).
+local blocked_key = ''
 local function blocked_by(lane)
   for _, l in ipairs(lane.limits) do
     local key, interval, cap = l[1], tonumber(l[2]), tonumber(l[3])
+    blocked_key = key
+    -- A server that answered 429 with Retry-After: nothing of its budget until then (pause.lua
+    -- writes "<until µs>\t<why>"). A lane may carry a limit key for its pause alone (0, 0).
+    -- A pause over an hour ahead (MAX_PAUSE_S) was not written by pause.lua: ignored.
+    local until_us, why = string.match(redis.call('GET', NS .. 'pause:' .. key) or '', '^(%d+)\t(.*)$')
+    until_us = tonumber(until_us)
+    if until_us and until_us > now and until_us - now <= MAX_PAUSE_US then
+      note_wait(until_us - now)
+      return why
+    end
     if interval > 0 then
       local tat = tonumber(redis.call('GET', NS .. 'rate:' .. key) or '0')
       if tat - now > TAU then
@@ -89,8 +103,15 @@ local function admit(lane, run)
     if ms then lease = tonumber(ms) end
   end
   local slots = {}
+  local second = math.floor(now / 1000000)
   for _, l in ipairs(lane.limits) do
     local key, interval, cap = l[1], tonumber(l[2]), tonumber(l[3])
+    -- Calls admitted per second, the last few seconds only: `status --queues` shows the
+    -- current rate from it (brain.hot.gate.Gate.limit_view); a key idle for 15 s vanishes.
+    local admits = NS .. 'admits:' .. key
+    redis.call('HINCRBY', admits, second, 1)
+    redis.call('HDEL', admits, second - 12)
+    redis.call('PEXPIRE', admits, 15000)
     if interval > 0 then
       local k = NS .. 'rate:' .. key
       local tat = tonumber(redis.call('GET', k) or '0')
@@ -141,7 +162,7 @@ while progress and admitted < budget and steps < max_steps do
           local why = blocked_by(lane)
           if why then
             stopped[i] = true
-            redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', why)
+            redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', why, 'why_key', blocked_key)
           else
             admit(lane, run)
             admitted = admitted + 1

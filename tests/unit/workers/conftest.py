@@ -2,33 +2,26 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.workers.helpers import CRASH_SERVER, DEMO_SERVER, free_port, make_config, stdio, wait_for_port
+from tests.unit.workers.helpers import BUSY_SERVER, CRASH_SERVER, DEMO_SERVER, http_server, make_config, stdio
 from workers.mcp_clients import MCPClientManager
 
 
 @pytest.fixture(scope="session")
 def demo_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The demo server over streamable HTTP (uvicorn in a subprocess on a free port)."""
-    port = free_port()
-    log = (tmp_path_factory.mktemp("http") / "server.log").open("wb")
-    proc = subprocess.Popen([sys.executable, DEMO_SERVER, "http", str(port)], stdout=log, stderr=log)
-    try:
-        wait_for_port(port, proc, deadline_s=20)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+    """The demo server over streamable HTTP."""
+    with http_server(tmp_path_factory.mktemp("http"), DEMO_SERVER) as url:
+        yield url
+
+
+@pytest.fixture
+def busy_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An HTTP server that answers its first tools/call 429 with Retry-After: 2."""
+    with http_server(tmp_path_factory.mktemp("http"), BUSY_SERVER) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from workers.mcp_config import MCPConfig, parse_mcp_config
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 DEMO_SERVER = str(FIXTURES / "mcp_demo_server.py")
 CRASH_SERVER = str(FIXTURES / "mcp_crash_server.py")
+BUSY_SERVER = str(FIXTURES / "mcp_busy_server.py")
 
 
 def stdio(script_or_module: str, *args: str) -> dict[str, Any]:
@@ -44,3 +47,22 @@ def wait_for_port(port: int, proc: subprocess.Popen[bytes], deadline_s: float) -
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listened on port {port} within {deadline_s:g}s")
+
+
+@contextmanager
+def http_server(log_dir: Path, script: str, *rest: str) -> Iterator[str]:
+    """An MCP fixture server over streamable HTTP (uvicorn in a subprocess on a free port,
+    ``script http PORT *rest``, its output in ``log_dir``): its URL while it runs."""
+    port = free_port()
+    with (log_dir / f"{Path(script).stem}-{port}.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, script, "http", str(port), *rest], stdout=log, stderr=log)
+        try:
+            wait_for_port(port, proc, deadline_s=20)
+            yield f"http://127.0.0.1:{port}/mcp"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)

@@ -157,6 +157,21 @@ def test_a_server_that_never_initializes_hits_the_start_timeout() -> None:
         mgr.close()
 
 
+def test_a_429_from_an_http_server_fails_the_call_with_its_retry_after(busy_http_url: str) -> None:
+    # The SDK says only "Server returned an error response"; the status and Retry-After come
+    # from the HTTP answer itself (the recorder pauses the server's budget with them).
+    mgr = MCPClientManager(make_config({"busy": {"url": busy_http_url}}))
+    try:
+        with pytest.raises(ToolFailed) as info:
+            mgr.call_tool("busy", "ping", {}, timeout=10)
+        assert "answered HTTP 429 Too Many Requests (Retry-After: 2s)" in info.value.message
+        assert info.value.data == {"server": "busy", "tool": "ping", "status": 429, "retry_after_s": 2.0}
+        # The session is kept: the next call is served (the server was busy, not gone).
+        assert isinstance(mgr.call_tool("busy", "ping", {}, timeout=10), float)
+    finally:
+        mgr.close()
+
+
 def test_streamable_http_server(demo_http_url: str) -> None:
     mgr = MCPClientManager(
         make_config({"web": {"url": demo_http_url}, "down": {"url": "http://127.0.0.1:9/mcp"}})

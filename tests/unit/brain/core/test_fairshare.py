@@ -9,11 +9,12 @@ from textwrap import dedent
 import pytest
 
 from brain.config import load_settings
-from brain.core.fairshare import AppliedLimit, applied_limits, lane_id
+from brain.core.fairshare import AppliedLimit, applied_limits, lane_id, pause_asked_by
 from brain.core.models import Location, ToolSpec
 from brain.core.treefile import load_registry, load_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
-from workers.contracts import ToolType
+from brain.runtime.registry import pool_limits
+from workers.contracts import ErrorInfo, ToolType
 from workers.mcp_config import parse_mcp_config
 from workers.rates import Limits, rate_per_s
 
@@ -111,8 +112,41 @@ def test_limits_on_an_mcp_server_are_read() -> None:
 def test_a_bad_limit_on_a_pool_is_a_config_error_naming_the_field(
     tmp_path: Path, pool: str, says: str
 ) -> None:
-    with pytest.raises(ConfigError, match=rf"pools\.0\.{says}"):
+    with pytest.raises(ConfigError, match=rf"pools\.0\.{says}: Value error, pool 'gpu': "):
         load_settings(env={"VANCETOPE_POOLS": f"[{pool}]"}, cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (
+            'server_rate_limit = "ten per second"',
+            "server_rate_limit (the default pool): Value error, 'ten per",
+        ),
+        (
+            "server_max_concurrency = -1",
+            "server_max_concurrency (the default pool): Value error, -1 would let",
+        ),
+    ],
+)
+def test_a_bad_limit_on_the_default_pool_is_a_config_error_naming_it(
+    tmp_path: Path, line: str, says: str
+) -> None:
+    (tmp_path / "vancetope.toml").write_text(f"[vancetope]\n{line}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={}, cwd=tmp_path)
+    assert says in str(caught.value)
+
+
+def test_limits_on_the_default_pool_bound_its_runs(tmp_path: Path) -> None:
+    settings = load_settings(
+        env={"VANCETOPE_SERVER_RATE_LIMIT": "3/s", "VANCETOPE_SERVER_MAX_CONCURRENCY": "2"}, cwd=tmp_path
+    )
+    assert pool_limits(settings) == {"default": Limits(rate_limit="3/s", max_concurrency=2)}
+    echo = ToolSpec.model_validate({"name": "echo", "location": "server"})
+    (on_pool,) = applied_limits(echo, None, {}, pool_limits(settings))
+    assert on_pool.described() == ["rate_limit 3/s of pool default", "max_concurrency 2 of pool default"]
+    assert pool_limits(load_settings(env={}, cwd=tmp_path)) == {}
 
 
 def test_limits_on_a_pool_are_read(tmp_path: Path) -> None:
@@ -186,6 +220,33 @@ def test_which_limits_apply_to_a_server_run(
     assert [limit.key for limit in applied_limits(tool, pool, servers, pools)] == keys
 
 
+def test_a_paused_server_bounds_its_runs_even_with_no_limit_written() -> None:
+    jira = _tool(type="mcp", mcp_server="jira")
+    assert applied_limits(jira, None, {}, {}, paused={"server:other"}) == ()
+    (pause,) = applied_limits(jira, None, {}, {}, paused={"server:jira"})
+    assert (pause.key, pause.rate_limit, pause.max_concurrency) == ("server:jira", None, None)
+    assert pause.described() == []
+    # a server with limits of its own: its limit's key carries the pause, no second entry
+    limited = applied_limits(jira, None, {"jira": Limits(rate_limit="10/s")}, {}, paused={"server:jira"})
+    assert [limit.key for limit in limited] == ["server:jira"]
+    http_get = ToolSpec.model_validate({"name": "http_get", "location": "server"})
+    (on_tool,) = applied_limits(http_get, None, {}, {}, paused={"tool:http_get"})
+    assert on_tool.key == "tool:http_get"
+
+
+def test_which_budget_a_429_pauses() -> None:
+    def failed(**data: object) -> ErrorInfo:
+        return ErrorInfo(type="ToolFailed", message="m", data=data)
+
+    jira = failed(status=429, retry_after_s=2, server="jira")
+    assert pause_asked_by("search", jira) == ("server:jira", 2.0)
+    assert pause_asked_by("http_get", failed(status=429, retry_after_s=5)) == ("tool:http_get", 5.0)
+    assert pause_asked_by("http_get", failed(status=429)) is None  # no Retry-After: the retry policy alone
+    assert pause_asked_by("http_get", failed(status=429, retry_after_s=0)) is None
+    assert pause_asked_by("http_get", failed(status=500, retry_after_s=5)) is None
+    assert pause_asked_by("http_get", None) is None
+
+
 def test_a_limit_is_described_by_its_name_and_where_it_is_written() -> None:
     limit = AppliedLimit("tool", "http_get", "5/s", 2)
     assert limit.described() == ["rate_limit 5/s of tool http_get", "max_concurrency 2 of tool http_get"]
@@ -212,7 +273,10 @@ def test_explain_lists_the_limits_of_each_server_task() -> None:
     from brain.core.snapshot import RegistrySnapshot
 
     registry = RegistrySnapshot(
-        tools={"http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}), "echo": _tool()},
+        tools={
+            "http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}),
+            "echo": _tool().model_copy(update={"name": "echo"}),
+        },
         pool_limits={"gpu": Limits(max_concurrency=1)},
     )
     routes = [
@@ -220,7 +284,13 @@ def test_explain_lists_the_limits_of_each_server_task() -> None:
         (TaskSpec(id="b", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="", pool="gpu")),
         (TaskSpec(id="c", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="")),
     ]
-    assert _limit_lines(routes, registry) == [
+    assert _limit_lines(routes, registry, {}) == [
         "task a: limits: rate_limit 5/s of tool http_get",
         "task b: limits: max_concurrency 1 of pool gpu",
+    ]
+    # a budget a 429 paused: named beside the limits, even where none is written
+    why = "paused by HTTP 429 from tool echo (Retry-After 5s) until 18:49:25"
+    assert _limit_lines(routes, registry, {"tool:echo": why})[1:] == [
+        f"task b: limits: max_concurrency 1 of pool gpu, {why}",
+        f"task c: limits: {why}",
     ]

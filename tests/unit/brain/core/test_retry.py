@@ -84,6 +84,17 @@ def test_an_attempt_that_could_not_start_before_the_deadline_is_not_planned() ->
     assert next_attempt_at(policy, error("ToolTimeout"), failures=1, now=0, deadline=11) == 10
 
 
+def test_a_429_retry_after_puts_the_next_attempt_no_earlier_than_it_names() -> None:
+    policy = RetryPolicy(max_attempts=3, backoff_s=1, jitter=False)
+    busy = error("ToolFailed", status=429, retry_after_s=30)
+    assert next_attempt_at(policy, busy, failures=1, now=100) == 130
+    # the policy still decides whether: used up, or not covering unavailable, it is not retried
+    assert next_attempt_at(policy, busy, failures=3, now=100) is None
+    assert next_attempt_at(RetryPolicy(max_attempts=3, on=[RetryOn.TIMEOUT]), busy, failures=1, now=0) is None
+    # a backoff longer than the Retry-After stays
+    assert next_attempt_at(policy, error("ToolFailed", status=429, retry_after_s=0.5), failures=1, now=0) == 1
+
+
 def test_the_most_specific_policy_given_wins() -> None:
     task, tool, tree, setting = (RetryPolicy(max_attempts=n) for n in (2, 3, 4, 5))
     assert effective_policy(task, tool, tree, setting) is task

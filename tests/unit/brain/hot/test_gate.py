@@ -11,7 +11,8 @@ import redis
 
 from brain.core.fairshare import AppliedLimit, lane_id
 from brain.hot.gate import Gate, Lane, Waiting
-from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, pool_queue
+from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, key_gate_pause, pool_queue
+from workers.throttle import MAX_PAUSE_S
 
 
 def lane(user: str, *limits: AppliedLimit, pool: str | None = None) -> Lane:
@@ -133,3 +134,61 @@ def test_a_forged_lane_moves_nothing_outside_the_pool_queues(
     assert gate.admit().count == 0
     assert redis_client.llen(wait) == 1 and redis_client.llen(queue) == 0
     assert redis_client.zcard(key_gate_lanes()) == 0
+
+
+def test_a_paused_budget_admits_nothing_until_its_end_and_other_lanes_go_on(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    jira, calm = AppliedLimit("server", "jira", None, None), AppliedLimit("server", "calm", None, 5)
+    busy, other = lane("ada", jira), lane("ada", calm)
+    end = gate.pause("server:jira", 30, "paused by HTTP 429 from server jira (Retry-After 30s)")
+    put(redis_client, gate, busy, "j1")
+    put(redis_client, gate, other, "c1")
+    admitted = gate.admit()
+    assert admitted.count == 1 and queued(redis_client) == ["c1"]
+    # the gate timer is told when the pause ends (Redis time), not to poll
+    assert admitted.wait_s is not None and 25 < admitted.wait_s <= 30
+    assert gate.throttled(["j1"]) == {"j1": "paused by HTTP 429 from server jira (Retry-After 30s)"}
+    assert set(gate.pauses()) == {"server:jira"} and gate.paused() == {"server:jira"}
+    # a shorter pause asked later keeps the longer one
+    assert gate.pause("server:jira", 1, "shorter") == end
+    # the pause over (its key gone), the call goes
+    redis_client.delete(key_gate_pause("server:jira"))
+    assert gate.admit().count == 1 and queued(redis_client) == ["c1", "j1"]
+
+
+def test_a_pause_ends_on_redis_time(redis_client: redis.Redis, gate: Gate) -> None:
+    busy = lane("ada", AppliedLimit("tool", "http_get", None, None))
+    gate.pause("tool:http_get", 0.05, "paused")
+    put(redis_client, gate, busy, "h1")
+    redis_client.execute_command("DEBUG", "SLEEP", "0.1")
+    assert gate.admit().count == 1 and gate.pauses() == {}
+
+
+def test_the_gate_view_reads_lanes_and_budgets_as_status_shows_them(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    s = lane("ada", RATE1, pool="gpu")
+    put(redis_client, gate, s, "r1", "r2", "r3")
+    gate.admit()
+    gate.pause("server:jira", 30, "paused by HTTP 429 from server jira (Retry-After 30s)")
+    (view,) = gate.lanes_view()
+    assert (view.pool, view.user, view.keys, view.waiting) == ("gpu", "ada", ("tool:slow",), 2)
+    assert (view.why, view.why_key) == ("rate_limit 1/s of tool slow", "tool:slow")
+    keys, now = gate.keys_view(["tool:slow", "server:jira"])
+    assert sum(keys["tool:slow"].admitted.values()) == 1 and keys["tool:slow"].paused_until is None
+    jira = keys["server:jira"]
+    assert jira.paused_until is not None and 25 < jira.paused_until - now <= 30
+    assert jira.paused_why == "paused by HTTP 429 from server jira (Retry-After 30s)"
+
+
+def test_a_pause_is_an_hour_at_most_and_a_forged_longer_one_is_ignored(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    now = redis_client.time()[0]
+    assert gate.pause("server:jira", 10 * MAX_PAUSE_S, "long") - now <= MAX_PAUSE_S + 1
+    # A pool's Redis user may write the gate's keys: a pause days ahead is not the script's.
+    busy = lane("ada", AppliedLimit("server", "forged", None, None))
+    redis_client.set(key_gate_pause("server:forged"), f"{(now + 3 * 86_400) * 1_000_000}\tforged")
+    put(redis_client, gate, busy, "f1")
+    assert gate.admit().count == 1

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from brain.hot.queues import ClientQueue, PoolQueue, QueuesReport, UserQueue, pool_names, user_queues
+from brain.core.fairshare import AppliedLimit
+from brain.hot.gate import KeyView, LaneView
+from brain.hot.queues import (
+    ClientQueue,
+    PoolQueue,
+    QueuesReport,
+    UserQueue,
+    limit_queues,
+    pool_names,
+    user_queues,
+)
 
 
 def test_work_waiting_with_nobody_consuming_is_an_alarm_saying_what_to_start() -> None:
@@ -59,3 +69,37 @@ def test_user_queues_list_who_of_the_user_is_connected() -> None:
 
 def test_pool_names_put_the_default_first_once() -> None:
     assert pool_names(["io", "gpu"], ["gpu", "default"]) == ["default", "gpu", "io"]
+
+
+def test_limit_rows_say_what_waits_on_each_limit_for_whom_and_how_fast_calls_go() -> None:
+    rate = AppliedLimit("tool", "sleep", "5/s", None)
+    cap = AppliedLimit("server", "jira", None, 2)
+    lanes = [
+        LaneView("default", "ada", ("tool:sleep",), 3, "rate_limit 5/s of tool sleep", "tool:sleep"),
+        LaneView(
+            "default",
+            "bob",
+            ("tool:sleep", "server:jira"),
+            2,
+            "max_concurrency 2 of server jira",
+            "server:jira",
+        ),
+        LaneView("gpu", "ada", ("server:jira",), 0, "", ""),  # empty: counted nowhere
+    ]
+    now = 1_000_000.5
+    keys = {
+        # admitted in each of the last 10 whole seconds (the current one, 1_000_000, not counted)
+        "tool:sleep": KeyView(0, {999_990 + i: 5 for i in range(11)}, None, None),
+        "server:jira": KeyView(2, {999_999: 3}, None, None),
+        "server:busy": KeyView(0, {}, now + 1.5, "paused by HTTP 429 from server busy (Retry-After 2s)"),
+        "server:idle": KeyView(0, {}, None, None),  # neither written nor paused: not listed
+    }
+    rows = {row.limit: row for row in limit_queues([rate, cap], lanes, keys, now)}
+    assert list(rows) == ["tool:sleep", "server:jira", "server:busy"]
+    sleep, jira, busy = rows["tool:sleep"], rows["server:jira"], rows["server:busy"]
+    assert (sleep.waiting, sleep.throttled, sleep.waiting_by_user) == (5, 3, {"ada": 3, "bob": 2})
+    assert (sleep.rate_limit, sleep.rate_per_s, sleep.running) == ("5/s", 5.0, 0)
+    assert (jira.waiting, jira.throttled, jira.waiting_by_user) == (2, 2, {"bob": 2})
+    assert (jira.max_concurrency, jira.running, jira.rate_per_s) == (2, 2, 0.3)
+    assert (busy.rate_limit, busy.max_concurrency, busy.waiting) == (None, None, 0)
+    assert busy.paused_until == now + 1.5 and busy.paused_why is not None

@@ -47,6 +47,8 @@ class Sent:
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []
+        # No admission gate: calls go straight, as a Publisher without one sends them.
+        self.gate = None
 
     @contextmanager
     def batch(self) -> Iterator[None]:

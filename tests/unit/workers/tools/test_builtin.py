@@ -148,6 +148,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
         elif self.path == "/missing":
             self._answer(404, b"no such page here")
+        elif self.path == "/busy":
+            self.send_response(429)
+            self.send_header("Retry-After", "7")
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"slow")
         elif self.path == "/big":
             self._answer(200, b"y" * 5000)
         else:
@@ -193,6 +199,14 @@ def test_http_get_non_2xx_fails_with_status_and_body(loopback: str) -> None:
         get_allowed(url=f"{loopback}/missing")
     assert "answered HTTP 404" in info.value.message and "no such page here" in info.value.message
     assert info.value.data == {"status": 404}
+
+
+def test_http_get_429_carries_the_seconds_its_retry_after_names(loopback: str) -> None:
+    # The recorder pauses http_get's budget for them (brain.runtime.intake, workers.throttle).
+    with pytest.raises(ToolFailed) as info:
+        get_allowed(url=f"{loopback}/busy")
+    assert "answered HTTP 429" in info.value.message
+    assert info.value.data == {"status": 429, "retry_after_s": 7.0}
 
 
 def test_http_get_refuses_other_schemes_and_reports_refusals() -> None:
