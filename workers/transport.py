@@ -272,3 +272,24 @@ class GuardedTransport(kombu_redis.Transport):
     """kombu's Redis transport with ``GuardedChannel``."""
 
     Channel = GuardedChannel
+
+
+class GuardedSentinelChannel(GuardedChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master the sentinels name) with the
+    guard, the script-free locks and the key prefix of ``GuardedChannel``: a client agent
+    behind Sentinel stays confined to its own keys."""
+
+    from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length
+        *GuardedChannel.from_transport_options,
+        "master_name",
+        "min_other_sentinels",
+        "sentinel_kwargs",
+        "sentinel_fanout_compat",
+    )
+
+
+class GuardedSentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with ``GuardedSentinelChannel``
+    (``workers.redis_connect.SENTINEL_TRANSPORT_PATH`` names it)."""
+
+    Channel = GuardedSentinelChannel

@@ -106,7 +106,7 @@ def test_missing_sandbox_root_names_the_folder(tmp_path: Path) -> None:
         ),
         (
             '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "http://h/0"\n',
-            "[agent]: broker_url: must be a redis:// or rediss:// URL with a host, got 'http://h/0'",
+            "[agent]: broker_url: must be a redis://, rediss:// or sentinel:// URL with a host, got 'http://h/0'",
         ),
         (
             '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "rediss://h:6380/0"\n',
