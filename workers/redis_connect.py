@@ -81,6 +81,12 @@ def async_redis_client(url: str, *, master: str | None = None, **options: Any) -
     )
 
 
+# What makes a connection to a data node what it is (who, how securely, how patiently); the
+# pool's other keyword arguments are redis-py's and the Sentinel pool's own bookkeeping.
+_NODE_KWARGS: Final = ("username", "password", "db", "credential_provider", "health_check_interval",
+                       "client_name", "decode_responses", "encoding", "encoding_errors", "protocol")  # fmt: skip
+
+
 def every_node(r: redis.Redis) -> list[redis.Redis]:
     """A client per data node behind ``r``: for a Sentinel client the master and every
     replica the sentinels list, each with ``r``'s credentials and TLS (the caller closes
@@ -94,7 +100,7 @@ def every_node(r: redis.Redis) -> list[redis.Redis]:
     kwargs = {
         k: v
         for k, v in pool.connection_kwargs.items()
-        if k not in ("connection_pool", "host", "port", "is_master", "check_connection", "service_name")
+        if k in _NODE_KWARGS or k.startswith(("socket_", "ssl_"))
     }
     if issubclass(pool.connection_class, redis.SSLConnection):
         kwargs["ssl"] = True
