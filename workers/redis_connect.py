@@ -71,6 +71,13 @@ def redis_client(url: str, *, master: str | None = None, **options: Any) -> redi
     return Sentinel(sentinels, **kwargs).master_for(master_name(master), redis_class=redis.Redis)
 
 
+def app_redis_client(app: Any, **options: Any) -> redis.Redis:
+    """A redis-py client for a Celery app's own broker (its URL and, behind Sentinel, the master
+    its transport options name), for what a worker writes beside kombu."""
+    master = (app.conf.broker_transport_options or {}).get("master_name")
+    return redis_client(app.conf.broker_url, master=master, **options)
+
+
 def async_redis_client(url: str, *, master: str | None = None, **options: Any) -> redis.asyncio.Redis:
     """``redis_client`` for asyncio (the MCP gateway)."""
     if not is_sentinel_url(url):

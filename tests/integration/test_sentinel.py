@@ -9,16 +9,33 @@ client enrolled before the failover gets in afterwards and a revoked one stays o
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.hot.acl import AclUsers, client_username
 from brain.hot.presence import PresenceBook
 from brain.runtime.enrollment import enroll
+from brain.runtime.service import Brain
+from brain.stack.children import dies_with_this_process
+from brain.stack.embedded import Service, agent_env
 from brain.store.sqlite import SQLiteStore
-from tests.fixtures.sentinel import SentinelSet, sentinel_set  # noqa: F401 - the fixture
+from tests.conftest import (
+    agent_with_servers,
+    make_settings,
+    tree,
+    wait_for_tree,
+    wait_until,
+    write_mcp_config,
+)
+from tests.fixtures.sentinel import SentinelSet, SentinelStack, sentinel_set  # noqa: F401 - the fixture
 from workers.contracts import client_key
 from workers.redis_connect import every_node, redis_client
 from workers.urls import parse_sentinel_url
@@ -27,7 +44,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_revoked_client_stays_out_and_an_enrolled_one_gets_in_after_a_failover(
-    tmp_path: Path, sentinel_set: SentinelSet  # noqa: F811 - the fixture
+    tmp_path: Path,
+    sentinel_set: SentinelSet,  # noqa: F811 - the fixture
 ) -> None:
     admin = redis_client(sentinel_set.url, socket_timeout=5)
     store = SQLiteStore(tmp_path / "store.db")
@@ -59,3 +77,135 @@ def test_a_revoked_client_stays_out_and_an_enrolled_one_gets_in_after_a_failover
     finally:
         store.close()
         admin.close()
+
+
+# The issue's bound from the primary's death to the first task dispatched after it.
+FAILOVER_TO_DISPATCH_S = 30.0
+
+
+@pytest.fixture
+def sentinel_stack(
+    tmp_path: Path,
+    sentinel_set: SentinelSet,  # noqa: F811 - the fixture
+) -> Iterator[SentinelStack]:
+    """Brain, server pool and client agent "laptop" (user ada) on the Sentinel set's URL."""
+    (tmp_path / "laptop").mkdir()
+    agent = agent_with_servers(tmp_path / "laptop", {})
+    (tmp_path / "laptop" / "sandbox" / "notes.txt").write_text("kept on the laptop\n")
+    settings = make_settings(
+        tmp_path,
+        redis_url=sentinel_set.url,
+        agent_config=agent,
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+        visibility_timeout_s=10,
+    )
+    stack = SentinelStack(settings, only=("brain", "server-pool", "client-agent"))
+    try:
+        yield stack.start()
+    finally:
+        stack.stop()
+
+
+def start_desk(stack: SentinelStack, brain: Brain, folder: Path) -> None:
+    """Enroll client "desk" of ada now and start its agent (a process of its own, as on a second
+    workstation), with the Sentinel URL `clients enroll` gives it."""
+    folder.mkdir()
+    config = agent_with_servers(folder, {})
+    config.write_text(config.read_text().replace('client_id = "laptop"', 'client_id = "desk"'))
+    (folder / "sandbox" / "notes.txt").write_text("kept on the desk\n")
+    url = enroll(brain.scheduler.presence, "desk", "ada", stack.redis_url).broker_url
+    argv = [sys.executable, "-m", "client_agent", "run", "--config", str(config)]
+    log_path = stack.settings.data_dir / "logs" / "desk-agent.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            dies_with_this_process(argv), env=agent_env(url), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    stack.services.append(Service("desk-agent", argv, proc, log_path))
+
+
+def main_tree() -> Any:
+    """Server sleeps and client reads side by side, then a chain of sleeps and reads that is
+    dispatched one hop at a time: it is still being dispatched when the primary dies."""
+    layer = [{"id": f"w{i}", "tool": "sleep", "args": {"seconds": 1.0}} for i in range(3)]
+    reads = [{"id": f"r{i}", "tool": "read_local_file", "args": {"path": "notes.txt"}} for i in range(2)]
+    chain: list[dict[str, Any]] = []
+    previous = [t["id"] for t in layer + reads]
+    for i in range(6):
+        step = (
+            {"id": f"c{i}", "tool": "sleep", "args": {"seconds": 1.0}}
+            if i % 2 == 0
+            else {"id": f"c{i}", "tool": "read_local_file", "args": {"path": "notes.txt"}}
+        )
+        chain.append({**step, "depends_on": previous})
+        previous = [step["id"]]
+    return tree({"id": "failover", "tasks": [*layer, *reads, *chain]})
+
+
+def parked_tree() -> Any:
+    return tree(
+        {
+            "id": "parked",
+            "tasks": [
+                {"id": f"p{i}", "tool": "read_local_file", "args": {"path": "notes.txt"}} for i in range(3)
+            ],
+        }
+    )
+
+
+def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task_once(
+    tmp_path: Path,
+    sentinel_set: SentinelSet,  # noqa: F811 - the fixture
+    sentinel_stack: SentinelStack,
+    brain_factory: Callable[[SentinelStack], Brain],
+) -> None:
+    stack = sentinel_stack
+    brain = brain_factory(stack)
+    laptop_agent = stack.service("client-agent").process
+    assert laptop_agent is not None
+    # Parked work: calls bound to a client enrolled but not running yet.
+    brain.scheduler.presence.enroll("desk", "ada")
+    parked = brain.scheduler.submit(parked_tree(), client_id="desk", user="ada")
+    assert brain.scheduler.parked.waiting() == {"client:desk": 3}
+    rec = brain.scheduler.submit(main_tree(), client_id="laptop", user="ada", session=SessionKind.AUTONOMOUS)
+
+    def dispatched() -> set[str]:
+        return {t.task_id for t in brain.store.get_tasks(rec.tree_id) if t.run_id is not None}
+
+    # Mid-tree: the first layer done or running, the chain not yet dispatched.
+    wait_until(lambda: {"w0", "r0"} <= dispatched(), timeout=90, what="the first layer to be dispatched")
+    before = dispatched()
+    assert not {"c3", "c4", "c5"} & before, before
+
+    old = sentinel_set.kill_primary()
+    killed_at = time.monotonic()
+    sentinel_set.wait_failover(old)
+    wait_until(
+        lambda: dispatched() - before,
+        timeout=2 * FAILOVER_TO_DISPATCH_S,
+        what="a dispatch after the failover",
+    )
+    to_first_dispatch = time.monotonic() - killed_at
+    print(f"failover to first new dispatch: {to_first_dispatch:.1f} s")
+    assert to_first_dispatch <= FAILOVER_TO_DISPATCH_S
+
+    start_desk(stack, brain, tmp_path / "desk")  # the parked work's client comes after the failover
+    done = wait_for_tree(brain, rec.tree_id, timeout=180)
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
+    assert sorted(t.task_id for t in tasks) == sorted(t.id for t in main_tree().tasks)  # each recorded once
+    assert all(t.state is TaskState.DONE and t.result is not None for t in tasks)
+    reads = [t for t in tasks if t.tool == "read_local_file"]
+    assert {t.client_id for t in reads} == {"laptop"}
+    # A call re-executed is one whose message the failover lost and the reconciler re-sent:
+    # counted by its deliveries, never more than max_deliveries.
+    resent = {t.task_id: t.deliveries for t in tasks if t.deliveries > 1}
+    print(f"re-delivered after the failover: {resent or 'none'}")
+    assert all(d <= stack.settings.max_deliveries for d in resent.values())
+    # The laptop's agent followed the failover by itself: the same process, no restart.
+    assert laptop_agent.poll() is None
+
+    parked_done = wait_for_tree(brain, parked.tree_id, timeout=120)
+    parked_tasks = brain.store.get_tasks(parked.tree_id)
+    assert parked_done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in parked_tasks}
+    assert {t.client_id for t in parked_tasks} == {"desk"} and len(parked_tasks) == 3
