@@ -18,7 +18,9 @@ sentinels themselves get the socket and TLS options but no password (``sentinel_
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 import redis
@@ -130,7 +132,20 @@ def broker_settings(url: str, master: str | None = None) -> tuple[dict[str, Any]
     tls = target.tls_kwargs()
     if tls:
         options["sentinel_kwargs"] = tls
-    return {"broker_url": target.url(), "broker_transport": SENTINEL_TRANSPORT_PATH}, options
+    settings = {
+        "broker_url": target.url(),
+        "broker_transport": SENTINEL_TRANSPORT_PATH,
+        "broker_failover_strategy": stay_on_first,
+    }
+    return settings, options
+
+
+def stay_on_first(urls: Sequence[str]) -> Iterator[str]:
+    """Celery's failover strategy for a Sentinel URL: always its first part. The parts are the
+    sentinels, which kombu's Sentinel channel already asks in turn; kombu's own round robin
+    would reconnect with a later part, which lacks the database and TLS options the canonical
+    form keeps on the first (``SentinelUrl.url``)."""
+    return itertools.repeat(urls[0])
 
 
 __all__ = [

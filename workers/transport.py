@@ -27,6 +27,7 @@ from queue import Empty
 from typing import Any, Final, Literal
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -293,3 +294,11 @@ class GuardedSentinelTransport(kombu_redis.SentinelTransport):
     (``workers.redis_connect.SENTINEL_TRANSPORT_PATH`` names it)."""
 
     Channel = GuardedSentinelChannel
+
+
+# kombu's Connection.switch (Celery calls it on every reconnect when the URL has ';'-separated
+# alternates, as a Sentinel URL does) re-reads the transport from the URL's scheme and drops
+# the class ``broker_transport`` named. Seen: a client agent's consumer, reconnecting after a
+# failover, got kombu's own Sentinel channel, whose mutex is a Lua script its Redis user may
+# not run (NOPERM evalsha), and stopped. In our processes "sentinel" means the guarded one.
+TRANSPORT_ALIASES["sentinel"] = "workers.transport:GuardedSentinelTransport"

@@ -95,3 +95,18 @@ def test_the_master_name_comes_from_the_caller_then_the_settings_then_the_enviro
     set_default_master("from-settings")
     assert master_name() == "from-settings" and master_name("given") == "given"
     assert broker_settings(THREE)[1]["master_name"] == "from-settings"
+
+
+def test_a_reconnect_keeps_the_guarded_transport_the_database_and_tls() -> None:
+    """Celery switches to the next URL on reconnect; kombu re-reads the transport from its
+    scheme. Seen: an agent's consumer got kombu's own channel after a failover (a Lua mutex its
+    user may not run) and stopped."""
+    from workers.app import make_app
+
+    app = make_app(with_credentials(THREE + "/3" + TLS, "vtc-laptop", "pw"), keyprefix="c:laptop:")
+    conn = app.connection_for_write()
+    for _ in range(4):
+        conn.maybe_switch_next()
+        assert type(conn.transport).__name__ == "GuardedSentinelTransport"
+        assert conn.virtual_host == "3" and conn.ssl["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+        assert conn.userid == "vtc-laptop" and conn.port == 26379
