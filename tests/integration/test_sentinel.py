@@ -9,6 +9,7 @@ client enrolled before the failover gets in afterwards and a revoked one stays o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from brain.hot.presence import PresenceBook
 from brain.runtime.enrollment import enroll
 from brain.runtime.service import Brain
 from brain.stack.children import dies_with_this_process
-from brain.stack.embedded import Service, agent_env
+from brain.stack.embedded import Service, agent_env, stack_env
 from brain.store.sqlite import SQLiteStore
 from tests.conftest import (
     agent_with_servers,
@@ -36,6 +37,7 @@ from tests.conftest import (
     write_mcp_config,
 )
 from tests.fixtures.sentinel import SentinelSet, SentinelStack, sentinel_set  # noqa: F401 - the fixture
+from tests.integration.test_cli import vancetope
 from workers.contracts import client_key
 from workers.redis_connect import every_node, redis_client
 from workers.urls import parse_sentinel_url
@@ -106,14 +108,25 @@ def sentinel_stack(
         stack.stop()
 
 
-def start_desk(stack: SentinelStack, brain: Brain, folder: Path) -> None:
-    """Enroll client "desk" of ada now and start its agent (a process of its own, as on a second
-    workstation), with the Sentinel URL `clients enroll` gives it."""
+def cli(stack: SentinelStack, *args: str) -> str:
+    """`vancetope ARGS` pointed at the Sentinel URL (VANCETOPE_REDIS_URL), as an operator runs it."""
+    proc = vancetope(*args, data=stack.settings.data_dir, env=stack_env(stack.settings, stack.redis_url))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def start_desk(stack: SentinelStack, folder: Path) -> None:
+    """Enroll client "desk" of ada with `vancetope clients enroll` and start its agent (a process
+    of its own, as on a second workstation) with the URL it printed."""
     folder.mkdir()
     config = agent_with_servers(folder, {})
     config.write_text(config.read_text().replace('client_id = "laptop"', 'client_id = "desk"'))
     (folder / "sandbox" / "notes.txt").write_text("kept on the desk\n")
-    url = enroll(brain.scheduler.presence, "desk", "ada", stack.redis_url).broker_url
+    line = cli(stack, "clients", "enroll", "desk", "--user", "ada").strip()
+    variable, url = line.split("=", 1)
+    assert variable == "VANCETOPE_AGENT_BROKER_URL"
+    # kombu's Sentinel form, the client's own user on every part.
+    assert url.startswith("sentinel://vtc-desk:") and url.count("vtc-desk:") == 3
     argv = [sys.executable, "-m", "client_agent", "run", "--config", str(config)]
     log_path = stack.settings.data_dir / "logs" / "desk-agent.log"
     with open(log_path, "ab") as log:
@@ -163,7 +176,8 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     brain = brain_factory(stack)
     laptop_agent = stack.service("client-agent").process
     assert laptop_agent is not None
-    # Parked work: calls bound to a client enrolled but not running yet.
+    # Parked work: calls bound to a client known but not running yet (enrolled with its
+    # credential after the failover, by the CLI).
     brain.scheduler.presence.enroll("desk", "ada")
     parked = brain.scheduler.submit(parked_tree(), client_id="desk", user="ada")
     assert brain.scheduler.parked.waiting() == {"client:desk": 3}
@@ -189,7 +203,7 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     print(f"failover to first new dispatch: {to_first_dispatch:.1f} s")
     assert to_first_dispatch <= FAILOVER_TO_DISPATCH_S
 
-    start_desk(stack, brain, tmp_path / "desk")  # the parked work's client comes after the failover
+    start_desk(stack, tmp_path / "desk")  # the parked work's client comes after the failover
     done = wait_for_tree(brain, rec.tree_id, timeout=180)
     tasks = brain.store.get_tasks(rec.tree_id)
     assert done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in tasks}
@@ -209,3 +223,5 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     parked_tasks = brain.store.get_tasks(parked.tree_id)
     assert parked_done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in parked_tasks}
     assert {t.client_id for t in parked_tasks} == {"desk"} and len(parked_tasks) == 3
+    # The CLI reads the trees through the promoted replica too.
+    assert json.loads(cli(stack, "status", rec.tree_id, "--json"))["status"] == "done"
