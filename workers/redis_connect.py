@@ -64,13 +64,38 @@ def _sentinel_args(url: str, options: dict[str, Any]) -> tuple[list[tuple[str, i
     return list(target.sentinels), kwargs
 
 
+class _MasterClient(redis.Redis):
+    """The master's client; closing it closes its connections to the sentinels too."""
+
+    sentinel_manager: Sentinel | None = None
+
+    def close(self) -> None:
+        super().close()
+        for sentinel in self.sentinel_manager.sentinels if self.sentinel_manager else ():
+            sentinel.close()
+
+
+class _AsyncMasterClient(redis.asyncio.Redis):
+    """The asyncio master's client; closing it closes its connections to the sentinels too."""
+
+    sentinel_manager: redis.asyncio.sentinel.Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.sentinel_manager.sentinels if self.sentinel_manager else ():
+            await sentinel.aclose()
+
+
 def redis_client(url: str, *, master: str | None = None, **options: Any) -> redis.Redis:
     """A redis-py client for ``url`` (``options``: timeouts, decode_responses...). For a
     Sentinel URL it follows the master ``master`` (``master_name``) across failovers."""
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **options)
     sentinels, kwargs = _sentinel_args(url, options)
-    return Sentinel(sentinels, **kwargs).master_for(master_name(master), redis_class=redis.Redis)
+    manager = Sentinel(sentinels, **kwargs)
+    client = manager.master_for(master_name(master), redis_class=_MasterClient)
+    client.sentinel_manager = manager
+    return client
 
 
 def app_redis_client(app: Any, **options: Any) -> redis.Redis:
@@ -85,9 +110,10 @@ def async_redis_client(url: str, *, master: str | None = None, **options: Any) -
     if not is_sentinel_url(url):
         return redis.asyncio.Redis.from_url(url, **options)
     sentinels, kwargs = _sentinel_args(url, options)
-    return redis.asyncio.sentinel.Sentinel(sentinels, **kwargs).master_for(
-        master_name(master), redis_class=redis.asyncio.Redis
-    )
+    manager = redis.asyncio.sentinel.Sentinel(sentinels, **kwargs)
+    client = manager.master_for(master_name(master), redis_class=_AsyncMasterClient)
+    client.sentinel_manager = manager
+    return client
 
 
 # What makes a connection to a data node what it is (who, how securely, how patiently); the
