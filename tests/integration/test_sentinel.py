@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis
 
@@ -39,6 +40,7 @@ from tests.conftest import (
 )
 from tests.fixtures.sentinel import SentinelSet, SentinelStack, sentinel_set  # noqa: F401 - the fixture
 from tests.integration.test_cli import vancetope
+from tests.integration.test_gateway import mcp_client, start_gateway, token_for
 from workers.contracts import client_key
 from workers.redis_connect import async_redis_client, every_node, redis_client
 from workers.urls import parse_sentinel_url
@@ -192,6 +194,7 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
 ) -> None:
     stack = sentinel_stack
     brain = brain_factory(stack)
+    gateway = start_gateway(stack)  # the MCP gateway too must follow the failover by itself
     laptop_agent = stack.service("client-agent").process
     assert laptop_agent is not None
     # Parked work: calls bound to a client known but not running yet (enrolled with its
@@ -241,5 +244,13 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     parked_tasks = brain.store.get_tasks(parked.tree_id)
     assert parked_done.status is TreeStatus.DONE, {t.task_id: (t.state.value, t.reason) for t in parked_tasks}
     assert {t.client_id for t in parked_tasks} == {"desk"} and len(parked_tasks) == 3
-    # The CLI reads the trees through the promoted replica too.
+    # The CLI reads the trees through the promoted replica too, and the gateway submits there.
     assert json.loads(cli(stack, "status", rec.tree_id, "--json"))["status"] == "done"
+    token = token_for(stack, "ada")
+
+    async def through_the_gateway() -> Any:
+        async with mcp_client(gateway, token) as mcp:
+            return await mcp.call_tool("echo", {"value": {"after": "failover"}})
+
+    echoed = anyio.run(through_the_gateway)
+    assert echoed.is_error is False and echoed.structured_content == {"after": "failover"}
