@@ -177,6 +177,8 @@ def stay_on_first(urls: Sequence[str]) -> Iterator[str]:
 __all__ = [
     "DEFAULT_SENTINEL_MASTER",
     "SENTINEL_MASTER_VARIABLE",
+    "SENTINEL_TRANSPORT_PATH",
+    "app_redis_client",
     "async_redis_client",
     "broker_settings",
     "every_node",
@@ -184,4 +186,5 @@ __all__ = [
     "master_name",
     "redis_client",
     "set_default_master",
+    "stay_on_first",
 ]
