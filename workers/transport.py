@@ -27,7 +27,7 @@ from queue import Empty
 from typing import Any, Final, Literal
 
 import redis
-from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -160,9 +160,38 @@ class _PrefixedClient(ScriptFreeLocks, kombu_redis.PrefixedStrictRedis):
     """kombu's key-prefixing client whose locks need no script."""
 
 
+class ForgetfulQoS(kombu_redis.QoS):
+    """kombu's QoS, except that a message whose ack or reject could not reach Redis is
+    forgotten here all the same. kombu removes it from its prefetch count only after Redis
+    answered: seen after a Sentinel failover, a client agent (prefetch 2) whose two acks met
+    the dead master kept both slots taken, so it never sent another BRPOP, never learnt that
+    its connection was gone, and took no work for good. Forgotten, the slot frees, the next
+    BRPOP fails and Celery reconnects; the message itself is still in Redis's unacked hash
+    and comes back when its lease lapses (its run is answered from the agent's memory of
+    recent results, or recorded once by the brain)."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        finally:
+            virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)
+            else:
+                self._remove_from_indices(delivery_tag).execute()
+        finally:
+            virtual.QoS.ack(self, delivery_tag)
+
+
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel, except that a payload ``check_payload`` refuses is dropped and
-    logged instead of raised into the consumer loop."""
+    logged instead of raised into the consumer loop, and an ack that cannot reach Redis frees
+    its prefetch slot anyway (``ForgetfulQoS``)."""
+
+    QoS = ForgetfulQoS
 
     #: Transport options (``broker_transport_options``) this channel reads, as kombu's do.
     from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length
