@@ -81,7 +81,9 @@ def test_celery_gets_the_guarded_sentinel_transport_with_master_name_and_tls_for
     assert "password" not in options["sentinel_kwargs"]
     # a plain URL is untouched
     plain = celery_config("redis://127.0.0.1:6379/0")
-    assert plain["broker_transport"] == TRANSPORT_PATH and "master_name" not in plain["broker_transport_options"]
+    assert (
+        plain["broker_transport"] == TRANSPORT_PATH and "master_name" not in plain["broker_transport_options"]
+    )
 
 
 def test_the_master_name_comes_from_the_caller_then_the_settings_then_the_environment(
