@@ -41,6 +41,7 @@ from tests.conftest import (
 from tests.fixtures.sentinel import SentinelSet, SentinelStack, sentinel_set  # noqa: F401 - the fixture
 from tests.integration.test_cli import vancetope
 from tests.integration.test_gateway import mcp_client, start_gateway, token_for
+from tests.integration.test_schedules_stack import runs_by, write_tree
 from workers.contracts import client_key
 from workers.redis_connect import async_redis_client, every_node, redis_client
 from workers.urls import parse_sentinel_url
@@ -110,7 +111,12 @@ def sentinel_stack(
     tmp_path: Path,
     sentinel_set: SentinelSet,  # noqa: F811 - the fixture
 ) -> Iterator[SentinelStack]:
-    """Brain, server pool and client agent "laptop" (user ada) on the Sentinel set's URL."""
+    """Brain, server pool, Celery beat (schedule "tick", every 2 s) and client agent "laptop"
+    (user ada) on the Sentinel set's URL."""
+    write_tree(tmp_path, "tick", "{id: hello, tool: echo, args: {value: tick}}")
+    (tmp_path / "vancetope.toml").write_text(
+        '[[schedules]]\nname = "tick"\ntree = "tick.yaml"\nevery_s = 2\n'
+    )
     (tmp_path / "laptop").mkdir()
     agent = agent_with_servers(tmp_path / "laptop", {})
     (tmp_path / "laptop" / "sandbox" / "notes.txt").write_text("kept on the laptop\n")
@@ -121,7 +127,7 @@ def sentinel_stack(
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
         visibility_timeout_s=10,
     )
-    stack = SentinelStack(settings, only=("brain", "server-pool", "client-agent"))
+    stack = SentinelStack(settings, only=("brain", "server-pool", "beat", "client-agent"))
     try:
         yield stack.start()
     finally:
@@ -215,6 +221,7 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     old = sentinel_set.kill_primary()
     killed_at = time.monotonic()
     sentinel_set.wait_failover(old)
+    failed_over_at = time.time()
     wait_until(
         lambda: dispatched() - before,
         timeout=2 * FAILOVER_TO_DISPATCH_S,
@@ -254,3 +261,11 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
 
     echoed = anyio.run(through_the_gateway)
     assert echoed.is_error is False and echoed.structured_content == {"after": "failover"}
+    # Celery beat followed the failover too: a schedule run fired after it ends done.
+    wait_until(
+        lambda: any(
+            r.status is TreeStatus.DONE and r.submitted_at > failed_over_at for r in runs_by(brain, "tick")
+        ),
+        timeout=60,
+        what="a scheduled run fired after the failover",
+    )
