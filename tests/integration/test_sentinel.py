@@ -219,15 +219,18 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     assert not {"c3", "c4", "c5"} & before, before
 
     old = sentinel_set.kill_primary()
-    killed_at = time.monotonic()
+    killed_at = time.time()
     sentinel_set.wait_failover(old)
     failed_over_at = time.time()
-    wait_until(
-        lambda: dispatched() - before,
-        timeout=2 * FAILOVER_TO_DISPATCH_S,
-        what="a dispatch after the failover",
-    )
-    to_first_dispatch = time.monotonic() - killed_at
+
+    def new_dispatches() -> list[float]:
+        """When the brain dispatched each task it had not dispatched before the kill (its clock,
+        as the store records it: the test's own polling on a loaded machine is not measured)."""
+        tasks = brain.store.get_tasks(rec.tree_id)
+        return [t.queued_at for t in tasks if t.task_id not in before and t.run_id and t.queued_at]
+
+    first = min(wait_until(new_dispatches, timeout=120, what="a dispatch after the failover"))
+    to_first_dispatch = first - killed_at
     print(f"failover to first new dispatch: {to_first_dispatch:.1f} s")
     assert to_first_dispatch <= FAILOVER_TO_DISPATCH_S
 
