@@ -166,13 +166,19 @@ class ForgetfulQoS(kombu_redis.QoS):
     answered: seen after a Sentinel failover, a client agent (prefetch 2) whose two acks met
     the dead master kept both slots taken, so it never sent another BRPOP, never learnt that
     its connection was gone, and took no work for good. Forgotten, the slot frees, the next
-    BRPOP fails and Celery reconnects; the message itself is still in Redis's unacked hash
-    and comes back when its lease lapses (its run is answered from the agent's memory of
-    recent results, or recorded once by the brain)."""
+    BRPOP fails and Celery reconnects. The message itself may still be in the unacked hash
+    (of the promoted replica): its tag is kept in ``ORPHANED`` and the next channel this
+    process opens puts it back on its queue at once (``GuardedChannel``), instead of when its
+    lease lapses (30 s for an agent: seen as 31 s from the failover to the next dispatch).
+    Delivered again, its run is answered from the agent's memory of recent results, or
+    recorded once by the brain."""
 
     def ack(self, delivery_tag: Any) -> None:
         try:
             self._remove_from_indices(delivery_tag).execute()
+        except Exception:
+            ORPHANED.add(delivery_tag)
+            raise
         finally:
             virtual.QoS.ack(self, delivery_tag)
 
@@ -182,8 +188,16 @@ class ForgetfulQoS(kombu_redis.QoS):
                 self.restore_by_tag(delivery_tag, leftmost=True)
             else:
                 self._remove_from_indices(delivery_tag).execute()
+        except Exception:
+            if requeue:
+                ORPHANED.add(delivery_tag)
+            raise
         finally:
             virtual.QoS.ack(self, delivery_tag)
+
+
+# Delivery tags of this process's messages whose ack (or requeue) met a lost connection.
+ORPHANED: set[Any] = set()
 
 
 class GuardedChannel(kombu_redis.Channel):
@@ -192,6 +206,21 @@ class GuardedChannel(kombu_redis.Channel):
     its prefetch slot anyway (``ForgetfulQoS``)."""
 
     QoS = ForgetfulQoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._requeue_orphans()
+
+    def _requeue_orphans(self) -> None:
+        """Put the messages of ``ORPHANED`` back on their queues, at the front (what kombu's
+        restore does when a lease lapses); a tag the hash no longer holds is only forgotten."""
+        for tag in list(ORPHANED):
+            try:
+                self.qos.restore_by_tag(tag, leftmost=True)
+            except redis.RedisError as exc:
+                log.warning("could not put back message %s whose ack was lost: %s (its lease will)", tag, exc)
+                return
+            ORPHANED.discard(tag)
 
     #: Transport options (``broker_transport_options``) this channel reads, as kombu's do.
     from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length

@@ -256,6 +256,12 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
     assert {t.client_id for t in parked_tasks} == {"desk"} and len(parked_tasks) == 3
     # The CLI reads the trees through the promoted replica too, and the gateway submits there.
     assert json.loads(cli(stack, "status", rec.tree_id, "--json"))["status"] == "done"
+    # `submit-url` prints the Sentinel form with the submitter's own user, let in by the new master.
+    variable, submit_url = cli(stack, "submit-url", "--user", "ada").strip().split("=", 1)
+    assert variable == "VANCETOPE_SUBMIT_URL" and submit_url.count("vts-ada:") == 3
+    submitter = redis_client(submit_url, socket_timeout=5)
+    assert submitter.ping() and submitter.llen("submit.ada") == 0
+    submitter.close()
     token = token_for(stack, "ada")
 
     async def through_the_gateway() -> Any:
