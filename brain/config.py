@@ -35,6 +35,7 @@ from brain.errors import ConfigError
 from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.rates import Concurrency, Limits, RateLimitText
+from workers.redis_connect import DEFAULT_SENTINEL_MASTER, set_default_master
 from workers.sandbox import SandboxMode
 from workers.tools.http_headers import HttpHeaders
 from workers.tools.netguard import HttpAllow
@@ -76,6 +77,9 @@ class Settings(BaseSettings):
     # Where client agents reach Redis, without credentials (e.g. rediss://broker.example:6380/0?...),
     # when it differs from redis_url as the brain sees it; `clients enroll` puts it in the URL it prints.
     agent_broker_url: str | None = None
+    # The Redis master's name when redis_url is kombu's Sentinel form (sentinel://h:p;sentinel://h:p;...):
+    # what the sentinels monitor (`sentinel monitor <name> ...`), followed across failovers.
+    redis_sentinel_master: str = Field(default=DEFAULT_SENTINEL_MASTER, min_length=1)
     # None: SQLite file in data_dir. Else sqlite:///path or mongodb://...
     mongo_url: str | None = None
     store_url: str | None = None
@@ -379,7 +383,7 @@ def load_settings(
     given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     token = _LAYERS.set(layers)
     try:
-        return Settings(**given)
+        settings = Settings(**given)
     except ValidationError as exc:
         lines = [f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise ConfigError(
@@ -387,6 +391,10 @@ def load_settings(
         ) from exc
     finally:
         _LAYERS.reset(token)
+    # Every Redis client this process makes without being told a master (HotState, the CLI's,
+    # the Python API's) follows the one these settings name, vancetope.toml's included.
+    set_default_master(settings.redis_sentinel_master)
+    return settings
 
 
 # Settings whose name alone does not say what they bound: an error names that too.

@@ -111,7 +111,11 @@ class Agent:
         broker_url = config.own_broker_url()
         self.outage = BrokerOutage(broker_url, config.client_id, config.user)
         self.channel = AgentChannel(
-            connect_redis(broker_url), config.client_id, self.outage, broker_url=broker_url
+            connect_redis(broker_url, master=config.redis_sentinel_master),
+            config.client_id,
+            self.outage,
+            broker_url=broker_url,
+            master=config.redis_sentinel_master,
         )
         # Consent (docs/client-agent.md, "Consent on the workstation"): approvals live in a 0700 directory.
         self.consent = ConsentDir.for_config(config)

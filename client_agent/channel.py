@@ -25,6 +25,7 @@ from workers.contracts import (
     AnnouncementAck,
     client_keyprefix,
 )
+from workers.redis_connect import redis_client
 
 log = logging.getLogger("vancetope.agent.channel")
 
@@ -62,10 +63,15 @@ def parse_ack(raw: bytes | str | None) -> AnnouncementAck | None:
         return None
 
 
-def connect_redis(broker_url: str, socket_timeout_s: float = 10.0) -> redis.Redis:
-    """A redis-py client for the agent's own keys; timeouts so no call hangs on a dead network."""
-    return redis.Redis.from_url(
-        broker_url, socket_connect_timeout=5, socket_timeout=socket_timeout_s, health_check_interval=15
+def connect_redis(broker_url: str, socket_timeout_s: float = 10.0, master: str | None = None) -> redis.Redis:
+    """A redis-py client for the agent's own keys; timeouts so no call hangs on a dead network.
+    ``master``: the Sentinel master's name when ``broker_url`` is a sentinel:// URL."""
+    return redis_client(
+        broker_url,
+        master=master,
+        socket_connect_timeout=5,
+        socket_timeout=socket_timeout_s,
+        health_check_interval=15,
     )
 
 
@@ -78,11 +84,13 @@ class AgentChannel:
         client_id: str,
         outage: BrokerOutage | None = None,
         broker_url: str | None = None,
+        master: str | None = None,
     ) -> None:
         self.client = client
         # For big messages, a connection of their own (``_bulk_client``); without it (tests'
         # channels) they go through ``client`` as any other.
         self.broker_url = broker_url
+        self.master = master
         self.client_id = client_id
         self.prefix = client_keyprefix(client_id)
         # While it says the broker cannot be reached, each retry here is not said again.
@@ -127,7 +135,7 @@ class AgentChannel:
         one connection more each is cheap beside their bytes)."""
         if self.broker_url is None:
             return redis.Redis(connection_pool=self.client.connection_pool)
-        return connect_redis(self.broker_url, socket_timeout_s=bulk_timeout_s(size))
+        return connect_redis(self.broker_url, socket_timeout_s=bulk_timeout_s(size), master=self.master)
 
     def announce(self, body: str) -> None:
         """Clear the previous ack and push the announcement in one transaction, so an ack read

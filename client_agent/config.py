@@ -16,14 +16,13 @@ from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from client_agent.errors import AgentConfigError, NoCredential
 from client_agent.self_protection import check_sandbox_roots
 from workers.contracts import ClientType, client_queue
-from workers.urls import check_redis_url
+from workers.urls import check_redis_url, url_password
 
 ENV_PREFIX = "VANCETOPE_AGENT_"
 TABLE = "agent"
@@ -56,6 +55,9 @@ class AgentConfig(BaseModel):
     # (own_broker_url).
     broker_url: str | None = None
     credential_file: Path | None = None
+    # The Redis master's name when broker_url is a sentinel:// URL (None: the environment's
+    # VANCETOPE_REDIS_SENTINEL_MASTER, else mymaster; workers.redis_connect.master_name).
+    redis_sentinel_master: str | None = None
     # The agent's own state: agent.json (pid, last heartbeat), read by `vancetope-agent status`.
     data_dir: Path = Path(".vancetope-agent")
     # Where `run` logs (rotated at 10 MB, 3 kept); None: stderr. The installed service always logs
@@ -168,7 +170,7 @@ class AgentConfig(BaseModel):
         """The broker URL with this client's own credential; NoCredential when there is none
         (no URL, or one without a password: the example's placeholder), so the agent does not
         retry a broker that will never let it in."""
-        if self.broker_url is None or urlsplit(self.broker_url).password is None:
+        if self.broker_url is None or url_password(self.broker_url) is None:
             raise NoCredential(self.client_id, self.user)
         return self.broker_url
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from urllib.parse import urlsplit
 
 import redis
+
+from workers.urls import url_address
 
 log = logging.getLogger("vancetope.agent")
 
@@ -31,8 +32,7 @@ def is_outage(exc: BaseException) -> bool:
 
 def broker_address(broker_url: str) -> str:
     """``host:port`` of a broker URL, never its credentials."""
-    parts = urlsplit(broker_url)
-    return f"{parts.hostname or '?'}:{parts.port or 6379}"
+    return url_address(broker_url)
 
 
 class BrokerOutage:

@@ -15,13 +15,14 @@ from dataclasses import asdict, dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
 from client_agent.config import AgentConfig
 from client_agent.local_state import AgentState, heartbeat_recent, pid_alive, read_state
 from client_agent.service import ServiceKind, ServiceState
+from workers.redis_connect import redis_client
+from workers.urls import url_password
 
 PING_TIMEOUT_S = 3.0
 
@@ -40,12 +41,16 @@ class Enrollment:
     detail: str
 
 
-def check_enrollment(broker_url: str | None, timeout_s: float = PING_TIMEOUT_S) -> Enrollment:
+def check_enrollment(
+    broker_url: str | None, timeout_s: float = PING_TIMEOUT_S, master: str | None = None
+) -> Enrollment:
     """One PING with the agent's own credential: WRONGPASS/NOAUTH means not enrolled or revoked."""
-    if broker_url is None or urlsplit(broker_url).password is None:
+    if broker_url is None or url_password(broker_url) is None:
         return Enrollment(False, "no credential: set credential_file to the file `vancetope clients enroll "
                                  "--output` wrote")  # fmt: skip
-    client = redis.Redis.from_url(broker_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    client = redis_client(
+        broker_url, master=master, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+    )
     try:
         client.ping()
     except redis.AuthenticationError as exc:
@@ -172,7 +177,7 @@ def gather(
         client_id=config.client_id, config=config_path, kind=kind, service_file=service_file,
         installed=service_file is not None and service_file.exists(), service=service,
         service_error=service_error, state=state, state_pid_alive=state is not None and pid_alive(state.pid),
-        enrollment=check_enrollment(config.broker_url),
+        enrollment=check_enrollment(config.broker_url, master=config.redis_sentinel_master),
         log_file=Path(state.log_file) if state is not None and state.log_file else log_file, now=time.time(),
     )  # fmt: skip
 

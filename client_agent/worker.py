@@ -30,7 +30,11 @@ def worker_hostname(client_id: str) -> str:
 
 def make_agent_app(config: AgentConfig) -> Celery:
     """The shared Celery app, on this client's key prefix, with everything chatty turned off."""
-    app = make_app(config.own_broker_url(), keyprefix=client_keyprefix(config.client_id))
+    app = make_app(
+        config.own_broker_url(),
+        keyprefix=client_keyprefix(config.client_id),
+        sentinel_master=config.redis_sentinel_master,
+    )
     app.conf.update(
         worker_enable_remote_control=False,
         worker_send_task_events=False,

@@ -20,6 +20,7 @@ from workers import orphans
 from workers.contracts import BRAIN_QUEUE, MAX_MESSAGE_BYTES, SERVER_QUEUE
 from workers.event_batching import BatchedTaskEvents
 from workers.lease import RESTORE_EVERY_S, VISIBILITY_TIMEOUT_S, LeaseRenewal
+from workers.redis_connect import broker_settings
 from workers.transport import TRANSPORT_PATH
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -44,8 +45,12 @@ def celery_config(
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    sentinel_master: str | None = None,
 ) -> dict[str, Any]:
+    """``sentinel_master``: the master a ``sentinel://`` URL names (``workers.redis_connect.master_name``)."""
+    broker, sentinel_options = broker_settings(broker_url, sentinel_master)
     transport: dict[str, Any] = {
+        **sentinel_options,
         "visibility_timeout": visibility_timeout_s,
         # Look for expired leases every few seconds, on every sweep (kombu's default is
         # every tenth sweep of ten seconds).
@@ -62,13 +67,22 @@ def celery_config(
         "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
         "socket_keepalive": True,
     }
+    if "master_name" in transport:
+        # Given sentinel_kwargs replace redis-py's default (the socket_* options): the
+        # sentinels too must not hang a consumer on a dead link.
+        transport["sentinel_kwargs"] = {
+            "socket_timeout": SOCKET_TIMEOUT_S,
+            "socket_connect_timeout": SOCKET_CONNECT_TIMEOUT_S,
+            **(transport.get("sentinel_kwargs") or {}),
+        }
     if keyprefix:
         transport["global_keyprefix"] = keyprefix
     return {
-        "broker_url": broker_url,
         # The class, not the URL's scheme, picks the transport; kombu still parses the URL
-        # (host, password, db, ssl_* options), so redis:// and rediss:// work as before.
+        # (host, password, db, ssl_* options), so redis:// and rediss:// work as before. A
+        # sentinel:// URL gets the guarded Sentinel transport instead (broker_settings).
         "broker_transport": TRANSPORT_PATH,
+        **broker,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "result_backend": None,
@@ -103,6 +117,7 @@ def make_app(
     visibility_timeout_s: int = VISIBILITY_TIMEOUT_S,
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    sentinel_master: str | None = None,
 ) -> Celery:
     app = Celery("vancetope", set_as_current=False)
     orphans.install()  # a worker of a stack that was killed stops anyway
@@ -114,6 +129,7 @@ def make_app(
             visibility_timeout_s=visibility_timeout_s,
             keyprefix=keyprefix,
             max_message_bytes=max_message_bytes,
+            sentinel_master=sentinel_master,
         )
     )
     return app

@@ -22,6 +22,8 @@ import redis
 from celery import bootsteps
 from celery.worker import state as worker_state
 
+from workers.redis_connect import app_redis_client
+
 log = logging.getLogger("vancetope.worker.lease")
 
 VISIBILITY_TIMEOUT_S = 30
@@ -68,7 +70,7 @@ class LeaseRenewal(bootsteps.StartStopStep):
         key = options.get("global_keyprefix", "") + options.get("unacked_index_key", UNACKED_INDEX)
         # A client of our own: the consumer's channel belongs to its event loop, and a command
         # sent on it from this thread could interleave with the loop's BRPOP on the same socket.
-        client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10, socket_connect_timeout=5)
+        client = app_redis_client(app, socket_timeout=10, socket_connect_timeout=5)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, args=(client, key, interval), name="vancetope-lease", daemon=True

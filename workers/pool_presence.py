@@ -19,6 +19,7 @@ import redis
 from celery import bootsteps
 
 from workers.contracts import key_pool_workers, pool_of_queue
+from workers.redis_connect import app_redis_client
 
 log = logging.getLogger("vancetope.worker.pool")
 
@@ -54,7 +55,7 @@ class PoolPresence(bootsteps.StartStopStep):
         pools = sorted({p for p in map(pool_of_queue, queues) if p is not None})
         if not pools:
             return
-        client = redis.Redis.from_url(parent.app.conf.broker_url, socket_timeout=10, socket_connect_timeout=5)
+        client = app_redis_client(parent.app, socket_timeout=10, socket_connect_timeout=5)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._loop, args=(client, str(parent.hostname), pools), name="vancetope-pool", daemon=True

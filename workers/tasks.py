@@ -50,6 +50,7 @@ from workers.errors import CallFailed, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
 from workers.recent_calls import RecentCalls
+from workers.redis_connect import app_redis_client
 from workers.tools.builtin import BUILTINS, BuiltinTool
 
 log = logging.getLogger("vancetope.worker")
@@ -79,7 +80,7 @@ class HotState:
     @property
     def client(self) -> redis.Redis:
         if self._client is None or self._pid != os.getpid():
-            self._client = redis.Redis.from_url(self._app.conf.broker_url)
+            self._client = app_redis_client(self._app)
             self._pid = os.getpid()
         return self._client
 

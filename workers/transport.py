@@ -27,6 +27,7 @@ from queue import Empty
 from typing import Any, Final, Literal
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES, virtual
 from kombu.transport import redis as kombu_redis
 from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -159,9 +160,67 @@ class _PrefixedClient(ScriptFreeLocks, kombu_redis.PrefixedStrictRedis):
     """kombu's key-prefixing client whose locks need no script."""
 
 
+class ForgetfulQoS(kombu_redis.QoS):
+    """kombu's QoS, except that a message whose ack or reject could not reach Redis is
+    forgotten here all the same. kombu removes it from its prefetch count only after Redis
+    answered: seen after a Sentinel failover, a client agent (prefetch 2) whose two acks met
+    the dead master kept both slots taken, so it never sent another BRPOP, never learnt that
+    its connection was gone, and took no work for good. Forgotten, the slot frees, the next
+    BRPOP fails and Celery reconnects. The message itself may still be in the unacked hash
+    (of the promoted replica): its tag is kept in ``ORPHANED`` and the next channel this
+    process opens puts it back on its queue at once (``GuardedChannel``), instead of when its
+    lease lapses (30 s for an agent: seen as 31 s from the failover to the next dispatch).
+    Delivered again, its run is answered from the agent's memory of recent results, or
+    recorded once by the brain."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        except Exception:
+            ORPHANED.add(delivery_tag)
+            raise
+        finally:
+            virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)
+            else:
+                self._remove_from_indices(delivery_tag).execute()
+        except Exception:
+            if requeue:
+                ORPHANED.add(delivery_tag)
+            raise
+        finally:
+            virtual.QoS.ack(self, delivery_tag)
+
+
+# Delivery tags of this process's messages whose ack (or requeue) met a lost connection.
+ORPHANED: set[Any] = set()
+
+
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel, except that a payload ``check_payload`` refuses is dropped and
-    logged instead of raised into the consumer loop."""
+    logged instead of raised into the consumer loop, and an ack that cannot reach Redis frees
+    its prefetch slot anyway (``ForgetfulQoS``)."""
+
+    QoS = ForgetfulQoS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._requeue_orphans()
+
+    def _requeue_orphans(self) -> None:
+        """Put the messages of ``ORPHANED`` back on their queues, at the front (what kombu's
+        restore does when a lease lapses); a tag the hash no longer holds is only forgotten."""
+        for tag in list(ORPHANED):
+            try:
+                self.qos.restore_by_tag(tag, leftmost=True)
+            except redis.RedisError as exc:
+                log.warning("could not put back message %s whose ack was lost: %s (its lease will)", tag, exc)
+                return
+            ORPHANED.discard(tag)
 
     #: Transport options (``broker_transport_options``) this channel reads, as kombu's do.
     from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length
@@ -272,3 +331,32 @@ class GuardedTransport(kombu_redis.Transport):
     """kombu's Redis transport with ``GuardedChannel``."""
 
     Channel = GuardedChannel
+
+
+class GuardedSentinelChannel(GuardedChannel, kombu_redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master the sentinels name) with the
+    guard, the script-free locks and the key prefix of ``GuardedChannel``: a client agent
+    behind Sentinel stays confined to its own keys."""
+
+    from_transport_options: tuple[str, ...] = (  # type: ignore[assignment]  # kombu types it by length
+        *GuardedChannel.from_transport_options,
+        "master_name",
+        "min_other_sentinels",
+        "sentinel_kwargs",
+        "sentinel_fanout_compat",
+    )
+
+
+class GuardedSentinelTransport(kombu_redis.SentinelTransport):
+    """kombu's Sentinel transport with ``GuardedSentinelChannel``
+    (``workers.redis_connect.SENTINEL_TRANSPORT_PATH`` names it)."""
+
+    Channel = GuardedSentinelChannel
+
+
+# kombu's Connection.switch (Celery calls it on every reconnect when the URL has ';'-separated
+# alternates, as a Sentinel URL does) re-reads the transport from the URL's scheme and drops
+# the class ``broker_transport`` named. Seen: a client agent's consumer, reconnecting after a
+# failover, got kombu's own Sentinel channel, whose mutex is a Lua script its Redis user may
+# not run (NOPERM evalsha), and stopped. In our processes "sentinel" means the guarded one.
+TRANSPORT_ALIASES["sentinel"] = "workers.transport:GuardedSentinelTransport"

@@ -86,6 +86,7 @@ from brain.stack.embedded import (
 )
 from brain.store import Store, open_store
 from workers.contracts import client_queue
+from workers.redis_connect import redis_client
 
 
 @cli.command()
@@ -757,7 +758,7 @@ def _gate_marks(settings: Settings, tasks: Sequence[TaskRecord]) -> dict[str, di
     if not waiting or not url:
         return {}
     try:
-        r = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=2)
+        r = redis_client(url, socket_timeout=5, socket_connect_timeout=2)
         try:
             why = Gate(r).throttled(waiting)
         finally:

@@ -101,6 +101,7 @@ from workers.contracts import (
     surface_tool,
     tool_metadata,
 )
+from workers.redis_connect import async_redis_client
 
 log = logging.getLogger("vancetope.gateway")
 # The gateway serves handshake-era clients too: logging/setLevel, notifications/message,
@@ -300,7 +301,7 @@ class Gateway:
 
         @asynccontextmanager
         async def lifespan(_: Starlette) -> AsyncIterator[None]:
-            self._aredis = redis.asyncio.Redis.from_url(self.redis_url)
+            self._aredis = async_redis_client(self.redis_url)
             try:
                 async with manager.run(), anyio.create_task_group() as tasks:
                     tasks.start_soon(self._watch_loop)

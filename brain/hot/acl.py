@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import redis
 
@@ -35,8 +37,10 @@ from workers.contracts import (
     key_retry_at,
     key_tree_running,
 )
+from workers.redis_connect import every_node
 
 log = logging.getLogger("vancetope.brain.acl")
+T = TypeVar("T")
 
 CLIENT_USER_PREFIX = "vtc-"
 # The answers to sampling/elicitation requests (workers.contracts.key_answer, client_answer_key).
@@ -171,55 +175,142 @@ def client_acl_rules(enrollment: Enrollment) -> list[str]:
     ]
 
 
+# Redis refuses a whole ACL SETUSER for one grant it does not know: Redis 7.0 (Debian 12's)
+# has no CLIENT SETINFO (7.2), which redis-py sends and CLIENT_COMMANDS grants. Its words:
+# "ERR Error in ACL SETUSER modifier '+client|setinfo': Unknown command or category name in ACL".
+_REFUSED_MODIFIER = re.compile(r"modifier '([^']+)': Unknown command")
+
+
+def refused_grant(error: str, rules: Sequence[str]) -> str | None:
+    """The ``+command`` grant of ``rules`` that ``error`` says this Redis does not know, if that
+    is what it says. Only grants are ever dropped: a key pattern or a secret never is."""
+    found = _REFUSED_MODIFIER.search(error)
+    if found is None or not found.group(1).startswith("+") or found.group(1) not in rules:
+        return None
+    return found.group(1)
+
+
+def set_user(node: redis.Redis, username: str, rules: Sequence[str]) -> None:
+    """ACL SETUSER on one node, without the grants of commands this node's Redis does not have
+    (the client never sends those to it: redis-py ignores CLIENT SETINFO's refusal)."""
+    rules = list(rules)
+    while True:
+        try:
+            node.execute_command("ACL", "SETUSER", username, *rules)
+            return
+        except redis.ResponseError as exc:
+            grant = refused_grant(str(exc), rules)
+            if grant is None:
+                raise
+            log.info(
+                "Redis at %s does not know %s: ACL user %s goes without it", _where(node), grant, username
+            )
+            rules.remove(grant)
+
+
+def delete_user(node: redis.Redis, username: str) -> bool:
+    return bool(node.execute_command("ACL", "DELUSER", username))
+
+
+def users_named(node: redis.Redis, prefix: str) -> set[str]:
+    """The ACL users of one node whose name starts with ``prefix``, without it."""
+    return {
+        name[len(prefix) :]
+        for name in map(as_text, node.execute_command("ACL", "USERS"))
+        if name.startswith(prefix)
+    }
+
+
+def save_acl(node: redis.Redis, restored_from: str) -> None:
+    # The store is the record; the ACL file (when Redis has one) only spares a re-sync.
+    try:
+        node.execute_command("ACL", "SAVE")
+    except redis.ResponseError as exc:
+        log.debug(
+            "ACL SAVE on %s: %s (the brain restores %s from the store)", _where(node), exc, restored_from
+        )
+
+
+def _where(node: redis.Redis) -> str:
+    kwargs = node.connection_pool.connection_kwargs
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def on_every_node(r: redis.Redis, change: Callable[[redis.Redis], T]) -> list[T]:
+    """``change`` applied to each data node behind ``r``, the master's result first. Redis
+    replicates data but not ACL changes: behind Sentinel an enrolment or revocation must reach
+    every replica too, or a replica promoted later would let a revoked client back in (or
+    keep an enrolled one out). A replica that cannot be reached now is left to the brain's
+    next sync (the reconciler runs ``sync`` every sweep); the master's failure is raised."""
+    nodes = every_node(r)
+    results: list[T] = []
+    try:
+        for index, node in enumerate(nodes):
+            try:
+                results.append(change(node))
+            except redis.ConnectionError as exc:
+                if index == 0:
+                    raise
+                log.warning(
+                    "ACL change not sent to replica %s (%s): the next sync sends it", _where(node), exc
+                )
+    finally:
+        for node in nodes:
+            if node is not r:
+                node.close()
+    return results
+
+
 class AclUsers:
-    """The client ACL users on one Redis, kept equal to the store's enrollments."""
+    """The client ACL users on one Redis (behind Sentinel: on each of its nodes), kept equal to
+    the store's enrollments."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
 
     def provision(self, enrollment: Enrollment, save: bool = True) -> None:
-        self.r.execute_command(
-            "ACL", "SETUSER", client_username(enrollment.client_id), *client_acl_rules(enrollment)
-        )
+        rules = client_acl_rules(enrollment)
+        name = client_username(enrollment.client_id)
+        on_every_node(self.r, lambda node: set_user(node, name, rules))
         if save:
             self._save()
 
     def revoke(self, client_id: str, save: bool = True) -> bool:
         """Delete the client's ACL user, which also closes its open connections (a disabled user's
-        connections would stay open)."""
-        deleted = bool(self.r.execute_command("ACL", "DELUSER", client_username(client_id)))
+        connections would stay open). True if the master had it."""
+        name = client_username(client_id)
+        deleted = on_every_node(self.r, lambda node: delete_user(node, name))[0]
         if save:
             self._save()
         return deleted
 
     def client_users(self) -> set[str]:
-        return {
-            name[len(CLIENT_USER_PREFIX) :]
-            for name in map(as_text, self.r.execute_command("ACL", "USERS"))
-            if name.startswith(CLIENT_USER_PREFIX)
-        }
+        return users_named(self.r, CLIENT_USER_PREFIX)
 
     def sync(self, enrollments: Iterable[Enrollment]) -> None:
-        """Create the ACL users the store says should exist and delete the rest (after a Redis
-        restart without an ACL file, or a revocation whose DELUSER did not reach Redis)."""
+        """Create the ACL users the store says should exist and delete the rest, on each node
+        (after a Redis restart without an ACL file, a revocation whose DELUSER did not reach
+        Redis, or a replica that was away when a client was enrolled or revoked)."""
         wanted = {e.client_id: e for e in enrollments if e.secret_sha256}
-        present = self.client_users()
-        missing, extra = sorted(wanted.keys() - present), sorted(present - wanted.keys())
-        for client_id in missing:
-            log.info("restoring the Redis ACL user of enrolled client %r", client_id)
-            self.provision(wanted[client_id], save=False)
-        for client_id in extra:
-            log.warning("deleting the Redis ACL user of client %r: it is not enrolled", client_id)
-            self.revoke(client_id, save=False)
+        changed = on_every_node(self.r, lambda node: self._sync_node(node, wanted))
         # One ACL SAVE for all: each rewrites the whole file, so one per user made restoring
         # 1,000 clients after a Redis restart take about a minute (bench/fleet.py's storm), and
         # an agent that reconnected meanwhile was refused.
-        if missing or extra:
+        if any(changed):
             self._save()
 
+    def _sync_node(self, node: redis.Redis, wanted: dict[str, Enrollment]) -> bool:
+        present = users_named(node, CLIENT_USER_PREFIX)
+        missing, extra = sorted(wanted.keys() - present), sorted(present - wanted.keys())
+        for client_id in missing:
+            log.info("restoring the Redis ACL user of enrolled client %r on %s", client_id, _where(node))
+            set_user(node, client_username(client_id), client_acl_rules(wanted[client_id]))
+        for client_id in extra:
+            log.warning(
+                "deleting the Redis ACL user of client %r on %s: it is not enrolled", client_id, _where(node)
+            )
+            delete_user(node, client_username(client_id))
+        return bool(missing or extra)
+
     def _save(self) -> None:
-        # The store is the record; the ACL file (when Redis has one) only spares a re-sync.
-        try:
-            self.r.execute_command("ACL", "SAVE")
-        except redis.ResponseError as exc:
-            log.debug("ACL SAVE: %s (the brain restores client users from the store)", exc)
+        on_every_node(self.r, lambda node: save_acl(node, "client users"))

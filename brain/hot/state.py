@@ -30,6 +30,7 @@ from workers.contracts import (
     key_registry_loaded_at,
     key_tree_running,
 )
+from workers.redis_connect import redis_client
 
 # How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
 # one reply (it stalls Redis for everyone, docs/performance.md).
@@ -53,7 +54,7 @@ class HotState:
 
     @classmethod
     def from_url(cls, url: str) -> HotState:
-        return cls(redis.Redis.from_url(url, decode_responses=False, health_check_interval=30))
+        return cls(redis_client(url, decode_responses=False, health_check_interval=30))
 
     def close(self) -> None:
         self.r.close()

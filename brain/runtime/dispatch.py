@@ -78,6 +78,7 @@ class Publisher:
                     visibility_timeout_s=int(opts.get("visibility_timeout", VISIBILITY_TIMEOUT_S)),
                     keyprefix=keyprefix,
                     max_message_bytes=int(opts.get("vt_max_message_bytes", MAX_MESSAGE_BYTES)),
+                    sentinel_master=opts.get("master_name"),
                 )
             return app
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 
-import redis
-
 from brain.hot.gate import Gate
+from workers.redis_connect import redis_client
 
 log = logging.getLogger("vancetope.brain")
 
@@ -29,7 +28,7 @@ def run_gate_timer(redis_url: str, stop: threading.Event) -> threading.Thread:
 
     def loop() -> None:
         # A connection of its own: BLPOP holds it while it waits.
-        r = redis.Redis.from_url(redis_url, socket_timeout=IDLE_S + 10)
+        r = redis_client(redis_url, socket_timeout=IDLE_S + 10)
         gate = Gate(r)
         try:
             while not stop.is_set():

@@ -19,8 +19,15 @@ from collections.abc import Iterable
 import redis
 
 from brain.core.models import SubmitCredential
-from brain.hot.acl import new_secret, secret_sha256
-from brain.hot.state import as_text
+from brain.hot.acl import (
+    delete_user,
+    new_secret,
+    on_every_node,
+    save_acl,
+    secret_sha256,
+    set_user,
+    users_named,
+)
 from brain.store import Store
 from workers.contracts import submit_queue_of
 
@@ -62,48 +69,47 @@ def submitter_acl_rules(credential: SubmitCredential) -> list[str]:
 
 
 class SubmitterUsers:
-    """The submit ACL users on one Redis, kept equal to the store's submit credentials."""
+    """The submit ACL users on one Redis (behind Sentinel: on each of its nodes), kept equal to
+    the store's submit credentials."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
 
     def provision(self, credential: SubmitCredential) -> None:
-        self.r.execute_command(
-            "ACL", "SETUSER", submit_username(credential.user), *submitter_acl_rules(credential)
-        )
+        name, rules = submit_username(credential.user), submitter_acl_rules(credential)
+        on_every_node(self.r, lambda node: set_user(node, name, rules))
         self._save()
 
     def revoke(self, user: str) -> bool:
         """Delete the user's ACL user, which also closes its open connections."""
-        deleted = bool(self.r.execute_command("ACL", "DELUSER", submit_username(user)))
+        name = submit_username(user)
+        deleted = on_every_node(self.r, lambda node: delete_user(node, name))[0]
         self._save()
         return deleted
 
     def present(self) -> set[str]:
-        return {
-            name[len(SUBMIT_USER_PREFIX) :]
-            for name in map(as_text, self.r.execute_command("ACL", "USERS"))
-            if name.startswith(SUBMIT_USER_PREFIX)
-        }
+        return users_named(self.r, SUBMIT_USER_PREFIX)
 
     def sync(self, credentials: Iterable[SubmitCredential]) -> None:
-        """Create the ACL users the store says should exist and delete the rest."""
+        """Create the ACL users the store says should exist and delete the rest, on each node."""
         wanted = {c.user: c for c in credentials}
-        present = self.present()
+        if any(on_every_node(self.r, lambda node: self._sync_node(node, wanted))):
+            self._save()
+
+    def _sync_node(self, node: redis.Redis, wanted: dict[str, SubmitCredential]) -> bool:
+        present = users_named(node, SUBMIT_USER_PREFIX)
         for user in sorted(wanted.keys() - present):
             log.info("restoring the Redis ACL user of the submit credential of user %r", user)
-            self.provision(wanted[user])
+            set_user(node, submit_username(user), submitter_acl_rules(wanted[user]))
         for user in sorted(present - wanted.keys()):
             log.warning(
                 "deleting Redis ACL user %s: the store has no such submit credential", submit_username(user)
             )
-            self.revoke(user)
+            delete_user(node, submit_username(user))
+        return bool(wanted.keys() ^ present)
 
     def _save(self) -> None:
-        try:
-            self.r.execute_command("ACL", "SAVE")
-        except redis.ResponseError as exc:
-            log.debug("ACL SAVE: %s (the brain restores submit users from the store)", exc)
+        on_every_node(self.r, lambda node: save_acl(node, "submit users"))
 
 
 def issue(store: Store, r: redis.Redis, user: str, now: float | None = None) -> str:

@@ -31,7 +31,7 @@ def test_a_bad_http_allow_entry_is_a_config_error_naming_it(tmp_path: Path) -> N
     [
         ("rediss://vt-brain:pw@broker:6380/0", "must end with ?ssl_cert_reqs=required"),
         ("rediss://vt-brain:pw@broker:6380/0?ssl_cert_reqs=none", "must end with ?ssl_cert_reqs=required"),
-        ("http://vt-brain:pw@broker/0", "must be a redis:// or rediss:// URL"),
+        ("http://vt-brain:pw@broker/0", "must be a redis://, rediss:// or sentinel:// URL"),
     ],
 )
 def test_a_redis_url_that_would_not_check_the_certificate_is_refused_without_showing_the_password(

@@ -62,6 +62,16 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     assert config.allowed_tools == ("read_*", "git/*")
 
 
+def test_a_sentinel_url_and_its_master_name_from_the_file_or_the_environment(tmp_path: Path) -> None:
+    url = "sentinel://vtc-laptop:pw@10.0.0.5:26379;sentinel://vtc-laptop:pw@10.0.0.6:26379"
+    text = MINIMAL.replace("redis://127.0.0.1:6379/0", url) + 'redis_sentinel_master = "vt"\n'
+    config = load_config(write(tmp_path, text), environ={})
+    assert (config.own_broker_url(), config.redis_sentinel_master) == (url, "vt")
+    env = {"VANCETOPE_AGENT_REDIS_SENTINEL_MASTER": "other"}
+    assert load_config(write(tmp_path, text), environ=env).redis_sentinel_master == "other"
+    assert load_config(write(tmp_path, MINIMAL), environ={}).redis_sentinel_master is None  # mymaster
+
+
 def test_config_is_frozen(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, MINIMAL), environ={})
     with pytest.raises(ValueError):
@@ -106,7 +116,7 @@ def test_missing_sandbox_root_names_the_folder(tmp_path: Path) -> None:
         ),
         (
             '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "http://h/0"\n',
-            "[agent]: broker_url: must be a redis:// or rediss:// URL with a host, got 'http://h/0'",
+            "[agent]: broker_url: must be a redis://, rediss:// or sentinel:// URL with a host, got 'http://h/0'",
         ),
         (
             '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "rediss://h:6380/0"\n',

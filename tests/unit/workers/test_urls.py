@@ -41,7 +41,7 @@ def test_usable_redis_urls_pass(url: str) -> None:
     ("url", "fragment"),
     [
         ("rediss://u:secret@h:6380/0", "ssl_cert_reqs=required"),
-        ("amqp://u:secret@h/", "redis:// or rediss://"),
+        ("amqp://u:secret@h/", "rediss:// or sentinel://"),
         ("redis:///0", "with a host"),
     ],
 )

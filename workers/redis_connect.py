@@ -1,0 +1,190 @@
+"""The one way every component reaches Redis (layer: workers, redis-py and kombu glue).
+
+A Redis URL is either one server (``redis://`` / ``rediss://``) or kombu's Sentinel form,
+``sentinel://[user:pass@]h1:26379;sentinel://h2:26380;sentinel://h3:26381[/db][?tls options]``,
+with the master's name from the setting ``redis_sentinel_master`` (env
+``VANCETOPE_REDIS_SENTINEL_MASTER``, default ``mymaster``). The brain, pools, beat, gateway,
+CLI, Python API and client agents all ask here for a redis-py client (``redis_client``,
+``async_redis_client``) or for their Celery broker settings (``broker_settings``), so a
+failover is followed the same way everywhere: redis-py's and kombu's Sentinel pools ask
+the sentinels for the master again whenever a connection is lost or the node they reach
+has become a replica.
+
+Credentials and TLS options are those of the data nodes, and travel with every master
+the sentinels name (``master_for`` with the same username, password and ``ssl_*``
+arguments), so a client's ACL user and certificate checks survive a failover. The
+sentinels themselves get the socket and TLS options but no password (``sentinel_kwargs``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, Final
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from workers.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
+
+DEFAULT_SENTINEL_MASTER: Final = "mymaster"
+SENTINEL_MASTER_VARIABLE: Final = "VANCETOPE_REDIS_SENTINEL_MASTER"
+
+
+# The process's master name when the caller gives none: brain.config.load_settings sets it
+# from the settings (vancetope.toml too, not only the environment), so the CLI and the Python
+# API connect to the master the settings name.
+_default_master: str | None = None
+
+
+def set_default_master(name: str) -> None:
+    """The master name ``redis_client`` and ``broker_settings`` use when not told one."""
+    global _default_master
+    _default_master = name
+
+
+def master_name(explicit: str | None = None) -> str:
+    """``explicit``, else the process's setting, else ``VANCETOPE_REDIS_SENTINEL_MASTER``, else ``mymaster``."""
+    return explicit or _default_master or os.environ.get(SENTINEL_MASTER_VARIABLE) or DEFAULT_SENTINEL_MASTER
+
+
+def _sentinel_kwargs(target: SentinelUrl, options: dict[str, Any]) -> dict[str, Any]:
+    """What the sentinels get: the socket options and TLS, never the data nodes' password."""
+    return {**{k: v for k, v in options.items() if k.startswith("socket_")}, **target.tls_kwargs()}
+
+
+def _sentinel_args(url: str, options: dict[str, Any]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """Sentinel(...)'s arguments, sync or async alike: the sentinels and the keyword arguments
+    (the data nodes' credentials and TLS with ``options``; the sentinels' own, without password)."""
+    target = parse_sentinel_url(url)
+    kwargs = {**target.node_kwargs(), **options, "sentinel_kwargs": _sentinel_kwargs(target, options)}
+    return list(target.sentinels), kwargs
+
+
+class _MasterClient(redis.Redis):
+    """The master's client; closing it closes its connections to the sentinels too."""
+
+    sentinel_manager: Sentinel | None = None
+
+    def close(self) -> None:
+        super().close()
+        for sentinel in self.sentinel_manager.sentinels if self.sentinel_manager else ():
+            sentinel.close()
+
+
+class _AsyncMasterClient(redis.asyncio.Redis):
+    """The asyncio master's client; closing it closes its connections to the sentinels too."""
+
+    sentinel_manager: redis.asyncio.sentinel.Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.sentinel_manager.sentinels if self.sentinel_manager else ():
+            await sentinel.aclose()
+
+
+def redis_client(url: str, *, master: str | None = None, **options: Any) -> redis.Redis:
+    """A redis-py client for ``url`` (``options``: timeouts, decode_responses...). For a
+    Sentinel URL it follows the master ``master`` (``master_name``) across failovers."""
+    if not is_sentinel_url(url):
+        return redis.Redis.from_url(url, **options)
+    sentinels, kwargs = _sentinel_args(url, options)
+    manager = Sentinel(sentinels, **kwargs)
+    client = manager.master_for(master_name(master), redis_class=_MasterClient)
+    client.sentinel_manager = manager
+    return client
+
+
+def app_redis_client(app: Any, **options: Any) -> redis.Redis:
+    """A redis-py client for a Celery app's own broker (its URL and, behind Sentinel, the master
+    its transport options name), for what a worker writes beside kombu."""
+    master = (app.conf.broker_transport_options or {}).get("master_name")
+    return redis_client(app.conf.broker_url, master=master, **options)
+
+
+def async_redis_client(url: str, *, master: str | None = None, **options: Any) -> redis.asyncio.Redis:
+    """``redis_client`` for asyncio (the MCP gateway)."""
+    if not is_sentinel_url(url):
+        return redis.asyncio.Redis.from_url(url, **options)
+    sentinels, kwargs = _sentinel_args(url, options)
+    manager = redis.asyncio.sentinel.Sentinel(sentinels, **kwargs)
+    client = manager.master_for(master_name(master), redis_class=_AsyncMasterClient)
+    client.sentinel_manager = manager
+    return client
+
+
+# What makes a connection to a data node what it is (who, how securely, how patiently); the
+# pool's other keyword arguments are redis-py's and the Sentinel pool's own bookkeeping.
+_NODE_KWARGS: Final = ("username", "password", "db", "credential_provider", "health_check_interval",
+                       "client_name", "decode_responses", "encoding", "encoding_errors", "protocol")  # fmt: skip
+
+
+def every_node(r: redis.Redis) -> list[redis.Redis]:
+    """A client per data node behind ``r``: for a Sentinel client the master and every
+    replica the sentinels list, each with ``r``'s credentials and TLS (the caller closes
+    them); for a plain one, ``r`` itself. Redis replicates data, not ACL changes: what must
+    hold after a failover (brain.hot.acl) is sent to each node."""
+    pool = r.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return [r]
+    manager: Sentinel = pool.sentinel_manager
+    addresses = [manager.discover_master(pool.service_name), *manager.discover_slaves(pool.service_name)]
+    kwargs = {
+        k: v
+        for k, v in pool.connection_kwargs.items()
+        if k in _NODE_KWARGS or k.startswith(("socket_", "ssl_"))
+    }
+    if issubclass(pool.connection_class, redis.SSLConnection):
+        kwargs["ssl"] = True
+    return [redis.Redis(host=host, port=port, **kwargs) for host, port in dict.fromkeys(addresses)]
+
+
+# The class kombu builds a Sentinel-following channel with, guarded as workers.transport's.
+SENTINEL_TRANSPORT_PATH: Final = "workers.transport:GuardedSentinelTransport"
+
+
+def broker_settings(url: str, master: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Celery settings, transport options) that reach the broker at ``url``. For a Sentinel
+    URL: its canonical form (``SentinelUrl.url``: kombu reads credentials, database and TLS
+    options from the first part), the guarded Sentinel transport, and ``master_name`` and
+    ``sentinel_kwargs`` (TLS, no password) in the options."""
+    if not is_sentinel_url(url):
+        return {"broker_url": url}, {}
+    target = parse_sentinel_url(url)
+    options: dict[str, Any] = {"master_name": master_name(master)}
+    tls = target.tls_kwargs()
+    if tls:
+        options["sentinel_kwargs"] = tls
+    settings = {
+        "broker_url": target.url(),
+        "broker_transport": SENTINEL_TRANSPORT_PATH,
+        "broker_failover_strategy": stay_on_first,
+    }
+    return settings, options
+
+
+def stay_on_first(urls: Sequence[str]) -> Iterator[str]:
+    """Celery's failover strategy for a Sentinel URL: always its first part. The parts are the
+    sentinels, which kombu's Sentinel channel already asks in turn; kombu's own round robin
+    would reconnect with a later part, which lacks the database and TLS options the canonical
+    form keeps on the first (``SentinelUrl.url``)."""
+    return itertools.repeat(urls[0])
+
+
+__all__ = [
+    "DEFAULT_SENTINEL_MASTER",
+    "SENTINEL_MASTER_VARIABLE",
+    "SENTINEL_TRANSPORT_PATH",
+    "app_redis_client",
+    "async_redis_client",
+    "broker_settings",
+    "every_node",
+    "is_sentinel_url",
+    "master_name",
+    "redis_client",
+    "set_default_master",
+    "stay_on_first",
+]
