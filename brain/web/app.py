@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from brain.core.fanout import parent_of
 from brain.core.models import TaskState, TreeStatus
-from brain.errors import NotFound, StackNotRunning
+from brain.errors import BadQuery, NotFound, StackNotRunning
 from brain.runtime import operations
 from brain.runtime.service import Brain
 from brain.store import Store
@@ -47,6 +47,7 @@ from brain.web.views import (
     group_title,
     layout,
     matches,
+    time_window,
     tree_row,
 )
 
@@ -186,14 +187,30 @@ def create_app(
         return _html(pages.clients_page(client_rows(report, clock()), given), session=session)
 
     async def trees(request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        user = request.query_params.get("user") or None
+        query = request.query_params
+        status = query.get("status") or None
+        user = query.get("user") or None
+        schedule = query.get("schedule") or None
         if status is not None and status not in pages.TREE_STATUSES:
             return PlainTextResponse(f"status must be one of {', '.join(pages.TREE_STATUSES)}\n", 400)
+        try:
+            since, until = time_window(query.get("since"), query.get("until"), query.get("last"), clock())
+        except BadQuery as exc:
+            return PlainTextResponse(f"400 Bad Request: {exc}\n", 400)
+        shown_filters = pages.TreeFilters(
+            status, user, schedule, *(query.get(k) or None for k in ("since", "until", "last"))
+        )
 
         def read() -> str:
-            recent = store.list_trees(limit=RECENT_TREES)
+            # The store selects the window (and the schedule's runs) by its indexes, as the
+            # schedules' own look-ups do; status and user are picked from what it returns.
+            recent = (
+                store.schedule_runs(schedule, limit=RECENT_TREES, since=since, until=until)
+                if schedule
+                else store.list_trees(limit=RECENT_TREES, since=since, until=until)
+            )
             users_seen = sorted({t.user for t in recent if t.user})
+            schedules_seen = sorted({t.schedule for t in recent if t.schedule})
             shown = [t for t in recent if matches(t, status, user)][:SHOWN_TREES]
             now = clock()
             rows = []
@@ -206,7 +223,7 @@ def create_app(
                 rows.append(
                     tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else [], seen)
                 )
-            return pages.trees_page(rows, status, user, users_seen)
+            return pages.trees_page(rows, shown_filters, users_seen, schedules_seen)
 
         seen = await clients_seen()
         return _html(await run_in_threadpool(read))

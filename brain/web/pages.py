@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.web.csrf import FIELD
 from brain.web.views import (
+    LAST_CHOICES,
     NODE_H,
     NODE_W,
     ClientRow,
@@ -122,18 +124,40 @@ def _pills(counts: dict[str, int]) -> str:
     )
 
 
-def trees_page(rows: Sequence[TreeRow], status: str | None, user: str | None, users: Sequence[str]) -> str:
+@dataclass(frozen=True)
+class TreeFilters:
+    """The trees page's filters as the query gave them (None: not given)."""
+
+    status: str | None = None
+    user: str | None = None
+    schedule: str | None = None
+    since: str | None = None
+    until: str | None = None
+    last: str | None = None
+
+
+def _select(name: str, chosen: str | None, values: Sequence[str], any_label: str = "any") -> str:
+    # The chosen value is kept even when no listed tree has it (a filter that matched nothing).
+    listed = ["", *values, *([chosen] if chosen and chosen not in values else [])]
     options = "".join(
-        f'<option value="{escape(s)}"{" selected" if s == status else ""}>{escape(s)}</option>'
-        for s in ["", *TREE_STATUSES]
+        f'<option value="{escape(v)}"{" selected" if v == (chosen or "") else ""}>{escape(v) or any_label}</option>'
+        for v in listed
     )
-    user_options = "".join(
-        f'<option value="{escape(u)}"{" selected" if u == user else ""}>{escape(u) or "any"}</option>'
-        for u in ["", *users]
-    )
+    return f"{name} <select name={name}>{options}</select> "
+
+
+def trees_page(
+    rows: Sequence[TreeRow], filters: TreeFilters, users: Sequence[str], schedules: Sequence[str] = ()
+) -> str:
+    f = filters
     form = (
-        '<form method=get action="/trees">status <select name=status>'
-        f"{options}</select> user <select name=user>{user_options}</select> "
+        '<form method=get action="/trees">'
+        + _select("status", f.status, TREE_STATUSES)
+        + _select("user", f.user, users)
+        + _select("schedule", f.schedule, schedules)
+        + _select("last", f.last, LAST_CHOICES, "—")
+        + f'or since <input type=datetime-local name=since value="{escape(f.since or "")}"> '
+        f'until <input type=datetime-local name=until value="{escape(f.until or "")}"> '
         "<button>filter</button></form>"
     )
     lines = []
@@ -144,7 +168,7 @@ def trees_page(rows: Sequence[TreeRow], status: str | None, user: str | None, us
         lines.append(
             f'<tr data-tree-id="{escape(tree_id)}" data-status="{escape(s["status"])}">'
             f'<td><a href="/trees/{quote(tree_id, safe="")}">{escape(tree_id)}</a>'
-            f'<div class="muted">{escape(str(s["name"]))}{" · schedule " + escape(s["schedule"]) if s["schedule"] else ""}</div></td>'
+            f'<div class="muted">{escape(str(s["name"]))}{_schedule_link(s["schedule"])}</div></td>'
             f"<td>{escape(s['status'])}</td><td>{escape(s['user'] or '')}</td>"
             f"<td>{escape(clock(s['submitted_at']))}</td><td>{escape(row.duration)}</td>"
             f"<td>{_pills(s['counts'])}</td><td class=waits>{waits}</td></tr>"
@@ -157,6 +181,13 @@ def trees_page(rows: Sequence[TreeRow], status: str | None, user: str | None, us
         else '<p class="muted">no task trees match</p>'
     )
     return page("Trees", f"<h1>Trees</h1>{form}{table}")
+
+
+def _schedule_link(schedule: str | None) -> str:
+    """`` · schedule nightly``, linked to the trees page of that schedule's runs."""
+    if not schedule:
+        return ""
+    return f' · schedule <a href="/trees?schedule={quote(schedule, safe="")}">{escape(schedule)}</a>'
 
 
 def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
@@ -374,7 +405,7 @@ def tree_page(
         f'<p><b id="status" data-status="{escape(s["status"])}">{escape(s["status"])}</b> · '
         f"user {escape(s['user'] or '—')} · submitted {escape(clock(tree.submitted_at))} · "
         f"duration {escape(row.duration)} · {len(tasks)} tasks"
-        f"{' · schedule ' + escape(tree.schedule) if tree.schedule else ''}</p>{cancel}"
+        f"{_schedule_link(tree.schedule)}</p>{cancel}"
         f'<p id="counts">{_pills(s["counts"])}</p>'
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )

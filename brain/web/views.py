@@ -7,16 +7,19 @@ timeline. Functions of their arguments (time comes in as ``now``): tests are tab
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from brain.core.fanout import parent_of
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.report import tree_summary
 from brain.core.transitions import FINAL, PARKED
+from brain.errors import BadQuery
 
 # Node size and spacing of the graph, in SVG user units (px at zoom 1).
 NODE_W = 200
@@ -130,6 +133,50 @@ def tree_row(
 def matches(tree: TreeRecord, status: str | None, user: str | None) -> bool:
     """The trees page's filters (None or '': any)."""
     return (not status or tree.status.value == status) and (not user or tree.user == user)
+
+
+# ``?last=12h``: a number and a unit.
+_LAST = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+LAST_CHOICES = ("1h", "12h", "24h", "7d", "30d")
+
+
+def time_window(
+    since: str | None, until: str | None, last: str | None, now: float
+) -> tuple[float | None, float | None]:
+    """The trees page's time filter as (since, until) unix times, either end open (None):
+    ``since``/``until`` are ISO dates or times (``2026-12-06``, ``2026-12-06T02:00``; without a
+    zone, the web process's local time, as the pages show times) or unix seconds; ``last`` is
+    a span back from ``now`` (``90m``, ``12h``, ``7d``) in place of ``since``. A tree is in the
+    window when it was submitted at or after ``since`` and before ``until``."""
+    if last and since:
+        raise BadQuery("give ?last= or ?since=, not both (?last=12h means since 12 hours ago)")
+    start = _instant("since", since) if since else None
+    if last:
+        found = _LAST.fullmatch(last.strip())
+        if found is None:
+            raise BadQuery(f"?last={last!r}: give a number and a unit s, m, h, d or w, e.g. ?last=12h")
+        start = now - float(found.group(1)) * _UNIT_S[found.group(2)]
+    end = _instant("until", until) if until else None
+    if start is not None and end is not None and start >= end:
+        raise BadQuery(f"?since= must be before ?until= (got {since or last!r} and {until!r})")
+    return start, end
+
+
+def _instant(name: str, given: str) -> float:
+    text = given.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadQuery(
+            f"?{name}={given!r} is no time: give an ISO date or time (2026-12-06, 2026-12-06T02:00, "
+            "2026-12-06T02:00+01:00) or unix seconds"
+        ) from None
+    return parsed.timestamp()  # naive: local time, as every time on the pages is shown
 
 
 # --- the graph --------------------------------------------------------------------------

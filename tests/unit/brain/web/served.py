@@ -32,30 +32,33 @@ def stored_tree(
     *,
     user: str = "ada",
     status: TreeStatus = TreeStatus.RUNNING,
+    submitted_at: float = T0,
+    schedule: str | None = None,
     **fields: Any,
 ) -> TreeRecord:
     """Put a tree whose tasks are ``tasks`` (spec dicts) into ``store``, each task in its state
-    of ``states`` (default pending), with times that make a timeline; ``fields`` go on records
-    by task id (``{"b": {"client_id": "laptop"}}``)."""
+    of ``states`` (default pending), with times from ``submitted_at`` that make a timeline;
+    ``fields`` go on records by task id (``{"b": {"client_id": "laptop"}}``)."""
     spec = TaskTree.model_validate({"id": tree_id.split("-")[0], "tasks": tasks})
     record = TreeRecord(
         tree_id=tree_id,
         tree=spec,
         user=user,
         status=status,
-        submitted_at=T0,
-        finished_at=T0 + 60 if status is not TreeStatus.RUNNING else None,
+        schedule=schedule,
+        submitted_at=submitted_at,
+        finished_at=submitted_at + 60 if status is not TreeStatus.RUNNING else None,
     )
     records = []
     for i, task in enumerate(spec.tasks):
         state = (states or {}).get(task.id, TaskState.PENDING)
         times: dict[str, Any] = {}
         if state is not TaskState.PENDING:
-            times = {"queued_at": T0 + i, "first_queued_at": T0 + i}
+            times = {"queued_at": submitted_at + i, "first_queued_at": submitted_at + i}
         if state in (TaskState.RUNNING, TaskState.DONE, TaskState.FAILED):
-            times["started_at"] = T0 + i + 0.5
+            times["started_at"] = submitted_at + i + 0.5
         if state.is_final:
-            times["finished_at"] = T0 + i + 2
+            times["finished_at"] = submitted_at + i + 2
         values = {
             "route": "server" if state is not TaskState.PENDING else "",
             **times,

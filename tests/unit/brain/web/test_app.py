@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import httpx2
 import pytest
 
 from brain.core.models import TaskState, TreeStatus
-from tests.unit.brain.web.served import UNAUTHORIZED, USERS, served, stored_tree
+from tests.unit.brain.web.served import T0, UNAUTHORIZED, USERS, served, stored_tree
 
 AUTH = ("ops", USERS["ops"])
 S = TaskState
@@ -102,6 +103,47 @@ def test_trees_lists_running_and_finished_trees_with_counts_duration_and_what_th
         only_running = httpx2.get(web.url + "/trees?status=running", auth=AUTH, timeout=10).text
         assert "night-1" in only_running and 'data-tree-id="day-2"' not in only_running
         assert httpx2.get(web.url + "/trees?status=bogus", auth=AUTH, timeout=10).status_code == 400
+
+
+def test_trees_filter_by_schedule_and_by_submission_time_through_the_store(tmp_path: Path) -> None:
+    hour = 3600.0
+    with served(tmp_path) as web:
+        for tree_id, at, schedule in [
+            ("nightly-1", T0 - 30 * hour, "nightly"),
+            ("nightly-2", T0 - 6 * hour, "nightly"),
+            ("weekly-1", T0 - 5 * hour, "weekly"),
+            ("hand-1", T0 - 1 * hour, None),
+            ("recent-1", time.time() - hour, None),  # ?last= counts back from the web view's clock
+        ]:
+            stored_tree(
+                web.writer, tree_id, CHAIN[:1], {"fetch": S.DONE}, status=TreeStatus.DONE,
+                submitted_at=at, schedule=schedule,
+            )  # fmt: skip
+
+        def listed(**params: str) -> list[str]:
+            answer = httpx2.get(web.url + "/trees", params=params, auth=AUTH, timeout=10)
+            assert answer.status_code == 200, answer.text
+            return re.findall(r'<tr data-tree-id="([^"]+)"', answer.text)
+
+        assert listed() == ["recent-1", "hand-1", "weekly-1", "nightly-2", "nightly-1"]
+        assert listed(schedule="nightly") == ["nightly-2", "nightly-1"]
+        assert listed(schedule="nobody") == []
+        assert listed(last="12h") == ["recent-1"]
+        assert listed(last="12h", schedule="nightly") == []
+        assert listed(since=str(T0 - 12 * hour), until=str(T0)) == ["hand-1", "weekly-1", "nightly-2"]
+        assert listed(since=str(T0 - 12 * hour), until=str(T0 - 1 * hour)) == ["weekly-1", "nightly-2"]
+        assert listed(schedule="nightly", until=str(T0 - 6 * hour)) == ["nightly-1"]
+        assert listed(schedule="nightly", status="running") == []
+        page = httpx2.get(web.url + "/trees", params={"schedule": "nightly"}, auth=AUTH, timeout=10).text
+        assert '<option value="nightly" selected>' in page
+        assert 'schedule <a href="/trees?schedule=nightly">nightly</a>' in page
+        for params, says in [
+            ({"last": "12"}, "?last='12': give a number and a unit"),
+            ({"since": "yesterday"}, "?since='yesterday' is no time"),
+            ({"since": "2026-12-06", "last": "1h"}, "not both"),
+        ]:
+            bad = httpx2.get(web.url + "/trees", params=params, auth=AUTH, timeout=10)
+            assert bad.status_code == 400 and says in bad.text, params
 
 
 def _row(page: str, tree_id: str) -> str:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+import pytest
+
 from brain.core.models import TaskRecord, TaskState, TaskTree, TreeRecord
+from brain.errors import BadQuery
 from brain.web.views import (
     Seen,
     client_rows,
@@ -13,6 +17,7 @@ from brain.web.views import (
     group_label,
     group_state,
     layout,
+    time_window,
     timeline,
     waits_for,
 )
@@ -167,3 +172,39 @@ def test_client_rows_put_each_users_connected_clients_first_then_the_recently_se
     assert laptop.waiting == "2 tasks for it; 1 task for any client of user ada"
     assert rows["ada"][3].said == "offline (not seen since recorded)"
     assert rows["ada"][4].said.startswith("offline since 2023-")
+
+
+def test_the_trees_pages_time_window_from_since_until_or_a_span_back_from_now() -> None:
+    now = 1_700_000_000.0
+    local = datetime(2026, 12, 6, 2, 0).timestamp()  # no zone given: the web process's local time
+    assert time_window(None, None, None, now) == (None, None)
+    assert time_window("2026-12-06T02:00", None, None, now) == (local, None)
+    assert time_window("2026-12-06", "2026-12-06T02:00", None, now) == (local - 7200, local)
+    assert (
+        time_window("2026-12-06T02:00+00:00", None, None, now)[0]
+        == datetime.fromisoformat("2026-12-06T02:00+00:00").timestamp()
+    )
+    assert time_window("1700000000", "1700000100.5", None, now) == (now, now + 100.5)
+    assert time_window(None, None, "12h", now) == (now - 12 * 3600, None)
+    assert time_window(None, None, "90m", now) == (now - 5400, None)
+    assert time_window(None, str(now), "1.5d", now) == (now - 1.5 * 86400, now)
+    assert time_window(None, None, "2w", now)[0] == now - 14 * 86400
+
+
+@pytest.mark.parametrize(
+    ("since", "until", "last", "says"),
+    [
+        ("yesterday", None, None, "?since='yesterday' is no time"),
+        (None, "02:00pm", None, "?until='02:00pm' is no time"),
+        (None, None, "12", "?last='12': give a number and a unit"),
+        (None, None, "h", "?last='h'"),
+        ("2026-12-06", None, "12h", "not both"),
+        ("2026-12-06T03:00", "2026-12-06T02:00", None, "must be before ?until="),
+    ],
+)
+def test_a_malformed_time_filter_says_which_parameter_and_what_to_give(
+    since: str | None, until: str | None, last: str | None, says: str
+) -> None:
+    with pytest.raises(BadQuery) as caught:
+        time_window(since, until, last, 1_700_000_000.0)
+    assert says in str(caught.value)
