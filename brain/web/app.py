@@ -27,7 +27,8 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from brain.core.fanout import parent_of
-from brain.core.models import TaskState, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.summary import SummaryKind, shown_summary, summarise
 from brain.errors import BadQuery, NotFound, StackNotRunning
 from brain.runtime import operations
 from brain.runtime.service import Brain
@@ -40,6 +41,7 @@ from brain.web.views import (
     WAITING,
     Seen,
     client_rows,
+    first_failure,
     group_counts,
     group_id,
     group_label,
@@ -238,7 +240,20 @@ def create_app(
             tasks = store.get_tasks(tree_id)
             now = clock()
             row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks, seen)
-            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given)
+            summary = morning_summary(record, tasks, now) if record.schedule else ""
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given, summary)
+
+        def morning_summary(record: TreeRecord, tasks: list[TaskRecord], now: float) -> str:
+            """The summary `vancetope status` shows (the stored final one, else the latest stored,
+            else one made from the records of an ended run: brain.core.summary.shown_summary);
+            while a run goes on with none stored yet, the same summary of its tasks as they stand."""
+            stored = store.get_summaries(record.tree_id)
+            summary = shown_summary(record, tasks, stored, now)
+            return pages.summary_section(
+                summary or summarise(record, tasks, SummaryKind.DEADLINE, now),
+                summary in stored if summary is not None else False,
+                first_failure(record, tasks),
+            )
 
         given, session = token(request)
         seen = await clients_seen()

@@ -8,18 +8,21 @@ that attribute is all a live update does to a node.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.summary import RunSummary, whom
 from brain.web.csrf import FIELD
 from brain.web.views import (
     LAST_CHOICES,
     NODE_H,
     NODE_W,
     ClientRow,
+    FirstFailure,
     Graph,
     TreeRow,
     badges,
@@ -28,6 +31,7 @@ from brain.web.views import (
     group_label,
     group_state,
     group_title,
+    n_tasks,
     seconds,
     timeline,
     waiting_reason,
@@ -168,7 +172,8 @@ def trees_page(
         lines.append(
             f'<tr data-tree-id="{escape(tree_id)}" data-status="{escape(s["status"])}">'
             f'<td><a href="/trees/{quote(tree_id, safe="")}">{escape(tree_id)}</a>'
-            f'<div class="muted">{escape(str(s["name"]))}{_schedule_link(s["schedule"])}</div></td>'
+            f'<div class="muted">{escape(str(s["name"]))}{_schedule_link(s["schedule"])}'
+            f"{_summary_link(tree_id) if s['schedule'] else ''}</div></td>"
             f"<td>{escape(s['status'])}</td><td>{escape(s['user'] or '')}</td>"
             f"<td>{escape(clock(s['submitted_at']))}</td><td>{escape(row.duration)}</td>"
             f"<td>{_pills(s['counts'])}</td><td class=waits>{waits}</td></tr>"
@@ -188,6 +193,10 @@ def _schedule_link(schedule: str | None) -> str:
     if not schedule:
         return ""
     return f' · schedule <a href="/trees?schedule={quote(schedule, safe="")}">{escape(schedule)}</a>'
+
+
+def _summary_link(tree_id: str) -> str:
+    return f' · <a class="summary" href="{escape(_tree_url(tree_id))}#summary">morning summary</a>'
 
 
 def _node(tree_id: str, x: int, y: int, t: TaskRecord) -> str:
@@ -384,9 +393,10 @@ def tree_page(
     row: TreeRow,
     now: float,
     csrf: str | None = None,
+    summary: str = "",
 ) -> str:
     """``csrf``: the page's token when actions are offered (None: this web view has no brain
-    to act through)."""
+    to act through); ``summary``: a scheduled run's ``summary_section``."""
     s = row.summary
     final = tree.status is not TreeStatus.RUNNING
     cancel = (
@@ -410,13 +420,100 @@ def tree_page(
         f"{f'<ul class=waits>{waits}</ul>' if waits else ''}"
     )
     body = (
-        f"{head}<h2>Graph</h2><p class=muted>Laid out by dagre, left to right along <code>depends_on</code>; "
+        f"{head}{summary}<h2>Graph</h2><p class=muted>Laid out by dagre, left to right along <code>depends_on</code>; "
         "click a task for its details.</p>"
         f'<div class="scroll">{graph_svg(tree.tree_id, graph)}</div><div id="details"></div>'
         f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
         f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
     )
     return page(f"Tree {tree.tree_id}", body, LAYOUT_SCRIPT + ("" if final else LIVE_SCRIPT), [DAGRE])
+
+
+# The summary's counts in the order its Markdown report puts them (brain.core.summary).
+SUMMARY_COUNTS = (
+    ("done", "done"), ("failed", "failed"), ("expired", "expired"), ("skipped", "skipped"),
+    ("not_triggered", "not triggered"), ("waiting", "waiting for a client"), ("in_flight", "in flight"),
+    ("retrying", "retrying"), ("pending", "pending"), ("total", "total"),
+)  # fmt: skip
+
+
+def _code(markdown: str) -> str:
+    """Escaped text with its `backticked` names as <code> (the summary's own wording)."""
+    return re.sub(r"`([^`]*)`", r"<code>\1</code>", escape(markdown))
+
+
+def _task_link(tree_id: str, task_id: str) -> str:
+    href = f"{_tree_url(tree_id)}/tasks/{quote(task_id, safe='')}"
+    return f'<a href="{escape(href)}">{escape(task_id)}</a>'
+
+
+def summary_section(summary: RunSummary, stored: bool, first: FirstFailure | None) -> str:
+    """The morning summary of a scheduled run (``brain.core.summary``; ``stored``: the one the
+    schedule sweep stored and sent on), with the first failure and what it skipped."""
+    ended = summary.finished_at
+    took = seconds((ended or summary.at) - summary.submitted_at)
+    if stored:
+        made = f"the {summary.kind.value} summary the brain stored at {clock(summary.at)}"
+    elif summary.status is TreeStatus.RUNNING:
+        made = "as the tasks stand now (the brain stores the summary when the run ends)"
+    else:
+        made = "made from the run's records (the brain has stored no summary of it)"
+    span = f"started {clock(summary.submitted_at)}, " + (
+        f"ended {clock(ended)}, took {took}" if ended else f"running for {took}"
+    )
+    head = "".join(f"<th>{label}</th>" for _, label in SUMMARY_COUNTS)
+    cells = "".join(
+        f'<td data-count="{key}">{getattr(summary.counts, key)}</td>' for key, _ in SUMMARY_COUNTS
+    )
+    parts = [
+        f"<p><b>{escape(summary.status.value)}</b> · {escape(span)} · <span class=muted>{escape(made)}</span></p>",
+        f"<table class=counts><tr>{head}</tr><tr>{cells}</tr></table>",
+    ]
+    if first is not None:
+        t = first.task
+        why = f"{t.error.type}: {t.error.message}" if t.error else t.reason or "no reason recorded"
+        skipped = (
+            f"; it skipped {n_tasks(len(first.skipped))}: "
+            + ", ".join(_task_link(summary.tree_id, k) for k in first.skipped[:MAX_NAMED])
+            + (f" and {len(first.skipped) - MAX_NAMED} more" if len(first.skipped) > MAX_NAMED else "")
+            if first.skipped
+            else "; it skipped nothing"
+        )
+        parts.append(
+            f'<p id="first-failure">First failure: {_task_link(summary.tree_id, t.task_id)} '
+            f"({escape(t.tool)}, {escape(t.state.value)}{', at ' + escape(clock(t.finished_at)) if t.finished_at else ''})"
+            f": {escape(why)}{skipped}</p>"
+        )
+    if summary.waiting_for:
+        waits = "".join(
+            f"<li>{_code(whom(w))}: {n_tasks(len(w.tasks))} "
+            f"({', '.join(_task_link(summary.tree_id, k) for k in w.tasks[:MAX_NAMED])}"
+            f"{' …' if len(w.tasks) > MAX_NAMED else ''})</li>"
+            for w in summary.waiting_for
+        )
+        parts.append(f'<p>Still waiting for a client to come online:</p><ul id="still-waiting">{waits}</ul>')
+    if summary.fan_outs:
+        fans = "".join(
+            f"<li>{_task_link(summary.tree_id, f.task_id)} ({escape(f.tool)}, {escape(f.state.value)}): "
+            f"{f.items} items, {f.done} done, {f.failed} failed</li>"
+            for f in summary.fan_outs
+        )
+        parts.append(f"<p>Fan-outs:</p><ul>{fans}</ul>")
+    if summary.retried:
+        retried = "".join(
+            f"<li>{_task_link(summary.tree_id, r.task_id)} ({escape(r.tool)}, {escape(r.state.value)}): "
+            f"{r.attempts} attempts; the last failed one: {escape(r.last_error or 'no error recorded')}</li>"
+            for r in summary.retried
+        )
+        parts.append(f"<p>Retried:</p><ul>{retried}</ul>")
+    return (
+        f'<section id="summary" data-kind="{summary.kind.value if stored else "now"}">'
+        f"<h2>Morning summary of schedule {escape(summary.schedule or summary.name)}</h2>{''.join(parts)}</section>"
+    )
+
+
+# How many task ids a line of the summary names before "and N more".
+MAX_NAMED = 20
 
 
 def counts_html(counts: dict[str, int]) -> str:

@@ -86,16 +86,16 @@ def waits_for(
         if seen is not None and client is not None and client not in seen.connected:
             gone = seen.last_seen.get(client)
             when = f" (offline since {clock(gone)})" if gone else when
-        lines.append(f"{_tasks(len(waiting))} waiting for {who}{when}")
+        lines.append(f"{n_tasks(len(waiting))} waiting for {who}{when}")
     for cid, n in sorted(approval.items()):
-        lines.append(f"{_tasks(n)} awaiting its user's approval on client {cid}")
+        lines.append(f"{n_tasks(n)} awaiting its user's approval on client {cid}")
     if retrying:
         due = min((t.retry_at for t in retrying if t.retry_at), default=None)
-        lines.append(f"{_tasks(len(retrying))} retrying" + (f" (next at {clock(due)})" if due else ""))
+        lines.append(f"{n_tasks(len(retrying))} retrying" + (f" (next at {clock(due)})" if due else ""))
     return lines
 
 
-def _tasks(n: int) -> str:
+def n_tasks(n: int) -> str:
     return f"{n} task" if n == 1 else f"{n} tasks"
 
 
@@ -351,6 +351,43 @@ def waiting_reason(t: TaskRecord) -> str:
     return ""
 
 
+# --- the morning summary ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The task that failed (or expired) first, and the tasks skipped because of it."""
+
+    task: TaskRecord
+    skipped: list[str]
+
+
+def first_failure(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> FirstFailure | None:
+    """The failed or expired task that finished first (in the tree's order among equal times),
+    and every skipped task downstream of it through skipped tasks only: a dependent that ran
+    anyway (``run_if``) did not skip what came after it."""
+    failed = [t for t in tasks if t.state in (TaskState.FAILED, TaskState.EXPIRED)]
+    if not failed:
+        return None
+    first = min(failed, key=lambda t: t.finished_at if t.finished_at is not None else float("inf"))
+    dependents: dict[str, list[str]] = defaultdict(list)
+    for task_id, deps in dependencies(tree, tasks).items():
+        for d in deps:
+            dependents[d].append(task_id)
+    states = {t.task_id: t.state for t in tasks}
+    skipped: list[str] = []
+    reached = {first.task_id}
+    frontier = [first.task_id]
+    while frontier:
+        for d in dependents.get(frontier.pop(), ()):
+            if d not in reached and states.get(d) is TaskState.SKIPPED:
+                reached.add(d)
+                skipped.append(d)
+                frontier.append(d)
+    order = {t.task_id: i for i, t in enumerate(tasks)}
+    return FirstFailure(first, sorted(skipped, key=order.__getitem__))
+
+
 # --- the timeline -----------------------------------------------------------------------
 
 
@@ -427,9 +464,9 @@ def client_rows(report: Mapping[str, Any], now: float) -> dict[str, list[ClientR
             state, said = "misbehaving", f"suspended: {c['misbehaving']}; {said}"
         rtt = c.get("round_trip_ms")
         waiting = c["waiting"]
-        parts = [f"{_tasks(waiting['client'])} for it"] if waiting["client"] else []
+        parts = [f"{n_tasks(waiting['client'])} for it"] if waiting["client"] else []
         if waiting["user"]:
-            parts.append(f"{_tasks(waiting['user'])} for any client of user {c['user']}")
+            parts.append(f"{n_tasks(waiting['user'])} for any client of user {c['user']}")
         row = ClientRow(
             client_id=c["client_id"],
             state=state,

@@ -146,6 +146,72 @@ def test_trees_filter_by_schedule_and_by_submission_time_through_the_store(tmp_p
             assert bad.status_code == 400 and says in bad.text, params
 
 
+def test_a_scheduled_runs_page_has_its_morning_summary_and_the_trees_page_links_to_it(tmp_path: Path) -> None:
+    from brain.core.summary import SummaryKind, summarise
+
+    night = [
+        *CHAIN,
+        {"id": "report", "tool": "echo", "args": {"value": "z"}, "depends_on": ["notify"]},
+        {"id": "mail", "tool": "echo", "args": {"value": "m"}, "depends_on": ["report"]},
+    ]
+    with served(tmp_path) as web:
+        # parse fails first (fetch's index 0: times T0+i), upload after it is skipped; report
+        # fails later (its finish set later still) and skips mail; notify waits for the laptop.
+        record = stored_tree(
+            web.writer,
+            "nightly-1",
+            night,
+            {"fetch": S.DONE, "parse": S.FAILED, "upload": S.SKIPPED, "notify": S.PENDING_CLIENT,
+             "report": S.FAILED, "mail": S.SKIPPED},
+            schedule="nightly",
+            parse={"error": {"type": "Timeout", "message": "no answer in 30s"}},
+            upload={"reason": "upstream task 'parse' failed"},
+            notify={"client_id": "laptop"},
+            report={"finished_at": T0 + 50},
+        )  # fmt: skip
+        stored_tree(web.writer, "hand-1", CHAIN[:1], {"fetch": S.DONE})
+
+        def section(tree_id: str) -> str | None:
+            page = httpx2.get(web.url + f"/trees/{tree_id}", auth=AUTH, timeout=10).text
+            found = re.search(r'<section id="summary".*?</section>', page)
+            return found.group(0) if found else None
+
+        now = section("nightly-1")
+        assert now is not None and 'data-kind="now"' in now and "as the tasks stand now" in now
+        assert "Morning summary of schedule nightly" in now
+        counts = dict(re.findall(r'<td data-count="(\w+)">(\d+)</td>', now))
+        assert counts == {
+            "done": "1", "failed": "2", "expired": "0", "skipped": "2", "not_triggered": "0",
+            "waiting": "1", "in_flight": "0", "retrying": "0", "pending": "0", "total": "6",
+        }  # fmt: skip
+        first = re.search(r'<p id="first-failure">.*?</p>', now)
+        assert first is not None
+        assert ">parse</a> (echo, failed, at " in first.group(0)
+        assert "Timeout: no answer in 30s; it skipped 1 task: " in first.group(0)
+        assert ">upload</a>" in first.group(0) and ">mail<" not in first.group(0)
+        assert "client <code>laptop</code> of user <code>ada</code>: 1 task (" in now
+        assert "running for " in now
+        assert section("hand-1") is None  # not a scheduled run
+        # The run ends and the schedule sweep stores its final summary: the page shows that one.
+        web.writer.finish_tree("nightly-1", TreeStatus.FAILED, T0 + 60)
+        ended = web.writer.get_tree("nightly-1")
+        assert ended is not None
+        web.writer.put_summary(
+            summarise(ended, web.writer.get_tasks("nightly-1"), SummaryKind.FINAL, at=T0 + 61)
+        )
+        final = section("nightly-1")
+        assert (
+            final is not None
+            and 'data-kind="final"' in final
+            and "the final summary the brain stored at " in final
+        )
+        assert "took 1m00s" in final and "<b>failed</b>" in final
+        trees = httpx2.get(web.url + "/trees", auth=AUTH, timeout=10).text
+        assert 'href="/trees/nightly-1#summary">morning summary</a>' in _row(trees, "nightly-1")
+        assert "morning summary" not in _row(trees, "hand-1")
+        assert record.schedule == "nightly"
+
+
 def _row(page: str, tree_id: str) -> str:
     found = re.search(rf'<tr data-tree-id="{re.escape(tree_id)}".*?</tr>', page)
     assert found, f"no row for {tree_id}"

@@ -13,6 +13,7 @@ from brain.web.views import (
     Seen,
     client_rows,
     clock,
+    first_failure,
     group_counts,
     group_label,
     group_state,
@@ -208,3 +209,36 @@ def test_a_malformed_time_filter_says_which_parameter_and_what_to_give(
     with pytest.raises(BadQuery) as caught:
         time_window(since, until, last, 1_700_000_000.0)
     assert says in str(caught.value)
+
+
+def test_the_first_failure_is_the_earliest_finished_and_skipped_what_follows_it_through_skipped_tasks() -> (
+    None
+):
+    tree = tree_of(
+        [
+            {"id": "a", "tool": "echo"},
+            {"id": "b", "tool": "echo", "depends_on": ["a"]},
+            {"id": "c", "tool": "echo", "depends_on": ["b"]},
+            {"id": "d", "tool": "echo", "depends_on": ["c"]},
+            {"id": "e", "tool": "echo", "depends_on": ["b"], "run_if": "all_done"},
+            {"id": "g", "tool": "echo", "depends_on": ["e"]},
+            {"id": "h", "tool": "echo", "depends_on": ["a"]},
+            {"id": "i", "tool": "echo", "depends_on": ["h"]},
+        ]
+    )
+    tasks = [
+        rec("a", S.DONE, finished_at=5.0),
+        rec("b", S.FAILED, finished_at=20.0),
+        rec("c", S.SKIPPED, finished_at=20.0),
+        rec("d", S.SKIPPED, finished_at=20.0),
+        rec("e", S.DONE, finished_at=25.0),  # ran anyway: what follows it was not skipped by b
+        rec("g", S.SKIPPED, finished_at=30.0),
+        rec("h", S.EXPIRED, finished_at=10.0),
+        rec("i", S.SKIPPED, finished_at=10.0),
+    ]
+    first = first_failure(tree, tasks)
+    assert first is not None and first.task.task_id == "h" and first.skipped == ["i"]
+    without_h = [t for t in tasks if t.task_id not in ("h", "i")]
+    first = first_failure(tree, without_h)
+    assert first is not None and first.task.task_id == "b" and first.skipped == ["c", "d"]
+    assert first_failure(tree, [rec("a", S.DONE)]) is None
