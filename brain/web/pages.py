@@ -18,6 +18,7 @@ from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.summary import RunSummary, whom
 from brain.web.csrf import FIELD
 from brain.web.views import (
+    GROUP_STATE_ORDER,
     LAST_CHOICES,
     NODE_H,
     NODE_W,
@@ -27,12 +28,14 @@ from brain.web.views import (
     TreeRow,
     badges,
     clock,
+    critical_path,
     group_id,
     group_label,
     group_state,
     group_title,
     n_tasks,
     seconds,
+    task_rows,
     timeline,
     waiting_reason,
 )
@@ -81,6 +84,19 @@ rect.box {{stroke: #374151; stroke-width: 1;}}
 form.action {{display: inline-block; margin: 0 8px 8px 0;}}
 .scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
 #details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
+.vlist {{position: relative; overflow: auto; height: 60vh; border: 1px solid #e5e7eb;}}
+.vspacer {{position: relative;}}
+.vrow {{position: absolute; left: 0; right: 0; height: 20px; display: flex; align-items: center;
+  font-size: 12px; border-bottom: 1px solid #f3f4f6; cursor: pointer;}}
+.vrow:hover {{background: #f9fafb;}}
+.vrow > span {{overflow: hidden; white-space: nowrap; text-overflow: ellipsis; padding: 0 4px; flex: none;}}
+.vrow .id {{width: 200px;}} .vrow .tool {{width: 150px;}} .vrow .state {{width: 130px;}} .vrow .route {{width: 120px;}}
+.vrow > span.lane {{position: relative; flex: 1; height: 12px; padding: 0; min-width: 200px;}}
+.lane i {{position: absolute; top: 0; height: 12px;}}
+.lane i.wait {{background: #e5e7eb;}}
+.vrow.critical .id {{font-weight: 700; color: #b91c1c;}}
+.vrow.critical .lane i.bar {{outline: 2px solid #b91c1c;}}
+.list-tools {{margin: 4px 0;}}
 {states}
 """
 
@@ -234,6 +250,24 @@ def _group_node(tree_id: str, x: int, y: int, first: TaskRecord, counts: dict[st
     )
 
 
+def _collapsed_node(x: int, y: int, gid: str, tool: str, counts: dict[str, int]) -> str:
+    """A big tree's tasks of one tool at neighbouring depths as one node (``views.collapse``);
+    a click lists them in the task list."""
+    depth = gid.rsplit("@", 1)[1]
+    label = group_label(counts)
+    title = f"{sum(counts.values())} tasks of tool {tool} at depth {depth}: {label}"
+    return (
+        f'<a href="#timeline"><g class="node group collapsed" data-group="{escape(gid)}" '
+        f'data-state="{group_state(counts)}" transform="translate({x},{y})">'
+        f"<title>{escape(title)}</title>"
+        f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+        f'<rect class="box" x="3" y="3" width="{NODE_W}" height="{NODE_H}" rx="6" opacity="0.5"/>'
+        f'<text x="6" y="14" class="tool">{escape(_fit(tool))}</text>'
+        f'<text x="6" y="28">{escape(_fit(f"depth {depth}"))}</text>'
+        f'<text x="6" y="41" class="muted count">{escape(_fit(label))}</text></g></a>'
+    )
+
+
 # About this many characters of 12px text fit in a node; the tooltip has the rest.
 NODE_CHARS = 30
 
@@ -257,6 +291,8 @@ def graph_svg(tree_id: str, graph: Graph) -> str:
         _node(tree_id, n.x, n.y, n.task)
         if n.group is None
         else _group_node(tree_id, n.x, n.y, n.task, n.group)
+        if n.collapsed is None
+        else _collapsed_node(n.x, n.y, n.collapsed, n.task.tool, n.group)
         for n in graph.nodes
     ]
     return (
@@ -266,51 +302,55 @@ def graph_svg(tree_id: str, graph: Graph) -> str:
     )
 
 
-TIMELINE_W = 900
-BAR_H = 12
+# The task list's rows, in px: the page draws only the rows in view (and a few around them).
+ROW_PX = 20
 
 
-def timeline_svg(tasks: Sequence[TaskRecord], now: float) -> str:
-    start, end, bars = timeline(tasks, now)
-    if not bars:
-        return '<p class="muted">no task has been queued yet</p>'
-    span = max(end - start, 1e-6)
-    label_w = 180
-
-    def px(at: float) -> float:
-        return label_w + (at - start) / span * (TIMELINE_W - label_w - 10)
-
-    rows = []
-    for i, b in enumerate(bars):
-        y = i * (BAR_H + 4) + 18
-        first = b.queued if b.queued is not None else b.started
-        assert first is not None
-        began = b.started if b.started is not None else (b.finished or end)
-        stop = b.finished if b.finished is not None else end
-        title = f"{b.task_id}: queued {clock(b.queued)}, waited {seconds(began - first)}" + (
-            f", ran {seconds(stop - b.started)}" if b.started is not None else ""
-        )
-        rows.append(
-            f'<g data-task-id="{escape(b.task_id)}"><title>{escape(title)}</title>'
-            f'<text x="0" y="{y + BAR_H - 2}">{escape(b.task_id[:26])}</text>'
-            f'<rect x="{px(first):.1f}" y="{y}" width="{max(px(began) - px(first), 0.5):.1f}" height="{BAR_H}" fill="#e5e7eb"/>'
-            + (
-                f'<rect class="bar" data-state="{escape(b.state)}" x="{px(b.started):.1f}" y="{y}" '
-                f'width="{max(px(stop) - px(b.started), 1):.1f}" height="{BAR_H}"/>'
-                if b.started is not None
-                else ""
-            )
-            + "</g>"
-        )
-    height = len(bars) * (BAR_H + 4) + 24
-    axis = (
-        f'<text x="{label_w}" y="12" class="muted">{escape(clock(start))}</text>'
-        f'<text x="{TIMELINE_W - 60}" y="12" class="muted">+{escape(seconds(end - start))}</text>'
+def task_list(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, now: float) -> str:
+    """Every task with its timeline bar, as a virtual list: the rows are data in the page
+    (``views.task_rows``) and its script puts only those in view into the DOM, so 10,000
+    tasks are some fifty rows of elements. Grey: queued (or parked) until started; coloured:
+    running until finished (or now). The critical path is marked (``views.critical_path``)."""
+    start, end, _ = timeline(tasks, now)
+    critical = critical_path(tree, tasks, now)
+    data = {
+        "span": max(end - start, 0.0),
+        "now": round(now - start, 3),
+        "order": list(GROUP_STATE_ORDER),
+        "rows": task_rows(tasks, graph, start, critical),
+    }
+    path = (
+        f"<p id=critical-path>Critical path ({n_tasks(len(critical))}, "
+        f"{escape(seconds(_path_span(tasks, critical, now)))}): "
+        + " → ".join(_task_link(tree.tree_id, k) for k in critical[:MAX_NAMED])
+        + (f" → … → {_task_link(tree.tree_id, critical[-1])}" if len(critical) > MAX_NAMED else "")
+        + "</p>"
+        if critical
+        else ""
     )
     return (
-        f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{TIMELINE_W}" height="{height}">'
-        f"{axis}{''.join(rows)}</svg>"
+        f"{path}<div class=list-tools>find <input id=find type=search placeholder='task id or tool'> "
+        "<label><input type=checkbox id=critical-only> critical path only</label> "
+        "<span id=group-filter hidden>tasks of <b></b> <button type=button>show all</button></span> "
+        f"<span id=shown-count class=muted>{len(tasks)} tasks</span> <span class=muted>· from "
+        f"{escape(clock(start))} to +{escape(seconds(end - start))}</span></div>"
+        f'<div id="timeline" class="vlist" data-row-px="{ROW_PX}"><div class="vspacer" '
+        f'style="height:{len(tasks) * ROW_PX}px"></div></div>'
+        f'<script type="application/json" id="task-data">{_json_in_html(data)}</script>'
     )
+
+
+def _path_span(tasks: Sequence[TaskRecord], path: Sequence[str], now: float) -> float:
+    """From the path's first task leaving pending to its last one ending (or now)."""
+    by_id = {t.task_id: t for t in tasks}
+    first, last = by_id[path[0]], by_id[path[-1]]
+    began = first.first_queued_at or first.queued_at or first.started_at or now
+    return max((last.finished_at if last.state.is_final and last.finished_at else now) - began, 0.0)
+
+
+def _json_in_html(value: object) -> str:
+    """JSON inside a <script> data block: no ``<`` at all, so no ``</script>`` can end it."""
+    return json.dumps(value, separators=(",", ":")).replace("<", "\\u003c")
 
 
 # The graph laid out by dagre (brain/web/static/vendor): the server draws the nodes in columns
@@ -344,6 +384,126 @@ LAYOUT_SCRIPT = """
 })();
 """
 
+# The task list (``task_list``): draws the rows in view of the data block; filters by text, by
+# the critical path and by a graph group (a click on a fan-out's or a collapsed group's node);
+# a click on a task (row or node) puts its details under the graph.
+LIST_SCRIPT = """
+const taskList = (() => {
+  const data = JSON.parse(document.getElementById('task-data').textContent);
+  const rows = data.rows;  // [id, tool, state, route, reason, queued, started, finished, node, critical]
+  const box = document.getElementById('timeline');
+  const spacer = box.firstElementChild;
+  const H = Number(box.dataset.rowPx);
+  const span = Math.max(data.span, 1e-6);
+  const index = new Map(rows.map((r, i) => [r[0], i]));
+  const find = document.getElementById('find');
+  const criticalOnly = document.getElementById('critical-only');
+  const groupNote = document.getElementById('group-filter');
+  const shownCount = document.getElementById('shown-count');
+  const details = document.getElementById('details');
+  const base = location.pathname.replace(/[/]$/, '');
+  const esc = (v) => String(v ?? '').replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
+  const pct = (t) => Math.max(0, Math.min(100, t / span * 100)).toFixed(2);
+  // A collapsed group's node counts its tasks by state; the list keeps the counts live.
+  const collapsed = new Map();
+  document.querySelectorAll('#graph g.node.collapsed').forEach(n => collapsed.set(n.dataset.group, {node: n, counts: {}}));
+  rows.forEach(r => { const g = collapsed.get(r[8]); if (g) g.counts[r[2]] = (g.counts[r[2]] || 0) + 1; });
+  let shown = rows.map((_, i) => i);
+  let group = null;
+  let pending = false;
+
+  function lane(r) {
+    const queued = r[5] ?? r[6];
+    if (queued == null) return '';
+    const end = r[7] ?? data.now;
+    const began = r[6] ?? end;
+    let html = `<i class="wait" style="left:${pct(queued)}%;width:${Math.max(pct(began) - pct(queued), 0.1)}%"></i>`;
+    if (r[6] != null) {
+      html += `<i class="bar" data-state="${esc(r[2])}" style="left:${pct(r[6])}%;width:${Math.max(pct(end) - pct(r[6]), 0.2)}%"></i>`;
+    }
+    return html;
+  }
+  function draw() {
+    pending = false;
+    const first = Math.max(0, Math.floor(box.scrollTop / H) - 5);
+    const last = Math.min(shown.length, first + Math.ceil(box.clientHeight / H) + 10);
+    let html = '';
+    for (let k = first; k < last; k++) {
+      const r = rows[shown[k]];
+      html += `<div class="vrow${r[9] ? ' critical' : ''}" style="top:${k * H}px" data-task-id="${esc(r[0])}" `
+        + `data-state="${esc(r[2])}" title="${esc(r[4])}"><span class="id">${esc(r[0])}</span>`
+        + `<span class="tool">${esc(r[1])}</span><span class="state"><span class="pill" data-state="${esc(r[2])}">`
+        + `${esc(r[2])}</span></span><span class="route">${esc(r[3])}</span><span class="lane">${lane(r)}</span></div>`;
+    }
+    spacer.innerHTML = html;
+  }
+  const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
+  function filter() {
+    const text = find.value.trim().toLowerCase();
+    shown = [];
+    rows.forEach((r, i) => {
+      if (group !== null && r[8] !== group) return;
+      if (criticalOnly.checked && !r[9]) return;
+      if (text && !r[0].toLowerCase().includes(text) && !r[1].toLowerCase().includes(text)) return;
+      shown.push(i);
+    });
+    spacer.style.height = `${shown.length * H}px`;
+    shownCount.textContent = `${shown.length} of ${rows.length} tasks`;
+    groupNote.hidden = group === null;
+    groupNote.querySelector('b').textContent = group ?? '';
+    box.scrollTop = 0;
+    draw();
+  }
+  async function showDetails(href) {
+    const r = await fetch(href + '?fragment=1');
+    details.innerHTML = await r.text();
+  }
+  function showGroup(id) {
+    group = id;
+    filter();
+    box.scrollIntoView({block: 'nearest'});
+  }
+  function label(counts) {
+    const total = Object.values(counts).reduce((a, b) => a + b, 0);
+    const parts = Object.entries(counts).filter(([, n]) => n > 0)
+      .sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).map(([s, n]) => `${n} ${s}`);
+    return [`\\u00d7${total}`, ...parts].join(' \\u00b7 ');
+  }
+  function setState(id, state) {
+    const i = index.get(id);
+    if (i === undefined || rows[i][2] === state) return;
+    const g = collapsed.get(rows[i][8]);
+    if (g) {
+      g.counts[rows[i][2]] -= 1;
+      g.counts[state] = (g.counts[state] || 0) + 1;
+      g.node.setAttribute('data-state', data.order.find(s => g.counts[s] > 0) || 'done');
+      g.node.querySelector('text.count').textContent = label(g.counts);
+    }
+    rows[i][2] = state;
+    redraw();
+  }
+  box.addEventListener('scroll', redraw);
+  window.addEventListener('resize', redraw);
+  find.addEventListener('input', filter);
+  criticalOnly.addEventListener('change', filter);
+  groupNote.querySelector('button').addEventListener('click', () => { group = null; filter(); });
+  box.addEventListener('click', (e) => {
+    const row = e.target.closest('.vrow');
+    if (row) showDetails(`${base}/tasks/${encodeURIComponent(row.dataset.taskId)}`);
+  });
+  document.getElementById('graph').addEventListener('click', (e) => {
+    const a = e.target.closest('a');
+    if (!a) return;
+    e.preventDefault();
+    const n = a.querySelector('g.node');
+    if (n && n.dataset.group) showGroup(n.dataset.group);  // a fan-out's items, or a collapsed group
+    if (n && !n.classList.contains('collapsed')) showDetails(a.getAttribute('href'));
+  });
+  draw();
+  return {setState, showGroup};
+})();
+"""
+
 LIVE_SCRIPT = """
 const nodes = new Map();
 const groups = new Map();
@@ -358,6 +518,7 @@ source.onmessage = (e) => {
   for (const [id, state] of Object.entries(m.states || {})) {
     const n = nodes.get(id);
     if (n) n.setAttribute('data-state', state);
+    taskList.setState(id, state);  // its row, and its collapsed group's count
   }
   for (const [id, g] of Object.entries(m.groups || {})) {  // a fan-out's items: one node
     const n = groups.get(id);
@@ -371,14 +532,6 @@ source.onmessage = (e) => {
   if (m.unknown) location.reload();  // new tasks (a fan-out's items): lay the graph out again
   if (m.final) source.close();
 };
-const details = document.getElementById('details');
-document.getElementById('graph').addEventListener('click', async (e) => {
-  const a = e.target.closest('a');
-  if (!a) return;
-  e.preventDefault();
-  const r = await fetch(a.getAttribute('href') + '?fragment=1');
-  details.innerHTML = await r.text();
-});
 """
 
 
@@ -423,10 +576,13 @@ def tree_page(
         f"{head}{summary}<h2>Graph</h2><p class=muted>Laid out by dagre, left to right along <code>depends_on</code>; "
         "click a task for its details.</p>"
         f'<div class="scroll">{graph_svg(tree.tree_id, graph)}</div><div id="details"></div>'
-        f"<h2>Timeline</h2><p class=muted>grey: queued (or parked) until started; coloured: running until finished.</p>"
-        f'<div class="scroll">{timeline_svg(tasks, now)}</div>'
+        "<h2>Tasks and timeline</h2><p class=muted>Every task (click one for its details); grey: "
+        "queued (or parked) until started; coloured: running until finished; bold red: the critical "
+        "path, the chain of <code>depends_on</code> that ended last.</p>"
+        f"{task_list(tree, tasks, graph, now)}"
     )
-    return page(f"Tree {tree.tree_id}", body, LAYOUT_SCRIPT + ("" if final else LIVE_SCRIPT), [DAGRE])
+    script = LAYOUT_SCRIPT + LIST_SCRIPT + ("" if final else LIVE_SCRIPT)
+    return page(f"Tree {tree.tree_id}", body, script, [DAGRE])
 
 
 # The summary's counts in the order its Markdown report puts them (brain.core.summary).

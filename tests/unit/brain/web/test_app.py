@@ -241,6 +241,13 @@ def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_ar
         assert "client:laptop" in page and "client laptop is offline" in page
         assert "planted-secret-value" not in page
         assert 'id="timeline"' in page
+        # The task list's rows are data for its script: every task, and never an argument value.
+        data = json.loads(
+            re.search(r'<script type="application/json" id="task-data">(.*?)</script>', page).group(1)
+        )
+        assert [r[0] for r in data["rows"]] == ["fetch", "parse", "upload", "notify"]
+        assert [r[9] for r in data["rows"]] == [1, 1, 0, 0]  # the critical path: fetch, then parse (running)
+        assert "Critical path (2 tasks, " in page
         details = httpx2.get(web.url + "/trees/night-1/tasks/fetch", auth=AUTH, timeout=10).text
         assert "echo(value)" in details and "planted-secret-value" not in details
         assert httpx2.get(web.url + "/trees/nope", auth=AUTH, timeout=10).status_code == 404

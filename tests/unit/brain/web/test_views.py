@@ -13,11 +13,13 @@ from brain.web.views import (
     Seen,
     client_rows,
     clock,
+    critical_path,
     first_failure,
     group_counts,
     group_label,
     group_state,
     layout,
+    task_rows,
     time_window,
     timeline,
     waits_for,
@@ -84,8 +86,31 @@ def test_a_deep_chain_lays_out_without_recursion() -> None:
     tasks = [{"id": "t0", "tool": "echo"}] + [
         {"id": f"t{i}", "tool": "echo", "depends_on": [f"t{i - 1}"]} for i in range(1, 3000)
     ]
-    graph = layout(tree_of(tasks), [rec(f"t{i}") for i in range(3000)])
+    graph = layout(tree_of(tasks), [rec(f"t{i}") for i in range(3000)], max_nodes=3000)
     assert graph.by_id["t2999"].col == 2999
+
+
+def test_a_graph_of_more_nodes_than_the_limit_groups_each_tools_tasks_by_depth() -> None:
+    # Three columns: a and b (tools echo, read), then 40 echo tasks after a, then one after all.
+    tasks = [{"id": "a", "tool": "echo"}, {"id": "b", "tool": "read"}]
+    tasks += [{"id": f"m{i}", "tool": "echo", "depends_on": ["a"]} for i in range(40)]
+    tasks += [{"id": "z", "tool": "echo", "depends_on": [f"m{i}" for i in range(40)] + ["b"]}]
+    records = [rec("a", S.DONE), TaskRecord(tree_id="t-1", task_id="b", tool="read", state=S.DONE)]
+    records += [rec(f"m{i}", S.DONE if i < 30 else S.RUNNING) for i in range(40)] + [rec("z")]
+    tree = tree_of(tasks)
+    assert len(layout(tree, records).nodes) == 43  # under the limit: every task its node
+    graph = layout(tree, records, max_nodes=10)
+    assert [(n.node_id, n.col, n.group) for n in graph.nodes] == [
+        ("a", 0, None), ("b", 0, None), ("echo@1", 1, {"done": 30, "running": 10}), ("z", 2, None),
+    ]  # fmt: skip
+    assert sorted(graph.edges) == [("a", "echo@1"), ("b", "z"), ("echo@1", "z")]
+    assert graph.node_of["m7"] == "echo@1" and graph.node_of["z"] == "z"
+    # Still too many (a limit of 2): neighbouring depths go together too, two, then four...
+    small = layout(tree, records, max_nodes=2)
+    assert [(n.node_id, n.group) for n in small.nodes] == [
+        ("echo@0-2", {"done": 31, "running": 10, "pending": 1}), ("b", None),
+    ]  # fmt: skip
+    assert small.edges == [("b", "echo@0-2")]
 
 
 def test_what_a_running_tree_waits_for_one_line_per_cause() -> None:
@@ -242,3 +267,48 @@ def test_the_first_failure_is_the_earliest_finished_and_skipped_what_follows_it_
     first = first_failure(tree, without_h)
     assert first is not None and first.task.task_id == "b" and first.skipped == ["c", "d"]
     assert first_failure(tree, [rec("a", S.DONE)]) is None
+
+
+def test_the_critical_path_goes_back_from_the_task_that_ended_last_through_the_dependency_that_ended_last() -> (
+    None
+):
+    tree = tree_of(
+        [
+            {"id": "a", "tool": "echo"},
+            {"id": "b", "tool": "echo", "depends_on": ["a"]},
+            {"id": "c", "tool": "echo", "depends_on": ["a"]},
+            {"id": "d", "tool": "echo", "depends_on": ["b", "c"]},
+            {"id": "e", "tool": "echo"},
+            {"id": "f", "tool": "echo", "depends_on": ["d"]},
+        ]
+    )
+
+    def ran(task_id: str, start: float, end: float | None, state: TaskState = S.DONE) -> TaskRecord:
+        return rec(task_id, state, queued_at=start, started_at=start, finished_at=end)
+
+    tasks = [ran("a", 0, 10), ran("b", 10, 30), ran("c", 10, 20), ran("d", 30, 40), ran("e", 0, 35), rec("f")]
+    assert critical_path(tree, tasks, now=100.0) == ["a", "b", "d"]  # f never left pending
+    # Still running: d ends now, so the path leads to it; e ended before.
+    tasks[3] = ran("d", 30, None, S.RUNNING)
+    assert critical_path(tree, tasks, now=100.0) == ["a", "b", "d"]
+    # Equal ends: the dependency first in the tree's order.
+    tasks[2] = ran("c", 10, 30)
+    assert critical_path(tree, tasks, now=100.0) == ["a", "b", "d"]
+    tasks[1] = ran("b", 10, 25)
+    assert critical_path(tree, tasks, now=100.0) == ["a", "c", "d"]
+    # Nothing left pending yet: no path. A failure ends a path like a success.
+    assert critical_path(tree, [rec("a")], now=1.0) == []
+    assert critical_path(tree, [ran("a", 0, 10), ran("b", 10, 50, S.FAILED)], now=99.0) == ["a", "b"]
+
+
+def test_the_task_lists_rows_carry_times_from_the_start_its_node_and_the_critical_mark_never_values() -> None:
+    tree = tree_of([{"id": "a", "tool": "echo", "args": {"value": "planted"}}, {"id": "b", "tool": "echo"}])
+    tasks = [
+        rec("a", S.DONE, first_queued_at=100.0, started_at=101.0, finished_at=103.5, route="server"),
+        rec("b", S.BLOCKED, queued_at=104.0, client_id="laptop", reason="client laptop is offline"),
+    ]
+    graph = layout(tree, tasks)
+    assert task_rows(tasks, graph, 100.0, ["a"]) == [
+        ["a", "echo", "done", "server", "", 0.0, 1.0, 3.5, "a", 1],
+        ["b", "echo", "blocked", "", "client laptop is offline", 4.0, None, None, "b", 0],
+    ]
