@@ -15,7 +15,7 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from importlib import resources
 from urllib.parse import parse_qs, quote
 
@@ -105,12 +105,19 @@ def create_app(
     poll_s: float = POLL_S,
     actions: Actions | None = None,
     flower_url: str | None = None,
+    result_users: Collection[str] = (),
 ) -> Guard:
     """The app behind its guard (``brain.web.guard``): no route is reachable without it.
     ``actions``: the brain connection cancel and approve go through (None or without a Redis
     URL: pages only, and each action answers 503); ``flower_url``: where a task's Celery task
-    ids link (Flower's task pages; None: not linked)."""
+    ids link (Flower's task pages; None: not linked); ``result_users``: the logins a task's
+    details show its result value to (``*``: every login; the ``web_result_users`` setting)."""
     csrf = Csrf()
+
+    def sees_results(request: Request) -> bool:
+        if "none" in result_users:  # the setting's word for no login (brain.config)
+            return False
+        return "*" in result_users or getattr(request.state, "login", None) in result_users
 
     def token(request: Request) -> tuple[str | None, str | None]:
         """(the CSRF token a page gives its forms, None when no action is offered; the session
@@ -267,9 +274,10 @@ def create_app(
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
         given, session = token(request)
+        shown = sees_results(request)
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec, given, flower_url), session=session)
-        return _html(pages.task_page(record, rec, given, flower_url), session=session)
+            return _html(pages.task_details(record, rec, given, flower_url, shown), session=session)
+        return _html(pages.task_page(record, rec, given, flower_url, shown), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]

@@ -84,6 +84,7 @@ rect.box {{stroke: #374151; stroke-width: 1;}}
 form.action {{display: inline-block; margin: 0 8px 8px 0;}}
 .scroll {{overflow: auto; max-height: 70vh; border: 1px solid #e5e7eb;}}
 #details {{border: 1px solid #e5e7eb; padding: 8px; margin-top: 8px; min-height: 2em;}}
+pre.result {{background: #f9fafb; border: 1px solid #e5e7eb; padding: 6px; max-height: 40vh; overflow: auto;}}
 .vlist {{position: relative; overflow: auto; height: 60vh; border: 1px solid #e5e7eb;}}
 .vspacer {{position: relative;}}
 .vrow {{position: absolute; left: 0; right: 0; height: 20px; display: flex; align-items: center;
@@ -702,11 +703,15 @@ def flower_links(t: TaskRecord, flower_url: str | None) -> str:
 
 
 def task_details(
-    tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None
+    tree: TreeRecord,
+    t: TaskRecord,
+    csrf: str | None = None,
+    flower_url: str | None = None,
+    show_result: bool = False,
 ) -> str:
     """A task's details: tool, route and why, attempts, timings, error. Argument names only,
-    never their values (as Flower shows them); the result is not shown (`vancetope status TREE
-    TASK` prints it)."""
+    never their values (as Flower shows them); the result value only with ``show_result``
+    (a login of ``web_result_users``), as `vancetope status TREE TASK` prints it."""
     spec = next((s for s in tree.tree.tasks if s.id == t.task_id), None) or t.spec
     arg_names = ", ".join(sorted(spec.args)) if spec is not None else ""
     deps = ", ".join(spec.depends_on) if spec is not None else ""
@@ -751,20 +756,52 @@ def task_details(
         if csrf and not t.state.is_final
         else ""
     )
+    status = f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code>"
+    if show_result:
+        result = _result(t, status)
+        note = "<p class=muted>Argument values are not shown here (as in Flower).</p>"
+    else:
+        result = ""
+        note = (
+            "<p class=muted>Argument values and the result are not shown here (the result is "
+            f"shown to the logins of <code>web_result_users</code>); {status} prints the result.</p>"
+        )
     return (
-        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>'
+        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>{result}'
         f"{flower_links(t, flower_url)}{cancel}"
-        f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}"
-        "<p class=muted>Argument values and the result are not shown here; "
-        f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code> prints the result.</p></div>"
+        f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}{note}</div>"
     )
 
 
-def task_page(tree: TreeRecord, t: TaskRecord, csrf: str | None = None, flower_url: str | None = None) -> str:
+# Characters of a result a task's details show; `vancetope status TREE TASK` prints it whole.
+MAX_RESULT_CHARS = 65_536
+
+
+def _result(t: TaskRecord, status: str) -> str:
+    """A done task's result as `vancetope status TREE TASK` prints it (indented JSON), cut at
+    ``MAX_RESULT_CHARS``."""
+    if t.state is not TaskState.DONE:
+        return ""
+    text = json.dumps(t.result, indent=2, ensure_ascii=False, default=str)
+    cut = (
+        f"<p class=muted>… {len(text) - MAX_RESULT_CHARS:,} more characters: {status} prints it whole.</p>"
+        if len(text) > MAX_RESULT_CHARS
+        else ""
+    )
+    return f'<p>result:</p><pre class="result">{escape(text[:MAX_RESULT_CHARS])}</pre>{cut}'
+
+
+def task_page(
+    tree: TreeRecord,
+    t: TaskRecord,
+    csrf: str | None = None,
+    flower_url: str | None = None,
+    show_result: bool = False,
+) -> str:
     back = f'<p><a href="{_tree_url(tree.tree_id)}">← tree {escape(tree.tree_id)}</a></p>'
     return page(
         f"Task {t.task_id}",
-        f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf, flower_url)}",
+        f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf, flower_url, show_result)}",
     )
 
 

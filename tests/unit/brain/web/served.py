@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,10 +85,12 @@ def served(
     actions: Actions | None = None,
     store_path: Path | None = None,
     flower_url: str | None = None,
+    users: Mapping[str, str] = USERS,
+    result_users: Collection[str] = (),
 ) -> Iterator[Served]:
     """The web view on ``address`` over a fresh store (or the one at ``store_path``): ``writer``
     writes it, the app reads it through its own read-only connection; ``actions``: what it may
-    change through (none by default: pages only)."""
+    change through (none by default: pages only); ``result_users``: the logins shown results."""
     path = store_path or tmp_path / "store.db"
     writer = SQLiteStore(path)
     reader = open_store(str(path), read_only=True)
@@ -96,11 +98,12 @@ def served(
     app = create_app(
         reader,
         address=address,
-        users=USERS,
+        users=users,
         unauthorized=UNAUTHORIZED,
         poll_s=poll_s,
         actions=actions,
         flower_url=flower_url,
+        result_users=result_users,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)

@@ -3,10 +3,12 @@ it, and what /trees, /trees/<id> and a tree's events say."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -252,6 +254,59 @@ def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_ar
         assert "echo(value)" in details and "planted-secret-value" not in details
         assert httpx2.get(web.url + "/trees/nope", auth=AUTH, timeout=10).status_code == 404
         assert httpx2.get(web.url + "/trees/night-1/tasks/nope", auth=AUTH, timeout=10).status_code == 404
+
+
+def test_a_result_value_is_shown_in_a_tasks_details_to_the_logins_allowed_and_nowhere_else(
+    tmp_path: Path,
+) -> None:
+    users = {"ops": "ops-password", "viewer": "viewer-password"}
+    planted = ("planted-result-value", "planted-secret-value")  # the result, an argument value
+
+    def seen_by(web: Any, login: str) -> dict[str, str]:
+        auth = (login, users[login])
+        pages = {
+            path: httpx2.get(web.url + path, auth=auth, timeout=10).text
+            for path in (
+                "/trees", "/trees/night-1", "/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1",
+            )
+        }  # fmt: skip
+        with httpx2.stream("GET", web.url + "/trees/night-1/events", auth=auth, timeout=30) as stream:
+            pages["events"] = next(line for line in stream.iter_lines() if line.startswith("data: "))
+        return pages
+
+    with served(tmp_path, users=users, result_users=("ops",)) as web:
+        stored_tree(
+            web.writer, "night-1", CHAIN[:2], {"fetch": S.DONE, "parse": S.RUNNING},
+            fetch={"result": {"headline": "planted-result-value", "n": 3}},
+        )  # fmt: skip
+        for path, text in seen_by(web, "viewer").items():
+            assert not any(value in text for value in planted), path
+        assert (
+            "shown to the logins of <code>web_result_users</code>"
+            in seen_by(web, "viewer")["/trees/night-1/tasks/fetch?fragment=1"]
+        )
+        shown = seen_by(web, "ops")
+        for path in ("/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1"):
+            result = re.search(r'<pre class="result">(.*?)</pre>', shown[path], re.DOTALL)
+            assert result is not None, path
+            assert json.loads(html.unescape(result.group(1))) == {"headline": "planted-result-value", "n": 3}
+        # Only in a done task's details: not on the tree's pages, not in its events, never an argument.
+        for path in ("/trees", "/trees/night-1", "events"):
+            assert "planted-result-value" not in shown[path], path
+        assert not any("planted-secret-value" in text for text in shown.values())
+        running = httpx2.get(
+            web.url + "/trees/night-1/tasks/parse?fragment=1", auth=("ops", users["ops"]), timeout=10
+        )
+        assert 'class="result"' not in running.text
+    for given, everyone_sees in ((("*",), True), (("none",), False)):
+        (tmp_path / given[0]).mkdir()
+        with served(tmp_path / given[0], users=users, result_users=given) as web:
+            stored_tree(
+                web.writer, "night-1", CHAIN[:1], {"fetch": S.DONE}, fetch={"result": "planted-result-value"}
+            )
+            for login in users:
+                fragment = seen_by(web, login)["/trees/night-1/tasks/fetch?fragment=1"]
+                assert ("planted-result-value" in fragment) is everyone_sees, (given, login)
 
 
 def test_a_tasks_details_link_each_of_its_celery_task_ids_to_flowers_task_page(tmp_path: Path) -> None:
