@@ -146,5 +146,7 @@ def test_the_morning_summary_lists_retried_tasks_and_fan_outs() -> None:
     ]
     summary = summarise(tree, tasks, SummaryKind.FINAL, at=200.0)
     text = render_markdown(summary)
-    assert "- `fetch` (http_get, done): 2 attempts; the last failed one: ToolTimeout: no answer in 30s" in text
+    assert (
+        "- `fetch` (http_get, done): 2 attempts; the last failed one: ToolTimeout: no answer in 30s" in text
+    )
     assert "- `each` (echo, failed): 3 items, 2 done, 1 failed" in text
