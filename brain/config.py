@@ -44,6 +44,15 @@ CONFIG_FILE = "vancetope.toml"
 DEFAULT_DATA_DIR_NAME = ".vancetope"
 
 
+def _comma_list(value: object) -> object:
+    """A list setting as given: the environment's comma-separated text, or TOML's list, as a
+    tuple of its non-empty entries (anything else is left for pydantic to refuse)."""
+    entries = value.split(",") if isinstance(value, str) else value
+    if isinstance(entries, (list, tuple)):
+        return tuple(str(entry).strip() for entry in entries if str(entry).strip())
+    return entries
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         extra="forbid",
@@ -142,22 +151,19 @@ class Settings(BaseSettings):
     @field_validator("web_result_users", mode="before")
     @classmethod
     def _split_web_result_users(cls, value: object) -> object:
-        entries = value.split(",") if isinstance(value, str) else value
-        if isinstance(entries, (list, tuple)):
-            entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
-            if not entries or ("none" in entries and len(entries) > 1):
-                raise ValueError(
-                    f"web_result_users {','.join(entries)!r}: list web view logins, or give '*' for "
-                    "every login or 'none' for no login"
-                )
+        entries = _comma_list(value)
+        if isinstance(entries, tuple) and (not entries or ("none" in entries and len(entries) > 1)):
+            raise ValueError(
+                f"web_result_users {','.join(entries)!r}: list web view logins, or give '*' for "
+                "every login or 'none' for no login"
+            )
         return entries
 
     @field_validator("http_allow", mode="before")
     @classmethod
     def _split_http_allow(cls, value: object) -> object:
-        entries = value.split(",") if isinstance(value, str) else value
-        if isinstance(entries, (list, tuple)):
-            entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
+        entries = _comma_list(value)
+        if isinstance(entries, tuple):
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
 

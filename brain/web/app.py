@@ -274,10 +274,10 @@ def create_app(
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
         given, session = token(request)
-        shown = sees_results(request)
+        details = pages.task_details(record, rec, given, flower_url, sees_results(request))
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec, given, flower_url, shown), session=session)
-        return _html(pages.task_page(record, rec, given, flower_url, shown), session=session)
+            return _html(details, session=session)
+        return _html(pages.task_page(record, rec, details), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from urllib.parse import quote
@@ -649,24 +649,44 @@ def summary_section(summary: RunSummary, stored: bool, first: FirstFailure | Non
             for w in summary.waiting_for
         )
         parts.append(f'<p>Still waiting for a client to come online:</p><ul id="still-waiting">{waits}</ul>')
-    if summary.fan_outs:
-        fans = "".join(
-            f"<li>{_task_link(summary.tree_id, f.task_id)} ({escape(f.tool)}, {escape(f.state.value)}): "
-            f"{f.items} items, {f.done} done, {f.failed} failed</li>"
-            for f in summary.fan_outs
+    parts.append(
+        _task_lines(
+            "Fan-outs",
+            summary.tree_id,
+            (
+                (f.task_id, f.tool, f.state, f"{f.items} items, {f.done} done, {f.failed} failed")
+                for f in summary.fan_outs
+            ),
         )
-        parts.append(f"<p>Fan-outs:</p><ul>{fans}</ul>")
-    if summary.retried:
-        retried = "".join(
-            f"<li>{_task_link(summary.tree_id, r.task_id)} ({escape(r.tool)}, {escape(r.state.value)}): "
-            f"{r.attempts} attempts; the last failed one: {escape(r.last_error or 'no error recorded')}</li>"
-            for r in summary.retried
+    )
+    parts.append(
+        _task_lines(
+            "Retried",
+            summary.tree_id,
+            (
+                (
+                    r.task_id,
+                    r.tool,
+                    r.state,
+                    f"{r.attempts} attempts; the last failed one: {r.last_error or 'no error recorded'}",
+                )
+                for r in summary.retried
+            ),
         )
-        parts.append(f"<p>Retried:</p><ul>{retried}</ul>")
+    )
     return (
         f'<section id="summary" data-kind="{summary.kind.value if stored else "now"}">'
         f"<h2>Morning summary of schedule {escape(summary.schedule or summary.name)}</h2>{''.join(parts)}</section>"
     )
+
+
+def _task_lines(heading: str, tree_id: str, lines: Iterable[tuple[str, str, TaskState, str]]) -> str:
+    """``heading:`` and a list of "task (tool, state): what", each task linked ('' if none)."""
+    items = "".join(
+        f"<li>{_task_link(tree_id, task_id)} ({escape(tool)}, {escape(state.value)}): {escape(what)}</li>"
+        for task_id, tool, state, what in lines
+    )
+    return f"<p>{escape(heading)}:</p><ul>{items}</ul>" if items else ""
 
 
 # How many task ids a line of the summary names before "and N more".
@@ -791,18 +811,10 @@ def _result(t: TaskRecord, status: str) -> str:
     return f'<p>result:</p><pre class="result">{escape(text[:MAX_RESULT_CHARS])}</pre>{cut}'
 
 
-def task_page(
-    tree: TreeRecord,
-    t: TaskRecord,
-    csrf: str | None = None,
-    flower_url: str | None = None,
-    show_result: bool = False,
-) -> str:
+def task_page(tree: TreeRecord, t: TaskRecord, details: str) -> str:
+    """A task's own page around its ``task_details``."""
     back = f'<p><a href="{_tree_url(tree.tree_id)}">← tree {escape(tree.tree_id)}</a></p>'
-    return page(
-        f"Task {t.task_id}",
-        f"{back}<h1>Task {escape(t.task_id)}</h1>{task_details(tree, t, csrf, flower_url, show_result)}",
-    )
+    return page(f"Task {t.task_id}", f"{back}<h1>Task {escape(t.task_id)}</h1>{details}")
 
 
 def event_data(payload: dict[str, object]) -> str:
