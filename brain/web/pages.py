@@ -335,7 +335,9 @@ def task_list(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, now: 
         "<span id=group-filter hidden>tasks of <b></b> <button type=button>show all</button></span> "
         f"<span id=shown-count class=muted>{len(tasks)} tasks</span> <span class=muted>· from "
         f"{escape(clock(start))} to +{escape(seconds(end - start))}</span></div>"
-        f'<div id="timeline" class="vlist" data-row-px="{ROW_PX}"><div class="vspacer" '
+        # As tall as its rows, up to 60% of the window: a small tree leaves no empty box.
+        f'<div id="timeline" class="vlist" data-row-px="{ROW_PX}" '
+        f'style="height:min(60vh,{len(tasks) * ROW_PX + 2}px)"><div class="vspacer" '
         f'style="height:{len(tasks) * ROW_PX}px"></div></div>'
         f'<script type="application/json" id="task-data">{_json_in_html(data)}</script>'
     )
