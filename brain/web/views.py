@@ -7,6 +7,7 @@ timeline. Functions of their arguments (time comes in as ``now``): tests are tab
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import Counter, defaultdict
@@ -170,9 +171,12 @@ def time_window(
 def _instant(name: str, given: str) -> float:
     text = given.strip()
     try:
-        return float(text)
+        seconds_since_epoch = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(seconds_since_epoch):
+            return seconds_since_epoch
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:

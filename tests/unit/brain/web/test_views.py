@@ -222,6 +222,7 @@ def test_the_trees_pages_time_window_from_since_until_or_a_span_back_from_now() 
     [
         ("yesterday", None, None, "?since='yesterday' is no time"),
         (None, "02:00pm", None, "?until='02:00pm' is no time"),
+        ("nan", None, None, "?since='nan' is no time"),
         (None, None, "12", "?last='12': give a number and a unit"),
         (None, None, "h", "?last='h'"),
         ("2026-12-06", None, "12h", "not both"),
