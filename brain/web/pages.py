@@ -87,7 +87,7 @@ form.action {{display: inline-block; margin: 0 8px 8px 0;}}
 pre.result {{background: #f9fafb; border: 1px solid #e5e7eb; padding: 6px; max-height: 40vh; overflow: auto;}}
 .vlist {{position: relative; overflow: auto; height: 60vh; border: 1px solid #e5e7eb;}}
 .vspacer {{position: relative;}}
-.vrow {{position: absolute; left: 0; right: 0; height: 20px; display: flex; align-items: center;
+.vrow {{position: absolute; left: 0; right: 0; height: {ROW_PX}px; display: flex; align-items: center;
   font-size: 12px; border-bottom: 1px solid #f3f4f6; cursor: pointer;}}
 .vrow:hover {{background: #f9fafb;}}
 .vrow > span {{overflow: hidden; white-space: nowrap; text-overflow: ellipsis; padding: 0 4px; flex: none;}}
@@ -339,6 +339,7 @@ def task_list(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, now: 
         f'<div id="timeline" class="vlist" data-row-px="{ROW_PX}" '
         f'style="height:min(60vh,{len(tasks) * ROW_PX + 2}px)"><div class="vspacer" '
         f'style="height:{len(tasks) * ROW_PX}px"></div></div>'
+        "<noscript>The task list is drawn by script; the graph's tasks link to their own pages.</noscript>"
         f'<script type="application/json" id="task-data">{_json_in_html(data)}</script>'
     )
 
