@@ -46,6 +46,15 @@ CONFIG_FILE = "vancetope.toml"
 DEFAULT_DATA_DIR_NAME = ".vancetope"
 
 
+def _comma_list(value: object) -> object:
+    """A list setting as given: the environment's comma-separated text, or TOML's list, as a
+    tuple of its non-empty entries (anything else is left for pydantic to refuse)."""
+    entries = value.split(",") if isinstance(value, str) else value
+    if isinstance(entries, (list, tuple)):
+        return tuple(str(entry).strip() for entry in entries if str(entry).strip())
+    return entries
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         extra="forbid",
@@ -162,12 +171,22 @@ class Settings(BaseSettings):
     # (env: comma-separated). Loopback, private, link-local and metadata are refused otherwise.
     http_allow: tuple[str, ...] = ()
 
+    @field_validator("web_result_users", mode="before")
+    @classmethod
+    def _split_web_result_users(cls, value: object) -> object:
+        entries = _comma_list(value)
+        if isinstance(entries, tuple) and (not entries or ("none" in entries and len(entries) > 1)):
+            raise ValueError(
+                f"web_result_users {','.join(entries)!r}: list web view logins, or give '*' for "
+                "every login or 'none' for no login"
+            )
+        return entries
+
     @field_validator("http_allow", mode="before")
     @classmethod
     def _split_http_allow(cls, value: object) -> object:
-        entries = value.split(",") if isinstance(value, str) else value
-        if isinstance(entries, (list, tuple)):
-            entries = tuple(str(entry).strip() for entry in entries if str(entry).strip())
+        entries = _comma_list(value)
+        if isinstance(entries, tuple):
             HttpAllow.parse(entries)  # a bad entry fails here, naming itself, not in a worker later
         return entries
 
@@ -238,6 +257,11 @@ class Settings(BaseSettings):
     # Where the web view links a task's Celery task ids (Flower's /task/<id> pages). None: the
     # Flower `vancetope up --flower` starts (http://127.0.0.1:5555, or the port it was given).
     web_flower_url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    # The web view's logins shown a task's result value: the stack's own login (its password
+    # sits in the data dir or compose's .env, beside the store `vancetope status` reads results
+    # from), unless listed otherwise; ``*``: every login; ``none``: no login (a word, not an
+    # empty list, so that it survives the trip through a child's environment).
+    web_result_users: tuple[str, ...] = ("vancetope",)
 
     @field_validator("redis_url", "agent_broker_url")
     @classmethod

@@ -55,6 +55,10 @@ class StoreError(BrainError):
     """The durable store failed or was given something it cannot hold."""
 
 
+class BadQuery(BrainError):
+    """A web page's query parameter is malformed; the page answers 400 with this message."""
+
+
 class NotFound(BrainError):
     """An operation (cancel, approve) named a tree, task or client the stack does not know."""
 

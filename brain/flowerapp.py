@@ -15,6 +15,12 @@ web page that rebinds its own DNS name to 127.0.0.1 gets 421, not the dashboard.
 without the right password gets a 401 that says how to log in (the user, where the password
 is: ``brain.stack.flowerauth``), never Flower's own advice to set FLOWER_UNAUTHENTICATED_API.
 
+And one for finding trees: Flower's navigation bar gets a **Trees** link to the web view
+(``VANCETOPE_FLOWER_WEB_URL``, which `vancetope up` and compose.yaml set), which shows the
+trees Flower's task rows belong to. It is added to the navigation bar's HTML after Flower
+renders it; a release whose bar no longer has the list it goes into keeps its bar as it is
+(logged once).
+
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
 change is skipped with an error in Flower's log and Flower runs as released;
@@ -30,6 +36,7 @@ takes Flower's clean way out, and ``EXIT_GRACE_S`` later ends the process if tha
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import signal
@@ -46,7 +53,13 @@ from flower.app import Flower
 from flower.views import monitor as flower_monitor
 from tornado import httputil, web
 
-from brain.stack.flowerauth import UNAUTHORIZED_DEFAULT, UNAUTHORIZED_VARIABLE, UNPROTECTED_BODY, host_allowed
+from brain.stack.flowerauth import (
+    UNAUTHORIZED_DEFAULT,
+    UNAUTHORIZED_VARIABLE,
+    UNPROTECTED_BODY,
+    WEB_URL_VARIABLE,
+    host_allowed,
+)
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
@@ -150,6 +163,44 @@ def _answers_401(released: Any) -> Any:
     return write_error
 
 
+# Flower's primary navigation list (templates/navbar.html): the web view's link ends it.
+NAV_LIST = b'<ul class="app-nav navbar-nav">'
+NAVBAR = "navbar.html"
+_nav_missing_logged = False
+
+
+def with_web_link(navbar: bytes, web_url: str) -> bytes:
+    """Flower's rendered navigation bar with a last item **Trees** linking ``web_url``'s
+    ``/trees`` (a new tab: the web view asks for its own password); unchanged, and logged
+    once, if the bar has no primary list."""
+    global _nav_missing_logged
+    start = navbar.find(NAV_LIST)
+    end = navbar.find(b"</ul>", start) if start >= 0 else -1
+    if end < 0:
+        if not _nav_missing_logged:
+            _nav_missing_logged = True
+            log.error("this Flower release's navigation bar changed: no link to the web view in it")
+        return navbar
+    href = html.escape(web_url.rstrip("/") + "/trees", quote=True)
+    item = (
+        f'<li class="nav-item"><a class="nav-link" id="vancetope-web" href="{href}" target="_blank" '
+        'rel="noopener" title="Vancetope web view: task trees, their graph and timeline">Trees</a></li>'
+    ).encode()
+    return navbar[:end] + item + navbar[end:]
+
+
+def _links_web_view(released: Any) -> Any:
+    def render_string(self: web.RequestHandler, template_name: str, **kwargs: Any) -> bytes:
+        rendered: bytes = released(self, template_name, **kwargs)
+        web_url = os.environ.get(WEB_URL_VARIABLE)
+        if template_name != NAVBAR or not web_url:
+            return rendered
+        return with_web_link(rendered, web_url)
+
+    render_string.__wrapped__ = released  # type: ignore[attr-defined]
+    return render_string
+
+
 def _replace(path: str, released: type, ours: type) -> bool:
     for i, handler in enumerate(urls.handlers):
         if isinstance(handler, tuple) and handler[0] == path:
@@ -161,12 +212,17 @@ def _replace(path: str, released: type, ours: type) -> bool:
 
 
 def install() -> bool:
-    """Serve ``/api/workers`` with ``ListWorkers``, ``/metrics`` behind the password, and check
-    the Host header; False (and logged) if Flower's table changed."""
+    """Serve ``/api/workers`` with ``ListWorkers``, ``/metrics`` behind the password, check
+    the Host header, link the web view from the navigation bar; False (and logged) if Flower's
+    table changed."""
     Flower.find_handler = _find_handler  # type: ignore[method-assign]
     for handler in (flower_views.BaseHandler, BaseApiHandler):
         if "write_error" in vars(handler) and not hasattr(vars(handler)["write_error"], "__wrapped__"):
             handler.write_error = _answers_401(vars(handler)["write_error"])  # type: ignore[method-assign]
+    if not hasattr(flower_views.BaseHandler.render_string, "__wrapped__"):
+        flower_views.BaseHandler.render_string = _links_web_view(  # type: ignore[method-assign]
+            flower_views.BaseHandler.render_string
+        )
     installed = True
     if not _replace(WORKERS_API, flower_workers.ListWorkers, ListWorkers):
         installed = False
@@ -213,4 +269,5 @@ __all__ = [
     "install",
     "install_exit",
     "unauthorized_body",
+    "with_web_link",
 ]

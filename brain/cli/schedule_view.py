@@ -1,7 +1,8 @@
-"""Schedules and run summaries as the CLI shows them (layer: brain/cli; presentation; pure).
+"""Schedules as the CLI shows them (layer: brain/cli; presentation; pure).
 
 ``vancetope schedules [--json]``: each schedule with its last and next fire and its last
-run; ``vancetope status TREE_ID``: the run's summary. Values in, JSON-ready dicts and rich
+run (which summary ``vancetope status TREE_ID`` shows of a run is
+``brain.core.summary.shown_summary``, shared with the web view). Values in, JSON-ready dicts and rich
 renderables out; the JSON shape is a contract like ``brain.core.report``'s (add, never rename).
 """
 
@@ -15,9 +16,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from brain.core.models import TaskRecord, TreeRecord, TreeStatus
+from brain.core.models import TreeRecord
 from brain.core.schedules import Schedule
-from brain.core.summary import RunSummary, SummaryKind, summarise
 
 
 def next_fire(spec: Schedule, last_fired_at: float | None, now: float) -> float | None:
@@ -91,16 +91,3 @@ def schedules_table(rows: Sequence[Mapping[str, Any]], now: float) -> Table:
             Text(f"{run['tree_id']} ({run['status']})" if run else ""),
         )
     return table
-
-
-def shown_summary(
-    tree: TreeRecord, tasks: Sequence[TaskRecord], stored: Sequence[RunSummary], now: float
-) -> RunSummary | None:
-    """The summary ``status`` shows: the stored final one, else the latest stored one, else —
-    for a tree that has ended (e.g. one run by hand) — one made now from its records."""
-    finals = [s for s in stored if s.kind is SummaryKind.FINAL]
-    if finals:
-        return finals[-1]
-    if tree.status is not TreeStatus.RUNNING:
-        return summarise(tree, tasks, SummaryKind.FINAL, tree.finished_at or now)
-    return stored[-1] if stored else None

@@ -132,12 +132,16 @@ def up(
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.start()
+        web_port = web_port or WEB_PORT
         if access is not None:
-            _start_flower(stack, flower_port or FLOWER_PORT, access)
+            # Flower's navigation bar links the web view, which starts after it on a port
+            # decided now (if that port is taken, the web view does not start: no link).
+            linked = _web_url(web, web_port) if web is not None and port_free(web_port, web.address) else None
+            _start_flower(stack, flower_port or FLOWER_PORT, access, linked)
         if not no_gateway:
             _start_gateway(stack, gateway_port or settings.gateway_port)
         if web is not None:
-            _start_web(stack, web_port or WEB_PORT, web)
+            _start_web(stack, web_port, web)
         assert stack.redis is not None
         # soft_wrap: whole lines in a log file, whatever the terminal's width (grep finds them).
         console.print(
@@ -198,7 +202,7 @@ def _flower_access(settings: Settings, address: str) -> FlowerAccess:
     return access
 
 
-def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None:
+def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess, web_url: str | None) -> None:
     address = access.address
     if not port_free(port, address):
         err.print(
@@ -208,7 +212,7 @@ def _start_flower(stack: EmbeddedStack, port: int, access: FlowerAccess) -> None
             highlight=False,
         )
         return
-    stack.start_flower(port, access)
+    stack.start_flower(port, access, web_url)
     # The user and where the password is, never the password (this line may be logged).
     login = access.login()
     host = f"[{address}]" if ":" in address else address  # an IPv6 address in a URL
@@ -247,8 +251,12 @@ def _start_web(stack: EmbeddedStack, port: int, access: WebAccess) -> None:
         return
     # The user and where the password is, never the password (this line may be logged).
     console.print(
-        escape(f"web: http://{address}:{port}/ ({access.login()})"), highlight=False, soft_wrap=True
+        escape(f"web: {_web_url(access, port)} ({access.login()})"), highlight=False, soft_wrap=True
     )
+
+
+def _web_url(access: WebAccess, port: int) -> str:
+    return f"http://{access.address}:{port}/"
 
 
 def _start_gateway(stack: EmbeddedStack, port: int) -> None:

@@ -34,7 +34,7 @@ from brain.cli.base import (
     stack_for,
 )
 from brain.cli.display import THROTTLED, duration, limits_table, queues_table, task_table, trees_table
-from brain.cli.schedule_view import schedules_report, schedules_table, shown_summary
+from brain.cli.schedule_view import schedules_report, schedules_table
 from brain.cli.watch import watch
 from brain.config import Settings
 from brain.core.fairshare import applied_limits
@@ -62,7 +62,7 @@ from brain.core.routing import (
 from brain.core.sessions import ClientSession, announced_schemas, held_names
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.submission import SubmitRequest, check_submission
-from brain.core.summary import render_markdown
+from brain.core.summary import render_markdown, shown_summary
 from brain.core.toolnames import clash_lines
 from brain.core.treefile import load_tree
 from brain.core.validation import tree_problems, unknown_tools

@@ -272,3 +272,17 @@ def render_markdown(summary: RunSummary) -> str:
                 f"- `{t.task_id}` ({t.tool}, {t.state}): {t.reason or 'no reason recorded'}" for t in items
             ]
     return "\n".join(lines) + "\n"
+
+
+def shown_summary(
+    tree: TreeRecord, tasks: Sequence[TaskRecord], stored: Sequence[RunSummary], now: float
+) -> RunSummary | None:
+    """The summary ``vancetope status`` and the web view show: the stored final one, else the
+    latest stored one, else — for a tree that has ended (e.g. one run by hand) — one made now
+    from its records."""
+    finals = [s for s in stored if s.kind is SummaryKind.FINAL]
+    if finals:
+        return finals[-1]
+    if tree.status is not TreeStatus.RUNNING:
+        return summarise(tree, tasks, SummaryKind.FINAL, tree.finished_at or now)
+    return stored[-1] if stored else None

@@ -34,6 +34,7 @@ from brain.hot.state import HotState
 from brain.runtime.enrollment import AGENT_URL_VARIABLE, enroll
 from brain.stack.children import dies_with_this_process
 from brain.stack.flowerauth import UNAUTHENTICATED_API_VARIABLE, FlowerAccess, flower_access
+from brain.stack.flowerauth import WEB_URL_VARIABLE as FLOWER_WEB_URL_VARIABLE
 from brain.stack.redis_server import (
     ADMIN_SECRET_FILE,
     RedisServer,
@@ -215,6 +216,8 @@ class EmbeddedStack:
     # Flower's port and who may open it, once start_flower() ran.
     flower_port: int | None = None
     flower_access: FlowerAccess | None = None
+    # The web view's URL Flower's navigation bar links (brain.flowerapp); None: no link.
+    flower_web_url: str | None = None
     # The MCP gateway's port once start_gateway() ran.
     gateway_port: int | None = None
     # The web view's port and who may open it, once start_web() ran.
@@ -279,13 +282,17 @@ class EmbeddedStack:
             )
         )
 
-    def start_flower(self, port: int, access: FlowerAccess | None = None) -> Service:
-        """Flower on ``access`` (default: loopback, with the generated password). Raises
-        ``FlowerUnprotected`` rather than listen without a password."""
+    def start_flower(
+        self, port: int, access: FlowerAccess | None = None, web_url: str | None = None
+    ) -> Service:
+        """Flower on ``access`` (default: loopback, with the generated password), its navigation
+        bar linking the web view at ``web_url``. Raises ``FlowerUnprotected`` rather than listen
+        without a password."""
         access = access or flower_access("127.0.0.1", self.settings.data_dir, {})
         access.env()  # refuse now, not in the supervisor's restart loop
         self.flower_access = access
         self.flower_port = port
+        self.flower_web_url = web_url
         service = self.start_service("flower")
         self.write_stack_file()
         return service
@@ -329,6 +336,8 @@ class EmbeddedStack:
             env.pop(UNAUTHENTICATED_API_VARIABLE, None)  # the API asks for the password too
             env.pop("VANCETOPE_VAULT_KEY", None)  # Flower resolves no secret: it gets no key
             env.update(self.flower_access.env())
+            if self.flower_web_url:
+                env[FLOWER_WEB_URL_VARIABLE] = self.flower_web_url
             return flower_argv(self.flower_port, self.flower_access.address), env
         argv = dict(service_argvs(self.settings))[name]
         if name == "client-agent":

@@ -37,6 +37,8 @@ UNAUTHENTICATED_API_VARIABLE = "FLOWER_UNAUTHENTICATED_API"
 # What brain.flowerapp answers a request without the right password (its 401 body): who to log
 # in as and where the password is, never the password.
 UNAUTHORIZED_VARIABLE = "VANCETOPE_FLOWER_UNAUTHORIZED"
+# Where Flower's navigation bar links the web view (brain.flowerapp); unset: no link.
+WEB_URL_VARIABLE = "VANCETOPE_FLOWER_WEB_URL"
 # The 401 body of a Flower not started by `vancetope up` (compose.yaml, or by hand).
 UNAUTHORIZED_DEFAULT = (
     "401 Unauthorized: this Flower asks for a user and password (HTTP basic auth), on loopback "
@@ -102,6 +104,7 @@ __all__ = [
     "UNAUTHORIZED_DEFAULT",
     "UNAUTHORIZED_VARIABLE",
     "UNPROTECTED_BODY",
+    "WEB_URL_VARIABLE",
     "FlowerAccess",
     "FlowerUnprotected",
     "decide_access",

@@ -82,8 +82,11 @@ class Store(Protocol):
         task id it already has is left as it is: adding the same items twice adds them once."""
         ...
 
-    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
-        """Newest ``submitted_at`` first."""
+    def list_trees(
+        self, limit: int = 50, *, since: float | None = None, until: float | None = None
+    ) -> list[TreeRecord]:
+        """Newest ``submitted_at`` first; with ``since``/``until``, only trees submitted at or
+        after ``since`` and before ``until`` (an index range, not a scan: the web view's filter)."""
         ...
 
     def finish_tree(self, tree_id: str, status: TreeStatus, finished_at: float) -> bool:
@@ -196,10 +199,16 @@ class Store(Protocol):
     # --- schedules (brain.runtime.schedule_runs, brain.beat) ---
 
     def schedule_runs(
-        self, schedule: str, *, running_only: bool = False, limit: int = 20
+        self,
+        schedule: str,
+        *,
+        running_only: bool = False,
+        limit: int = 20,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[TreeRecord]:
         """Runs started by ``schedule`` (``TreeRecord.schedule``), newest ``submitted_at`` first;
-        with ``running_only``, only unfinished ones."""
+        with ``running_only``, only unfinished ones; ``since``/``until`` as for ``list_trees``."""
         ...
 
     def record_fire(self, schedule: str, fired_at: float) -> None:

@@ -178,12 +178,14 @@ class MongoStore:
             return None
         return TreeRecord.stored(_decode(doc, _TREE_OPAQUE)) if lazy else _tree(doc)
 
-    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
+    def list_trees(
+        self, limit: int = 50, *, since: float | None = None, until: float | None = None
+    ) -> list[TreeRecord]:
         if limit <= 0:
             return []
         with self._errors("list_trees"):
             docs = list(
-                self._trees.find({}, _HIDDEN)
+                self._trees.find(_submitted_between(since, until), _HIDDEN)
                 .sort([("submitted_at", DESCENDING), ("_id", DESCENDING)])
                 .limit(limit)
             )
@@ -390,11 +392,17 @@ class MongoStore:
     # --- schedules and summaries ----------------------------------------------------------
 
     def schedule_runs(
-        self, schedule: str, *, running_only: bool = False, limit: int = 20
+        self,
+        schedule: str,
+        *,
+        running_only: bool = False,
+        limit: int = 20,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[TreeRecord]:
         if limit <= 0:
             return []
-        query: dict[str, Any] = {"schedule": schedule}
+        query: dict[str, Any] = {"schedule": schedule, **_submitted_between(since, until)}
         if running_only:
             query["status"] = TreeStatus.RUNNING.value
         with self._errors(f"schedule_runs({schedule!r})"):
@@ -484,3 +492,9 @@ class MongoStore:
 
     def __repr__(self) -> str:
         return f"MongoStore(database={self.database!r})"
+
+
+def _submitted_between(since: float | None, until: float | None) -> dict[str, Any]:
+    """The query of a ``since <= submitted_at < until`` window (empty: every tree)."""
+    window = {op: at for op, at in (("$gte", since), ("$lt", until)) if at is not None}
+    return {"submitted_at": window} if window else {}

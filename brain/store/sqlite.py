@@ -266,15 +266,15 @@ class SQLiteStore:
             return None
         return TreeRecord.stored(json.loads(row[0])) if lazy else TreeRecord.model_validate_json(row[0])
 
-    def list_trees(self, limit: int = 50) -> list[TreeRecord]:
+    def list_trees(
+        self, limit: int = 50, *, since: float | None = None, until: float | None = None
+    ) -> list[TreeRecord]:
         if limit <= 0:
             return []
+        where, params = _submitted_between(since, until)
+        sql = f"SELECT doc FROM trees WHERE 1{where} ORDER BY submitted_at DESC, seq DESC LIMIT ?"
         with self._errors("list_trees"):
-            rows = (
-                self._conn()
-                .execute("SELECT doc FROM trees ORDER BY submitted_at DESC, seq DESC LIMIT ?", (limit,))
-                .fetchall()
-            )
+            rows = self._conn().execute(sql, (*params, limit)).fetchall()
         return [TreeRecord.model_validate_json(r[0]) for r in rows]
 
     def finish_tree(self, tree_id: str, status: TreeStatus, finished_at: float) -> bool:
@@ -507,7 +507,13 @@ class SQLiteStore:
     # --- schedules and summaries ----------------------------------------------------------
 
     def schedule_runs(
-        self, schedule: str, *, running_only: bool = False, limit: int = 20
+        self,
+        schedule: str,
+        *,
+        running_only: bool = False,
+        limit: int = 20,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[TreeRecord]:
         if limit <= 0:
             return []
@@ -516,6 +522,9 @@ class SQLiteStore:
         if running_only:
             sql += " AND status = ?"
             params.append(TreeStatus.RUNNING.value)
+        where, between = _submitted_between(since, until)
+        sql += where
+        params += between
         sql += " ORDER BY submitted_at DESC, seq DESC LIMIT ?"
         with self._errors(f"schedule_runs({schedule!r})"):
             rows = self._conn().execute(sql, (*params, limit)).fetchall()
@@ -633,3 +642,9 @@ def _chunks(items: list[str]) -> Iterator[list[str]]:
 
 def _marks(items: Collection[Any]) -> str:
     return ", ".join("?" * len(items))
+
+
+def _submitted_between(since: float | None, until: float | None) -> tuple[str, list[float]]:
+    """The ``AND`` clauses (and their parameters) of a ``since <= submitted_at < until`` window."""
+    bounds = [(op, at) for op, at in ((">=", since), ("<", until)) if at is not None]
+    return "".join(f" AND submitted_at {op} ?" for op, _ in bounds), [at for _, at in bounds]

@@ -15,7 +15,7 @@ import asyncio
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from importlib import resources
 from urllib.parse import parse_qs, quote
 
@@ -27,8 +27,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from brain.core.fanout import parent_of
-from brain.core.models import TaskState, TreeStatus
-from brain.errors import NotFound, StackNotRunning
+from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.summary import SummaryKind, shown_summary, summarise
+from brain.errors import BadQuery, NotFound, StackNotRunning
 from brain.runtime import operations
 from brain.runtime.service import Brain
 from brain.store import Store
@@ -40,6 +41,7 @@ from brain.web.views import (
     WAITING,
     Seen,
     client_rows,
+    first_failure,
     group_counts,
     group_id,
     group_label,
@@ -47,6 +49,7 @@ from brain.web.views import (
     group_title,
     layout,
     matches,
+    time_window,
     tree_row,
 )
 
@@ -102,12 +105,19 @@ def create_app(
     poll_s: float = POLL_S,
     actions: Actions | None = None,
     flower_url: str | None = None,
+    result_users: Collection[str] = (),
 ) -> Guard:
     """The app behind its guard (``brain.web.guard``): no route is reachable without it.
     ``actions``: the brain connection cancel and approve go through (None or without a Redis
     URL: pages only, and each action answers 503); ``flower_url``: where a task's Celery task
-    ids link (Flower's task pages; None: not linked)."""
+    ids link (Flower's task pages; None: not linked); ``result_users``: the logins a task's
+    details show its result value to (``*``: every login; the ``web_result_users`` setting)."""
     csrf = Csrf()
+
+    def sees_results(request: Request) -> bool:
+        if "none" in result_users:  # the setting's word for no login (brain.config)
+            return False
+        return "*" in result_users or getattr(request.state, "login", None) in result_users
 
     def token(request: Request) -> tuple[str | None, str | None]:
         """(the CSRF token a page gives its forms, None when no action is offered; the session
@@ -186,14 +196,30 @@ def create_app(
         return _html(pages.clients_page(client_rows(report, clock()), given), session=session)
 
     async def trees(request: Request) -> Response:
-        status = request.query_params.get("status") or None
-        user = request.query_params.get("user") or None
+        query = request.query_params
+        status = query.get("status") or None
+        user = query.get("user") or None
+        schedule = query.get("schedule") or None
         if status is not None and status not in pages.TREE_STATUSES:
             return PlainTextResponse(f"status must be one of {', '.join(pages.TREE_STATUSES)}\n", 400)
+        try:
+            since, until = time_window(query.get("since"), query.get("until"), query.get("last"), clock())
+        except BadQuery as exc:
+            return PlainTextResponse(f"400 Bad Request: {exc}\n", 400)
+        shown_filters = pages.TreeFilters(
+            status, user, schedule, *(query.get(k) or None for k in ("since", "until", "last"))
+        )
 
         def read() -> str:
-            recent = store.list_trees(limit=RECENT_TREES)
+            # The store selects the window (and the schedule's runs) by its indexes, as the
+            # schedules' own look-ups do; status and user are picked from what it returns.
+            recent = (
+                store.schedule_runs(schedule, limit=RECENT_TREES, since=since, until=until)
+                if schedule
+                else store.list_trees(limit=RECENT_TREES, since=since, until=until)
+            )
             users_seen = sorted({t.user for t in recent if t.user})
+            schedules_seen = sorted({t.schedule for t in recent if t.schedule})
             shown = [t for t in recent if matches(t, status, user)][:SHOWN_TREES]
             now = clock()
             rows = []
@@ -206,7 +232,7 @@ def create_app(
                 rows.append(
                     tree_row(t, states, now, store.get_tasks(t.tree_id, waiting) if waiting else [], seen)
                 )
-            return pages.trees_page(rows, status, user, users_seen)
+            return pages.trees_page(rows, shown_filters, users_seen, schedules_seen)
 
         seen = await clients_seen()
         return _html(await run_in_threadpool(read))
@@ -221,7 +247,20 @@ def create_app(
             tasks = store.get_tasks(tree_id)
             now = clock()
             row = tree_row(record, {t.task_id: t.state for t in tasks}, now, tasks, seen)
-            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given)
+            summary = morning_summary(record, tasks, now) if record.schedule else ""
+            return pages.tree_page(record, tasks, layout(record, tasks), row, now, given, summary)
+
+        def morning_summary(record: TreeRecord, tasks: list[TaskRecord], now: float) -> str:
+            """The summary `vancetope status` shows (the stored final one, else the latest stored,
+            else one made from the records of an ended run: brain.core.summary.shown_summary);
+            while a run goes on with none stored yet, the same summary of its tasks as they stand."""
+            stored = store.get_summaries(record.tree_id)
+            summary = shown_summary(record, tasks, stored, now)
+            return pages.summary_section(
+                summary or summarise(record, tasks, SummaryKind.DEADLINE, now),
+                summary in stored if summary is not None else False,
+                first_failure(record, tasks),
+            )
 
         given, session = token(request)
         seen = await clients_seen()
@@ -235,9 +274,10 @@ def create_app(
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
         given, session = token(request)
+        details = pages.task_details(record, rec, given, flower_url, sees_results(request))
         if request.query_params.get("fragment"):
-            return _html(pages.task_details(record, rec, given, flower_url), session=session)
-        return _html(pages.task_page(record, rec, given, flower_url), session=session)
+            return _html(details, session=session)
+        return _html(pages.task_page(record, rec, details), session=session)
 
     async def events(request: Request) -> Response:
         tree_id = request.path_params["tree_id"]

@@ -24,25 +24,25 @@ from brain.stack.flowerauth import host_allowed
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 
 
-def password_ok(authorization: str | None, users: Mapping[str, str]) -> bool:
-    """Whether an ``Authorization: Basic`` header names a known user with its password (both
-    compared in constant time, so neither leaks by timing)."""
+def login(authorization: str | None, users: Mapping[str, str]) -> str | None:
+    """The known user an ``Authorization: Basic`` header names with its password (both
+    compared in constant time, so neither leaks by timing), else None."""
     if not authorization or not authorization.lower().startswith("basic "):
-        return False
+        return None
     try:
         user, sep, password = (
             base64.b64decode(authorization[6:].strip(), validate=True).decode().partition(":")
         )
     except (binascii.Error, UnicodeDecodeError):
-        return False
+        return None
     if not sep:
-        return False
+        return None
     ok = False
     for known, expected in users.items():
         ok |= secrets.compare_digest(user.encode(), known.encode()) & secrets.compare_digest(
             password.encode(), expected.encode()
         )
-    return ok
+    return user if ok else None
 
 
 def same_origin(headers: Headers) -> bool:
@@ -77,13 +77,15 @@ class Guard:
                 "403 Forbidden: a request that changes something must come from this web view's own pages\n",
                 status_code=403,
             )
-        elif not password_ok(headers.get("authorization"), self.users):
+        elif (user := login(headers.get("authorization"), self.users)) is None:
             answer = PlainTextResponse(
                 self.unauthorized,
                 status_code=401,
                 headers={"WWW-Authenticate": 'Basic realm="vancetope", charset="UTF-8"'},
             )
         else:
+            # Who logged in, for what a page may show them (``request.state.login``).
+            scope.setdefault("state", {})["login"] = user
             await self.app(scope, receive, send)
             return
         await answer(scope, receive, send)

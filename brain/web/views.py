@@ -7,16 +7,20 @@ timeline. Functions of their arguments (time comes in as ``now``): tests are tab
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from brain.core.fanout import parent_of
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.report import tree_summary
 from brain.core.transitions import FINAL, PARKED
+from brain.errors import BadQuery
 
 # Node size and spacing of the graph, in SVG user units (px at zoom 1).
 NODE_W = 200
@@ -24,6 +28,10 @@ NODE_H = 46
 COL_GAP = 70
 ROW_GAP = 10
 MARGIN = 10
+
+# Beyond this many nodes the graph draws groups (``collapse``): dagre lays out 1,000 nodes in
+# about 0.2 s in Chromium here, and its time grows faster than the count.
+MAX_NODES = 1000
 
 
 def clock(at: float | None) -> str:
@@ -83,16 +91,16 @@ def waits_for(
         if seen is not None and client is not None and client not in seen.connected:
             gone = seen.last_seen.get(client)
             when = f" (offline since {clock(gone)})" if gone else when
-        lines.append(f"{_tasks(len(waiting))} waiting for {who}{when}")
+        lines.append(f"{n_tasks(len(waiting))} waiting for {who}{when}")
     for cid, n in sorted(approval.items()):
-        lines.append(f"{_tasks(n)} awaiting its user's approval on client {cid}")
+        lines.append(f"{n_tasks(n)} awaiting its user's approval on client {cid}")
     if retrying:
         due = min((t.retry_at for t in retrying if t.retry_at), default=None)
-        lines.append(f"{_tasks(len(retrying))} retrying" + (f" (next at {clock(due)})" if due else ""))
+        lines.append(f"{n_tasks(len(retrying))} retrying" + (f" (next at {clock(due)})" if due else ""))
     return lines
 
 
-def _tasks(n: int) -> str:
+def n_tasks(n: int) -> str:
     return f"{n} task" if n == 1 else f"{n} tasks"
 
 
@@ -132,6 +140,53 @@ def matches(tree: TreeRecord, status: str | None, user: str | None) -> bool:
     return (not status or tree.status.value == status) and (not user or tree.user == user)
 
 
+# ``?last=12h``: a number and a unit.
+_LAST = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+LAST_CHOICES = ("1h", "12h", "24h", "7d", "30d")
+
+
+def time_window(
+    since: str | None, until: str | None, last: str | None, now: float
+) -> tuple[float | None, float | None]:
+    """The trees page's time filter as (since, until) unix times, either end open (None):
+    ``since``/``until`` are ISO dates or times (``2026-12-06``, ``2026-12-06T02:00``; without a
+    zone, the web process's local time, as the pages show times) or unix seconds; ``last`` is
+    a span back from ``now`` (``90m``, ``12h``, ``7d``) in place of ``since``. A tree is in the
+    window when it was submitted at or after ``since`` and before ``until``."""
+    if last and since:
+        raise BadQuery("give ?last= or ?since=, not both (?last=12h means since 12 hours ago)")
+    start = _instant("since", since) if since else None
+    if last:
+        found = _LAST.fullmatch(last.strip())
+        if found is None:
+            raise BadQuery(f"?last={last!r}: give a number and a unit s, m, h, d or w, e.g. ?last=12h")
+        start = now - float(found.group(1)) * _UNIT_S[found.group(2)]
+    end = _instant("until", until) if until else None
+    if start is not None and end is not None and start >= end:
+        raise BadQuery(f"?since= must be before ?until= (got {since or last!r} and {until!r})")
+    return start, end
+
+
+def _instant(name: str, given: str) -> float:
+    text = given.strip()
+    try:
+        seconds_since_epoch = float(text)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds_since_epoch):
+            return seconds_since_epoch
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadQuery(
+            f"?{name}={given!r} is no time: give an ISO date or time (2026-12-06, 2026-12-06T02:00, "
+            "2026-12-06T02:00+01:00) or unix seconds"
+        ) from None
+    return parsed.timestamp()  # naive: local time, as every time on the pages is shown
+
+
 # --- the graph --------------------------------------------------------------------------
 
 
@@ -144,9 +199,14 @@ class Node:
     col: int
     row: int
     group: dict[str, int] | None = None
+    # A big tree's tasks of one tool at neighbouring depths drawn as one node (``collapse``):
+    # its node id (``tool@depth`` or ``tool@first-last``; never a task id: ids hold no ``@``).
+    collapsed: str | None = None
 
     @property
     def node_id(self) -> str:
+        if self.collapsed is not None:
+            return self.collapsed
         return group_id(self.task.parent or "") if self.group is not None else self.task.task_id
 
     @property
@@ -165,6 +225,16 @@ class Graph:
     width: int
     height: int
     by_id: dict[str, Node] = field(default_factory=dict)
+    # Task id -> the id of the node it is drawn in (itself, its fan-out's, or a collapsed group's).
+    node_of: dict[str, str] = field(default_factory=dict)
+
+
+def _graph(nodes: list[Node], edges: list[tuple[str, str]], node_of: dict[str, str]) -> Graph:
+    cols = max((n.col for n in nodes), default=0) + 1
+    rows = max((n.row for n in nodes), default=-1) + 1
+    width = 2 * MARGIN + cols * NODE_W + (cols - 1) * COL_GAP
+    height = 2 * MARGIN + rows * (NODE_H + ROW_GAP)
+    return Graph(nodes, edges, width, height, {n.node_id: n for n in nodes}, node_of)
 
 
 def dependencies(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> dict[str, list[str]]:
@@ -187,10 +257,11 @@ def dependencies(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> dict[str, lis
     return deps
 
 
-def layout(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> Graph:
+def layout(tree: TreeRecord, tasks: Sequence[TaskRecord], max_nodes: int = MAX_NODES) -> Graph:
     """Each task in the column of its dependency depth (the longest chain of dependencies
     before it), in the tree's order within a column; edges from ``depends_on`` and from a
-    fanned-out task to its items (an item's dependents are drawn from the task it came from)."""
+    fanned-out task to its items (an item's dependents are drawn from the task it came from).
+    More than ``max_nodes`` nodes: grouped (``collapse``)."""
     deps = dependencies(tree, tasks)
     depth: dict[str, int] = {}
     for t in tasks:  # a tree is acyclic (validation); iterative, so 10,000 deep cannot overflow
@@ -223,7 +294,6 @@ def layout(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> Graph:
         col = depth[t.task_id]
         nodes.append(Node(t, col, rows[col], counts))
         rows[col] += 1
-    by_id = {n.node_id: n for n in nodes}
     parents = {t.task_id: t.parent for t in tasks}
     edges: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
@@ -236,10 +306,43 @@ def layout(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> Graph:
             if edge not in seen:
                 seen.add(edge)
                 edges.append(edge)
-    cols = max(rows, default=0) + 1
-    width = 2 * MARGIN + cols * NODE_W + (cols - 1) * COL_GAP
-    height = 2 * MARGIN + max(rows.values(), default=0) * (NODE_H + ROW_GAP)
-    return Graph(nodes, edges, width, height, by_id)
+    graph = _graph(nodes, edges, {t.task_id: shown.get(t.task_id, t.task_id) for t in tasks})
+    return collapse(graph, tasks, max_nodes)
+
+
+def collapse(graph: Graph, tasks: Sequence[TaskRecord], max_nodes: int = MAX_NODES) -> Graph:
+    """A graph of more than ``max_nodes`` nodes redrawn with one node per tool and column: the
+    tasks of that tool at that dependency depth (at a range of depths, doubled until the
+    nodes fit), counted by state like a fan-out's items; a group of one task stays that task.
+    Edges join the groups their tasks' edges join. The page lists every task in its virtual
+    list, where a group's click shows its tasks."""
+    if len(graph.nodes) <= max_nodes:
+        return graph
+    col_of = {task_id: graph.by_id[node].col for task_id, node in graph.node_of.items()}
+    span = 1
+    while len({(col_of[t.task_id] // span, t.tool) for t in tasks}) > max_nodes:
+        span *= 2
+    members: dict[tuple[int, str], list[TaskRecord]] = defaultdict(list)
+    for t in tasks:
+        members[(col_of[t.task_id] // span, t.tool)].append(t)
+    nodes: list[Node] = []
+    node_of: dict[str, str] = {}
+    rows: Counter[int] = Counter()
+    for (col, tool), group in members.items():
+        first = group[0]
+        if len(group) == 1 and graph.node_of[first.task_id] == first.task_id:
+            node = Node(first, col, rows[col])
+        else:
+            lo, hi = col * span, min(col * span + span, 1 + max(col_of.values())) - 1
+            gid = f"{tool}@{lo}" if lo == hi else f"{tool}@{lo}-{hi}"
+            node = Node(first, col, rows[col], dict(Counter(t.state.value for t in group)), gid)
+        rows[col] += 1
+        nodes.append(node)
+        node_of.update((t.task_id, node.node_id) for t in group)
+    # Every task of an old node is in one new node (one column, one tool; a fan-out's items too).
+    moved = {graph.node_of[task_id]: new for task_id, new in node_of.items()}
+    edges = list(dict.fromkeys((moved[a], moved[b]) for a, b in graph.edges if moved[a] != moved[b]))
+    return _graph(nodes, edges, node_of)
 
 
 def group_id(parent: str) -> str:
@@ -304,6 +407,43 @@ def waiting_reason(t: TaskRecord) -> str:
     return ""
 
 
+# --- the morning summary ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The task that failed (or expired) first, and the tasks skipped because of it."""
+
+    task: TaskRecord
+    skipped: list[str]
+
+
+def first_failure(tree: TreeRecord, tasks: Sequence[TaskRecord]) -> FirstFailure | None:
+    """The failed or expired task that finished first (in the tree's order among equal times),
+    and every skipped task downstream of it through skipped tasks only: a dependent that ran
+    anyway (``run_if``) did not skip what came after it."""
+    failed = [t for t in tasks if t.state in (TaskState.FAILED, TaskState.EXPIRED)]
+    if not failed:
+        return None
+    first = min(failed, key=lambda t: t.finished_at if t.finished_at is not None else float("inf"))
+    dependents: dict[str, list[str]] = defaultdict(list)
+    for task_id, deps in dependencies(tree, tasks).items():
+        for d in deps:
+            dependents[d].append(task_id)
+    states = {t.task_id: t.state for t in tasks}
+    skipped: list[str] = []
+    reached = {first.task_id}
+    frontier = [first.task_id]
+    while frontier:
+        for d in dependents.get(frontier.pop(), ()):
+            if d not in reached and states.get(d) is TaskState.SKIPPED:
+                reached.add(d)
+                skipped.append(d)
+                frontier.append(d)
+    order = {t.task_id: i for i, t in enumerate(tasks)}
+    return FirstFailure(first, sorted(skipped, key=order.__getitem__))
+
+
 # --- the timeline -----------------------------------------------------------------------
 
 
@@ -332,6 +472,64 @@ def timeline(tasks: Sequence[TaskRecord], now: float) -> tuple[float, float, lis
         return now, now, []
     unfinished = any(b.finished is None for b in bars)
     return min(points), max([*points, now] if unfinished else points), bars
+
+
+def critical_path(tree: TreeRecord, tasks: Sequence[TaskRecord], now: float) -> list[str]:
+    """The chain of ``depends_on`` that decided when the tree ended (or, while it runs, what
+    holds it open now), first task first: from the task that ended last, back through the
+    dependency that ended last before it, to a task with none. A task ends when it finished;
+    one that left ``pending`` and is not final ends ``now``; a pending one is on no path. Equal
+    ends go to the task first in the tree's order."""
+    ends: dict[str, float] = {}
+    for t in tasks:
+        if t.state in FINAL and t.finished_at is not None:
+            ends[t.task_id] = t.finished_at
+        elif t.state not in FINAL and (t.first_queued_at or t.queued_at or t.started_at):
+            ends[t.task_id] = now
+    if not ends:
+        return []
+    order = {t.task_id: i for i, t in enumerate(tasks)}
+
+    def latest(ids: Sequence[str]) -> str | None:
+        ended = [i for i in ids if i in ends]
+        return max(ended, key=lambda i: (ends[i], -order[i])) if ended else None
+
+    deps = dependencies(tree, tasks)
+    path: list[str] = []
+    step = latest(list(ends))
+    while step is not None:
+        path.append(step)
+        step = latest(deps.get(step, []))
+    return path[::-1]
+
+
+def task_rows(
+    tasks: Sequence[TaskRecord], graph: Graph, start: float, critical: Sequence[str] = ()
+) -> list[list[Any]]:
+    """The tree page's task list (its virtual list and timeline), one compact row per task in
+    the tree's order: id, tool, state, route, why it waits, queued/started/finished in seconds
+    from ``start`` (None: not yet), the graph node it is drawn in, 1 if on the critical path.
+    No argument value and no result: the page shows neither."""
+    on_path = set(critical)
+
+    def at(when: float | None) -> float | None:
+        return None if when is None else round(when - start, 3)
+
+    return [
+        [
+            t.task_id,
+            t.tool,
+            t.state.value,
+            t.route,
+            waiting_reason(t),
+            at(t.first_queued_at or t.queued_at),
+            at(t.started_at),
+            at(t.finished_at if t.state in FINAL else None),
+            graph.node_of.get(t.task_id, t.task_id),
+            int(t.task_id in on_path),
+        ]
+        for t in tasks
+    ]
 
 
 def states_of(tasks: Sequence[TaskRecord]) -> Mapping[str, str]:
@@ -380,9 +578,9 @@ def client_rows(report: Mapping[str, Any], now: float) -> dict[str, list[ClientR
             state, said = "misbehaving", f"suspended: {c['misbehaving']}; {said}"
         rtt = c.get("round_trip_ms")
         waiting = c["waiting"]
-        parts = [f"{_tasks(waiting['client'])} for it"] if waiting["client"] else []
+        parts = [f"{n_tasks(waiting['client'])} for it"] if waiting["client"] else []
         if waiting["user"]:
-            parts.append(f"{_tasks(waiting['user'])} for any client of user {c['user']}")
+            parts.append(f"{n_tasks(waiting['user'])} for any client of user {c['user']}")
         row = ClientRow(
             client_id=c["client_id"],
             state=state,

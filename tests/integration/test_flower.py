@@ -350,6 +350,10 @@ def test_up_with_a_flower_address_beyond_loopback_prints_the_user_and_the_passwo
             lambda: fetch(url)[0] == 401, timeout=60, what="Flower to refuse a caller without password"
         )
         assert fetch(url, (FLOWER_USER, password))[0] == 200
+        # Its navigation bar links the web view `up` serves beside it (conftest gives it a port).
+        status, page = fetch(f"http://127.0.0.1:{port}/tasks", (FLOWER_USER, password))
+        web = f'id="vancetope-web" href="http://127.0.0.1:{os.environ["VANCETOPE_WEB_PORT"]}/trees"'
+        assert status == 200 and web in page.decode()
 
 
 def test_up_refuses_malformed_flower_credentials_before_starting_anything(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from brain.core.models import TreeRecord, TreeStatus
@@ -19,6 +20,7 @@ from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from tests.conftest import wait_until, write_mcp_config
 from tests.integration.test_schedule_runs import local_webhook
+from tests.integration.test_web import serve_web
 
 pytestmark = pytest.mark.integration
 
@@ -148,6 +150,14 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
         assert shown["schedule"] == "quick" and shown["summary"]["counts"]["done"] == 1
         proc = vancetope("status", first.tree_id, cwd=tmp_path)
         assert f"tree {first.tree_id} (schedule quick)" in proc.stdout and "quick: done" in proc.stdout
+
+        # The web view finds the runs by schedule and shows the run's stored summary on its page.
+        url, user, password = serve_web(stack)
+        listed = httpx2.get(f"{url}/trees", params={"schedule": "quick"}, auth=(user, password), timeout=30)
+        assert f'data-tree-id="{first.tree_id}"' in listed.text
+        assert 'data-tree-id="slow-' not in listed.text and 'data-tree-id="line-' not in listed.text
+        page = httpx2.get(f"{url}/trees/{first.tree_id}", auth=(user, password), timeout=30).text
+        assert '<section id="summary" data-kind="final">' in page and '<td data-count="done">1</td>' in page
 
 
 def test_vancetope_up_runs_beat_and_a_skip_schedule_every_5s_never_has_two_runs_at_once(

@@ -39,10 +39,12 @@ def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module
 
 
 def test_compose_environment_uses_the_settings_names() -> None:
+    from brain.stack.flowerauth import WEB_URL_VARIABLE as FLOWER_WEB_URL
     from brain.stack.webauth import BASIC_AUTH_VARIABLE as WEB_BASIC_AUTH
 
-    # And the web view's password, which brain.web reads from its environment, not a setting.
-    known = {ENV_PREFIX + field.upper() for field in Settings.model_fields} | {WEB_BASIC_AUTH}
+    # And the web view's password, which brain.web reads from its environment, not a setting,
+    # and the web view's URL Flower links, which brain.flowerapp reads from its environment.
+    known = {ENV_PREFIX + field.upper() for field in Settings.model_fields} | {WEB_BASIC_AUTH, FLOWER_WEB_URL}
     for name, service in compose()["services"].items():
         for var in service.get("environment") or {}:
             if var.startswith(ENV_PREFIX):

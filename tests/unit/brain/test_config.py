@@ -16,6 +16,20 @@ def test_http_allow_reads_a_comma_separated_env_and_passes_it_down_the_same_way(
     assert settings.to_env()["VANCETOPE_HTTP_ALLOW"] == "intranet.example,10.0.0.0/8"
 
 
+def test_the_web_views_result_logins_are_the_stacks_own_login_unless_listed(tmp_path: Path) -> None:
+    assert load_settings(env={}, cwd=tmp_path).web_result_users == ("vancetope",)
+    listed = load_settings(env={"VANCETOPE_WEB_RESULT_USERS": "ops, ada"}, cwd=tmp_path)
+    assert listed.web_result_users == ("ops", "ada")
+    assert listed.to_env()["VANCETOPE_WEB_RESULT_USERS"] == "ops,ada"
+    nobody = load_settings(env={"VANCETOPE_WEB_RESULT_USERS": "none"}, cwd=tmp_path)
+    assert load_settings(env=nobody.to_env(), cwd=tmp_path).web_result_users == ("none",)
+    for bad in ("none,ops", " , "):
+        with pytest.raises(ConfigError, match="web_result_users"):
+            load_settings(env={"VANCETOPE_WEB_RESULT_USERS": bad}, cwd=tmp_path)
+    (tmp_path / "vancetope.toml").write_text('[vancetope]\nweb_result_users = ["*"]\n')
+    assert load_settings(env={}, cwd=tmp_path).web_result_users == ("*",)
+
+
 def test_http_allow_reads_a_toml_list(tmp_path: Path) -> None:
     (tmp_path / "vancetope.toml").write_text('[vancetope]\nhttp_allow = ["127.0.0.1"]\n')
     assert load_settings(env={}, cwd=tmp_path).http_allow == ("127.0.0.1",)

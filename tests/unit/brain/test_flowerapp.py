@@ -9,6 +9,7 @@ from unittest import mock
 
 import pytest
 from flower import app as flower_app
+from flower import urls as flower_urls
 from flower.api import workers as flower_workers
 from flower.app import Flower
 from flower.options import default_options
@@ -22,6 +23,7 @@ from brain.stack.flowerauth import (
     UNAUTHORIZED_DEFAULT,
     UNAUTHORIZED_VARIABLE,
     UNPROTECTED_BODY,
+    WEB_URL_VARIABLE,
     decide_access,
 )
 
@@ -69,10 +71,14 @@ def test_event_workers_lists_what_the_dashboard_shows() -> None:
 # --- a 401 says how to log in, never "turn the password off" -------------------------------------
 
 
-async def _get_401s(basic_auth: list[str], paths: tuple[str, ...]) -> dict[str, tuple[int, str, str]]:
+async def _fetch(
+    basic_auth: list[str], paths: tuple[str, ...], auth: tuple[str, str] | None = None
+) -> dict[str, tuple[int, str, str]]:
+    """Each of ``paths`` from a real Flower app on our Celery app: (status, its challenge, body)."""
     options = SimpleNamespace(**default_options.as_dict())
     options.basic_auth, options.address = basic_auth, "127.0.0.1"
-    flower = Flower(options=options, capp=flowerapp.app, events=mock.MagicMock())
+    # Flower's own settings (its templates), as its command builds it.
+    flower = Flower(options=options, capp=flowerapp.app, events=mock.MagicMock(), **flower_urls.settings)
     sock, port = bind_unused_port()
     server = HTTPServer(flower)
     server.add_sockets([sock])
@@ -80,7 +86,12 @@ async def _get_401s(basic_auth: list[str], paths: tuple[str, ...]) -> dict[str, 
     try:
         answers = {}
         for path in paths:
-            r = await client.fetch(f"http://127.0.0.1:{port}{path}", raise_error=False)
+            r = await client.fetch(
+                f"http://127.0.0.1:{port}{path}",
+                raise_error=False,
+                auth_username=auth[0] if auth else None,
+                auth_password=auth[1] if auth else None,
+            )
             answers[path] = (r.code, r.headers.get("WWW-Authenticate", ""), r.body.decode())
         return answers
     finally:
@@ -97,7 +108,7 @@ def test_a_401_says_who_to_log_in_as_and_where_the_password_is(
 ) -> None:
     access = decide_access("127.0.0.1", {}, tmp_path / FLOWER_SECRET_FILE)
     monkeypatch.setenv(UNAUTHORIZED_VARIABLE, access.env()[UNAUTHORIZED_VARIABLE])
-    answers = asyncio.run(_get_401s(["vancetope:right"], PROTECTED))
+    answers = asyncio.run(_fetch(["vancetope:right"], PROTECTED))
     for path, (code, challenge, body) in answers.items():
         assert code == 401 and challenge == 'Basic realm="flower"', path
         assert f'curl -u "vancetope:$(cat {tmp_path / FLOWER_SECRET_FILE})"' in body, path
@@ -107,9 +118,37 @@ def test_a_401_says_who_to_log_in_as_and_where_the_password_is(
 def test_a_401_never_recommends_turning_the_password_off(monkeypatch: pytest.MonkeyPatch) -> None:
     # Flower's own API answer was "FLOWER_UNAUTHENTICATED_API environment variable is required".
     monkeypatch.delenv(UNAUTHORIZED_VARIABLE, raising=False)
-    with_password = asyncio.run(_get_401s(["vancetope:right"], ("/api/workers",)))["/api/workers"]
+    with_password = asyncio.run(_fetch(["vancetope:right"], ("/api/workers",)))["/api/workers"]
     assert with_password[0] == 401 and with_password[2] == UNAUTHORIZED_DEFAULT
     assert "FLOWER_BASIC_AUTH" in with_password[2] and "flower.secret" in with_password[2]
-    without = asyncio.run(_get_401s([], ("/api/workers", "/api/tasks")))
+    without = asyncio.run(_fetch([], ("/api/workers", "/api/tasks")))
     for code, _, body in without.values():
         assert code == 401 and body == UNPROTECTED_BODY and "UNAUTHENTICATED" not in body
+
+
+def test_flowers_navigation_bar_links_the_web_views_trees_when_it_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WEB_URL_VARIABLE, "http://127.0.0.1:8766/")
+    code, _, body = asyncio.run(_fetch(["vancetope:right"], ("/tasks",), auth=("vancetope", "right")))[
+        "/tasks"
+    ]
+    assert code == 200
+    nav = body[body.index('<ul class="app-nav navbar-nav">') :]
+    nav = nav[: nav.index("</ul>")]
+    assert (
+        '<a class="nav-link" id="vancetope-web" href="http://127.0.0.1:8766/trees"' in nav
+    )  # last in the list
+    assert nav.index(">Broker</a>") < nav.index(">Trees</a>")
+    monkeypatch.delenv(WEB_URL_VARIABLE)
+    code, _, body = asyncio.run(_fetch(["vancetope:right"], ("/tasks",), auth=("vancetope", "right")))[
+        "/tasks"
+    ]
+    assert code == 200 and "vancetope-web" not in body and ">Broker</a>" in body
+
+
+def test_a_navigation_bar_without_its_list_is_left_as_it_is() -> None:
+    bar = b'<nav><ul class="other">x</ul></nav>'
+    assert flowerapp.with_web_link(bar, "http://h:1/") == bar
+    escaped = flowerapp.with_web_link(b'<ul class="app-nav navbar-nav"><li>a</li></ul>', 'http://h:1/"x')
+    assert b'href="http://h:1/&quot;x/trees"' in escaped

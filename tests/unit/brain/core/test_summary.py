@@ -102,7 +102,7 @@ def test_a_deadline_summary_says_the_run_is_still_going() -> None:
 
 
 def test_status_shows_the_stored_final_summary_else_the_latest_else_one_made_for_an_ended_tree() -> None:
-    from brain.cli.schedule_view import shown_summary
+    from brain.core.summary import shown_summary
 
     tree, tasks = run([("a", "echo", S.DONE, {})])
     deadline = summarise(tree, tasks, SummaryKind.DEADLINE, at=5.0)
@@ -146,5 +146,7 @@ def test_the_morning_summary_lists_retried_tasks_and_fan_outs() -> None:
     ]
     summary = summarise(tree, tasks, SummaryKind.FINAL, at=200.0)
     text = render_markdown(summary)
-    assert "- `fetch` (http_get, done): 2 attempts; the last failed one: ToolTimeout: no answer in 30s" in text
+    assert (
+        "- `fetch` (http_get, done): 2 attempts; the last failed one: ToolTimeout: no answer in 30s" in text
+    )
     assert "- `each` (echo, failed): 3 items, 2 done, 1 failed" in text

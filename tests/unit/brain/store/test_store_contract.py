@@ -206,6 +206,23 @@ def test_list_trees_is_newest_first_and_honours_limit(store: Store) -> None:
     assert store.list_trees(limit=0) == []
 
 
+def test_list_trees_and_schedule_runs_keep_a_window_of_submission_times(store: Store) -> None:
+    for tree_id, at in [("old", 10.0), ("new", 30.0), ("middle", 20.0)]:
+        put(store, tree_id, submitted_at=at)
+    assert [t.tree_id for t in store.list_trees(since=20.0)] == ["new", "middle"]
+    assert [t.tree_id for t in store.list_trees(until=20.0)] == ["old"]  # until is exclusive
+    assert [t.tree_id for t in store.list_trees(since=15.0, until=30.0)] == ["middle"]
+    assert [t.tree_id for t in store.list_trees(since=15.0, limit=1)] == ["new"]
+    assert store.list_trees(since=31.0) == []
+    _scheduled(store, "n1", "nightly", 100.0)
+    _scheduled(store, "n2", "nightly", 200.0)
+    _scheduled(store, "w1", "weekly", 150.0)
+    assert [t.tree_id for t in store.schedule_runs("nightly", since=150.0)] == ["n2"]
+    assert [t.tree_id for t in store.schedule_runs("nightly", until=150.0)] == ["n1"]
+    assert [t.tree_id for t in store.schedule_runs("nightly", since=100.0, until=200.0)] == ["n1"]
+    assert store.schedule_runs("weekly", since=0.0, until=100.0) == []
+
+
 def test_finish_tree_changes_a_running_tree_only_once(store: Store) -> None:
     put(store)
     assert store.finish_tree("t1", TreeStatus.DONE, 200.0) is True

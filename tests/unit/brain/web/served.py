@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,30 +32,33 @@ def stored_tree(
     *,
     user: str = "ada",
     status: TreeStatus = TreeStatus.RUNNING,
+    submitted_at: float = T0,
+    schedule: str | None = None,
     **fields: Any,
 ) -> TreeRecord:
     """Put a tree whose tasks are ``tasks`` (spec dicts) into ``store``, each task in its state
-    of ``states`` (default pending), with times that make a timeline; ``fields`` go on records
-    by task id (``{"b": {"client_id": "laptop"}}``)."""
+    of ``states`` (default pending), with times from ``submitted_at`` that make a timeline;
+    ``fields`` go on records by task id (``{"b": {"client_id": "laptop"}}``)."""
     spec = TaskTree.model_validate({"id": tree_id.split("-")[0], "tasks": tasks})
     record = TreeRecord(
         tree_id=tree_id,
         tree=spec,
         user=user,
         status=status,
-        submitted_at=T0,
-        finished_at=T0 + 60 if status is not TreeStatus.RUNNING else None,
+        schedule=schedule,
+        submitted_at=submitted_at,
+        finished_at=submitted_at + 60 if status is not TreeStatus.RUNNING else None,
     )
     records = []
     for i, task in enumerate(spec.tasks):
         state = (states or {}).get(task.id, TaskState.PENDING)
         times: dict[str, Any] = {}
         if state is not TaskState.PENDING:
-            times = {"queued_at": T0 + i, "first_queued_at": T0 + i}
+            times = {"queued_at": submitted_at + i, "first_queued_at": submitted_at + i}
         if state in (TaskState.RUNNING, TaskState.DONE, TaskState.FAILED):
-            times["started_at"] = T0 + i + 0.5
+            times["started_at"] = submitted_at + i + 0.5
         if state.is_final:
-            times["finished_at"] = T0 + i + 2
+            times["finished_at"] = submitted_at + i + 2
         values = {
             "route": "server" if state is not TaskState.PENDING else "",
             **times,
@@ -82,10 +85,12 @@ def served(
     actions: Actions | None = None,
     store_path: Path | None = None,
     flower_url: str | None = None,
+    users: Mapping[str, str] = USERS,
+    result_users: Collection[str] = (),
 ) -> Iterator[Served]:
     """The web view on ``address`` over a fresh store (or the one at ``store_path``): ``writer``
     writes it, the app reads it through its own read-only connection; ``actions``: what it may
-    change through (none by default: pages only)."""
+    change through (none by default: pages only); ``result_users``: the logins shown results."""
     path = store_path or tmp_path / "store.db"
     writer = SQLiteStore(path)
     reader = open_store(str(path), read_only=True)
@@ -93,11 +98,12 @@ def served(
     app = create_app(
         reader,
         address=address,
-        users=USERS,
+        users=users,
         unauthorized=UNAUTHORIZED,
         poll_s=poll_s,
         actions=actions,
         flower_url=flower_url,
+        result_users=result_users,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)

@@ -3,15 +3,18 @@ it, and what /trees, /trees/<id> and a tree's events say."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
 
 from brain.core.models import TaskState, TreeStatus
-from tests.unit.brain.web.served import UNAUTHORIZED, USERS, served, stored_tree
+from tests.unit.brain.web.served import T0, UNAUTHORIZED, USERS, served, stored_tree
 
 AUTH = ("ops", USERS["ops"])
 S = TaskState
@@ -104,6 +107,113 @@ def test_trees_lists_running_and_finished_trees_with_counts_duration_and_what_th
         assert httpx2.get(web.url + "/trees?status=bogus", auth=AUTH, timeout=10).status_code == 400
 
 
+def test_trees_filter_by_schedule_and_by_submission_time_through_the_store(tmp_path: Path) -> None:
+    hour = 3600.0
+    with served(tmp_path) as web:
+        for tree_id, at, schedule in [
+            ("nightly-1", T0 - 30 * hour, "nightly"),
+            ("nightly-2", T0 - 6 * hour, "nightly"),
+            ("weekly-1", T0 - 5 * hour, "weekly"),
+            ("hand-1", T0 - 1 * hour, None),
+            ("recent-1", time.time() - hour, None),  # ?last= counts back from the web view's clock
+        ]:
+            stored_tree(
+                web.writer, tree_id, CHAIN[:1], {"fetch": S.DONE}, status=TreeStatus.DONE,
+                submitted_at=at, schedule=schedule,
+            )  # fmt: skip
+
+        def listed(**params: str) -> list[str]:
+            answer = httpx2.get(web.url + "/trees", params=params, auth=AUTH, timeout=10)
+            assert answer.status_code == 200, answer.text
+            return re.findall(r'<tr data-tree-id="([^"]+)"', answer.text)
+
+        assert listed() == ["recent-1", "hand-1", "weekly-1", "nightly-2", "nightly-1"]
+        assert listed(schedule="nightly") == ["nightly-2", "nightly-1"]
+        assert listed(schedule="nobody") == []
+        assert listed(last="12h") == ["recent-1"]
+        assert listed(last="12h", schedule="nightly") == []
+        assert listed(since=str(T0 - 12 * hour), until=str(T0)) == ["hand-1", "weekly-1", "nightly-2"]
+        assert listed(since=str(T0 - 12 * hour), until=str(T0 - 1 * hour)) == ["weekly-1", "nightly-2"]
+        assert listed(schedule="nightly", until=str(T0 - 6 * hour)) == ["nightly-1"]
+        assert listed(schedule="nightly", status="running") == []
+        page = httpx2.get(web.url + "/trees", params={"schedule": "nightly"}, auth=AUTH, timeout=10).text
+        assert '<option value="nightly" selected>' in page
+        assert 'schedule <a href="/trees?schedule=nightly">nightly</a>' in page
+        for params, says in [
+            ({"last": "12"}, "?last='12': give a number and a unit"),
+            ({"since": "yesterday"}, "?since='yesterday' is no time"),
+            ({"since": "2026-12-06", "last": "1h"}, "not both"),
+        ]:
+            bad = httpx2.get(web.url + "/trees", params=params, auth=AUTH, timeout=10)
+            assert bad.status_code == 400 and says in bad.text, params
+
+
+def test_a_scheduled_runs_page_has_its_morning_summary_and_the_trees_page_links_to_it(tmp_path: Path) -> None:
+    from brain.core.summary import SummaryKind, summarise
+
+    night = [
+        *CHAIN,
+        {"id": "report", "tool": "echo", "args": {"value": "z"}, "depends_on": ["notify"]},
+        {"id": "mail", "tool": "echo", "args": {"value": "m"}, "depends_on": ["report"]},
+    ]
+    with served(tmp_path) as web:
+        # parse fails first (fetch's index 0: times T0+i), upload after it is skipped; report
+        # fails later (its finish set later still) and skips mail; notify waits for the laptop.
+        record = stored_tree(
+            web.writer,
+            "nightly-1",
+            night,
+            {"fetch": S.DONE, "parse": S.FAILED, "upload": S.SKIPPED, "notify": S.PENDING_CLIENT,
+             "report": S.FAILED, "mail": S.SKIPPED},
+            schedule="nightly",
+            parse={"error": {"type": "Timeout", "message": "no answer in 30s"}},
+            upload={"reason": "upstream task 'parse' failed"},
+            notify={"client_id": "laptop"},
+            report={"finished_at": T0 + 50},
+        )  # fmt: skip
+        stored_tree(web.writer, "hand-1", CHAIN[:1], {"fetch": S.DONE})
+
+        def section(tree_id: str) -> str | None:
+            page = httpx2.get(web.url + f"/trees/{tree_id}", auth=AUTH, timeout=10).text
+            found = re.search(r'<section id="summary".*?</section>', page)
+            return found.group(0) if found else None
+
+        now = section("nightly-1")
+        assert now is not None and 'data-kind="now"' in now and "as the tasks stand now" in now
+        assert "Morning summary of schedule nightly" in now
+        counts = dict(re.findall(r'<td data-count="(\w+)">(\d+)</td>', now))
+        assert counts == {
+            "done": "1", "failed": "2", "expired": "0", "skipped": "2", "not_triggered": "0",
+            "waiting": "1", "in_flight": "0", "retrying": "0", "pending": "0", "total": "6",
+        }  # fmt: skip
+        first = re.search(r'<p id="first-failure">.*?</p>', now)
+        assert first is not None
+        assert ">parse</a> (echo, failed, at " in first.group(0)
+        assert "Timeout: no answer in 30s; it skipped 1 task: " in first.group(0)
+        assert ">upload</a>" in first.group(0) and ">mail<" not in first.group(0)
+        assert "client <code>laptop</code> of user <code>ada</code>: 1 task (" in now
+        assert "running for " in now
+        assert section("hand-1") is None  # not a scheduled run
+        # The run ends and the schedule sweep stores its final summary: the page shows that one.
+        web.writer.finish_tree("nightly-1", TreeStatus.FAILED, T0 + 60)
+        ended = web.writer.get_tree("nightly-1")
+        assert ended is not None
+        web.writer.put_summary(
+            summarise(ended, web.writer.get_tasks("nightly-1"), SummaryKind.FINAL, at=T0 + 61)
+        )
+        final = section("nightly-1")
+        assert (
+            final is not None
+            and 'data-kind="final"' in final
+            and "the final summary the brain stored at " in final
+        )
+        assert "took 1m00s" in final and "<b>failed</b>" in final
+        trees = httpx2.get(web.url + "/trees", auth=AUTH, timeout=10).text
+        assert 'href="/trees/nightly-1#summary">morning summary</a>' in _row(trees, "nightly-1")
+        assert "morning summary" not in _row(trees, "hand-1")
+        assert record.schedule == "nightly"
+
+
 def _row(page: str, tree_id: str) -> str:
     found = re.search(rf'<tr data-tree-id="{re.escape(tree_id)}".*?</tr>', page)
     assert found, f"no row for {tree_id}"
@@ -133,10 +243,70 @@ def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_ar
         assert "client:laptop" in page and "client laptop is offline" in page
         assert "planted-secret-value" not in page
         assert 'id="timeline"' in page
+        # The task list's rows are data for its script: every task, and never an argument value.
+        data = json.loads(
+            re.search(r'<script type="application/json" id="task-data">(.*?)</script>', page).group(1)
+        )
+        assert [r[0] for r in data["rows"]] == ["fetch", "parse", "upload", "notify"]
+        assert [r[9] for r in data["rows"]] == [1, 1, 0, 0]  # the critical path: fetch, then parse (running)
+        assert "Critical path (2 tasks, " in page
         details = httpx2.get(web.url + "/trees/night-1/tasks/fetch", auth=AUTH, timeout=10).text
         assert "echo(value)" in details and "planted-secret-value" not in details
         assert httpx2.get(web.url + "/trees/nope", auth=AUTH, timeout=10).status_code == 404
         assert httpx2.get(web.url + "/trees/night-1/tasks/nope", auth=AUTH, timeout=10).status_code == 404
+
+
+def test_a_result_value_is_shown_in_a_tasks_details_to_the_logins_allowed_and_nowhere_else(
+    tmp_path: Path,
+) -> None:
+    users = {"ops": "ops-password", "viewer": "viewer-password"}
+    planted = ("planted-result-value", "planted-secret-value")  # the result, an argument value
+
+    def seen_by(web: Any, login: str) -> dict[str, str]:
+        auth = (login, users[login])
+        pages = {
+            path: httpx2.get(web.url + path, auth=auth, timeout=10).text
+            for path in (
+                "/trees", "/trees/night-1", "/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1",
+            )
+        }  # fmt: skip
+        with httpx2.stream("GET", web.url + "/trees/night-1/events", auth=auth, timeout=30) as stream:
+            pages["events"] = next(line for line in stream.iter_lines() if line.startswith("data: "))
+        return pages
+
+    with served(tmp_path, users=users, result_users=("ops",)) as web:
+        stored_tree(
+            web.writer, "night-1", CHAIN[:2], {"fetch": S.DONE, "parse": S.RUNNING},
+            fetch={"result": {"headline": "planted-result-value", "n": 3}},
+        )  # fmt: skip
+        for path, text in seen_by(web, "viewer").items():
+            assert not any(value in text for value in planted), path
+        assert (
+            "shown to the logins of <code>web_result_users</code>"
+            in seen_by(web, "viewer")["/trees/night-1/tasks/fetch?fragment=1"]
+        )
+        shown = seen_by(web, "ops")
+        for path in ("/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1"):
+            result = re.search(r'<pre class="result">(.*?)</pre>', shown[path], re.DOTALL)
+            assert result is not None, path
+            assert json.loads(html.unescape(result.group(1))) == {"headline": "planted-result-value", "n": 3}
+        # Only in a done task's details: not on the tree's pages, not in its events, never an argument.
+        for path in ("/trees", "/trees/night-1", "events"):
+            assert "planted-result-value" not in shown[path], path
+        assert not any("planted-secret-value" in text for text in shown.values())
+        running = httpx2.get(
+            web.url + "/trees/night-1/tasks/parse?fragment=1", auth=("ops", users["ops"]), timeout=10
+        )
+        assert 'class="result"' not in running.text
+    for given, everyone_sees in ((("*",), True), (("none",), False)):
+        (tmp_path / given[0]).mkdir()
+        with served(tmp_path / given[0], users=users, result_users=given) as web:
+            stored_tree(
+                web.writer, "night-1", CHAIN[:1], {"fetch": S.DONE}, fetch={"result": "planted-result-value"}
+            )
+            for login in users:
+                fragment = seen_by(web, login)["/trees/night-1/tasks/fetch?fragment=1"]
+                assert ("planted-result-value" in fragment) is everyone_sees, (given, login)
 
 
 def test_a_tasks_details_link_each_of_its_celery_task_ids_to_flowers_task_page(tmp_path: Path) -> None:
