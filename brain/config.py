@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -171,13 +171,13 @@ class Settings(BaseSettings):
     # (env: comma-separated). Loopback, private, link-local and metadata are refused otherwise.
     http_allow: tuple[str, ...] = ()
 
-    @field_validator("web_result_users", mode="before")
+    @field_validator("web_result_users", "web_argument_users", mode="before")
     @classmethod
-    def _split_web_result_users(cls, value: object) -> object:
+    def _split_web_logins(cls, value: object, info: ValidationInfo) -> object:
         entries = _comma_list(value)
         if isinstance(entries, tuple) and (not entries or ("none" in entries and len(entries) > 1)):
             raise ValueError(
-                f"web_result_users {','.join(entries)!r}: list web view logins, or give '*' for "
+                f"{info.field_name} {','.join(entries)!r}: list web view logins, or give '*' for "
                 "every login or 'none' for no login"
             )
         return entries
@@ -262,6 +262,9 @@ class Settings(BaseSettings):
     # from), unless listed otherwise; ``*``: every login; ``none``: no login (a word, not an
     # empty list, so that it survives the trip through a child's environment).
     web_result_users: tuple[str, ...] = ("vancetope",)
+    # The web view's logins shown a task's argument values in its details, in the same form;
+    # none by default, as Flower hides them (a tree's arguments may carry what its user typed).
+    web_argument_users: tuple[str, ...] = ("none",)
 
     @field_validator("redis_url", "agent_broker_url")
     @classmethod

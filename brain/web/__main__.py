@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         actions=actions,
         flower_url=settings.web_flower_url or DEFAULT_FLOWER_URL,
         result_users=settings.web_result_users,
+        argument_users=settings.web_argument_users,
     )
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)

@@ -95,6 +95,13 @@ def _not_found(what: str) -> HTMLResponse:
     return _html(pages.page("Not found", f"<h1>Not found</h1><p>{pages.escape(what)}</p>"), 404)
 
 
+def _listed(request: Request, logins: Collection[str]) -> bool:
+    """Whether the request's login is one of ``logins``, a ``web_*_users`` setting's value."""
+    if "none" in logins:  # the settings' word for no login (brain.config)
+        return False
+    return "*" in logins or getattr(request.state, "login", None) in logins
+
+
 def create_app(
     store: Store,
     *,
@@ -106,18 +113,15 @@ def create_app(
     actions: Actions | None = None,
     flower_url: str | None = None,
     result_users: Collection[str] = (),
+    argument_users: Collection[str] = (),
 ) -> Guard:
     """The app behind its guard (``brain.web.guard``): no route is reachable without it.
     ``actions``: the brain connection cancel and approve go through (None or without a Redis
     URL: pages only, and each action answers 503); ``flower_url``: where a task's Celery task
     ids link (Flower's task pages; None: not linked); ``result_users``: the logins a task's
-    details show its result value to (``*``: every login; the ``web_result_users`` setting)."""
+    details show its result value to (``*``: every login; the ``web_result_users`` setting);
+    ``argument_users``: those shown its argument values (``web_argument_users``)."""
     csrf = Csrf()
-
-    def sees_results(request: Request) -> bool:
-        if "none" in result_users:  # the setting's word for no login (brain.config)
-            return False
-        return "*" in result_users or getattr(request.state, "login", None) in result_users
 
     def token(request: Request) -> tuple[str | None, str | None]:
         """(the CSRF token a page gives its forms, None when no action is offered; the session
@@ -274,7 +278,14 @@ def create_app(
         if record is None or rec is None:
             return _not_found(f"no task {task_id!r} in tree {tree_id!r}")
         given, session = token(request)
-        details = pages.task_details(record, rec, given, flower_url, sees_results(request))
+        details = pages.task_details(
+            record,
+            rec,
+            given,
+            flower_url,
+            show_result=_listed(request, result_users),
+            show_args=_listed(request, argument_users),
+        )
         if request.query_params.get("fragment"):
             return _html(details, session=session)
         return _html(pages.task_page(record, rec, details), session=session)

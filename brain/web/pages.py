@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Any
 from urllib.parse import quote
 
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
@@ -39,6 +40,7 @@ from brain.web.views import (
     timeline,
     waiting_reason,
 )
+from workers import masking
 
 # One colour per state (fill of a node, bar of the timeline).
 STATE_COLOURS = {
@@ -731,10 +733,12 @@ def task_details(
     csrf: str | None = None,
     flower_url: str | None = None,
     show_result: bool = False,
+    show_args: bool = False,
 ) -> str:
-    """A task's details: tool, route and why, attempts, timings, error. Argument names only,
-    never their values (as Flower shows them); the result value only with ``show_result``
-    (a login of ``web_result_users``), as `vancetope status TREE TASK` prints it."""
+    """A task's details: tool, route and why, attempts, timings, error. Argument names only
+    (as Flower shows them), their values only with ``show_args`` (a login of
+    ``web_argument_users``); the result value only with ``show_result`` (a login of
+    ``web_result_users``), as `vancetope status TREE TASK` prints it."""
     spec = next((s for s in tree.tree.tasks if s.id == t.task_id), None) or t.spec
     arg_names = ", ".join(sorted(spec.args)) if spec is not None else ""
     deps = ", ".join(spec.depends_on) if spec is not None else ""
@@ -780,17 +784,21 @@ def task_details(
         else ""
     )
     status = f"<code>vancetope status {escape(tree.tree_id)} {escape(t.task_id)}</code>"
-    if show_result:
-        result = _result(t, status)
-        note = "<p class=muted>Argument values are not shown here (as in Flower).</p>"
-    else:
-        result = ""
-        note = (
-            "<p class=muted>Argument values and the result are not shown here (the result is "
-            f"shown to the logins of <code>web_result_users</code>); {status} prints the result.</p>"
-        )
+    args = _args(spec.args) if show_args and spec is not None else ""
+    result = _result(t, status) if show_result else ""
+    hidden = [
+        what for what, shown in (("Argument values", show_args), ("The result", show_result)) if not shown
+    ]
+    note = (
+        f"<p class=muted>{' and '.join(hidden).capitalize()} {'is' if hidden == ['The result'] else 'are'} "
+        "not shown here (argument values are shown to the logins of <code>web_argument_users</code>, "
+        "the result is shown to the logins of <code>web_result_users</code>)"
+        f"{'' if show_result else f'; {status} prints the result'}.</p>"
+        if hidden
+        else ""
+    )
     return (
-        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>{result}'
+        f'<div class="task" data-task-id="{escape(t.task_id)}"><table>{cells}</table>{args}{result}'
         f"{flower_links(t, flower_url)}{cancel}"
         f"{f'<p>earlier attempts:</p><ul>{attempts}</ul>' if attempts else ''}{note}</div>"
     )
@@ -798,6 +806,14 @@ def task_details(
 
 # Characters of a result a task's details show; `vancetope status TREE TASK` prints it whole.
 MAX_RESULT_CHARS = 65_536
+
+
+def _args(args: dict[str, Any]) -> str:
+    """A task's arguments as its tree gave them (indented JSON). A ``${vault:NAME}`` stays the
+    reference it is everywhere (never resolved here), and a secret value this process knows is
+    masked (``workers.masking``), as in everything else a process sends."""
+    text = json.dumps(masking.mask_data(args), indent=2, ensure_ascii=False, default=str)
+    return f'<p>arguments:</p><pre class="args">{escape(text)}</pre>'
 
 
 def _result(t: TaskRecord, status: str) -> str:

@@ -30,6 +30,20 @@ def test_the_web_views_result_logins_are_the_stacks_own_login_unless_listed(tmp_
     assert load_settings(env={}, cwd=tmp_path).web_result_users == ("*",)
 
 
+def test_the_web_views_argument_logins_are_none_unless_listed_in_the_result_logins_form(
+    tmp_path: Path,
+) -> None:
+    assert load_settings(env={}, cwd=tmp_path).web_argument_users == ("none",)
+    listed = load_settings(env={"VANCETOPE_WEB_ARGUMENT_USERS": "ops, ada"}, cwd=tmp_path)
+    assert listed.web_argument_users == ("ops", "ada")
+    assert load_settings(env=listed.to_env(), cwd=tmp_path).web_argument_users == ("ops", "ada")
+    for bad in ("none,ops", " , "):
+        with pytest.raises(ConfigError, match="web_argument_users 'none,ops'|web_argument_users ''"):
+            load_settings(env={"VANCETOPE_WEB_ARGUMENT_USERS": bad}, cwd=tmp_path)
+    (tmp_path / "vancetope.toml").write_text('[vancetope]\nweb_argument_users = ["*"]\n')
+    assert load_settings(env={}, cwd=tmp_path).web_argument_users == ("*",)
+
+
 def test_http_allow_reads_a_toml_list(tmp_path: Path) -> None:
     (tmp_path / "vancetope.toml").write_text('[vancetope]\nhttp_allow = ["127.0.0.1"]\n')
     assert load_settings(env={}, cwd=tmp_path).http_allow == ("127.0.0.1",)

@@ -87,10 +87,11 @@ def served(
     flower_url: str | None = None,
     users: Mapping[str, str] = USERS,
     result_users: Collection[str] = (),
+    argument_users: Collection[str] = (),
 ) -> Iterator[Served]:
     """The web view on ``address`` over a fresh store (or the one at ``store_path``): ``writer``
     writes it, the app reads it through its own read-only connection; ``actions``: what it may
-    change through (none by default: pages only); ``result_users``: the logins shown results."""
+    change through (none by default: pages only); ``result_users``, ``argument_users``: the logins shown results, argument values."""
     path = store_path or tmp_path / "store.db"
     writer = SQLiteStore(path)
     reader = open_store(str(path), read_only=True)
@@ -104,6 +105,7 @@ def served(
         actions=actions,
         flower_url=flower_url,
         result_users=result_users,
+        argument_users=argument_users,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)

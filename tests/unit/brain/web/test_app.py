@@ -15,6 +15,7 @@ import pytest
 
 from brain.core.models import TaskState, TreeStatus
 from tests.unit.brain.web.served import T0, UNAUTHORIZED, USERS, served, stored_tree
+from workers import masking
 
 AUTH = ("ops", USERS["ops"])
 S = TaskState
@@ -256,23 +257,29 @@ def test_a_tree_page_has_one_node_per_task_with_its_state_and_route_and_never_ar
         assert httpx2.get(web.url + "/trees/night-1/tasks/nope", auth=AUTH, timeout=10).status_code == 404
 
 
+LOGINS = {"ops": "ops-password", "viewer": "viewer-password"}
+
+
+def _seen_by(web: Any, login: str) -> dict[str, str]:
+    """What ``login`` gets of tree night-1: its pages, task fetch's details, its first event."""
+    auth = (login, LOGINS[login])
+    pages = {
+        path: httpx2.get(web.url + path, auth=auth, timeout=10).text
+        for path in (
+            "/trees", "/trees/night-1", "/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1",
+        )
+    }  # fmt: skip
+    with httpx2.stream("GET", web.url + "/trees/night-1/events", auth=auth, timeout=30) as stream:
+        pages["events"] = next(line for line in stream.iter_lines() if line.startswith("data: "))
+    return pages
+
+
 def test_a_result_value_is_shown_in_a_tasks_details_to_the_logins_allowed_and_nowhere_else(
     tmp_path: Path,
 ) -> None:
-    users = {"ops": "ops-password", "viewer": "viewer-password"}
+    users = LOGINS
     planted = ("planted-result-value", "planted-secret-value")  # the result, an argument value
-
-    def seen_by(web: Any, login: str) -> dict[str, str]:
-        auth = (login, users[login])
-        pages = {
-            path: httpx2.get(web.url + path, auth=auth, timeout=10).text
-            for path in (
-                "/trees", "/trees/night-1", "/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1",
-            )
-        }  # fmt: skip
-        with httpx2.stream("GET", web.url + "/trees/night-1/events", auth=auth, timeout=30) as stream:
-            pages["events"] = next(line for line in stream.iter_lines() if line.startswith("data: "))
-        return pages
+    seen_by = _seen_by
 
     with served(tmp_path, users=users, result_users=("ops",)) as web:
         stored_tree(
@@ -307,6 +314,44 @@ def test_a_result_value_is_shown_in_a_tasks_details_to_the_logins_allowed_and_no
             for login in users:
                 fragment = seen_by(web, login)["/trees/night-1/tasks/fetch?fragment=1"]
                 assert ("planted-result-value" in fragment) is everyone_sees, (given, login)
+
+
+def test_argument_values_are_shown_in_a_tasks_details_to_the_logins_allowed_with_secrets_masked(
+    tmp_path: Path,
+) -> None:
+    secret = "planted-vault-secret-9f3a2c"  # a secret value this process resolved: always masked
+    args = {"value": "planted-argument-value", "token": "${vault:API_TOKEN}", "header": f"Bearer {secret}"}
+    masking.remember(secret)
+    try:
+        with served(tmp_path, users=LOGINS, argument_users=("ops",)) as web:
+            stored_tree(
+                web.writer, "night-1", [{"id": "fetch", "tool": "echo", "args": args}], {"fetch": S.DONE}
+            )
+            for path, text in _seen_by(web, "viewer").items():
+                assert "planted-argument-value" not in text and "API_TOKEN" not in text, path
+            assert "<code>web_argument_users</code>" in _seen_by(web, "viewer")["/trees/night-1/tasks/fetch"]
+            shown = _seen_by(web, "ops")
+            for path in ("/trees/night-1/tasks/fetch", "/trees/night-1/tasks/fetch?fragment=1"):
+                given = re.search(r'<pre class="args">(.*?)</pre>', shown[path], re.DOTALL)
+                assert given is not None, path
+                assert json.loads(html.unescape(given.group(1))) == {
+                    "value": "planted-argument-value",
+                    "token": "${vault:API_TOKEN}",  # the reference, never resolved here
+                    "header": "Bearer ***",
+                }
+            # Only in a task's details: not on the tree's pages nor in its events.
+            for path in ("/trees", "/trees/night-1", "events"):
+                assert "planted-argument-value" not in shown[path], path
+            assert not any(secret in text for text in shown.values())
+        for given_logins, everyone_sees in ((("*",), True), (("none",), False)):
+            (tmp_path / given_logins[0]).mkdir()
+            with served(tmp_path / given_logins[0], users=LOGINS, argument_users=given_logins) as web:
+                stored_tree(web.writer, "night-1", CHAIN[:1], {"fetch": S.DONE})
+                for login in LOGINS:
+                    fragment = _seen_by(web, login)["/trees/night-1/tasks/fetch?fragment=1"]
+                    assert ("planted-secret-value" in fragment) is everyone_sees, (given_logins, login)
+    finally:
+        masking.forget_all()
 
 
 def test_a_tasks_details_link_each_of_its_celery_task_ids_to_flowers_task_page(tmp_path: Path) -> None:
