@@ -40,6 +40,7 @@ from brain.web.guard import Guard
 from brain.web.views import (
     WAITING,
     Seen,
+    bar_times,
     client_rows,
     first_failure,
     group_counts,
@@ -295,7 +296,7 @@ def create_app(
         if await run_in_threadpool(store.get_tree, tree_id) is None:
             return _not_found(f"no task tree {tree_id!r}")
         return StreamingResponse(
-            _changes(request, store, tree_id, poll_s),
+            _changes(request, store, tree_id, poll_s, clock),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -330,8 +331,11 @@ def create_app(
     return Guard(app, address=address, users=users, unauthorized=unauthorized)
 
 
-async def _changes(request: Request, store: Store, tree_id: str, poll_s: float) -> AsyncIterator[str]:
-    """Server-sent events: first every task's state, then what changed, every ``poll_s``; the
+async def _changes(
+    request: Request, store: Store, tree_id: str, poll_s: float, clock: Callable[[], float]
+) -> AsyncIterator[str]:
+    """Server-sent events: first every task's state, then what changed, every ``poll_s``, with
+    the changed tasks' bar times (``views.bar_times``) and the time now for the timeline; the
     tree's status with its counts when any state changed; ``final`` once the tree ended."""
     sent: dict[str, str] = {}
     quiet_since = time.monotonic()
@@ -353,8 +357,14 @@ async def _changes(request: Request, store: Store, tree_id: str, poll_s: float) 
                 for gid, c in group_counts(states).items()
                 if gid in touched
             }
+            # The page was drawn with every bar as of its load: only later changes move one.
+            moved = (
+                await run_in_threadpool(store.get_tasks, tree_id, list(changed)) if sent and changed else []
+            )
             payload: dict[str, object] = {
                 "states": changed,
+                "times": {t.task_id: bar_times(t) for t in moved},
+                "now": clock(),
                 "groups": groups,
                 "status": status.value,
                 "counts_html": pages.counts_html(counts),

@@ -317,6 +317,7 @@ def task_list(tree: TreeRecord, tasks: Sequence[TaskRecord], graph: Graph, now: 
     start, end, _ = timeline(tasks, now)
     critical = critical_path(tree, tasks, now)
     data = {
+        "start": start,  # the live updates' times are absolute: the rows' are from here
         "span": max(end - start, 0.0),
         "now": round(now - start, 3),
         "order": list(GROUP_STATE_ORDER),
@@ -400,7 +401,7 @@ const taskList = (() => {
   const box = document.getElementById('timeline');
   const spacer = box.firstElementChild;
   const H = Number(box.dataset.rowPx);
-  const span = Math.max(data.span, 1e-6);
+  let span = Math.max(data.span, 1e-6);
   const index = new Map(rows.map((r, i) => [r[0], i]));
   const find = document.getElementById('find');
   const criticalOnly = document.getElementById('critical-only');
@@ -442,6 +443,7 @@ const taskList = (() => {
         + `${esc(r[2])}</span></span><span class="route">${esc(r[3])}</span><span class="lane">${lane(r)}</span></div>`;
     }
     spacer.innerHTML = html;
+    box.dataset.span = span;  // the scale in seconds, for tools and tests reading the bars
   }
   const redraw = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
   function filter() {
@@ -488,6 +490,20 @@ const taskList = (() => {
     rows[i][2] = state;
     redraw();
   }
+  // Live bar times (absolute, as the events send them): the row's queued, started, finished;
+  // the scale widens when a time falls past its end, and unfinished bars run to ``now``.
+  function setTimes(id, times) {
+    const i = index.get(id);
+    if (i === undefined) return;
+    times.forEach((t, k) => { rows[i][5 + k] = t == null ? null : t - data.start; });
+    span = Math.max(span, ...times.filter(t => t != null).map(t => t - data.start));
+    redraw();
+  }
+  function setNow(now) {
+    data.now = now - data.start;
+    if (rows.some(r => r[5] != null && r[7] == null)) span = Math.max(span, data.now);
+    redraw();
+  }
   box.addEventListener('scroll', redraw);
   window.addEventListener('resize', redraw);
   find.addEventListener('input', filter);
@@ -506,7 +522,7 @@ const taskList = (() => {
     if (n && !n.classList.contains('collapsed')) showDetails(a.getAttribute('href'));
   });
   draw();
-  return {setState, showGroup};
+  return {setState, setTimes, setNow, showGroup};
 })();
 """
 
@@ -526,6 +542,8 @@ source.onmessage = (e) => {
     if (n) n.setAttribute('data-state', state);
     taskList.setState(id, state);  // its row, and its collapsed group's count
   }
+  for (const [id, times] of Object.entries(m.times || {})) taskList.setTimes(id, times);
+  if (m.now !== undefined) taskList.setNow(m.now);
   for (const [id, g] of Object.entries(m.groups || {})) {  // a fan-out's items: one node
     const n = groups.get(id);
     if (!n) continue;

@@ -522,14 +522,18 @@ def task_rows(
             t.state.value,
             t.route,
             waiting_reason(t),
-            at(t.first_queued_at or t.queued_at),
-            at(t.started_at),
-            at(t.finished_at if t.state in FINAL else None),
+            *map(at, bar_times(t)),
             graph.node_of.get(t.task_id, t.task_id),
             int(t.task_id in on_path),
         ]
         for t in tasks
     ]
+
+
+def bar_times(t: TaskRecord) -> tuple[float | None, float | None, float | None]:
+    """A task's timeline bar: when it was first queued, started, finished (None: not yet; a
+    finish only once final, so a retry's earlier end does not end its bar)."""
+    return t.first_queued_at or t.queued_at, t.started_at, t.finished_at if t.state in FINAL else None
 
 
 def states_of(tasks: Sequence[TaskRecord]) -> Mapping[str, str]:

@@ -57,6 +57,24 @@ def node_states(page: Any) -> dict[str, str]:
     )
 
 
+def bars(page: Any) -> dict[str, set[str]]:
+    """The timeline's bars drawn in each task's row: ``wait`` (queued) and ``bar`` (ran)."""
+    rows = page.evaluate(
+        "[...document.querySelectorAll('#timeline .vrow')]"
+        ".map(r => [r.dataset.taskId, [...r.querySelectorAll('.lane i')].map(i => i.className)])"
+    )
+    return {task_id: set(classes) for task_id, classes in rows}
+
+
+def lane_box(page: Any, task_id: str, kind: str) -> tuple[float, float]:
+    """(left, width) in percent of a task's ``kind`` bar in the timeline."""
+    left, width = page.evaluate(
+        f"(() => {{ const i = document.querySelector('#timeline .vrow[data-task-id=\"{task_id}\"] i.{kind}');"
+        " return [parseFloat(i.style.left), parseFloat(i.style.width)]; })()"
+    )
+    return left, width
+
+
 def test_up_serves_the_web_view_behind_its_password_and_prints_where(tmp_path: Path) -> None:
     port = free_port()
     with running_up(tmp_path, "--no-agent", "--no-gateway", "--web-port", str(port)) as up:
@@ -125,6 +143,7 @@ def test_a_tree_page_shows_a_parked_task_and_flips_every_node_to_done_live_when_
         before = node_states(page)
         assert before["start"] == "done" and before["after"] == "pending"
         assert before["read"] in ("blocked", "pending_client")
+        assert bars(page) == {"start": {"wait", "bar"}, "read": {"wait"}, "after": set()}
         # The parked task says why on the node (the whole reason in its tooltip).
         parked = page.locator('g.node[data-task-id="read"]')
         assert "Waiting for Client for Tool: read_local_file" in parked.locator("title").text_content()
@@ -140,6 +159,23 @@ def test_a_tree_page_shows_a_parked_task_and_flips_every_node_to_done_live_when_
             what="the tree's status to show done",
         )
         assert node_states(page) == {"start": "done", "read": "done", "after": "done"}
+        # The timeline's bars moved live too: each task's bar starts where the store says it
+        # started (read and after started after the page was drawn) and runs to its finish.
+        wait_until(
+            lambda: (
+                bars(page) == {"start": {"wait", "bar"}, "read": {"wait", "bar"}, "after": {"wait", "bar"}}
+            ),
+            timeout=30,
+            what="every task's bar",
+        )
+        assert page.evaluate("window.notReloaded") is True, "the page updated by reloading"
+        start = page.evaluate("JSON.parse(document.getElementById('task-data').textContent).start")
+        span = float(page.evaluate("document.getElementById('timeline').dataset.span"))
+        for t in brain.store.get_tasks(rec.tree_id):
+            assert t.started_at is not None and t.finished_at is not None
+            left, width = lane_box(page, t.task_id, "bar")
+            assert left == pytest.approx((t.started_at - start) / span * 100, abs=0.02), t.task_id
+            assert left + width >= (t.finished_at - start) / span * 100 - 0.02, t.task_id
 
 
 def test_a_stored_tree_of_1000_tasks_renders_in_chromium(chromium: str, tmp_path: Path) -> None:
