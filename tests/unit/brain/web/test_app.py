@@ -392,7 +392,9 @@ def test_a_trees_events_send_every_state_then_each_change_and_end_with_the_tree(
                     continue
                 seen.append(json.loads(line[6:]))
                 if len(seen) == 1:
-                    web.writer.transition("night-1", "fetch", from_states=[S.RUNNING], state=S.DONE)
+                    web.writer.transition(
+                        "night-1", "fetch", from_states=[S.RUNNING], state=S.DONE, finished_at=T0 + 7
+                    )
                 elif len(seen) == 2:
                     web.writer.transition("night-1", "parse", from_states=[S.PENDING], state=S.DONE)
                     web.writer.finish_tree("night-1", TreeStatus.DONE, 1.0)
@@ -400,6 +402,9 @@ def test_a_trees_events_send_every_state_then_each_change_and_end_with_the_tree(
                     break
         assert seen[0]["states"] == {"fetch": "running", "parse": "pending"}
         assert seen[1]["states"] == {"fetch": "done"}
+        # The changed task's bar (first queued, started, finished) for the timeline, and now.
+        assert seen[0]["times"] == {} and isinstance(seen[1]["now"], float)
+        assert seen[1]["times"] == {"fetch": [T0, T0 + 0.5, T0 + 7]}
         assert seen[-1]["states"] in ({"parse": "done"}, {}) and seen[-1]["status"] == "done"
 
 
