@@ -1,0 +1,114 @@
+"""Fair share across users on a real stack with two processes of the default pool (the
+stack's and a second ``vancetope worker``): with ``queue_window`` on, another user's one-task
+tree and a high-priority call overtake a large queued batch. What is checked is a count from
+the store's records (how many of the batch's calls started ahead of it), never wall time, so
+a slow machine makes the test slower, not red."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from brain.core.models import TaskRecord, TreeStatus
+from brain.runtime.service import Brain
+from brain.stack.embedded import EmbeddedStack
+from tests.conftest import tree, wait_for_tree, wait_until
+from tests.integration.test_fair_share import second_pool, sleeps, two_pools  # noqa: F401 - fixture
+from workers.contracts import key_gate_waiting
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 4
+# Worker slots of the default pool: the stack's process and the second one, 2 each (prefetch 1
+# with late acks: a process holds no message beyond the ones it runs).
+SLOTS = 4
+BATCH = 300
+
+
+def records(brain: Brain, tree_id: str) -> list[TaskRecord]:
+    found = [brain.store.get_task(tree_id, t) for t in brain.store.task_states(tree_id)]
+    return [r for r in found if r is not None]
+
+
+def started_between(batch: list[TaskRecord], after: float, before: float) -> int:
+    """How many of the batch's calls started after ``after`` and before ``before``: the calls
+    that went ahead of one submitted at ``after`` that started at ``before``."""
+    return sum(1 for r in batch if r.started_at is not None and after < r.started_at < before)
+
+
+def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    fair = {"queue_window": WINDOW, "users": {"ada": {"weight": 2}}}
+    _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=fair)
+    batch = brain.scheduler.submit(tree(sleeps(BATCH, 0.05)), user="ada")
+    # The batch is running and most of it waits at the gate, not in the pool's queue.
+    wait_until(
+        lambda: sum(r.started_at is not None for r in records(brain, batch.tree_id)) >= 20,
+        60,
+        "the batch started",
+    )
+    assert brain.hot.r.llen("server") <= WINDOW
+    small = brain.scheduler.submit(tree({"id": "small", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}), user="bob")
+    assert wait_for_tree(brain, small.tree_id, 120).status is TreeStatus.DONE
+    assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
+
+    one = brain.store.get_task(small.tree_id, "one")
+    assert one is not None and one.started_at is not None
+    done = records(brain, batch.tree_id)
+    ahead = started_between(done, small.submitted_at, one.started_at)
+    # The bound docs/fair-share.md states: 2W + 2c + the weights of the users served before it.
+    bound = 2 * WINDOW + 2 * SLOTS + 2 + 1
+    assert ahead <= bound, f"{ahead} batch calls started ahead of bob's one call (bound {bound})"
+    behind = sum(1 for r in done if r.started_at is not None and r.started_at > one.started_at)
+    assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
+    assert brain.hot.r.hlen(key_gate_waiting()) == 0
+
+
+def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> None:
+    _, brain, _ = two_pools(
+        tmp_path, stack_factory, brain_factory, second_pool, settings={"queue_window": WINDOW}
+    )
+    # One tree: a low-priority batch and, written last, one high-priority call. Without
+    # priorities it would be the last to start.
+    spec = sleeps(BATCH, 0.05)
+    spec["priority"] = "low"
+    spec["tasks"] = [*spec["tasks"], {"id": "urgent", "tool": "sleep", "args": {"seconds": 0.05}, "priority": "high"}]  # type: ignore[list-item]
+    batch = brain.scheduler.submit(tree(spec), user="ada")
+    # ... and a gateway call of the same user, after the batch is under way: high by default.
+    wait_until(
+        lambda: sum(r.started_at is not None for r in records(brain, batch.tree_id)) >= 20,
+        60,
+        "the batch started",
+    )
+    call = brain.scheduler.submit(
+        tree({"id": "asked", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}),
+        user="ada",
+        gateway_call=True,
+    )
+    assert wait_for_tree(brain, call.tree_id, 120).status is TreeStatus.DONE
+    assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
+
+    done = records(brain, batch.tree_id)
+    urgent = next(r for r in done if r.task_id == "urgent")
+    assert urgent.started_at is not None
+    ahead = started_between(done, batch.submitted_at, urgent.started_at)
+    assert ahead <= WINDOW + SLOTS, f"{ahead} low calls started ahead of the high one"
+    one = brain.store.get_task(call.tree_id, "one")
+    assert one is not None and one.started_at is not None
+    ahead = started_between(done, call.submitted_at, one.started_at)
+    bound = 2 * WINDOW + 2 * SLOTS + 1
+    assert ahead <= bound, f"{ahead} batch calls started ahead of the gateway call (bound {bound})"
+    behind = sum(1 for r in done if r.started_at is not None and r.started_at > one.started_at)
+    assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
