@@ -103,7 +103,8 @@ class Lane:
                     round(1_000_000 / limit.per_s) if limit.rate_limit else 0,
                     limit.max_concurrency or 0,
                     f"rate_limit {limit.rate_limit} {of}",
-                    f"max_concurrency {limit.max_concurrency} {of}",
+                    # max_in_flight_per_user says so itself (described()).
+                    limit.described()[-1] if limit.max_concurrency else "",
                 ]
             )
         return {

@@ -22,6 +22,9 @@ local cancelled, budget, default_lease = ARGV[1], tonumber(ARGV[2]), tonumber(AR
 local TAU = 50000
 -- workers.throttle.MAX_PAUSE_S (+1 s of slack), in µs.
 local MAX_PAUSE_US = 3601000000
+-- brain.core.models.PRIORITY_WORDS["high"]: a lane of this priority or above (with fair share
+-- on) puts its calls at the head of the pool queue.
+local HIGH = 8
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -153,7 +156,13 @@ local function admit(lane, run)
     end
   end
   if #slots > 0 then redis.call('HSET', HELD, run, table.concat(slots, '\n')) end
-  redis.call('RPOPLPUSH', lane.wait, lane.queue)
+  if lane.priority >= HIGH and lane.window > 0 then
+    -- A high-priority call (a person waits for it) goes to the head of its pool's queue:
+    -- workers pop from the right, so it is the next one taken, not behind the window.
+    redis.call('RPUSH', lane.queue, redis.call('RPOP', lane.wait))
+  else
+    redis.call('RPOPLPUSH', lane.wait, lane.queue)
+  end
   redis.call('HDEL', WAITING, run)
 end
 
