@@ -57,16 +57,19 @@ def fair_stack(root: Path, **settings: Any) -> Iterator[tuple[EmbeddedStack, Van
 
 
 def _one_call(vt: Vancetope) -> float:
-    tree = TaskTree.model_validate({"id": "asked", "tasks": [{"id": "one", "tool": "echo", "args": {"value": 1}}]})
+    tree = TaskTree.model_validate(
+        {"id": "asked", "tasks": [{"id": "one", "tool": "echo", "args": {"value": 1}}]}
+    )
     _, _, elapsed = vt.run_tree(tree, 120.0, user="ada", gateway_call=True)
     return elapsed
 
 
 def interactive_under_batch(quick: bool) -> Row:
     calls = 7 if quick else 21
-    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, fair_stack(
-        Path(tmp), queue_window=WINDOW
-    ) as (_, vt):
+    with (
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
+        fair_stack(Path(tmp), queue_window=WINDOW) as (_, vt),
+    ):
         idle = statistics.median(_one_call(vt) for _ in range(calls))
         batch = vt.brain.scheduler.submit(echo_tree("batch", 5000, chained=False), user="batch")
         store = vt.brain.store
@@ -100,9 +103,12 @@ def throttle_overhead(quick: bool) -> Row:
     n = 1000 if quick else 5000
     pools = [{"name": "limited", "concurrency": 2, "rate_limit": LIMIT_ABOVE}]
     runs: list[tuple[float, float]] = []
-    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, fair_stack(Path(tmp), pools=pools) as (
-        _,
-        vt,
+    with (
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
+        fair_stack(Path(tmp), pools=pools) as (
+            _,
+            vt,
+        ),
     ):
         for _ in range(1 if quick else 3):
             free = echo_tree("free", n, chained=False)
@@ -132,11 +138,16 @@ def rate_limit_accuracy(quick: bool) -> Row:
     seconds = 20 if quick else 60
     n = RATE * seconds + 1
     pools = [{"name": "rated", "concurrency": 2, "rate_limit": f"{RATE}/s"}]
-    with tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp, fair_stack(Path(tmp), pools=pools) as (
-        stack,
-        vt,
+    with (
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
+        fair_stack(Path(tmp), pools=pools) as (
+            stack,
+            vt,
+        ),
     ):
-        argv = [("server-rated2@%h" if a == "server-rated@%h" else a) for a in pool_argv(stack.settings, "rated")]
+        argv = [
+            ("server-rated2@%h" if a == "server-rated@%h" else a) for a in pool_argv(stack.settings, "rated")
+        ]
         second = Child.start(
             "server-rated-2",
             dies_with_this_process(argv),
@@ -146,7 +157,9 @@ def rate_limit_accuracy(quick: bool) -> Row:
         )
         try:
             time.sleep(3.0)  # both processes consuming before the first call
-            tree = TaskTree.model_validate({**echo_tree("rated", n, chained=False).model_dump(), "pool": "rated"})
+            tree = TaskTree.model_validate(
+                {**echo_tree("rated", n, chained=False).model_dump(), "pool": "rated"}
+            )
             rec, _, _ = vt.run_tree(tree, seconds * 3 + 60)
             starts = sorted(t.started_at for t in vt.brain.store.get_tasks(rec.tree_id) if t.started_at)
             workers = {t.worker for t in vt.brain.store.get_tasks(rec.tree_id)}

@@ -34,11 +34,11 @@ __all__ = [
     "Priority",
     "applied_limits",
     "call_priority",
-    "user_limit",
-    "window_why",
     "lane_id",
     "pause_asked_by",
     "pause_key",
+    "user_limit",
+    "window_why",
     "written_limits",
 ]
 

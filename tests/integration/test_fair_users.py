@@ -16,10 +16,14 @@ from brain.core.models import TaskRecord, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
-from tests.integration.test_fair_share import second_pool, sleeps, two_pools  # noqa: F401 - fixture
+from tests.integration import test_fair_share
+from tests.integration.test_fair_share import sleeps, two_pools
 from workers.contracts import key_gate_waiting
 
 pytestmark = pytest.mark.integration
+
+# The second process of the default pool, as test_fair_share starts it.
+second_pool = test_fair_share.second_pool
 
 WINDOW = 4
 # Worker slots of the default pool: the stack's process and the second one, 2 each (prefetch 1
@@ -55,7 +59,10 @@ def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
         "the batch started",
     )
     assert brain.hot.r.llen("server") <= WINDOW
-    small = brain.scheduler.submit(tree({"id": "small", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}), user="bob")
+    small = brain.scheduler.submit(
+        tree({"id": "small", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}),
+        user="bob",
+    )
     assert wait_for_tree(brain, small.tree_id, 120).status is TreeStatus.DONE
     assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
 
@@ -84,7 +91,10 @@ def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(
     # priorities it would be the last to start.
     spec = sleeps(BATCH, 0.05)
     spec["priority"] = "low"
-    spec["tasks"] = [*spec["tasks"], {"id": "urgent", "tool": "sleep", "args": {"seconds": 0.05}, "priority": "high"}]  # type: ignore[list-item]
+    spec["tasks"] = [
+        *spec["tasks"],
+        {"id": "urgent", "tool": "sleep", "args": {"seconds": 0.05}, "priority": "high"},
+    ]  # type: ignore[list-item]
     batch = brain.scheduler.submit(tree(spec), user="ada")
     # ... and a gateway call of the same user, after the batch is under way: high by default.
     wait_until(

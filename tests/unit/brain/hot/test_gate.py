@@ -194,7 +194,9 @@ def test_a_pause_is_an_hour_at_most_and_a_forged_longer_one_is_ignored(
     assert gate.admit().count == 1
 
 
-def fair(user: str, tree: str, *limits: AppliedLimit, priority: int = 5, weight: int = 1, window: int = 2) -> Lane:
+def fair(
+    user: str, tree: str, *limits: AppliedLimit, priority: int = 5, weight: int = 1, window: int = 2
+) -> Lane:
     """A lane as the scheduler makes one with fair share on (``queue_window`` ``window``)."""
     return Lane(
         lane_id(None, user, limits, tree=tree, priority=priority),
@@ -251,7 +253,9 @@ def test_trees_of_one_user_take_turns_and_a_higher_priority_goes_first(
     assert sorted(taken[1:3]) == ["x0", "y0"] and sorted(taken[3:5]) == ["x1", "y1"] and taken[5] == "x2"
 
 
-def test_a_high_priority_call_goes_to_the_head_of_the_pool_queue(redis_client: redis.Redis, gate: Gate) -> None:
+def test_a_high_priority_call_goes_to_the_head_of_the_pool_queue(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
     put(redis_client, gate, fair("ada", "batch", window=3), "a0", "a1", "a2", "a3")
     gate.admit()
     put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0")
