@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -43,6 +44,32 @@ def started_between(batch: list[TaskRecord], after: float, before: float) -> int
     return sum(1 for r in batch if r.started_at is not None and after < r.started_at < before)
 
 
+def under_way(brain: Brain, tree_id: str) -> None:
+    """Wait until the batch runs (most of it then waits at the gate)."""
+    wait_until(
+        lambda: sum(r.started_at is not None for r in records(brain, tree_id)) >= 20, 60, "the batch started"
+    )
+
+
+def one_call(brain: Brain, user: str, **submit: object) -> tuple[float, float]:
+    """Submit a one-task tree of ``user`` and wait for it: when it was submitted, when it started."""
+    task = {"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}
+    rec = brain.scheduler.submit(tree({"id": "small", "tasks": [task]}), user=user, **submit)  # type: ignore[arg-type]
+    assert wait_for_tree(brain, rec.tree_id, 120).status is TreeStatus.DONE
+    one = brain.store.get_task(rec.tree_id, "one")
+    assert one is not None and one.started_at is not None
+    return rec.submitted_at, one.started_at
+
+
+def overtook(batch: list[TaskRecord], submitted_at: float, started_at: float, bound: int) -> None:
+    """At most ``bound`` of the batch's calls started between the call's submit and its start,
+    and more than that started after it (else the batch was over and nothing was shown)."""
+    ahead = started_between(batch, submitted_at, started_at)
+    assert ahead <= bound, f"{ahead} batch calls started ahead of the call (bound {bound})"
+    behind = sum(1 for r in batch if r.started_at is not None and r.started_at > started_at)
+    assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
+
+
 def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
     tmp_path: Path,
     stack_factory: Callable[..., EmbeddedStack],
@@ -52,29 +79,12 @@ def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
     fair = {"queue_window": WINDOW, "users": {"ada": {"weight": 2}}}
     _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=fair)
     batch = brain.scheduler.submit(tree(sleeps(BATCH, 0.05)), user="ada")
-    # The batch is running and most of it waits at the gate, not in the pool's queue.
-    wait_until(
-        lambda: sum(r.started_at is not None for r in records(brain, batch.tree_id)) >= 20,
-        60,
-        "the batch started",
-    )
-    assert brain.hot.r.llen("server") <= WINDOW
-    small = brain.scheduler.submit(
-        tree({"id": "small", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}),
-        user="bob",
-    )
-    assert wait_for_tree(brain, small.tree_id, 120).status is TreeStatus.DONE
+    under_way(brain, batch.tree_id)
+    assert brain.hot.r.llen("server") <= WINDOW  # the rest waits at the gate
+    submitted_at, started_at = one_call(brain, "bob")
     assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
-
-    one = brain.store.get_task(small.tree_id, "one")
-    assert one is not None and one.started_at is not None
-    done = records(brain, batch.tree_id)
-    ahead = started_between(done, small.submitted_at, one.started_at)
-    # The bound docs/fair-share.md states: 2W + 2c + the weights of the users served before it.
-    bound = 2 * WINDOW + 2 * SLOTS + 2 + 1
-    assert ahead <= bound, f"{ahead} batch calls started ahead of bob's one call (bound {bound})"
-    behind = sum(1 for r in done if r.started_at is not None and r.started_at > one.started_at)
-    assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
+    # The bound docs/fair-share.md states: 2W + 2c + the weights (ada 2, bob 1).
+    overtook(records(brain, batch.tree_id), submitted_at, started_at, 2 * WINDOW + 2 * SLOTS + 2 + 1)
     assert brain.hot.r.hlen(key_gate_waiting()) == 0
 
 
@@ -89,25 +99,13 @@ def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(
     )
     # One tree: a low-priority batch and, written last, one high-priority call. Without
     # priorities it would be the last to start.
-    spec = sleeps(BATCH, 0.05)
-    spec["priority"] = "low"
-    spec["tasks"] = [
-        *spec["tasks"],
-        {"id": "urgent", "tool": "sleep", "args": {"seconds": 0.05}, "priority": "high"},
-    ]  # type: ignore[list-item]
+    tasks = cast(list[dict[str, object]], sleeps(BATCH, 0.05)["tasks"])
+    high = {"id": "urgent", "tool": "sleep", "args": {"seconds": 0.05}, "priority": "high"}
+    spec = {"id": "batch", "priority": "low", "tasks": [*tasks, high]}
     batch = brain.scheduler.submit(tree(spec), user="ada")
     # ... and a gateway call of the same user, after the batch is under way: high by default.
-    wait_until(
-        lambda: sum(r.started_at is not None for r in records(brain, batch.tree_id)) >= 20,
-        60,
-        "the batch started",
-    )
-    call = brain.scheduler.submit(
-        tree({"id": "asked", "tasks": [{"id": "one", "tool": "sleep", "args": {"seconds": 0.05}}]}),
-        user="ada",
-        gateway_call=True,
-    )
-    assert wait_for_tree(brain, call.tree_id, 120).status is TreeStatus.DONE
+    under_way(brain, batch.tree_id)
+    submitted_at, started_at = one_call(brain, "ada", gateway_call=True)
     assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
 
     done = records(brain, batch.tree_id)
@@ -115,10 +113,4 @@ def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(
     assert urgent.started_at is not None
     ahead = started_between(done, batch.submitted_at, urgent.started_at)
     assert ahead <= WINDOW + SLOTS, f"{ahead} low calls started ahead of the high one"
-    one = brain.store.get_task(call.tree_id, "one")
-    assert one is not None and one.started_at is not None
-    ahead = started_between(done, call.submitted_at, one.started_at)
-    bound = 2 * WINDOW + 2 * SLOTS + 1
-    assert ahead <= bound, f"{ahead} batch calls started ahead of the gateway call (bound {bound})"
-    behind = sum(1 for r in done if r.started_at is not None and r.started_at > one.started_at)
-    assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
+    overtook(done, submitted_at, started_at, 2 * WINDOW + 2 * SLOTS + 1)
