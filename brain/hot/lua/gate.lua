@@ -62,7 +62,8 @@ for j = 1, #lane_list, 2 do
     local name = meta[4] or id
     local group = by_group[name]
     if not group then
-      group = {name = name, lanes = {}, weight = math.max(1, tonumber(meta[5] or '') or 1)}
+      -- 1-100 as the setting allows (a lane a pool forged gets no bigger share than a user's).
+      group = {name = name, lanes = {}, weight = math.min(100, math.max(1, math.floor(tonumber(meta[5] or '') or 1)))}
       group.score = tonumber(redis.call('ZSCORE', GROUPS, name) or '0')
       by_group[name] = group
       table.insert(groups, group)
