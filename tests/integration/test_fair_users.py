@@ -7,7 +7,7 @@ a slow machine makes the test slower, not red."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -31,6 +31,22 @@ WINDOW = 4
 # with late acks: a process holds no message beyond the ones it runs).
 SLOTS = 4
 BATCH = 300
+
+
+FairPools = Callable[[Mapping[str, object]], Brain]
+
+
+@pytest.fixture
+def fair_pools(
+    tmp_path: Path,
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
+) -> FairPools:
+    """The stack with these settings and its two default-pool processes; the test's brain."""
+    return lambda settings: two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=settings)[
+        1
+    ]
 
 
 def records(brain: Brain, tree_id: str) -> list[TaskRecord]:
@@ -70,14 +86,8 @@ def overtook(batch: list[TaskRecord], submitted_at: float, started_at: float, bo
     assert behind > bound, f"only {behind} batch calls were left behind it: the test proved nothing"
 
 
-def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
-    tmp_path: Path,
-    stack_factory: Callable[..., EmbeddedStack],
-    brain_factory: Callable[[EmbeddedStack], Brain],
-    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
-) -> None:
-    fair = {"queue_window": WINDOW, "users": {"ada": {"weight": 2}}}
-    _, brain, _ = two_pools(tmp_path, stack_factory, brain_factory, second_pool, settings=fair)
+def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(fair_pools: FairPools) -> None:
+    brain = fair_pools({"queue_window": WINDOW, "users": {"ada": {"weight": 2}}})
     batch = brain.scheduler.submit(tree(sleeps(BATCH, 0.05)), user="ada")
     under_way(brain, batch.tree_id)
     assert brain.hot.r.llen("server") <= WINDOW  # the rest waits at the gate
@@ -88,15 +98,8 @@ def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(
     assert brain.hot.r.hlen(key_gate_waiting()) == 0
 
 
-def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(
-    tmp_path: Path,
-    stack_factory: Callable[..., EmbeddedStack],
-    brain_factory: Callable[[EmbeddedStack], Brain],
-    second_pool: Callable[[EmbeddedStack], subprocess.Popen[bytes]],
-) -> None:
-    _, brain, _ = two_pools(
-        tmp_path, stack_factory, brain_factory, second_pool, settings={"queue_window": WINDOW}
-    )
+def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(fair_pools: FairPools) -> None:
+    brain = fair_pools({"queue_window": WINDOW})
     # One tree: a low-priority batch and, written last, one high-priority call. Without
     # priorities it would be the last to start.
     tasks = cast(list[dict[str, object]], sleeps(BATCH, 0.05)["tasks"])
