@@ -18,7 +18,7 @@ from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration import test_fair_share
-from tests.integration.test_fair_share import sleeps, two_pools
+from tests.integration.test_fair_share import most_at_once, sleeps, two_pools
 from workers.contracts import key_gate_waiting
 
 pytestmark = pytest.mark.integration
@@ -117,3 +117,18 @@ def test_a_high_priority_call_overtakes_a_queued_batch_of_its_own_user(fair_pool
     ahead = started_between(done, batch.submitted_at, urgent.started_at)
     assert ahead <= WINDOW + SLOTS, f"{ahead} low calls started ahead of the high one"
     overtook(done, submitted_at, started_at, 2 * WINDOW + 2 * SLOTS + 1)
+
+
+def test_max_in_flight_per_user_caps_one_user_across_both_pool_processes(fair_pools: FairPools) -> None:
+    brain = fair_pools({"queue_window": WINDOW, "max_in_flight_per_user": 1})
+    ada = brain.scheduler.submit(tree(sleeps(8, 0.3)), user="ada")
+    bob = brain.scheduler.submit(tree(sleeps(8, 0.3)), user="bob")
+    assert wait_for_tree(brain, ada.tree_id, 120).status is TreeStatus.DONE
+    assert wait_for_tree(brain, bob.tree_id, 120).status is TreeStatus.DONE
+    # Each user one call at a time (from the records), while the other's ran beside it.
+    assert most_at_once(brain, ada.tree_id, 8) == most_at_once(brain, bob.tree_id, 8) == 1
+    # most_at_once found every start and finish recorded.
+    runs = [*records(brain, ada.tree_id), *records(brain, bob.tree_id)]
+    spans = [(r.started_at or 0.0, r.finished_at or 0.0) for r in runs]
+    assert any(s2 < f1 and s1 < f2 for (s1, f1) in spans for (s2, f2) in spans if (s1, f1) != (s2, f2))
+    assert brain.hot.r.hlen(key_gate_waiting()) == 0
