@@ -33,6 +33,7 @@ from bench import (
     chain,
     client_rt,
     cpu,
+    fair_share,
     fan_in,
     fan_out,
     fleet,
@@ -58,6 +59,7 @@ BENCHMARKS: dict[str, Callable[[bool], list[Row]]] = {
     "mcp": mcp_call.run,
     "cpu": cpu.run,
     "fleet": fleet.run,
+    "fair_share": fair_share.run,
 }
 
 

@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -27,6 +27,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from brain.core.fairshare import Fairness
 from brain.core.pools import PoolSpec, check_unique
 from brain.core.retry import RetryPolicy
 from brain.core.schedules import Schedule, parse_schedules
@@ -53,6 +54,15 @@ def _comma_list(value: object) -> object:
     if isinstance(entries, (list, tuple)):
         return tuple(str(entry).strip() for entry in entries if str(entry).strip())
     return entries
+
+
+class UserSettings(BaseModel):
+    """One ``[vancetope.users.NAME]`` table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Calls of this user per turn of a pool's round-robin at the gate (others have 1).
+    weight: int = Field(default=1, ge=1, le=100)
 
 
 class Settings(BaseSettings):
@@ -112,6 +122,29 @@ class Settings(BaseSettings):
     def default_pool_limits(self) -> Limits:
         """The default pool's limits (both None: unlimited)."""
         return Limits(rate_limit=self.server_rate_limit, max_concurrency=self.server_max_concurrency)
+
+    # Fair share across users (docs/fair-share.md#fair-share-across-users): at most this many
+    # calls of a pool sit in its queue; the rest wait at the gate in per-user lanes and go
+    # round-robin (0: off, a call with no limit goes straight to its pool's queue).
+    queue_window: int = Field(default=0, ge=0, le=100_000)
+    # With queue_window on: how many calls of one pool one user may hold at once (queued or
+    # running), across every process of the pool. None: no cap.
+    max_in_flight_per_user: int | None = Field(default=None, ge=1)
+    # [vancetope.users.NAME]: per-user settings (VANCETOPE_USERS as JSON: {"ada": {"weight": 2}}).
+    users: dict[str, UserSettings] = Field(default_factory=dict)
+
+    @field_validator("users", mode="before")
+    @classmethod
+    def _json_users(cls, value: object) -> object:
+        return _from_json(value, 'a JSON table of users ({"ada": {"weight": 2}})')
+
+    @property
+    def fairness(self) -> Fairness:
+        return Fairness(
+            queue_window=self.queue_window,
+            max_in_flight_per_user=self.max_in_flight_per_user,
+            weights={name: user.weight for name, user in self.users.items()},
+        )
 
     # Celery's own line per task ("received", "succeeded in") in a server pool's log. Off: the
     # store records every task, and at night-batch rates those lines were a tenth of a

@@ -8,29 +8,37 @@ on (``[[pools]]``). Each limit has a key (``tool:<name>``, ``server:<name>``,
 (``brain.hot.gate``). Runs that share a pool, a user and a set of limit keys wait in one
 *lane*, in order; a run with no limit skips the gate altogether.
 
-Priorities are data only so far: ``high | normal | low`` or 0–9 on a tree or a task is
-checked at submit and recorded; the gate does not order by it yet (docs/fair-share.md).
+Fair share (``Fairness``, on when the ``queue_window`` setting is above 0): every server run,
+limited or not, waits at the gate, in a lane of its user, its tree and its priority; the gate
+lets at most ``queue_window`` calls sit in a pool's queue and moves the rest round-robin across
+users (``weight`` calls per turn), highest priority first within a user.
+``max_in_flight_per_user`` is one more cap on each run: ``user:<name>@<pool>``.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from brain.core.models import PRIORITY_WORDS, Priority, ToolSpec
+from brain.core.models import PRIORITY_WORDS, Priority, SessionKind, ToolSpec
 from workers.contracts import DEFAULT_POOL, ErrorInfo, ToolType
 from workers.rates import Limits, rate_per_s
 from workers.throttle import pause_asked
 
 __all__ = [
+    "DEFAULT_PRIORITY",
     "PRIORITY_WORDS",
     "AppliedLimit",
+    "Fairness",
     "Priority",
     "applied_limits",
+    "call_priority",
     "lane_id",
     "pause_asked_by",
     "pause_key",
+    "user_limit",
+    "window_why",
     "written_limits",
 ]
 
@@ -55,6 +63,9 @@ class AppliedLimit:
 
     def described(self) -> list[str]:
         """``["rate_limit 5/s of tool http_get", ...]``: how status and explain name it."""
+        if self.scope == "user":
+            user, _, pool = self.name.rpartition("@")
+            return [f"max_in_flight_per_user {self.max_concurrency} of user {user} on pool {pool}"]
         of = f"of {self.scope} {self.name}"
         words = [f"rate_limit {self.rate_limit} {of}"] if self.rate_limit else []
         if self.max_concurrency is not None:
@@ -128,9 +139,58 @@ def pause_asked_by(tool: str, error: ErrorInfo | None) -> tuple[str, float] | No
     return pause_key(tool, server if isinstance(server, str) and server else None), seconds
 
 
-def lane_id(pool: str | None, user: str | None, limits: tuple[AppliedLimit, ...]) -> str:
-    """The lane of runs of ``user`` on ``pool`` bounded by exactly ``limits``: one FIFO list in
-    Redis. A short hash (a key prefix may not hold arbitrary tool and user names); the lane's
-    record in Redis says what it is."""
-    text = "\n".join([pool or DEFAULT_POOL, user or "", *(limit.key for limit in limits)])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def lane_id(
+    pool: str | None, user: str | None, limits: tuple[AppliedLimit, ...], *, tree: str = "", priority: int = 0
+) -> str:
+    """The lane of runs of ``user`` on ``pool`` bounded by exactly ``limits`` (with fair share,
+    of one ``tree`` at one ``priority``): one FIFO list in Redis. A short hash (a key prefix may
+    not hold arbitrary tool and user names); the lane's record in Redis says what it is."""
+    parts = [pool or DEFAULT_POOL, user or "", *(limit.key for limit in limits)]
+    if tree:
+        parts += [f"tree:{tree}", f"priority:{priority}"]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+# What a task that names no priority gets, in a tree that names none, outside an interactive
+# session or a gateway call (those get "high": a person waits for them).
+DEFAULT_PRIORITY = PRIORITY_WORDS["normal"]
+
+
+def call_priority(task: int | None, tree: int | None, session: SessionKind, gateway_call: bool) -> int:
+    """A run's priority, 0-9 (9 first): its task's, else its tree's, else high for an
+    interactive session or a gateway call and normal for an autonomous run."""
+    if task is not None:
+        return task
+    if tree is not None:
+        return tree
+    if gateway_call or session is SessionKind.INTERACTIVE:
+        return PRIORITY_WORDS["high"]
+    return DEFAULT_PRIORITY
+
+
+@dataclass(frozen=True)
+class Fairness:
+    """The fair-share settings: ``queue_window`` (0: off, only limited calls wait at the gate),
+    ``max_in_flight_per_user`` (None: no cap) and each user's ``weight`` (default 1)."""
+
+    queue_window: int = 0
+    max_in_flight_per_user: int | None = None
+    weights: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def on(self) -> bool:
+        return self.queue_window > 0
+
+    def weight(self, user: str | None) -> int:
+        return self.weights.get(user or "", 1)
+
+
+def user_limit(pool: str | None, user: str | None, cap: int) -> AppliedLimit:
+    """``max_in_flight_per_user`` as a cap of its own per user and pool (``user:ada@default``):
+    the gate leases its slots as any ``max_concurrency``'s."""
+    return AppliedLimit("user", f"{user or '-'}@{pool or DEFAULT_POOL}", None, cap)
+
+
+def window_why(window: int, pool: str | None) -> str:
+    """Why a lane waits behind a full queue window (status's ``throttled by ...``)."""
+    return f"queue_window {window} of pool {pool or DEFAULT_POOL}" if window > 0 else ""

@@ -24,7 +24,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from celery.schedules import crontab, schedule
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from brain.core.models import check_id
+from brain.core.models import Priority, check_id
 from brain.errors import ConfigError
 
 # A night batch that missed a month of minutes must not flood the pool when beat comes back.
@@ -82,6 +82,8 @@ class Schedule(BaseModel):
     # with {schedule} {date} {tree_id} {kind}; and/or a URL the summary is POSTed to as JSON.
     summary_file: str | None = None
     summary_webhook: str | None = None
+    # high | normal | low or 0-9 for its runs' tasks when their tree names none (fair share).
+    priority: Priority = None
 
     @field_validator("name")
     @classmethod

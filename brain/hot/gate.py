@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import redis
 
-from brain.core.fairshare import AppliedLimit
+from brain.core.fairshare import DEFAULT_PRIORITY, AppliedLimit, window_why
 from brain.hot.state import as_text
 from workers.contracts import (
     DEFAULT_POOL,
@@ -57,12 +57,18 @@ DEFAULT_LEASE_MS = 600_000
 
 @dataclass(frozen=True)
 class Lane:
-    """Where a gated call waits: its pool, its user and the limits it is bounded by."""
+    """Where a gated call waits: its pool, its user and the limits it is bounded by; with fair
+    share on (``Fairness``), also its tree, its priority, its user's weight and the pool's
+    queue window."""
 
     id: str
     pool: str | None
     user: str | None
     limits: tuple[AppliedLimit, ...]
+    priority: int = DEFAULT_PRIORITY
+    weight: int = 1
+    # How many calls the pool's queue may hold before this lane waits (0: no window).
+    window: int = 0
 
     @property
     def queue(self) -> str:
@@ -78,7 +84,14 @@ class Lane:
 
     @property
     def holds_slot(self) -> bool:
-        return any(limit.max_concurrency is not None for limit in self.limits)
+        """Whether its run's end must run the gate: it gives back a slot, or (a window) its
+        pool's queue took a call, so the next one may go."""
+        return self.window > 0 or any(limit.max_concurrency is not None for limit in self.limits)
+
+    @property
+    def group(self) -> str:
+        """The lanes that share one turn of the round-robin: one user on one pool."""
+        return f"{self.pool or DEFAULT_POOL}\t{self.user or ''}"
 
     def meta(self) -> dict[str, str]:
         limits = []
@@ -90,7 +103,8 @@ class Lane:
                     round(1_000_000 / limit.per_s) if limit.rate_limit else 0,
                     limit.max_concurrency or 0,
                     f"rate_limit {limit.rate_limit} {of}",
-                    f"max_concurrency {limit.max_concurrency} {of}",
+                    # max_in_flight_per_user says so itself (described()).
+                    limit.described()[-1] if limit.max_concurrency else "",
                 ]
             )
         return {
@@ -99,6 +113,11 @@ class Lane:
             "limits": json.dumps(limits),
             "user": self.user or "",
             "pool": self.pool or "",
+            "group": self.group,
+            "weight": str(self.weight),
+            "priority": str(self.priority),
+            "window": str(self.window),
+            "window_why": window_why(self.window, self.pool),
         }
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from brain.config import Settings
 from brain.core.client_health import reply_cause, typed_keys
-from brain.core.fairshare import AppliedLimit, written_limits
+from brain.core.fairshare import AppliedLimit, user_limit, written_limits
 from brain.core.snapshot import RegistrySnapshot
 from brain.hot.boundary import unreachable
 from brain.hot.gate import Gate, KeyView, LaneView
@@ -160,6 +160,15 @@ def user_queues(parked: Mapping[str, int], connected: Mapping[str, str]) -> list
     ]
 
 
+def user_caps(lanes: Sequence[LaneView], cap: int) -> list[AppliedLimit]:
+    """``max_in_flight_per_user`` as the caps of the users with calls at the gate under it, one
+    per user and pool (the setting writes one cap for all; ``status --queues`` shows each). Pure."""
+    capped = {
+        (lane.pool, lane.user) for lane in lanes if user_limit(lane.pool, lane.user, cap).key in lane.keys
+    }
+    return [user_limit(pool, user, cap) for pool, user in sorted(capped)]
+
+
 def limit_queues(
     written: Sequence[AppliedLimit], lanes: Sequence[LaneView], keys: Mapping[str, KeyView], now: float
 ) -> list[LimitQueue]:
@@ -205,6 +214,7 @@ def read_queues(
     parked: ParkedWork,
     pools: Collection[str],
     limits: Sequence[AppliedLimit] = (),
+    user_cap: int | None = None,
 ) -> QueuesReport:
     """The report as Redis and the store have it now: a few pipelined reads, no scan of any queue.
     ``pools``: the named pools to show (the default pool is always shown); ``limits``: those
@@ -229,6 +239,8 @@ def read_queues(
         )
         for name, n in zip(names, lengths, strict=True)
     ]
+    if user_cap is not None:
+        limits = [*limits, *user_caps(lanes, user_cap)]
     keys, now = gate.keys_view([*(limit.key for limit in limits), *gate.pauses()])
     limit_rows = limit_queues(limits, lanes, keys, now)
     enrolled = book.enrolled()
@@ -280,7 +292,14 @@ def queues_report(settings: Settings, redis_url: str) -> QueuesReport:
         pools = [*snapshot.get("pools", []), *(p.name for p in settings.pools)]
         registry = RegistrySnapshot.model_validate(snapshot)
         limits = written_limits(registry.tools.values(), registry.server_limits, registry.pool_limits)
-        return read_queues(hot.r, PresenceBook(hot.r, store), ParkedWork(hot.r), pools, limits)
+        return read_queues(
+            hot.r,
+            PresenceBook(hot.r, store),
+            ParkedWork(hot.r),
+            pools,
+            limits,
+            user_cap=settings.max_in_flight_per_user if settings.queue_window else None,
+        )
     except redis.RedisError as exc:
         raise unreachable(redis_url, exc) from exc
     finally:

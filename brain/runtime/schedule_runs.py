@@ -106,6 +106,9 @@ class ScheduleRuns:
     def _start(self, spec: Schedule, fire: ScheduleFire) -> TreeRecord | None:
         try:
             tree = load_tree(spec.tree, max_bytes=self.s.settings.max_tree_bytes)
+            if spec.priority is not None and tree.priority is None:
+                # `priority = "low"` on the schedule: its runs yield to everyone else's work.
+                tree = tree.model_copy(update={"priority": spec.priority})
             tree_id = run_tree_id(tree.id, spec.name, fire.fired_at, fire.token)
             if self.s.store.get_tree(tree_id) is not None:
                 log.info("schedule %r: run %s already started (fire delivered twice)", spec.name, tree_id)

@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
-from brain.core.fairshare import applied_limits, lane_id
+from brain.core.fairshare import applied_limits, call_priority, lane_id, user_limit
 from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
 from brain.core.limits import check_limits
 from brain.core.models import (
@@ -842,26 +842,50 @@ class Scheduler:
         return self.call(spec, rec, tool, args, rec.client_id)
 
     def lane(self, call: ToolCall, pool: str | None) -> Lane | None:
-        """The gate lane of a server call bounded by limits; None (the fast path: straight to
-        its pool's queue) for a client's call or a call with none."""
+        """The gate lane of a server call bounded by limits, or of every server call with fair
+        share on (``queue_window``); None (the fast path: straight to its pool's queue) for a
+        client's call, or a call with no limit while fair share is off."""
         registry = self.registry
         if call.client_id is not None:
             return None
         gate = self.publisher.gate
+        fair = self.settings.fairness
         # Servers paused by a 429 (read from Redis at most once a second, not once a call).
         paused = gate.paused() if gate is not None else frozenset()
-        if not (registry.limited or registry.server_limits or registry.pool_limits or paused):
+        if not (fair.on or registry.limited or registry.server_limits or registry.pool_limits or paused):
             return None
         name = qualified(call.mcp_server, call.tool) if call.mcp_server else call.tool
         tool = registry.tools.get(name)
         if tool is None:
             return None
         limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits, paused)
-        if not limits:
+        if not (limits or fair.on):
             return None
         tree_rec = self.tree(call.tree_id)
         user = tree_rec.user if tree_rec is not None else None
-        return Lane(lane_id(pool, user, limits), pool, user, limits)
+        if not fair.on or tree_rec is None:
+            return Lane(lane_id(pool, user, limits), pool, user, limits)
+        if fair.max_in_flight_per_user is not None:
+            limits = (*limits, user_limit(pool, user, fair.max_in_flight_per_user))
+        priority = self._priority(tree_rec, call.task_id)
+        return Lane(
+            lane_id(pool, user, limits, tree=call.tree_id, priority=priority),
+            pool,
+            user,
+            limits,
+            priority=priority,
+            weight=fair.weight(user),
+            window=fair.queue_window,
+        )
+
+    def _priority(self, tree_rec: TreeRecord, task_id: str) -> int:
+        """The priority of ``task_id``'s runs (an item of a for_each task has its task's)."""
+        spec_id = parent_of(task_id) or task_id
+        try:
+            task = tree_rec.tree.task(spec_id).priority
+        except KeyError:
+            task = None
+        return call_priority(task, tree_rec.tree.priority, tree_rec.session, tree_rec.gateway_call)
 
     def publish(self, call: ToolCall, pool: str | None = None) -> None:
         """Send ``call`` to its client's queue, or to ``pool``'s (None: the default pool's),

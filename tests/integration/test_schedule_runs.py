@@ -60,6 +60,21 @@ def test_a_fire_starts_a_run_that_names_its_schedule_and_user(brain_on_redis: Br
     assert record.tree_id == "night-20261130-005321-000001"
 
 
+def test_a_schedules_priority_is_its_runs_when_the_tree_names_none(
+    brain_on_redis: Brain, tree_file: Path
+) -> None:
+    runs = ScheduleRuns(brain_on_redis.scheduler, [spec(tree_file, priority="low")])
+    record = runs.fire(fire("nightly", 1))
+    assert record is not None
+    stored = brain_on_redis.store.get_tree(record.tree_id)
+    assert stored is not None and stored.tree.priority == 2
+    tree_file.write_text("id: night\npriority: high\ntasks:\n  - {id: a, tool: echo, args: {value: hi}}\n")
+    record = ScheduleRuns(brain_on_redis.scheduler, [spec(tree_file, priority="low", overlap="allow")]).fire(
+        fire("nightly", 2)
+    )
+    assert record is not None and record.tree.priority == 8  # the tree's own word wins
+
+
 def test_skip_never_starts_a_second_run_while_one_goes_on_even_when_fires_race(
     brain_on_redis: Brain, tree_file: Path
 ) -> None:

@@ -1,24 +1,30 @@
 -- The admission gate of server pools (brain/hot/gate.py; docs/fair-share.md).
 -- Gives back the concurrency slots of runs that ended, then moves calls waiting in the lanes'
--- wait lists into their pool queues while every limit of their lane allows, one call per lane
--- per round (lanes share a limit round-robin), oldest first within a lane. Time is Redis's own
--- (TIME), never a caller's clock.
+-- wait lists into their pool queues while every limit of their lane allows. Lanes belong to a
+-- group (one user on one pool): groups take turns (round-robin, `weight` calls per turn), and
+-- within a group the lane of the highest priority goes first, lanes of one priority (a user's
+-- trees) taking turns; oldest first within a lane. A lane with a `window` admits only while its
+-- pool queue holds fewer calls than that. Time is Redis's own (TIME), never a caller's clock.
 -- ARGV[1] the cancelled set (a cancelled run is dropped, spending no budget)
 -- ARGV[2] the most calls to admit in this call (bounds the script's time)
 -- ARGV[3] the lease of a slot in ms when a waiting entry names none
 -- ARGV[4] '1': push the brain's gate timer awake when calls are left waiting (a caller that
 --         is not that timer: it must learn when the next one may go)
 -- ARGV[5..] run ids whose slots to give back
--- Returns {admitted, wait_us}: wait_us is when the soonest blocked lane may go (-1: none waits).
+-- Returns {admitted, wait_us}: wait_us is when the soonest blocked lane may go (-1: none waits,
+-- or only behind a full queue window: a run's end runs the gate again, the timer's poll too).
 redis.replicate_commands()
 local NS = 'vt:gate:'
-local LANES, WAITING, HELD = NS .. 'lanes', NS .. 'waiting', NS .. 'held'
+local LANES, GROUPS, WAITING, HELD = NS .. 'lanes', NS .. 'groups', NS .. 'waiting', NS .. 'held'
 local cancelled, budget, default_lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 -- GCRA tolerance: a call may go this early, so a timer a little late loses no rate and a
 -- fast limit admits a batch per call; under one interval of any rate below 20/s (no burst).
 local TAU = 50000
 -- workers.throttle.MAX_PAUSE_S (+1 s of slack), in µs.
 local MAX_PAUSE_US = 3601000000
+-- brain.core.models.PRIORITY_WORDS["high"]: a lane of this priority or above (with fair share
+-- on) puts its calls at the head of the pool queue.
+local HIGH = 8
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -42,16 +48,42 @@ local function usable(queue, wait)
   return string.sub(wait, 1, #WAIT_NS) == WAIT_NS and string.sub(wait, -(#queue + 1)) == ':' .. queue
 end
 
-local lanes = {}
-for _, id in ipairs(redis.call('ZRANGE', LANES, 0, -1)) do
-  local meta = redis.call('HMGET', NS .. 'lane:' .. id, 'queue', 'wait', 'limits')
+local groups, by_group = {}, {}
+local lane_list = redis.call('ZRANGE', LANES, 0, -1, 'WITHSCORES')
+for j = 1, #lane_list, 2 do
+  local id = lane_list[j]
+  local meta = redis.call('HMGET', NS .. 'lane:' .. id, 'queue', 'wait', 'limits', 'group', 'weight',
+    'priority', 'window', 'window_why')
   local ok, limits = pcall(cjson.decode, meta[3] or '')
   if meta[1] and meta[2] and ok and type(limits) == 'table' and usable(meta[1], meta[2]) then
-    table.insert(lanes, {id = id, queue = meta[1], wait = meta[2], limits = limits})
+    local lane = {id = id, queue = meta[1], wait = meta[2], limits = limits,
+      score = tonumber(lane_list[j + 1]), priority = tonumber(meta[6] or '') or 5,
+      window = tonumber(meta[7] or '') or 0, window_why = meta[8] or ''}
+    local name = meta[4] or id
+    local group = by_group[name]
+    if not group then
+      -- 1-100 as the setting allows (a lane a pool forged gets no bigger share than a user's).
+      group = {name = name, lanes = {}, weight = math.min(100, math.max(1, math.floor(tonumber(meta[5] or '') or 1)))}
+      group.score = tonumber(redis.call('ZSCORE', GROUPS, name) or '0')
+      by_group[name] = group
+      table.insert(groups, group)
+    end
+    table.insert(group.lanes, lane)
   else
     redis.call('ZREM', LANES, id)
   end
 end
+-- Highest priority first, then the lane served longest ago (a user's trees take turns).
+local function lane_order(a, b)
+  if a.priority ~= b.priority then return a.priority > b.priority end
+  if a.score ~= b.score then return a.score < b.score end
+  return a.id < b.id
+end
+for _, group in ipairs(groups) do table.sort(group.lanes, lane_order) end
+table.sort(groups, function(a, b)
+  if a.score ~= b.score then return a.score < b.score end
+  return a.name < b.name
+end)
 
 local admitted, wait_us = 0, -1
 local function note_wait(us)
@@ -125,23 +157,45 @@ local function admit(lane, run)
     end
   end
   if #slots > 0 then redis.call('HSET', HELD, run, table.concat(slots, '\n')) end
-  redis.call('RPOPLPUSH', lane.wait, lane.queue)
+  if lane.priority >= HIGH and lane.window > 0 then
+    -- A high-priority call (a person waits for it) goes to the head of its pool's queue:
+    -- workers pop from the right, so it is the next one taken, not behind the window.
+    redis.call('RPUSH', lane.queue, redis.call('RPOP', lane.wait))
+  else
+    redis.call('RPOPLPUSH', lane.wait, lane.queue)
+  end
   redis.call('HDEL', WAITING, run)
 end
 
-local stopped = {}
+-- Calls in each pool queue now (read once, counted up as calls are admitted into it).
+local queued = {}
+local function window_full(lane)
+  if lane.window <= 0 then return false end
+  if queued[lane.queue] == nil then queued[lane.queue] = redis.call('LLEN', lane.queue) end
+  return queued[lane.queue] >= lane.window
+end
+
+-- Served lanes and groups get scores past `now` in the order served (seq), so the next call
+-- of this script goes on where this one stopped.
+local seq = 0
 local progress = true
 -- Dropping a cancelled run is a step too: a cancelled 100,000-call tree is drained over many
 -- short calls, never in one that would stall Redis for everyone.
 local steps, max_steps = 0, budget * 4
 while progress and admitted < budget and steps < max_steps do
   progress = false
-  for i, lane in ipairs(lanes) do
-    if not stopped[i] and admitted < budget and steps < max_steps then
+  for _, group in ipairs(groups) do
+    local turns = group.weight
+    while turns > 0 and admitted < budget and steps < max_steps do
+      local lane = nil
+      for _, candidate in ipairs(group.lanes) do
+        if not candidate.stopped then lane = candidate; break end
+      end
+      if not lane then break end
       steps = steps + 1
       local raw = redis.call('LINDEX', lane.wait, -1)
       if not raw then
-        stopped[i] = true
+        lane.stopped = true
         -- Kept while fresh: a lane is recorded before its calls' messages are written.
         if redis.call('EXISTS', NS .. 'fresh:' .. lane.id) == 0 then
           redis.call('ZREM', LANES, lane.id)
@@ -158,21 +212,40 @@ while progress and admitted < budget and steps < max_steps do
           redis.call('RPOP', lane.wait)
           redis.call('HDEL', WAITING, run)
           progress = true
+        elseif window_full(lane) then
+          -- No wait noted: the end of a run of that pool runs this script again.
+          lane.stopped = true
+          redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', lane.window_why, 'why_key', '')
         else
           local why = blocked_by(lane)
           if why then
-            stopped[i] = true
+            lane.stopped = true
             redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', why, 'why_key', blocked_key)
           else
             admit(lane, run)
             admitted = admitted + 1
+            if queued[lane.queue] ~= nil then queued[lane.queue] = queued[lane.queue] + 1 end
             progress = true
-            redis.call('ZADD', LANES, now, lane.id) -- served: goes behind the others next time
+            turns = turns - 1
+            seq = seq + 1
+            lane.score = now + seq
+            group.score = now + seq
+            redis.call('ZADD', LANES, lane.score, lane.id) -- served: behind its group's others
+            redis.call('ZADD', GROUPS, group.score, group.name)
+            table.sort(group.lanes, lane_order)
           end
         end
       end
     end
   end
+end
+-- A group with no lane left is forgotten (its score only orders groups that wait).
+for _, group in ipairs(groups) do
+  local left = false
+  for _, lane in ipairs(group.lanes) do
+    if redis.call('EXISTS', NS .. 'lane:' .. lane.id) == 1 then left = true; break end
+  end
+  if not left then redis.call('ZREM', GROUPS, group.name) end
 end
 if admitted >= budget or steps >= max_steps then wait_us = 0 end
 if ARGV[4] == '1' and wait_us >= 0 then

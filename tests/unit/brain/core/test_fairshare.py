@@ -8,9 +8,17 @@ from textwrap import dedent
 
 import pytest
 
-from brain.config import load_settings
-from brain.core.fairshare import AppliedLimit, applied_limits, lane_id, pause_asked_by
-from brain.core.models import Location, ToolSpec
+from brain.config import Settings, load_settings
+from brain.core.fairshare import (
+    AppliedLimit,
+    applied_limits,
+    call_priority,
+    lane_id,
+    pause_asked_by,
+    user_limit,
+    window_why,
+)
+from brain.core.models import Location, SessionKind, ToolSpec
 from brain.core.treefile import load_registry, load_tree
 from brain.errors import ConfigError, InvalidRegistry, InvalidTaskTree
 from brain.runtime.registry import pool_limits
@@ -294,3 +302,67 @@ def test_explain_lists_the_limits_of_each_server_task() -> None:
         f"task b: limits: max_concurrency 1 of pool gpu, {why}",
         f"task c: limits: {why}",
     ]
+
+
+@pytest.mark.parametrize(
+    ("task", "tree", "session", "gateway_call", "expected"),
+    [
+        (None, None, SessionKind.AUTONOMOUS, False, 5),  # an autonomous run: normal
+        (None, None, SessionKind.INTERACTIVE, False, 8),  # a person waits: high
+        (None, None, SessionKind.AUTONOMOUS, True, 8),  # a gateway call: high
+        (None, 2, SessionKind.INTERACTIVE, False, 2),  # the tree's word wins over the default
+        (9, 2, SessionKind.AUTONOMOUS, False, 9),  # the task's over the tree's
+    ],
+)
+def test_a_runs_priority(
+    task: int | None, tree: int | None, session: SessionKind, gateway_call: bool, expected: int
+) -> None:
+    assert call_priority(task, tree, session, gateway_call) == expected
+
+
+def test_fair_share_settings_are_read_and_bad_ones_name_the_field(tmp_path: Path) -> None:
+    (tmp_path / "vancetope.toml").write_text(
+        dedent(
+            """
+            [vancetope]
+            queue_window = 64
+            max_in_flight_per_user = 100
+
+            [vancetope.users.ada]
+            weight = 3
+            """
+        )
+    )
+    fair = load_settings(env={}, cwd=tmp_path).fairness
+    assert (fair.on, fair.queue_window, fair.max_in_flight_per_user) == (True, 64, 100)
+    assert (fair.weight("ada"), fair.weight("bob"), fair.weight(None)) == (3, 1, 1)
+    assert not Settings().fairness.on  # off unless asked: the plain path stays as fast as it was
+    with pytest.raises(ConfigError, match=r"users\.ada\.weight"):
+        load_settings(env={"VANCETOPE_USERS": '{"ada": {"weight": 0}}'}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match="max_in_flight_per_user"):
+        load_settings(env={"VANCETOPE_MAX_IN_FLIGHT_PER_USER": "0"}, cwd=tmp_path)
+    with pytest.raises(ConfigError, match="queue_window"):
+        load_settings(env={"VANCETOPE_QUEUE_WINDOW": "-1"}, cwd=tmp_path)
+
+
+def test_with_fair_share_a_lane_is_one_tree_at_one_priority() -> None:
+    assert lane_id(None, "ada", (), tree="t1", priority=5) != lane_id(None, "ada", (), tree="t2", priority=5)
+    assert lane_id(None, "ada", (), tree="t1", priority=5) != lane_id(None, "ada", (), tree="t1", priority=8)
+    cap = user_limit("crawl", "ada", 4)
+    assert cap.key == "user:ada@crawl"
+    assert cap.described() == ["max_in_flight_per_user 4 of user ada on pool crawl"]
+    assert window_why(32, None) == "queue_window 32 of pool default" and window_why(0, None) == ""
+
+
+def test_a_schedule_may_say_priority_low(tmp_path: Path) -> None:
+    (tmp_path / "tree.yaml").write_text("id: nightly\ntasks:\n  - id: a\n    tool: echo\n")
+    (tmp_path / "vancetope.toml").write_text(
+        '[[schedules]]\nname = "nightly"\ntree = "tree.yaml"\nevery_s = 60\npriority = "low"\n'
+    )
+    (schedule,) = load_settings(env={}, cwd=tmp_path).schedules
+    assert schedule.priority == 2
+    (tmp_path / "vancetope.toml").write_text(
+        '[[schedules]]\nname = "nightly"\ntree = "tree.yaml"\nevery_s = 60\npriority = "urgent"\n'
+    )
+    with pytest.raises(ConfigError, match="'urgent' is not a priority"):
+        load_settings(env={}, cwd=tmp_path)

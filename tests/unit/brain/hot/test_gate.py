@@ -9,7 +9,7 @@ import json
 import pytest
 import redis
 
-from brain.core.fairshare import AppliedLimit, lane_id
+from brain.core.fairshare import AppliedLimit, lane_id, user_limit
 from brain.hot.gate import Gate, Lane, Waiting
 from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, key_gate_pause, pool_queue
 from workers.throttle import MAX_PAUSE_S
@@ -192,3 +192,83 @@ def test_a_pause_is_an_hour_at_most_and_a_forged_longer_one_is_ignored(
     redis_client.set(key_gate_pause("server:forged"), f"{(now + 3 * 86_400) * 1_000_000}\tforged")
     put(redis_client, gate, busy, "f1")
     assert gate.admit().count == 1
+
+
+def fair(
+    user: str, tree: str, *limits: AppliedLimit, priority: int = 5, weight: int = 1, window: int = 2
+) -> Lane:
+    """A lane as the scheduler makes one with fair share on (``queue_window`` ``window``)."""
+    return Lane(
+        lane_id(None, user, limits, tree=tree, priority=priority),
+        None,
+        user,
+        limits,
+        priority=priority,
+        weight=weight,
+        window=window,
+    )
+
+
+def drain(r: redis.Redis) -> list[str]:
+    """Take every call off the default pool's queue, as workers would, in their order."""
+    taken = queued(r)
+    r.delete(pool_queue(None))
+    return taken
+
+
+def test_a_window_bounds_the_pool_queue_and_users_take_turns(redis_client: redis.Redis, gate: Gate) -> None:
+    big = fair("ada", "batch")
+    put(redis_client, gate, big, *(f"a{i}" for i in range(6)))
+    assert gate.admit().count == 2  # the window: 2 in the queue, the rest wait at the gate
+    assert gate.throttled(["a2"]) == {"a2": "queue_window 2 of pool default"}
+    small = fair("bob", "one")
+    put(redis_client, gate, small, "b0")
+    assert gate.admit().count == 0  # the queue is full
+    assert drain(redis_client) == ["a0", "a1"]
+    gate.admit()
+    # bob's group never served before goes first; then ada's.
+    assert drain(redis_client) == ["b0", "a2"]
+
+
+def test_a_weight_gives_a_user_that_many_calls_per_turn(redis_client: redis.Redis, gate: Gate) -> None:
+    put(redis_client, gate, fair("ada", "t1", weight=2, window=100), *(f"a{i}" for i in range(4)))
+    put(redis_client, gate, fair("bob", "t2", window=100), *(f"b{i}" for i in range(4)))
+    gate.admit()
+    taken = drain(redis_client)
+    # Turns: ada 2, bob 1 (either may start: neither was served before).
+    assert sorted(taken[:3]) == ["a0", "a1", "b0"] and taken[3:6] in (["a2", "a3", "b1"], ["b1", "a2", "a3"])
+    assert taken[6:] == ["b2", "b3"]
+
+
+def test_trees_of_one_user_take_turns_and_a_higher_priority_goes_first(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    put(redis_client, gate, fair("ada", "t1", window=100), "x0", "x1", "x2")
+    put(redis_client, gate, fair("ada", "t2", window=100), "y0", "y1")
+    put(redis_client, gate, fair("ada", "t3", priority=2, window=100), "low")
+    put(redis_client, gate, fair("ada", "t4", priority=8, window=100), "high")
+    gate.admit()
+    taken = drain(redis_client)
+    assert taken[0] == "high" and taken[-1] == "low"
+    assert sorted(taken[1:3]) == ["x0", "y0"] and sorted(taken[3:5]) == ["x1", "y1"] and taken[5] == "x2"
+
+
+def test_a_high_priority_call_goes_to_the_head_of_the_pool_queue(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    put(redis_client, gate, fair("ada", "batch", window=3), "a0", "a1", "a2", "a3")
+    gate.admit()
+    put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0")
+    assert gate.admit().count == 0  # still bound by the window ...
+    redis_client.rpop(pool_queue(None))  # a worker takes a0
+    gate.admit()
+    assert queued(redis_client) == ["b0", "a1", "a2"]  # ... but next to be taken once admitted
+
+
+def test_max_in_flight_per_user_is_a_cap_of_its_own_per_user(redis_client: redis.Redis, gate: Gate) -> None:
+    cap = user_limit(None, "ada", 1)
+    put(redis_client, gate, fair("ada", "t1", cap, window=100), "a0", "a1")
+    put(redis_client, gate, fair("bob", "t2", user_limit(None, "bob", 1), window=100), "b0")
+    assert gate.admit().count == 2
+    assert gate.throttled(["a1"]) == {"a1": "max_in_flight_per_user 1 of user ada on pool default"}
+    assert gate.admit(release=["a0"]).count == 1

@@ -11,6 +11,7 @@ from brain.hot.queues import (
     UserQueue,
     limit_queues,
     pool_names,
+    user_caps,
     user_queues,
 )
 
@@ -103,3 +104,22 @@ def test_limit_rows_say_what_waits_on_each_limit_for_whom_and_how_fast_calls_go(
     assert (jira.max_concurrency, jira.running, jira.rate_per_s) == (2, 2, 0.3)
     assert (busy.rate_limit, busy.max_concurrency, busy.waiting) == (None, None, 0)
     assert busy.paused_until == now + 1.5 and busy.paused_why is not None
+
+
+def test_max_in_flight_per_user_shows_as_a_cap_per_user_with_calls_at_the_gate() -> None:
+    lanes = [
+        LaneView(
+            "default",
+            "ada",
+            ("user:ada@default",),
+            3,
+            "max_in_flight_per_user 2 of user ada on pool default",
+            "user:ada@default",
+        ),
+        LaneView("default", "bob", (), 1, "queue_window 8 of pool default", ""),  # not under the cap
+        LaneView("crawl", "", ("user:-@crawl",), 1, "", ""),
+    ]
+    caps = user_caps(lanes, 2)
+    assert [(c.key, c.max_concurrency) for c in caps] == [("user:-@crawl", 2), ("user:ada@default", 2)]
+    rows = {row.limit: row for row in limit_queues(caps, lanes, {}, 0.0)}
+    assert (rows["user:ada@default"].waiting, rows["user:ada@default"].throttled) == (3, 3)
