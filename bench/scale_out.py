@@ -49,7 +49,7 @@ from bench.rigs import Vancetope, vancetope_connected
 from brain.core.models import SessionKind, TaskTree
 from brain.runtime.events import agent_hostname
 from brain.stack.children import dies_with_this_process
-from brain.stack.embedded import EmbeddedStack, service_argvs, stack_env
+from brain.stack.embedded import EmbeddedStack, brain_argv, stack_env
 
 NAME = "brain_scale_out"
 GOAL = 1.15
@@ -204,7 +204,7 @@ def _row(
 @contextmanager
 def second_brain(stack: EmbeddedStack, cwd: Path) -> Iterator[int]:
     """A second brain process, the stack's brain's argv under its own node name; its pid."""
-    argv = [("brain2@%h" if a == "brain@%h" else a) for a in dict(service_argvs(stack.settings))["brain"]]
+    argv = brain_argv("brain2@%h")
     log_path = stack.settings.data_dir / "logs" / "brain-2.log"
     brain2 = Child.start(
         "brain-2",
