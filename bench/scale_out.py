@@ -74,9 +74,9 @@ class RecordedResults:
     """Counts the brains' ``task-succeeded`` / ``task-failed`` events of the agent's calls, per
     sending pid, with a Celery event receiver in a thread of this process."""
 
-    def __init__(self, broker_url: str) -> None:
+    def __init__(self, broker_url: str, client_id: str = CLIENT_ID) -> None:
         self.app = Celery("bench-scale-out-events", broker=broker_url, set_as_current=False)
-        self.hostname = agent_hostname(CLIENT_ID)
+        self.hostname = agent_hostname(client_id)
         self.ok: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
         self._lock = threading.Lock()
@@ -119,8 +119,9 @@ class RecordedResults:
 
 
 @contextmanager
-def recorded_results(broker_url: str) -> Iterator[RecordedResults]:
-    counter = RecordedResults(broker_url)
+def recorded_results(broker_url: str, client_id: str = CLIENT_ID) -> Iterator[RecordedResults]:
+    """Counts the results of ``client_id``'s calls per recording brain (tests/integration/test_two_brains.py too)."""
+    counter = RecordedResults(broker_url, client_id)
     counter.start()
     try:
         yield counter
