@@ -116,7 +116,7 @@ class PresenceBook:
         another brain forgot it first: only one caller gets it, so one takes its calls back."""
         raw = self._raw_session(client_id)
         current = self._session_of(raw)
-        if current is None or (session_id is not None and current.session_id != session_id):
+        if raw is None or current is None or (session_id is not None and current.session_id != session_id):
             return None
         seen = repr(time.time() if now is None else now)
         forgot = self.r.eval(
