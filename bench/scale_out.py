@@ -49,7 +49,7 @@ from bench.rigs import Vancetope, vancetope_connected
 from brain.core.models import SessionKind, TaskTree
 from brain.runtime.events import agent_hostname
 from brain.stack.children import dies_with_this_process
-from brain.stack.embedded import EmbeddedStack, service_argvs, stack_env
+from brain.stack.embedded import EmbeddedStack, brain_argv, stack_env
 
 NAME = "brain_scale_out"
 GOAL = 1.15
@@ -74,9 +74,9 @@ class RecordedResults:
     """Counts the brains' ``task-succeeded`` / ``task-failed`` events of the agent's calls, per
     sending pid, with a Celery event receiver in a thread of this process."""
 
-    def __init__(self, broker_url: str) -> None:
+    def __init__(self, broker_url: str, client_id: str = CLIENT_ID) -> None:
         self.app = Celery("bench-scale-out-events", broker=broker_url, set_as_current=False)
-        self.hostname = agent_hostname(CLIENT_ID)
+        self.hostname = agent_hostname(client_id)
         self.ok: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
         self._lock = threading.Lock()
@@ -119,8 +119,9 @@ class RecordedResults:
 
 
 @contextmanager
-def recorded_results(broker_url: str) -> Iterator[RecordedResults]:
-    counter = RecordedResults(broker_url)
+def recorded_results(broker_url: str, client_id: str = CLIENT_ID) -> Iterator[RecordedResults]:
+    """Counts the results of ``client_id``'s calls per recording brain (tests/integration/test_two_brains.py too)."""
+    counter = RecordedResults(broker_url, client_id)
     counter.start()
     try:
         yield counter
@@ -204,7 +205,7 @@ def _row(
 @contextmanager
 def second_brain(stack: EmbeddedStack, cwd: Path) -> Iterator[int]:
     """A second brain process, the stack's brain's argv under its own node name; its pid."""
-    argv = [("brain2@%h" if a == "brain@%h" else a) for a in dict(service_argvs(stack.settings))["brain"]]
+    argv = brain_argv("brain2@%h")
     log_path = stack.settings.data_dir / "logs" / "brain-2.log"
     brain2 = Child.start(
         "brain-2",

@@ -35,8 +35,10 @@ from brain.errors import (
 from brain.runtime import submitters
 from brain.runtime.reload import NO_CHANGE, RELOAD_FAILED, RELOAD_REQUEST_KEY
 from brain.stack.embedded import (
+    BRAIN_NODE,
     EmbeddedStack,
     beat_argv,
+    brain_argv,
     gateway_argv,
     pool_service,
     service_argvs,
@@ -381,14 +383,25 @@ def submit_url(settings: Settings, user: str | None, revoke: bool) -> None:
 
 
 @cli.command()
+@click.option(
+    "--node",
+    default=BRAIN_NODE,
+    show_default=True,
+    help="Celery node name; a second brain on the same host needs its own (e.g. brain2@%h).",
+)
 @click.pass_obj
-def brain(settings: Settings) -> None:
-    """Run the brain (result consumer + reconciler) against VANCETOPE_REDIS_URL, in the foreground."""
+def brain(settings: Settings, node: str) -> None:
+    """Run the brain (result consumer + reconciler) against VANCETOPE_REDIS_URL, in the foreground.
+
+    Run it on two hosts (or twice on one, with --node) for a brain that survives losing one:
+    both take work, and each periodic job runs once across them (docs/reliability.md).
+    """
     if not settings.redis_url:
         fail(
             "set VANCETOPE_REDIS_URL (or redis_url in vancetope.toml) to run the brain alone", EXIT_BAD_INPUT
         )
-    _exec(settings, "brain")
+    argv = brain_argv(node)
+    os.execve(argv[0], argv, stack_env(settings, settings.redis_url))
 
 
 @cli.command()

@@ -22,6 +22,7 @@ import redis
 
 from brain.core.client_health import owner_of_key
 from brain.hot.state import as_text
+from brain.hot.turns import my_turn
 from workers.contracts import KEY_NS, client_key, client_keys_match
 
 SCAN_COUNT = 1000
@@ -40,7 +41,7 @@ def my_turn_to_measure(r: redis.Redis, holder: str) -> bool:
     ``SET NX PX``), the others skip it. A measure is a SCAN of the keyspace and a ``MEMORY
     USAGE`` of every client key; each brain measuring every interval made a second brain's
     share of it as large as the first's (bench/README.md, "The CPU rows")."""
-    return bool(r.set(QUOTA_TURN_KEY, holder, nx=True, px=int(QUOTA_EVERY_S * 1000)))
+    return my_turn(r, QUOTA_TURN_KEY, holder, QUOTA_EVERY_S)
 
 
 def measure_client_usage(r: redis.Redis) -> dict[str, int]:

@@ -34,6 +34,7 @@ from workers.contracts import (
     key_last_seen,
     key_presence,
 )
+from workers.scripts import lua
 
 log = logging.getLogger("vancetope.brain")
 
@@ -111,15 +112,17 @@ class PresenceBook:
         self, client_id: str, session_id: str | None = None, now: float | None = None
     ) -> ClientSession | None:
         """Forget a client's session (only that session, when ``session_id`` is given), and
-        record when it was last seen."""
-        current = self.session(client_id)
-        if current is None or (session_id is not None and current.session_id != session_id):
+        record when it was last seen. The session forgotten, or None when there was none or
+        another brain forgot it first: only one caller gets it, so one takes its calls back."""
+        raw = self._raw_session(client_id)
+        current = self._session_of(raw)
+        if raw is None or current is None or (session_id is not None and current.session_id != session_id):
             return None
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hdel(key_presence(), client_id)
-        pipe.hset(key_last_seen(), client_id, repr(time.time() if now is None else now))
-        pipe.execute()
-        return current
+        seen = repr(time.time() if now is None else now)
+        forgot = self.r.eval(
+            lua("brain.hot", "forget_session"), 2, key_presence(), key_last_seen(), client_id, raw, seen
+        )
+        return current if forgot else None
 
     def last_seen(self) -> dict[str, float]:
         """Client id -> when its last session ended (those recorded since this was added)."""
@@ -132,13 +135,20 @@ class PresenceBook:
         return seen
 
     def session(self, client_id: str) -> ClientSession | None:
+        return self._session_of(self._raw_session(client_id))
+
+    def _raw_session(self, client_id: str) -> bytes | str | None:
         try:
             raw = self.r.hget(key_presence(), client_id)
         except redis.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
             return None  # no hash, no session (``connect`` replaces the key)
-        if not raw:
+        return raw if isinstance(raw, bytes | str) and raw else None
+
+    @staticmethod
+    def _session_of(raw: bytes | str | None) -> ClientSession | None:
+        if raw is None:
             return None
         try:
             return ClientSession.model_validate_json(raw)

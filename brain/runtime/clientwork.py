@@ -28,9 +28,10 @@ from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import ClientKeyUnreadable, HotState
+from brain.hot.turns import holder_name, keep_turn
 from brain.runtime.events import HEARTBEAT_S, ClientEvents
 from brain.store import Store
-from workers.contracts import CLIENT_ACK, AnnouncementAck, ClientConnected, client_key
+from workers.contracts import CLIENT_ACK, KEY_NS, AnnouncementAck, ClientConnected, client_key
 
 log = logging.getLogger("vancetope.brain")
 
@@ -38,6 +39,10 @@ log = logging.getLogger("vancetope.brain")
 # the relay sweeps every 1-2 s, so the next round of heartbeats is due this long after the last
 # (gaps of 1.5 to about 3 s), never at every sweep.
 BEAT_DUE_S = 0.75 * HEARTBEAT_S
+# One brain of several tells Flower the clients are alive (two would double its heartbeats); it
+# keeps the turn while it sweeps (every HEARTBEAT_S / 2), another takes it this long after it stops.
+BEATS_TURN_KEY = f"{KEY_NS}flower:heartbeats"
+BEATS_LEASE_S = HEARTBEAT_S
 
 
 class ClientScheduling(Protocol):
@@ -96,6 +101,7 @@ class ClientWork:
         self.misbehaving = MisbehavingBook(hot.r)
         self._sweep_failing: set[str] = set()
         self._beats_sent: float | None = None  # when the last round of Flower heartbeats went
+        self._holder = holder_name()
 
     # --- connect -------------------------------------------------------------------------
     def on_connected(self, msg: ClientConnected, owner: str) -> AnnouncementAck:
@@ -312,7 +318,9 @@ class ClientWork:
         now = self.clock()
         last = self._beats_sent
         # (A clock set back makes the gap negative: beat then too, rather than fall silent.)
-        if self.events is not None and alive and (last is None or not 0 <= now - last < BEAT_DUE_S):
+        if self.events is None or not keep_turn(self.hot.r, BEATS_TURN_KEY, self._holder, BEATS_LEASE_S):
+            return  # another brain's turn to tell Flower
+        if alive and (last is None or not 0 <= now - last < BEAT_DUE_S):
             self.events.heartbeats(alive)
             self._beats_sent = now
 

@@ -10,8 +10,6 @@ cannot be read is suspended and skipped; every other client is still swept.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, Protocol, TypeVar
@@ -28,6 +26,7 @@ from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
+from brain.hot.turns import holder_name
 from brain.runtime.clientwork import ClientWork
 from brain.runtime.scheduler import new_run_id
 from brain.store import Store
@@ -124,7 +123,7 @@ class Sweeps:
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
         self._usage = UsageMeter()
-        self._holder = f"{socket.gethostname()}:{os.getpid()}"  # who measures, for a person reading Redis
+        self._holder = holder_name()  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
         self._suspended: set[str] = set()
 

@@ -124,10 +124,27 @@ def pool_argv(settings: Settings, pool: str | None) -> list[str]:
     )
 
 
+BRAIN_NODE = "brain@%h"
+
+
+def brain_argv(node: str = BRAIN_NODE) -> list[str]:
+    """A brain worker under Celery node name ``node``. Several brains may run at once on one
+    Redis and store (docs/reliability.md, "Two live brains"); on one host each needs a node
+    name of its own, or Celery's remote control mixes up their replies."""
+    return celery_argv("brain.worker", "brain", node, "-P", "solo", task_events=False)
+
+
+def extra_brain_node(service: str) -> str | None:
+    """The node name of a further brain of the stack, ``brain-2`` -> ``brain2@%h``; None for any
+    other service name."""
+    prefix, _, n = service.partition("-")
+    return f"brain{n}@%h" if prefix == "brain" and n.isdigit() and int(n) >= 2 else None
+
+
 def service_argvs(settings: Settings) -> list[tuple[str, list[str]]]:
     """The processes of a stack. compose.yaml runs the same commands."""
     services = [
-        ("brain", celery_argv("brain.worker", "brain", "brain@%h", "-P", "solo", task_events=False)),
+        ("brain", brain_argv()),
         (pool_service(None), pool_argv(settings, None)),
         *((pool_service(p.name), pool_argv(settings, p.name)) for p in settings.pools),
     ]
@@ -339,6 +356,9 @@ class EmbeddedStack:
             if self.flower_web_url:
                 env[FLOWER_WEB_URL_VARIABLE] = self.flower_web_url
             return flower_argv(self.flower_port, self.flower_access.address), env
+        node = extra_brain_node(name)
+        if node is not None:  # a second (third...) brain: the brain's own argv, user and store
+            return brain_argv(node), stack_env(self.settings, self.service_url("brain"))
         argv = dict(service_argvs(self.settings))[name]
         if name == "client-agent":
             return argv, agent_env(self.agent_url or "")

@@ -7,7 +7,7 @@ a recorder. A call "in the client's queue" is a kombu message pushed where kombu
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ import redis
 from brain.core.client_health import Cause
 from brain.core.models import SessionKind, TaskState
 from brain.hot.parked import ParkedWork
-from brain.runtime.clientwork import BEAT_DUE_S
+from brain.runtime.clientwork import BEAT_DUE_S, BEATS_TURN_KEY
 from brain.runtime.events import HEARTBEAT_S
 from tests.redis_commands import command_counts, reset_counts
 from tests.unit.brain.runtime.rig import Rig, kombu_message, local_read, make_rig, tree
@@ -279,6 +279,26 @@ def test_flower_hears_every_connected_clients_heartbeat_in_one_round_per_interva
     rig.clients.sweep_heartbeats()
     assert flower.rounds == [ids, ["desk", "laptop"]]
     assert flower.offline_ids == ["tablet"]
+
+
+def test_of_two_brains_sweeping_the_same_clients_one_tells_flower_and_the_other_takes_over_when_it_stops(
+    rigs: Callable[..., Rig],
+) -> None:
+    first, second = rigs(), rigs()  # two brains: one Redis, one store
+    flowers = [Flower(), Flower()]
+    for i, (brain, flower) in enumerate(zip((first, second), flowers, strict=True)):
+        brain.clients.events = flower  # type: ignore[assignment]  # the stand-in has what it uses
+        brain.clients._holder = f"brain-{i}"  # two brains in one process: two holders
+    first.presence.enroll("laptop", "ada")
+    first.clients.on_connected(announcement(client_id="laptop", session_id="s-laptop"), "laptop")
+    first.r.set(client_key("laptop", CLIENT_HEARTBEAT), "s-laptop")
+    first.clients.sweep_heartbeats()
+    second.clients.sweep_heartbeats()
+    assert (flowers[0].rounds, flowers[1].rounds) == ([["laptop"]], [])
+    first.r.delete(BEATS_TURN_KEY)  # the first brain died: its lease ran out
+    second.clients.sweep_heartbeats()
+    first.clients.sweep_heartbeats()  # (it is back: the turn stays with the second)
+    assert (flowers[0].rounds, flowers[1].rounds) == ([["laptop"]], [["laptop"]])
 
 
 def test_a_requeue_reads_the_sessions_once_and_routes_with_only_the_clients_it_may_use(

@@ -414,6 +414,24 @@ def test_of_two_brains_one_measures_the_quotas_in_each_interval(rigs: Callable[.
     assert second.sweeps.check_quotas()["laptop"] > 0
 
 
+def test_of_two_brains_sweeping_one_lost_task_one_resends_it(rigs: Callable[..., Rig]) -> None:
+    """Both reconcilers find it queued and held nowhere; the move to a new run is a
+    compare-and-set on the lost run id, so one new run is sent, by one brain."""
+    first, second = rigs(), rigs()
+    rec = first.scheduler.submit(tree(echo("a")))
+    lost = first.task(rec.tree_id, "a").run_id
+    first.later()
+    second.later()
+    assert first.sweeps.resend_lost() == ["a"]
+    assert second.sweeps.resend_lost() == []
+    # The second brain's look began before the first's move: its move of the lost run fails.
+    stale = second.store.get_task(rec.tree_id, "a")
+    assert stale is not None
+    assert second.sweeps._resend(stale.model_copy(update={"run_id": lost, "attempt": 1}), None) is False
+    assert len(first.sent.of("a")) == 2 and second.sent.of("a") == []  # the first run and one re-send
+    assert first.task(rec.tree_id, "a").attempt == 2
+
+
 def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(rig: Rig) -> None:
     rec = rig.scheduler.submit(tree(echo("a"), echo("b", depends_on=["a"])))
     run_id = rig.task(rec.tree_id, "a").run_id
