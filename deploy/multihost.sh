@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rehearse a multi-host deployment on one machine: one network namespace per host, each with
 # its own address on a bridge of its own, so every component reaches the others only over the
-# network, as on separate machines (docs/reliability.md, "Rehearsing several hosts on one machine").
+# network, as on separate machines (docs/deployment.md, "Rehearsing on one machine").
 #
 #   deploy/multihost.sh up ID [HOST...]     make the hosts (default: redis brain pool pool-batch gateway workstation)
 #   deploy/multihost.sh addr ID HOST        print HOST's address
