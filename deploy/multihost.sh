@@ -11,8 +11,9 @@
 #
 # ID (1-6 letters or digits) names everything made: bridge vtmh-ID, namespaces vtmh-ID-HOST,
 # links vtmh-ID-N. Two rehearsals with different IDs do not collide. The subnet is
-# 10.77.S.0/24, S chosen from ID (set VTMH_SUBNET=10.x.y to choose it); the bridge, in the
-# root namespace, is .1, so an operator's shell there reaches every host. Needs root and `ip`.
+# 10.77.S.0/24, the first S from one chosen by ID that no address here uses yet (set
+# VTMH_SUBNET=10.x.y to choose it); the bridge, in the root namespace, is .1, so an operator's
+# shell there reaches every host. Needs root and `ip`.
 # `down` removes whatever of ID exists and never fails for what is already gone.
 set -euo pipefail
 
@@ -27,12 +28,30 @@ check_id() {
     [[ "$1" =~ ^[a-z0-9]{1,6}$ ]] || { echo "multihost: ID must be 1-6 lowercase letters or digits, not '$1'" >&2; exit 2; }
 }
 
+# The subnet `up` chose for ID (kept beside its hosts list).
 subnet() {
+    local file="/run/vtmh-$1.subnet"
+    [[ -f "$file" ]] || { echo "multihost: no rehearsal '$1' here; make it: $0 up $1" >&2; exit 2; }
+    cat "$file"
+}
+
+# VTMH_SUBNET, else the first 10.77.S not in use on this machine, starting from one chosen by ID.
+choose_subnet() {
     if [[ -n "${VTMH_SUBNET:-}" ]]; then
         echo "$VTMH_SUBNET"
-    else
-        echo "10.77.$(( $(printf '%s' "$1" | cksum | cut -d' ' -f1) % 250 + 2 ))"
+        return
     fi
+    local start s n
+    start=$(( $(printf '%s' "$1" | cksum | cut -d' ' -f1) % 250 ))
+    for n in $(seq 0 249); do
+        s=$(( (start + n) % 250 + 2 ))
+        if ! ip -o addr show | grep -q " inet 10\.77\.$s\."; then
+            echo "10.77.$s"
+            return
+        fi
+    done
+    echo "multihost: no free subnet 10.77.S.0/24 left; set VTMH_SUBNET=10.x.y" >&2
+    exit 1
 }
 
 ns_name() { echo "vtmh-$1-$2"; }
@@ -69,8 +88,9 @@ up() {
         exit 1
     fi
     local net
-    net="$(subnet "$id")"
+    net="$(choose_subnet "$id")"
     printf '%s\n' "${hosts[@]}" >"/run/vtmh-$id.hosts"
+    echo "$net" >"/run/vtmh-$id.subnet"
     ip link add "vtmh-$id" type bridge
     ip addr add "$net.1/24" dev "vtmh-$id"
     ip link set "vtmh-$id" up
@@ -110,7 +130,7 @@ down() {
     for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep -E "^vtmh-$id(-|$)" || true); do
         ip link delete "$link" 2>/dev/null || true
     done
-    rm -f "/run/vtmh-$id.hosts"
+    rm -f "/run/vtmh-$id.hosts" "/run/vtmh-$id.subnet"
 }
 
 [[ $# -ge 2 ]] || usage
