@@ -6,6 +6,7 @@ import importlib.util
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from brain.cli import cli
@@ -18,12 +19,33 @@ def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
 
 
+def sentinel_variant() -> dict:
+    """compose.sentinel.yaml over compose.yaml, as `docker compose -f compose.yaml -f
+    compose.sentinel.yaml` merges them: a service's mappings merged, its command replaced."""
+    merged = compose()
+    override = yaml.safe_load((ROOT / "compose.sentinel.yaml").read_text())
+    for name, service in override["services"].items():
+        base = merged["services"].setdefault(name, {})
+        for key, value in service.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                base[key] = {**base[key], **value}
+            elif isinstance(value, list) and key == "depends_on":
+                base[key] = [*base.get(key, []), *value]
+            else:
+                base[key] = value
+    return merged
+
+
+VARIANTS = pytest.mark.parametrize("variant", [compose, sentinel_variant], ids=["compose", "sentinel"])
+
+
 def scripts() -> dict[str, str]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module() -> None:
-    for name, service in compose()["services"].items():
+@VARIANTS
+def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module(variant) -> None:
+    for name, service in variant()["services"].items():
         command = service.get("command")
         if command is None or "image" in service:
             continue
@@ -38,14 +60,15 @@ def test_every_compose_command_is_an_entry_point_subcommand_or_celery_app_module
             raise AssertionError(f"{name}: unexpected program {program!r}")
 
 
-def test_compose_environment_uses_the_settings_names() -> None:
+@VARIANTS
+def test_compose_environment_uses_the_settings_names(variant) -> None:
     from brain.stack.flowerauth import WEB_URL_VARIABLE as FLOWER_WEB_URL
     from brain.stack.webauth import BASIC_AUTH_VARIABLE as WEB_BASIC_AUTH
 
     # And the web view's password, which brain.web reads from its environment, not a setting,
     # and the web view's URL Flower links, which brain.flowerapp reads from its environment.
     known = {ENV_PREFIX + field.upper() for field in Settings.model_fields} | {WEB_BASIC_AUTH, FLOWER_WEB_URL}
-    for name, service in compose()["services"].items():
+    for name, service in variant()["services"].items():
         for var in service.get("environment") or {}:
             if var.startswith(ENV_PREFIX):
                 assert var in known, f"{name}: {var} is not a setting"
@@ -190,3 +213,56 @@ def test_compose_web_view_asks_for_a_password_and_acts_as_the_brain_without_the_
     assert env["VANCETOPE_REDIS_URL"] == services["brain"]["environment"]["VANCETOPE_REDIS_URL"]
     assert "VANCETOPE_VAULT_KEY" not in env
     assert web["ports"] == ["127.0.0.1:8766:8766"]
+
+
+def _sentinel_extras() -> list[str]:
+    """What compose.sentinel.yaml adds to compose.yaml's redis command on both nodes."""
+    primary = sentinel_variant()["services"]["redis"]["command"]
+    ours = compose()["services"]["redis"]["command"]
+    assert primary[: len(ours)] == ours, "both nodes run compose.yaml's redis command, its users and limits"
+    return primary[len(ours) :]
+
+
+def test_compose_sentinel_variant_has_a_primary_a_replica_and_three_sentinels_watching_it() -> None:
+    """Issue 28: one primary, one replica, three sentinels, each node with compose.yaml's users."""
+    services = sentinel_variant()["services"]
+    extras = _sentinel_extras()
+    replica = services["redis-replica"]["command"]
+    follow = ["--replicaof", "redis", "6379", "--replica-announce-ip", "redis-replica"]
+    assert replica == [*compose()["services"]["redis"]["command"], *extras, *follow]
+    # Either node may follow the other after a failover, as vt-replica; sentinels log in as vt-sentinel.
+    assert extras[extras.index("--masteruser") + 1] == "vt-replica"
+    users = [extras[i + 1] for i, arg in enumerate(extras) if arg == "--user"]
+    assert users == ["vt-replica", "vt-sentinel"]
+    for user in users:
+        secret = extras[extras.index(user) + 2]
+        assert secret.startswith(">${") and ":?set it in .env}" in secret, f"{user}: password from .env"
+    sentinels = [name for name in services if name.startswith("redis-sentinel-")]
+    assert len(sentinels) == 3
+    for name in sentinels:
+        script = services[name]["command"][2]
+        assert "sentinel monitor mymaster redis 6379 2" in script, name
+        assert "sentinel auth-user mymaster vt-sentinel" in script, name
+
+
+def test_compose_sentinel_variant_points_every_component_at_the_sentinels_as_its_own_user() -> None:
+    """Each component keeps compose.yaml's Redis user and password, on kombu's sentinel:// URL
+    naming all three sentinels, with the master's name the sentinels monitor."""
+    plain, variant = compose()["services"], sentinel_variant()["services"]
+    with_redis = [
+        name for name, service in plain.items() if "VANCETOPE_REDIS_URL" in (service.get("environment") or {})
+    ]
+    assert with_redis, "compose.yaml's components connect to Redis"
+    for name in with_redis:
+        env = variant[name]["environment"]
+        before = plain[name]["environment"]["VANCETOPE_REDIS_URL"]
+        credentials = before.removeprefix("redis://").split("@")[0]
+        parts = env["VANCETOPE_REDIS_URL"].split(";")
+        assert parts[0] == f"sentinel://{credentials}@redis-sentinel-1:26379", name
+        assert parts[1:] == ["sentinel://redis-sentinel-2:26379", "sentinel://redis-sentinel-3:26379"], name
+        assert env["VANCETOPE_REDIS_SENTINEL_MASTER"] == "mymaster", name
+        assert {"redis-sentinel-1", "redis-sentinel-2", "redis-sentinel-3"} <= set(
+            variant[name]["depends_on"]
+        )
+    if "redis_sentinel_master" in Settings.model_fields:  # the setting's default, once it exists
+        assert Settings.model_fields["redis_sentinel_master"].default == "mymaster"
