@@ -26,7 +26,9 @@ class TransactionLock(Lock):
         # knows, which do not include GET: name the full key on a plain client instead.
         key = getattr(self.redis, "global_keyprefix", "") + str(self.name)
         plain = redis.Redis(connection_pool=self.redis.connection_pool)
-        token = expected_token if isinstance(expected_token, bytes) else str(expected_token).encode()  # bytes in fact
+        token = (
+            expected_token if isinstance(expected_token, bytes) else str(expected_token).encode()
+        )  # bytes in fact
         with plain.pipeline(transaction=True) as pipe:
             try:
                 pipe.watch(key)

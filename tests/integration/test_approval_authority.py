@@ -65,9 +65,7 @@ def test_a_client_cannot_hold_a_server_task(brain_on_redis: Brain) -> None:
     connect(brain, "laptop")
     shout = {"id": "shout", "tool": "text_transform", "args": {"op": "upper", "text": "hi"}}
     rec = brain.scheduler.submit(tree({"id": "s", "tasks": [shout]}))
-    assert not brain.intake.on_awaiting(
-        awaiting(brain, rec.tree_id, "shout", "laptop"), from_client="laptop"
-    )
+    assert not brain.intake.on_awaiting(awaiting(brain, rec.tree_id, "shout", "laptop"), from_client="laptop")
     assert brain.store.get_task(rec.tree_id, "shout").state is TaskState.QUEUED_SERVER
 
 
@@ -121,5 +119,7 @@ def test_only_the_client_a_call_was_sent_to_can_say_it_began(brain_on_redis: Bra
     began("bob-laptop", "bob-laptop")
     task = brain.store.get_task(rec.tree_id, "r0")
     assert task.state is TaskState.RUNNING and task.started_at == 1.0
-    assert brain.intake.on_result(result_for(brain, rec.tree_id, "r0", "bob-laptop"), from_client="bob-laptop")
+    assert brain.intake.on_result(
+        result_for(brain, rec.tree_id, "r0", "bob-laptop"), from_client="bob-laptop"
+    )
     assert brain.store.get_task(rec.tree_id, "r0").state is TaskState.DONE

@@ -55,7 +55,6 @@ def test_a_client_cannot_complete_a_server_task_and_the_server_pool_can(brain_on
     task = brain.store.get_task(rec.tree_id, "shout")
     assert task.state is TaskState.QUEUED_SERVER and task.client_id is None
     assert (
-        brain.intake.on_result(forged(brain, rec.tree_id, "shout", "laptop"), from_client="laptop")
-        is False
+        brain.intake.on_result(forged(brain, rec.tree_id, "shout", "laptop"), from_client="laptop") is False
     )
     assert brain.intake.on_result(forged(brain, rec.tree_id, "shout", None)) is True

@@ -163,6 +163,13 @@ def test_the_bad_night_example_fans_out_notifies_cleans_up_and_ends_failed_throu
     zones = [t["target"]["timezone"] for t in tasks["local_times"]["result"]]
     assert zones == ["Asia/Tokyo", "America/New_York", "Europe/Paris"]  # in the list's order
     assert report["summary"]["fan_outs"] == [
-        {"task_id": "local_times", "tool": "convert_time", "state": "done", "items": 3, "done": 3, "failed": 0}
+        {
+            "task_id": "local_times",
+            "tool": "convert_time",
+            "state": "done",
+            "items": 3,
+            "done": 3,
+            "failed": 0,
+        }
     ]
     assert tasks["missing_notes"]["attempts"] == []  # a tool error: not covered by the policy

@@ -130,7 +130,9 @@ def test_thousands_are_coalesced_to_the_burst_then_the_rate_and_the_latest_alway
     rig.throttle.flush()
     assert rig.sent[-1] == (999, 100)
     assert [p for p, _ in rig.sent[: Throttle.BURST]] == list(range(Throttle.BURST))  # the burst, whole
-    gaps = [b - a for a, b in zip(rig.sent_at[Throttle.BURST :], rig.sent_at[Throttle.BURST + 1 :], strict=False)]
+    gaps = [
+        b - a for a, b in zip(rig.sent_at[Throttle.BURST :], rig.sent_at[Throttle.BURST + 1 :], strict=False)
+    ]
     assert all(gap >= Throttle.EVERY_S - 1e-9 for gap in gaps[:-1]), gaps  # the flush may come sooner
     assert Throttle.BURST + 4 <= len(rig.sent) <= Throttle.BURST + 7, rig.sent
     progress = [p for p, _ in rig.sent]

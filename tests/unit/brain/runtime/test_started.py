@@ -54,7 +54,9 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     s.put_tree(
         TreeRecord(tree_id="t", tree=tree, submitted_at=0),
         [
-            TaskRecord(tree_id="t", task_id="a", tool="x", state=S.QUEUED_CLIENT, run_id="r1", client_id="alice"),
+            TaskRecord(
+                tree_id="t", task_id="a", tool="x", state=S.QUEUED_CLIENT, run_id="r1", client_id="alice"
+            ),
             TaskRecord(tree_id="t", task_id="s", tool="x", state=S.QUEUED_SERVER, run_id="rs"),
         ],
     )
