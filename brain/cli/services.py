@@ -99,7 +99,8 @@ def beat(settings: Settings) -> None:
     type=click.IntRange(1, 65535),
     envvar="VANCETOPE_WEB_PORT",
     help=f"Serve the web view (trees, graphs, timelines) on this port of 127.0.0.1 (default {WEB_PORT}; "
-    "env VANCETOPE_WEB_PORT).",
+    "env VANCETOPE_WEB_PORT). It asks for a password on loopback too: user 'vancetope' and a password "
+    "generated into <data_dir>/web.secret; result values only for the logins in web_result_users.",
 )
 @click.option("--no-web", is_flag=True, help="Do not start the web view.")
 @click.pass_obj

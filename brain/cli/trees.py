@@ -616,7 +616,9 @@ def _held_tool_lines(sessions: Mapping[str, ClientSession], tools: set[str]) -> 
     "--queues",
     "queues_only",
     is_flag=True,
-    help="Only the queues: per server pool, client and user, the work waiting and who takes it.",
+    help="Only the queues: per server pool, client and user, the work waiting and who takes it; "
+    "then each limit (rate_limit, max_concurrency, max_in_flight_per_user as user:NAME@POOL): what "
+    "waits on it and whose, the slots held, the rate now and a 429 pause.",
 )
 @click.pass_obj
 def status(
