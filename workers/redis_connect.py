@@ -13,7 +13,10 @@ has become a replica.
 Credentials and TLS options are those of the data nodes, and travel with every master
 the sentinels name (``master_for`` with the same username, password and ``ssl_*``
 arguments), so a client's ACL user and certificate checks survive a failover. The
-sentinels themselves get the socket and TLS options but no password (``sentinel_kwargs``).
+sentinels get the same credential, the socket and the TLS options (``sentinel_kwargs``):
+each component is a user of the sentinels too, allowed there only to ask where the master
+is (brain.hot.sentinel_acl), because a sentinel that anyone may command can name a master
+of an attacker's, which then collects every reconnecting component's password.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Final
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from workers.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
 
@@ -51,17 +54,56 @@ def master_name(explicit: str | None = None) -> str:
     return explicit or _default_master or os.environ.get(SENTINEL_MASTER_VARIABLE) or DEFAULT_SENTINEL_MASTER
 
 
+def sentinel_credentials(target: SentinelUrl) -> dict[str, Any]:
+    """The URL's user and password, which the sentinels check as the data nodes do (the same
+    user on both: one credential per component). None in the URL: none sent (sentinels whose
+    default user is open, as a test's or a laptop's may be)."""
+    return {k: v for k, v in target.node_kwargs().items() if k in ("username", "password")}
+
+
 def _sentinel_kwargs(target: SentinelUrl, options: dict[str, Any]) -> dict[str, Any]:
-    """What the sentinels get: the socket options and TLS, never the data nodes' password."""
-    return {**{k: v for k, v in options.items() if k.startswith("socket_")}, **target.tls_kwargs()}
+    """What the sentinels get: the credential, the socket options and TLS."""
+    return {
+        **{k: v for k, v in options.items() if k.startswith("socket_")},
+        **target.tls_kwargs(),
+        **sentinel_credentials(target),
+    }
 
 
 def _sentinel_args(url: str, options: dict[str, Any]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """Sentinel(...)'s arguments, sync or async alike: the sentinels and the keyword arguments
-    (the data nodes' credentials and TLS with ``options``; the sentinels' own, without password)."""
+    (the data nodes' credentials and TLS with ``options``; the sentinels' own)."""
     target = parse_sentinel_url(url)
     kwargs = {**target.node_kwargs(), **options, "sentinel_kwargs": _sentinel_kwargs(target, options)}
     return list(target.sentinels), kwargs
+
+
+class SentinelsRefusedCredential(MasterNotFoundError, redis.AuthenticationError):
+    """No sentinel named the master, and at least one refused this credential (WRONGPASS,
+    NOAUTH): to a client agent the same answer as a data node refusing it — not enrolled, or
+    revoked — rather than an outage to wait out (``except redis.AuthenticationError``)."""
+
+
+def _refused_or(exc: MasterNotFoundError) -> MasterNotFoundError:
+    # redis-py names each sentinel's error in the message, its only record of them (8.2:
+    # "auth:AuthenticationError: invalid username-password pair ...")
+    return SentinelsRefusedCredential(str(exc)) if "AuthenticationError" in str(exc) else exc
+
+
+class _Sentinel(Sentinel):
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        try:
+            return super().discover_master(service_name)  # type: ignore[no-any-return]
+        except MasterNotFoundError as exc:
+            raise _refused_or(exc) from None
+
+
+class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        try:
+            return await super().discover_master(service_name)  # type: ignore[no-any-return]
+        except MasterNotFoundError as exc:
+            raise _refused_or(exc) from None
 
 
 class _MasterClient(redis.Redis):
@@ -92,7 +134,7 @@ def redis_client(url: str, *, master: str | None = None, **options: Any) -> redi
     if not is_sentinel_url(url):
         return redis.Redis.from_url(url, **options)
     sentinels, kwargs = _sentinel_args(url, options)
-    manager = Sentinel(sentinels, **kwargs)
+    manager = _Sentinel(sentinels, **kwargs)
     client = manager.master_for(master_name(master), redis_class=_MasterClient)
     client.sentinel_manager = manager
     return client
@@ -110,7 +152,7 @@ def async_redis_client(url: str, *, master: str | None = None, **options: Any) -
     if not is_sentinel_url(url):
         return redis.asyncio.Redis.from_url(url, **options)
     sentinels, kwargs = _sentinel_args(url, options)
-    manager = redis.asyncio.sentinel.Sentinel(sentinels, **kwargs)
+    manager = _AsyncSentinel(sentinels, **kwargs)
     client = manager.master_for(master_name(master), redis_class=_AsyncMasterClient)
     client.sentinel_manager = manager
     return client
@@ -142,6 +184,35 @@ def every_node(r: redis.Redis) -> list[redis.Redis]:
     return [redis.Redis(host=host, port=port, **kwargs) for host, port in dict.fromkeys(addresses)]
 
 
+def every_sentinel(r: redis.Redis) -> list[redis.Redis]:
+    """A client per sentinel behind ``r``: those its URL names and those they know of
+    (``SENTINEL SENTINELS``), each with ``r``'s sentinel credential and TLS (the caller closes
+    them); none for a plain client. Redis replicates no ACL change between sentinels either:
+    a user the sentinels must know (brain.hot.sentinel_acl) is sent to each."""
+    pool = r.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return []
+    manager: Sentinel = pool.sentinel_manager
+    addresses = [node_address(s) for s in manager.sentinels]
+    for sentinel in manager.sentinels:
+        try:
+            peers = sentinel.sentinel_sentinels(pool.service_name)
+        except redis.RedisError:
+            continue  # this one is away or refuses: the others still name their peers
+        if isinstance(peers, list):  # redis-py types the reply of a bare command as bool too
+            addresses.extend((str(peer["ip"]), int(peer["port"])) for peer in peers)
+    return [
+        redis.Redis(host=host, port=port, **manager.sentinel_kwargs)
+        for host, port in dict.fromkeys(addresses)
+    ]
+
+
+def node_address(r: redis.Redis) -> tuple[str, int]:
+    """(host, port) a plain client connects to, for logs and for telling nodes apart."""
+    kwargs = r.connection_pool.connection_kwargs
+    return str(kwargs.get("host", "?")), int(kwargs.get("port", 0))
+
+
 # The class kombu builds a Sentinel-following channel with, guarded as workers.transport's.
 SENTINEL_TRANSPORT_PATH: Final = "workers.transport:GuardedSentinelTransport"
 
@@ -150,14 +221,14 @@ def broker_settings(url: str, master: str | None = None) -> tuple[dict[str, Any]
     """(Celery settings, transport options) that reach the broker at ``url``. For a Sentinel
     URL: its canonical form (``SentinelUrl.url``: kombu reads credentials, database and TLS
     options from the first part), the guarded Sentinel transport, and ``master_name`` and
-    ``sentinel_kwargs`` (TLS, no password) in the options."""
+    ``sentinel_kwargs`` (the credential and TLS) in the options."""
     if not is_sentinel_url(url):
         return {"broker_url": url}, {}
     target = parse_sentinel_url(url)
     options: dict[str, Any] = {"master_name": master_name(master)}
-    tls = target.tls_kwargs()
-    if tls:
-        options["sentinel_kwargs"] = tls
+    to_sentinels = {**target.tls_kwargs(), **sentinel_credentials(target)}
+    if to_sentinels:
+        options["sentinel_kwargs"] = to_sentinels
     settings = {
         "broker_url": target.url(),
         "broker_transport": SENTINEL_TRANSPORT_PATH,
@@ -178,13 +249,17 @@ __all__ = [
     "DEFAULT_SENTINEL_MASTER",
     "SENTINEL_MASTER_VARIABLE",
     "SENTINEL_TRANSPORT_PATH",
+    "SentinelsRefusedCredential",
     "app_redis_client",
     "async_redis_client",
     "broker_settings",
     "every_node",
+    "every_sentinel",
     "is_sentinel_url",
     "master_name",
+    "node_address",
     "redis_client",
+    "sentinel_credentials",
     "set_default_master",
     "stay_on_first",
 ]

@@ -15,11 +15,12 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import redis
 
 from brain.core.models import Enrollment
+from brain.hot.sentinel_acl import flush_config, on_every_sentinel, sentinel_user_rules
 from brain.hot.state import as_text
 from workers.contracts import (
     GATE_NS,
@@ -37,7 +38,7 @@ from workers.contracts import (
     key_retry_at,
     key_tree_running,
 )
-from workers.redis_connect import every_node
+from workers.redis_connect import every_node, node_address
 
 log = logging.getLogger("vancetope.brain.acl")
 T = TypeVar("T")
@@ -232,8 +233,8 @@ def save_acl(node: redis.Redis, restored_from: str) -> None:
 
 
 def _where(node: redis.Redis) -> str:
-    kwargs = node.connection_pool.connection_kwargs
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+    host, port = node_address(node)
+    return f"{host}:{port}"
 
 
 def on_every_node(r: redis.Redis, change: Callable[[redis.Redis], T]) -> list[T]:
@@ -261,56 +262,110 @@ def on_every_node(r: redis.Redis, change: Callable[[redis.Redis], T]) -> list[T]
     return results
 
 
-class AclUsers:
-    """The client ACL users on one Redis (behind Sentinel: on each of its nodes), kept equal to
-    the store's enrollments."""
+class StoreUsers(Generic[T]):
+    """ACL users ``prefix + key`` on one Redis, kept equal to records of the store: on each of
+    its data nodes behind Sentinel, and on each sentinel as a user that may only find the
+    master (brain.hot.sentinel_acl), the same name and secret on both."""
+
+    prefix: ClassVar[str]
+    what: ClassVar[str]  # for the logs: "client", "submit credential"
 
     def __init__(self, r: redis.Redis) -> None:
         self.r = r
 
-    def provision(self, enrollment: Enrollment, save: bool = True) -> None:
-        rules = client_acl_rules(enrollment)
-        name = client_username(enrollment.client_id)
-        on_every_node(self.r, lambda node: set_user(node, name, rules))
-        if save:
-            self._save()
+    def key(self, record: T) -> str:
+        raise NotImplementedError
 
-    def revoke(self, client_id: str, save: bool = True) -> bool:
-        """Delete the client's ACL user, which also closes its open connections (a disabled user's
-        connections would stay open). True if the master had it."""
-        name = client_username(client_id)
-        deleted = on_every_node(self.r, lambda node: delete_user(node, name))[0]
+    def username(self, key: str) -> str:
+        raise NotImplementedError
+
+    def rules(self, record: T) -> list[str]:
+        """The data nodes' ACL SETUSER rules, ``reset`` first."""
+        raise NotImplementedError
+
+    def secret_sha256(self, record: T) -> str:
+        raise NotImplementedError
+
+    def provision(self, record: T, save: bool = True) -> None:
+        name, rules = self.username(self.key(record)), self.rules(record)
+        on_every_node(self.r, lambda node: set_user(node, name, rules))
+        sentinel = sentinel_user_rules(self.secret_sha256(record))
+        on_every_sentinel(self.r, lambda node: set_user(node, name, sentinel))
         if save:
-            self._save()
+            self._save(nodes=True, sentinels=True)
+
+    def revoke(self, key: str, save: bool = True) -> bool:
+        """Delete the ACL user, which also closes its open connections (a disabled user's
+        connections would stay open), on every node and sentinel. True if the master had it."""
+        name = self.username(key)
+        deleted = on_every_node(self.r, lambda node: delete_user(node, name))[0]
+        on_every_sentinel(self.r, lambda node: delete_user(node, name))
+        if save:
+            self._save(nodes=True, sentinels=True)
         return deleted
 
-    def client_users(self) -> set[str]:
-        return users_named(self.r, CLIENT_USER_PREFIX)
+    def present(self) -> set[str]:
+        """The keys of the master's users of this kind."""
+        return users_named(self.r, self.prefix)
 
-    def sync(self, enrollments: Iterable[Enrollment]) -> None:
-        """Create the ACL users the store says should exist and delete the rest, on each node
-        (after a Redis restart without an ACL file, a revocation whose DELUSER did not reach
-        Redis, or a replica that was away when a client was enrolled or revoked)."""
-        wanted = {e.client_id: e for e in enrollments if e.secret_sha256}
-        changed = on_every_node(self.r, lambda node: self._sync_node(node, wanted))
+    def sync(self, records: Iterable[T]) -> None:
+        """Create the users the store says should exist and delete the rest, on each node and
+        each sentinel (after a Redis restart without an ACL file, a revocation whose DELUSER
+        did not reach Redis, or a node or sentinel that was away when it was sent)."""
+        wanted = {self.key(record): record for record in records}
+        nodes = on_every_node(self.r, lambda node: self._sync_node(node, wanted, self.rules))
+        sentinels = on_every_sentinel(
+            self.r,
+            lambda node: self._sync_node(node, wanted, lambda r: sentinel_user_rules(self.secret_sha256(r))),
+        )
         # One ACL SAVE for all: each rewrites the whole file, so one per user made restoring
         # 1,000 clients after a Redis restart take about a minute (bench/fleet.py's storm), and
         # an agent that reconnected meanwhile was refused.
-        if any(changed):
-            self._save()
+        if any(nodes) or any(sentinels):
+            self._save(nodes=any(nodes), sentinels=any(sentinels))
 
-    def _sync_node(self, node: redis.Redis, wanted: dict[str, Enrollment]) -> bool:
-        present = users_named(node, CLIENT_USER_PREFIX)
+    def _sync_node(self, node: redis.Redis, wanted: dict[str, T], rules: Callable[[T], list[str]]) -> bool:
+        present = users_named(node, self.prefix)
         missing, extra = sorted(wanted.keys() - present), sorted(present - wanted.keys())
-        for client_id in missing:
-            log.info("restoring the Redis ACL user of enrolled client %r on %s", client_id, _where(node))
-            set_user(node, client_username(client_id), client_acl_rules(wanted[client_id]))
-        for client_id in extra:
+        for key in missing:
+            log.info("restoring the Redis ACL user of %s %r on %s", self.what, key, _where(node))
+            set_user(node, self.username(key), rules(wanted[key]))
+        for key in extra:
             log.warning(
-                "deleting the Redis ACL user of client %r on %s: it is not enrolled", client_id, _where(node)
+                "deleting the Redis ACL user of %s %r on %s: the store has none", self.what, key, _where(node)
             )
-            delete_user(node, client_username(client_id))
+            delete_user(node, self.username(key))
         return bool(missing or extra)
 
-    def _save(self) -> None:
-        on_every_node(self.r, lambda node: save_acl(node, "client users"))
+    def _save(self, nodes: bool, sentinels: bool) -> None:
+        if nodes:
+            on_every_node(self.r, lambda node: save_acl(node, f"{self.what} users"))
+        if sentinels:
+            on_every_sentinel(self.r, flush_config)
+
+
+class AclUsers(StoreUsers[Enrollment]):
+    """The client ACL users on one Redis (and its sentinels), kept equal to the store's enrollments."""
+
+    prefix = CLIENT_USER_PREFIX
+    what = "client"
+
+    def key(self, record: Enrollment) -> str:
+        return record.client_id
+
+    def username(self, key: str) -> str:
+        return client_username(key)
+
+    def rules(self, record: Enrollment) -> list[str]:
+        return client_acl_rules(record)
+
+    def secret_sha256(self, record: Enrollment) -> str:
+        if not record.secret_sha256:
+            raise ValueError(f"client {record.client_id!r} has no credential to provision")
+        return record.secret_sha256
+
+    def client_users(self) -> set[str]:
+        return self.present()
+
+    def sync(self, records: Iterable[Enrollment]) -> None:
+        super().sync(e for e in records if e.secret_sha256)

@@ -12,26 +12,14 @@ ACL user is derived from it, so a Redis restart loses nothing the brain cannot p
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Iterable
 
 import redis
 
 from brain.core.models import SubmitCredential
-from brain.hot.acl import (
-    delete_user,
-    new_secret,
-    on_every_node,
-    save_acl,
-    secret_sha256,
-    set_user,
-    users_named,
-)
+from brain.hot.acl import StoreUsers, new_secret, secret_sha256
 from brain.store import Store
 from workers.contracts import submit_queue_of
-
-log = logging.getLogger("vancetope.brain.submitters")
 
 SUBMIT_USER_PREFIX = "vts-"
 # What kombu does to send a task: SADD/SMEMBERS the exchange's binding set, then LPUSH the
@@ -68,48 +56,24 @@ def submitter_acl_rules(credential: SubmitCredential) -> list[str]:
     ]
 
 
-class SubmitterUsers:
-    """The submit ACL users on one Redis (behind Sentinel: on each of its nodes), kept equal to
-    the store's submit credentials."""
+class SubmitterUsers(StoreUsers[SubmitCredential]):
+    """The submit ACL users on one Redis (and its sentinels), kept equal to the store's submit
+    credentials."""
 
-    def __init__(self, r: redis.Redis) -> None:
-        self.r = r
+    prefix = SUBMIT_USER_PREFIX
+    what = "submit credential"
 
-    def provision(self, credential: SubmitCredential) -> None:
-        name, rules = submit_username(credential.user), submitter_acl_rules(credential)
-        on_every_node(self.r, lambda node: set_user(node, name, rules))
-        self._save()
+    def key(self, record: SubmitCredential) -> str:
+        return record.user
 
-    def revoke(self, user: str) -> bool:
-        """Delete the user's ACL user, which also closes its open connections."""
-        name = submit_username(user)
-        deleted = on_every_node(self.r, lambda node: delete_user(node, name))[0]
-        self._save()
-        return deleted
+    def username(self, key: str) -> str:
+        return submit_username(key)
 
-    def present(self) -> set[str]:
-        return users_named(self.r, SUBMIT_USER_PREFIX)
+    def rules(self, record: SubmitCredential) -> list[str]:
+        return submitter_acl_rules(record)
 
-    def sync(self, credentials: Iterable[SubmitCredential]) -> None:
-        """Create the ACL users the store says should exist and delete the rest, on each node."""
-        wanted = {c.user: c for c in credentials}
-        if any(on_every_node(self.r, lambda node: self._sync_node(node, wanted))):
-            self._save()
-
-    def _sync_node(self, node: redis.Redis, wanted: dict[str, SubmitCredential]) -> bool:
-        present = users_named(node, SUBMIT_USER_PREFIX)
-        for user in sorted(wanted.keys() - present):
-            log.info("restoring the Redis ACL user of the submit credential of user %r", user)
-            set_user(node, submit_username(user), submitter_acl_rules(wanted[user]))
-        for user in sorted(present - wanted.keys()):
-            log.warning(
-                "deleting Redis ACL user %s: the store has no such submit credential", submit_username(user)
-            )
-            delete_user(node, submit_username(user))
-        return bool(wanted.keys() ^ present)
-
-    def _save(self) -> None:
-        on_every_node(self.r, lambda node: save_acl(node, "submit users"))
+    def secret_sha256(self, record: SubmitCredential) -> str:
+        return record.secret_sha256
 
 
 def issue(store: Store, r: redis.Redis, user: str, now: float | None = None) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.hot.acl import AclUsers, client_username
@@ -30,6 +31,7 @@ from brain.runtime.service import Brain
 from brain.stack.children import dies_with_this_process
 from brain.stack.embedded import Service, agent_env, stack_env
 from brain.store.sqlite import SQLiteStore
+from client_agent.status import check_enrollment
 from tests.conftest import (
     agent_with_servers,
     make_settings,
@@ -44,7 +46,7 @@ from tests.integration.test_gateway import mcp_client, start_gateway, token_for
 from tests.integration.test_schedules_stack import runs_by, write_tree
 from workers.contracts import client_key
 from workers.redis_connect import async_redis_client, every_node, redis_client
-from workers.urls import parse_sentinel_url
+from workers.urls import parse_sentinel_url, url_password, with_credentials
 
 pytestmark = pytest.mark.integration
 
@@ -72,8 +74,14 @@ def test_a_revoked_client_stays_out_and_an_enrolled_one_gets_in_after_a_failover
         # A revocation that missed the replica (it was away): the brain's sync, run every
         # reconcile sweep, finds the user there and deletes it before the replica is promoted.
         nodes[1].execute_command("ACL", "SETUSER", client_username("desk"), "on", ">back-door", "+ping")
+        # The same on a sentinel, as a user of the sentinels (they replicate no ACL change either).
+        with sentinel_set.sentinels[2].client() as sentinel:
+            sentinel.execute_command("ACL", "SETUSER", client_username("desk"), "on", ">back-door", "+ping")
         AclUsers(admin).sync(store.list_enrollments())
         assert AclUsers(nodes[1]).client_users() == {"laptop"}
+        for s in sentinel_set.sentinels:
+            with s.client() as sentinel:
+                assert AclUsers(sentinel).client_users() == {"laptop"}
         for node in nodes:
             node.close()
 
@@ -84,8 +92,13 @@ def test_a_revoked_client_stays_out_and_an_enrolled_one_gets_in_after_a_failover
         own.lpush(client_key("laptop", "probe"), b"x")  # its own keys, on the promoted replica
         with pytest.raises(redis.exceptions.NoPermissionError):
             own.get("vt:registry")  # and nothing else
-        with pytest.raises(redis.AuthenticationError):
+        # The revoked client: refused by the sentinels (it cannot even learn where the master
+        # is) and by the promoted master itself.
+        with pytest.raises(MasterNotFoundError, match="invalid username-password"):
             redis_client(desk.broker_url, socket_timeout=5).ping()
+        desk_login = {"username": client_username("desk"), "password": url_password(desk.broker_url)}
+        with pytest.raises(redis.AuthenticationError), sentinel_set.master().client(**desk_login) as direct:
+            direct.ping()
         own.close()
 
         async def own_async() -> int:
@@ -278,3 +291,74 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
         timeout=60,
         what="a scheduled run fired after the failover",
     )
+
+
+def test_a_workstations_credential_may_only_ask_the_sentinels_where_the_master_is(
+    tmp_path: Path,
+    sentinel_set: SentinelSet,  # noqa: F811 - the fixture
+) -> None:
+    """An attacker who owns a workstation has its `sentinel://` URL. A sentinel that took its
+    commands could be told to monitor a master of the attacker's, which would then collect the
+    password of every component that reconnects (vt-brain's: the whole stack). Seen on Redis
+    7.0.15 before sentinel users existed. Now each sentinel knows the client only as a user that
+    may find the master, kept there by the brain (and written to the sentinel's config file)."""
+    admin = redis_client(sentinel_set.url, socket_timeout=5)
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        laptop = enroll(PresenceBook(admin, store), "laptop", "ada", sentinel_set.url)
+        login = {"username": client_username("laptop"), "password": url_password(laptop.broker_url)}
+        master = sentinel_set.master_port()
+        hostile = (
+            ("SENTINEL", "REMOVE", "mymaster"),
+            ("SENTINEL", "MONITOR", "evil", "127.0.0.1", "1", "1"),
+            ("SENTINEL", "SET", "mymaster", "auth-pass", "x"),
+            ("SENTINEL", "FAILOVER", "mymaster"),
+            ("SENTINEL", "RESET", "*"),
+            ("SENTINEL", "CONFIG", "SET", "resolve-hostnames", "yes"),
+            ("SENTINEL", "FLUSHCONFIG"),
+            ("ACL", "SETUSER", "evil", "on", ">x", "+@all"),
+            ("ACL", "LIST"),
+            ("CLIENT", "KILL", "TYPE", "normal"),
+            ("SHUTDOWN",),
+        )
+        for node in sentinel_set.sentinels:
+            with node.client(**login) as sentinel:
+                assert sentinel.sentinel_get_master_addr_by_name("mymaster")[1] == master
+                assert sentinel.sentinel_masters()["mymaster"]["port"] == master  # what redis-py asks
+                for command in hostile:
+                    with pytest.raises(redis.exceptions.NoPermissionError):
+                        sentinel.execute_command(*command)
+            with node.client() as anyone, pytest.raises(redis.AuthenticationError):
+                anyone.execute_command("AUTH", "default", "")  # no default user to fall back on
+            anonymous = redis.Redis(port=node.port, socket_timeout=5)
+            with anonymous, pytest.raises(redis.exceptions.AuthenticationError, match="authenticated|Authentication required"):
+                anonymous.execute_command("SENTINEL", "REMOVE", "mymaster")
+            # A component's own user is no stronger there: the pool's, and even the brain's,
+            # may not move the master.
+            for user in ("vt-pool", "vt-brain"):
+                pool_login = {"username": user, "password": url_password(sentinel_set.url_for(user))}
+                with node.client(**pool_login) as sentinel, pytest.raises(redis.exceptions.NoPermissionError):
+                    sentinel.execute_command("SENTINEL", "MONITOR", "evil", "127.0.0.1", "1", "1")
+        assert sentinel_set.master_port() == master  # nothing moved
+
+        # A sentinel restarted keeps the client's user (the brain's SENTINEL FLUSHCONFIG wrote it
+        # into its config file): the workstation finds the master through it alone.
+        back = sentinel_set.restart_sentinel(0)
+        only_it = with_credentials(f"sentinel://127.0.0.1:{back.port}", login["username"], login["password"])
+        own = redis_client(only_it, socket_timeout=5)
+        assert own.lpush(client_key("laptop", "probe"), b"x") == 1
+        own.close()
+        # Revoked: gone from every sentinel too, so the URL no longer finds a master.
+        AclUsers(admin).revoke("laptop")
+        for node in sentinel_set.sentinels:
+            with node.client() as sentinel:
+                assert AclUsers(sentinel).client_users() == set()
+        # To the agent that is a refused credential (it stops: not enrolled, or revoked), not an
+        # outage to wait out.
+        with pytest.raises(redis.AuthenticationError, match="invalid username-password"):
+            redis_client(laptop.broker_url, socket_timeout=5).ping()
+        enrollment = check_enrollment(laptop.broker_url)
+        assert enrollment.enrolled is False and "not enrolled or revoked" in enrollment.detail
+    finally:
+        store.close()
+        admin.close()

@@ -11,6 +11,8 @@ import yaml
 
 from brain.cli import cli
 from brain.config import ENV_PREFIX, Settings
+from brain.hot.acl import COMPONENT_RULES
+from brain.hot.sentinel_acl import sentinel_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -243,6 +245,15 @@ def test_compose_sentinel_variant_has_a_primary_a_replica_and_three_sentinels_wa
         script = services[name]["command"][2]
         assert "sentinel monitor mymaster redis 6379 2" in script, name
         assert "sentinel auth-user mymaster vt-sentinel" in script, name
+        # No default user: each component logs in as itself, with brain/hot/sentinel_acl.py's rules.
+        lines = script.splitlines()
+        assert "user default off resetchannels -@all" in lines, name
+        assert "sentinel sentinel-user vt-sentinel" in lines, name
+        for user in COMPONENT_RULES:
+            rules = " ".join(sentinel_rules(manages_users=user == "vt-brain"))
+            assert any(line.startswith(f"user {user} on >$") and line.endswith(f" {rules}") for line in lines), (
+                name, user,
+            )  # fmt: skip
 
 
 def test_compose_sentinel_variant_points_every_component_at_the_sentinels_as_its_own_user() -> None:

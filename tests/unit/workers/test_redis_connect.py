@@ -65,7 +65,7 @@ def test_bad_sentinel_urls_are_refused_saying_why(url: str, fragment: str) -> No
     assert "secret" not in str(caught.value)
 
 
-def test_celery_gets_the_guarded_sentinel_transport_with_master_name_and_tls_for_the_sentinels() -> None:
+def test_celery_gets_the_guarded_sentinel_transport_with_master_name_tls_and_the_user_for_the_sentinels() -> None:
     url = with_credentials(THREE + TLS, "vtc-laptop", "pw")
     conf = celery_config(url, keyprefix="c:laptop:", sentinel_master="vt")
     assert conf["broker_transport"] == SENTINEL_TRANSPORT_PATH
@@ -75,10 +75,13 @@ def test_celery_gets_the_guarded_sentinel_transport_with_master_name_and_tls_for
     assert len(rest) == 2
     options = conf["broker_transport_options"]
     assert options["master_name"] == "vt" and options["global_keyprefix"] == "c:laptop:"
-    # the sentinels: timeouts and TLS, never the data nodes' password
+    # the sentinels: timeouts, TLS, and the client's own user, which they check as the data
+    # nodes do (a sentinel anyone may command can name an attacker's master)
     assert options["sentinel_kwargs"]["ssl_cert_reqs"] == ssl.CERT_REQUIRED
     assert options["sentinel_kwargs"]["socket_timeout"] > 0
-    assert "password" not in options["sentinel_kwargs"]
+    assert (options["sentinel_kwargs"]["username"], options["sentinel_kwargs"]["password"]) == ("vtc-laptop", "pw")
+    # no credential in the URL, none to the sentinels (their default user is open)
+    assert "password" not in celery_config(THREE + TLS)["broker_transport_options"]["sentinel_kwargs"]
     # a plain URL is untouched
     plain = celery_config("redis://127.0.0.1:6379/0")
     assert (

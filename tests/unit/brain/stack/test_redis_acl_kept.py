@@ -52,9 +52,9 @@ def test_no_acl_file_keeps_nothing(tmp_path: Path) -> None:
 class CountingSaves(AclUsers):
     saves = 0
 
-    def _save(self) -> None:
+    def _save(self, nodes: bool, sentinels: bool) -> None:
         CountingSaves.saves += 1
-        super()._save()
+        super()._save(nodes, sentinels)
 
 
 def test_restoring_many_clients_saves_the_acl_file_once(tmp_path: Path) -> None:
