@@ -185,26 +185,18 @@ def every_node(r: redis.Redis) -> list[redis.Redis]:
 
 
 def every_sentinel(r: redis.Redis) -> list[redis.Redis]:
-    """A client per sentinel behind ``r``: those its URL names and those they know of
-    (``SENTINEL SENTINELS``), each with ``r``'s sentinel credential and TLS (the caller closes
-    them); none for a plain client. Redis replicates no ACL change between sentinels either:
-    a user the sentinels must know (brain.hot.sentinel_acl) is sent to each."""
+    """A client per sentinel ``r``'s URL names, each with ``r``'s sentinel credential and TLS
+    (the caller closes them); none for a plain client. Redis replicates no ACL change between
+    sentinels either: a user the sentinels must know (brain.hot.sentinel_acl) is sent to each.
+    Only those the URL names, never those the sentinels list (``SENTINEL SENTINELS``): a
+    sentinel learns its peers from hello messages on the master, which any user allowed to
+    publish there can forge, and the brain's credential would go to the forger."""
     pool = r.connection_pool
     if not isinstance(pool, SentinelConnectionPool):
         return []
     manager: Sentinel = pool.sentinel_manager
-    addresses = [node_address(s) for s in manager.sentinels]
-    for sentinel in manager.sentinels:
-        try:
-            peers = sentinel.sentinel_sentinels(pool.service_name)
-        except redis.RedisError:
-            continue  # this one is away or refuses: the others still name their peers
-        if isinstance(peers, list):  # redis-py types the reply of a bare command as bool too
-            addresses.extend((str(peer["ip"]), int(peer["port"])) for peer in peers)
-    return [
-        redis.Redis(host=host, port=port, **manager.sentinel_kwargs)
-        for host, port in dict.fromkeys(addresses)
-    ]
+    addresses = dict.fromkeys(node_address(s) for s in manager.sentinels)
+    return [redis.Redis(host=host, port=port, **manager.sentinel_kwargs) for host, port in addresses]
 
 
 def node_address(r: redis.Redis) -> tuple[str, int]:

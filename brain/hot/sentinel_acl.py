@@ -25,12 +25,12 @@ log = logging.getLogger("vancetope.brain.acl")
 T = TypeVar("T")
 
 # What following a master asks a sentinel: redis-py's Sentinel (kombu's too) finds the master
-# with SENTINEL MASTERS and its replicas with SENTINEL SLAVES (REPLICAS in newer clients);
-# brain.hot.acl and every_sentinel list the sentinels with SENTINEL SENTINELS. CLIENT SETINFO is
-# left out: Redis 7.0's sentinel does not know it, and redis-py ignores its refusal.
+# with SENTINEL MASTERS and its replicas with SENTINEL SLAVES (REPLICAS in newer clients).
+# CLIENT SETINFO is left out: Redis 7.0's sentinel does not know it, and redis-py ignores its
+# refusal.
 SENTINEL_FOLLOW_COMMANDS: Final[tuple[str, ...]] = (
     "sentinel|masters", "sentinel|master", "sentinel|get-master-addr-by-name",
-    "sentinel|slaves", "sentinel|replicas", "sentinel|sentinels",
+    "sentinel|slaves", "sentinel|replicas",
     "ping", "hello", "client|setname",
 )  # fmt: skip
 # What the brain may do more: the users it keeps in step, and SENTINEL FLUSHCONFIG, which writes
