@@ -11,7 +11,7 @@ import base64
 import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import redis
 
@@ -48,13 +48,26 @@ def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# Without a socket timeout a command whose bytes a link dropped (a partition between hosts, a
+# Redis host that vanished without a FIN) waits for its reply for ever, and the brain with it.
+# Every blocking read of the hot state blocks for a few seconds at most (the relay's BRPOP 1 s,
+# the gateway door's BLPOP 2 s, answers in short blocks), and pub/sub waits use their own
+# timeouts; 30 s is far above the slowest command seen (a 100k-ref requeue). Keepalive finds a
+# peer that vanished while the connection was idle.
+HOT_SOCKET_OPTIONS: Final[dict[str, Any]] = {
+    "socket_timeout": 30.0,
+    "socket_connect_timeout": 10.0,
+    "socket_keepalive": True,
+}
+
+
 class HotState:
     def __init__(self, client: redis.Redis) -> None:
         self.r = client
 
     @classmethod
     def from_url(cls, url: str) -> HotState:
-        return cls(redis_client(url, decode_responses=False, health_check_interval=30))
+        return cls(redis_client(url, decode_responses=False, health_check_interval=30, **HOT_SOCKET_OPTIONS))
 
     def close(self) -> None:
         self.r.close()

@@ -115,3 +115,22 @@ def test_a_flaky_link_resets_connections_at_the_rate_it_was_given(proxy: FaultPr
     for sock in socks:
         with pytest.raises(ConnectionResetError):
             sock.recv(100)
+
+
+def test_the_brains_hot_state_gives_up_on_a_cut_link_instead_of_waiting_for_ever(
+    proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition between the brain's host and Redis's (bytes dropped, no FIN): without a socket
+    timeout the brain's next command waited for a reply for ever. The timeout is shortened here
+    so the test is quick; what is tested is that HotState's client has one."""
+    from brain.hot import state
+
+    monkeypatch.setitem(state.HOT_SOCKET_OPTIONS, "socket_timeout", 1.0)
+    hot = state.HotState.from_url(proxy.admin_url)  # type: ignore[attr-defined]
+    _OPENED.append(hot.r)
+    assert hot.r.ping()
+    proxy.cut()
+    with pytest.raises(redis.TimeoutError):
+        hot.r.get("k")
+    proxy.heal()
+    assert hot.r.ping()  # the same client reconnects once the link is back

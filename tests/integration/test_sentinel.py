@@ -331,7 +331,12 @@ def test_a_workstations_credential_may_only_ask_the_sentinels_where_the_master_i
             with node.client() as anyone, pytest.raises(redis.AuthenticationError):
                 anyone.execute_command("AUTH", "default", "")  # no default user to fall back on
             anonymous = redis.Redis(port=node.port, socket_timeout=5)
-            with anonymous, pytest.raises(redis.exceptions.AuthenticationError, match="authenticated|Authentication required"):
+            with (
+                anonymous,
+                pytest.raises(
+                    redis.exceptions.AuthenticationError, match="authenticated|Authentication required"
+                ),
+            ):
                 anonymous.execute_command("SENTINEL", "REMOVE", "mymaster")
             # A component's own user is no stronger there: the pool's, and even the brain's,
             # may not move the master.
