@@ -79,6 +79,14 @@ CLIENT_COMMANDS: tuple[str, ...] = (
 # pool and Flower never see a client's keys. No component may FLUSHALL, CONFIG, KEYS,
 # MONITOR or DEBUG (-@dangerous). Operators: compose.yaml gives the same rules.
 _HOUSEKEEPING = ("+info", "+client|setname", "+client|setinfo", "+client|id")
+# The pub/sub channels of Celery's broadcast and events on the stack's database (0: client
+# agents may not SELECT), kombu's fanout keyprefix "/0.": remote control (pidbox), workers'
+# gossip and task events, and Flower's view of them all. kombu subscribes by PSUBSCRIBE, whose
+# pattern Redis matches literally against these, so each is written as kombu sends it. No other
+# channel: the sentinels learn their peers from hello messages on ``__sentinel__:hello``, and a
+# user who may publish there could announce a sentinel of its own, which the real sentinels then
+# log in to with their password (docs/security.md, "Redis with Sentinel").
+CELERY_CHANNELS = ("resetchannels", "&/0.celery.pidbox", "&/0.celeryev/*", "&/0.celeryev/worker.*")
 COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     "vt-brain": (
         "~*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
@@ -100,7 +108,8 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
         "~server*", "~brain*", "~unacked", "~unacked_index", "~unacked_mutex", "~_kombu.*",
         f"~{KEY_NS}pool:*:workers", f"~{key_tree_running('*')}", f"~{key_deliveries('*')}",
         f"~{key_cancelled()}", f"~{key_pool_registry()}", f"~{key_retry_at()}", f"~{ANSWER_KEYS}",
-        f"~{GATE_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", "&*", "+@all", "-@dangerous", *_HOUSEKEEPING,
+        f"~{GATE_NS}*", "~*.reply.celery.pidbox*", "~celeryev.*", *CELERY_CHANNELS,
+        f"&{channel_resource_updates()}", f"&{channel_tree_events('*')}", "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # Celery beat (brain.beat) puts run_schedule jobs on the brain's queue, and nothing else: no
     # other queue, no hot state, no events (task_send_sent_event is off), no reading a queue (LLEN:
@@ -113,7 +122,7 @@ COMPONENT_RULES: dict[str, tuple[str, ...]] = {
     # Redis 6.2 has no read-only key patterns (7's %R~): Flower may still write the server
     # and brain queues it reads the length of, but no client's key, and runs no admin command.
     "vt-flower": (
-        "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", "&*",
+        "~_kombu.*", "~*.reply.celery.pidbox*", "~celeryev.*", "~server*", "~brain*", "~unacked*", *CELERY_CHANNELS,
         "+@all", "-@dangerous", *_HOUSEKEEPING,
     ),
     # The MCP gateway (brain.gateway) asks the brain to submit and cancel (queue `gateway`, with

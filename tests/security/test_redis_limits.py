@@ -397,6 +397,30 @@ def test_the_pool_user_reaches_no_key_that_decides_routing(
         r.close()
 
 
+@pytest.mark.parametrize("user", ["vt-pool", "vt-flower"])
+def test_the_pool_and_flower_may_publish_on_celerys_channels_only_so_never_announce_a_sentinel(
+    user: str, redis_server: RedisServer
+) -> None:
+    """Sentinels learn their peers from hello messages on ``__sentinel__:hello`` and log in to
+    them with their own password: a pool's or Flower's host that could publish there could
+    announce a sentinel of its own and collect it (docs/security.md, "Redis with Sentinel")."""
+    r = redis.Redis.from_url(redis_server.url_for(user), socket_timeout=5)
+    try:
+        hello = "10.9.9.9,26379,0123456789abcdef0123456789abcdef01234567,1,mymaster,127.0.0.1,6379,1"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.publish("__sentinel__:hello", hello)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            r.publish("anything-else", "x")
+        assert r.publish("/0.celeryev/worker.heartbeat", "{}") == 0  # Celery's own: allowed
+        pubsub = r.pubsub()
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            pubsub.psubscribe("*")  # and no listening to every channel either
+            pubsub.get_message(timeout=5)  # the refusal is the subscription's reply
+        pubsub.close()
+    finally:
+        r.close()
+
+
 BEAT_REFUSALS: list[tuple[str, Callable[[redis.Redis], Any]]] = [
     *POOL_REFUSALS,
     ("read the brain's queue", lambda r: r.lrange("brain", 0, -1)),
