@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -97,9 +97,14 @@ def test_a_first_delivery_starts_without_waiting_for_the_begins_answer(popped: A
     early = EarlyBegin(begin_now, sends, "laptop", "client-agent@laptop")
     early.on_delivery(popped(RUN_TOOL_TASK, [call().model_dump(mode="json")]))
     assert len(sends.answers) == 1  # sent as the message arrived
-    assert early.begin(call(), "client-agent@laptop", 1.0) == FIRST_DELIVERY  # answer still pending
+    with ThreadPoolExecutor(1) as task:
+        started = task.submit(early.begin, call(), "client-agent@laptop", 1.0)
+        try:
+            # The answer is still pending: a begin that waited for it would time out here.
+            assert started.result(timeout=30) == FIRST_DELIVERY
+        finally:
+            sends.answers[0].set_result(1)  # the answer, when it comes, is only logged
     assert begin_now.asked == []
-    sends.answers[0].set_result(1)  # the answer, when it comes, is only logged
 
 
 def test_a_begin_answered_before_the_task_looks_is_taken_as_it_is(popped: Any) -> None:
