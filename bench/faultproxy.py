@@ -9,6 +9,8 @@ and a test or a benchmark changes the link while real agents use it:
   connection in 50 ms slices (a heartbeat waits its turn behind a big result);
 - ``cut()``: every byte dropped, both ways, sockets left open (a train in a tunnel: nobody
   is told, TCP just goes quiet); new connections are accepted and go quiet too;
+- ``cut_after(marker)``: ``cut()`` right after the next chunk carrying ``marker`` passed (a
+  fault placed between one message and what the other end sends next);
 - ``reset()``: every open connection closed at once (RST), as a NAT or Wi-Fi drop does;
 - ``flaky(p)``: each second, each open connection is reset with probability ``p``;
 - ``heal()``: the link carries bytes again (delay and bandwidth stay as set).
@@ -52,6 +54,9 @@ class _Link:
     bytes_per_s: float | None = None
     cut: bool = False
     flaky_p: float = 0.0
+    # ``cut_after``: (direction, marker) - the next chunk going that way with the marker in it
+    # is the last one through.
+    cut_marker: tuple[bool, bytes] | None = None
     stats: LinkStats = field(default_factory=LinkStats)
     # When each direction of the link is free again: its capacity is shared by every
     # connection, as one Wi-Fi link's is (a heartbeat waits behind a big result's pieces).
@@ -92,9 +97,15 @@ class _Pipe:
                 due, data = item
                 if (wait := due - time.monotonic()) > 0:
                     await asyncio.sleep(wait)
-                if self.link.cut:  # cut while it was on its way
+                marker = self.link.cut_marker
+                marked = marker is not None and marker[0] == self.up and marker[1] in data
+                if self.link.cut and not marked:  # cut while it was on its way
                     self.link.stats.dropped_bytes += len(data)
                     continue
+                if marked:
+                    # Cut before this chunk is written: nothing the other end answers gets through.
+                    self.link.cut_marker = None
+                    self.link.cut = True
                 rate = self.link.bytes_per_s
                 step = _CHUNK if rate is None else max(1, int(rate / 20))  # 50 ms of the link
                 for at in range(0, len(data), step):
@@ -167,8 +178,16 @@ class FaultProxy:
     def cut(self) -> None:
         self.link.cut = True
 
+    def cut_after(self, marker: bytes, up: bool = False) -> None:
+        """Cut the link (as ``cut``) right after the next chunk carrying ``marker`` goes through,
+        towards the client (``up``: towards the upstream): a test places a cut exactly between
+        one message and whatever the other end would send next (a reply, an agent's writes
+        after its pop)."""
+        self.link.cut_marker = (up, marker)
+
     def heal(self) -> None:
         self.link.cut = False
+        self.link.cut_marker = None
 
     def reset(self) -> int:
         """Close every open connection at once; how many there were."""

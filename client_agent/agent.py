@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 
 import redis
@@ -69,7 +70,8 @@ from workers.contracts import (
 )
 from workers.mcp_clients import MCPClientManager
 from workers.recent_calls import RecentCalls
-from workers.tasks import begin_run, register
+from workers.sent_ahead import SentAhead
+from workers.tasks import begin_commands, begin_run, begun, register
 from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.agent")
@@ -124,11 +126,16 @@ class Agent:
         self.app = make_agent_app(config)
         # A call still running a moment after it began is said to be running (start_notices).
         self.notices = StartNotices(self._tell_started)
-        # Each run starts while kombu reserves its message: two round trips overlap.
-        self.early = EarlyBegin(self.begin_run, config.client_id, worker_hostname(config.client_id))
+        # Each run's begin and kombu's unacked write leave as its message is popped, and a first
+        # delivery's tool starts without waiting for either reply (client_agent.early_begin).
+        self.ahead = SentAhead("vancetope-begin")
+        self.early = EarlyBegin(
+            self.begin_run, self.send_begin, config.client_id, worker_hostname(config.client_id)
+        )
         self.app.conf.broker_transport_options = {
             **(self.app.conf.broker_transport_options or {}),
             "vt_on_delivery": self.early.on_delivery,
+            "vt_unacked_ahead": True,
         }
         register(
             self.app,
@@ -290,15 +297,32 @@ class Agent:
         told it began only if it is still running a moment later (``client_agent.start_notices``)."""
         number = begin_run(self.channel.client, self.channel.prefix, call, worker, started_at)
         if number is not None:
-            started = ToolStarted(
-                run_id=call.run_id,
-                tree_id=call.tree_id,
-                task_id=call.task_id,
-                started_at=started_at,
-                client_id=self.config.client_id,
-            )
-            self.notices.begun(started)
+            self.notices.begun(self._started(call, started_at))
         return number
+
+    def send_begin(self, call: ToolCall, worker: str, started_at: float) -> Future[int | None]:
+        """``begin_run``'s transaction sent now, its answer read later (``workers.sent_ahead``).
+        The start notice is due from now: a run found cancelled takes it back; a notice that
+        goes out all the same is ignored by the brain (start_notices)."""
+        commands = begin_commands(self.channel.prefix, call, worker, started_at)
+        answer = self.ahead.send(self.channel.client.connection_pool, commands, begun)
+        self.notices.begun(self._started(call, started_at))
+
+        def cancelled(done: Future[int | None]) -> None:
+            if done.exception() is None and done.result() is None:
+                self.notices.ended(call.run_id)
+
+        answer.add_done_callback(cancelled)
+        return answer
+
+    def _started(self, call: ToolCall, started_at: float) -> ToolStarted:
+        return ToolStarted(
+            run_id=call.run_id,
+            tree_id=call.tree_id,
+            task_id=call.task_id,
+            started_at=started_at,
+            client_id=self.config.client_id,
+        )
 
     def _tell_started(self, started: ToolStarted) -> None:
         # Not retried: a start that arrives late says nothing the result will not.
@@ -519,7 +543,7 @@ class Agent:
         with self._mcp_lock:
             mcp, self._mcp = self._mcp, MCPTools()
         mcp.close()
-        self.early.close()
+        self.ahead.close()
         self.notices.close()
         self.channel.client.close()
         clear_state(self.config.data_dir, self._state.pid)

@@ -1,29 +1,39 @@
-"""Start a run while kombu reserves its message (layer: client_agent, glue).
+"""Start a run as its message is popped, and its tool without waiting for the answer
+(layer: client_agent, glue).
 
-A call costs the agent's link to Redis a round trip for each step it waits on. kombu's
-consumer pops a message and then writes it to its unacked hash (a round trip, on the
-consumer's thread); the run then starts (``workers.tasks.begin_run``: the cancel check, the
-delivery count, another round trip). Nothing makes the second wait
-for the first, so ``EarlyBegin`` starts the run on a thread of its own the moment the message
-is popped (``workers.transport.GuardedChannel.vt_on_delivery``), and the task takes that
-answer when it runs. On a workstation 100 ms from Redis that is 200 ms off every call.
+A call costs the agent's link to Redis a round trip for each reply it waits on. When kombu's
+consumer pops a message (``workers.transport.GuardedChannel.vt_on_delivery``), ``EarlyBegin``
+sends the run's begin (``workers.tasks.begin_commands``: the cancel check, the delivery count,
+the mark) at once, on the consumer's thread, and its reply is read on a thread of its own
+(``workers.sent_ahead``); kombu's unacked write goes out the same way (``vt_unacked_ahead``).
+Both have left the process before the tool starts. What the task then waits for:
 
-What ``begin_run`` guarantees is unchanged: a run is started only by that transaction, which
-checks the cancel set, so a cancelled run still never starts. What moves is when: a run is
-counted and shown ``running`` when its message is reserved rather than a moment later when a
-pool thread takes it (the agent's prefetch is one message per pool thread, so no message waits
-reserved for long). A message the hook cannot read as a tool call of this client is left to the
-task, which says why it drops it.
+- a message kombu restored (``redelivered``: its agent died or lost its ack) waits for the
+  begin's answer, as before: the poison count (``max_deliveries``) and the cancel check hold
+  for it, so a tool that kills its agent is still stopped;
+- a first delivery does not: its tool starts at once, counted as delivery 1 (another number
+  means the same run was pushed twice, which only the client's own user can do). A cancel
+  ends the task in the store, then takes a call still waiting in the client's queue out of
+  it (``HotState.cancel_runs``), so only a call popped just before the cancel can start after
+  it: its tool runs, and the store refuses its result; the run is recorded once, by the
+  cancel. The answer, when it comes, is only logged. A begin answered before the task looks
+  (on loopback, mostly) is used as it is: a run found cancelled then never starts.
+
+A message the hook cannot read as a tool call of this client is left to the task, which says
+why it drops it; one whose begin could not be sent is begun by the task itself.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,7 +44,7 @@ from workers.transport import UnsafeMessage, body_bytes
 
 log = logging.getLogger("vancetope.agent")
 
-# Runs started and not yet taken by their task: more means messages the task never ran
+# Runs begun and not yet taken by their task: more means messages the task never ran
 # (dropped by Celery); the oldest are forgotten.
 MAX_PENDING = 256
 
@@ -52,38 +62,92 @@ def tool_call_of(message: dict[str, Any], client_id: str) -> ToolCall | None:
     return call if call.client_id == client_id else None
 
 
-class EarlyBegin:
-    """``on_delivery`` starts each run as its message arrives; ``begin`` (the task's
-    ``RunStart``) takes that answer, or starts the run itself when there is none."""
+# Sends a run's begin now; the future holds its answer (``RunStart``'s).
+SendBegin = Callable[[ToolCall, str, float], "Future[int | None]"]
+# The number a first delivery's tool starts with, before the begin's answer is back.
+FIRST_DELIVERY = 1
 
-    def __init__(self, begin: RunStart, client_id: str, worker: str) -> None:
-        self._begin = begin
+
+@dataclass(frozen=True)
+class _Sent:
+    answer: Future[int | None]
+    redelivered: bool
+
+
+def redelivered(message: dict[str, Any]) -> bool:
+    """Whether kombu put this message back on its queue (``_do_restore_message`` says so)."""
+    headers = message.get("headers") or {}
+    info = (message.get("properties") or {}).get("delivery_info") or {}
+    return bool(headers.get("redelivered") or info.get("redelivered"))
+
+
+class EarlyBegin:
+    """``on_delivery`` sends each run's begin as its message arrives; ``begin`` (the task's
+    ``RunStart``) takes its answer, or for a first delivery does not wait for it (module
+    docstring); without a begin sent, ``begin_now`` starts the run and waits."""
+
+    def __init__(self, begin_now: RunStart, send: SendBegin, client_id: str, worker: str) -> None:
+        self._begin_now = begin_now
+        self._send = send
         self.client_id = client_id
         self.worker = worker
         self._lock = threading.Lock()
-        self._pending: OrderedDict[str, Future[int | None]] = OrderedDict()
-        # Two threads: a pool of -c 2 takes two messages at once.
-        self._threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vancetope-begin")
+        self._pending: OrderedDict[str, _Sent] = OrderedDict()
 
     def on_delivery(self, message: dict[str, Any]) -> None:
         call = tool_call_of(message, self.client_id)
         if call is None:
             return
-        future = self._threads.submit(self._begin, call, self.worker, time.time())
+        try:
+            answer = self._send(call, self.worker, time.time())
+        except Exception as exc:  # noqa: BLE001 - the task begins it itself
+            log.warning("could not send the begin of run %s (%s); the task begins it", call.run_id, exc)
+            return
         with self._lock:
-            self._pending[call.run_id] = future
+            self._pending[call.run_id] = _Sent(answer, redelivered(message))
             while len(self._pending) > MAX_PENDING:
                 self._pending.popitem(last=False)
 
     def begin(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         with self._lock:
-            future = self._pending.pop(call.run_id, None)
-        if future is not None:
+            sent = self._pending.pop(call.run_id, None)
+        if sent is None:
+            return self._begin_now(call, worker, started_at)
+        if sent.redelivered or sent.answer.done():
             try:
-                return future.result()
-            except Exception as exc:  # noqa: BLE001 - started again below, where a failure is the task's
-                log.warning("starting run %s early failed (%s); starting it now", call.run_id, exc)
-        return self._begin(call, worker, started_at)
+                return sent.answer.result()
+            except Exception as exc:  # noqa: BLE001 - begun again below, where a failure is the task's
+                log.warning("the begin of run %s failed (%s); beginning it again", call.run_id, exc)
+                return self._begin_now(call, worker, started_at)
+        sent.answer.add_done_callback(functools.partial(_confirmed, call))
+        return FIRST_DELIVERY
 
-    def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+
+def _confirmed(call: ToolCall, answer: Future[int | None]) -> None:
+    """The begin's answer for a run whose tool started without it: only said."""
+    try:
+        number = answer.result()
+    except Exception as exc:  # noqa: BLE001 - the result is written all the same; the store decides
+        log.warning(
+            "the begin of run %s of task %s got no answer (%s); its tool ran, and the store "
+            "accepts its result only while the run is in flight",
+            call.run_id,
+            call.task_id,
+            exc,
+        )
+        return
+    if number is None:
+        log.warning(
+            "run %s of task %s was cancelled or is no longer its run, found after its tool "
+            "started; the store refuses its result",
+            call.run_id,
+            call.task_id,
+        )
+    elif number != FIRST_DELIVERY:
+        log.warning(
+            "run %s of task %s was delivered %d times, not restored by kombu: the same message "
+            "was pushed to this client's queue more than once",
+            call.run_id,
+            call.task_id,
+            number,
+        )

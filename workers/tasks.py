@@ -111,19 +111,34 @@ def begin_run(
     the store still has in flight (brain.cli.display.shown_state). Marks are never deleted
     one by one (a round trip per result): the hash expires, and the brain deletes it when
     the tree finishes."""
+    with client.pipeline(transaction=True) as pipe:
+        for command in begin_commands(prefix, call, worker, started_at):
+            pipe.execute_command(*command)
+        if then is not None:
+            then(pipe)
+        return begun(pipe.execute())
+
+
+def begin_commands(prefix: str, call: ToolCall, worker: str, started_at: float) -> list[tuple[Any, ...]]:
+    """``begin_run``'s transaction, as commands (``workers.sent_ahead`` sends them without
+    waiting for the reply); ``begun`` reads its replies."""
     running = prefix + key_tree_running(call.tree_id)
     deliveries = prefix + key_deliveries(call.run_id)
     mark = json.dumps({"run_id": call.run_id, "worker": worker, "started_at": started_at})
-    with client.pipeline(transaction=True) as pipe:
-        pipe.sismember(prefix + key_cancelled(), call.run_id)
+    return [
+        ("SISMEMBER", prefix + key_cancelled(), call.run_id),
         # INCRBY, not INCR: a client agent's ACL user is granted the command redis-py sends.
-        pipe.incrby(deliveries, 1)
-        pipe.expire(deliveries, _DELIVERY_TTL_S)
-        pipe.hset(running, call.task_id, mark)
-        pipe.expire(running, _DELIVERY_TTL_S)
-        if then is not None:
-            then(pipe)
-        cancelled, number, *_ = pipe.execute()
+        ("INCRBY", deliveries, 1),
+        ("EXPIRE", deliveries, _DELIVERY_TTL_S),
+        ("HSET", running, call.task_id, mark),
+        ("EXPIRE", running, _DELIVERY_TTL_S),
+    ]
+
+
+def begun(replies: list[Any]) -> int | None:
+    """What ``begin_commands``' replies say: None if the run was cancelled, else this
+    delivery's number."""
+    cancelled, number, *_ = replies
     return None if cancelled else int(number)
 
 

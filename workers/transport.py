@@ -21,7 +21,10 @@ import binascii
 import functools
 import logging
 import re
+import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from itertools import accumulate
 from queue import Empty
 from typing import Any, Final, Literal
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.contracts import MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 from workers.redis_lock import ScriptFreeLocks
+from workers.sent_ahead import SentAhead
 
 log = logging.getLogger("vancetope.transport")
 
@@ -173,7 +177,59 @@ class ForgetfulQoS(kombu_redis.QoS):
     Delivered again, its run is answered from the agent's memory of recent results, or
     recorded once by the brain."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Unacked writes sent and not yet answered, by delivery tag (``append``).
+        self._writing: dict[Any, Future[Any]] = {}
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        """kombu's append, except that with ``vt_unacked_ahead`` the write's reply is not waited
+        for: its bytes leave on this thread (``workers.sent_ahead``), so the message is handed
+        to Celery at once, and whatever later changes the record (an ack, a reject, a restore)
+        first waits for that reply. A message whose write is lost (the link cut as it left) is
+        in no queue and no hash: the brain's reconciler re-sends its run, as it does for a
+        message lost between the pop and kombu's write."""
+        channel = self.channel
+        if not getattr(channel, "vt_unacked_ahead", False):
+            super().append(message, delivery_tag)
+            return
+        delivery = message.delivery_info
+        prefix = channel.global_keyprefix or ""
+        record = kombu_json.dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        commands = [
+            ("ZADD", prefix + self.unacked_index_key, time.time(), delivery_tag),
+            ("HSET", prefix + self.unacked_key, delivery_tag, record),
+        ]
+        with channel.conn_or_acquire() as client:
+            self._writing[delivery_tag] = unacked_writes().send(client.connection_pool, commands, list)
+        virtual.QoS.append(self, message, delivery_tag)
+
+    def _written(self, delivery_tag: Any) -> None:
+        """Wait for the unacked write of ``delivery_tag`` sent by ``append``, if one is pending."""
+        future = self._writing.pop(delivery_tag, None)
+        if future is None:
+            return
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - the record is lost; the reconciler re-sends the run
+            log.warning(
+                "kombu's record of message %s never reached Redis (%s): if its run is unfinished, "
+                "the brain's reconciler re-sends it",
+                delivery_tag,
+                exc,
+            )
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        self._written(tag)
+        super().restore_by_tag(tag, client=client, leftmost=leftmost)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        for tag in list(self._writing):
+            self._written(tag)
+        super().restore_unacked(client)
+
     def ack(self, delivery_tag: Any) -> None:
+        self._written(delivery_tag)
         try:
             self._remove_from_indices(delivery_tag).execute()
         except Exception:
@@ -183,6 +239,7 @@ class ForgetfulQoS(kombu_redis.QoS):
             virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        self._written(delivery_tag)
         try:
             if requeue:
                 self.restore_by_tag(delivery_tag, leftmost=True)
@@ -198,6 +255,16 @@ class ForgetfulQoS(kombu_redis.QoS):
 
 # Delivery tags of this process's messages whose ack (or requeue) met a lost connection.
 ORPHANED: set[Any] = set()
+_UNACKED_WRITES: list[SentAhead] = []
+_UNACKED_LOCK = threading.Lock()
+
+
+def unacked_writes() -> SentAhead:
+    """The process's reader of unacked writes' replies (one thread: they come back in order)."""
+    with _UNACKED_LOCK:
+        if not _UNACKED_WRITES:
+            _UNACKED_WRITES.append(SentAhead("vancetope-unacked", threads=1))
+        return _UNACKED_WRITES[0]
 
 
 class GuardedChannel(kombu_redis.Channel):
@@ -228,12 +295,16 @@ class GuardedChannel(kombu_redis.Channel):
         "vt_max_message_bytes",
         "vt_max_json_depth",
         "vt_on_delivery",
+        "vt_unacked_ahead",
     )
     vt_max_message_bytes: int = MAX_MESSAGE_BYTES
     vt_max_json_depth: int = MAX_JSON_DEPTH
     # Told of each checked message popped, before kombu writes it to its unacked hash (one
     # round trip): a client agent starts the run meanwhile (client_agent.early_begin).
     vt_on_delivery: Callable[[dict[str, Any]], None] | None = None
+    # Send kombu's unacked write without waiting for its reply (``ForgetfulQoS.append``): a
+    # client agent's tool starts a round trip sooner.
+    vt_unacked_ahead: bool = False
 
     def _get_client(self) -> Any:
         # kombu's client classes, with a lock released without a script (workers.redis_lock):

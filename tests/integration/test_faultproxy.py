@@ -86,6 +86,26 @@ def test_a_cut_link_goes_quiet_without_closing_and_heals(proxy: FaultProxy) -> N
     assert sock.recv(100).startswith(b"-NOAUTH")
 
 
+def test_a_cut_after_a_marker_lets_that_chunk_through_and_nothing_after_it(
+    proxy: FaultProxy, redis_server: RedisServer
+) -> None:
+    r = client(proxy, timeout=0.5)
+    direct = redis.Redis.from_url(redis_server.url)
+    _OPENED.append(direct)
+    r.ping()
+    proxy.cut_after(b"the-marker")  # towards the client: the reply carrying it is the last
+    r.set("k", "the-marker")
+    assert r.get("k") == b"the-marker"
+    with pytest.raises(redis.TimeoutError):
+        r.set("after", "1")  # sent after the marker came back: dropped
+    assert direct.get("after") is None
+    proxy.heal()
+    proxy.cut_after(b"up-marker", up=True)  # towards the upstream: the command carrying it lands
+    with pytest.raises(redis.TimeoutError):
+        client(proxy, timeout=0.5).set("landed", "up-marker")  # ... and its reply is dropped
+    assert direct.get("landed") == b"up-marker"
+
+
 def test_a_reset_closes_every_connection_and_the_next_one_works(proxy: FaultProxy) -> None:
     sock = raw(proxy)
     assert proxy.reset() == 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from bench.faultproxy import FaultProxy
@@ -37,7 +38,14 @@ from tests.conftest import (
     wait_until,
 )
 from tests.integration.test_cli import vancetope
-from workers.contracts import KOMBU_UNACKED, client_key, client_queue, key_cancelled
+from workers.contracts import (
+    KOMBU_UNACKED,
+    RUN_TOOL_TASK,
+    client_key,
+    client_queue,
+    key_cancelled,
+    key_deliveries,
+)
 from workers.lease import VISIBILITY_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
@@ -63,6 +71,7 @@ def behind_proxy(
     # away, its calls park (pending_client) instead of failing as unknown.
     registry = yaml.safe_load((EXAMPLES / "registry.yaml").read_text())
     registry["tools"].append({"name": "ledger.work", "location": "client", "mcp_server": "ledger"})
+    registry["tools"].append({"name": "ledger.die", "location": "client", "mcp_server": "ledger"})
     (tmp_path / "registry.yaml").write_text(yaml.safe_dump(registry))
     agent_config = agent_with_servers(tmp_path, {"ledger": ledger_server(), "desk": demo_server()})
     ttl = getattr(request, "param", HEARTBEAT_TTL_S)
@@ -77,6 +86,15 @@ def behind_proxy(
         stack.start_service("client-agent")
         assert stack.wait_connected("laptop", 90)
         yield stack, proxy
+
+
+def as_restored(raw: bytes) -> bytes:
+    """A popped message as kombu puts it back on a queue (``_do_restore_message``): marked
+    redelivered, so the agent waits for its begin (the cancel check, the poison count)."""
+    message = json.loads(raw)
+    message["headers"]["redelivered"] = True
+    message["properties"]["delivery_info"]["redelivered"] = True
+    return json.dumps(message).encode()
 
 
 def one_ledger_call(brain: Brain, tree_id: str, ledger: Path, seconds: float) -> TreeRecord:
@@ -168,25 +186,9 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     brain = brain_factory(stack)
     r = brain.hot.r
     ledger = tmp_path / "ledger.txt"
-    proxy.cut()
-    # Once no BRPOP of the laptop's is pending in Redis (kombu's time out and the next ones are
-    # dropped by the cut), nothing but this test takes from its queue.
-    wait_until(
-        lambda: (
-            not any(
-                c.get("user") == client_username("laptop") and "b" in c.get("flags", "")
-                for c in r.client_list()
-            )
-        ),
-        30,
-        "the laptop's blocked reads to end",
-    )
-    rec = one_ledger_call(brain, "popped", ledger, seconds=1)
+    rec, raw = popped_by_the_test(brain, proxy, "popped", ledger)  # the pop the cut ate
     old = brain.store.get_task(rec.tree_id, "call")
     assert old is not None and old.state is TaskState.QUEUED_CLIENT
-    raw = wait_until(
-        lambda: r.rpop(LAPTOP_QUEUE), 30, "the call in the laptop's queue"
-    )  # the pop the cut ate
     new_run = wait_until(
         lambda: (t := brain.store.get_task(rec.tree_id, "call")) and t.run_id != old.run_id and t.run_id,
         60,
@@ -207,7 +209,7 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     assert agent is not None
     os.killpg(agent.pid, signal.SIGKILL)
     agent.wait(30)
-    r.lpush(LAPTOP_QUEUE, raw)
+    r.lpush(LAPTOP_QUEUE, as_restored(raw))
     stack.start_service("client-agent")
     log = stack.service("client-agent").log_path
     wait_until(
@@ -414,3 +416,196 @@ def test_100_ms_each_way_times_nothing_out_and_clients_shows_the_round_trip(
     assert 190 <= laptop["round_trip_ms"] < 1000, laptop
     table = vancetope("clients", data=stack.settings.data_dir, env=env, timeout=60).stdout
     assert re.search(r"laptop .* 2\d\d ms", table), table
+
+
+# --- between a call's pop and its result (client_agent.early_begin, workers.sent_ahead) ---------
+# A first delivery's tool starts as its message is popped: the run's begin (the cancel check,
+# the delivery count, the mark) and kombu's unacked write leave the agent before the tool
+# starts, and their replies are not waited for. Each test places a fault in that stretch.
+
+
+def agent_log(stack: EmbeddedStack) -> str:
+    return stack.service("client-agent").log_path.read_text()
+
+
+def kill_agent(stack: EmbeddedStack) -> None:
+    agent = stack.service("client-agent").process
+    assert agent is not None
+    os.killpg(agent.pid, signal.SIGKILL)  # the agent and its MCP servers, no goodbye
+    agent.wait(30)
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_cancel_landing_between_a_pop_and_its_begin_is_the_only_record_and_the_late_result_is_refused(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """1 s each way: the begin reaches Redis 2 s after the pop, and the cancel lands in
+    between (the call already left the queue, so the cancel cannot take it out). The run is
+    recorded once, by the cancel (skipped); the tool ran at most once, and its result, written
+    when it ended, was refused."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    proxy.delay(1.0)
+    rec = one_ledger_call(brain, "raced", ledger, seconds=1)
+    run = brain.store.get_task(rec.tree_id, "call").run_id
+    assert run
+    # Sent by the time submit returns: an empty queue means the agent's read has taken it.
+    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0, 30, "the agent to pop the call")
+    assert r.get(client_key("laptop", key_deliveries(run))) is None  # its begin is still on its way
+    assert brain.sweeps.cancel(rec.tree_id) == ["call"]
+    wait_until(
+        lambda: f"run {run} of task call was cancelled or is no longer its run" in agent_log(stack),
+        60,
+        "the agent to learn that the run it popped was cancelled",
+    )
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "the popped call to be acked")
+    assert runs_in(ledger) == len(spans_in(ledger)) <= 1  # at most once, and over
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert call is not None and (call.state, call.result, call.run_id) == (TaskState.SKIPPED, None, run)
+    assert r.llen(LAPTOP_QUEUE) == 0
+
+
+def test_an_agent_killed_between_its_pop_and_its_unacked_write_has_the_call_run_again_and_recorded_once(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The reply carrying the call is the last thing through the link: nothing the agent sends
+    after its pop (the unacked record, the begin, the result) reaches Redis, and the agent is
+    killed. The call is in no queue and no hash; the reconciler finds it lost and it runs again
+    as a new run once the agent is back: the tool ran at most twice (once on the killed agent,
+    which may have started it, and once to the end), the task is recorded once."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    proxy.cut_after(RUN_TOOL_TASK.encode())  # the headers of a popped tool call
+    rec = one_ledger_call(brain, "killed", ledger, seconds=5)
+    wait_until(lambda: proxy.link.cut, 30, "the call's pop to pass and the link to be cut")
+    first = brain.store.get_task(rec.tree_id, "call")
+    assert first is not None and first.run_id
+    kill_agent(stack)
+    # Written nowhere: not queued, not reserved, not begun.
+    assert r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0
+    assert r.get(client_key("laptop", key_deliveries(first.run_id))) is None
+    proxy.heal()
+    stack.start_service("client-agent")
+    done = wait_for_tree(brain, rec.tree_id, HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 120)
+    assert done.status is TreeStatus.DONE
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert call is not None and call.state is TaskState.DONE and call.run_id != first.run_id
+    # Re-sent, or parked and sent again when the agent announced itself: a later attempt either way.
+    assert call.attempt > first.attempt
+    assert runs_in(ledger) <= 2 and len(spans_in(ledger)) == 1  # once more at most, ended once
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_begin_whose_reply_is_cut_leaves_the_call_run_once_and_recorded_once(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The begin reaches Redis (counted, marked) and the link is cut right after it: its reply,
+    and whatever the agent writes next, are lost until the link heals 3 s later. The tool runs
+    once, and the result, written again after the heal, is recorded once."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    proxy.cut_after(b":deliveries", up=True)  # the begin's INCRBY names the run's delivery counter
+    rec = one_ledger_call(brain, "unanswered", ledger, seconds=1)
+    wait_until(lambda: proxy.link.cut, 30, "the begin to pass and the link to be cut")
+    run = brain.store.get_task(rec.tree_id, "call").run_id
+    assert r.get(client_key("laptop", key_deliveries(run or ""))) == b"1"  # it landed
+    time.sleep(3)  # the cut lasts a while: the reply is gone, not late
+    proxy.heal()
+    done = wait_for_tree(brain, rec.tree_id, VISIBILITY_TIMEOUT_S + 120)
+    assert done.status is TreeStatus.DONE
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert call is not None and call.state is TaskState.DONE and call.result is not None
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "every run of the call to be acked")
+    assert runs_in(ledger) == len(spans_in(ledger)) == 1
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_tool_that_kills_its_agent_at_once_was_counted_and_recorded_before_it_started(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """50 ms each way. The tool kills the agent the moment it starts; its delivery was counted
+    and kombu's record of the message written all the same: both left the agent before the
+    tool started, so a restored message is counted (next test) and a dead agent's call is
+    found in the unacked hash, as before."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    proxy.delay(0.05)
+    call = {"id": "call", "tool": "ledger.die", "args": {"ledger": str(ledger)}}
+    rec = brain.scheduler.submit(tree({"id": "poison", "tasks": [call]}), user="ada")
+    agent = stack.service("client-agent").process
+    assert agent is not None
+    agent.wait(60)  # killed by its tool
+    assert runs_in(ledger) == 1
+    run = brain.store.get_task(rec.tree_id, "call").run_id or ""
+    wait_until(lambda: r.get(client_key("laptop", key_deliveries(run))) == b"1", 10, "the delivery's count")
+    held = wait_until(lambda: r.hvals(LAPTOP_UNACKED), 10, "kombu's record of the message")
+    assert len(held) == 1 and run.encode() in held[0]
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_restored_message_past_max_deliveries_fails_as_poison_without_running(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """A message kombu put back (``redelivered``) waits for its begin's count before its tool
+    starts: one whose run was delivered ``max_deliveries`` times already (its agent died each
+    time) fails as a poison task, and the tool does not run."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    rec, raw = popped_by_the_test(brain, proxy, "poison", ledger)
+    run = brain.store.get_task(rec.tree_id, "call").run_id or ""
+    limit = stack.settings.max_deliveries
+    r.set(client_key("laptop", key_deliveries(run)), limit)  # delivered max_deliveries times already
+    r.lpush(LAPTOP_QUEUE, as_restored(raw))
+    proxy.heal()
+    wait_until(
+        lambda: f"was delivered {limit + 1} times" in agent_log(stack),
+        90,
+        "the agent to give the call up as a poison task",
+    )
+    failed = wait_until(
+        lambda: (t := brain.store.get_task(rec.tree_id, "call")).state is TaskState.FAILED and t,
+        60,
+        "the call to be recorded failed",
+    )
+    assert failed.error is not None and failed.error.type == "PoisonTask"
+    assert runs_in(ledger) == 0
+
+
+def popped_by_the_test(
+    brain: Brain, proxy: FaultProxy, tree_id: str, ledger: Path
+) -> tuple[TreeRecord, bytes]:
+    """With the link cut, one ledger call submitted and its message popped by the test, as if
+    by an agent whose pop reached Redis and whose reply the cut ate; the link stays cut."""
+    r = brain.hot.r
+    proxy.cut()
+    # Once no BRPOP of the laptop's is pending in Redis (kombu's time out and the next ones are
+    # dropped by the cut), nothing but this test takes from its queue.
+    wait_until(lambda: not laptop_reads_blocked(r), 30, "the laptop's blocked reads to end")
+    rec = one_ledger_call(brain, tree_id, ledger, seconds=1)
+    return rec, wait_until(lambda: r.rpop(LAPTOP_QUEUE), 30, "the call in the laptop's queue")
+
+
+def laptop_reads_blocked(r: redis.Redis) -> bool:
+    return any(
+        c.get("user") == client_username("laptop") and "b" in c.get("flags", "") for c in r.client_list()
+    )

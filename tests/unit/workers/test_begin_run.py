@@ -33,7 +33,8 @@ from workers.contracts import (
     key_deliveries,
     key_tree_running,
 )
-from workers.tasks import HotState, begin_run
+from workers.sent_ahead import SentAhead
+from workers.tasks import HotState, begin_commands, begin_run, begun
 from workers.transport import GuardedChannel
 
 CLIENT = "laptop"
@@ -179,3 +180,43 @@ def test_the_pools_fallback_start_works_with_the_pools_own_user(
     finally:
         state.client.close()
         app.close()
+
+
+def test_the_begin_sent_ahead_counts_checks_and_marks_as_begin_run_does(
+    hot: HotState, redis_client: redis.Redis
+) -> None:
+    """``begin_commands`` through ``workers.sent_ahead`` (how a client agent begins a first
+    delivery): the same transaction, as the client's own user; its future holds the answer."""
+    ahead = SentAhead("test-begin")
+    pool = hot.client.connection_pool
+    try:
+        answers = [
+            ahead.send(pool, begin_commands(hot.prefix, call(), f"w{i}", 1.0 + i), begun) for i in range(2)
+        ]
+        assert sorted(a.result(10) or 0 for a in answers) == [1, 2]
+        mark = json.loads(redis_client.hget(client_key(CLIENT, key_tree_running("t")), "k"))
+        assert mark["run_id"] == "t-k-1"
+        redis_client.sadd(client_key(CLIENT, key_cancelled()), "t-k-1")
+        assert ahead.send(pool, begin_commands(hot.prefix, call(), "w", 3.0), begun).result(10) is None
+        assert deliveries(redis_client, "t-k-1") == b"3"
+    finally:
+        ahead.close()
+
+
+def test_a_command_redis_refuses_fails_the_future_and_the_next_transaction_still_works(
+    hot: HotState, redis_client: redis.Redis
+) -> None:
+    ahead = SentAhead("test-begin")
+    pool = hot.client.connection_pool
+    try:
+        redis_client.set(client_key(CLIENT, key_tree_running("t")), "not a hash")
+        refused = ahead.send(pool, begin_commands(hot.prefix, call(), "w", 1.0), begun)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            refused.result(10)
+        # A command the client's user may not run at all is refused when queued.
+        with pytest.raises(redis.ResponseError):
+            ahead.send(pool, [("GET", "someone-elses-key")], list).result(10)
+        redis_client.delete(client_key(CLIENT, key_tree_running("t")))
+        assert ahead.send(pool, begin_commands(hot.prefix, call(), "w", 2.0), begun).result(10) == 2
+    finally:
+        ahead.close()

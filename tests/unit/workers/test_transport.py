@@ -158,3 +158,39 @@ def test_the_channel_drops_garbage_names_the_queue_and_delivers_the_next_message
     drops = [r.getMessage() for r in caplog.records if "dropped a message" in r.getMessage()]
     assert len(drops) == 3
     assert all("queue 'client.box' (key 'c:box:client.box')" in line for line in drops)
+
+
+def test_with_unacked_ahead_a_held_message_is_recorded_requeued_redelivered_and_acked(
+    redis_client: redis.Redis, redis_server: Any
+) -> None:
+    """``vt_unacked_ahead`` (a client agent's): kombu's unacked write is not waited for, yet
+    the message is in the unacked hash while held, a requeue (which waits for the write)
+    puts it back marked redelivered, and an ack leaves no record."""
+    app = make_app(redis_server.url, keyprefix="c:box:")
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options, "vt_unacked_ahead": True}
+    received: list[Message] = []
+    try:
+        with app.connection_for_read() as conn:
+            queue = Queue("client.box", routing_key="client.box")
+            with Consumer(conn, [queue], callbacks=[lambda _body, m: received.append(m)], accept=["json"]):
+                with app.producer_or_acquire() as producer:
+                    producer.publish({"n": 1}, routing_key="client.box", serializer="json")
+                for _ in range(10):
+                    if received:
+                        break
+                    conn.drain_events(timeout=2)
+                first = received.pop()
+                assert not first.delivery_info.get("redelivered")
+                first.requeue()  # waits for the write, then kombu's restore finds the record
+                assert redis_client.hlen("c:box:unacked") == 0 and redis_client.llen("c:box:client.box") == 1
+                for _ in range(10):
+                    if received:
+                        break
+                    conn.drain_events(timeout=2)
+                again = received.pop()
+                assert again.payload == {"n": 1} and again.delivery_info.get("redelivered")
+                assert redis_client.hlen("c:box:unacked") == 1  # recorded while held
+                again.ack()
+    finally:
+        app.close()
+    assert redis_client.hlen("c:box:unacked") == 0 and redis_client.zcard("c:box:unacked_index") == 0
