@@ -235,12 +235,12 @@ class Rehearsal:
         if len(named) != 1:
             return None
         address = named.pop()
-        host = next((h for h in REDIS_HOSTS if self.addr(h) == address), None)
-        if host is None:
+        master = next((h for h in REDIS_HOSTS if self.addr(h) == address), None)
+        if master is None:
             return None
         try:
-            with self.node(host) as n:
-                return host if n.info("replication").get("role") == "master" else None
+            with self.node(master) as n:
+                return master if n.info("replication").get("role") == "master" else None
         except redis.RedisError:
             return None
 
@@ -307,15 +307,21 @@ class Rehearsal:
             VANCETOPE_USER="demo",
         )  # fmt: skip
 
-    def start_brain(self, host: str) -> None:
-        """``vancetope brain`` on ``host``, once it says it is ready."""
-        before = self.log(host).count("brain ready")
-        self.start(host, ["vancetope", "brain"], self.brain_env(host))
-        wait_until(
-            lambda: self.log(host).count("brain ready") > before,
-            WAIT_S,
-            f"the brain on {host}:\n{self.log(host)}",
-        )
+    def start_brains(self, *hosts: str) -> None:
+        """``vancetope brain`` on each of ``hosts``, once each says it is ready."""
+        log = {host: self.folder(host) / "host.log" for host in hosts}
+        since = {host: log[host].stat().st_size if log[host].exists() else 0 for host in hosts}
+        for host in hosts:
+            self.start(host, ["vancetope", "brain"], self.brain_env(host))
+
+        for host in hosts:
+
+            def ready(host: str = host) -> bool:
+                with open(log[host], "rb") as out:
+                    out.seek(since[host])
+                    return b"brain ready" in out.read()
+
+            wait_until(ready, WAIT_S, f"the brain on {host}:\n{self.log(host)}")
 
     def start_pool(self, host: str) -> None:
         # No store on a pool host (MongoDB cannot run here): the store URL names brain-a's
@@ -444,8 +450,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         for host in SENTINEL_HOSTS:
             hosts.start_sentinel(host, master="redis-a")
         hosts.wait_sentinels()
-        for host in BRAIN_HOSTS:
-            hosts.start_brain(host)
+        hosts.start_brains(*BRAIN_HOSTS)
         brain = connect(hosts)
         hosts.start_pool("pool")
         hosts.start_pool("pool-batch")
@@ -598,7 +603,7 @@ def test_a_brain_host_dies_mid_tree_and_the_other_brain_carries_it(running: Runn
     running.finish(tree_id)
     assert running.result(tree_id, "shout") == "KEPT ON THE LAPTOP\n"
     assert running.brain.store.get_task(tree_id, "read").client_id == "laptop"  # type: ignore[union-attr]
-    hosts.start_brain(host)
+    hosts.start_brains(host)
 
 
 def test_a_sentinel_host_dies_and_nothing_notices(running: Running) -> None:
