@@ -24,9 +24,9 @@ the filesystem. With MongoDB each would get the store's address and its own user
 
 A night batch, a client tree and calls through the gateway run across the hosts; then each
 host dies in turn (SIGKILL to everything on it): a pool, a named pool, the workstation, the
-gateway, one brain (the other carries the tree, nothing twice), a sentinel, and the Redis
-primary's host with its sentinel (the other two fail over to the replica, every component
-follows without a restart). Each time the trees end done, each task recorded once.
+gateway, each brain (the other carries the tree, nothing twice), the third sentinel's host,
+the replica's host with its sentinel, and the Redis primary's host with its sentinel (the
+other two fail over to the replica, every component follows without a restart). Each time the trees end done, each task recorded once.
 """
 
 from __future__ import annotations
@@ -606,12 +606,16 @@ def test_a_brain_host_dies_mid_tree_and_the_other_brain_carries_it(running: Runn
     hosts.start_brains(host)
 
 
-def test_a_sentinel_host_dies_and_nothing_notices(running: Running) -> None:
+@pytest.mark.parametrize("host", ["sentinel", "redis-b"])
+def test_a_sentinels_host_or_the_replicas_dies_and_the_trees_go_on(running: Running, host: str) -> None:
     hosts = running.hosts
-    hosts.kill("sentinel")
+    assert hosts.master_host() == "redis-a"
+    hosts.kill(host)  # a sentinel; on redis-b the replica too
     # The components that ask the sentinels where the master is go to the two left.
-    running.finish(running.submit(MIXED | {"id": "two-sentinels"}))
-    hosts.start_sentinel("sentinel", master="redis-a")  # its config file: the master, its peers
+    running.finish(running.submit(MIXED | {"id": f"without-{host}"}))
+    if host == "redis-b":
+        hosts.start_redis_node("redis-b", replica_of="redis-a")  # resyncs from the master
+    hosts.start_sentinel(host, master="redis-a")  # on its own config file: the master, its peers
     hosts.wait_sentinels()
 
 
