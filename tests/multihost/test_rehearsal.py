@@ -534,6 +534,9 @@ def test_a_night_batch_a_client_tree_and_gateway_calls_run_across_the_hosts(runn
         ("vt-gateway", hosts.addr("gateway")), ("vtc-laptop", hosts.addr("workstation")),
     }  # fmt: skip
     assert expected <= seen, sorted(seen)
+    # Two brains, each a Celery node named after its own host.
+    nodes = {name for reply in running.brain.app.control.ping(timeout=5) for name in reply}
+    assert {"brain@brain-a", "brain@brain-b"} <= nodes, nodes
 
 
 @pytest.mark.parametrize(("host", "pool"), [("pool", "default"), ("pool-batch", "batch")])
@@ -599,7 +602,8 @@ def test_a_brain_host_dies_mid_tree_and_the_other_brain_carries_it(running: Runn
     r = running.brain.hot.r
     wait_until(lambda: r.hexists(key_tree_running(tree_id), "slow"), WAIT_S, "the first call to start")
     hosts.kill(host)
-    # Not restarted: the other brain records the pools' results and dispatches the rest.
+    # Not restarted: the other brain records the pools' results and dispatches the rest (the
+    # operator's Brain in this process runs no consumer and no sweep).
     running.finish(tree_id)
     assert running.result(tree_id, "shout") == "KEPT ON THE LAPTOP\n"
     assert running.brain.store.get_task(tree_id, "read").client_id == "laptop"  # type: ignore[union-attr]
