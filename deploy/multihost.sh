@@ -3,9 +3,10 @@
 # its own address on a bridge of its own, so every component reaches the others only over the
 # network, as on separate machines (docs/deployment.md, "Rehearsing on one machine").
 #
-#   deploy/multihost.sh up ID [HOST...]     make the hosts (default: redis brain pool pool-batch gateway workstation)
+#   deploy/multihost.sh up ID [HOST...]     make the hosts (default: redis-a redis-b sentinel brain-a brain-b
+#                                           pool pool-batch gateway workstation)
 #   deploy/multihost.sh addr ID HOST        print HOST's address
-#   deploy/multihost.sh exec ID HOST CMD... run CMD on HOST (in its namespace)
+#   deploy/multihost.sh exec ID HOST CMD... run CMD on HOST (in its namespace, its hostname HOST)
 #   deploy/multihost.sh kill ID HOST        SIGKILL every process on HOST: the host "dies"
 #   deploy/multihost.sh down ID             kill every process on the hosts, remove it all
 #
@@ -13,14 +14,15 @@
 # links vtmh-ID-N. Two rehearsals with different IDs do not collide. The subnet is
 # 10.77.S.0/24, the first S from one chosen by ID that no address here uses yet (set
 # VTMH_SUBNET=10.x.y to choose it); the bridge, in the root namespace, is .1, so an operator's
-# shell there reaches every host. Needs root and `ip`.
+# shell there reaches every host. Needs root and `ip`; with `unshare` (util-linux) each command
+# also sees its host's name as its hostname, so Celery node names (brain@%h) differ per host.
 # `down` removes whatever of ID exists and never fails for what is already gone.
 set -euo pipefail
 
-DEFAULT_HOSTS=(redis brain pool pool-batch gateway workstation)
+DEFAULT_HOSTS=(redis-a redis-b sentinel brain-a brain-b pool pool-batch gateway workstation)
 
 usage() {
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,18p' "$0" >&2
     exit 2
 }
 
@@ -82,7 +84,8 @@ up() {
     shift
     local hosts=("$@")
     [[ ${#hosts[@]} -gt 0 ]] || hosts=("${DEFAULT_HOSTS[@]}")
-    [[ ${#hosts[@]} -le 9 ]] || { echo "multihost: at most 9 hosts" >&2; exit 2; }
+    # Link names vtmh-ID-pN must fit Linux's 15 characters: N has at most two digits.
+    [[ ${#hosts[@]} -le 99 ]] || { echo "multihost: at most 99 hosts" >&2; exit 2; }
     if ip link show "vtmh-$id" >/dev/null 2>&1; then
         echo "multihost: rehearsal '$id' exists already; run: $0 down $id" >&2
         exit 1
@@ -109,6 +112,18 @@ up() {
         echo "$h $net.$((i + 2)) $ns"
         i=$((i + 1))
     done
+}
+
+# CMD in HOST's network namespace and, where unshare can make one, a UTS namespace named HOST.
+run_on() {
+    local ns host="$2"
+    ns="$(ns_name "$1" "$host")"
+    shift 2
+    if command -v unshare >/dev/null && unshare --uts true 2>/dev/null; then
+        # shellcheck disable=SC2016 # $0 and $@ are the inner shell's
+        exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" "$@"
+    fi
+    exec ip netns exec "$ns" "$@"
 }
 
 kill_host() {
@@ -141,7 +156,7 @@ shift 2
 case "$cmd" in
     up) up "$id" "$@" ;;
     addr) [[ $# -eq 1 ]] || usage; addr "$id" "$1" ;;
-    exec) [[ $# -ge 2 ]] || usage; host_index "$id" "$1" >/dev/null; ns="$(ns_name "$id" "$1")"; shift; exec ip netns exec "$ns" "$@" ;;
+    exec) [[ $# -ge 2 ]] || usage; host_index "$id" "$1" >/dev/null; run_on "$id" "$@" ;;
     kill) [[ $# -eq 1 ]] || usage; host_index "$id" "$1" >/dev/null; kill_host "$id" "$1" ;;
     down) down "$id" ;;
     *) usage ;;
