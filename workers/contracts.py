@@ -30,13 +30,14 @@ BRAIN_QUEUE = "brain"
 # Trees submitted by other Celery apps (``vancetope.submit_tree``). Its own queue, not
 # ``brain``: the server pool may write ``brain`` but must never start work on a workstation.
 SUBMIT_QUEUE = "submit"
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# fullmatch: "$" alone would let a trailing newline through
+_CLIENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def submit_queue_of(user: str) -> str:
     """The queue a user's submit credential may write (``vancetope submit-url --user U``): only
     the brain reads it, and every tree on it runs as ``user``."""
-    if not _CLIENT_ID.match(user):
+    if not _CLIENT_ID.fullmatch(user):
         raise ValueError(f"invalid user {user!r}: use letters, digits, '_', '.', '-' (max 64)")
     return f"{SUBMIT_QUEUE}.{user}"
 
@@ -54,7 +55,7 @@ def key_gateway_reply(request_id: str) -> str:
 
 def client_queue(client_id: str) -> str:
     """The Celery queue a client agent consumes: ``client.<client_id>``."""
-    if not _CLIENT_ID.match(client_id):
+    if not _CLIENT_ID.fullmatch(client_id):
         raise ValueError(f"invalid client id {client_id!r}: use letters, digits, '_', '.', '-' (max 64)")
     return f"client.{client_id}"
 
@@ -62,12 +63,12 @@ def client_queue(client_id: str) -> str:
 # Server pools (DESIGN decision 4): the default pool consumes ``server``; a named pool
 # ``<name>`` consumes ``server.<name>``, so a pool can run on any machine that reaches Redis.
 DEFAULT_POOL = "default"
-_POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 
 
 def check_pool_name(pool: str) -> str:
     """``pool`` when it is a valid pool name; else ValueError saying what to change."""
-    if not _POOL_NAME.match(pool):
+    if not _POOL_NAME.fullmatch(pool):
         raise ValueError(
             f"invalid pool name {pool!r}: use letters, digits, '_' and '-', starting with a letter "
             "or digit (max 63)"
@@ -88,7 +89,7 @@ def pool_of_queue(queue: str) -> str | None:
     if queue == SERVER_QUEUE:
         return DEFAULT_POOL
     prefix = SERVER_QUEUE + "."
-    if queue.startswith(prefix) and _POOL_NAME.match(queue[len(prefix) :]):
+    if queue.startswith(prefix) and _POOL_NAME.fullmatch(queue[len(prefix) :]):
         return queue[len(prefix) :]
     return None
 

@@ -36,6 +36,14 @@ from workers.urls import SentinelUrl, is_sentinel_url, parse_sentinel_url
 DEFAULT_SENTINEL_MASTER: Final = "mymaster"
 SENTINEL_MASTER_VARIABLE: Final = "VANCETOPE_REDIS_SENTINEL_MASTER"
 
+# A sentinel answers at once or not at all: a hung one must not hold a component (the brain's
+# hot state has 30 s) before it asks the next.
+SENTINEL_SOCKET_TIMEOUT_S: Final = 5.0
+_PROBE_TIMEOUTS: Final = {
+    "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+    "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
+}
+
 
 # The process's master name when the caller gives none: brain.config.load_settings sets it
 # from the settings (vancetope.toml too, not only the environment), so the CLI and the Python
@@ -62,12 +70,12 @@ def sentinel_credentials(target: SentinelUrl) -> dict[str, Any]:
 
 
 def _sentinel_kwargs(target: SentinelUrl, options: dict[str, Any]) -> dict[str, Any]:
-    """What the sentinels get: the credential, the socket options and TLS."""
-    return {
-        **{k: v for k, v in options.items() if k.startswith("socket_")},
-        **target.tls_kwargs(),
-        **sentinel_credentials(target),
-    }
+    """What the sentinels get: the credential, the socket options (timeouts at most
+    ``SENTINEL_SOCKET_TIMEOUT_S``) and TLS."""
+    socket = {k: v for k, v in options.items() if k.startswith("socket_")}
+    for name in _PROBE_TIMEOUTS:
+        socket[name] = min(socket.get(name) or SENTINEL_SOCKET_TIMEOUT_S, SENTINEL_SOCKET_TIMEOUT_S)
+    return {**socket, **target.tls_kwargs(), **sentinel_credentials(target)}
 
 
 def _sentinel_args(url: str, options: dict[str, Any]) -> tuple[list[tuple[str, int]], dict[str, Any]]:
@@ -84,18 +92,44 @@ class SentinelsRefusedCredential(MasterNotFoundError, redis.AuthenticationError)
     revoked — rather than an outage to wait out (``except redis.AuthenticationError``)."""
 
 
-def _refused_or(exc: MasterNotFoundError) -> MasterNotFoundError:
+def _names_a_refusal(exc: MasterNotFoundError) -> bool:
     # redis-py names each sentinel's error in the message, its only record of them (8.2:
     # "auth:AuthenticationError: invalid username-password pair ...")
-    return SentinelsRefusedCredential(str(exc)) if "AuthenticationError" in str(exc) else exc
+    return "AuthenticationError" in str(exc)
 
 
 class _Sentinel(Sentinel):
+    """redis-py's Sentinel, telling a refused credential from an outage. Sentinels keep the
+    users the brain gives them in their config file, but one started from a config written
+    anew, with the brain away, refuses every client for a while: so when every sentinel refuses
+    and the master last found still takes the credential, it is an outage (retried), not a
+    revocation (the agent would stop for good)."""
+
+    last_master: tuple[str, int] | None = None
+
     def discover_master(self, service_name: str) -> tuple[str, int]:
         try:
-            return super().discover_master(service_name)  # type: ignore[no-any-return]
+            found: tuple[str, int] = super().discover_master(service_name)
         except MasterNotFoundError as exc:
-            raise _refused_or(exc) from None
+            if _names_a_refusal(exc) and not self._last_master_takes_us():
+                raise SentinelsRefusedCredential(str(exc)) from None
+            raise
+        self.last_master = found
+        return found
+
+    def _last_master_takes_us(self) -> bool:
+        if self.last_master is None:
+            return False
+        host, port = self.last_master
+        probe = redis.Redis(host=host, port=port, **{**self.connection_kwargs, **_PROBE_TIMEOUTS})
+        try:
+            return bool(probe.ping())
+        except redis.AuthenticationError:
+            return False
+        except redis.RedisError:
+            return True  # unreachable: not a refusal either
+        finally:
+            probe.close()
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
@@ -103,7 +137,9 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
         try:
             return await super().discover_master(service_name)  # type: ignore[no-any-return]
         except MasterNotFoundError as exc:
-            raise _refused_or(exc) from None
+            if _names_a_refusal(exc):
+                raise SentinelsRefusedCredential(str(exc)) from None
+            raise
 
 
 class _MasterClient(redis.Redis):
@@ -196,7 +232,9 @@ def every_sentinel(r: redis.Redis) -> list[redis.Redis]:
         return []
     manager: Sentinel = pool.sentinel_manager
     addresses = dict.fromkeys(node_address(s) for s in manager.sentinels)
-    return [redis.Redis(host=host, port=port, **manager.sentinel_kwargs) for host, port in addresses]
+    # Short timeouts: the brain's user sync asks each in turn, and a hung one must not hold a sweep.
+    kwargs = {**manager.sentinel_kwargs, "socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+    return [redis.Redis(host=host, port=port, **kwargs) for host, port in addresses]
 
 
 def node_address(r: redis.Redis) -> tuple[str, int]:

@@ -91,6 +91,14 @@ def _say_refused(sentinel: redis.Redis, exc: redis.RedisError) -> None:
     reason = type(exc).__name__
     how = log.debug if (address, reason) in _refused else log.warning
     _refused.add((address, reason))
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
+        exc, redis.AuthenticationError
+    ):
+        how(
+            "the sentinel at %s:%s cannot be reached (%s): its users are sent again at the next sync",
+            *address, exc,
+        )  # fmt: skip
+        return
     how(
         "the sentinel at %s:%s refused a user change (%s): clients it lacks cannot find the master "
         "through it; give the brain's user %s there: %s (docs/configuration.md, Redis Sentinel)",

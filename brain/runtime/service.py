@@ -121,8 +121,7 @@ class Brain:
 
     def sync_client_users(self) -> None:
         """Make Redis's client ACL users match the store's enrollments (the record)."""
-        AclUsers(self.hot.r).sync(self.store.list_enrollments())
-        SubmitterUsers(self.hot.r).sync(self.store.list_submitters())  # and the submit credentials
+        sync_users(self.hot.r, self.store)
 
     def publish_registry(self) -> None:
         self.hot.put_registry(self.scheduler.registry.model_dump(mode="json"))
@@ -151,9 +150,31 @@ def published_registry(hot: HotState, redis_url: str) -> RegistrySnapshot:
     return RegistrySnapshot.model_validate(snapshot)
 
 
+def sync_users(r: redis.Redis, store: Store) -> None:
+    """Redis's (and its sentinels') client and submit users made equal to the store's record."""
+    AclUsers(r).sync(store.list_enrollments())
+    SubmitterUsers(r).sync(store.list_submitters())
+
+
+def restore_users_first(settings: Settings, redis_url: str) -> None:
+    """The users, before discovery (which may take a minute of MCP servers starting): sentinels
+    started from a config written anew, with the brain away, refuse every client until then.
+    Failing here is not fatal: the brain syncs again once connected, and every sweep."""
+    hot = HotState.from_url(redis_url)
+    store = open_store(settings.store)
+    try:
+        sync_users(hot.r, store)
+    except Exception as exc:  # noqa: BLE001 - the sync after connecting says it again
+        log.warning("could not restore the client users before discovery: %s", exc)
+    finally:
+        store.close()
+        hot.close()
+
+
 def start_brain(settings: Settings, redis_url: str) -> Brain:
     """The brain process: discover server tools, publish the registry snapshot."""
     seen = signature(sources(settings))
+    restore_users_first(settings, redis_url)
     vault.install(settings)  # discovery starts the MCP servers: their ${vault:NAME} resolve here
     registry = build_registry(settings)
     for line in clash_lines(registry.clashes):

@@ -338,8 +338,8 @@ def test_a_workstations_credential_may_only_ask_the_sentinels_where_the_master_i
                 ),
             ):
                 anonymous.execute_command("SENTINEL", "REMOVE", "mymaster")
-            # A component's own user is no stronger there: the pool's, and even the brain's,
-            # may not move the master.
+            # A component's own user is no stronger there: the pool's may not move the master,
+            # nor the brain's directly (it may make users, so it is trusted as on the nodes).
             for user in ("vt-pool", "vt-brain"):
                 pool_login = {"username": user, "password": url_password(sentinel_set.url_for(user))}
                 with node.client(**pool_login) as sentinel, pytest.raises(redis.exceptions.NoPermissionError):

@@ -245,6 +245,10 @@ def test_compose_sentinel_variant_has_a_primary_a_replica_and_three_sentinels_wa
         script = services[name]["command"][2]
         assert "sentinel monitor mymaster redis 6379 2" in script, name
         assert "sentinel auth-user mymaster vt-sentinel" in script, name
+        # Its config (the master it last learnt, the clients' users the brain gave it) outlives a
+        # restart: on a volume, written from these lines only when missing.
+        assert services[name]["volumes"] == [f"{name}-data:/data"], name
+        assert script.startswith("[ -f /data/sentinel.conf ] || cat > /data/sentinel.conf <<EOF"), name
         # No default user: each component logs in as itself, with brain/hot/sentinel_acl.py's rules.
         lines = script.splitlines()
         assert "user default off resetchannels -@all" in lines, name

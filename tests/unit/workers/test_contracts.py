@@ -33,7 +33,8 @@ from workers.contracts import (
 )
 
 OK_IDS = ["a", "laptop", "Ada_1.box-2", "x" * 64]
-BAD_IDS = ["", "-laptop", ".hidden", "has space", "c:1", "a*", "x" * 65, "é"]
+# "laptop\n": a regex ending in "$" let it through
+BAD_IDS = ["", "-laptop", ".hidden", "has space", "c:1", "a*", "x" * 65, "é", "laptop\n"]
 
 
 @pytest.mark.parametrize("cid", OK_IDS)
@@ -68,7 +69,7 @@ def test_a_queue_no_pool_consumes(queue: str) -> None:
     assert pool_of_queue(queue) is None
 
 
-@pytest.mark.parametrize("pool", ["", "-x", "a.b", "a b", "x" * 64])
+@pytest.mark.parametrize("pool", ["", "-x", "a.b", "a b", "x" * 64, "gpu\n"])
 def test_an_invalid_pool_name_is_refused(pool: str) -> None:
     with pytest.raises(ValueError, match="invalid pool name"):
         check_pool_name(pool)

@@ -8,7 +8,14 @@ import ssl
 import pytest
 
 from workers.app import celery_config
-from workers.redis_connect import SENTINEL_TRANSPORT_PATH, broker_settings, master_name, set_default_master
+from workers.redis_connect import (
+    SENTINEL_SOCKET_TIMEOUT_S,
+    SENTINEL_TRANSPORT_PATH,
+    broker_settings,
+    master_name,
+    redis_client,
+    set_default_master,
+)
 from workers.transport import TRANSPORT_PATH
 from workers.urls import (
     check_redis_url,
@@ -65,7 +72,7 @@ def test_bad_sentinel_urls_are_refused_saying_why(url: str, fragment: str) -> No
     assert "secret" not in str(caught.value)
 
 
-def test_celery_gets_the_guarded_sentinel_transport_with_master_name_tls_and_the_user_for_the_sentinels() -> None:
+def test_celery_gets_the_guarded_sentinel_transport_with_master_name_tls_and_the_sentinels_user() -> None:
     url = with_credentials(THREE + TLS, "vtc-laptop", "pw")
     conf = celery_config(url, keyprefix="c:laptop:", sentinel_master="vt")
     assert conf["broker_transport"] == SENTINEL_TRANSPORT_PATH
@@ -79,7 +86,8 @@ def test_celery_gets_the_guarded_sentinel_transport_with_master_name_tls_and_the
     # nodes do (a sentinel anyone may command can name an attacker's master)
     assert options["sentinel_kwargs"]["ssl_cert_reqs"] == ssl.CERT_REQUIRED
     assert options["sentinel_kwargs"]["socket_timeout"] > 0
-    assert (options["sentinel_kwargs"]["username"], options["sentinel_kwargs"]["password"]) == ("vtc-laptop", "pw")
+    to_sentinels = options["sentinel_kwargs"]
+    assert (to_sentinels["username"], to_sentinels["password"]) == ("vtc-laptop", "pw")
     # no credential in the URL, none to the sentinels (their default user is open)
     assert "password" not in celery_config(THREE + TLS)["broker_transport_options"]["sentinel_kwargs"]
     # a plain URL is untouched
@@ -115,3 +123,23 @@ def test_a_reconnect_keeps_the_guarded_transport_the_database_and_tls() -> None:
         assert type(conn.transport).__name__ == "GuardedSentinelTransport"
         assert conn.virtual_host == "3" and conn.ssl["ssl_cert_reqs"] == ssl.CERT_REQUIRED
         assert conn.userid == "vtc-laptop" and conn.port == 26379
+
+
+def test_the_sentinels_get_the_credential_and_timeouts_no_longer_than_a_sentinel_needs() -> None:
+    """A sentinel answers at once or not at all: the brain's hot state waits 30 s for Redis, but
+    a hung sentinel must not hold it that long before it asks the next one."""
+    client = redis_client(
+        with_credentials(THREE, "vt-brain", "pw"), socket_timeout=30, socket_connect_timeout=1
+    )
+    try:
+        manager = client.connection_pool.sentinel_manager
+        assert manager.sentinel_kwargs["socket_timeout"] == SENTINEL_SOCKET_TIMEOUT_S
+        assert manager.sentinel_kwargs["socket_connect_timeout"] == 1
+        assert (manager.sentinel_kwargs["username"], manager.sentinel_kwargs["password"]) == (
+            "vt-brain",
+            "pw",
+        )
+        # the data nodes keep the caller's own
+        assert client.connection_pool.connection_kwargs["socket_timeout"] == 30
+    finally:
+        client.close()
