@@ -48,7 +48,7 @@ local function usable(queue, wait)
   return string.sub(wait, 1, #WAIT_NS) == WAIT_NS and string.sub(wait, -(#queue + 1)) == ':' .. queue
 end
 
-local groups, by_group = {}, {}
+local groups, by_group, queues = {}, {}, {}
 local lane_list = redis.call('ZRANGE', LANES, 0, -1, 'WITHSCORES')
 for j = 1, #lane_list, 2 do
   local id = lane_list[j]
@@ -59,6 +59,7 @@ for j = 1, #lane_list, 2 do
     local lane = {id = id, queue = meta[1], wait = meta[2], limits = limits,
       score = tonumber(lane_list[j + 1]), priority = tonumber(meta[6] or '') or 5,
       window = tonumber(meta[7] or '') or 0, window_why = meta[8] or ''}
+    queues[lane.queue] = true
     local name = meta[4] or id
     local group = by_group[name]
     if not group then
@@ -73,6 +74,39 @@ for j = 1, #lane_list, 2 do
     redis.call('ZREM', LANES, id)
   end
 end
+-- A publisher writes every gated call of a pool queue to that queue's inbox (one kombu key
+-- prefix for all lanes: no Redis connection per lane, which was one per tree with fair share
+-- on). Each goes to the wait list of the lane its run was recorded in (Gate.enqueue wrote the
+-- lane and the run before the message), oldest first, so a lane keeps its order. A run no
+-- longer recorded as waiting (cancelled, or re-sent as a new run) is dropped: the store is the
+-- record, and the reconciler re-sends a run whose message is nowhere.
+local INBOX = NS .. 'w:in:'
+local drained = 0
+local function run_of(raw)
+  local ok, msg = pcall(cjson.decode, raw)
+  if ok and type(msg) == 'table' and type(msg.headers) == 'table' and type(msg.headers.id) == 'string' then
+    return msg.headers.id
+  end
+  return nil
+end
+for queue, _ in pairs(queues) do
+  while drained < budget do
+    local raw = redis.call('RPOP', INBOX .. queue)
+    if not raw then break end
+    drained = drained + 1
+    local run = run_of(raw)
+    local entry = run and redis.call('HGET', WAITING, run)
+    local lane_id = entry and string.match(entry, '^([^\t]+)')
+    local wait = lane_id and redis.call('HGET', NS .. 'lane:' .. lane_id, 'wait')
+    if wait and usable(queue, wait) then
+      redis.call('LPUSH', wait, raw)
+    elseif not run then
+      -- Not a task message of ours: into the pool queue, where the guarded transport drops it.
+      redis.call('LPUSH', queue, raw)
+    end
+  end
+end
+
 -- Highest priority first, then the lane served longest ago (a user's trees take turns).
 local function lane_order(a, b)
   if a.priority ~= b.priority then return a.priority > b.priority end
@@ -247,7 +281,7 @@ for _, group in ipairs(groups) do
   end
   if not left then redis.call('ZREM', GROUPS, group.name) end
 end
-if admitted >= budget or steps >= max_steps then wait_us = 0 end
+if admitted >= budget or steps >= max_steps or drained >= budget then wait_us = 0 end
 if ARGV[4] == '1' and wait_us >= 0 then
   redis.call('LPUSH', NS .. 'wake', '1')
   redis.call('LTRIM', NS .. 'wake', 0, 0)
