@@ -203,9 +203,14 @@ end
 
 -- Calls in each pool queue now (read once, counted up as calls are admitted into it).
 local queued = {}
-local function window_full(lane)
+local function window_full(lane, its_turn)
   if lane.window <= 0 then return false end
   if queued[lane.queue] == nil then queued[lane.queue] = redis.call('LLEN', lane.queue) end
+  -- A high call of the group whose turn it is (served longest ago, not yet in this call) may
+  -- go one past the window, to the head of the queue: a person waiting takes the next worker
+  -- to free up, instead of waiting for a run to end before being admitted. One past at most,
+  -- and only on its group's turn, so the other groups' calls still alternate with its own.
+  if its_turn and lane.priority >= HIGH then return queued[lane.queue] >= lane.window + 1 end
   return queued[lane.queue] >= lane.window
 end
 
@@ -218,7 +223,7 @@ local progress = true
 local steps, max_steps = 0, budget * 4
 while progress and admitted < budget and steps < max_steps do
   progress = false
-  for _, group in ipairs(groups) do
+  for index, group in ipairs(groups) do
     local turns = group.weight
     while turns > 0 and admitted < budget and steps < max_steps do
       local lane = nil
@@ -246,7 +251,7 @@ while progress and admitted < budget and steps < max_steps do
           redis.call('RPOP', lane.wait)
           redis.call('HDEL', WAITING, run)
           progress = true
-        elseif window_full(lane) then
+        elseif window_full(lane, index == 1 and not group.served) then
           -- No wait noted: the end of a run of that pool runs this script again.
           lane.stopped = true
           redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', lane.window_why, 'why_key', '')
@@ -261,6 +266,7 @@ while progress and admitted < budget and steps < max_steps do
             if queued[lane.queue] ~= nil then queued[lane.queue] = queued[lane.queue] + 1 end
             progress = true
             turns = turns - 1
+            group.served = true
             seq = seq + 1
             lane.score = now + seq
             group.score = now + seq

@@ -264,11 +264,36 @@ def test_a_high_priority_call_goes_to_the_head_of_the_pool_queue(
 ) -> None:
     put(redis_client, gate, fair("ada", "batch", window=3), "a0", "a1", "a2", "a3")
     gate.admit()
-    put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0")
-    assert gate.admit().count == 0  # still bound by the window ...
-    redis_client.rpop(pool_queue(None))  # a worker takes a0
+    put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0", "b1")
+    # bob's turn (his group was served longest ago): one past the full window, at the head ...
+    assert gate.admit().count == 1
+    assert queued(redis_client) == ["b0", "a0", "a1", "a2"]
+    # ... one past at most: his next high call waits for the window, like ada's normal ones
+    assert gate.admit().count == 0
+    redis_client.rpop(pool_queue(None))  # a worker takes b0
+    redis_client.rpop(pool_queue(None))  # and a0
     gate.admit()
-    assert queued(redis_client) == ["b0", "a1", "a2"]  # ... but next to be taken once admitted
+    assert queued(redis_client) == ["a1", "a2", "a3"]  # ada's turn now: bob's went last time
+    redis_client.rpop(pool_queue(None))
+    gate.admit()
+    assert queued(redis_client) == ["b1", "a2", "a3"]
+
+
+def test_a_user_whose_every_call_is_high_still_alternates_with_the_others(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    put(redis_client, gate, fair("ada", "batch", window=2), *(f"a{i}" for i in range(10)))
+    put(redis_client, gate, fair("bob", "flood", priority=8, window=2), *(f"b{i}" for i in range(10)))
+    gate.admit()
+    taken = []
+    for _ in range(12):  # a worker takes the head, its run ends, the gate runs
+        taken.append(json.loads(redis_client.rpop(pool_queue(None)))["headers"]["id"])
+        gate.admit()
+    # bob's high calls go first, but ada's still get every other turn: never more than the
+    # window (plus bob's one past it) of bob's in a row.
+    assert sum(1 for run in taken if run.startswith("a")) >= 5
+    runs_of_bob = "".join("b" if run.startswith("b") else "." for run in taken).split(".")
+    assert max(len(run) for run in runs_of_bob) <= 3
 
 
 def test_max_in_flight_per_user_is_a_cap_of_its_own_per_user(redis_client: redis.Redis, gate: Gate) -> None:
