@@ -34,10 +34,10 @@ from brain.cli.base import (
     stack_for,
 )
 from brain.cli.display import THROTTLED, duration, limits_table, queues_table, task_table, trees_table
+from brain.cli.explain_limits import limit_lines
 from brain.cli.schedule_view import schedules_report, schedules_table
 from brain.cli.watch import watch
 from brain.config import Settings
-from brain.core.fairshare import applied_limits
 from brain.core.limits import TreeRefused
 from brain.core.models import (
     RunIf,
@@ -453,7 +453,8 @@ def _ask_stack(settings: Settings, client_id: str | None, user: str | None, *, r
 def explain(
     settings: Settings, tree_file: Path, client_id: str | None, autonomous: bool | None, user: str | None
 ) -> None:
-    """Validate TREE_FILE and show, per task, the route `run` would take now and why. Runs nothing.
+    """Validate TREE_FILE and show, per task, the route `run` would take now and why; per
+    server task, its priority, its limits and its user's fair share. Runs nothing.
 
     Asks the running stack, when there is one: its registry and who is connected (routes
     with them); else the local config, with no client connected. Exits 2 if the tree is
@@ -514,7 +515,16 @@ def explain(
     console.print(table)
     for line in _policy_lines(tree, registry, settings):
         console.print(Text(line), soft_wrap=True)
-    for line in _limit_lines(routes, registry, stack.pauses):
+    shares = limit_lines(
+        tree,
+        routes,
+        registry,
+        stack.pauses,
+        session=session,
+        fairness=settings.fairness,
+        user=stack.user or user or settings.user,
+    )
+    for line in shares:
         console.print(Text(line), soft_wrap=True)
     console.print(Text(_routes_note(stack, session, client_id), style="dim"))
     if failing:
@@ -526,25 +536,6 @@ def explain(
                 highlight=False,
             )
         sys.exit(EXIT_TREE_FAILED)
-
-
-def _limit_lines(
-    routes: Sequence[tuple[TaskSpec, Route]], registry: RegistrySnapshot, pauses: Mapping[str, str]
-) -> list[str]:
-    """Per server task bounded by limits: which (``rate_limit 5/s of tool http_get``): its call
-    waits at the gate, shown as throttled, while one of them holds it (docs/fair-share.md);
-    and a budget a 429 paused now (``pauses``: limit key -> why and until when)."""
-    lines = []
-    for spec, route in routes:
-        tool = registry.tools.get(route.tool) if route.kind is RouteKind.SERVER else None
-        if tool is None:
-            continue
-        limits = applied_limits(tool, route.pool, registry.server_limits, registry.pool_limits, pauses)
-        if limits:
-            words = [w for limit in limits for w in limit.described()]
-            words += [pauses[limit.key] for limit in limits if limit.key in pauses]
-            lines.append(f"task {spec.id}: limits: {', '.join(words)}")
-    return lines
 
 
 def _policy_lines(tree: TaskTree, registry: RegistrySnapshot, settings: Settings) -> list[str]:

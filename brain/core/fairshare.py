@@ -37,6 +37,8 @@ __all__ = [
     "lane_id",
     "pause_asked_by",
     "pause_key",
+    "priority_named",
+    "priority_source",
     "user_limit",
     "window_why",
     "written_limits",
@@ -159,13 +161,29 @@ DEFAULT_PRIORITY = PRIORITY_WORDS["normal"]
 def call_priority(task: int | None, tree: int | None, session: SessionKind, gateway_call: bool) -> int:
     """A run's priority, 0-9 (9 first): its task's, else its tree's, else high for an
     interactive session or a gateway call and normal for an autonomous run."""
+    return priority_source(task, tree, session, gateway_call)[0]
+
+
+def priority_source(
+    task: int | None, tree: int | None, session: SessionKind, gateway_call: bool
+) -> tuple[int, str]:
+    """``call_priority`` and where it comes from (``explain`` says it): ``the task``,
+    ``the tree`` (a schedule's ``priority`` is written there), or the default of the run."""
     if task is not None:
-        return task
+        return task, "set on the task"
     if tree is not None:
-        return tree
-    if gateway_call or session is SessionKind.INTERACTIVE:
-        return PRIORITY_WORDS["high"]
-    return DEFAULT_PRIORITY
+        return tree, "set on the tree (or by its schedule)"
+    if gateway_call:
+        return PRIORITY_WORDS["high"], "the default of a gateway call"
+    if session is SessionKind.INTERACTIVE:
+        return PRIORITY_WORDS["high"], "the default of an interactive session"
+    return DEFAULT_PRIORITY, "the default of an autonomous run"
+
+
+def priority_named(priority: int) -> str:
+    """``high (8)`` for a priority a word stands for, else the number (``7``)."""
+    words = {number: word for word, number in PRIORITY_WORDS.items()}
+    return f"{words[priority]} ({priority})" if priority in words else str(priority)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 A server call bounded by a ``rate_limit`` or ``max_concurrency`` (``brain.core.fairshare``) is
 not pushed onto its pool's queue: kombu writes it, as the very message it would have sent, into
-its *lane's* wait list (``gate_wait_prefix``: the same queue name under a key prefix, so its
-routing key still names the pool queue). No worker reads a wait list. ``gate.lua`` moves calls
-from the wait lists into the pool queues while every limit of their lane allows — a GCRA token
+its pool's *inbox* at the gate (``INBOX_PREFIX``: the same queue name under a key prefix, so its
+routing key still names the pool queue; one prefix, so one Redis connection, for every lane),
+and ``gate.lua`` moves it from there to its *lane's* wait list (``gate_wait_prefix``), the lane
+``enqueue`` recorded its run in before the message was written. No worker reads either list.
+``gate.lua`` moves calls from the wait lists into the pool queues while every limit of their lane allows — a GCRA token
 bucket per rate limit on Redis's clock, a ZSET of leased slots per cap — lanes round-robin,
 oldest first within a lane. So a waiting call holds no worker slot, and the limits hold across
 every pool process on every machine. Everything is one EVALSHA.
@@ -43,6 +45,10 @@ from workers.contracts import (
 from workers.scripts import lua
 from workers.throttle import MAX_PAUSE_S
 
+# kombu ``global_keyprefix`` of the inbox of gated calls: a call for pool queue Q waits in
+# ``<prefix>Q`` until the script moves it into its lane's wait list (gate.lua: ``INBOX``). Not a
+# lane id (16 hex digits), so no lane's wait list is an inbox.
+INBOX_PREFIX = f"{GATE_NS}w:in:"
 # Calls admitted per script call: a few ms of Redis at most; the caller goes again when full.
 ADMIT_BUDGET = 500
 # How long a lane recorded by a process that has not written its calls yet is kept empty.
@@ -270,16 +276,19 @@ class Gate:
         return views, now
 
     def wait_keys(self) -> list[str]:
-        """The wait lists of every lane (the reconciler counts a run waiting there as held)."""
+        """The inboxes, then the wait lists of every lane (the reconciler counts a run waiting
+        there as held; read in this order, a message the script moves meanwhile is still seen)."""
         lanes = self._lane_ids()
         if not lanes:
             return []
         pipe = self.r.pipeline(transaction=False)
         for lane in lanes:
-            pipe.hget(key_gate_lane(lane), "wait")
+            pipe.hmget(key_gate_lane(lane), ["wait", "queue"])
         # Only the gate's own lists: a lane a pool forged cannot make another key count as held.
-        keys = [as_text(key) for key in pipe.execute() if key]
-        return [key for key in keys if key.startswith(f"{GATE_NS}w:")]
+        metas = [(as_text(wait), as_text(queue)) for wait, queue in pipe.execute() if wait and queue]
+        waits = [wait for wait, _ in metas if wait.startswith(f"{GATE_NS}w:")]
+        inboxes = sorted({INBOX_PREFIX + queue for _, queue in metas} | {INBOX_PREFIX + pool_queue(None)})
+        return inboxes + waits
 
     def throttled(self, run_ids: Iterable[str]) -> dict[str, str]:
         """Run id -> why it waits (``rate_limit 5/s of tool http_get``), for runs at the gate."""

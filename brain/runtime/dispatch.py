@@ -23,7 +23,7 @@ from celery.events.event import get_exchange
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import utcoffset
 
-from brain.hot.gate import Gate, Lane, Waiting
+from brain.hot.gate import INBOX_PREFIX, Gate, Lane, Waiting
 from workers.app import make_app
 from workers.contracts import (
     MAX_MESSAGE_BYTES,
@@ -68,7 +68,7 @@ class Publisher:
         return self._prefixed(client_keyprefix(client_id))
 
     def _prefixed(self, keyprefix: str) -> Celery:
-        """An app whose keys all carry ``keyprefix``: a client's own keys, or a gate lane's."""
+        """An app whose keys all carry ``keyprefix``: a client's own keys, or the gate's inbox."""
         with self._lock:
             app = self._client_apps.get(keyprefix)
             if app is None:
@@ -139,7 +139,9 @@ class Publisher:
                 self.send(call, pool, lane)
             return
         gated = lane is not None and self.gate is not None and call.client_id is None
-        app = self._prefixed(lane.prefix) if gated and lane is not None else self.app_for(call.client_id)
+        # Every gated call goes to its pool's inbox at the gate, under one key prefix: one app
+        # and connection for them all (one per lane was a new connection per tree, kept open).
+        app = self._prefixed(INBOX_PREFIX) if gated else self.app_for(call.client_id)
         queue = pool_queue(pool) if call.client_id is None else client_queue(call.client_id)
         limit_cap = float(app.conf.task_time_limit or 3600)
         time_limit = min(call.timeout_s + _HARD_MARGIN_S, limit_cap)

@@ -153,9 +153,8 @@ class Intake:
     ) -> tuple[TaskState, bool] | None:
         """Write the result and advance its tree: None if it was not recorded, else the state
         it recorded and whether the tree finished."""
-        if not ok and from_client is None and result.client_id is None:
-            self._pause(result, error)
         if not ok and self._retry(result, from_client, error):
+            self._pause_after_write(result, from_client, error)
             return TaskState.RETRYING, False
         # The source must be where the record says this run was sent: part of the
         # compare-and-set, so the common case needs no read before the write.
@@ -189,12 +188,24 @@ class Intake:
                 result.task_id,
             )
             return None
+        if not ok:
+            self._pause_after_write(result, from_client, error)
         with self.scheduler.recording(recorded):  # upstream() takes it, not a read back
             finished = self.scheduler.advance(result.tree_id, {result.task_id: recorded.state}) is not None
         if self.scheduler.events is not None:
             events = self.scheduler.events  # Flower's copy after what the tree's watchers wait for
             self.scheduler.after_write(lambda: events.task_done(result))
         return recorded.state, finished
+
+    def _pause_after_write(
+        self, result: ToolResult, from_client: str | None, error: ErrorInfo | None
+    ) -> None:
+        """Pause the budget a failed server run's 429 names, once its failure is written. Only
+        for a result the store accepted (this task's current run, from where it was sent): a
+        stale or forged one must not stop a server for everyone. After the write, as the
+        messages are: a batch that rolls back pauses nothing."""
+        if from_client is None and result.client_id is None:
+            self.scheduler.after_write(lambda: self._pause(result, error))
 
     def _pause(self, result: ToolResult, error: ErrorInfo | None) -> None:
         """A server run that its remote answered 429 with Retry-After: pause that server's

@@ -246,6 +246,43 @@ def test_explain_shows_each_route_and_why_without_running_anything(tmp_path: Pat
     assert not (tmp_path / "data" / "stack.json").exists()
 
 
+def test_explain_shows_each_server_tasks_priority_and_its_users_share(tmp_path: Path) -> None:
+    """Issue 26: explain names the priority each task runs at (and where it comes from) and,
+    with fair share on, the user's weight and max_in_flight_per_user; off, it says they apply not."""
+    tree_file = tmp_path / "tree.yaml"
+    tree_file.write_text(
+        "id: t\npriority: low\ntasks:\n"
+        "  - {id: batch, tool: echo, args: {value: 1}}\n"
+        "  - {id: urgent, tool: echo, args: {value: 2}, priority: high}\n"
+    )
+    off = vancetope("explain", str(tree_file), data=tmp_path / "data")
+    assert off.returncode == 0, off.stderr
+    assert "task batch: priority low (2), set on the tree (or by its schedule)\n" in off.stdout
+    assert "task urgent: priority high (8), set on the task\n" in off.stdout
+    assert "Fair share is off (queue_window 0): priorities order nothing" in off.stdout
+
+    fair = {
+        "VANCETOPE_QUEUE_WINDOW": "32",
+        "VANCETOPE_MAX_IN_FLIGHT_PER_USER": "200",
+        "VANCETOPE_USERS": json.dumps({"ada": {"weight": 3}}),
+    }
+    on = vancetope("explain", str(tree_file), "--user", "ada", data=tmp_path / "data", env=fair)
+    assert on.returncode == 0, on.stderr
+    assert (
+        "task urgent: priority high (8), set on the task; "
+        "fair share of pool default as user ada: weight 3, queue_window 32\n"
+    ) in on.stdout
+    assert "task urgent: limits: max_in_flight_per_user 200 of user ada on pool default\n" in on.stdout
+    assert "Fair share is off" not in on.stdout
+    # A tree that names no priority: an autonomous run's default, and weight 1 for bob.
+    tree_file.write_text("id: t\ntasks:\n  - {id: a, tool: echo, args: {value: 1}}\n")
+    bob = vancetope("explain", str(tree_file), "--user", "bob", data=tmp_path / "data", env=fair)
+    assert (
+        "task a: priority normal (5), the default of an autonomous run; "
+        "fair share of pool default as user bob: weight 1, queue_window 32\n"
+    ) in bob.stdout
+
+
 def test_explain_reports_a_tool_name_clash_and_the_names_to_write(tmp_path: Path) -> None:
     """Issue 10 item 3: two MCP servers offering `add`; the bare name fails, saying why."""
     from tests.conftest import demo_server, write_mcp_config

@@ -48,7 +48,7 @@ local function usable(queue, wait)
   return string.sub(wait, 1, #WAIT_NS) == WAIT_NS and string.sub(wait, -(#queue + 1)) == ':' .. queue
 end
 
-local groups, by_group = {}, {}
+local groups, by_group, queues = {}, {}, {}
 local lane_list = redis.call('ZRANGE', LANES, 0, -1, 'WITHSCORES')
 for j = 1, #lane_list, 2 do
   local id = lane_list[j]
@@ -59,6 +59,7 @@ for j = 1, #lane_list, 2 do
     local lane = {id = id, queue = meta[1], wait = meta[2], limits = limits,
       score = tonumber(lane_list[j + 1]), priority = tonumber(meta[6] or '') or 5,
       window = tonumber(meta[7] or '') or 0, window_why = meta[8] or ''}
+    queues[lane.queue] = true
     local name = meta[4] or id
     local group = by_group[name]
     if not group then
@@ -73,6 +74,39 @@ for j = 1, #lane_list, 2 do
     redis.call('ZREM', LANES, id)
   end
 end
+-- A publisher writes every gated call of a pool queue to that queue's inbox (one kombu key
+-- prefix for all lanes: no Redis connection per lane, which was one per tree with fair share
+-- on). Each goes to the wait list of the lane its run was recorded in (Gate.enqueue wrote the
+-- lane and the run before the message), oldest first, so a lane keeps its order. A run no
+-- longer recorded as waiting (cancelled, or re-sent as a new run) is dropped: the store is the
+-- record, and the reconciler re-sends a run whose message is nowhere.
+local INBOX = NS .. 'w:in:'
+local drained = 0
+local function run_of(raw)
+  local ok, msg = pcall(cjson.decode, raw)
+  if ok and type(msg) == 'table' and type(msg.headers) == 'table' and type(msg.headers.id) == 'string' then
+    return msg.headers.id
+  end
+  return nil
+end
+for queue, _ in pairs(queues) do
+  while drained < budget do
+    local raw = redis.call('RPOP', INBOX .. queue)
+    if not raw then break end
+    drained = drained + 1
+    local run = run_of(raw)
+    local entry = run and redis.call('HGET', WAITING, run)
+    local lane_id = entry and string.match(entry, '^([^\t]+)')
+    local wait = lane_id and redis.call('HGET', NS .. 'lane:' .. lane_id, 'wait')
+    if wait and usable(queue, wait) then
+      redis.call('LPUSH', wait, raw)
+    elseif not run then
+      -- Not a task message of ours: into the pool queue, where the guarded transport drops it.
+      redis.call('LPUSH', queue, raw)
+    end
+  end
+end
+
 -- Highest priority first, then the lane served longest ago (a user's trees take turns).
 local function lane_order(a, b)
   if a.priority ~= b.priority then return a.priority > b.priority end
@@ -169,9 +203,14 @@ end
 
 -- Calls in each pool queue now (read once, counted up as calls are admitted into it).
 local queued = {}
-local function window_full(lane)
+local function window_full(lane, its_turn)
   if lane.window <= 0 then return false end
   if queued[lane.queue] == nil then queued[lane.queue] = redis.call('LLEN', lane.queue) end
+  -- A high call of the group whose turn it is (served longest ago, not yet in this call) may
+  -- go one past the window, to the head of the queue: a person waiting takes the next worker
+  -- to free up, instead of waiting for a run to end before being admitted. One past at most,
+  -- and only on its group's turn, so the other groups' calls still alternate with its own.
+  if its_turn and lane.priority >= HIGH then return queued[lane.queue] >= lane.window + 1 end
   return queued[lane.queue] >= lane.window
 end
 
@@ -184,7 +223,7 @@ local progress = true
 local steps, max_steps = 0, budget * 4
 while progress and admitted < budget and steps < max_steps do
   progress = false
-  for _, group in ipairs(groups) do
+  for index, group in ipairs(groups) do
     local turns = group.weight
     while turns > 0 and admitted < budget and steps < max_steps do
       local lane = nil
@@ -212,7 +251,7 @@ while progress and admitted < budget and steps < max_steps do
           redis.call('RPOP', lane.wait)
           redis.call('HDEL', WAITING, run)
           progress = true
-        elseif window_full(lane) then
+        elseif window_full(lane, index == 1 and not group.served) then
           -- No wait noted: the end of a run of that pool runs this script again.
           lane.stopped = true
           redis.call('HSET', NS .. 'lane:' .. lane.id, 'why', lane.window_why, 'why_key', '')
@@ -227,6 +266,7 @@ while progress and admitted < budget and steps < max_steps do
             if queued[lane.queue] ~= nil then queued[lane.queue] = queued[lane.queue] + 1 end
             progress = true
             turns = turns - 1
+            group.served = true
             seq = seq + 1
             lane.score = now + seq
             group.score = now + seq
@@ -247,7 +287,7 @@ for _, group in ipairs(groups) do
   end
   if not left then redis.call('ZREM', GROUPS, group.name) end
 end
-if admitted >= budget or steps >= max_steps then wait_us = 0 end
+if admitted >= budget or steps >= max_steps or drained >= budget then wait_us = 0 end
 if ARGV[4] == '1' and wait_us >= 0 then
   redis.call('LPUSH', NS .. 'wake', '1')
   redis.call('LTRIM', NS .. 'wake', 0, 0)

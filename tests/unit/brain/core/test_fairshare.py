@@ -15,6 +15,8 @@ from brain.core.fairshare import (
     call_priority,
     lane_id,
     pause_asked_by,
+    priority_named,
+    priority_source,
     user_limit,
     window_why,
 )
@@ -274,36 +276,6 @@ def test_lanes_differ_by_pool_user_and_limits() -> None:
     assert lane_id(None, "ada", (a,)) == lane_id("default", "ada", (a,))
 
 
-def test_explain_lists_the_limits_of_each_server_task() -> None:
-    from brain.cli.trees import _limit_lines
-    from brain.core.models import TaskSpec
-    from brain.core.routing import Route, RouteKind
-    from brain.core.snapshot import RegistrySnapshot
-
-    registry = RegistrySnapshot(
-        tools={
-            "http_get": _tool(rate_limit="5/s").model_copy(update={"name": "http_get"}),
-            "echo": _tool().model_copy(update={"name": "echo"}),
-        },
-        pool_limits={"gpu": Limits(max_concurrency=1)},
-    )
-    routes = [
-        (TaskSpec(id="a", tool="http_get"), Route(kind=RouteKind.SERVER, tool="http_get", reason="")),
-        (TaskSpec(id="b", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="", pool="gpu")),
-        (TaskSpec(id="c", tool="echo"), Route(kind=RouteKind.SERVER, tool="echo", reason="")),
-    ]
-    assert _limit_lines(routes, registry, {}) == [
-        "task a: limits: rate_limit 5/s of tool http_get",
-        "task b: limits: max_concurrency 1 of pool gpu",
-    ]
-    # a budget a 429 paused: named beside the limits, even where none is written
-    why = "paused by HTTP 429 from tool echo (Retry-After 5s) until 18:49:25"
-    assert _limit_lines(routes, registry, {"tool:echo": why})[1:] == [
-        f"task b: limits: max_concurrency 1 of pool gpu, {why}",
-        f"task c: limits: {why}",
-    ]
-
-
 @pytest.mark.parametrize(
     ("task", "tree", "session", "gateway_call", "expected"),
     [
@@ -318,6 +290,16 @@ def test_a_runs_priority(
     task: int | None, tree: int | None, session: SessionKind, gateway_call: bool, expected: int
 ) -> None:
     assert call_priority(task, tree, session, gateway_call) == expected
+
+
+def test_a_runs_priority_says_where_it_comes_from_and_its_word() -> None:
+    assert priority_source(None, None, SessionKind.AUTONOMOUS, True) == (8, "the default of a gateway call")
+    assert priority_source(None, 2, SessionKind.INTERACTIVE, False) == (
+        2,
+        "set on the tree (or by its schedule)",
+    )
+    assert priority_source(7, 2, SessionKind.AUTONOMOUS, False) == (7, "set on the task")
+    assert [priority_named(p) for p in (2, 5, 8, 7)] == ["low (2)", "normal (5)", "high (8)", "7"]
 
 
 def test_fair_share_settings_are_read_and_bad_ones_name_the_field(tmp_path: Path) -> None:

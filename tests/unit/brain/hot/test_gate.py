@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from brain.core.fairshare import AppliedLimit, lane_id, user_limit
-from brain.hot.gate import Gate, Lane, Waiting
+from brain.hot.gate import INBOX_PREFIX, Gate, Lane, Waiting
 from workers.contracts import key_cancelled, key_gate_fresh, key_gate_lanes, key_gate_pause, pool_queue
 from workers.throttle import MAX_PAUSE_S
 
@@ -19,11 +19,16 @@ def lane(user: str, *limits: AppliedLimit, pool: str | None = None) -> Lane:
     return Lane(lane_id(pool, user, limits), pool, user, limits)
 
 
+def message(run: str) -> str:
+    return json.dumps({"headers": {"id": run, "task": "vancetope.run_tool"}, "body": ""})
+
+
 def put(r: redis.Redis, gate: Gate, at: Lane, *runs: str) -> None:
-    """Runs put at the gate as a publisher does: recorded first, then kombu's LPUSH of each."""
+    """Runs put at the gate as a publisher does: recorded first, then kombu's LPUSH of each into
+    its pool's inbox (the script moves it to its lane's wait list)."""
     gate.enqueue([Waiting(run, at, 60_000) for run in runs])
     for run in runs:
-        r.lpush(at.wait_key, json.dumps({"headers": {"id": run, "task": "vancetope.run_tool"}, "body": ""}))
+        r.lpush(INBOX_PREFIX + at.queue, message(run))
 
 
 def queued(r: redis.Redis, pool: str | None = None) -> list[str]:
@@ -103,7 +108,8 @@ def test_an_empty_lane_is_kept_while_fresh_then_dropped(redis_client: redis.Redi
     a = lane("ada", CAP2)
     gate.enqueue([Waiting("r1", a, 60_000)])  # recorded; its message not written yet
     gate.admit()
-    assert gate.wait_keys() == [a.wait_key]  # the reconciler still looks there
+    # the reconciler still looks there, after the inbox (a message moves from it to the lane)
+    assert gate.wait_keys() == [INBOX_PREFIX + "server", a.wait_key]
     redis_client.delete(key_gate_fresh(a.id))
     gate.admit()
     assert redis_client.zcard(key_gate_lanes()) == 0 and gate.wait_keys() == []
@@ -258,11 +264,36 @@ def test_a_high_priority_call_goes_to_the_head_of_the_pool_queue(
 ) -> None:
     put(redis_client, gate, fair("ada", "batch", window=3), "a0", "a1", "a2", "a3")
     gate.admit()
-    put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0")
-    assert gate.admit().count == 0  # still bound by the window ...
-    redis_client.rpop(pool_queue(None))  # a worker takes a0
+    put(redis_client, gate, fair("bob", "asked", priority=8, window=3), "b0", "b1")
+    # bob's turn (his group was served longest ago): one past the full window, at the head ...
+    assert gate.admit().count == 1
+    assert queued(redis_client) == ["b0", "a0", "a1", "a2"]
+    # ... one past at most: his next high call waits for the window, like ada's normal ones
+    assert gate.admit().count == 0
+    redis_client.rpop(pool_queue(None))  # a worker takes b0
+    redis_client.rpop(pool_queue(None))  # and a0
     gate.admit()
-    assert queued(redis_client) == ["b0", "a1", "a2"]  # ... but next to be taken once admitted
+    assert queued(redis_client) == ["a1", "a2", "a3"]  # ada's turn now: bob's went last time
+    redis_client.rpop(pool_queue(None))
+    gate.admit()
+    assert queued(redis_client) == ["b1", "a2", "a3"]
+
+
+def test_a_user_whose_every_call_is_high_still_alternates_with_the_others(
+    redis_client: redis.Redis, gate: Gate
+) -> None:
+    put(redis_client, gate, fair("ada", "batch", window=2), *(f"a{i}" for i in range(10)))
+    put(redis_client, gate, fair("bob", "flood", priority=8, window=2), *(f"b{i}" for i in range(10)))
+    gate.admit()
+    taken = []
+    for _ in range(12):  # a worker takes the head, its run ends, the gate runs
+        taken.append(json.loads(redis_client.rpop(pool_queue(None)))["headers"]["id"])
+        gate.admit()
+    # bob's high calls go first, but ada's still get every other turn: never more than the
+    # window (plus bob's one past it) of bob's in a row.
+    assert sum(1 for run in taken if run.startswith("a")) >= 5
+    runs_of_bob = "".join("b" if run.startswith("b") else "." for run in taken).split(".")
+    assert max(len(run) for run in runs_of_bob) <= 3
 
 
 def test_max_in_flight_per_user_is_a_cap_of_its_own_per_user(redis_client: redis.Redis, gate: Gate) -> None:
@@ -272,3 +303,25 @@ def test_max_in_flight_per_user_is_a_cap_of_its_own_per_user(redis_client: redis
     assert gate.admit().count == 2
     assert gate.throttled(["a1"]) == {"a1": "max_in_flight_per_user 1 of user ada on pool default"}
     assert gate.admit(release=["a0"]).count == 1
+
+
+def test_the_inbox_sends_each_call_to_its_own_lane_in_order(redis_client: redis.Redis, gate: Gate) -> None:
+    # Publishers of two trees wrote to the one inbox, interleaved: each lane keeps its order.
+    a, b = lane("ada", CAP2), lane("bob", AppliedLimit("tool", "y", None, 2))
+    gate.enqueue([Waiting(run, a, 60_000) for run in ("a1", "a2", "a3")])
+    gate.enqueue([Waiting(run, b, 60_000) for run in ("b1", "b2", "b3")])
+    for run in ("a1", "b1", "a2", "b2", "b3", "a3"):
+        redis_client.lpush(INBOX_PREFIX + "server", message(run))
+    # A run nobody recorded as waiting (re-sent as a new run) is dropped; a message that is no
+    # task of ours goes to the pool queue, where the guarded transport drops it.
+    redis_client.lpush(INBOX_PREFIX + "server", message("stale"), "garbage")
+    assert gate.admit().count == 4  # two of each, a cap of 2 on each
+    assert redis_client.llen(INBOX_PREFIX + "server") == 0
+    assert redis_client.lrem(pool_queue(None), 0, "garbage") == 1
+    assert sorted(queued(redis_client)) == ["a1", "a2", "b1", "b2"]
+    assert gate.throttled(["a3", "b3", "stale"]) == {
+        "a3": "max_concurrency 2 of tool x",
+        "b3": "max_concurrency 2 of tool y",
+    }
+    assert gate.admit(release=["a1", "b1"]).count == 2
+    assert sorted(queued(redis_client)[4:]) == ["a3", "b3"]

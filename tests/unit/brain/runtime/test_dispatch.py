@@ -109,3 +109,31 @@ def test_sent_event_and_args_summary_name_arguments_never_their_values() -> None
     assert (event["name"], event["queue"], event["routing_key"]) == (RUN_TOOL_TASK, "server", "server")
     assert event["args"] == args_summary(call()) == "echo(b, value)"
     assert "a secret value" not in json.dumps({k: v for k, v in event.items() if k != "timestamp"})
+
+
+def test_gated_calls_of_many_trees_share_one_connection_and_reach_their_lanes(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    # With fair share on, every tree is a lane of its own. A key prefix per lane was a Celery app
+    # and a Redis connection per tree, kept open: 2 more clients per gateway call, for good.
+    from brain.core.fairshare import lane_id
+    from brain.hot.gate import Gate, Lane
+
+    app = make_app(redis_server.url)
+    publisher = Publisher(app, task_events=False, gate=Gate(redis_client))
+    try:
+        publisher.send(
+            call("warm"), None, Lane(lane_id(None, "ada", (), tree="warm"), None, "ada", (), window=8)
+        )
+        before = redis_client.info("clients")["connected_clients"]
+        for i in range(20):
+            tree = f"t{i}"
+            lane = Lane(lane_id(None, "ada", (), tree=tree), None, "ada", (), priority=5, window=8)
+            publisher.send(call(f"a{i}").model_copy(update={"run_id": f"{tree}.a.1.x"}), None, lane)
+        assert redis_client.info("clients")["connected_clients"] - before <= 1
+        # The window (8) let 8 of the 21 into the pool queue; the rest wait in their own lanes.
+        assert redis_client.llen("server") == 8
+        assert sum(1 for key in Gate(redis_client).wait_keys() if redis_client.llen(key)) == 13
+    finally:
+        publisher.close()
+        app.close()
