@@ -45,9 +45,19 @@ def status(config: Path, home: Path, agent_url: str, *flags: str) -> tuple[int, 
 
 
 def mcp_status(config: Path, home: Path, agent_url: str) -> dict[str, Any]:
-    code, out = status(config, home, agent_url, "--json")
-    assert code == 0, out  # running, connected, enrolled: a bad mcp.json is shown, not judged
-    mcp: dict[str, Any] = json.loads(out)["mcp_json"]
+    # The agent writes the brain's acceptance to its state file when the ack reaches it: a
+    # status read just after the brain listed the tools may still say "not accepted yet" (seen
+    # under load in CI), so it is read until connected.
+    said: list[str] = []
+
+    def connected() -> bool:
+        code, out = status(config, home, agent_url, "--json")
+        said[:] = [out]
+        return code == 0
+
+    wait_until(connected, timeout=30, what="status to say running, connected, enrolled")
+    # a bad mcp.json is shown, not judged: status still exits 0
+    mcp: dict[str, Any] = json.loads(said[0])["mcp_json"]
     return mcp
 
 
