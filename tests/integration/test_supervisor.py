@@ -267,4 +267,8 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
     )
     assert not alive, f"still running 60 s after their parent was killed: {alive}\n{tails}"
     pool_log = (data / "logs" / "server-pool.log").read_text(errors="replace")
-    assert "the stack that started this worker is gone" in pool_log, tail(data / "logs" / "server-pool.log")
+    # Either the guard killed it after its grace, or (seen in CI) the warm shutdown ended the
+    # call sooner and the worker died acking it on the Redis that went with the stack.
+    assert "the stack that started this worker is gone" in pool_log or (
+        "ConnectionError" in pool_log and "Connection refused" in pool_log
+    ), tail(data / "logs" / "server-pool.log")
