@@ -66,7 +66,8 @@ def behind_proxy(
 ) -> Iterator[tuple[EmbeddedStack, FaultProxy]]:
     """A stack whose agent "laptop" (user ada, the ledger server in its mcp.json) talks to Redis
     through a fault proxy; its heartbeat TTL is ``HEARTBEAT_TTL_S`` unless the test's indirect
-    parameter gives another."""
+    parameter gives another, its reconciler's grace the suite's 1 s unless a
+    ``reconcile_grace`` mark gives another."""
     # Declared as a client tool, as a night batch's workstation tools are: while its client is
     # away, its calls park (pending_client) instead of failing as unknown.
     registry = yaml.safe_load((EXAMPLES / "registry.yaml").read_text())
@@ -77,8 +78,13 @@ def behind_proxy(
     ttl = getattr(request, "param", HEARTBEAT_TTL_S)
     text = agent_config.read_text()
     agent_config.write_text(text.replace(f"heartbeat_ttl_s = {HEARTBEAT_TTL_S}", f"heartbeat_ttl_s = {ttl}"))
+    grace = request.node.get_closest_marker("reconcile_grace")
+    settings = {"reconcile_grace_s": grace.args[0]} if grace is not None else {}
     stack = stack_factory(
-        services=("brain", "server-pool"), agent_config=agent_config, registry=tmp_path / "registry.yaml"
+        services=("brain", "server-pool"),
+        agent_config=agent_config,
+        registry=tmp_path / "registry.yaml",
+        **settings,
     )
     assert stack.redis is not None and stack.agent_url is not None
     with FaultProxy(("127.0.0.1", stack.redis.port)) as proxy:
@@ -373,6 +379,12 @@ def test_a_flaky_link_resetting_2_percent_of_connections_runs_500_calls_each_onc
     print(f"\n500 calls over a link resetting 2 %/s: {took:.1f} s, {proxy.stats.resets} resets")
 
 
+# The suite's grace of 1 s puts the reconciler's two looks at a run 1 s apart; under CI's load
+# the proxy and the agent together have taken longer than that between a pop reaching Redis and
+# the agent's unacked write (seen in 2 of 6 runs beside two CPU burners: a call re-sent, twice
+# for one, each answered from the agent's memory). The default grace is 10 s; 3 s here keeps
+# every queued call looked at while a lag that long stays out of reach.
+@pytest.mark.reconcile_grace(3.0)
 def test_100_ms_each_way_times_nothing_out_and_clients_shows_the_round_trip(
     tmp_path: Path,
     behind_proxy: tuple[EmbeddedStack, FaultProxy],
@@ -408,13 +420,8 @@ def test_100_ms_each_way_times_nothing_out_and_clients_shows_the_round_trip(
         (r.task_id, r.state, r.reason, r.error) for r in records if r.state is not TaskState.DONE
     ]
     assert all(runs_in(ledgers / f"{i}.txt") == 1 for i in range(20))
-    # Never re-sent on and on (until LostTooOften: every call above is done). Seen once in CI
-    # under load (2026-12-06, ci58): one call re-sent twice, each time the reconciler's look
-    # falling in the 100 ms between the agent's pop reaching Redis and its unacked write
-    # (each run still ran once): left to investigate, said in the issue 25 note.
-    assert sum(r.attempt - 1 for r in records) <= 3, [
-        (r.task_id, r.attempt) for r in records if r.attempt > 1
-    ]
+    # None re-sent twice: a run in that gap is never called lost on one look.
+    assert all(r.attempt <= 2 for r in records), [(r.task_id, r.attempt) for r in records if r.attempt > 1]
 
     # The agent reports the median of its last five heartbeats (each one round trip):
     # wait until they were all made over the slow link.
