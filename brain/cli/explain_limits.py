@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from brain.core.fairshare import Fairness, applied_limits, priority_named, priority_source, user_limit
+from brain.core.fairshare import (
+    Fairness,
+    applied_limits,
+    call_origin,
+    priority_named,
+    priority_source,
+    user_limit,
+)
 from brain.core.models import SessionKind, TaskSpec, TaskTree, ToolSpec
 from brain.core.routing import Route, RouteKind
 from brain.core.snapshot import RegistrySnapshot
@@ -54,7 +61,10 @@ def limit_lines(
                 f"weight {fair.weight(user)}, queue_window {fair.queue_window}"
             )
         lines.append(line)
-        limits = applied_limits(tool, route.pool, registry.server_limits, registry.pool_limits, pauses)
+        origin = call_origin(spec.args)  # a url written as it is; one with ${...} is known at run time
+        limits = applied_limits(
+            tool, route.pool, registry.server_limits, registry.pool_limits, pauses, origin
+        )
         if fair.on and fair.max_in_flight_per_user is not None:
             limits = (*limits, user_limit(route.pool, user, fair.max_in_flight_per_user))
         if limits:

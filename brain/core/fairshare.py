@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from brain.core.models import PRIORITY_WORDS, Priority, SessionKind, ToolSpec
 from workers.contracts import DEFAULT_POOL, ErrorInfo, ToolType
 from workers.rates import Limits, rate_per_s
-from workers.throttle import pause_asked
+from workers.throttle import pause_asked, url_origin
 
 __all__ = [
     "DEFAULT_PRIORITY",
@@ -33,6 +34,7 @@ __all__ = [
     "Fairness",
     "Priority",
     "applied_limits",
+    "call_origin",
     "call_priority",
     "lane_id",
     "pause_asked_by",
@@ -81,10 +83,12 @@ def applied_limits(
     server_limits: Mapping[str, Limits],
     pool_limits: Mapping[str, Limits],
     paused: Collection[str] = (),
+    origin: str | None = None,
 ) -> tuple[AppliedLimit, ...]:
     """The limits a server run of ``tool`` on ``pool`` is bounded by, tool first. A budget in
     ``paused`` (a server that answered 429) bounds it even when no limit is written there: the
-    run waits at the gate, which holds it until the pause ends."""
+    run waits at the gate, which holds it until the pause ends. ``origin``: the site the
+    run's ``url`` argument names (``call_origin``), whose pause bounds it too."""
     found: list[AppliedLimit] = []
     if tool.rate_limit is not None or tool.max_concurrency is not None:
         found.append(AppliedLimit("tool", tool.name, tool.rate_limit, tool.max_concurrency))
@@ -96,10 +100,13 @@ def applied_limits(
     on_pool = pool_limits.get(pool_name)
     if on_pool is not None and on_pool.any:
         found.append(AppliedLimit("pool", pool_name, on_pool.rate_limit, on_pool.max_concurrency))
-    pause = pause_key(tool.name, server)
-    if pause in paused and all(limit.key != pause for limit in found):
-        scope, _, name = pause.partition(":")
-        found.append(AppliedLimit(scope, name, None, None))
+    pauses = [pause_key(tool.name, server)]
+    if origin is not None and server is None:
+        pauses.append(pause_key(tool.name, None, origin))
+    for pause in pauses:
+        if pause in paused and all(limit.key != pause for limit in found):
+            scope, _, name = pause.partition(":")
+            found.append(AppliedLimit(scope, name, None, None))
     return tuple(found)
 
 
@@ -122,10 +129,18 @@ def written_limits(
     return found
 
 
-def pause_key(tool: str, server: str | None) -> str:
-    """The budget a 429 with Retry-After pauses: its MCP server's (every tool of it), or for a
-    tool of no MCP server (``http_get``) the tool's own."""
-    return f"server:{server}" if server else f"tool:{tool}"
+def pause_key(tool: str, server: str | None, origin: str | None = None) -> str:
+    """The budget a 429 with Retry-After pauses: its MCP server's (every tool of it); for a
+    tool of no MCP server, the site that answered (``http_get`` names it: every call to that
+    origin), else the tool's own."""
+    if server:
+        return f"server:{server}"
+    return f"origin:{origin}" if origin else f"tool:{tool}"
+
+
+def call_origin(args: Mapping[str, Any]) -> str | None:
+    """The origin a call's ``url`` argument names (``http_get``'s), whose 429 pause holds it."""
+    return url_origin(args.get("url"))
 
 
 def pause_asked_by(tool: str, error: ErrorInfo | None) -> tuple[str, float] | None:
@@ -137,8 +152,16 @@ def pause_asked_by(tool: str, error: ErrorInfo | None) -> tuple[str, float] | No
     seconds = pause_asked(error.data)
     if seconds is None or seconds <= 0:
         return None
-    server = error.data.get("server") if isinstance(error.data, dict) else None
-    return pause_key(tool, server if isinstance(server, str) and server else None), seconds
+    data = error.data if isinstance(error.data, dict) else {}
+    server, origin = data.get("server"), data.get("origin")
+    return (
+        pause_key(
+            tool,
+            server if isinstance(server, str) and server else None,
+            url_origin(origin) if isinstance(origin, str) else None,  # as the call's url reads
+        ),
+        seconds,
+    )
 
 
 def lane_id(

@@ -20,7 +20,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
-from brain.core.fairshare import applied_limits, call_priority, lane_id, user_limit
+from brain.core.fairshare import applied_limits, call_origin, call_priority, lane_id, user_limit
 from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
 from brain.core.limits import check_limits
 from brain.core.models import (
@@ -858,7 +858,8 @@ class Scheduler:
         tool = registry.tools.get(name)
         if tool is None:
             return None
-        limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits, paused)
+        origin = call_origin(call.args) if paused else None
+        limits = applied_limits(tool, pool, registry.server_limits, registry.pool_limits, paused, origin)
         if not (limits or fair.on):
             return None
         tree_rec = self.tree(call.tree_id)

@@ -10,7 +10,10 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -299,3 +302,86 @@ def test_a_cap_on_the_default_pool_holds_across_both_processes_and_explain_names
     rec = brain.scheduler.submit(tree(sleeps(6, 0.3)))
     assert wait_for_tree(brain, rec.tree_id, 90).status is TreeStatus.DONE
     assert most_at_once(brain, rec.tree_id, 6) == 1
+
+
+class _Site(BaseHTTPRequestHandler):
+    """A site of the test's own: ``/busy`` answers 429 with Retry-After (once per server), every
+    other path 200. Each server is an origin of its own (its port)."""
+
+    def do_GET(self) -> None:
+        server = self.server
+        assert isinstance(server, _SiteServer)
+        server.asked.append((self.path, time.time()))
+        if self.path == "/busy" and not server.refused:
+            server.refused = True
+            self.send_response(429)
+            self.send_header("Retry-After", "30")
+            body = b"slow down"
+        else:
+            self.send_response(200)
+            body = b"ok"
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _SiteServer(ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Site)
+        self.asked: list[tuple[str, float]] = []
+        self.refused = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def two_sites() -> Iterator[tuple[_SiteServer, _SiteServer]]:
+    sites = (_SiteServer(), _SiteServer())
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in sites]
+    for thread in threads:
+        thread.start()
+    try:
+        yield sites
+    finally:
+        for site in sites:
+            site.shutdown()
+            site.server_close()
+
+
+def test_one_sites_429_pauses_the_http_get_calls_to_that_site_only(
+    stack_factory: Callable[..., EmbeddedStack],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+    two_sites: tuple[_SiteServer, _SiteServer],
+) -> None:
+    """A real pool's ``http_get`` meets a 429 with Retry-After 30 from one origin: later calls to
+    that origin wait at the gate (throttled, the origin named), calls to another origin go on."""
+    busy, calm = two_sites
+    stack = stack_factory(http_allow=("127.0.0.1",))  # the test's own sites
+    brain = brain_factory(stack)
+
+    def get(tree_id: str, url: str) -> Any:
+        task = {"id": "get", "tool": "http_get", "args": {"url": url}}
+        return brain.scheduler.submit(tree({"id": tree_id, "tasks": [task]}))
+
+    get("first", f"{busy.url}/busy")
+    gate = brain.scheduler.publisher.gate
+    assert gate is not None
+    origin = f"origin:{busy.url}"  # scheme://host:port
+    wait_until(lambda: gate.pauses(), 90, "the 429 to pause a budget")
+    assert set(gate.pauses()) == {origin}, gate.pauses()
+    wait_until(lambda: origin in gate.paused(), 10, "the pause seen by the dispatcher")
+
+    held = get("held", f"{busy.url}/again")
+    other = get("other", f"{calm.url}/fine")
+    assert wait_for_tree(brain, other.tree_id, 90).status is TreeStatus.DONE
+    rec = brain.store.get_task(held.tree_id, "get")
+    assert rec is not None and rec.state is TaskState.QUEUED_SERVER and rec.started_at is None
+    why = gate.throttled([rec.run_id or ""])
+    assert why == {rec.run_id: f"paused by HTTP 429 from origin {busy.url} (Retry-After 30s)"}, why
+    assert [path for path, _ in busy.asked] == ["/busy"]  # the held call never reached the site
+    assert [path for path, _ in calm.asked] == ["/fine"]

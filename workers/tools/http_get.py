@@ -53,8 +53,8 @@ def http_get(
             continue
         if not 200 <= status < 300:
             head = body[:_BODY_HEAD].decode("utf-8", "replace")
-            # A 429's Retry-After pauses this tool's budget until then (workers.throttle).
-            data = throttled_data(status, answer.get("retry-after"), time.time())
+            # A 429's Retry-After pauses the calls to this origin until then (workers.throttle).
+            data = throttled_data(status, answer.get("retry-after"), time.time(), url)
             raise ToolFailed(f"http_get: {url} answered HTTP {status} {reason}: {head}", **data)
         return _http_value(status, answer, body, max_bytes)
     raise ToolFailed(f"http_get: {args['url']} redirected more than {MAX_REDIRECTS} times; gave up at {url}")

@@ -2,7 +2,7 @@
 -- answered 429 with Retry-After gets no call from the gate until the time it named. The gate's
 -- script (gate.lua) honours the pause key; the paused hash tells dispatchers (a server with no
 -- limit of its own is routed through the gate while paused) and `status --queues`.
--- ARGV[1] the limit key ("server:jira", "tool:http_get")
+-- ARGV[1] the limit key ("server:jira", "origin:https://api.example.com:443")
 -- ARGV[2] the pause in microseconds, from now on Redis's clock (TIME), never a caller's
 -- ARGV[3] why, as status shows it ("paused by HTTP 429 from server jira")
 -- Returns the pause's end (µs since the epoch, Redis time): a later pause already set is kept.

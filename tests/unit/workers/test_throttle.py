@@ -31,6 +31,13 @@ def test_retry_after_reads_seconds_or_a_date(header: str | None, seconds: float 
 
 def test_only_a_429_with_a_readable_retry_after_asks_for_a_pause() -> None:
     assert throttled_data(429, "2", NOW) == {"status": 429, "retry_after_s": 2.0}
+    assert throttled_data(429, "2", NOW, "https://Site.example/a") == {
+        "status": 429,
+        "retry_after_s": 2.0,
+        "origin": "https://site.example:443",
+    }
+    assert throttled_data(429, None, NOW, "https://site.example/a") == {"status": 429}  # nothing to pause
+    assert throttled_data(503, "2", NOW, "https://site.example/a") == {"status": 503}
     assert throttled_data(429, None, NOW) == {"status": 429}
     assert throttled_data(503, "2", NOW) == {"status": 503}
     assert pause_asked(throttled_data(429, "2", NOW)) == 2.0

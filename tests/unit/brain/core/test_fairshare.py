@@ -12,6 +12,7 @@ from brain.config import Settings, load_settings
 from brain.core.fairshare import (
     AppliedLimit,
     applied_limits,
+    call_origin,
     call_priority,
     lane_id,
     pause_asked_by,
@@ -244,6 +245,39 @@ def test_a_paused_server_bounds_its_runs_even_with_no_limit_written() -> None:
     assert on_tool.key == "tool:http_get"
 
 
+def test_a_paused_origin_bounds_the_calls_to_that_origin_only() -> None:
+    http_get = ToolSpec.model_validate({"name": "http_get", "location": "server"})
+    paused = {"origin:https://api.example.com:443"}
+    busy = call_origin({"url": "HTTPS://API.example.com/v1/items?q=1"})
+    assert busy == "https://api.example.com:443"
+    (pause,) = applied_limits(http_get, None, {}, {}, paused, busy)
+    assert (pause.scope, pause.name) == ("origin", "https://api.example.com:443")
+    other = call_origin({"url": "https://api.example.com:8443/"})  # another port: another origin
+    assert applied_limits(http_get, None, {}, {}, paused, other) == ()
+    assert applied_limits(http_get, None, {}, {}, paused, None) == ()
+    # an MCP server's tool is paused by its server, whatever URL its arguments name
+    jira = _tool(type="mcp", mcp_server="jira")
+    assert applied_limits(jira, None, {}, {}, paused, busy) == ()
+
+
+@pytest.mark.parametrize(
+    ("args", "origin"),
+    [
+        ({"url": "http://127.0.0.1:8080/x"}, "http://127.0.0.1:8080"),
+        ({"url": "http://example.com"}, "http://example.com:80"),
+        ({"url": "https://example.com./"}, "https://example.com:443"),
+        ({"url": "https://[::1]:9/"}, "https://[::1]:9"),
+        ({"url": "ftp://example.com/"}, None),
+        ({"url": "https://example.com:99999/"}, None),  # not a port
+        ({"url": "${tasks.a.result}"}, None),  # known at run time only
+        ({"url": 5}, None),
+        ({}, None),
+    ],
+)
+def test_the_origin_a_calls_url_names(args: dict[str, object], origin: str | None) -> None:
+    assert call_origin(args) == origin
+
+
 def test_which_budget_a_429_pauses() -> None:
     def failed(**data: object) -> ErrorInfo:
         return ErrorInfo(type="ToolFailed", message="m", data=data)
@@ -251,6 +285,11 @@ def test_which_budget_a_429_pauses() -> None:
     jira = failed(status=429, retry_after_s=2, server="jira")
     assert pause_asked_by("search", jira) == ("server:jira", 2.0)
     assert pause_asked_by("http_get", failed(status=429, retry_after_s=5)) == ("tool:http_get", 5.0)
+    # http_get names the origin that answered: that site's calls are paused, not every http_get
+    site = failed(status=429, retry_after_s=5, origin="https://api.example.com:443")
+    assert pause_asked_by("http_get", site) == ("origin:https://api.example.com:443", 5.0)
+    garbled = failed(status=429, retry_after_s=5, origin="not a url")
+    assert pause_asked_by("http_get", garbled) == ("tool:http_get", 5.0)
     assert pause_asked_by("http_get", failed(status=429)) is None  # no Retry-After: the retry policy alone
     assert pause_asked_by("http_get", failed(status=429, retry_after_s=0)) is None
     assert pause_asked_by("http_get", failed(status=500, retry_after_s=5)) is None

@@ -202,11 +202,11 @@ def test_http_get_non_2xx_fails_with_status_and_body(loopback: str) -> None:
 
 
 def test_http_get_429_carries_the_seconds_its_retry_after_names(loopback: str) -> None:
-    # The recorder pauses http_get's budget for them (brain.runtime.intake, workers.throttle).
+    # The recorder pauses the calls to that origin for them (brain.runtime.intake, workers.throttle).
     with pytest.raises(ToolFailed) as info:
         get_allowed(url=f"{loopback}/busy")
     assert "answered HTTP 429" in info.value.message
-    assert info.value.data == {"status": 429, "retry_after_s": 7.0}
+    assert info.value.data == {"status": 429, "retry_after_s": 7.0, "origin": loopback}
 
 
 def test_http_get_refuses_other_schemes_and_reports_refusals() -> None:
