@@ -13,6 +13,7 @@ from brain.core.fairshare import AppliedLimit, lane_id
 from brain.hot.gate import Gate, Lane
 from brain.runtime import throttle_events
 from brain.runtime.throttle_events import CHUNK, ThrottleReporter, next_pass_in
+from tests.conftest import wait_until
 from tests.unit.brain.hot.test_gate import put
 
 RATE1 = AppliedLimit("tool", "slow", "1/s", None)
@@ -47,7 +48,7 @@ def test_a_call_left_waiting_is_reported_once_with_the_limit_that_holds_it(redis
     assert len(reporter.messages) == 1  # both in one message
 
 
-def test_one_brain_of_two_reports(redis_client: redis.Redis) -> None:
+def test_one_brain_of_two_reports_and_the_other_takes_over_when_it_stops(redis_client: redis.Redis) -> None:
     gate = Gate(redis_client)
     put(redis_client, gate, slow_lane(), "r1", "r2")
     gate.admit()
@@ -57,9 +58,15 @@ def test_one_brain_of_two_reports(redis_client: redis.Redis) -> None:
         second.report_once(lease_s=5)
     assert first.reported() == {"r2": "rate_limit 1/s of tool slow"}
     assert second.messages == []
+    # The first stops looking (its brain died): once its turn lapses the second reports.
+    first.report_once(lease_s=0.2)
+    wait_until(lambda: second.report_once(lease_s=5), 10, "the second brain to take the turn over")
+    assert second.reported() == {"r2": "rate_limit 1/s of tool slow"}
 
 
-def test_thousands_waiting_are_read_and_reported_in_chunks(redis_client: redis.Redis, monkeypatch: Any) -> None:
+def test_thousands_waiting_are_read_and_reported_in_chunks(
+    redis_client: redis.Redis, monkeypatch: Any
+) -> None:
     gate = Gate(redis_client)
     runs = [f"r{i}" for i in range(2 * CHUNK + 500)]
     put(redis_client, gate, slow_lane(), *runs)
