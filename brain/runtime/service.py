@@ -201,7 +201,7 @@ def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread
         Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]
     if brain.settings.task_events:  # off: Flower gets no task events from the brain at all
-        threads.append(run_throttle_events(brain.redis_url, brain.app, stop))
+        threads.append(run_throttle_events(brain.hot.r, brain.app, stop))
     return threads
 
 

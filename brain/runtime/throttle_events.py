@@ -30,7 +30,6 @@ from brain.hot.gate import Gate
 from brain.hot.turns import holder_name, keep_turn
 from brain.runtime.dispatch import publish_task_events
 from workers.contracts import KEY_NS
-from workers.redis_connect import redis_client
 
 log = logging.getLogger("vancetope.brain")
 
@@ -86,24 +85,21 @@ def next_pass_in(elapsed_s: float) -> float:
     return max(PASS_S, elapsed_s / CPU_SHARE)
 
 
-def run_throttle_events(redis_url: str, app: Celery, stop: threading.Event) -> threading.Thread:
-    """Report calls waiting at the gate to Flower until ``stop`` is set."""
+def run_throttle_events(r: redis.Redis, app: Celery, stop: threading.Event) -> threading.Thread:
+    """Report calls waiting at the gate to Flower until ``stop`` is set (``r``: the brain's hot
+    state client, shared: this thread sends no blocking command)."""
 
     def loop() -> None:
-        r = redis_client(redis_url)
         reporter = ThrottleReporter(r, app)
         wait = PASS_S
-        try:
-            while not stop.wait(wait):
-                started = time.monotonic()
-                try:
-                    # Held across the wait to the next pass, with room to spare.
-                    reporter.report_once(lease_s=3 * wait)
-                except Exception:
-                    log.exception("reporting throttled calls to Flower failed; trying again")
-                wait = next_pass_in(time.monotonic() - started)
-        finally:
-            r.close()
+        while not stop.wait(wait):
+            started = time.monotonic()
+            try:
+                # Held across the wait to the next pass, with room to spare.
+                reporter.report_once(lease_s=3 * wait)
+            except Exception:
+                log.exception("reporting throttled calls to Flower failed; trying again")
+            wait = next_pass_in(time.monotonic() - started)
 
     thread = threading.Thread(target=loop, name="vancetope-throttled", daemon=True)
     thread.start()
