@@ -21,6 +21,14 @@ trees Flower's task rows belong to. It is added to the navigation bar's HTML aft
 renders it; a release whose bar no longer has the list it goes into keeps its bar as it is
 (logged once).
 
+And one for calls at the gate (docs/fair-share.md): the brain sends a ``task-throttled`` event
+for a server call that waits there (``brain.runtime.throttle_events``). Celery's event state
+ranks a state it does not know above STARTED, so the pool worker's later ``task-received``
+and ``task-started`` would not have replaced THROTTLED; here THROTTLED ranks as PENDING does.
+Its ``throttled_by`` (the limit that held it) is one of the task's fields, listed by
+``/api/tasks`` and the task's page (kept once the call runs: what it waited on). The event
+comes from the brain, not a worker: it is counted for no worker, nor makes the brain one.
+
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
 change is skipped with an error in Flower's log and Flower runs as released;
@@ -44,12 +52,15 @@ import threading
 from types import FrameType
 from typing import Any
 
+from celery import states as celery_states
+from celery.events.state import Task as CeleryTask
 from flower import command as flower_command
 from flower import urls
 from flower import views as flower_views
 from flower.api import BaseApiHandler
 from flower.api import workers as flower_workers
 from flower.app import Flower
+from flower.events import EventsState
 from flower.views import monitor as flower_monitor
 from tornado import httputil, web
 
@@ -211,11 +222,53 @@ def _replace(path: str, released: type, ours: type) -> bool:
     return False
 
 
+THROTTLED = "THROTTLED"
+THROTTLED_EVENT = "task-throttled"  # brain.runtime.throttle_events (not imported: Flower needs no brain)
+
+
+def rank_throttled() -> None:
+    """THROTTLED ranks as PENDING (a worker's received, started, succeeded replace it; it
+    replaces sent), and a task's fields include ``throttled_by``."""
+    celery_states.PRECEDENCE_LOOKUP[THROTTLED] = celery_states.PRECEDENCE_LOOKUP[celery_states.PENDING]
+    if "throttled_by" not in CeleryTask._fields:
+        CeleryTask._fields = (*CeleryTask._fields, "throttled_by")
+        CeleryTask.throttled_by = None  # type: ignore[attr-defined]
+
+
+def _throttled_from_no_worker(released: Any) -> Any:
+    def event(self: EventsState, event: dict[str, Any]) -> None:
+        if event.get("type") != THROTTLED_EVENT:
+            released(self, event)
+            return
+        # Celery's state makes a worker of any task event's sender; this one's is the brain.
+        hostname = event.get("hostname")
+        known = hostname in self.workers
+        before = self.tasks.get(event.get("uuid"))
+        worker = before.worker if before is not None else None
+        released(self, event)
+        task = self.tasks.get(event.get("uuid"))
+        if task is not None:
+            task.worker = worker
+        if not known:
+            self.workers.pop(hostname, None)
+        counts = self.counter.get(hostname)
+        if counts is not None:
+            counts.pop(THROTTLED_EVENT, None)
+            if not counts:
+                del self.counter[hostname]
+
+    event.__wrapped__ = released  # type: ignore[attr-defined]
+    return event
+
+
 def install() -> bool:
     """Serve ``/api/workers`` with ``ListWorkers``, ``/metrics`` behind the password, check
     the Host header, link the web view from the navigation bar; False (and logged) if Flower's
     table changed."""
     Flower.find_handler = _find_handler  # type: ignore[method-assign]
+    rank_throttled()
+    if not hasattr(EventsState.event, "__wrapped__"):
+        EventsState.event = _throttled_from_no_worker(EventsState.event)  # type: ignore[method-assign]
     for handler in (flower_views.BaseHandler, BaseApiHandler):
         if "write_error" in vars(handler) and not hasattr(vars(handler)["write_error"], "__wrapped__"):
             handler.write_error = _answers_401(vars(handler)["write_error"])  # type: ignore[method-assign]
@@ -268,6 +321,7 @@ __all__ = [
     "exit_on_sigterm",
     "install",
     "install_exit",
+    "rank_throttled",
     "unauthorized_body",
     "with_web_link",
 ]

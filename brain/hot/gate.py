@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import redis
@@ -301,12 +301,32 @@ class Gate:
         }
         if not lanes:
             return {}
-        ids = sorted(set(lanes.values()))
+        why = self.lanes_why(lanes.values())
+        return {run: why[lane] for run, lane in lanes.items()}
+
+    def lanes_why(self, lane_ids: Iterable[str]) -> dict[str, str]:
+        """Lane id -> the limit that last held its head (``rate_limit 5/s of tool http_get``), as
+        ``status --queues`` words it; "its lane's limits" before the script said which."""
+        ids = sorted(set(lane_ids))
+        if not ids:
+            return {}
         pipe = self.r.pipeline(transaction=False)
         for lane in ids:
             pipe.hget(key_gate_lane(lane), "why")
-        why = {lane: as_text(text) if text else "" for lane, text in zip(ids, pipe.execute(), strict=True)}
-        return {run: why[lane] or "its lane's limits" for run, lane in lanes.items()}
+        return {
+            lane: as_text(text) if text else "its lane's limits"
+            for lane, text in zip(ids, pipe.execute(), strict=True)
+        }
+
+    def waiting_runs(self, chunk: int) -> Iterator[dict[str, str]]:
+        """Every run at the gate -> its lane id, about ``chunk`` at a time (HSCAN: no Redis call
+        long however many wait; a run may come twice, one written meanwhile may be missed)."""
+        cursor = 0
+        while True:
+            cursor, found = self.r.hscan(key_gate_waiting(), cursor, count=chunk)  # type: ignore[misc]
+            yield {as_text(run): as_text(entry).split("\t")[0] for run, entry in found.items()}  # type: ignore[union-attr]
+            if int(cursor) == 0:
+                return
 
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drop the waiting entries of runs no longer waiting (re-sent as new runs)."""

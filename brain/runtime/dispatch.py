@@ -172,38 +172,36 @@ class Publisher:
             self._local.sent.append(sent_event(call, queue))
 
     def _publish_events(self, sent: list[dict[str, Any]]) -> None:
-        """``task-sent`` events for Flower as one ``task.multi`` message, as Celery's buffered
-        event dispatcher sends a worker's (same fields, exchange and headers). Watching is not
-        correctness: a failure is logged, never raised (the calls still go out)."""
+        """``task-sent`` events for Flower as one ``task.multi`` message (after the batch's calls).
+        Watching is not correctness: a failure is logged, never raised (the calls still go out)."""
         if not sent:
             return
         try:
-            producer = self._producer(self.app)
-            exchange = get_exchange(producer.connection, name=self.app.conf.event_exchange)
-            hostname, pid, offset = anon_nodename(), os.getpid(), utcoffset()
-            events = [
-                Event(
-                    "task-sent",
-                    hostname=hostname,
-                    utcoffset=offset,
-                    pid=pid,
-                    clock=self.app.clock.forward(),
-                    **fields,
-                )
-                for fields in sent
-            ]
-            producer.publish(
-                events,
-                routing_key="task.multi",
-                exchange=exchange.name,
-                declare=[exchange],
-                serializer=self.app.conf.event_serializer,
-                headers={"hostname": hostname},
-                delivery_mode=1,  # transient, as Celery's dispatcher sends events
-                retry=False,
-            )
+            publish_task_events(self.app, self._producer(self.app), "task-sent", sent)
         except Exception:
             log.warning("could not send %d task-sent event(s) to Flower", len(sent), exc_info=True)
+
+
+def publish_task_events(app: Celery, producer: Any, event_type: str, events: list[dict[str, Any]]) -> None:
+    """Task events of one type as one ``task.multi`` message, as Celery's buffered event
+    dispatcher sends a worker's (same fields, exchange and headers), under this process's
+    anonymous node name (a client's, as Celery's own ``task-sent``: not a worker Flower lists)."""
+    exchange = get_exchange(producer.connection, name=app.conf.event_exchange)
+    hostname, pid, offset = anon_nodename(), os.getpid(), utcoffset()
+    body = [
+        Event(event_type, hostname=hostname, utcoffset=offset, pid=pid, clock=app.clock.forward(), **fields)
+        for fields in events
+    ]
+    producer.publish(
+        body,
+        routing_key="task.multi",
+        exchange=exchange.name,
+        declare=[exchange],
+        serializer=app.conf.event_serializer,
+        headers={"hostname": hostname},
+        delivery_mode=1,  # transient, as Celery's dispatcher sends events
+        retry=False,
+    )
 
 
 def sent_event(call: ToolCall, queue: str) -> dict[str, Any]:

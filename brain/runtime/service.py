@@ -34,6 +34,7 @@ from brain.runtime.schedule_runs import ScheduleRuns
 from brain.runtime.scheduler import Scheduler
 from brain.runtime.submitters import SubmitterUsers
 from brain.runtime.sweeps import Sweeps
+from brain.runtime.throttle_events import run_throttle_events
 from brain.store import Store, open_store
 from workers.app import make_app, message_limit
 from workers.urls import redact_url
@@ -192,13 +193,16 @@ def start_brain(settings: Settings, redis_url: str) -> Brain:
 def run_background(brain: Brain, stop: threading.Event) -> list[threading.Thread]:
     """The brain's own threads: the client relay, the reconciler, the retry timer and the registry's reloader,
     until ``stop`` is set."""
-    return [
+    threads = [
         Relay(brain.intake, brain.clients).run(stop),
         run_reconciler(brain, stop),
         run_retry_timer(brain.scheduler, stop),
         run_gate_timer(brain.redis_url, stop),
         Reloader(brain.settings, brain.hot, brain.scheduler, brain.sources_seen).run(stop),
     ]
+    if brain.settings.task_events:  # off: Flower gets no task events from the brain at all
+        threads.append(run_throttle_events(brain.hot.r, brain.app, stop))
+    return threads
 
 
 def run_reconciler(brain: Brain, stop: threading.Event) -> threading.Thread:

@@ -26,6 +26,7 @@ from brain.stack.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOW
 from brain.stack.redis_server import RedisServer, free_port
 from tests.conftest import (
     CHROMIUM_FLAGS,
+    EXAMPLES,
     agent_with_servers,
     make_settings,
     tree,
@@ -179,6 +180,7 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
 # --- Flower as `vancetope up --flower-address` runs it: a real stack, a real client agent ---------
 
 PLANTED = "planted-3c1f9e-value"  # an argument value that must never reach Flower
+SLEEP_1_PER_S = '  - name: sleep\n    location: server\n    rate_limit: "1/s"\n'
 
 
 def fetch(url: str, auth: tuple[str, str] | None = None, host: str | None = None) -> tuple[int, bytes]:
@@ -212,12 +214,16 @@ def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerSta
     """The whole stack (the default pool and pool "night") with client agent "laptop" connected,
     Flower on 0.0.0.0 with its generated
     password, and a finished tree whose server and client tasks got ``PLANTED`` as arguments
-    (one of them from an upstream result, resolved on the way to the client)."""
+    (one of them from an upstream result, resolved on the way to the client). Tool ``sleep``
+    has ``rate_limit: "1/s"`` (the example registry's tools besides)."""
     tmp_path = tmp_path_factory.mktemp("flower")
     agent = agent_with_servers(tmp_path, {})
     (tmp_path / "sandbox" / f"{PLANTED}.txt").write_text("notes\n")
+    limited = (EXAMPLES / "registry.yaml").read_text().replace("tools:\n", f"tools:\n{SLEEP_1_PER_S}", 1)
+    (tmp_path / "registry.yaml").write_text(limited)
     settings = make_settings(
         tmp_path,
+        registry=tmp_path / "registry.yaml",
         agent_config=agent,
         mcp_config=write_mcp_config(tmp_path / "m.json", {}),
         pools=[{"name": "night", "concurrency": 1}],  # a named pool beside the default one
@@ -479,3 +485,44 @@ def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
         assert PLANTED not in json.dumps(retried)
     finally:
         fs.brain.sweeps.cancel(rec.tree_id)
+
+
+def test_flower_shows_a_call_waiting_at_the_gate_as_throttled_by_its_limit(flower_stack: FlowerStack) -> None:
+    """Issue 26: a call over its tool's rate limit waits at the gate; Flower shows it THROTTLED
+    with the limit (``throttled_by``), then the pool's events replace it: all SUCCESS."""
+    fs = flower_stack
+    calls = 8  # admitted one a second: the last waits ~7 s, shown THROTTLED for most of them
+    rec = fs.brain.scheduler.submit(
+        tree(
+            {
+                "id": "flower-throttled",
+                "tasks": [{"id": f"t{i}", "tool": "sleep", "args": {"seconds": 0.1}} for i in range(calls)],
+            }
+        ),
+        session=SessionKind.AUTONOMOUS,
+    )
+
+    def tasks_shown() -> dict[str, dict[str, Any]]:
+        runs = {t.run_id for t in fs.brain.store.get_tasks(rec.tree_id) if t.run_id}
+        tasks = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1])
+        return {k: v for k, v in tasks.items() if k in runs}
+
+    def one_throttled() -> dict[str, Any] | None:
+        return next((t for t in tasks_shown().values() if t["state"] == "THROTTLED"), None)
+
+    waiting = wait_until(one_throttled, timeout=60, what="Flower to show a call at the gate as THROTTLED")
+    assert waiting["throttled_by"] == "rate_limit 1/s of tool sleep"
+    assert waiting.get("worker") is None  # the brain sent it: no worker of its own in Flower
+
+    def all_succeeded() -> dict[str, dict[str, Any]] | None:
+        shown = tasks_shown()
+        return shown if len(shown) == calls and all(t["state"] == "SUCCESS" for t in shown.values()) else None
+
+    done = wait_until(all_succeeded, timeout=90, what="Flower to show every call as SUCCESS")
+    # What a call waited on stays among its fields; the first went at once and waited on nothing.
+    reasons = [t["throttled_by"] for t in done.values()]
+    assert reasons.count("rate_limit 1/s of tool sleep") >= 2, reasons
+    assert reasons.count(None) >= 1, reasons
+    workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
+    # The brain sends its task events under Celery's anonymous node name (gen<pid>@host).
+    assert not any(name.startswith("gen") for name in workers), sorted(workers)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
+from celery.events import Event
+from celery.events.state import State
 from flower import app as flower_app
 from flower import urls as flower_urls
 from flower.api import workers as flower_workers
 from flower.app import Flower
+from flower.events import EventsState
 from flower.options import default_options
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
@@ -152,3 +156,52 @@ def test_a_navigation_bar_without_its_list_is_left_as_it_is() -> None:
     assert flowerapp.with_web_link(bar, "http://h:1/") == bar
     escaped = flowerapp.with_web_link(b'<ul class="app-nav navbar-nav"><li>a</li></ul>', 'http://h:1/"x')
     assert b'href="http://h:1/&quot;x/trees"' in escaped
+
+
+def _task_event(kind: str, hostname: str, clock: int, **fields: object) -> dict[str, object]:
+    return Event(
+        f"task-{kind}", uuid="run-1", hostname=hostname, clock=clock, local_received=time.time(), **fields
+    )
+
+
+def test_a_call_at_the_gate_shows_throttled_until_a_worker_takes_it() -> None:
+    # The events of a call that waited at the gate, in the order Flower gets them.
+    state = State()
+    brain, pool = "gen1@brain", "default@pool"
+    state.event(_task_event("sent", brain, 1, name="vancetope.run_tool", args="sleep(seconds)"))
+    assert state.tasks["run-1"].state == "PENDING"
+    state.event(_task_event("throttled", brain, 2, throttled_by="rate_limit 1/s of tool sleep"))
+    assert state.tasks["run-1"].state == "THROTTLED"
+    assert state.tasks["run-1"].as_dict()["throttled_by"] == "rate_limit 1/s of tool sleep"
+    state.event(_task_event("received", pool, 3, name="vancetope.run_tool"))
+    assert state.tasks["run-1"].state == "RECEIVED"
+    state.event(_task_event("started", pool, 4))
+    assert state.tasks["run-1"].state == "STARTED"
+    state.event(_task_event("succeeded", pool, 5, result="{}", runtime=0.1))
+    assert state.tasks["run-1"].state == "SUCCESS"
+    # What it waited on stays among its fields.
+    assert state.tasks["run-1"].as_dict()["throttled_by"] == "rate_limit 1/s of tool sleep"
+
+
+def test_a_late_throttled_event_does_not_take_a_running_call_back() -> None:
+    state = State()
+    state.event(_task_event("sent", "gen1@brain", 1))
+    state.event(_task_event("received", "default@pool", 2))
+    state.event(_task_event("started", "default@pool", 3))
+    state.event(_task_event("throttled", "gen1@brain", 4, throttled_by="queue_window 4 of pool default"))
+    assert state.tasks["run-1"].state == "STARTED"
+
+
+def test_flower_counts_a_throttled_event_for_no_worker() -> None:
+    state = EventsState()
+    state.event(_task_event("sent", "gen1@brain", 1))
+    state.event(_task_event("throttled", "gen1@brain", 2, throttled_by="rate_limit 1/s of tool sleep"))
+    assert state.tasks["run-1"].state == "THROTTLED"
+    assert state.tasks["run-1"].worker is None
+    assert "gen1@brain" not in state.workers
+    assert dict(state.counter["gen1@brain"]) == {"task-sent": 1}
+    state.event(_task_event("received", "default@pool", 3))
+    state.event(_task_event("throttled", "gen2@brain", 4, throttled_by="rate_limit 1/s of tool sleep"))
+    assert state.tasks["run-1"].worker.hostname == "default@pool"
+    assert set(state.workers) == {"default@pool"}
+    assert "gen2@brain" not in state.counter
