@@ -18,7 +18,7 @@ users (``weight`` calls per turn), highest priority first within a user.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "applied_limits",
     "call_origin",
     "call_priority",
+    "highest_first",
     "lane_id",
     "pause_asked_by",
     "pause_key",
@@ -162,6 +163,20 @@ def pause_asked_by(tool: str, error: ErrorInfo | None) -> tuple[str, float] | No
         ),
         seconds,
     )
+
+
+def highest_first(task_ids: list[str], priority_of: Callable[[str], int]) -> list[str]:
+    """``task_ids`` with the higher priorities first, in their own order within one priority
+    (a tree's ready tasks, sent in this order: its ``high`` call is not written behind 5,000
+    ``low`` ones, which would start while it is still being sent). The list itself when all
+    share one priority."""
+    if len(task_ids) < 2:
+        return task_ids
+    ranks = [priority_of(task_id) for task_id in task_ids]
+    if min(ranks) == max(ranks):
+        return task_ids
+    order = sorted(range(len(task_ids)), key=lambda i: -ranks[i])  # stable
+    return [task_ids[i] for i in order]
 
 
 def lane_id(

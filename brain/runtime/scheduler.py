@@ -20,7 +20,14 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from brain.config import Settings
-from brain.core.fairshare import applied_limits, call_origin, call_priority, lane_id, user_limit
+from brain.core.fairshare import (
+    applied_limits,
+    call_origin,
+    call_priority,
+    highest_first,
+    lane_id,
+    user_limit,
+)
 from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
 from brain.core.limits import check_limits
 from brain.core.models import (
@@ -419,10 +426,13 @@ class Scheduler:
         placed = 0
         presence: Presence | None = None  # read once, and only for a route that needs it
         items: list[str] = []  # made by for_each tasks: sent after the chunk that made them
+        ready = highest_first(ready, lambda task_id: self._priority(tree_rec, task_id))
         for start in range(0, len(ready), DISPATCH_CHUNK):
             chunk = ready[start : start + DISPATCH_CHUNK]
             with self.batch():
-                for rec in self.store.get_tasks(tree_rec.tree_id, chunk):
+                # In the chunk's order (highest priority first), not the store's.
+                found = {rec.task_id: rec for rec in self.store.get_tasks(tree_rec.tree_id, chunk)}
+                for rec in (found[task_id] for task_id in chunk if task_id in found):
                     if rec.state is not TaskState.PENDING:
                         continue
                     spec = self.spec_of(tree_rec, rec)

@@ -1,0 +1,31 @@
+"""A tree's ready tasks are sent highest priority first (brain.core.fairshare.highest_first):
+a high call written after thousands of low ones is not sent behind them, where they would
+start while it is still being written. Within one priority, the tree's order."""
+
+from __future__ import annotations
+
+from brain.runtime.intake import Intake
+from tests.unit.brain.runtime.rig import Rig, echo, tree
+from tests.unit.brain.runtime.test_retries import succeeded
+
+
+def test_a_trees_high_task_is_sent_before_its_low_ones(rig: Rig) -> None:
+    low = [echo(f"l{i}") for i in range(5)]
+    rig.scheduler.submit(
+        tree(*low, echo("urgent", priority="high"), echo("n", priority="normal"), priority="low")
+    )
+    assert [c.task_id for c in rig.sent.calls] == ["urgent", "n", "l0", "l1", "l2", "l3", "l4"]
+
+
+def test_one_priority_keeps_the_trees_order(rig: Rig) -> None:
+    rig.scheduler.submit(tree(*(echo(f"t{i}") for i in range(5))))
+    assert [c.task_id for c in rig.sent.calls] == ["t0", "t1", "t2", "t3", "t4"]
+
+
+def test_dependents_made_ready_together_go_highest_first(rig: Rig) -> None:
+    rig.scheduler.submit(
+        tree(echo("root"), echo("a", depends_on=["root"]), echo("b", depends_on=["root"], priority=9))
+    )
+    assert [c.task_id for c in rig.sent.calls] == ["root"]
+    assert Intake(rig.scheduler).on_result(succeeded(rig.sent.of("root")[-1]))
+    assert [c.task_id for c in rig.sent.calls] == ["root", "b", "a"]
