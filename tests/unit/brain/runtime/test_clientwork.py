@@ -174,6 +174,8 @@ def test_a_disconnect_takes_back_only_the_calls_redis_still_held(
     # What was taken is gone from where the agent would find it.
     assert rig.r.llen(client_key("laptop", client_queue("laptop"))) == 0
     assert rig.r.hlen(client_key("laptop", KOMBU_UNACKED)) == 0
+    # Only a call it was running counts toward the client route's poison bound.
+    assert task.taken_back == (1 if where == "unacked" else 0)
     if where == "queue":
         assert (
             task.reason
