@@ -5,7 +5,8 @@ parked for that client, then for its user, in chunks (brain.hot.parked: oldest p
 first within a list; the lists are not interleaved). Disconnect (graceful, or a
 missed heartbeat): pull that client's unstarted calls back out of its queue as
 pending_client, and let calls it was running follow their offline strategy; both
-run again on a later connect. Every move is a compare-and-set on the task, and
+run again on a later connect. A running call taken back is counted on its task, and fails
+as a poison task at ``max_deliveries`` (brain.core.client_poison). Every move is a compare-and-set on the task, and
 the Redis side answers whether *we* took a message, so nothing runs in two
 places or disappears.
 """
