@@ -595,6 +595,11 @@ class TaskRecord(BaseModel):
     # How often a server worker began the current run (``Store.begin_run``; 0: not yet). A
     # run past ``max_deliveries`` killed its worker each time: it fails as a poison task.
     deliveries: int = 0
+    # How often a run of this task was running on a client when its agent went away (died,
+    # restarted as a new session, or let its heartbeat lapse) and the brain took the call back
+    # (brain.core.client_poison). Counted across runs: each take-back re-sends the call as a new
+    # run whose ``deliveries`` start afresh, so this is the client route's poison bound.
+    taken_back: int = 0
     # Failed attempts before the current one, oldest first (brain.core.retry); the current
     # attempt's own outcome is this record's.
     attempts: list[Attempt] = Field(default_factory=list)

@@ -5,7 +5,8 @@ parked for that client, then for its user, in chunks (brain.hot.parked: oldest p
 first within a list; the lists are not interleaved). Disconnect (graceful, or a
 missed heartbeat): pull that client's unstarted calls back out of its queue as
 pending_client, and let calls it was running follow their offline strategy; both
-run again on a later connect. Every move is a compare-and-set on the task, and
+run again on a later connect. A running call taken back is counted on its task, and fails
+as a poison task at ``max_deliveries`` (brain.core.client_poison). Every move is a compare-and-set on the task, and
 the Redis side answers whether *we* took a message, so nothing runs in two
 places or disappears.
 """
@@ -16,7 +17,9 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
+from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause
+from brain.core.client_poison import poison_error, running_take_back
 from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
 from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
@@ -31,7 +34,7 @@ from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.hot.turns import holder_name, keep_turn
 from brain.runtime.events import HEARTBEAT_S, ClientEvents
 from brain.store import Store
-from workers.contracts import CLIENT_ACK, KEY_NS, AnnouncementAck, ClientConnected, client_key
+from workers.contracts import CLIENT_ACK, KEY_NS, AnnouncementAck, ClientConnected, ErrorInfo, client_key
 
 log = logging.getLogger("vancetope.brain")
 
@@ -47,11 +50,14 @@ BEATS_LEASE_S = HEARTBEAT_S
 
 class ClientScheduling(Protocol):
     """What ClientWork asks of the scheduler (brain.runtime.scheduler.Scheduler): the scheduler's
-    operations on tasks and trees, and the registry in use (which names a client's tools answer
-    to depends on it), nothing else of its state."""
+    operations on tasks and trees, the registry in use (which names a client's tools answer
+    to depends on it) and the settings (``max_deliveries``), nothing else of its state."""
 
     @property
     def registry(self) -> RegistrySnapshot: ...
+
+    @property
+    def settings(self) -> Settings: ...
 
     def tree(self, tree_id: str) -> TreeRecord | None: ...
 
@@ -72,6 +78,15 @@ class ClientScheduling(Protocol):
         reason: str,
         from_states: Collection[TaskState],
         parked_at: float | None = None,
+    ) -> bool: ...
+
+    def finish_without_run(
+        self,
+        rec: TaskRecord,
+        state: TaskState,
+        reason: str,
+        from_states: Collection[TaskState],
+        error: ErrorInfo | None = None,
     ) -> bool: ...
 
     def advance(self, tree_id: str) -> TreeStatus | None: ...
@@ -274,25 +289,48 @@ class ClientWork:
                     parked_at=rec.queued_at,
                 )
             else:
-                presence = self.presence.view(
-                    user=tree_rec.user,
-                    session_client=tree_rec.client_id,
-                    sessions=sessions,
-                    registry=self.scheduler.registry.tools,
-                )
-                moved = self.scheduler.start(
-                    tree_rec,
-                    rec,
-                    presence,
-                    {rec.state},
-                    parked_at=rec.queued_at,
-                )
+                moved = self._take_back_running(tree_rec, rec, sessions)
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)
         for tree_id in touched:
             self.scheduler.advance(tree_id)
         return taken
+
+    def _take_back_running(
+        self, tree_rec: TreeRecord, rec: TaskRecord, sessions: dict[str, ClientSession]
+    ) -> bool:
+        """A call its agent was running when it went away: counted on the task
+        (``taken_back``), then routed again as a new run, or failed as a poison task once its
+        tool has lost its agent ``max_deliveries`` times (brain.core.client_poison). Its old
+        run is already in the client's cancelled set (``_take_back``)."""
+        cid = rec.client_id or ""
+        limit = self.scheduler.settings.max_deliveries
+        decision = running_take_back(rec.taken_back, limit)
+        # Counted first, on its own compare-and-set: a crash before the re-route leaves a call
+        # the reconciler finds lost and sends again, its count kept (never one lost).
+        counted = self.store.transition(
+            rec.tree_id,
+            rec.task_id,
+            from_states={rec.state},
+            expect_run_id=rec.run_id,
+            taken_back=decision.taken_back,
+        )
+        if counted is None:
+            return False  # moved on meanwhile (its result, a cancel): nothing to take back
+        if decision.poison:
+            error = poison_error(rec.task_id, rec.tool, cid, decision.taken_back, limit)
+            log.warning("tree %s: %s", rec.tree_id, error.message)
+            return self.scheduler.finish_without_run(
+                counted, TaskState.FAILED, error.message, {counted.state}, error=error
+            )
+        presence = self.presence.view(
+            user=tree_rec.user,
+            session_client=tree_rec.client_id,
+            sessions=sessions,
+            registry=self.scheduler.registry.tools,
+        )
+        return self.scheduler.start(tree_rec, counted, presence, {counted.state}, parked_at=counted.queued_at)
 
     def sweep_heartbeats(self) -> None:
         """Drop clients whose heartbeat stopped, suspend those whose keys are malformed, tell

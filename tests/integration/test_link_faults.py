@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -610,6 +611,83 @@ def test_a_restored_message_past_max_deliveries_fails_as_poison_without_running(
     )
     assert failed.error is not None and failed.error.type == "PoisonTask"
     assert runs_in(ledger) == 0
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_tool_that_kills_its_agent_every_time_fails_as_poison_after_max_deliveries_runs(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The tool kills its agent each time it runs, and the agent is restarted each time (as a
+    service manager would). Each restart is a new session: the brain takes the call back from
+    the dead one and sends it again as a new run, whose deliveries start afresh; the task's
+    ``taken_back`` bounds it instead. After ``max_deliveries`` take-backs the task fails as a
+    PoisonTask, the tree ends, and the restarted agent runs nothing more."""
+    stack, _proxy = behind_proxy
+    brain = brain_factory(stack)
+    r = brain.hot.r
+    ledger = tmp_path / "ledger.txt"
+    limit = stack.settings.max_deliveries
+    call = {"id": "call", "tool": "ledger.die", "args": {"ledger": str(ledger)}}
+    rec = brain.scheduler.submit(tree({"id": "crasher", "tasks": [call]}), user="ada")
+    deaths = 0
+    # Restarted for as long as it dies. Before the fix this never ended (a new run per restart);
+    # the bound is generous because two other paths may also bring a run back under load, each
+    # bounded on its own: kombu's restore of a lease that ran out before the restarted agent
+    # announced itself (counted by deliveries), and the reconciler's re-send of a run whose
+    # unacked record the kill lost (counted by attempts, LostTooOften).
+    while brain.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING:  # type: ignore[union-attr]
+        agent = stack.service("client-agent").process
+        assert agent is not None
+        try:
+            agent.wait(5)
+        except subprocess.TimeoutExpired:
+            continue  # alive: running nothing yet, or the tree ended
+        deaths += 1
+        assert deaths <= limit * limit, f"{deaths} deaths: {runs_in(ledger)} runs"
+        stack.start_service("client-agent")  # a new session: the dead one's call is taken back
+    tasks = brain.store.get_tasks(rec.tree_id)
+    assert [t.task_id for t in tasks] == ["call"]  # one record
+    failed = tasks[0]
+    assert failed.state is TaskState.FAILED and failed.error is not None, failed
+    assert failed.error.type == "PoisonTask" and failed.taken_back == limit, failed.error
+    assert f"its agent went away while running it {limit} times" in failed.error.message
+    assert "'ledger.die'" in failed.error.message and "'laptop'" in failed.error.message
+    # Each run noted itself and killed its agent; with nothing else bringing a run back (the
+    # usual case: a restart takes seconds, a lease 30 s) that is max_deliveries runs.
+    assert limit <= runs_in(ledger) == deaths
+    # The last agent stays up and is sent nothing more: its run was cancelled when taken back.
+    assert stack.wait_connected("laptop", 90)
+    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "nothing held")
+    assert stack.service("client-agent").process.poll() is None  # type: ignore[union-attr]
+    assert runs_in(ledger) == deaths
+
+
+def test_a_call_whose_agent_is_killed_once_mid_call_runs_again_and_is_done(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """Killed once while running a 5 s call (its heartbeat lapses, or it comes back first as a
+    new session: either takes the call back): counted once, below the poison bound, the call
+    is sent again and its next run ends it."""
+    stack, _proxy = behind_proxy
+    brain = brain_factory(stack)
+    ledger = tmp_path / "ledger.txt"
+    rec = one_ledger_call(brain, "once", ledger, seconds=5)
+    wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    kill_agent(stack)  # the agent and its MCP servers, mid-call
+    stack.start_service("client-agent")
+    done = wait_for_tree(brain, rec.tree_id, HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 120)
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert call is not None
+    assert done.status is TreeStatus.DONE, (call.state, call.reason, call.error)
+    assert call.state is TaskState.DONE and call.error is None
+    # Taken back once as running (0 only if the restarted agent's kombu put the message back
+    # on its queue before the brain looked: a restart slower than the lease, not counted).
+    assert call.taken_back <= 1
+    assert call.result >= 2 and len(spans_in(ledger)) == 1  # a later run's answer; the killed one never ended
 
 
 def popped_by_the_test(

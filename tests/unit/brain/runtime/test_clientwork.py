@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from brain.core.client_health import Cause
-from brain.core.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.hot.parked import ParkedWork
 from brain.runtime.clientwork import BEAT_DUE_S, BEATS_TURN_KEY
 from brain.runtime.events import HEARTBEAT_S
@@ -174,6 +174,8 @@ def test_a_disconnect_takes_back_only_the_calls_redis_still_held(
     # What was taken is gone from where the agent would find it.
     assert rig.r.llen(client_key("laptop", client_queue("laptop"))) == 0
     assert rig.r.hlen(client_key("laptop", KOMBU_UNACKED)) == 0
+    # Only a call it was running counts toward the client route's poison bound.
+    assert task.taken_back == (1 if where == "unacked" else 0)
     if where == "queue":
         assert (
             task.reason
@@ -198,6 +200,60 @@ def test_an_agent_back_as_a_new_session_gets_its_old_sessions_calls_again_as_new
     assert task.state is TaskState.QUEUED_CLIENT and task.run_id != old_run
     assert [c.run_id for c in rig.sent.of("r")] == [old_run, task.run_id]
     assert rig.r.llen(client_key("laptop", client_queue("laptop"))) == 0  # the old message taken
+
+
+def held_by_laptop(rig: Rig, run_id: str) -> None:
+    """The laptop's agent reserved the run (kombu's unacked hash holds it): it was running it."""
+    entry = [json.loads(kombu_message(run_id)), "", client_queue("laptop")]
+    rig.r.hset(client_key("laptop", KOMBU_UNACKED), f"tag-{run_id}", json.dumps(entry))
+
+
+def test_a_call_whose_agent_dies_running_it_each_time_fails_as_poison_after_max_deliveries(
+    rig: Rig,
+) -> None:
+    """Each restart of the agent (a new session) takes the call back from the old one and
+    sends it again as a new run: counted on the task, and given up as a PoisonTask once the
+    tool has lost its agent max_deliveries (3) times, with no retry though its policy covers
+    `unavailable`; the tree ends."""
+    rig.presence.enroll("laptop", "ada")
+    assert rig.clients.on_connected(announcement(), "laptop").accepted
+    policy = {"max_attempts": 5, "backoff_s": 0, "on": ["unavailable"]}
+    rec = rig.scheduler.submit(tree(local_read(), retry=policy), user="ada")
+    runs = []
+    for n in (1, 2, 3):
+        run_id = rig.task(rec.tree_id, "r").run_id
+        runs.append(run_id)
+        held_by_laptop(rig, run_id)
+        rig.clock.advance(5)
+        assert rig.clients.on_connected(announcement(session_id=f"s{n + 1}"), "laptop").accepted
+        task = rig.task(rec.tree_id, "r")
+        assert task.taken_back == n
+        assert rig.r.sismember(client_key("laptop", key_cancelled()), run_id)  # its copy never starts
+        if n < 3:
+            assert task.state is TaskState.QUEUED_CLIENT and task.run_id not in runs
+    assert [c.run_id for c in rig.sent.of("r")] == runs  # three runs, no fourth
+    assert task.state is TaskState.FAILED and task.run_id == runs[-1] and task.retry_at is None
+    assert task.error is not None and task.error.type == "PoisonTask"
+    assert task.error.message == task.reason
+    assert "its agent went away while running it 3 times" in task.reason
+    assert "'read_local_file'" in task.reason and "'laptop'" in task.reason
+    assert rig.scheduler.tree(rec.tree_id).status is TreeStatus.FAILED  # type: ignore[union-attr]
+    assert rig.r.hlen(client_key("laptop", KOMBU_UNACKED)) == 0
+
+
+def test_a_call_taken_back_before_it_started_is_not_counted(rig: Rig) -> None:
+    tree_id, _ = queued_to_laptop(rig, "queue")
+    assert rig.clients.on_disconnected("laptop", "s1", "graceful shutdown") == 1
+    task = rig.task(tree_id, "r")
+    assert (task.state, task.taken_back) == (TaskState.PENDING_CLIENT, 0)
+
+
+def test_a_call_taken_back_running_once_is_sent_again_counted(rig: Rig) -> None:
+    tree_id, run_id = queued_to_laptop(rig, "unacked")
+    assert rig.clients.on_connected(announcement(session_id="s2"), "laptop").accepted
+    task = rig.task(tree_id, "r")
+    assert (task.state, task.taken_back, task.deliveries) == (TaskState.QUEUED_CLIENT, 1, 0)
+    assert task.run_id != run_id and task.attempt == 2
 
 
 # --- suspension and heartbeats -----------------------------------------------------------------

@@ -387,6 +387,25 @@ def test_a_redelivery_of_the_same_run_begins_again_and_another_run_does_not(stor
     assert store.get_task("t1", "a").state is S.SKIPPED
 
 
+def test_taken_back_is_counted_on_the_task_and_outlives_its_runs(store: Store) -> None:
+    """The client route's poison count (brain.core.client_poison): written as a compare-and-set
+    on the run it counts, kept when the call is re-sent as a new run (whose deliveries start
+    afresh), and ended with the task."""
+    put(store)
+    assert store.get_task("t1", "a").taken_back == 0  # type: ignore[union-attr]
+    store.transition("t1", "a", from_states={S.PENDING}, state=S.QUEUED_CLIENT, run_id="r1", client_id="c")
+    assert (
+        store.transition("t1", "a", from_states={S.QUEUED_CLIENT}, expect_run_id="r0", taken_back=1) is None
+    )
+    got = store.transition("t1", "a", from_states={S.QUEUED_CLIENT}, expect_run_id="r1", taken_back=1)
+    assert got is not None and (got.taken_back, got.state, got.run_id) == (1, S.QUEUED_CLIENT, "r1")
+    store.transition(
+        "t1", "a", from_states={S.QUEUED_CLIENT}, state=S.QUEUED_CLIENT, run_id="r2", attempt=2, deliveries=0
+    )
+    ended = store.transition("t1", "a", from_states={S.QUEUED_CLIENT}, state=S.FAILED, taken_back=2)
+    assert ended is not None and store.get_task("t1", "a") == ended and ended.taken_back == 2
+
+
 def test_transition_refuses_unknown_fields_and_bad_values(store: Store) -> None:
     put(store)
     with pytest.raises(StoreError, match=r"unknown TaskRecord field\(s\) \['colour'\]"):
