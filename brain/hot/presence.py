@@ -135,7 +135,13 @@ class PresenceBook:
         return seen
 
     def session(self, client_id: str) -> ClientSession | None:
-        return self._session_of(self._raw_session(client_id))
+        raw = self._raw_session(client_id)
+        if raw is None:
+            return None
+        try:
+            return self._parse(client_id, raw)  # the same bytes as last time: parsed then
+        except ValidationError:
+            return None  # as in ``sessions``: an entry that does not parse is no session
 
     def _raw_session(self, client_id: str) -> bytes | str | None:
         try:

@@ -625,8 +625,15 @@ class Scheduler:
 
     def _presence(self, tree_rec: TreeRecord) -> Presence:
         """The router's view; the sessions it was made of describe the client tools this
-        thread sends until ``_start_ready`` ends (``tool_spec``), with no read of their own."""
-        sessions = self.presence.sessions()
+        thread sends until ``_start_ready`` ends (``tool_spec``), with no read of their own.
+        A tree bound to a client routes to that client alone (brain.core.routing): its one
+        session is read, not every connected client's, each with its tool list (with 1,000
+        connected, each interactive submit read all 1,000)."""
+        if tree_rec.client_id is not None:
+            own = self.presence.session(tree_rec.client_id)
+            sessions = {own.client_id: own} if own is not None else {}
+        else:
+            sessions = self.presence.sessions()
         self._local.sessions = sessions
         return self.presence.view(
             user=tree_rec.user,

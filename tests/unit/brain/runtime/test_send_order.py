@@ -1,11 +1,13 @@
-"""A tree's ready tasks are sent highest priority first (brain.core.fairshare.highest_first):
-a high call written after thousands of low ones is not sent behind them, where they would
-start while it is still being written. Within one priority, the tree's order."""
+"""What a submit sends, in what order, and what it reads to route. A tree's ready tasks are
+sent highest priority first (brain.core.fairshare.highest_first): a high call written after
+thousands of low ones is not sent behind them, where they would start while it is still being
+written; within one priority, the tree's order. A tree bound to a client reads that client's
+session only."""
 
 from __future__ import annotations
 
 from brain.runtime.intake import Intake
-from tests.unit.brain.runtime.rig import Rig, echo, tree
+from tests.unit.brain.runtime.rig import Rig, echo, local_read, tree
 from tests.unit.brain.runtime.test_retries import succeeded
 
 
@@ -29,3 +31,23 @@ def test_dependents_made_ready_together_go_highest_first(rig: Rig) -> None:
     assert [c.task_id for c in rig.sent.calls] == ["root"]
     assert Intake(rig.scheduler).on_result(succeeded(rig.sent.of("root")[-1]))
     assert [c.task_id for c in rig.sent.calls] == ["root", "b", "a"]
+
+
+def test_a_tree_bound_to_a_client_reads_that_clients_session_only(rig: Rig) -> None:
+    # Routing a bound tree looks at its own client alone (brain.core.routing): with 1,000
+    # clients connected, each interactive submit read every one of their sessions.
+    for cid in ("laptop", "desk"):
+        rig.presence.enroll(cid, "demo")
+        rig.connect(cid, session_id=f"s-{cid}")
+
+    def hgetall_calls() -> int:
+        return int(rig.r.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0))
+
+    before = hgetall_calls()
+    rig.scheduler.submit(tree(local_read("r")), client_id="desk", user="demo")
+    assert hgetall_calls() == before
+    assert [c.client_id for c in rig.sent.of("r")] == ["desk"]
+    # An unbound tree of the user still chooses among all of its clients.
+    rig.scheduler.submit(tree(local_read("u")), user="demo")
+    assert hgetall_calls() > before
+    assert rig.sent.of("u")[-1].client_id in {"laptop", "desk"}
