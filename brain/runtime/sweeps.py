@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
-from brain.core.models import TaskRecord, TaskState, TreeRecord, TreeStatus
+from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
@@ -27,7 +27,7 @@ from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.hot.turns import holder_name
-from brain.runtime.clientwork import ClientWork
+from brain.runtime.clientwork import ClientScheduling, ClientWork
 from brain.runtime.scheduler import new_run_id
 from brain.store import Store
 from workers.contracts import (
@@ -52,36 +52,14 @@ def server_queues(records: Iterable[TaskRecord], pools: Iterable[str]) -> list[s
     return [BRAIN_QUEUE, pool_queue(None), *(pool_queue(p) for p in sorted(named))]
 
 
-class SweepScheduling(Protocol):
-    """What Sweeps asks of the scheduler (brain.runtime.scheduler.Scheduler): the scheduler's
-    operations on tasks and trees, nothing of its state."""
-
-    def tree(self, tree_id: str) -> TreeRecord | None: ...
-
-    def advance(self, tree_id: str) -> TreeStatus | None: ...
+class SweepScheduling(ClientScheduling, Protocol):
+    """What Sweeps asks of the scheduler (brain.runtime.scheduler.Scheduler): what ClientWork
+    asks (``ClientScheduling``: trees, routing, parking, ending a task without a run), and
+    moving, cancelling, re-sending tasks; nothing else of its state."""
 
     def move(
         self, tree_id: str, task_id: str, state: TaskState, from_states: Collection[TaskState], **changes: Any
     ) -> TaskRecord | None: ...
-
-    def park(
-        self,
-        tree_rec: TreeRecord,
-        rec: TaskRecord,
-        state: TaskState,
-        reason: str,
-        from_states: Collection[TaskState],
-        parked_at: float | None = None,
-    ) -> bool: ...
-
-    def finish_without_run(
-        self,
-        rec: TaskRecord,
-        state: TaskState,
-        reason: str,
-        from_states: Collection[TaskState],
-        error: ErrorInfo | None = None,
-    ) -> bool: ...
 
     def cancel_tasks(
         self,
