@@ -71,6 +71,7 @@ from brain.stack.flowerauth import (
     WEB_URL_VARIABLE,
     host_allowed,
 )
+from workers.contracts import TASK_THROTTLED_EVENT
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
@@ -223,7 +224,6 @@ def _replace(path: str, released: type, ours: type) -> bool:
 
 
 THROTTLED = "THROTTLED"
-THROTTLED_EVENT = "task-throttled"  # brain.runtime.throttle_events (not imported: Flower needs no brain)
 
 
 def rank_throttled() -> None:
@@ -237,7 +237,7 @@ def rank_throttled() -> None:
 
 def _throttled_from_no_worker(released: Any) -> Any:
     def event(self: EventsState, event: dict[str, Any]) -> None:
-        if event.get("type") != THROTTLED_EVENT:
+        if event.get("type") != TASK_THROTTLED_EVENT:
             released(self, event)
             return
         # Celery's state makes a worker of any task event's sender; this one's is the brain.
@@ -253,7 +253,7 @@ def _throttled_from_no_worker(released: Any) -> Any:
             self.workers.pop(hostname, None)
         counts = self.counter.get(hostname)
         if counts is not None:
-            counts.pop(THROTTLED_EVENT, None)
+            counts.pop(TASK_THROTTLED_EVENT, None)
             if not counts:
                 del self.counter[hostname]
 

@@ -109,6 +109,9 @@ def client_keys_match() -> str:
 # --- Celery task names ----------------------------------------------------
 
 RUN_TOOL_TASK = "vancetope.run_tool"
+# The Celery task event the brain sends Flower for a call waiting at the gate
+# (brain.runtime.throttle_events); brain.flowerapp shows it as the state THROTTLED.
+TASK_THROTTLED_EVENT = "task-throttled"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"

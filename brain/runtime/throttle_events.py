@@ -29,11 +29,10 @@ from brain.core.throttle_watch import ThrottleWatch
 from brain.hot.gate import Gate
 from brain.hot.turns import holder_name, keep_turn
 from brain.runtime.dispatch import publish_task_events
-from workers.contracts import KEY_NS
+from workers.contracts import KEY_NS, TASK_THROTTLED_EVENT
 
 log = logging.getLogger("vancetope.brain")
 
-THROTTLED_EVENT = "task-throttled"
 # The fastest a pass comes round: a call waiting ~1-2 s is shown THROTTLED.
 PASS_S = 1.0
 # Runs read per HSCAN and reported per message.
@@ -73,10 +72,10 @@ class ThrottleReporter:
         # Watching is not correctness: a failure is logged, never raised (the calls still wait).
         try:
             with self.app.producer_or_acquire() as producer:
-                publish_task_events(self.app, producer, THROTTLED_EVENT, events)
+                publish_task_events(self.app, producer, TASK_THROTTLED_EVENT, events)
         except Exception:
             log.warning(
-                "could not send %d %s event(s) to Flower", len(events), THROTTLED_EVENT, exc_info=True
+                "could not send %d %s event(s) to Flower", len(events), TASK_THROTTLED_EVENT, exc_info=True
             )
 
 
