@@ -33,6 +33,7 @@ from workers.contracts import (
     client_queue,
     key_last_seen,
     key_presence,
+    key_user_clients,
 )
 from workers.scripts import lua
 
@@ -44,6 +45,9 @@ log = logging.getLogger("vancetope.brain")
 # on its own), so this check only makes the brain suspend it sooner. Its heartbeat is read at
 # every sweep; five TYPEs per client per sweep were most of the sweep's commands.
 TYPES_EVERY_S = 10.0
+# How often the heartbeat sweep puts a connected client in its user's index again (``index``):
+# a connect puts it there; this repairs an index written by an older brain, or lost.
+INDEX_AGAIN_S = 30.0
 
 
 class PresenceBook:
@@ -56,6 +60,8 @@ class PresenceBook:
         # all, and an announcement (with its tools' schemas) changes far less often than that.
         self._parsed: dict[str, tuple[bytes | str, ClientSession]] = {}
         self._bad: dict[str, bytes | str] = {}
+        # Client id -> (session id, when this brain last put it in its user's index): ``index``.
+        self._indexed: dict[str, tuple[str, float]] = {}
         # Per client, the TYPES_EVERY_S period in which its keys' types were last checked.
         self._types_checked: dict[str, int] = {}
 
@@ -89,15 +95,20 @@ class PresenceBook:
             connected_at=now,
             held_tools=pinned.held,
         )
-        try:
-            self.r.hset(key_presence(), msg.client_id, session.model_dump_json())
-        except redis.ResponseError as exc:
-            if not is_wrong_type(exc):
-                raise
-            self._replace_wrong_type(msg.client_id, session.model_dump_json())
+        # The session and its place in its user's index, in one MULTI: a reader of the index
+        # never finds the one without the other (``sessions_for``).
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(key_presence(), msg.client_id, session.model_dump_json())
+        pipe.sadd(key_user_clients(session.user), msg.client_id)
+        written = pipe.execute(raise_on_error=False)[0]
+        if isinstance(written, redis.ResponseError):
+            if not is_wrong_type(written):
+                raise written
+            self._replace_wrong_type(msg.client_id, session)
+        self._indexed[msg.client_id] = (session.session_id, time.monotonic())
         return session
 
-    def _replace_wrong_type(self, client_id: str, session_json: str) -> None:
+    def _replace_wrong_type(self, client_id: str, session: ClientSession) -> None:
         """Delete a presence key that is not a hash. The gateway may reach the key (Redis 6.2 has
         no read-only key patterns) and could create it as a list while no client is connected, so
         that every session write failed; a key that is no hash holds no session, so nothing is
@@ -105,7 +116,8 @@ class PresenceBook:
         log.error("%s was not a hash (another party wrote it): replaced by the sessions", key_presence())
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(key_presence())
-        pipe.hset(key_presence(), client_id, session_json)
+        pipe.hset(key_presence(), client_id, session.model_dump_json())
+        pipe.sadd(key_user_clients(session.user), client_id)
         pipe.execute()
 
     def disconnect(
@@ -120,7 +132,14 @@ class PresenceBook:
             return None
         seen = repr(time.time() if now is None else now)
         forgot = self.r.eval(
-            lua("brain.hot", "forget_session"), 2, key_presence(), key_last_seen(), client_id, raw, seen
+            lua("brain.hot", "forget_session"),
+            3,
+            key_presence(),
+            key_last_seen(),
+            key_user_clients(current.user),
+            client_id,
+            raw,
+            seen,
         )
         return current if forgot else None
 
@@ -178,6 +197,58 @@ class PresenceBook:
         if len(parsed) > len(sessions):  # clients gone: their sessions go from the cache too
             self._parsed = {cid: parsed[cid] for cid in sessions if cid in parsed}
         return sessions
+
+    def sessions_for(self, user: str | None, client_id: str | None = None) -> dict[str, ClientSession]:
+        """The sessions ``view`` may show for a tree of ``user`` (None: nobody's) bound to
+        ``client_id``: that user's clients and that one client, read through the user's index
+        (``key_user_clients``) in one round trip, not every connected client's session."""
+        if not user and not client_id:
+            return {}
+        reply = self.r.eval(
+            lua("brain.hot", "user_sessions"),
+            2,
+            key_presence(),
+            key_user_clients(user or ""),
+            client_id or "",
+        )
+        found = cast(list[bytes | None], reply)
+        sessions: dict[str, ClientSession] = {}
+        for i in range(0, len(found), 2):
+            cid, raw = as_text(cast(bytes, found[i])), found[i + 1]
+            if not raw:
+                continue
+            try:
+                session = self._parse(cid, raw)
+            except ValidationError:
+                continue  # as in ``sessions``: an entry that does not parse is no session
+            # An id can stay in the index of a user its client no longer belongs to (re-enrolled
+            # while connected) until that session ends: the session says whose it is.
+            if cid == client_id or session.user == user:
+                sessions[cid] = session
+        return sessions
+
+    def index(self, sessions: Mapping[str, ClientSession], now: float | None = None) -> int:
+        """Put each of ``sessions`` in its user's index (sessions announced through a brain
+        older than the index, or an index Redis lost): those this brain has not put there in
+        the last ``INDEX_AGAIN_S``, all in one pipeline. How many were not there."""
+        at = time.monotonic() if now is None else now
+        indexed = self._indexed
+        due = [
+            s
+            for cid, s in sessions.items()
+            if (seen := indexed.get(cid)) is None or seen[0] != s.session_id or at - seen[1] > INDEX_AGAIN_S
+        ]
+        added = 0
+        if due:
+            pipe = self.r.pipeline(transaction=False)
+            for s in due:
+                pipe.sadd(key_user_clients(s.user), s.client_id)
+            added = sum(int(n) for n in pipe.execute())
+            for s in due:
+                indexed[s.client_id] = (s.session_id, at)
+        if len(indexed) > len(sessions):  # clients gone
+            self._indexed = {cid: indexed[cid] for cid in sessions if cid in indexed}
+        return added
 
     def _hash(self, key: str) -> dict[bytes, bytes]:
         """A hash's fields, or none when another party made the key something else."""

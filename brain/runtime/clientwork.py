@@ -17,6 +17,8 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
+import redis
+
 from brain.config import Settings
 from brain.core.client_health import QUOTA_KIND, Cause
 from brain.core.client_poison import poison_error, running_take_back
@@ -207,14 +209,14 @@ class ClientWork:
         touched: set[str] = set()
 
         # A tree bound to this client routes to it alone (brain.core.routing): its session is
-        # all the view needs. Another tree's view needs its user's clients: every session is
-        # read for those, once per chunk of refs (up to 1,000). Both used to read every session
-        # per requeued task, so 1,000 clients reconnecting at once cost O(N²).
+        # all the view needs. Another tree's view needs its user's clients: their sessions are
+        # read once per chunk of refs (up to 1,000) through the user's index. Both used to read
+        # every session per requeued task, so 1,000 clients reconnecting at once cost O(N²).
         own = {client_id: session}
 
         def place(refs: list[ParkedRef]) -> None:
             nonlocal placed
-            every: dict[str, ClientSession] | None = None
+            by_user: dict[tuple[str | None, str | None], dict[str, ClientSession]] = {}
             for ref in refs:
                 rec = self.store.get_task(ref.tree_id, ref.task_id)
                 tree_rec = self.scheduler.tree(ref.tree_id)
@@ -224,7 +226,10 @@ class ClientWork:
                 if tree_rec.client_id == client_id:
                     sessions = own
                 else:
-                    every = sessions = self.presence.sessions() if every is None else every
+                    whose = (tree_rec.user, tree_rec.client_id)
+                    if whose not in by_user:
+                        by_user[whose] = self.presence.sessions_for(*whose)
+                    sessions = by_user[whose]
                 presence = self.presence.view(
                     user=tree_rec.user,
                     session_client=tree_rec.client_id,
@@ -269,7 +274,9 @@ class ClientWork:
             self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())
         taken = 0
         touched: set[str] = set()
-        sessions = self.presence.sessions() if where_by_run else {}  # once, for every call re-routed
+        # Each tree's view needs the sessions of its user's clients: read once per user (and
+        # bound client) for every call re-routed, not every connected client's.
+        by_user: dict[tuple[str | None, str | None], dict[str, ClientSession]] = {}
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
@@ -289,7 +296,10 @@ class ClientWork:
                     parked_at=rec.queued_at,
                 )
             else:
-                moved = self._take_back_running(tree_rec, rec, sessions)
+                whose = (tree_rec.user, tree_rec.client_id)
+                if whose not in by_user:
+                    by_user[whose] = self.presence.sessions_for(*whose)
+                moved = self._take_back_running(tree_rec, rec, by_user[whose])
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)
@@ -337,7 +347,12 @@ class ClientWork:
         Flower the others are alive (all in one round, every ``BEAT_DUE_S`` at most). One
         client's failure is logged (once until it recovers) and the others are still swept."""
         alive: list[str] = []
-        for cid, (session, reading) in self.presence.inspect().items():
+        inspected = self.presence.inspect()
+        try:
+            self.presence.index({cid: session for cid, (session, _) in inspected.items()})
+        except redis.RedisError as exc:  # the next sweep puts them there
+            log.warning("could not index the connected clients by user: %s", exc)
+        for cid, (session, reading) in inspected.items():
             try:
                 causes = reading.all_causes()
                 for cause in causes:

@@ -43,6 +43,9 @@ class NobodyConnected:
     def sessions(self) -> dict[str, Any]:
         return {}
 
+    def sessions_for(self, user: str | None, client_id: str | None = None) -> dict[str, Any]:
+        return {}
+
     def session(self, client_id: str) -> None:
         return None
 
