@@ -5,9 +5,13 @@ A server run that kills its worker is counted by its deliveries (``Store.begin_r
 restores the same run). A client call is not: when its agent dies, restarts or loses its
 link, the brain takes the call back (``brain.runtime.clientwork``) and re-routes it as a
 new run whose deliveries start afresh, so a tool that kills its agent every time would be
-sent again for ever. The task's ``taken_back`` counts those take-backs across runs (only of
-calls that were running there: a queued call never started, so it says nothing of its
-tool). ``attempt`` cannot be the bound: retries and the reconciler's re-sends count there too.
+sent again for ever. The task's ``taken_back`` counts those take-backs across the runs of
+one attempt (only of calls that were running there: a queued call never started, so it says
+nothing of its tool). ``attempt`` cannot be the bound: retries and the reconciler's re-sends
+count there too. The attempt given up fails with the server route's ``PoisonTask``, which a
+retry policy covering ``unavailable`` retries on either route (``Scheduler.retry_later``):
+the next attempt counts its own take-backs from 0, as a new server run counts its own
+deliveries.
 """
 
 from __future__ import annotations

@@ -597,8 +597,9 @@ class TaskRecord(BaseModel):
     deliveries: int = 0
     # How often a run of this task was running on a client when its agent went away (died,
     # restarted as a new session, or let its heartbeat lapse) and the brain took the call back
-    # (brain.core.client_poison). Counted across runs: each take-back re-sends the call as a new
-    # run whose ``deliveries`` start afresh, so this is the client route's poison bound.
+    # (brain.core.client_poison). Counted across the runs of one attempt: each take-back re-sends
+    # the call as a new run whose ``deliveries`` start afresh, so this is the client route's
+    # poison bound. A failed attempt waiting to retry starts it again at 0.
     taken_back: int = 0
     # Failed attempts before the current one, oldest first (brain.core.retry); the current
     # attempt's own outcome is this record's.

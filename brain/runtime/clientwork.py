@@ -5,8 +5,9 @@ parked for that client, then for its user, in chunks (brain.hot.parked: oldest p
 first within a list; the lists are not interleaved). Disconnect (graceful, or a
 missed heartbeat): pull that client's unstarted calls back out of its queue as
 pending_client, and let calls it was running follow their offline strategy; both
-run again on a later connect. A running call taken back is counted on its task, and fails
-as a poison task at ``max_deliveries`` (brain.core.client_poison). Every move is a compare-and-set on the task, and
+run again on a later connect. A running call taken back is counted on its task, and its
+attempt fails as a poison task at ``max_deliveries`` (brain.core.client_poison), retried as
+its retry policy says. Every move is a compare-and-set on the task, and
 the Redis side answers whether *we* took a message, so nothing runs in two
 places or disappears.
 """
@@ -90,6 +91,18 @@ class ClientScheduling(Protocol):
         from_states: Collection[TaskState],
         error: ErrorInfo | None = None,
     ) -> bool: ...
+
+    def retry_later(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        error: ErrorInfo | None,
+        from_states: Collection[TaskState],
+        *,
+        started_at: float | None,
+        finished_at: float | None,
+        worker: str | None = None,
+    ) -> float | None: ...
 
     def advance(self, tree_id: str) -> TreeStatus | None: ...
 
@@ -311,9 +324,11 @@ class ClientWork:
         self, tree_rec: TreeRecord, rec: TaskRecord, sessions: dict[str, ClientSession]
     ) -> bool:
         """A call its agent was running when it went away: counted on the task
-        (``taken_back``), then routed again as a new run, or failed as a poison task once its
-        tool has lost its agent ``max_deliveries`` times (brain.core.client_poison). Its old
-        run is already in the client's cancelled set (``_take_back``)."""
+        (``taken_back``), then routed again as a new run, or, once its tool has lost its agent
+        ``max_deliveries`` times in this attempt (brain.core.client_poison), a failed attempt
+        with a ``PoisonTask``: retried as its retry policy says (``on: [unavailable]``), as a
+        server run's ``PoisonTask`` result is, else failed. Its old run is already in the
+        client's cancelled set (``_take_back``)."""
         cid = rec.client_id or ""
         limit = self.scheduler.settings.max_deliveries
         decision = running_take_back(rec.taken_back, limit)
@@ -331,6 +346,16 @@ class ClientWork:
         if decision.poison:
             error = poison_error(rec.task_id, rec.tool, cid, decision.taken_back, limit)
             log.warning("tree %s: %s", rec.tree_id, error.message)
+            retried = self.scheduler.retry_later(
+                tree_rec,
+                counted,
+                error,
+                {counted.state},
+                started_at=counted.started_at,
+                finished_at=self.clock(),
+            )
+            if retried is not None:
+                return True
             return self.scheduler.finish_without_run(
                 counted, TaskState.FAILED, error.message, {counted.state}, error=error
             )

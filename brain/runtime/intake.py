@@ -16,7 +16,6 @@ from typing import Any
 
 from brain.core.fairshare import pause_asked_by
 from brain.core.models import Progress, TaskRecord, TaskState
-from brain.core.retry import Attempt, effective_policy, next_attempt_at
 from brain.core.transitions import IN_FLIGHT
 from brain.hot.gate import Gate
 from brain.runtime.scheduler import DISPATCH_CHUNK, TREE_CACHE, Scheduler
@@ -240,58 +239,17 @@ class Intake:
             or rec.client_id != from_client
         ):
             return False  # not this task's current run: the normal path refuses or ignores it
-        spec = scheduler.spec_of(tree_rec, rec)
-        tool = scheduler.registry.tools.get(rec.tool)
-        policy = effective_policy(
-            spec.retry, tool.retry if tool else None, tree_rec.tree.retry, scheduler.settings.retry
+        at = scheduler.retry_later(
+            tree_rec,
+            rec,
+            error,
+            IN_FLIGHT,
+            started_at=result.started_at,
+            finished_at=result.finished_at,
+            worker=result.worker,
         )
-        failures = len(rec.attempts) + 1
-        now = scheduler.clock()
-        deadline = (
-            rec.first_queued_at + spec.max_total_s if rec.first_queued_at and spec.max_total_s else None
-        )
-        at = next_attempt_at(policy, error, failures, now, deadline=deadline)
         if at is None:
             return False
-        attempt = Attempt(
-            number=failures,
-            run_id=result.run_id,
-            route=rec.route,
-            error=error,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            next_at=at,
-        )
-        kind = error.type if error else "failed"
-        moved = scheduler.move(
-            rec.tree_id,
-            rec.task_id,
-            TaskState.RETRYING,
-            IN_FLIGHT,
-            expect_run_id=result.run_id,
-            expect_client_id=from_client,
-            error=error,
-            reason=f"attempt {failures} of {policy.max_attempts} failed ({kind}); "
-            f"next attempt at {time.strftime('%H:%M:%S', time.localtime(at))}",
-            attempts=[*rec.attempts, attempt],
-            retry_at=at,
-            progress=None,
-            worker=result.worker,
-            started_at=result.started_at,
-            finished_at=result.finished_at,
-            updated_at=now,
-        )
-        if moved is None:
-            return False
-        log.info(
-            "task %s of tree %s: attempt %d failed (%s); next attempt in %.1fs",
-            rec.task_id,
-            rec.tree_id,
-            failures,
-            kind,
-            at - now,
-        )
-        scheduler.after_write(lambda: scheduler.retries.set(rec.tree_id, rec.task_id, at))
         if scheduler.events is not None:
             events = scheduler.events
             scheduler.after_write(lambda: events.task_retried(result, at))

@@ -43,6 +43,7 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.pools import pool_route
+from brain.core.retry import Attempt, effective_policy, next_attempt_at
 from brain.core.routing import (
     Presence,
     Route,
@@ -295,6 +296,80 @@ class Scheduler:
         if started and self._ended_here() != ended:
             self.advance(tree_id)  # failed or skipped by its new route: its dependents follow
         return started
+
+    def retry_later(
+        self,
+        tree_rec: TreeRecord,
+        rec: TaskRecord,
+        error: ErrorInfo | None,
+        from_states: Collection[TaskState],
+        *,
+        started_at: float | None,
+        finished_at: float | None,
+        worker: str | None = None,
+    ) -> float | None:
+        """Record the failed attempt of ``rec``'s current run as ``retrying`` when its retry
+        policy covers ``error`` (brain.core.retry), and set its timer: when its next attempt
+        starts, or None when it was not recorded (not covered, attempts used up, no time left
+        in its ``max_total_s``, or the run moved on: a compare-and-set on the run and on where
+        it was sent). Whatever ended the attempt asks here, so a failed result and a client
+        call given up as poison at its take-back are retried alike. The next attempt counts
+        its own take-backs (``taken_back`` starts again), as a server run counts its own
+        deliveries: the bound is per attempt, and the attempts are bounded by the policy."""
+        spec = self.spec_of(tree_rec, rec)
+        tool = self.registry.tools.get(rec.tool)
+        policy = effective_policy(
+            spec.retry, tool.retry if tool else None, tree_rec.tree.retry, self.settings.retry
+        )
+        failures = len(rec.attempts) + 1
+        now = self.clock()
+        deadline = (
+            rec.first_queued_at + spec.max_total_s if rec.first_queued_at and spec.max_total_s else None
+        )
+        at = next_attempt_at(policy, error, failures, now, deadline=deadline)
+        if at is None:
+            return None
+        attempt = Attempt(
+            number=failures,
+            run_id=rec.run_id,
+            route=rec.route,
+            error=error,
+            started_at=started_at,
+            finished_at=finished_at,
+            next_at=at,
+        )
+        kind = error.type if error else "failed"
+        moved = self.move(
+            rec.tree_id,
+            rec.task_id,
+            TaskState.RETRYING,
+            from_states,
+            expect_run_id=rec.run_id,
+            expect_client_id=rec.client_id,
+            error=error,
+            reason=f"attempt {failures} of {policy.max_attempts} failed ({kind}); "
+            f"next attempt at {time.strftime('%H:%M:%S', time.localtime(at))}",
+            attempts=[*rec.attempts, attempt],
+            retry_at=at,
+            progress=None,
+            taken_back=0,
+            worker=rec.worker if worker is None else worker,
+            started_at=started_at,
+            finished_at=finished_at,
+            updated_at=now,
+        )
+        if moved is None:
+            return None
+        log.info(
+            "task %s of tree %s: attempt %d failed (%s); next attempt in %.1fs",
+            rec.task_id,
+            rec.tree_id,
+            failures,
+            kind,
+            at - now,
+        )
+        self.after_write(lambda: self.retries.set(rec.tree_id, rec.task_id, at))
+        return at
 
     def _advance_all(self, tree_rec: TreeRecord) -> int:
         """Plan the whole tree and act on it; how many tasks it sent or parked."""

@@ -613,6 +613,38 @@ def test_a_restored_message_past_max_deliveries_fails_as_poison_without_running(
     assert runs_in(ledger) == 0
 
 
+def restart_while_it_dies(stack: EmbeddedStack, brain: Brain, tree_id: str, bound: int, ledger: Path) -> int:
+    """Restart the agent each time it dies (as a service manager would) until the tree ends:
+    how many times it died. ``bound``: how many deaths are too many (the test fails)."""
+    deaths = 0
+    while brain.store.get_tree(tree_id).status is TreeStatus.RUNNING:  # type: ignore[union-attr]
+        agent = stack.service("client-agent").process
+        assert agent is not None
+        try:
+            agent.wait(5)
+        except subprocess.TimeoutExpired:
+            continue  # alive: running nothing yet, waiting to retry, or the tree ended
+        deaths += 1
+        assert deaths <= bound, f"{deaths} deaths: {runs_in(ledger)} runs"
+        stack.start_service("client-agent")  # a new session: the dead one's call is taken back
+    return deaths
+
+
+def crasher(brain: Brain, ledger: Path, **fields: Any) -> TreeRecord:
+    """Submit, as ada, a tree of one task "call": the ledger's tool that kills its agent."""
+    call = {"id": "call", "tool": "ledger.die", "args": {"ledger": str(ledger)}}
+    return brain.scheduler.submit(tree({"id": "crasher", "tasks": [call], **fields}), user="ada")
+
+
+def assert_nothing_more_runs(stack: EmbeddedStack, brain: Brain, ledger: Path, deaths: int) -> None:
+    """The last agent stays up and is sent nothing more: its run was cancelled when taken back."""
+    r = brain.hot.r
+    assert stack.wait_connected("laptop", 90)
+    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "nothing held")
+    assert stack.service("client-agent").process.poll() is None  # type: ignore[union-attr]
+    assert runs_in(ledger) == deaths
+
+
 @pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
 def test_a_tool_that_kills_its_agent_every_time_fails_as_poison_after_max_deliveries_runs(
     tmp_path: Path,
@@ -623,30 +655,19 @@ def test_a_tool_that_kills_its_agent_every_time_fails_as_poison_after_max_delive
     service manager would). Each restart is a new session: the brain takes the call back from
     the dead one and sends it again as a new run, whose deliveries start afresh; the task's
     ``taken_back`` bounds it instead. After ``max_deliveries`` take-backs the task fails as a
-    PoisonTask, the tree ends, and the restarted agent runs nothing more."""
+    PoisonTask (no retry policy: for good), the tree ends, and the restarted agent runs
+    nothing more."""
     stack, _proxy = behind_proxy
     brain = brain_factory(stack)
-    r = brain.hot.r
     ledger = tmp_path / "ledger.txt"
     limit = stack.settings.max_deliveries
-    call = {"id": "call", "tool": "ledger.die", "args": {"ledger": str(ledger)}}
-    rec = brain.scheduler.submit(tree({"id": "crasher", "tasks": [call]}), user="ada")
-    deaths = 0
-    # Restarted for as long as it dies. Before the fix this never ended (a new run per restart);
-    # the bound is generous because two other paths may also bring a run back under load, each
-    # bounded on its own: kombu's restore of a lease that ran out before the restarted agent
-    # announced itself (counted by deliveries), and the reconciler's re-send of a run whose
-    # unacked record the kill lost (counted by attempts, LostTooOften).
-    while brain.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING:  # type: ignore[union-attr]
-        agent = stack.service("client-agent").process
-        assert agent is not None
-        try:
-            agent.wait(5)
-        except subprocess.TimeoutExpired:
-            continue  # alive: running nothing yet, or the tree ended
-        deaths += 1
-        assert deaths <= limit * limit, f"{deaths} deaths: {runs_in(ledger)} runs"
-        stack.start_service("client-agent")  # a new session: the dead one's call is taken back
+    rec = crasher(brain, ledger)
+    # Before the fix this never ended (a new run per restart); the bound is generous because
+    # two other paths may also bring a run back under load, each bounded on its own: kombu's
+    # restore of a lease that ran out before the restarted agent announced itself (counted by
+    # deliveries), and the reconciler's re-send of a run whose unacked record the kill lost
+    # (counted by attempts, LostTooOften).
+    deaths = restart_while_it_dies(stack, brain, rec.tree_id, limit * limit, ledger)
     tasks = brain.store.get_tasks(rec.tree_id)
     assert [t.task_id for t in tasks] == ["call"]  # one record
     failed = tasks[0]
@@ -654,14 +675,40 @@ def test_a_tool_that_kills_its_agent_every_time_fails_as_poison_after_max_delive
     assert failed.error.type == "PoisonTask" and failed.taken_back == limit, failed.error
     assert f"its agent went away while running it {limit} times" in failed.error.message
     assert "'ledger.die'" in failed.error.message and "'laptop'" in failed.error.message
+    assert failed.attempts == []  # one attempt: nothing retried
     # Each run noted itself and killed its agent; with nothing else bringing a run back (the
     # usual case: a restart takes seconds, a lease 30 s) that is max_deliveries runs.
     assert limit <= runs_in(ledger) == deaths
-    # The last agent stays up and is sent nothing more: its run was cancelled when taken back.
-    assert stack.wait_connected("laptop", 90)
-    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "nothing held")
-    assert stack.service("client-agent").process.poll() is None  # type: ignore[union-attr]
-    assert runs_in(ledger) == deaths
+    assert_nothing_more_runs(stack, brain, ledger, deaths)
+
+
+@pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)
+def test_a_tool_that_kills_its_agent_every_time_is_retried_as_its_policy_says_then_fails_as_poison(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """As above, with ``retry: {max_attempts: 2, on: [unavailable]}``: the attempt given up as
+    a PoisonTask at its ``max_deliveries``-th take-back is retried (as a server run's
+    PoisonTask result is), the next attempt counts its own take-backs from 0 and is given up
+    the same way, and that last attempt fails the task: 2 x ``max_deliveries`` runs."""
+    stack, _proxy = behind_proxy
+    brain = brain_factory(stack)
+    ledger = tmp_path / "ledger.txt"
+    limit = stack.settings.max_deliveries
+    retry = {"max_attempts": 2, "on": ["unavailable"], "backoff_s": 0.5, "jitter": False}
+    rec = crasher(brain, ledger, retry=retry)
+    deaths = restart_while_it_dies(stack, brain, rec.tree_id, 2 * limit * limit, ledger)
+    failed = brain.store.get_task(rec.tree_id, "call")
+    assert failed is not None and failed.state is TaskState.FAILED and failed.error is not None, failed
+    assert failed.error.type == "PoisonTask" and failed.taken_back == limit, failed.error
+    assert f"its agent went away while running it {limit} times" in failed.error.message
+    (first,) = failed.attempts  # the second attempt's outcome is the record's
+    assert first.number == 1 and first.error is not None and first.error.type == "PoisonTask"
+    assert first.error.data == {"taken_back": limit, "client": "laptop"}
+    assert first.next_at is not None and first.run_id != failed.run_id
+    assert 2 * limit <= runs_in(ledger) == deaths
+    assert_nothing_more_runs(stack, brain, ledger, deaths)
 
 
 def test_a_call_whose_agent_is_killed_once_mid_call_runs_again_and_is_done(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from brain.core.client_poison import TakeBack, poison_error, running_take_back
+from brain.core.retry import RetryOn, RetryPolicy, next_attempt_at, retry_class
+from workers.contracts import ErrorInfo
 
 
 @pytest.mark.parametrize(
@@ -45,3 +47,22 @@ def test_its_error_is_the_server_routes_poison_type_and_says_what_to_do() -> Non
     assert error.data == {"taken_back": 3, "client": "laptop"}
     for part in ("'crash'", "'ledger.die'", "'laptop'", "3 times", "max_deliveries (3)", "workstation"):
         assert part in error.message
+
+
+@pytest.mark.parametrize(
+    ("on", "retried"),
+    [([RetryOn.UNAVAILABLE], True), ([RetryOn.TIMEOUT, RetryOn.TOOL_ERROR], False)],
+)
+def test_its_error_is_retried_as_the_server_routes_is_when_a_policy_covers_unavailable(
+    on: list[RetryOn], retried: bool
+) -> None:
+    """Both routes' PoisonTask go through the same retry decision (brain.core.retry): the
+    client route's is given up at a take-back, not in a result, but is the same kind."""
+    server = ErrorInfo(type="PoisonTask", message="died each time", data={"deliveries": 4})
+    client = poison_error("crash", "ledger.die", "laptop", 3, 3)
+    policy = RetryPolicy(max_attempts=2, backoff_s=5, jitter=False, on=on)
+    assert retry_class(client) is retry_class(server) is RetryOn.UNAVAILABLE
+    for error in (server, client):
+        assert next_attempt_at(policy, error, 1, 100.0) == (105.0 if retried else None)
+        assert next_attempt_at(policy, error, 2, 100.0) is None  # its attempts used up
+    assert next_attempt_at(RetryPolicy(), client, 1, 100.0) is None  # no policy: final

@@ -17,10 +17,14 @@ import redis
 from brain.core.client_health import Cause
 from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.hot.parked import ParkedWork
+from brain.hot.retries import RETRY_AT_KEY
 from brain.runtime.clientwork import BEAT_DUE_S, BEATS_TURN_KEY
 from brain.runtime.events import HEARTBEAT_S
+from brain.runtime.intake import Intake
+from brain.runtime.retries import start_due
 from tests.redis_commands import command_counts, reset_counts
 from tests.unit.brain.runtime.rig import Rig, kombu_message, local_read, make_rig, tree
+from tests.unit.brain.runtime.test_retries import failed
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_HEARTBEAT,
@@ -208,37 +212,114 @@ def held_by_laptop(rig: Rig, run_id: str) -> None:
     rig.r.hset(client_key("laptop", KOMBU_UNACKED), f"tag-{run_id}", json.dumps(entry))
 
 
+def agent_dies_running(rig: Rig, tree_id: str, session: int) -> str:
+    """The laptop's agent was running the task's current run and comes back as session
+    ``s<session>``: the run it took back."""
+    run_id = rig.task(tree_id, "r").run_id
+    assert run_id is not None
+    held_by_laptop(rig, run_id)
+    rig.clock.advance(5)
+    assert rig.clients.on_connected(announcement(session_id=f"s{session}"), "laptop").accepted
+    assert rig.r.sismember(client_key("laptop", key_cancelled()), run_id)  # its copy never starts
+    return run_id
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        None,
+        # A policy that does not cover `unavailable` changes nothing either.
+        {"max_attempts": 5, "backoff_s": 0, "on": ["timeout", "tool_error"]},
+    ],
+)
 def test_a_call_whose_agent_dies_running_it_each_time_fails_as_poison_after_max_deliveries(
-    rig: Rig,
+    rig: Rig, policy: dict[str, Any] | None
 ) -> None:
     """Each restart of the agent (a new session) takes the call back from the old one and
     sends it again as a new run: counted on the task, and given up as a PoisonTask once the
-    tool has lost its agent max_deliveries (3) times, with no retry though its policy covers
-    `unavailable`; the tree ends."""
+    tool has lost its agent max_deliveries (3) times; with no retry policy covering
+    `unavailable` that is final and the tree ends."""
     rig.presence.enroll("laptop", "ada")
     assert rig.clients.on_connected(announcement(), "laptop").accepted
-    policy = {"max_attempts": 5, "backoff_s": 0, "on": ["unavailable"]}
-    rec = rig.scheduler.submit(tree(local_read(), retry=policy), user="ada")
+    rec = rig.scheduler.submit(tree(local_read(), **({"retry": policy} if policy else {})), user="ada")
     runs = []
     for n in (1, 2, 3):
-        run_id = rig.task(rec.tree_id, "r").run_id
-        runs.append(run_id)
-        held_by_laptop(rig, run_id)
-        rig.clock.advance(5)
-        assert rig.clients.on_connected(announcement(session_id=f"s{n + 1}"), "laptop").accepted
+        runs.append(agent_dies_running(rig, rec.tree_id, n + 1))
         task = rig.task(rec.tree_id, "r")
         assert task.taken_back == n
-        assert rig.r.sismember(client_key("laptop", key_cancelled()), run_id)  # its copy never starts
         if n < 3:
             assert task.state is TaskState.QUEUED_CLIENT and task.run_id not in runs
     assert [c.run_id for c in rig.sent.of("r")] == runs  # three runs, no fourth
     assert task.state is TaskState.FAILED and task.run_id == runs[-1] and task.retry_at is None
+    assert task.attempts == []
     assert task.error is not None and task.error.type == "PoisonTask"
     assert task.error.message == task.reason
     assert "its agent went away while running it 3 times" in task.reason
     assert "'read_local_file'" in task.reason and "'laptop'" in task.reason
     assert rig.scheduler.tree(rec.tree_id).status is TreeStatus.FAILED  # type: ignore[union-attr]
     assert rig.r.hlen(client_key("laptop", KOMBU_UNACKED)) == 0
+    assert start_due(rig.scheduler) == 0  # no timer was set
+
+
+def test_a_call_given_up_as_poison_is_retried_as_its_policy_says_each_attempt_counting_afresh(
+    rig: Rig,
+) -> None:
+    """The same PoisonTask as a server run's: a policy covering `unavailable` makes it a failed
+    attempt, `retrying` with a timer; the next attempt is a new run whose take-backs count
+    from 0, and is given up after max_deliveries (3) runs of its own. The policy's last
+    attempt fails the task: 2 attempts, 6 runs."""
+    rig.presence.enroll("laptop", "ada")
+    assert rig.clients.on_connected(announcement(), "laptop").accepted
+    policy = {"max_attempts": 2, "backoff_s": 7, "jitter": False, "on": ["unavailable"]}
+    rec = rig.scheduler.submit(tree(local_read(), retry=policy), user="ada")
+    first = [agent_dies_running(rig, rec.tree_id, n) for n in (2, 3, 4)]
+    waiting = rig.task(rec.tree_id, "r")
+    assert waiting.state is TaskState.RETRYING and waiting.retry_at == rig.clock() + 7
+    assert waiting.reason.startswith("attempt 1 of 2 failed (PoisonTask); next attempt at ")
+    assert waiting.taken_back == 0  # the next attempt counts its own
+    (attempt,) = waiting.attempts
+    assert attempt.number == 1 and attempt.run_id == first[-1] and attempt.next_at == waiting.retry_at
+    assert attempt.error is not None and attempt.error.type == "PoisonTask"
+    assert attempt.error.data == {"taken_back": 3, "client": "laptop"}
+    assert rig.r.zscore(RETRY_AT_KEY, f"{rec.tree_id}\x1fr") == waiting.retry_at
+    assert rig.scheduler.tree(rec.tree_id).status is TreeStatus.RUNNING  # type: ignore[union-attr]
+    assert [c.run_id for c in rig.sent.of("r")] == first  # nothing sent while it waits
+
+    rig.clock.advance(7)
+    assert start_due(rig.scheduler) == 1
+    again = rig.task(rec.tree_id, "r")
+    assert again.state is TaskState.QUEUED_CLIENT and again.run_id not in first
+    assert (again.taken_back, again.error, again.retry_at) == (0, None, None)
+    second = []
+    for n in (1, 2, 3):
+        second.append(agent_dies_running(rig, rec.tree_id, n + 4))
+        assert rig.task(rec.tree_id, "r").taken_back == n
+    failed = rig.task(rec.tree_id, "r")
+    assert [c.run_id for c in rig.sent.of("r")] == first + second  # 2 x max_deliveries runs
+    assert failed.state is TaskState.FAILED and failed.retry_at is None, failed.reason
+    assert failed.error is not None and failed.error.type == "PoisonTask"
+    assert "its agent went away while running it 3 times" in failed.reason
+    assert [a.run_id for a in failed.attempts] == [first[-1]]  # the last one's outcome is the record's
+    assert rig.scheduler.tree(rec.tree_id).status is TreeStatus.FAILED  # type: ignore[union-attr]
+
+
+def test_a_failed_result_retried_starts_the_next_attempts_take_back_count_afresh(rig: Rig) -> None:
+    """Taken back once, then its next run fails in a result its policy covers: the attempt
+    ended, and the next one counts its own take-backs (it is not given up after two more)."""
+    rig.presence.enroll("laptop", "ada")
+    assert rig.clients.on_connected(announcement(), "laptop").accepted
+    policy = {"max_attempts": 2, "backoff_s": 0, "on": ["unavailable"]}
+    rec = rig.scheduler.submit(tree(local_read(), retry=policy), user="ada")
+    agent_dies_running(rig, rec.tree_id, 2)
+    assert rig.task(rec.tree_id, "r").taken_back == 1
+    result = failed(rig.sent.of("r")[-1], "MCPServerUnavailable", "laptop")
+    assert Intake(rig.scheduler).take(result, from_client="laptop") is TaskState.RETRYING
+    assert rig.task(rec.tree_id, "r").taken_back == 0
+    assert start_due(rig.scheduler) == 1
+    for n in (1, 2):
+        agent_dies_running(rig, rec.tree_id, n + 2)
+        task = rig.task(rec.tree_id, "r")
+        assert (task.state, task.taken_back) == (TaskState.QUEUED_CLIENT, n)
 
 
 def test_a_call_taken_back_before_it_started_is_not_counted(rig: Rig) -> None:
