@@ -601,6 +601,13 @@ class TaskRecord(BaseModel):
     # the call as a new run whose ``deliveries`` start afresh, so this is the client route's
     # poison bound. A failed attempt waiting to retry starts it again at 0.
     taken_back: int = 0
+    # How often the reconciler found this task's run lost (queued, and nothing held it: its
+    # message gone between the brain and its worker or agent) and sent it again as a new run,
+    # in this attempt (brain.runtime.sweeps). ``attempt`` counts every run, retries and
+    # take-backs too, so it could not be the bound: a task on its fourth retry would have
+    # failed as lost too often at its first lost message. A failed attempt waiting to retry
+    # starts it again at 0, as ``taken_back``.
+    resent: int = 0
     # Failed attempts before the current one, oldest first (brain.core.retry); the current
     # attempt's own outcome is this record's.
     attempts: list[Attempt] = Field(default_factory=list)

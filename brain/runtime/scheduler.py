@@ -313,9 +313,10 @@ class Scheduler:
         starts, or None when it was not recorded (not covered, attempts used up, no time left
         in its ``max_total_s``, or the run moved on: a compare-and-set on the run and on where
         it was sent). Whatever ended the attempt asks here, so a failed result and a client
-        call given up as poison at its take-back are retried alike. The next attempt counts
-        its own take-backs (``taken_back`` starts again), as a server run counts its own
-        deliveries: the bound is per attempt, and the attempts are bounded by the policy."""
+        call given up as poison at its take-back, or lost too often, are retried alike. The next
+        attempt counts its own take-backs and re-sends (``taken_back`` and ``resent`` start
+        again), as a server run counts its own deliveries: the bound is per attempt, and the
+        attempts are bounded by the policy."""
         spec = self.spec_of(tree_rec, rec)
         tool = self.registry.tools.get(rec.tool)
         policy = effective_policy(
@@ -353,6 +354,7 @@ class Scheduler:
             retry_at=at,
             progress=None,
             taken_back=0,
+            resent=0,
             worker=rec.worker if worker is None else worker,
             started_at=started_at,
             finished_at=finished_at,

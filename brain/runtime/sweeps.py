@@ -240,19 +240,8 @@ class Sweeps:
         tree_rec = self.scheduler.tree(rec.tree_id)
         if tree_rec is None:
             return False
-        if rec.attempt >= self.settings.max_deliveries + 2:
-            error = ErrorInfo(
-                type="LostTooOften",
-                data={"task": rec.task_id, "tool": rec.tool},
-                message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.attempt} times "
-                "between the brain and its worker; gave up. Check the worker logs.",
-            )
-            if self.scheduler.finish_without_run(
-                rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
-            ):
-                self._cancel_run(rec)
-                log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
-                self.scheduler.advance(rec.tree_id)
+        if rec.resent >= self.settings.max_deliveries + 1:
+            self._lost_too_often(tree_rec, rec)
             return False  # given up, not re-sent
         if client_id is not None and self.presence.session(client_id) is None:
             # Its client is gone: treat it like work taken back on disconnect (parked, not re-sent).
@@ -276,6 +265,7 @@ class Sweeps:
             expect_run_id=rec.run_id,
             run_id=new_run_id(rec.tree_id, rec.task_id, attempt),
             attempt=attempt,
+            resent=rec.resent + 1,
             deliveries=0,
             queued_at=now,
             updated_at=now,
@@ -299,6 +289,28 @@ class Sweeps:
         self.scheduler.publish(call, moved.pool)
         self.hot.notify(rec.tree_id)
         return True
+
+    def _lost_too_often(self, tree_rec: TreeRecord, rec: TaskRecord) -> None:
+        """The attempt whose runs were lost ``max_deliveries + 2`` times fails ``LostTooOften``:
+        retried as its retry policy says (the error is ``unavailable``, brain.core.retry), as
+        any failed attempt is, else the task fails."""
+        error = ErrorInfo(
+            type="LostTooOften",
+            data={"task": rec.task_id, "tool": rec.tool},
+            message=f"task {rec.task_id!r} (tool {rec.tool!r}) was lost {rec.resent + 1} times "
+            "between the brain and its worker; gave up. Check the worker logs.",
+        )
+        retried = self.scheduler.retry_later(
+            tree_rec, rec, error, IN_FLIGHT, started_at=rec.started_at, finished_at=self.clock()
+        )
+        if retried is None and not self.scheduler.finish_without_run(
+            rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
+        ):
+            return  # moved on meanwhile (its result came, a cancel)
+        self._cancel_run(rec)
+        log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
+        if retried is None:
+            self.scheduler.advance(rec.tree_id)
 
     # --- parked work ----------------------------------------------------------------------
     def expire_parked(self) -> list[str]:

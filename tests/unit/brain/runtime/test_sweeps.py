@@ -105,6 +105,38 @@ def test_a_task_lost_too_often_fails_naming_why_and_its_tree_fails(rig: Rig) -> 
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
 
 
+def test_a_task_on_a_later_attempt_is_resent_when_lost_not_failed_as_lost_too_often(rig: Rig) -> None:
+    # The bound counts the re-sends of this attempt (``resent``), not every run the task ever
+    # had (``attempt``, which retries and take-backs raise too): a task on its tenth run that is
+    # lost once is sent again.
+    rec = rig.scheduler.submit(tree(echo("a")))
+    task = rig.task(rec.tree_id, "a")
+    assert rig.store.transition(rec.tree_id, "a", from_states={task.state}, attempt=10) is not None
+    rig.later()
+    assert rig.sweeps.run_once() == ["a"]
+    again = rig.task(rec.tree_id, "a")
+    assert again.state is TaskState.QUEUED_SERVER and (again.attempt, again.resent) == (11, 1)
+
+
+def test_a_task_lost_too_often_is_retried_when_its_policy_covers_unavailable(rig: Rig) -> None:
+    policy = {"max_attempts": 2, "on": ["unavailable"], "backoff_s": 7, "jitter": False}
+    rec = rig.scheduler.submit(tree(echo("a"), retry=policy))
+    max_deliveries = rig.sweeps.settings.max_deliveries
+    for _ in range(max_deliveries + 1):
+        rig.later()
+        assert rig.sweeps.run_once() == ["a"]
+    lost_run = rig.task(rec.tree_id, "a").run_id
+    rig.later()
+    rig.sweeps.run_once()
+
+    task = rig.task(rec.tree_id, "a")
+    assert task.state is TaskState.RETRYING, task.reason
+    assert [a.error.type for a in task.attempts if a.error] == ["LostTooOften"]
+    assert task.attempts[0].run_id == lost_run and task.resent == 0
+    assert rig.r.sismember(key_cancelled(), lost_run)
+    assert rig.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING
+
+
 def test_a_lost_call_of_a_client_gone_is_parked_for_its_next_connect(rig: Rig) -> None:
     rig.presence.enroll("laptop", "ada")
     rig.connect()
