@@ -46,8 +46,11 @@ def celery_config(
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     sentinel_master: str | None = None,
+    client_queues: bool = False,
 ) -> dict[str, Any]:
-    """``sentinel_master``: the master a ``sentinel://`` URL names (``workers.redis_connect.master_name``)."""
+    """``sentinel_master``: the master a ``sentinel://`` URL names (``workers.redis_connect.master_name``).
+    ``client_queues``: calls sent to a client's queue go under its key prefix
+    (``GuardedChannel.vt_client_queues``): the brain's app."""
     broker, sentinel_options = broker_settings(broker_url, sentinel_master)
     transport: dict[str, Any] = {
         **sentinel_options,
@@ -77,6 +80,8 @@ def celery_config(
         }
     if keyprefix:
         transport["global_keyprefix"] = keyprefix
+    if client_queues:
+        transport["vt_client_queues"] = True
     return {
         # The class, not the URL's scheme, picks the transport; kombu still parses the URL
         # (host, password, db, ssl_* options), so redis:// and rediss:// work as before. A
@@ -118,6 +123,7 @@ def make_app(
     keyprefix: str | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     sentinel_master: str | None = None,
+    client_queues: bool = False,
 ) -> Celery:
     app = Celery("vancetope", set_as_current=False)
     orphans.install()  # a worker of a stack that was killed stops anyway
@@ -130,6 +136,7 @@ def make_app(
             keyprefix=keyprefix,
             max_message_bytes=max_message_bytes,
             sentinel_master=sentinel_master,
+            client_queues=client_queues,
         )
     )
     return app

@@ -35,7 +35,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils import json as kombu_json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.contracts import MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
+from workers.contracts import MAX_JSON_DEPTH, MAX_MESSAGE_BYTES, client_keyprefix
 from workers.redis_lock import ScriptFreeLocks
 from workers.sent_ahead import SentAhead
 
@@ -267,6 +267,9 @@ def unacked_writes() -> SentAhead:
         return _UNACKED_WRITES[0]
 
 
+CLIENT_QUEUE_PREFIX: Final = "client."  # workers.contracts.client_queue
+
+
 class GuardedChannel(kombu_redis.Channel):
     """kombu's Redis channel, except that a payload ``check_payload`` refuses is dropped and
     logged instead of raised into the consumer loop, and an ack that cannot reach Redis frees
@@ -296,6 +299,7 @@ class GuardedChannel(kombu_redis.Channel):
         "vt_max_json_depth",
         "vt_on_delivery",
         "vt_unacked_ahead",
+        "vt_client_queues",
     )
     vt_max_message_bytes: int = MAX_MESSAGE_BYTES
     vt_max_json_depth: int = MAX_JSON_DEPTH
@@ -305,6 +309,12 @@ class GuardedChannel(kombu_redis.Channel):
     # Send kombu's unacked write without waiting for its reply (``ForgetfulQoS.append``): a
     # client agent's tool starts a round trip sooner.
     vt_unacked_ahead: bool = False
+    # Publish to a client's queue (``client.<id>``) under that client's key prefix
+    # (``c:<id>:client.<id>``, where its agent reads), on this channel's connection: the brain's
+    # one app sends every client's calls, instead of an app and its connections per client
+    # (with 1,000 clients, 2,000 Redis connections and ~100 MB in each brain). Only the key
+    # changes: the message, its routing key included, is what a channel with that prefix sends.
+    vt_client_queues: bool = False
 
     def _get_client(self) -> Any:
         # kombu's client classes, with a lock released without a script (workers.redis_lock):
@@ -338,6 +348,11 @@ class GuardedChannel(kombu_redis.Channel):
         if kept is None or kept[0] is not pool:
             kept = self._vt_client = (pool, super()._create_client())
         return kept[1]
+
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        if self.vt_client_queues and not self.global_keyprefix and queue.startswith(CLIENT_QUEUE_PREFIX):
+            queue = client_keyprefix(queue[len(CLIENT_QUEUE_PREFIX) :]) + queue  # validates the id
+        super()._put(queue, message, **kwargs)
 
     def _checked(self, raw: bytes, queue: str) -> dict[str, Any] | None:
         try:

@@ -58,12 +58,16 @@ class Publisher:
         # Calls with limits wait at the gate (brain.hot.gate); without one every call goes straight.
         self.gate = gate
         self._client_apps: dict[str, Celery] = {}
+        self._client_queues = bool((app.conf.broker_transport_options or {}).get("vt_client_queues"))
         # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
         self._lock = threading.Lock()
         self._local = threading.local()
 
     def app_for(self, client_id: str | None) -> Celery:
-        if client_id is None:
+        """The app that sends to ``client_id``'s queue (None: a pool's): the main app when its
+        channel puts client queues under their prefix (``make_app(client_queues=True)``, the
+        brain's), else an app of that client's prefix, kept."""
+        if client_id is None or self._client_queues:
             return self.app
         return self._prefixed(client_keyprefix(client_id))
 

@@ -65,6 +65,7 @@ class Brain:
             redis_url,
             visibility_timeout_s=settings.visibility_timeout_s,
             max_message_bytes=message_limit(settings.max_result_bytes),
+            client_queues=True,  # the brain alone sends client calls (brain.runtime.dispatch)
         )
         hot = HotState.from_url(redis_url)
         if registry is None:

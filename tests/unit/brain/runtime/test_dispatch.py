@@ -26,9 +26,11 @@ def call(task_id: str = "a", client_id: str | None = None, **fields: Any) -> Too
     )  # fmt: skip
 
 
-@pytest.fixture
-def publisher(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Publisher]:
-    app = make_app(redis_server.url)
+@pytest.fixture(params=[True, False], ids=["brain app", "app per client"])
+def publisher(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Publisher]:
+    # The brain's app sends every client's calls on its own connection (client_queues); a
+    # Publisher on any other app keeps an app per client prefix. Both land the same message.
+    app = make_app(redis_server.url, client_queues=request.param)
     publisher = Publisher(app, task_events=False)
     yield publisher
     publisher.close()
@@ -61,6 +63,37 @@ def test_a_client_call_lands_only_under_that_clients_prefix(
     publisher.send(call(client_id="laptop"), pool="gpu")  # a client's call ignores any pool
     assert [j["headers"]["id"] for j in jobs(redis_client, "c:laptop:client.laptop")] == ["t.a.1.abc"]
     assert redis_client.exists("server", "server.gpu", "client.laptop") == 0
+
+
+def test_the_brains_app_sends_every_clients_calls_on_its_own_connections(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    app = make_app(redis_server.url, client_queues=True)
+    publisher = Publisher(app, task_events=False)
+    try:
+        before = int(redis_client.info("clients")["connected_clients"])
+        with publisher.batch():  # one pipeline for all of them
+            for i in range(50):
+                publisher.send(call(f"t{i}", client_id=f"ws-{i}"))
+        for i in range(50):
+            (job,) = jobs(redis_client, f"c:ws-{i}:client.ws-{i}")
+            # What the agent's own prefixed channel reads and restores: the unprefixed queue name.
+            assert job["properties"]["delivery_info"]["routing_key"] == f"client.ws-{i}"
+        assert publisher.app_for("ws-7") is app and not publisher._client_apps
+        assert int(redis_client.info("clients")["connected_clients"]) - before <= 2
+        assert not [k for k in redis_client.keys("client.*")], "nothing lands unprefixed"
+    finally:
+        publisher.close()
+        app.close()
+
+
+def test_a_client_id_that_is_no_client_id_is_refused_by_the_brains_app(redis_server: RedisServer) -> None:
+    app = make_app(redis_server.url, client_queues=True)
+    try:
+        with pytest.raises(ValueError, match="invalid client id"), app.producer_or_acquire() as producer:
+            app.send_task(RUN_TOOL_TASK, args=[{}], queue="client.a:b", producer=producer, declare=[])
+    finally:
+        app.close()
 
 
 def test_a_batch_sends_its_calls_in_order_when_it_ends(
