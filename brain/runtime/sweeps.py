@@ -19,7 +19,7 @@ from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
+from brain.core.transitions import IN_FLIGHT, NOT_BEGUN, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
 from brain.hot.gate import Gate
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
@@ -72,6 +72,8 @@ class SweepScheduling(ClientScheduling, Protocol):
     def call_for(self, tree_rec: TreeRecord, rec: TaskRecord) -> ToolCall | None: ...
 
     def publish(self, call: ToolCall, pool: str | None = None) -> None: ...
+
+    def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None: ...
 
 
 class Sweeps:
@@ -333,15 +335,23 @@ class Sweeps:
 
     def expire_overdue(self) -> list[str]:
         """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight
-        is cancelled so a worker that has not started it never will."""
+        is cancelled so a worker that has not started it never will, and one no worker began
+        (at the gate, in its queue) is shown revoked in Flower, all in one go."""
         now = self.clock()
-        return [
-            rec.task_id
+        expired = [
+            rec
             for rec in self.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
             )
         ]
+        unrun = [(rec.run_id, rec.client_id) for rec in expired if rec.state in NOT_BEGUN]
+        if unrun:
+            self._guarded("telling Flower of expired calls", self._revoke_expired, unrun)
+        return [rec.task_id for rec in expired]
+
+    def _revoke_expired(self, unrun: list[tuple[str | None, str | None]]) -> None:
+        self.scheduler.revoke_unrun(unrun, expired=True)
 
     def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
         tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
