@@ -243,7 +243,9 @@ def from_the_brain(event: dict[str, Any], workers: Any) -> bool:
     or a ``task-revoked`` from a sender Flower knows no worker by (a Celery worker that revokes
     a task it holds sends heartbeats under the name it sends the event with)."""
     kind = event.get("type")
-    return kind == TASK_THROTTLED_EVENT or (kind == TASK_REVOKED_EVENT and event.get("hostname") not in workers)
+    return kind == TASK_THROTTLED_EVENT or (
+        kind == TASK_REVOKED_EVENT and event.get("hostname") not in workers
+    )
 
 
 def _throttled_from_no_worker(released: Any) -> Any:

@@ -14,7 +14,7 @@ places or disappears.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 from brain.config import Settings
@@ -25,7 +25,7 @@ from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import clash_lines
-from brain.core.transitions import PARKED, SENT_TO_CLIENT
+from brain.core.transitions import NOT_BEGUN, PARKED, SENT_TO_CLIENT
 from brain.hot.client_keys import read_client_keys
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
@@ -90,6 +90,8 @@ class ClientScheduling(Protocol):
     ) -> bool: ...
 
     def advance(self, tree_id: str) -> TreeStatus | None: ...
+
+    def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None: ...
 
 
 class ClientWork:
@@ -269,6 +271,7 @@ class ClientWork:
             self.misbehaving.mark(cid, Cause(kind="cancelled set type", detail=exc.detail), self.clock())
         taken = 0
         touched: set[str] = set()
+        unrun: list[tuple[str | None, str | None]] = []  # taken back before the agent began them
         sessions = self.presence.sessions() if where_by_run else {}  # once, for every call re-routed
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
@@ -293,6 +296,10 @@ class ClientWork:
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)
+                if rec.state in NOT_BEGUN:
+                    unrun.append((rec.run_id, cid))
+        # Their runs are over (each runs again as a new run): Flower would show them received for ever.
+        self.scheduler.revoke_unrun(unrun, expired=False)
         for tree_id in touched:
             self.scheduler.advance(tree_id)
         return taken

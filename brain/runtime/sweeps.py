@@ -73,8 +73,6 @@ class SweepScheduling(ClientScheduling, Protocol):
 
     def publish(self, call: ToolCall, pool: str | None = None) -> None: ...
 
-    def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None: ...
-
 
 class Sweeps:
     def __init__(
@@ -106,6 +104,8 @@ class Sweeps:
         self._holder = holder_name()  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
         self._suspended: set[str] = set()
+        # Runs ended unrun this step, by ``expired``: Flower is told when it is over.
+        self._unrun: dict[bool, list[tuple[str | None, str | None]]] = {False: [], True: []}
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
@@ -176,6 +176,7 @@ class Sweeps:
                 resent.append(rec.task_id)
         self._second_look.keep_only(missed)
         self._suspended.clear()
+        self._tell_flower()
         return resent
 
     def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str]:
@@ -339,19 +340,14 @@ class Sweeps:
         (at the gate, in its queue) is shown revoked in Flower, all in one go."""
         now = self.clock()
         expired = [
-            rec
+            rec.task_id
             for rec in self.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
             )
         ]
-        unrun = [(rec.run_id, rec.client_id) for rec in expired if rec.state in NOT_BEGUN]
-        if unrun:
-            self._guarded("telling Flower of expired calls", self._revoke_expired, unrun)
-        return [rec.task_id for rec in expired]
-
-    def _revoke_expired(self, unrun: list[tuple[str | None, str | None]]) -> None:
-        self.scheduler.revoke_unrun(unrun, expired=True)
+        self._tell_flower()
+        return expired
 
     def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
         tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
@@ -364,7 +360,7 @@ class Sweeps:
         if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
         if rec.run_id:
-            self._cancel_run(rec)
+            self._cancel_run(rec, expired=True)
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
@@ -424,14 +420,28 @@ class Sweeps:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
-    def _cancel_run(self, rec: TaskRecord) -> None:
+    def _cancel_run(self, rec: TaskRecord, *, expired: bool = False) -> None:
         """Add the task's run to the cancelled set its worker checks (a client's message still
         in its queue is taken out). A client that replaced its own set is suspended; the task
-        is cancelled in the store regardless."""
+        is cancelled in the store regardless. A run no worker or agent began (``rec`` as it was
+        read: queued) is shown revoked in Flower, ``expired`` if its time ran out, once the
+        step is over (``_tell_flower``: one message for them all)."""
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
         except ClientKeyUnreadable as exc:
             self._suspend_unreadable(exc)
+        if rec.state in NOT_BEGUN:
+            self._unrun[expired].append((rec.run_id, rec.client_id))
+
+    def _tell_flower(self) -> None:
+        """Tell Flower of the runs ``_cancel_run`` ended before a worker began them."""
+        unrun, self._unrun = self._unrun, {False: [], True: []}
+        for expired, runs in unrun.items():
+            if runs:
+                self._guarded("telling Flower of calls ended unrun", self._revoke, runs, expired)
+
+    def _revoke(self, runs: list[tuple[str | None, str | None]], expired: bool) -> None:
+        self.scheduler.revoke_unrun(runs, expired=expired)
 
     def _suspend_unreadable(self, exc: ClientKeyUnreadable) -> None:
         cause = Cause(kind=f"{exc.name} type", detail=exc.detail)

@@ -19,6 +19,7 @@ from brain.runtime.events import ClientEvents
 from brain.runtime.intake import Intake
 from brain.runtime.revoked import CHUNK, RevokedEvents
 from tests.unit.brain.runtime.rig import Rig, echo, local_read, tree
+from tests.unit.brain.runtime.test_clientwork import queued_to_laptop
 from tests.unit.brain.runtime.test_fan_out import fan, listed
 
 
@@ -132,3 +133,27 @@ def test_nothing_is_told_with_task_events_off(monkeypatch: pytest.MonkeyPatch) -
         [("s1", None), ("c1", "laptop")], expired=False
     )
     assert messages == [] and client.sent == []
+
+
+@pytest.mark.parametrize("owner", ["server", "client"])
+def test_a_lost_run_superseded_by_a_new_one_is_told_once(rig: Rig, owner: str) -> None:
+    told = telling(rig)
+    client = "laptop" if owner == "client" else None
+    if client:
+        rig.presence.enroll("laptop", "ada")
+        rig.connect()
+    rec = rig.scheduler.submit(tree(local_read("a") if client else echo("a")), user="ada")
+    old = rig.task(rec.tree_id, "a").run_id
+    rig.later()
+    assert rig.sweeps.run_once() == ["a"]
+    assert told.runs == [(old, client, False)]
+
+
+@pytest.mark.parametrize(("where", "told_of"), [("queue", 1), ("unacked", 1), ("nowhere", 0)])
+def test_a_disconnect_tells_of_the_calls_it_took_back_before_the_agent_began_them(
+    rig: Rig, where: str, told_of: int
+) -> None:
+    told = telling(rig)
+    _, run_id = queued_to_laptop(rig, where)
+    rig.clients.on_disconnected("laptop", "s1", "graceful shutdown")
+    assert told.runs == [(run_id, "laptop", False)] * told_of
