@@ -1011,9 +1011,14 @@ class Scheduler:
 
     def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
         """Tell Flower the ``(run id, client id)`` runs were ended before a worker or agent
-        began them (``brain.runtime.revoked``), if it is wired."""
-        if self.revoked is not None:
+        began them (``brain.runtime.revoked``), if it is wired. Watching is not correctness:
+        a failure is logged, and the cancel, expiry or take-back that ended them goes on."""
+        if self.revoked is None:
+            return
+        try:
             self.revoked.unrun(runs, expired=expired)
+        except Exception:
+            log.warning("could not tell Flower of calls ended before a worker began them", exc_info=True)
 
     def move(
         self,

@@ -157,3 +157,15 @@ def test_a_disconnect_tells_of_the_calls_it_took_back_before_the_agent_began_the
     _, run_id = queued_to_laptop(rig, where)
     rig.clients.on_disconnected("laptop", "s1", "graceful shutdown")
     assert told.runs == [(run_id, "laptop", False)] * told_of
+
+
+class Refuses:
+    def unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
+        raise ConnectionError("Redis went away")
+
+
+def test_a_cancel_that_cannot_tell_flower_cancels_all_the_same(rig: Rig) -> None:
+    rig.scheduler.revoked = Refuses()  # type: ignore[assignment]
+    rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["a", "b"]
+    assert rig.task(rec.tree_id, "a").state is TaskState.SKIPPED
