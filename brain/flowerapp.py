@@ -28,6 +28,9 @@ and ``task-started`` would not have replaced THROTTLED; here THROTTLED ranks as 
 Its ``throttled_by`` (the limit that held it) is one of the task's fields, listed by
 ``/api/tasks`` and the task's page (kept once the call runs: what it waited on). The event
 comes from the brain, not a worker: it is counted for no worker, nor makes the brain one.
+So is the ``task-revoked`` the brain sends for a call it ended before a worker began it
+(``brain.runtime.revoked``): Celery's own REVOKED, which a worker's later received and started
+do not replace (its succeeded does), and no worker for it.
 
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
@@ -71,7 +74,7 @@ from brain.stack.flowerauth import (
     WEB_URL_VARIABLE,
     host_allowed,
 )
-from workers.contracts import TASK_THROTTLED_EVENT
+from workers.contracts import TASK_REVOKED_EVENT, TASK_THROTTLED_EVENT
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
@@ -235,9 +238,19 @@ def rank_throttled() -> None:
         CeleryTask.throttled_by = None  # type: ignore[attr-defined]
 
 
+def from_the_brain(event: dict[str, Any], workers: Any) -> bool:
+    """Whether a task event is one the brain sends about a call no worker has: ``task-throttled``,
+    or a ``task-revoked`` from a sender Flower knows no worker by (a Celery worker that revokes
+    a task it holds sends heartbeats under the name it sends the event with)."""
+    kind = event.get("type")
+    return kind == TASK_THROTTLED_EVENT or (
+        kind == TASK_REVOKED_EVENT and event.get("hostname") not in workers
+    )
+
+
 def _throttled_from_no_worker(released: Any) -> Any:
     def event(self: EventsState, event: dict[str, Any]) -> None:
-        if event.get("type") != TASK_THROTTLED_EVENT:
+        if not from_the_brain(event, self.workers):
             released(self, event)
             return
         # Celery's state makes a worker of any task event's sender; this one's is the brain.
@@ -253,7 +266,7 @@ def _throttled_from_no_worker(released: Any) -> Any:
             self.workers.pop(hostname, None)
         counts = self.counter.get(hostname)
         if counts is not None:
-            counts.pop(TASK_THROTTLED_EVENT, None)
+            counts.pop(event.get("type"), None)
             if not counts:
                 del self.counter[hostname]
 

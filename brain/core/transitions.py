@@ -29,6 +29,9 @@ NOT_DONE: Final = frozenset(TaskState) - {_S.DONE}
 IN_FLIGHT: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT, _S.RUNNING, _S.AWAITING_APPROVAL})
 # In flight and not held for a person: on its way to a worker or agent, or running there.
 QUEUED: Final = IN_FLIGHT - {_S.AWAITING_APPROVAL}
+# Sent and not begun by a worker or agent: ended so (cancelled, expired at the gate or in its
+# queue), no worker tells Flower, so the brain says it was revoked (brain.runtime.revoked).
+NOT_BEGUN: Final = frozenset({_S.QUEUED_SERVER, _S.QUEUED_CLIENT})
 # Waiting in Redis for a client to come online (blocked, or held as pending-client).
 PARKED: Final = frozenset({_S.BLOCKED, _S.PENDING_CLIENT})
 # What a run sent to a client may be in: what a disconnect takes back (a server run is never

@@ -15,7 +15,7 @@ places or disappears.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Protocol
 
 import redis
@@ -28,7 +28,7 @@ from brain.core.routing import Presence
 from brain.core.sessions import ClientSession, check_announcement
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import clash_lines
-from brain.core.transitions import PARKED, SENT_TO_CLIENT
+from brain.core.transitions import NOT_BEGUN, PARKED, SENT_TO_CLIENT
 from brain.hot.client_keys import read_client_keys
 from brain.hot.misbehaving import MisbehavingBook
 from brain.hot.parked import ParkedRef, ParkedWork
@@ -105,6 +105,8 @@ class ClientScheduling(Protocol):
     ) -> float | None: ...
 
     def advance(self, tree_id: str) -> TreeStatus | None: ...
+
+    def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None: ...
 
 
 class ClientWork:
@@ -290,6 +292,7 @@ class ClientWork:
         # Each tree's view needs the sessions of its user's clients: read once per user (and
         # bound client) for every call re-routed, not every connected client's.
         by_user: dict[tuple[str | None, str | None], dict[str, ClientSession]] = {}
+        unrun: list[tuple[str | None, str | None]] = []  # taken back before the agent began them
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
@@ -316,6 +319,10 @@ class ClientWork:
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)
+                if rec.state in NOT_BEGUN:
+                    unrun.append((rec.run_id, cid))
+        # Their runs are over (each runs again as a new run): Flower would show them received for ever.
+        self.scheduler.revoke_unrun(unrun, expired=False)
         for tree_id in touched:
             self.scheduler.advance(tree_id)
         return taken

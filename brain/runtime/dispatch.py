@@ -208,6 +208,16 @@ def publish_task_events(app: Celery, producer: Any, event_type: str, events: lis
     )
 
 
+def send_task_events(app: Celery, event_type: str, events: list[dict[str, Any]]) -> None:
+    """``publish_task_events`` on a producer of its own (outside a batch of calls). Watching is
+    not correctness: a failure is logged, never raised (a lost event is not a lost call)."""
+    try:
+        with app.producer_or_acquire() as producer:
+            publish_task_events(app, producer, event_type, events)
+    except Exception:
+        log.warning("could not send %d %s event(s) to Flower", len(events), event_type, exc_info=True)
+
+
 def sent_event(call: ToolCall, queue: str) -> dict[str, Any]:
     """The fields Celery's own ``task-sent`` carries (``celery.app.amqp``), arguments by name only."""
     return {

@@ -25,6 +25,7 @@ from celery.utils.time import utcoffset
 from brain.runtime.dispatch import args_summary
 from workers.contracts import (
     RUN_TOOL_TASK,
+    TASK_REVOKED_EVENT,
     ToolAwaiting,
     ToolCall,
     ToolProgress,
@@ -324,6 +325,11 @@ class ClientEvents:
         with self._lock:
             self._restates.discard(threading.current_thread())  # type: ignore[arg-type]  # this timer
         self._send(client_id, "task-retried", uuid=run_id, **fields)
+
+    def task_revoked(self, client_id: str, run_id: str, **fields: Any) -> None:
+        """A client's call the brain ended before its agent began it (``brain.runtime.revoked``,
+        ``fields`` Celery's): REVOKED, and a late "started" or "progress" of it is dropped."""
+        self._send_end(client_id, run_id, [(TASK_REVOKED_EVENT, fields)])
 
     def task_started(self, started: ToolStarted) -> None:
         """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""

@@ -60,6 +60,7 @@ from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.transitions import (
     FAN_OUT_WAIT,
     FINAL,
+    NOT_BEGUN,
     NOT_DONE,
     NOT_FINAL,
     RETRY_WAIT,
@@ -78,7 +79,8 @@ from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
 from brain.runtime.dispatch import Publisher
 from brain.runtime.events import ClientEvents
-from brain.store import Store
+from brain.runtime.revoked import RevokedEvents
+from brain.store import Ended, Store
 from workers.contracts import (
     MAX_WIRE_ID_CHARS,
     ErrorInfo,
@@ -129,6 +131,7 @@ class Scheduler:
         presence: PresenceBook,
         parked: ParkedWork,
         events: ClientEvents | None = None,
+        revoked: RevokedEvents | None = None,
         retries: RetryTimers | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -143,6 +146,7 @@ class Scheduler:
         self.presence = presence
         self.parked = parked
         self.events = events  # Flower's view of client agents, when wired
+        self.revoked = revoked  # Flower told of calls ended before a worker began them, when wired
         self._retries = retries
         self._trees: dict[str, TreeRecord] = {}
         # Tasks this process saw done, per running tree. Done is final, so the set is never
@@ -1019,36 +1023,25 @@ class Scheduler:
         on_unreadable: Callable[[ClientKeyUnreadable], None] | None = None,
         reason: str = CANCELLED_BY_USER,
     ) -> list[str]:
-        """Cancel a tree's unfinished tasks (or only ``task_id``): one store call ends them all
-        ``skipped``, one Redis call per client (and one for the server) adds their runs to the
+        """Cancel a tree's unfinished tasks (or only ``task_id``): two store calls end them all
+        ``skipped`` (``_skip``), one Redis call per client (and one for the server) adds their runs to the
         cancelled set workers check before starting, and a client's calls still in its queue
         are taken out of it (a workstation coming back or freeing up never pops them); then
         the tree is advanced once. A
         100,000-task tree is a few round trips, not 100,000 compare-and-sets. A client whose own
         cancelled set is broken goes to ``on_unreadable`` (raised without one) and stops no other
-        client's marks; its tasks are cancelled in the store all the same. The ids cancelled."""
+        client's marks; its tasks are cancelled in the store all the same. Flower is told the calls
+        sent and not begun were revoked (``revoke_unrun``). The ids cancelled."""
         check_move(NOT_FINAL, TaskState.SKIPPED)
         now = self.clock()
-        ended = self.store.end_tasks(
-            tree_id,
-            from_states=NOT_FINAL,
-            state=TaskState.SKIPPED,
-            reason=reason,
-            finished_at=now,
-            task_id=task_id,
-        )
+        unrun, ended = self._skip(tree_id, task_id, reason, now)
         parent = self.store.get_task(tree_id, task_id) if task_id is not None and ended else None
         if parent is not None and parent.fan_out:
             # A for_each task cancelled alone takes its items with it: they are its calls.
             for index in range(parent.fan_out):
-                ended += self.store.end_tasks(
-                    tree_id,
-                    from_states=NOT_FINAL,
-                    state=TaskState.SKIPPED,
-                    reason=reason,
-                    finished_at=now,
-                    task_id=item_id(parent.task_id, index),
-                )
+                items_unrun, items = self._skip(tree_id, item_id(parent.task_id, index), reason, now)
+                unrun += items_unrun
+                ended += items
         runs: dict[str | None, list[str]] = {}
         for task in ended:
             if task.run_id:
@@ -1068,10 +1061,42 @@ class Scheduler:
                     len(unqueued),
                     client_id,
                 )
+        # After the cancelled sets are written: a worker that pops one now never begins it.
+        self.revoke_unrun(((task.run_id, task.client_id) for task in unrun), expired=False)
         if ended:
             self._local.ended = self._ended_here() + len(ended)
         self.advance(tree_id)
         return [task.task_id for task in ended]
+
+    def _skip(
+        self, tree_id: str, task_id: str | None, reason: str, now: float
+    ) -> tuple[list[Ended], list[Ended]]:
+        """End the tree's unfinished tasks (or ``task_id``) ``skipped``: (those sent and not
+        begun, every one ended). Two statements, the sent ones first, so Flower can be told
+        which never ran; one sent meanwhile is ended by the second, and only shown as sent."""
+        unrun, rest = (
+            self.store.end_tasks(
+                tree_id,
+                from_states=states,
+                state=TaskState.SKIPPED,
+                reason=reason,
+                finished_at=now,
+                task_id=task_id,
+            )
+            for states in (NOT_BEGUN, NOT_FINAL)
+        )
+        return unrun, unrun + rest
+
+    def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
+        """Tell Flower the ``(run id, client id)`` runs were ended before a worker or agent
+        began them (``brain.runtime.revoked``), if it is wired. Watching is not correctness:
+        a failure is logged, and the cancel, expiry or take-back that ended them goes on."""
+        if self.revoked is None:
+            return
+        try:
+            self.revoked.unrun(runs, expired=expired)
+        except Exception:
+            log.warning("could not tell Flower of calls ended before a worker began them", exc_info=True)
 
     def move(
         self,

@@ -30,6 +30,7 @@ from brain.runtime.registry import build_registry
 from brain.runtime.relay import Relay
 from brain.runtime.reload import Reloader, Signature, signature, sources
 from brain.runtime.retries import run_retry_timer
+from brain.runtime.revoked import RevokedEvents
 from brain.runtime.schedule_runs import ScheduleRuns
 from brain.runtime.scheduler import Scheduler
 from brain.runtime.submitters import SubmitterUsers
@@ -76,6 +77,7 @@ class Brain:
                 app.close()
                 raise
         store = open_store(settings.store)
+        events = ClientEvents(app, task_events=settings.task_events)
         scheduler = Scheduler(
             store,
             hot,
@@ -84,7 +86,8 @@ class Brain:
             settings,
             presence=PresenceBook(hot.r, store),
             parked=ParkedWork(hot.r),
-            events=ClientEvents(app, task_events=settings.task_events),
+            events=events,
+            revoked=RevokedEvents(app, events, task_events=settings.task_events),
         )
         # The scheduler's own presence book, parked lists and clock: one of each per brain.
         presence, parked, clock = scheduler.presence, scheduler.parked, scheduler.clock

@@ -19,7 +19,7 @@ from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.transitions import IN_FLIGHT, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
+from brain.core.transitions import IN_FLIGHT, NOT_BEGUN, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
 from brain.hot.gate import Gate
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
@@ -104,6 +104,8 @@ class Sweeps:
         self._holder = holder_name()  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
         self._suspended: set[str] = set()
+        # Runs ended unrun this step, by ``expired``: Flower is told when it is over.
+        self._unrun: dict[bool, list[tuple[str | None, str | None]]] = {False: [], True: []}
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
@@ -174,6 +176,7 @@ class Sweeps:
                 resent.append(rec.task_id)
         self._second_look.keep_only(missed)
         self._suspended.clear()
+        self._tell_flower()
         return resent
 
     def _held(self, client_id: str | None, stale: list[TaskRecord]) -> set[str]:
@@ -345,15 +348,18 @@ class Sweeps:
 
     def expire_overdue(self) -> list[str]:
         """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight
-        is cancelled so a worker that has not started it never will."""
+        is cancelled so a worker that has not started it never will, and one no worker began
+        (at the gate, in its queue) is shown revoked in Flower, all in one go."""
         now = self.clock()
-        return [
+        expired = [
             rec.task_id
             for rec in self.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
             )
         ]
+        self._tell_flower()
+        return expired
 
     def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
         tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
@@ -366,7 +372,7 @@ class Sweeps:
         if not self.scheduler.finish_without_run(rec, TaskState.EXPIRED, reason, {rec.state}):
             return False
         if rec.run_id:
-            self._cancel_run(rec)
+            self._cancel_run(rec, expired=True)
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
 
@@ -426,14 +432,28 @@ class Sweeps:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
-    def _cancel_run(self, rec: TaskRecord) -> None:
+    def _cancel_run(self, rec: TaskRecord, *, expired: bool = False) -> None:
         """Add the task's run to the cancelled set its worker checks (a client's message still
         in its queue is taken out). A client that replaced its own set is suspended; the task
-        is cancelled in the store regardless."""
+        is cancelled in the store regardless. A run no worker or agent began (``rec`` as it was
+        read: queued) is shown revoked in Flower, ``expired`` if its time ran out, once the
+        step is over (``_tell_flower``: one message for them all)."""
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
         except ClientKeyUnreadable as exc:
             self._suspend_unreadable(exc)
+        if rec.state in NOT_BEGUN:
+            self._unrun[expired].append((rec.run_id, rec.client_id))
+
+    def _tell_flower(self) -> None:
+        """Tell Flower of the runs ``_cancel_run`` ended before a worker began them."""
+        unrun, self._unrun = self._unrun, {False: [], True: []}
+        for expired, runs in unrun.items():
+            if runs:
+                self._guarded("telling Flower of calls ended unrun", self._revoke, runs, expired)
+
+    def _revoke(self, runs: list[tuple[str | None, str | None]], expired: bool) -> None:
+        self.scheduler.revoke_unrun(runs, expired=expired)
 
     def _suspend_unreadable(self, exc: ClientKeyUnreadable) -> None:
         cause = Cause(kind=f"{exc.name} type", detail=exc.detail)

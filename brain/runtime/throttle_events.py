@@ -28,7 +28,7 @@ from celery import Celery
 from brain.core.throttle_watch import ThrottleWatch
 from brain.hot.gate import Gate
 from brain.hot.turns import holder_name, keep_turn
-from brain.runtime.dispatch import publish_task_events
+from brain.runtime.dispatch import send_task_events
 from workers.contracts import KEY_NS, TASK_THROTTLED_EVENT
 
 log = logging.getLogger("vancetope.brain")
@@ -69,14 +69,7 @@ class ThrottleReporter:
         return len(due)
 
     def _send(self, events: list[dict[str, Any]]) -> None:
-        # Watching is not correctness: a failure is logged, never raised (the calls still wait).
-        try:
-            with self.app.producer_or_acquire() as producer:
-                publish_task_events(self.app, producer, TASK_THROTTLED_EVENT, events)
-        except Exception:
-            log.warning(
-                "could not send %d %s event(s) to Flower", len(events), TASK_THROTTLED_EVENT, exc_info=True
-            )
+        send_task_events(self.app, TASK_THROTTLED_EVENT, events)  # best effort: the calls still wait
 
 
 def next_pass_in(elapsed_s: float) -> float:

@@ -526,3 +526,53 @@ def test_flower_shows_a_call_waiting_at_the_gate_as_throttled_by_its_limit(flowe
     workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
     # The brain sends its task events under Celery's anonymous node name (gen<pid>@host).
     assert not any(name.startswith("gen") for name in workers), sorted(workers)
+
+
+def test_flower_shows_the_calls_of_a_cancelled_tree_revoked_not_throttled_for_ever(
+    flower_stack: FlowerStack,
+) -> None:
+    """A tree cancelled while its calls wait at the gate: Flower shows each REVOKED (the brain
+    sends Celery's ``task-revoked``), or SUCCESS for one that ran; none left THROTTLED or sent."""
+    fs = flower_stack
+    calls = 8  # admitted one a second: most are still at the gate when the tree is cancelled
+    rec = fs.brain.scheduler.submit(
+        tree(
+            {
+                "id": "flower-revoked",
+                "tasks": [{"id": f"t{i}", "tool": "sleep", "args": {"seconds": 0.1}} for i in range(calls)],
+            }
+        ),
+        session=SessionKind.AUTONOMOUS,
+    )
+    runs = {t.run_id for t in fs.brain.store.get_tasks(rec.tree_id) if t.run_id}
+    assert len(runs) == calls
+
+    def tasks_shown() -> dict[str, dict[str, Any]]:
+        tasks = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1])
+        return {k: v for k, v in tasks.items() if k in runs}
+
+    wait_until(
+        lambda: any(t["state"] == "THROTTLED" for t in tasks_shown().values()),
+        timeout=60,
+        what="Flower to show a call at the gate as THROTTLED",
+    )
+    fs.brain.sweeps.cancel(rec.tree_id)
+
+    def all_ended() -> dict[str, dict[str, Any]] | None:
+        shown = tasks_shown()
+        ended = len(shown) == calls and all(t["state"] in ("REVOKED", "SUCCESS") for t in shown.values())
+        return shown if ended else None
+
+    try:
+        shown = wait_until(all_ended, timeout=60, what="Flower to show every call REVOKED or SUCCESS")
+    except AssertionError:
+        raise AssertionError(sorted(t["state"] for t in tasks_shown().values())) from None
+    revoked = [t for t in shown.values() if t["state"] == "REVOKED"]
+    assert revoked, sorted(t["state"] for t in shown.values())
+    for task in revoked:
+        assert task.get("worker") is None  # the brain revoked it: no worker of its own
+        assert task["throttled_by"] in ("rate_limit 1/s of tool sleep", None)
+    states = {t.task_id: t.state.value for t in fs.brain.store.get_tasks(rec.tree_id)}
+    assert set(states.values()) <= {"skipped", "done"}, states
+    workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
+    assert not any(name.startswith("gen") for name in workers), sorted(workers)

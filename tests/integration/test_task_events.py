@@ -89,6 +89,38 @@ def test_a_submit_sends_one_task_sent_per_server_call_with_argument_names_only(b
     assert not any("secret-" in str(e) for e in captured.events)
 
 
+def test_a_cancel_and_an_expiry_send_task_revoked_for_each_call_no_worker_began(
+    brain_on_redis: Brain,
+) -> None:
+    """Calls still in their queue (no workers here) when their tree is cancelled, or their
+    ``max_total_s`` passes: one ``task-revoked`` each, with the fields a Celery worker sends,
+    the expired one ``expired``."""
+    brain = brain_on_redis
+    captured = Captured(brain, kinds="task-revoked".__eq__)
+    try:
+        captured.wait_subscribed()
+        echo = [{"id": f"t{i}", "tool": "echo", "args": {"value": i}} for i in range(3)]
+        cancelled = brain.scheduler.submit(tree({"id": "cancelled", "tasks": echo}))
+        expiring = brain.scheduler.submit(
+            tree({"id": "expiring", "tasks": [{**echo[0], "max_total_s": 0.5}, echo[1]]})
+        )
+        assert sorted(brain.sweeps.cancel(cancelled.tree_id)) == ["t0", "t1", "t2"]
+        wait_until(lambda: brain.sweeps.expire_overdue() == ["t0"], timeout=30, what="t0 to expire")
+        wait_until(lambda: len(captured.events) >= 4, timeout=30, what="4 task-revoked events")
+    finally:
+        captured.close()
+    cancelled_runs = {t.run_id for t in brain.store.get_tasks(cancelled.tree_id)}
+    expired_run = next(t.run_id for t in brain.store.get_tasks(expiring.tree_id) if t.task_id == "t0")
+    assert len(captured.events) == 4  # one each, none twice; t1 of "expiring" still queued
+    assert {e["uuid"]: e["expired"] for e in captured.events} == {
+        **dict.fromkeys(cancelled_runs, False),
+        expired_run: True,
+    }
+    assert {(e["terminated"], e["signum"]) for e in captured.events} == {(False, None)}
+    # The brain's events go under one anonymous node name (gen<pid>@host), as its task-sent do.
+    assert len({e["hostname"] for e in captured.events}) == 1
+
+
 @pytest.mark.parametrize("task_events", [True, False])
 def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
     stack_factory: Callable[..., EmbeddedStack],

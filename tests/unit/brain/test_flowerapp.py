@@ -205,3 +205,41 @@ def test_flower_counts_a_throttled_event_for_no_worker() -> None:
     assert state.tasks["run-1"].worker.hostname == "default@pool"
     assert set(state.workers) == {"default@pool"}
     assert "gen2@brain" not in state.counter
+
+
+REVOKED = {"terminated": False, "signum": None}
+
+
+def test_a_call_the_brain_ended_at_the_gate_shows_revoked_and_stays_so() -> None:
+    state = EventsState()
+    state.event(_task_event("sent", "gen1@brain", 1, name="vancetope.run_tool"))
+    state.event(_task_event("throttled", "gen1@brain", 2, throttled_by="rate_limit 1/s of tool sleep"))
+    state.event(_task_event("revoked", "gen2@brain", 3, expired=False, **REVOKED))
+    assert state.tasks["run-1"].state == "REVOKED"
+    # A throttled event from a pass that read the gate before the cancel does not bring it back.
+    state.event(_task_event("throttled", "gen1@brain", 4, throttled_by="rate_limit 1/s of tool sleep"))
+    assert state.tasks["run-1"].state == "REVOKED"
+    # Sent by the brain: no worker for the task, none listed, nothing counted.
+    assert state.tasks["run-1"].worker is None
+    assert "gen2@brain" not in state.workers and "gen2@brain" not in state.counter
+
+
+def test_a_revoked_call_a_worker_popped_anyway_shows_how_that_ended() -> None:
+    # Popped before its cancel was written: the worker refuses it at begin and succeeds.
+    state = EventsState()
+    state.event(_task_event("sent", "gen1@brain", 1))
+    state.event(_task_event("revoked", "gen1@brain", 2, expired=True, **REVOKED))
+    state.event(_task_event("received", "default@pool", 3))
+    state.event(_task_event("started", "default@pool", 4))
+    assert state.tasks["run-1"].state == "REVOKED"
+    state.event(_task_event("succeeded", "default@pool", 5, result="{}", runtime=0.0))
+    assert state.tasks["run-1"].state == "SUCCESS"
+    assert state.tasks["run-1"].worker.hostname == "default@pool"
+
+
+def test_a_workers_own_revoked_event_is_celerys() -> None:
+    state = EventsState()
+    state.event(_task_event("received", "default@pool", 1))
+    state.event(_task_event("revoked", "default@pool", 2, expired=False, **REVOKED))
+    assert state.tasks["run-1"].state == "REVOKED"
+    assert dict(state.counter["default@pool"]) == {"task-received": 1, "task-revoked": 1}

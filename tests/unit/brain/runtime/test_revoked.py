@@ -1,0 +1,171 @@
+"""Flower is told of the calls the brain ends before a worker or agent began them (a cancel, a
+``max_total_s`` past at the gate or in a queue), and of no other (brain.runtime.revoked). The
+scheduler and reconciler run on a real redis-server (the rig); tests/integration/test_flower.py
+sees the events in a real Flower."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.events.state import State
+
+from brain.core.models import TaskState
+from brain.runtime import revoked
+from brain.runtime.events import ClientEvents
+from brain.runtime.intake import Intake
+from brain.runtime.revoked import CHUNK, RevokedEvents
+from tests.unit.brain.runtime.rig import Rig, echo, local_read, tree
+from tests.unit.brain.runtime.test_clientwork import queued_to_laptop
+from tests.unit.brain.runtime.test_fan_out import fan, listed
+
+
+class Told:
+    """Stands in for ``RevokedEvents``: the runs it was told of, with ``expired``."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str | None, str | None, bool]] = []
+
+    def unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
+        self.runs += [(run, client, expired) for run, client in runs]
+
+
+def telling(rig: Rig) -> Told:
+    told = rig.scheduler.revoked = Told()  # type: ignore[assignment]
+    return told
+
+
+def test_a_cancel_tells_flower_of_the_calls_sent_and_not_begun_only(rig: Rig) -> None:
+    told = telling(rig)
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rec = rig.scheduler.submit(
+        tree(echo("queued"), echo("running"), echo("later", depends_on=["queued"]), local_read("client")),
+        user="ada",
+    )
+    run = {t: rig.task(rec.tree_id, t).run_id for t in ("queued", "running", "client")}
+    assert rig.scheduler.move(rec.tree_id, "running", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
+
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["client", "later", "queued", "running"]
+    # "running" has a worker that tells Flower how it ends; "later" was never sent.
+    assert sorted(told.runs, key=str) == sorted(
+        [(run["queued"], None, False), (run["client"], "laptop", False)], key=str
+    )
+    assert rig.sweeps.cancel(rec.tree_id) == [] and len(told.runs) == 2  # told once
+
+
+def test_cancelling_one_for_each_task_tells_of_its_items(rig: Rig) -> None:
+    told = telling(rig)
+    intake = Intake(rig.scheduler)
+    rec = rig.scheduler.submit(tree(echo("list"), fan()))
+    listed(rig, intake)
+    items = {rig.task(rec.tree_id, f"each[{i}]").run_id for i in range(3)}
+    assert sorted(rig.sweeps.cancel(rec.tree_id, "each")) == ["each", "each[0]", "each[1]", "each[2]"]
+    assert sorted(told.runs) == sorted((run, None, False) for run in items)
+
+
+def test_an_expired_call_not_begun_is_told_expired_and_a_running_one_is_not(rig: Rig) -> None:
+    told = telling(rig)
+    rec = rig.scheduler.submit(
+        tree(echo("waits", max_total_s=30), echo("runs", max_total_s=30), echo("free"))
+    )
+    waits = rig.task(rec.tree_id, "waits").run_id
+    assert rig.scheduler.move(rec.tree_id, "runs", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
+    rig.clock.advance(29)
+    assert rig.sweeps.expire_overdue() == [] and told.runs == []
+    rig.clock.advance(1)
+    assert sorted(rig.sweeps.expire_overdue()) == ["runs", "waits"]
+    assert told.runs == [(waits, None, True)]
+
+
+class Caught(ClientEvents):
+    def __init__(self) -> None:
+        super().__init__(Celery("test", set_as_current=False))
+        self.sent: list[dict[str, Any]] = []
+
+    def _send(self, client_id: str, event: str, **fields: Any) -> None:
+        now = time.time()
+        self.sent.append({"type": event, "hostname": f"client-agent@{client_id}", "timestamp": now,
+                          "local_received": now, "clock": len(self.sent), **fields})  # fmt: skip
+
+
+def test_server_calls_go_a_chunk_a_message_and_a_clients_through_its_agents_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    messages: list[tuple[str, list[dict[str, Any]]]] = []
+    monkeypatch.setattr(
+        revoked, "send_task_events", lambda app, kind, events: messages.append((kind, events))
+    )
+    client = Caught()
+    events = RevokedEvents(Celery("test", set_as_current=False), client)
+    server = [(f"s{i}", None) for i in range(CHUNK + 1)]
+    events.unrun([*server, ("c1", "laptop"), (None, "laptop")], expired=True)
+
+    assert [(kind, len(batch)) for kind, batch in messages] == [("task-revoked", CHUNK), ("task-revoked", 1)]
+    first = messages[0][1][0]
+    assert (first["uuid"], first["terminated"], first["signum"], first["expired"]) == (
+        "s0",
+        False,
+        None,
+        True,
+    )
+    assert [(e["type"], e["uuid"], e["expired"]) for e in client.sent] == [("task-revoked", "c1", True)]
+    # Celery's event state (Flower's) shows the client's call REVOKED, and its late start is dropped.
+    state = State()
+    state.event({"type": "task-received", "uuid": "c1", "hostname": "client-agent@laptop",
+                 "timestamp": 0.0, "local_received": 0.0, "clock": 0})  # fmt: skip
+    for event in client.sent:
+        state.event(event)
+    assert state.tasks["c1"].state == "REVOKED"
+    told = len(client.sent)
+    client._send_unless_ended("laptop", "c1", "task-started")
+    assert len(client.sent) == told
+
+
+def test_nothing_is_told_with_task_events_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    messages: list[Any] = []
+    monkeypatch.setattr(revoked, "send_task_events", lambda *args: messages.append(args))
+    client = Caught()
+    RevokedEvents(Celery("test", set_as_current=False), client, task_events=False).unrun(
+        [("s1", None), ("c1", "laptop")], expired=False
+    )
+    assert messages == [] and client.sent == []
+
+
+@pytest.mark.parametrize("owner", ["server", "client"])
+def test_a_lost_run_superseded_by_a_new_one_is_told_once(rig: Rig, owner: str) -> None:
+    told = telling(rig)
+    client = "laptop" if owner == "client" else None
+    if client:
+        rig.presence.enroll("laptop", "ada")
+        rig.connect()
+    rec = rig.scheduler.submit(tree(local_read("a") if client else echo("a")), user="ada")
+    old = rig.task(rec.tree_id, "a").run_id
+    rig.later()
+    assert rig.sweeps.run_once() == ["a"]
+    assert told.runs == [(old, client, False)]
+
+
+@pytest.mark.parametrize(("where", "told_of"), [("queue", 1), ("unacked", 1), ("nowhere", 0)])
+def test_a_disconnect_tells_of_the_calls_it_took_back_before_the_agent_began_them(
+    rig: Rig, where: str, told_of: int
+) -> None:
+    told = telling(rig)
+    _, run_id = queued_to_laptop(rig, where)
+    rig.clients.on_disconnected("laptop", "s1", "graceful shutdown")
+    assert told.runs == [(run_id, "laptop", False)] * told_of
+
+
+class Refuses:
+    def unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
+        raise ConnectionError("Redis went away")
+
+
+def test_a_cancel_that_cannot_tell_flower_cancels_all_the_same(rig: Rig) -> None:
+    rig.scheduler.revoked = Refuses()  # type: ignore[assignment]
+    rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["a", "b"]
+    assert rig.task(rec.tree_id, "a").state is TaskState.SKIPPED
