@@ -11,21 +11,30 @@ import base64
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from brain.core.models import SessionKind, TaskState
+from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.runtime import events as events_module
-from brain.runtime.enrollment import Credential
+from brain.runtime.enrollment import Credential, enroll, revoke
 from brain.runtime.events import ClientEvents
 from brain.runtime.relay import Relay
 from brain.runtime.service import Brain
-from tests.conftest import tree, wait_until
+from tests.conftest import agent_with_servers, tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_hostile_client import as_client, two_clients
 from tests.integration.test_parking import connected
-from workers.contracts import CLIENT_HEARTBEAT, ToolCall, ToolType, client_key, client_queue, key_user_clients
+from workers.contracts import (
+    CLIENT_HEARTBEAT,
+    CLIENT_OUTBOX,
+    ToolCall,
+    ToolType,
+    client_key,
+    client_queue,
+    key_user_clients,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +202,51 @@ def test_a_flood_of_one_clients_revoked_calls_all_reach_flower(
         events.close()
         pubsub.close()
     assert sum(counts) == n
+
+
+# --- 4. the whole stack: a real agent of ada's, a hostile workstation of eve's ---------
+
+
+def test_a_hostile_workstation_of_another_user_never_gets_a_real_agents_calls(
+    stack_factory: Callable[..., Any], brain_factory: Callable[..., Brain], tmp_path: Path
+) -> None:
+    """The embedded stack's real agent "laptop" (user ada, its own ACL credential) and a
+    workstation of eve's that announces the same tools and writes its own keys as it likes:
+    ada's tree runs on the laptop, none of it reaches eve's queue, and eve's index is eve's."""
+    stack = stack_factory(
+        services=("brain", "server-pool", "client-agent"),
+        agent_config=agent_with_servers(tmp_path, {}),
+        mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
+    )
+    assert stack.wait_connected("laptop", 90)
+    brain = brain_factory(stack)
+    (tmp_path / "sandbox" / "x.txt").write_text("ada's")
+    cred = enroll(brain.scheduler.presence, "mallory", "eve", stack.redis.address_url)
+    attacker = as_client(cred)
+    try:
+        attacker.set(client_key("mallory", CLIENT_HEARTBEAT), "s1", ex=120)
+        attacker.lpush(client_key("mallory", CLIENT_OUTBOX), connected("mallory"))
+        wait_until(
+            lambda: "mallory" in brain.scheduler.presence.sessions(), timeout=30, what="mallory announced"
+        )
+        with pytest.raises(redis.exceptions.ResponseError, match=REFUSED):
+            attacker.sadd(key_user_clients("ada"), "mallory")
+        spec = {
+            "id": "t",
+            "tasks": [
+                {"id": f"r{i}", "tool": "read_local_file", "args": {"path": "x.txt"}} for i in range(4)
+            ],
+        }
+        rec = brain.scheduler.submit(tree(spec), session=SessionKind.INTERACTIVE, user="ada")
+        done = wait_for_tree(brain, rec.tree_id)
+        assert done.status is TreeStatus.DONE
+        tasks = [brain.store.get_task(rec.tree_id, f"r{i}") for i in range(4)]
+        assert {t.client_id for t in tasks} == {"laptop"} and {t.result["content"] for t in tasks} == {
+            "ada's"
+        }
+        assert attacker.llen(client_key("mallory", client_queue("mallory"))) == 0
+        assert brain.hot.r.smembers(key_user_clients("eve")) == {b"mallory"}
+        assert brain.hot.r.smembers(key_user_clients("ada")) == {b"laptop"}
+    finally:
+        attacker.close()
+        revoke(brain.clients, "mallory")
