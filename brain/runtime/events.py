@@ -12,7 +12,6 @@ import logging
 import os
 import platform
 import queue
-import sys
 import threading
 import time
 from collections import OrderedDict
@@ -66,6 +65,10 @@ GATHER_S = 0.1
 # Runs whose end was sent, remembered so that a late "started" or "progress" of one is not
 # (most recent first forgotten last; a run's late event comes within seconds of its end).
 ENDED_KEPT = 10_000
+# Task events of one client to a message at most (a dispatcher flushes when it holds this many):
+# one message of all a 50,000-call cancel's revoked events was ~12 MB, past Redis's
+# proto-max-bulk-len (8 MB), and the reset connection lost them all. 1,000 is ~250 KB.
+EVENTS_PER_MESSAGE = 1000
 # A client call's RETRY is said again this long after: Celery's event state lets any event
 # replace RETRY, and the "received" of the call was sent by the process that published it
 # (the CLI, a schedule, the gateway's door), whose events may reach Flower after this one's.
@@ -114,9 +117,10 @@ class ClientEvents:
                 link.conn,
                 hostname=agent_hostname(client_id),
                 enabled=True,
-                # task-* events wait in the dispatcher until flush(); worker-* go at once
+                # task-* events wait in the dispatcher until flush(), or until it holds a
+                # message's worth; worker-* go at once
                 buffer_group=("task",),
-                buffer_limit=sys.maxsize,
+                buffer_limit=EVENTS_PER_MESSAGE,
                 buffer_while_offline=False,
             )
         return d

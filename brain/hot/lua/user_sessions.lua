@@ -13,9 +13,18 @@ end
 if #ids == 0 then
   return {}
 end
-local found = redis.pcall('HMGET', KEYS[1], unpack(ids))
-if type(found) == 'table' and found['err'] then
-  return {}
+-- HMGET in slices: Lua's unpack fails past ~8,000 values ("too many results to unpack"), and
+-- a user may have more clients than that.
+local found = {}
+local SLICE = 1000
+for first = 1, #ids, SLICE do
+  local got = redis.pcall('HMGET', KEYS[1], unpack(ids, first, math.min(first + SLICE - 1, #ids)))
+  if type(got) == 'table' and got['err'] then
+    return {}
+  end
+  for j = 1, #got do
+    found[first + j - 1] = got[j]
+  end
 end
 local out = {}
 for i, id in ipairs(ids) do

@@ -11,6 +11,7 @@ from pathlib import Path
 import redis
 
 from brain.core.models import Enrollment
+from brain.core.sessions import ClientSession
 from brain.hot.presence import INDEX_AGAIN_S, PresenceBook
 from brain.store.sqlite import SQLiteStore
 from workers.contracts import ClientConnected, ClientType, key_presence, key_user_clients
@@ -101,3 +102,25 @@ def test_a_presence_key_another_party_made_a_list_reads_as_no_sessions(
     assert book.sessions_for("ada") == {}
     announce(book, book.enroll("laptop", "ada"))  # a connect replaces the key
     assert set(book.sessions_for("ada")) == {"laptop"}
+
+
+def test_a_user_with_more_clients_than_lua_can_unpack_still_has_its_sessions_read(
+    tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # Lua's unpack stops at ~8,000 values: one HMGET of them all failed the script, and every
+    # tree of that user failed to route. 10,000 clients of one user (a fleet of runners, say).
+    book = PresenceBook(redis_client, SQLiteStore(tmp_path / "store.db"))
+    n = 10_000
+    sessions = {
+        f"r{i}": ClientSession(
+            client_id=f"r{i}", user="ci", session_id="s1", client_type=ClientType.CLI, connected_at=0.0
+        )
+        for i in range(n)
+    }
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.hset(key_presence(), mapping={cid: s.model_dump_json() for cid, s in sessions.items()})
+    pipe.sadd(key_user_clients("ci"), *sessions, "gone")
+    pipe.execute()
+    found = book.sessions_for("ci", "r7")
+    assert set(found) == set(sessions)
+    assert not redis_client.sismember(key_user_clients("ci"), "gone")  # the index is still repaired
