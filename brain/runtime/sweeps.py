@@ -311,9 +311,15 @@ class Sweeps:
         ):
             return  # moved on meanwhile (its result came, a cancel)
         self._cancel_run(rec)
-        log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
         if retried is None:
+            log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
             self.scheduler.advance(rec.tree_id)
+        else:  # retry_later logged the attempt and when the next one starts
+            log.warning(
+                "task %s of tree %s: its run was lost too often; retried as its policy says",
+                rec.task_id,
+                rec.tree_id,
+            )
 
     # --- parked work ----------------------------------------------------------------------
     def expire_parked(self) -> list[str]:
