@@ -59,7 +59,8 @@ class Publisher:
         self.gate = gate
         self._client_apps: dict[str, Celery] = {}
         self._client_queues = bool((app.conf.broker_transport_options or {}).get("vt_client_queues"))
-        # The relay thread and the Celery thread both dispatch: one app (and pool) per client.
+        # The relay thread and the Celery thread both dispatch: one app (and pool) per client
+        # prefix, built once, when the main app does not put client queues under their prefix.
         self._lock = threading.Lock()
         self._local = threading.local()
 
