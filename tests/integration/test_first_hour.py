@@ -180,6 +180,8 @@ def test_up_says_beat_runs_starts_its_gateway_on_a_port_in_time_wait_and_run_lea
     up_args = ("--gateway-port", str(gateway_port), "--data-dir", str(data))
     with up(data, log, *up_args, VANCETOPE_SCHEDULES=schedules, VANCETOPE_DATA_DIR=str(elsewhere)):
         assert (data / "stack.json").exists() and not elsewhere.exists()
+        # `up` prints the beat line just after "stack up" (what up() waits for): read after both.
+        wait_until(lambda: "beat: fires" in log.read_text(), 30, "the beat line in `up`'s output")
         text = " ".join(log.read_text().split())
         assert "beat: fires 1 schedule(s) (yearly)" in text, text
         assert f"MCP gateway: http://127.0.0.1:{gateway_port}/mcp" in text, text
