@@ -65,33 +65,28 @@ class PatientConnection(sqlite3.Connection):
     SQLite's busy handler does too; only the pauses differ."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        try:
-            return super().execute(sql, parameters)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode not in _BUSY:
-                raise
         return self._patiently(lambda: super(PatientConnection, self).execute(sql, parameters))
 
     def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
         rows = list(parameters)  # an iterator would be spent by the first try
-        try:
-            return super().executemany(sql, rows)
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode not in _BUSY:
-                raise
         return self._patiently(lambda: super(PatientConnection, self).executemany(sql, rows))
 
     @staticmethod
     def _patiently(attempt: Callable[[], sqlite3.Cursor]) -> sqlite3.Cursor:
-        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        """``attempt()`` now, then again after each pause while the database is busy."""
+        deadline: float | None = None
         pause = FIRST_PAUSE_S
         while True:
-            time.sleep(pause)
             try:
                 return attempt()
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode not in _BUSY or time.monotonic() > deadline:
+                if exc.sqlite_errorcode not in _BUSY:
                     raise
+                if deadline is None:
+                    deadline = time.monotonic() + BUSY_TIMEOUT_S
+                elif time.monotonic() > deadline:
+                    raise
+            time.sleep(pause)
             pause = min(pause * 2, LONGEST_PAUSE_S)
 
 
