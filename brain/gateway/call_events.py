@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -96,10 +97,12 @@ class CallEvents:
         aredis: redis.asyncio.Redis | None,
         task_id: str,
         level: LogLevel | None,
+        reread: Callable[[], Awaitable[TaskRecord]] | None = None,
     ) -> None:
         self.ctx, self.aredis, self.task_id, self.level = ctx, aredis, task_id, level
         # The call's record as last read: what an event must match (its run, its client).
         self.current: TaskRecord | None = None
+        self.reread = reread
         self.last_at = float("-inf")  # when the last progress relayed was reported
         self.last: tuple[float, float | None, str | None] | None = None
 
@@ -112,13 +115,24 @@ class CallEvents:
             log.debug("ignored a tree event that is not one: %r", raw[:200])
             return
         if isinstance(event, ProgressEvent):
-            if ours(event.progress, self.task_id, self.current):
+            if await self._ours(event.progress):
                 p = event.progress
                 await self._progress(p.progress, p.total, p.message, p.at)
         elif isinstance(event, LogEvent):
             await self._log(event)
         elif isinstance(event, AskEvent):
             await self._ask(event.ask)
+
+    async def _ours(self, update: Any) -> bool:
+        """Whether ``update`` is of this call's current run. The record read last may be older
+        than the run that speaks (read while the call was still queued, or before a retry was
+        sent): an event of this task that does not match has the record read once more."""
+        if ours(update, self.task_id, self.current):
+            return True
+        if update.task_id != self.task_id or self.reread is None:
+            return False
+        self.current = await self.reread()
+        return ours(update, self.task_id, self.current)
 
     # --- progress --------------------------------------------------------------------
     async def progress_from_record(self, rec: TaskRecord) -> None:
@@ -136,7 +150,7 @@ class CallEvents:
     # --- logs ------------------------------------------------------------------------
     async def _log(self, event: LogEvent) -> None:
         update = event.log
-        if not ours(update, self.task_id, self.current) or not level_passes(update.level, self.level):
+        if not await self._ours(update) or not level_passes(update.level, self.level):
             return
         await self.ctx.session.send_log_message(
             update.level, update.data, update.logger, related_request_id=self.ctx.request_id
@@ -144,7 +158,7 @@ class CallEvents:
 
     # --- sampling and elicitation ----------------------------------------------------------
     async def _ask(self, ask: ToolAsk) -> None:
-        if not ours(ask, self.task_id, self.current):
+        if not await self._ours(ask):
             log.warning(
                 "ignored a %s request for task %s (run %s, client %s): not this call's current run",
                 ask.kind,

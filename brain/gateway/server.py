@@ -484,9 +484,13 @@ class Gateway:
         submitted: Submitted,
         woken: Callable[[float], Awaitable[bytes | None]],
     ) -> Ended:
-        events = CallEvents(ctx, self._aredis, CALL_TASK, self.levels.get(_session_key(ctx)))
+        async def reread() -> TaskRecord:
+            return await anyio.to_thread.run_sync(self.backend.call_record, submitted.tree_id)
+
+        events = CallEvents(ctx, self._aredis, CALL_TASK, self.levels.get(_session_key(ctx)), reread)
         blocked: TaskRecord | None = None  # the call's record while it was blocked
         quiet = False  # the last wait ended with no message
+        before: TaskRecord | None = None  # the record read before the last wait
 
         async def relayed(ended: Ended, rec: TaskRecord) -> Ended:
             # What was published before the call ended is relayed before its result (progress,
@@ -507,11 +511,15 @@ class Gateway:
                 return await relayed(Ended("final", rec), rec)
             if rec.state is TaskState.PENDING_CLIENT:
                 return await relayed(Ended("queued", rec), rec)
-            if quiet:
+            if quiet and before is not None:
                 # The record keeps the latest progress: one no event brought (a dropped
-                # subscription) still reaches the client. Only after a quiet wait: the record is
-                # written before its event is published, so it may be ahead of events in flight.
-                await events.progress_from_record(rec)
+                # subscription) still reaches the client. The record read *before* the quiet
+                # wait, not this one: a record is written before its event is published, so the
+                # one just read may be ahead of events in flight (relaying its progress first
+                # would drop theirs as older); a whole wait later, those of the earlier read
+                # have come if they were coming.
+                await events.progress_from_record(before)
+            before = rec
             blocked = rec if rec.state is TaskState.BLOCKED else None
             # Timed from when it was parked (the store's wall clock), as the brain's sweep does.
             if blocked is not None and time.time() - (blocked.queued_at or time.time()) >= submitted.wait_s:

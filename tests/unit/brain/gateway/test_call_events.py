@@ -185,3 +185,39 @@ def test_session_levels_are_kept_per_session_and_bounded() -> None:
     levels.set("s3", "debug")
     assert levels.get(None) is None and levels.get("s1") is None
     assert (levels.get("s2"), levels.get("s3")) == ("error", "debug")
+
+
+def test_an_event_of_a_run_newer_than_the_record_read_has_the_record_read_again() -> None:
+    # The gateway read the call's record while it was still queued (no run, no client); the
+    # agent's first progress and log came in the same drain as the wake-up of its sending.
+    session = Session()
+    reads: list[TaskRecord] = []
+
+    async def reread() -> TaskRecord:
+        reads.append(REC)
+        return REC
+
+    relay = CallEvents(SimpleNamespace(session=session, request_id=7), Redis(), "call", None, reread)  # type: ignore[arg-type]
+    relay.current = REC.model_copy(update={"state": TaskState.PENDING, "run_id": None, "client_id": None})
+    handle(relay, progress(0, 1.0), log("info", "i"), progress(50, 1.1))
+    assert session.progress == [(0, 100, None), (50, 100, None)]
+    assert session.logs == [("info", "i")]
+    assert len(reads) == 1  # once: the record read again matched every later event
+
+
+def test_an_event_of_an_older_run_or_another_task_is_still_dropped() -> None:
+    session = Session()
+    reads: list[TaskRecord] = []
+
+    async def reread() -> TaskRecord:
+        reads.append(REC)
+        return REC
+
+    relay = CallEvents(SimpleNamespace(session=session, request_id=7), Redis(), "call", None, reread)  # type: ignore[arg-type]
+    relay.current = REC
+    other = ToolProgress(
+        run_id="r1", tree_id="g", task_id="other", progress=1, total=100, at=1.0, client_id="laptop"
+    )
+    handle(relay, progress(7, 1.0, "r0"), ProgressEvent(progress=other).model_dump_json().encode())
+    assert session.progress == []
+    assert len(reads) == 1  # the older run's event read it once; another task's, never

@@ -19,14 +19,14 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.shared.exceptions import MCPError
 
-from brain.core.models import Location, TaskRecord, TaskState
+from brain.core.models import Location, Progress, TaskRecord, TaskState
 from brain.errors import InvalidTaskTree
 from brain.gateway.backend import Caller, Submitted, UnknownTool, UserView
 from brain.gateway.catalog import GatewayTool, UserState
 from brain.gateway.pools import listing
 from brain.gateway.server import Gateway, _Seen
 from brain.gateway.surface import surface_of
-from workers.contracts import McpSurface
+from workers.contracts import McpSurface, ProgressEvent, ToolProgress
 
 
 class FakeBackend:
@@ -144,6 +144,84 @@ def test_a_tool_that_ran_and_failed_is_an_error_result() -> None:
     failed = TaskRecord(tree_id="mcp-t-1", task_id="call", tool="echo", state=TaskState.FAILED, reason="boom")
     result = call(gateway(FakeBackend(records=[failed])), "echo", {"value": 1})
     assert result.is_error and "tool 'echo' failed" in result.content[0].text  # type: ignore[union-attr]
+
+
+def scripted(gw: Gateway, waits: list[list[bytes]]) -> None:
+    """The call's tree channel: each wait gives the messages of one list, then nothing (a quiet
+    wait) once they run out."""
+
+    @asynccontextmanager
+    async def events(tree_id: str) -> AsyncIterator[Callable[[float], Awaitable[bytes | None]]]:
+        pending: list[bytes] = []
+
+        async def woken(timeout: float) -> bytes | None:
+            await anyio.lowlevel.checkpoint()
+            if pending:
+                return pending.pop(0)
+            if timeout > 0 and waits:
+                pending.extend(waits.pop(0))
+                return pending.pop(0) if pending else None
+            return None
+
+        yield woken
+
+    gw._tree_events = events  # type: ignore[method-assign]
+
+
+def progress_event(step: float, at: float) -> bytes:
+    update = ToolProgress(
+        run_id="r1", tree_id="mcp-t-1", task_id="call", progress=step, total=100, at=at, client_id="laptop"
+    )
+    return ProgressEvent(progress=update).model_dump_json().encode()
+
+
+def test_a_record_ahead_of_the_progress_events_in_flight_does_not_drop_them() -> None:
+    # The record is written before its event is published: read after a quiet wait, it may
+    # already hold progress 50 while the events of 0 and 50 are on their way.
+    running = TaskRecord(
+        tree_id="mcp-t-1",
+        task_id="call",
+        tool="burst",
+        state=TaskState.RUNNING,
+        run_id="r1",
+        client_id="laptop",
+    )
+    ahead = running.model_copy(update={"progress": Progress(progress=50, total=100, at=1.1)})
+    done = ahead.model_copy(update={"state": TaskState.DONE, "result": {"ok": True}})
+    session = FakeSession()
+    gw = gateway(FakeBackend(records=[running, ahead, done]))
+    scripted(gw, [[], [progress_event(0, 1.0), progress_event(50, 1.1)]])
+    result = call(gw, "burst", {}, session)
+    assert not result.is_error
+    assert session.progress == [(0, 100, None), (50, 100, None)]
+
+
+def test_progress_no_event_brought_reaches_the_client_from_the_record_a_quiet_wait_later() -> None:
+    # A dropped subscription: the record holds progress 30 and no event ever comes.
+    running = TaskRecord(
+        tree_id="mcp-t-1",
+        task_id="call",
+        tool="burst",
+        state=TaskState.RUNNING,
+        run_id="r1",
+        client_id="laptop",
+        progress=Progress(progress=30, total=100, at=1.0),
+    )
+    seen_at_done: list[list[tuple[float, float | None, str | None]]] = []
+    session = FakeSession()
+
+    class Watching(FakeBackend):
+        def call_record(self, tree_id: str) -> TaskRecord:
+            if len(self.records) == 1:
+                seen_at_done.append(list(session.progress))
+            return super().call_record(tree_id)
+
+    done = running.model_copy(update={"state": TaskState.DONE, "result": {"ok": True}})
+    gw = gateway(Watching(records=[running, running, running, done]))
+    scripted(gw, [])
+    assert not call(gw, "burst", {}, session).is_error
+    assert seen_at_done[0] == [(30, 100, None)]  # relayed while it ran, not only at the end
+    assert session.progress == [(30, 100, None)]
 
 
 # --- tools/list -----------------------------------------------------------------------------------
