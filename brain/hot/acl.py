@@ -15,7 +15,7 @@ import logging
 import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
-from typing import ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import redis
 
@@ -317,24 +317,20 @@ class StoreUsers(Generic[T]):
         """The keys of the master's users of this kind."""
         return users_named(self.r, self.prefix)
 
+    def wanted(self, records: Iterable[T]) -> dict[str, T]:
+        """The users the store says should exist, by key."""
+        return {self.key(record): record for record in records}
+
     def sync(self, records: Iterable[T]) -> None:
         """Create the users the store says should exist and delete the rest, on each node and
         each sentinel (after a Redis restart without an ACL file, a revocation whose DELUSER
         did not reach Redis, or a node or sentinel that was away when it was sent)."""
-        wanted = {self.key(record): record for record in records}
-        nodes = on_every_node(self.r, lambda node: self._sync_node(node, wanted, self.rules))
-        sentinels = on_every_sentinel(
-            self.r,
-            lambda node: self._sync_node(node, wanted, lambda r: sentinel_user_rules(self.secret_sha256(r))),
-        )
-        # One ACL SAVE for all: each rewrites the whole file, so one per user made restoring
-        # 1,000 clients after a Redis restart take about a minute (bench/fleet.py's storm), and
-        # an agent that reconnected meanwhile was refused.
-        if any(nodes) or any(sentinels):
-            self._save(nodes=any(nodes), sentinels=any(sentinels))
+        sync_users_of(self.r, [(self, records)])
 
-    def _sync_node(self, node: redis.Redis, wanted: dict[str, T], rules: Callable[[T], list[str]]) -> bool:
-        present = users_named(node, self.prefix)
+    def _sync_node(
+        self, node: redis.Redis, listed: set[str], wanted: dict[str, T], rules: Callable[[T], list[str]]
+    ) -> bool:
+        present = {name[len(self.prefix) :] for name in listed if name.startswith(self.prefix)}
         missing, extra = sorted(wanted.keys() - present), sorted(present - wanted.keys())
         for key in missing:
             log.info("restoring the Redis ACL user of %s %r on %s", self.what, key, _where(node))
@@ -346,11 +342,38 @@ class StoreUsers(Generic[T]):
             delete_user(node, self.username(key))
         return bool(missing or extra)
 
+    def _sentinel_rules(self, record: T) -> list[str]:
+        return sentinel_user_rules(self.secret_sha256(record))
+
     def _save(self, nodes: bool, sentinels: bool) -> None:
         if nodes:
-            on_every_node(self.r, lambda node: save_acl(node, f"{self.what} users"))
+            on_every_node(self.r, lambda node: save_acl(node, "its ACL users"))
         if sentinels:
             on_every_sentinel(self.r, flush_config)
+
+
+def sync_users_of(r: redis.Redis, kinds: Sequence[tuple[StoreUsers[Any], Iterable[Any]]]) -> None:
+    """Each kind's ACL users made equal to its records, in one pass over the data nodes and
+    one over the sentinels: one connection and one ``ACL USERS`` per node for every kind (the
+    brain syncs clients and submit credentials every sweep; a pass per kind listed every
+    node's users twice and, behind Sentinel, connected to each node and sentinel twice), and
+    one ``ACL SAVE`` / ``FLUSHCONFIG`` for all (each rewrites the whole file: one per user made
+    restoring 1,000 clients after a Redis restart take about a minute, bench/fleet.py's storm,
+    and an agent that reconnected meanwhile was refused)."""
+    plans = [(users, users.wanted(records)) for users, records in kinds]
+
+    def on(node: redis.Redis, sentinel: bool) -> bool:
+        listed = set(map(as_text, node.execute_command("ACL", "USERS")))
+        changed = False
+        for users, wanted in plans:  # every kind, even once one has changed something
+            rules = users._sentinel_rules if sentinel else users.rules
+            changed = users._sync_node(node, listed, wanted, rules) or changed
+        return changed
+
+    nodes = on_every_node(r, lambda node: on(node, sentinel=False))
+    sentinels = on_every_sentinel(r, lambda node: on(node, sentinel=True))
+    if plans and (any(nodes) or any(sentinels)):
+        plans[0][0]._save(nodes=any(nodes), sentinels=any(sentinels))
 
 
 class AclUsers(StoreUsers[Enrollment]):
@@ -376,5 +399,5 @@ class AclUsers(StoreUsers[Enrollment]):
     def client_users(self) -> set[str]:
         return self.present()
 
-    def sync(self, records: Iterable[Enrollment]) -> None:
-        super().sync(e for e in records if e.secret_sha256)
+    def wanted(self, records: Iterable[Enrollment]) -> dict[str, Enrollment]:
+        return super().wanted(e for e in records if e.secret_sha256)

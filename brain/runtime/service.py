@@ -14,7 +14,7 @@ from brain.config import Settings
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.toolnames import clash_lines
 from brain.errors import StackNotRunning
-from brain.hot.acl import AclUsers
+from brain.hot.acl import AclUsers, sync_users_of
 from brain.hot.boundary import unreachable
 from brain.hot.gate import Gate
 from brain.hot.parked import ParkedWork
@@ -157,8 +157,7 @@ def published_registry(hot: HotState, redis_url: str) -> RegistrySnapshot:
 
 def sync_users(r: redis.Redis, store: Store) -> None:
     """Redis's (and its sentinels') client and submit users made equal to the store's record."""
-    AclUsers(r).sync(store.list_enrollments())
-    SubmitterUsers(r).sync(store.list_submitters())
+    sync_users_of(r, [(AclUsers(r), store.list_enrollments()), (SubmitterUsers(r), store.list_submitters())])
 
 
 def restore_users_first(settings: Settings, redis_url: str) -> None:

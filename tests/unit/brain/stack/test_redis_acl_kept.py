@@ -7,9 +7,11 @@ from pathlib import Path
 
 import redis
 
-from brain.core.models import Enrollment
-from brain.hot.acl import CLIENT_USER_PREFIX, AclUsers, client_username, secret_sha256
-from brain.runtime.submitters import SUBMIT_USER_PREFIX
+from brain.core.models import Enrollment, SubmitCredential
+from brain.hot.acl import CLIENT_USER_PREFIX, AclUsers, client_username, secret_sha256, set_user
+from brain.runtime.service import sync_users
+from brain.runtime.submitters import SUBMIT_USER_PREFIX, SubmitterUsers
+from brain.store import open_store
 from brain.stack.redis_server import ACL_FILE, KEPT_USER_PREFIXES, RedisServer, kept_user_lines
 from workers.urls import with_credentials
 
@@ -77,4 +79,41 @@ def test_restoring_many_clients_saves_the_acl_file_once(tmp_path: Path) -> None:
         assert len(kept_user_lines(tmp_path / "redis" / ACL_FILE)) == 10
         admin.close()
     finally:
+        server.stop()
+
+
+def acl_calls(node: redis.Redis) -> int:
+    """ACL commands the node ran since CONFIG RESETSTAT (Redis 7 counts each subcommand apart)."""
+    stats = node.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_acl"))
+
+
+def test_a_sweeps_sync_of_both_kinds_lists_the_users_once_and_saves_once(tmp_path: Path) -> None:
+    """The brain syncs the client and the submit users every sweep: one ``ACL USERS`` and one
+    ``ACL SAVE`` per node for both, not one of each per kind."""
+    server = RedisServer(tmp_path / "redis", appendonly=False).start()
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    try:
+        admin = redis.Redis.from_url(server.url)
+        for i in range(3):
+            store.put_enrollment(
+                Enrollment(
+                    client_id=f"c{i}", user="ada", enrolled_at=1.0, secret_sha256=secret_sha256(f"s{i}")
+                )
+            )
+        store.put_submitter(SubmitCredential(user="bob", secret_sha256=secret_sha256("b"), created_at=1.0))
+        set_user(admin, client_username("gone"), ["reset", "on", ">x"])  # revoked while Redis was away
+        admin.config_resetstat()
+        sync_users(admin, store)
+        # ACL USERS once, DELUSER gone, SETUSER for 3 clients and bob, ACL SAVE once (a pass
+        # per kind: 9, with USERS and SAVE twice).
+        assert acl_calls(admin) == 7
+        assert AclUsers(admin).client_users() == {"c0", "c1", "c2"}
+        assert SubmitterUsers(admin).present() == {"bob"}
+        admin.config_resetstat()
+        sync_users(admin, store)  # nothing to change: the users listed once, nothing saved
+        assert acl_calls(admin) == 1
+        admin.close()
+    finally:
+        store.close()
         server.stop()
