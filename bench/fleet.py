@@ -65,6 +65,14 @@ STORM_BOUND_S = 30.0
 PING_GOAL_MS = 50.0
 QUICK_IDLE_S = 20.0
 FULL_IDLE_S = 60.0
+# The windows with none and with the small fleet last this many times as long: the brain's CPU
+# above none at 100 clients is a few tenths of a percent of a core (~25 clock ticks a minute),
+# and the row divides by it; a 60 s window read 1.06, 1.37, 2.36 and 5.96 on the same code.
+SMALL_WINDOWS = 3
+# Before the window with none: in its first seconds the brain is still starting (a window begun
+# 3 s after it read 1.2 % of a core with none and 0.8 % with 10 clients; idle, it runs 0.6-1.6 %
+# a 5 s slice, 0.9 % on average).
+WARM_UP_S = 30.0
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -248,8 +256,8 @@ def run(quick: bool = False) -> list[Row]:
                     ).broker_url
                 return {c: creds[c] for c in [sim_id(i) for i in range(n)]}
 
-            time.sleep(3.0)  # the agent's first restore cycle and the brain's first sweeps
-            w0 = idle_window(r, brain_pid, 0, seconds)
+            time.sleep(WARM_UP_S)  # the brain's start (first sweeps, the agent's first restore cycle)
+            w0 = idle_window(r, brain_pid, 0, seconds * SMALL_WINDOWS)
             windows: list[Window] = []
             lags: dict[int, tuple[float, int, int]] = {}
             brain_log = settings.data_dir / "logs" / "brain.log"
@@ -266,7 +274,9 @@ def run(quick: bool = False) -> list[Row]:
                 if n == large:
                     users = ["vtc-" + CLIENT_ID, "vtc-" + sim_id(0)]
                     wire = _wire_notes(connections_by_user(r, users), sim_connections(r), n)
-                windows.append(idle_window(r, brain_pid, n, seconds))
+                windows.append(
+                    idle_window(r, brain_pid, n, seconds if n == large else seconds * SMALL_WINDOWS)
+                )
                 if n == large:
                     route_row = _route_read_row(brain, n, size)
                 online, drops = len(sessions(r) & set(creds)), dropped(brain_log) - drops
@@ -353,7 +363,8 @@ def _idle_row(w0: Window, ws: Window, wl: Window, wire: str, seconds: float, siz
     cpu_met = wl.brain_cpu_pct <= BRAIN_CPU_GOAL_PCT
     notes = (
         f"{size}{wl.clients} vs {ws.clients} simulated clients (bench/fleet_sim.py) beside 1 real agent, "
-        f"idle {seconds:g}s each; per client above the window with none: brain CPU "
+        f"idle {wl.seconds:.0f} s at {wl.clients}, {ws.seconds:.0f} s at {ws.clients} and with none; per client "
+        "above the window with none: brain CPU "
         f"{cpu_l * 1000:.1f} vs {cpu_s * 1000:.1f} milli-% of a core (×{cpu_ratio:.2f}), Redis "
         f"{bytes_l:,.0f} vs {bytes_s:,.0f} B (×{bytes_ratio:.2f}); ratio = the worse ({unit}). "
         f"Brain {wl.brain_cpu_pct:.1f} % of a core at {wl.clients} ({ws.brain_cpu_pct:.1f} % at {ws.clients}, "
@@ -373,6 +384,7 @@ def _idle_row(w0: Window, ws: Window, wl: Window, wire: str, seconds: float, siz
             "n": wl.clients,
             "n_small": ws.clients,
             "idle_s": seconds,
+            "idle_s_small": ws.seconds,
             "ratio_uses": "brain_cpu" if use_cpu else "redis_bytes",
             "brain_cpu_ratio": None if math.isnan(cpu_ratio) else cpu_ratio,
             "redis_bytes_ratio": None if math.isnan(bytes_ratio) else bytes_ratio,
