@@ -55,15 +55,17 @@ class UsageMeter:
     to have grown past the quota since last time: with 1,000 idle clients, a measure of every
     key every ``QUOTA_EVERY_S`` was ~2,500 commands a second for the brain to send and parse.
 
-    Every call scans all client keys (cheap: names only, ``SCAN_COUNT`` a round trip). A client
-    is measured again, all its keys, when any of these holds: it was not measured before; a key
-    of its appeared that was not there last time (a flood of new keys is found at the next
-    call); it kept more than half its quota last time (a client near its quota is measured every
-    call); or ``QUOTA_ALL_EVERY_S`` passed, each client at a phase of its own so the measures are
-    spread. For the others, each key keeps its last size (a key gone counts nothing). So a
-    client growing keys it already had, from well under its quota, is found within
+    Every call scans all client keys (cheap: names only, ``SCAN_COUNT`` a round trip). A key
+    that was not there last time is measured at once (a flood of new keys is found at the next
+    call). All of a client's keys are measured again when it was not measured before, when it
+    kept more than half its quota last time (a client near its quota is measured every call),
+    or once every ``QUOTA_ALL_EVERY_S``, each client at a phase of its own so the measures are
+    spread. Otherwise each key keeps its last size (a key gone counts nothing). So a client
+    growing keys it already had, from well under its quota, is found within
     ``QUOTA_ALL_EVERY_S`` plus one call instead of one call; Redis cannot bound a user's memory
-    anyway, only find it afterwards."""
+    anyway, only find it afterwards. A busy client makes new keys all the time (a delivery
+    counter per run): measuring all its keys whenever one was new was, in a 2,000-call tree,
+    ~5 ``MEMORY USAGE`` per call (bench/README.md, ``brain_scale_out``)."""
 
     def __init__(self) -> None:
         self._sizes: dict[str, dict[bytes, int]] = {}  # client -> key -> bytes when measured
@@ -75,16 +77,15 @@ class UsageMeter:
         keys = _client_keys(r)
         due: list[bytes] = []
         periods: dict[str, int] = {}
+        whole: set[str] = set()  # clients measured key by key this time
         for owner, names in keys.items():
             period = periods[owner] = int((now + _phase(owner)) // QUOTA_ALL_EVERY_S)
             last = self._sizes.get(owner)
-            if (
-                last is None
-                or self._period.get(owner) != period
-                or 2 * sum(last.values()) > quota
-                or any(k not in last for k in names)
-            ):
+            if last is None or self._period.get(owner) != period or 2 * sum(last.values()) > quota:
+                whole.add(owner)
                 due.extend(names)
+            else:
+                due.extend(k for k in names if k not in last)
         measured: dict[str, dict[bytes, int]] = {}
         for i in range(0, len(due), SCAN_COUNT):
             chunk = due[i : i + SCAN_COUNT]
@@ -98,12 +99,13 @@ class UsageMeter:
                     measured.setdefault(of, {})[key] = size if isinstance(size, int) else 0
         sizes: dict[str, dict[bytes, int]] = {}
         for owner, names in keys.items():
-            if owner in measured:
-                sizes[owner] = measured[owner]
+            new = measured.get(owner, {})
+            if owner in whole:
+                sizes[owner] = new
                 self._period[owner] = periods[owner]
             else:
                 last = self._sizes[owner]
-                sizes[owner] = {k: last[k] for k in names}
+                sizes[owner] = {k: new[k] if k in new else last[k] for k in names}
         self._sizes = sizes
         self._period = {owner: p for owner, p in self._period.items() if owner in sizes}
         return {owner: sum(by_key.values()) for owner, by_key in sizes.items()}

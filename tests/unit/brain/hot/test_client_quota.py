@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import redis
 
-from brain.hot.client_quota import QUOTA_ALL_EVERY_S, QUOTA_EVERY_S, UsageMeter, measure_client_usage
+from brain.hot.client_quota import QUOTA_ALL_EVERY_S, QUOTA_EVERY_S, UsageMeter, _phase, measure_client_usage
 from tests.redis_commands import command_counts, reset_counts
 from workers.contracts import client_key
 
@@ -81,3 +81,21 @@ def test_keys_gone_count_nothing(redis_client: redis.Redis) -> None:
     used = meter.measure(redis_client, 1_000.0 + QUOTA_EVERY_S, QUOTA)
     assert "c002" not in used
     assert used["c003"] < used["c004"]
+
+
+def test_a_busy_clients_new_keys_are_measured_not_all_its_keys_again(redis_client: redis.Redis) -> None:
+    # A client running calls makes a key per run (its delivery counter): every check finds new
+    # names. Measuring all its keys then was ~5 MEMORY USAGE per call in a 2,000-call tree.
+    for k in range(500):
+        redis_client.set(client_key("busy", f"run{k}"), b"1")
+    meter = UsageMeter()
+    start = 100 * QUOTA_ALL_EVERY_S - _phase("busy") + 0.1  # the start of one of its periods
+    meter.measure(redis_client, start, QUOTA)
+    reset_counts(redis_client)
+    for n, now in enumerate(checks(start + QUOTA_EVERY_S, 3 * QUOTA_EVERY_S)):  # same period
+        for k in range(10):
+            redis_client.set(client_key("busy", f"new{n}-{k}"), b"1")
+        used = meter.measure(redis_client, now, QUOTA)
+    counts = command_counts(redis_client)
+    assert counts.get("memory|usage", 0) + counts.get("memory", 0) == 30  # its new keys only
+    assert used == measure_client_usage(redis_client)  # and the sum is every key's
