@@ -67,6 +67,7 @@ from workers.contracts import (
     client_answer_key,
     client_queue,
     key_cancelled,
+    key_deliveries,
 )
 from workers.mcp_clients import MCPClientManager
 from workers.recent_calls import RecentCalls
@@ -77,6 +78,8 @@ from workers.urls import redact_url
 log = logging.getLogger("vancetope.agent")
 
 _JOIN_S = 5.0
+# How long a run's delivery counter stays once its result is in the outbox (``deliver``).
+DELIVERY_TTL_AFTER_RESULT_S = 3600
 # Exit code when the broker refuses this agent's credentials (not enrolled, or revoked).
 EXIT_NOT_ENROLLED = 3
 _GOODBYE_RETRY_DELAYS_S = (0.2, 0.5, 1.0)
@@ -289,7 +292,12 @@ class Agent:
         if result.redactions:
             log.info("redacted %d match(es) in the result of task %s", result.redactions, result.task_id)
         log.info("%s", describe_result(result))
-        self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result))
+        # The run's delivery counter (workers.tasks.begin_run) is needed while the run may be
+        # delivered again; kept its whole 7 days after the result, a busy workstation's piled up
+        # (a key per call, against its quota, and every one measured by the brain's quota check).
+        # An hour after the result: a restore after a crash in between still counts from it.
+        counter = (key_deliveries(result.run_id), DELIVERY_TTL_AFTER_RESULT_S)
+        self.channel.send(ClientToolResult(client_id=self.config.client_id, result=result), expire=counter)
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """Start a run (the cancel check, its delivery counted, workers.tasks.begin_run: one round

@@ -104,16 +104,23 @@ class AgentChannel:
     def key(self, name: str) -> str:
         return self.prefix + name
 
-    def send(self, message: BaseModel, retry_delays: tuple[float, ...] = SEND_RETRY_DELAYS_S) -> None:
-        """LPUSH a message to the outbox, retrying a lost connection a bounded number of times."""
+    def send(
+        self,
+        message: BaseModel,
+        retry_delays: tuple[float, ...] = SEND_RETRY_DELAYS_S,
+        expire: tuple[str, int] | None = None,
+    ) -> None:
+        """LPUSH a message to the outbox, retrying a lost connection a bounded number of times.
+        ``expire``: (key name, seconds) given a new TTL in the same round trip (EXPIRE of a key
+        that is not there does nothing)."""
         body = message.model_dump_json()
         for delay in (*retry_delays, None):
             try:
                 if len(body) > BULK_BYTES:
                     with self._bulk_client(len(body)) as bulk:
-                        bulk.lpush(self.key(CLIENT_OUTBOX), body)
+                        self._push(bulk, body, expire)
                 else:
-                    self.client.lpush(self.key(CLIENT_OUTBOX), body)
+                    self._push(self.client, body, expire)
                 return
             except redis.RedisError as exc:
                 if delay is None:
@@ -128,6 +135,15 @@ class AgentChannel:
                     delay,
                 )
                 time.sleep(delay)
+
+    def _push(self, client: redis.Redis, body: str, expire: tuple[str, int] | None) -> None:
+        if expire is None:
+            client.lpush(self.key(CLIENT_OUTBOX), body)
+            return
+        pipe = client.pipeline(transaction=False)
+        pipe.lpush(self.key(CLIENT_OUTBOX), body)
+        pipe.expire(self.key(expire[0]), expire[1])
+        pipe.execute()
 
     def _bulk_client(self, size: int) -> redis.Redis:
         """A client of its own, from the same URL (credentials, TLS), whose socket timeout lets

@@ -27,6 +27,7 @@ from brain.runtime.reload import RELOAD_REQUEST_KEY
 from brain.runtime.service import Brain
 from brain.stack.redis_server import RedisServer, redis_limits
 from brain.store import open_store
+from client_agent.agent import DELIVERY_TTL_AFTER_RESULT_S
 from tests.conftest import tree, wait_for_tree, wait_until
 from tests.integration.test_client_path import make_agent
 from workers.app import message_limit
@@ -190,7 +191,10 @@ def test_an_attackers_busy_script_cannot_stop_another_users_tree_which_runs_each
             task = tasks[task_id]
             assert task.state is TaskState.DONE and task.route == "client:laptop" and task.attempt == 1
             # each client call began exactly once on the agent (its delivery counter)
-            assert admin.get(client_key("laptop", key_deliveries(task.run_id or ""))) == b"1", task_id
+            counter = client_key("laptop", key_deliveries(task.run_id or ""))
+            assert admin.get(counter) == b"1", task_id
+            # kept an hour after its result (EXPIRE through the agent's own credential), not 7 days
+            assert 0 < admin.ttl(counter) <= DELIVERY_TTL_AFTER_RESULT_S, task_id
         wait_until(lambda: len(refusals) > 10, what="the attacker's tries")
         agent = stack.service("client-agent")
         agent.process.send_signal(signal.SIGTERM)

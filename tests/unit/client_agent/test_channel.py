@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from client_agent.channel import BULK_BYTES, AgentChannel, bulk_timeout_s
-from workers.contracts import CLIENT_OUTBOX, ClientToolResult, ToolResult, client_key
+from workers.contracts import CLIENT_OUTBOX, ClientToolResult, ToolResult, client_key, key_deliveries
 
 CID = "laptop"
 
@@ -57,3 +57,18 @@ def test_a_heartbeat_says_the_round_trip_and_reads_the_ack_in_one_round_trip(red
     assert [_round_trip(v) for v in (b"212.3", b"", b"nan?", b"-1", None, ValueError())] == [
         212.3, None, None, None, None, None,
     ]  # fmt: skip
+
+
+def test_a_result_shortens_its_runs_delivery_counter_in_the_same_round_trip(redis_url: str) -> None:
+    # A busy workstation's counters (a key per call, 7 days each) piled up against its quota.
+    r = redis.Redis.from_url(redis_url)
+    channel = AgentChannel(r, CID, broker_url=redis_url)
+    queued = r.llen(client_key(CID, CLIENT_OUTBOX))
+    for run, value in (("r1", "small"), ("r2", "x" * (2 * BULK_BYTES))):  # both ways out
+        counter = client_key(CID, key_deliveries(run))
+        r.set(counter, 1, ex=7 * 24 * 3600)
+        channel.send(result(run, value), expire=(key_deliveries(run), 3600))
+        assert 3500 < r.ttl(counter) <= 3600
+    channel.send(result("r3", "small"), expire=(key_deliveries("r3"), 3600))  # none: nothing made
+    assert not r.exists(client_key(CID, key_deliveries("r3")))
+    assert r.llen(client_key(CID, CLIENT_OUTBOX)) == queued + 3
