@@ -22,7 +22,7 @@ import redis
 
 from brain.core.client_health import owner_of_key
 from brain.hot.state import as_text
-from brain.hot.turns import my_turn
+from brain.hot.turns import keep_turn
 from workers.contracts import KEY_NS, client_key, client_keys_match
 
 SCAN_COUNT = 1000
@@ -32,16 +32,19 @@ QUOTA_EVERY_S = 2.0
 # this often (``UsageMeter``).
 QUOTA_ALL_EVERY_S = 10.0
 
-# Held by the brain that measures, for QUOTA_EVERY_S (``my_turn_to_measure``).
+# Held by the brain that measures (``my_turn_to_measure``).
 QUOTA_TURN_KEY = f"{KEY_NS}quota:measuring"
 
 
-def my_turn_to_measure(r: redis.Redis, holder: str) -> bool:
-    """Whether this brain measures now: the first to ask in each ``QUOTA_EVERY_S`` does (a lease,
-    ``SET NX PX``), the others skip it. A measure is a SCAN of the keyspace and a ``MEMORY
-    USAGE`` of every client key; each brain measuring every interval made a second brain's
-    share of it as large as the first's (bench/README.md, "The CPU rows")."""
-    return my_turn(r, QUOTA_TURN_KEY, holder, QUOTA_EVERY_S)
+def my_turn_to_measure(r: redis.Redis, holder: str, lease_s: float) -> bool:
+    """Whether this brain measures now: one brain keeps the turn while it lives (renewing its
+    lease at each measure), another takes over within ``lease_s`` once it stops. A measure is a
+    SCAN of the keyspace and a ``MEMORY USAGE`` of every client key that may have changed; each
+    brain measuring every interval made a second brain's share of it as large as the first's,
+    and a turn that went to whoever asked first left each brain's ``UsageMeter`` a few seconds
+    stale, so each measured every busy client's keys anew (bench/README.md, "The CPU rows",
+    ``brain_scale_out``)."""
+    return keep_turn(r, QUOTA_TURN_KEY, holder, lease_s)
 
 
 def measure_client_usage(r: redis.Redis) -> dict[str, int]:

@@ -202,14 +202,16 @@ class Sweeps:
     def check_quotas(self) -> dict[str, int]:
         """Suspend each enrolled client keeping more than ``client_quota_bytes`` in Redis, and
         lift that cause from one back under it. At most every ``QUOTA_EVERY_S``, and by one brain
-        of several in each (``my_turn_to_measure``); returns what was measured (empty when it
-        was not time, or another brain's turn)."""
+        of several (``my_turn_to_measure``); returns what was measured (empty when it was not
+        time, or another brain's turn)."""
         now = time.monotonic()
         if now - self._quota_checked < QUOTA_EVERY_S:
             return {}
         self._quota_checked = now
-        if not my_turn_to_measure(self.hot.r, self._holder):
-            return {}  # another brain measured within the interval
+        # The lease outlasts two sweeps of the holder, so it keeps the turn while it sweeps.
+        lease_s = 3 * max(QUOTA_EVERY_S, self.settings.reconcile_interval_s)
+        if not my_turn_to_measure(self.hot.r, self._holder, lease_s):
+            return {}  # another brain measures
         quota = self.settings.client_quota_bytes
         used = self._usage.measure(self.hot.r, now, quota)
         # One read of every mark, not one per enrolled client: only a client marked over its

@@ -428,9 +428,11 @@ def test_the_quota_check_reads_the_suspension_marks_once_not_once_per_client(
     assert rig.clients.misbehaving.get("c07") is None
 
 
-def test_of_two_brains_one_measures_the_quotas_in_each_interval(rigs: Callable[..., Rig]) -> None:
-    """A measure is a SCAN and a MEMORY USAGE per client key: a second brain must not double it."""
+def test_of_two_brains_one_keeps_measuring_the_quotas(rigs: Callable[..., Rig]) -> None:
+    """A measure is a SCAN and a MEMORY USAGE per client key: a second brain must not double it,
+    nor take turns with the first (each would then find every busy client's keys changed)."""
     first, second = rigs(), rigs()
+    second.sweeps._holder = "another-host:1"  # two brains of one process would be one holder
     first.presence.enroll("laptop", "ada")
     first.r.set(client_key("laptop", "note"), b"x" * 100)
 
@@ -439,9 +441,12 @@ def test_of_two_brains_one_measures_the_quotas_in_each_interval(rigs: Callable[.
 
     before = scans()
     assert first.sweeps.check_quotas()["laptop"] > 0
-    assert second.sweeps.check_quotas() == {}  # the first's turn holds for QUOTA_EVERY_S
-    assert scans() == before + 1
-    first.r.delete(QUOTA_TURN_KEY)  # the interval over
+    assert second.sweeps.check_quotas() == {}  # the first holds the turn
+    first.sweeps._quota_checked = second.sweeps._quota_checked = float("-inf")  # an interval later
+    assert first.sweeps.check_quotas()["laptop"] > 0  # the holder measures again
+    assert second.sweeps.check_quotas() == {}  # and the second still takes no turn
+    assert scans() == before + 2
+    first.r.delete(QUOTA_TURN_KEY)  # the first stopped: its lease ran out
     second.sweeps._quota_checked = float("-inf")
     assert second.sweeps.check_quotas()["laptop"] > 0
 
