@@ -41,8 +41,11 @@ from tests.integration.test_parking import connect
 from tests.integration.test_supervisor import running_up, up_log
 from workers.contracts import (
     KOMBU_UNACKED,
+    ClientToolAwaiting,
     ClientToolResult,
     ClientToolStarted,
+    ErrorInfo,
+    ToolAwaiting,
     ToolProgress,
     ToolResult,
     ToolStarted,
@@ -692,25 +695,46 @@ def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_w
     assert fs.brain.store.get_task(rec.tree_id, "naps").state.value == "skipped"  # its result refused
 
 
+@pytest.mark.parametrize("held", ["running", "awaiting approval"])
 def test_flower_shows_a_client_call_running_when_its_tree_was_cancelled_as_its_agent_ended_it(
-    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
+    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain, held: str
 ) -> None:
     """Issue 26: a client's call already running is not stopped by a cancel, and its result is
     refused (the task stays skipped); Flower shows how the agent said the tool ended, SUCCESS, as
     a pool worker's own events show a server call's. Before, STARTED for ever: the brain speaks
-    for the agent, and said nothing of a result it refused."""
+    for the agent, and said nothing of a result it refused. One held for approval is ended unrun
+    by its agent (``Cancelled``): FAILURE, before AWAITING_APPROVAL for ever."""
     brain = brain_on_redis
     with flower_with_laptop(tmp_path, redis_server, brain) as port:
         task = laptop_begins(brain, port, "ran")
-        assert brain.sweeps.cancel(task.tree_id) == ["read"]
+        relay = Relay(brain.intake, brain.clients)
         now = time.time()
-        result = ToolResult(run_id=task.run_id, tree_id=task.tree_id, task_id="read", tool="read_local_file",
-                            ok=True, value="x", client_id="laptop", started_at=now - 0.1, finished_at=now)  # fmt: skip
-        Relay(brain.intake, brain.clients).handle(
-            "laptop", ClientToolResult(client_id="laptop", result=result).model_dump_json().encode()
+        if held == "awaiting approval":
+            awaiting = ToolAwaiting(run_id=task.run_id, tree_id=task.tree_id, task_id="read", waiting=True,
+                                    approval_id="a1", at=now, client_id="laptop")  # fmt: skip
+            relay.handle(
+                "laptop", ClientToolAwaiting(client_id="laptop", awaiting=awaiting).model_dump_json().encode()
+            )
+            wait_until(
+                lambda: shown_as(port, task.run_id, "AWAITING_APPROVAL"), timeout=30, what="the call held"
+            )
+        assert brain.sweeps.cancel(task.tree_id) == ["read"]
+        ended = (
+            {"ok": True, "value": "x"}
+            if held == "running"
+            else {
+                "ok": False,
+                "error": ErrorInfo(type="Cancelled", message="cancelled while it awaited approval"),
+            }
         )
+        result = ToolResult(run_id=task.run_id, tree_id=task.tree_id, task_id="read", tool="read_local_file",
+                            client_id="laptop", started_at=now, finished_at=time.time(), **ended)  # fmt: skip
+        relay.handle("laptop", ClientToolResult(client_id="laptop", result=result).model_dump_json().encode())
+        state = "SUCCESS" if held == "running" else "FAILURE"
         shown = wait_until(
-            lambda: shown_as(port, task.run_id, "SUCCESS"), timeout=30, what="Flower to show the call SUCCESS"
+            lambda: shown_as(port, task.run_id, state), timeout=30, what=f"Flower to show the call {state}"
         )
         assert shown["worker"] == "client-agent@laptop"
+        if held != "running":
+            assert shown["exception"].startswith("Cancelled (the message: vancetope status")
         assert brain.store.get_task(task.tree_id, "read").state is TaskState.SKIPPED  # its result refused
