@@ -30,7 +30,10 @@ Its ``throttled_by`` (the limit that held it) is one of the task's fields, liste
 comes from the brain, not a worker: it is counted for no worker, nor makes the brain one.
 So is the ``task-revoked`` the brain sends for a call it ended before a worker began it
 (``brain.runtime.revoked``): Celery's own REVOKED, which a worker's later received and started
-do not replace (its succeeded does), and no worker for it.
+do not replace (its succeeded does), nor a late ``task-retried`` (``undoes_revoked``), and no
+worker for it; and the ``task-failed``
+(``WorkerLostError``) it sends for a run whose worker went away mid-call, which keeps the
+worker that began it.
 
 The change replaces one entry of Flower's URL table before Flower builds its application
 (the ``celery -A`` module is imported first). If a Flower release moves that entry, the
@@ -67,6 +70,7 @@ from flower.events import EventsState
 from flower.views import monitor as flower_monitor
 from tornado import httputil, web
 
+from brain.core.revoked import LOST_MARK
 from brain.stack.flowerauth import (
     UNAUTHORIZED_DEFAULT,
     UNAUTHORIZED_VARIABLE,
@@ -74,7 +78,7 @@ from brain.stack.flowerauth import (
     WEB_URL_VARIABLE,
     host_allowed,
 )
-from workers.contracts import TASK_REVOKED_EVENT, TASK_THROTTLED_EVENT
+from workers.contracts import TASK_FAILED_EVENT, TASK_REVOKED_EVENT, TASK_THROTTLED_EVENT
 from workers.server_worker import app
 
 log = logging.getLogger("vancetope.flower")
@@ -240,16 +244,31 @@ def rank_throttled() -> None:
 
 def from_the_brain(event: dict[str, Any], workers: Any) -> bool:
     """Whether a task event is one the brain sends about a call no worker has: ``task-throttled``,
-    or a ``task-revoked`` from a sender Flower knows no worker by (a Celery worker that revokes
-    a task it holds sends heartbeats under the name it sends the event with)."""
+    or a ``task-revoked`` (or a ``task-failed`` marked ``LOST_MARK``: its worker went away) from
+    a sender Flower knows no worker by (a Celery worker that revokes a task it holds sends
+    heartbeats under the name it sends the event with)."""
     kind = event.get("type")
-    return kind == TASK_THROTTLED_EVENT or (
-        kind == TASK_REVOKED_EVENT and event.get("hostname") not in workers
-    )
+    ended = kind == TASK_REVOKED_EVENT or (kind == TASK_FAILED_EVENT and bool(event.get(LOST_MARK)))
+    return kind == TASK_THROTTLED_EVENT or (ended and event.get("hostname") not in workers)
+
+
+def undoes_revoked(event: dict[str, Any], tasks: Any) -> bool:
+    """Whether ``event`` is a ``task-retried`` for a task already REVOKED, which Celery's state
+    would let replace it (it lets any event replace RETRY and RETRY replace any state). The
+    brain revokes a failed attempt shown RETRY when its task is cancelled or expires while it
+    waits for its next attempt (a new run); a RETRY of it heard after that is late, never new:
+    a client's RETRY said again by the brain that recorded the failure (``RESTATE_RETRY_S``,
+    another brain may have done the cancel), or a pool worker's sent after the cancel began."""
+    if event.get("type") != "task-retried":
+        return False
+    task = tasks.get(event.get("uuid"))
+    return task is not None and task.state == celery_states.REVOKED
 
 
 def _throttled_from_no_worker(released: Any) -> Any:
     def event(self: EventsState, event: dict[str, Any]) -> None:
+        if undoes_revoked(event, self.tasks):
+            return
         if not from_the_brain(event, self.workers):
             released(self, event)
             return

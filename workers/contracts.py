@@ -115,6 +115,7 @@ TASK_THROTTLED_EVENT = "task-throttled"
 # Celery's own event for a task no worker will run: the brain sends it for a call it ended
 # before a worker began it (brain.runtime.revoked); brain.flowerapp keeps it off the worker list.
 TASK_REVOKED_EVENT = "task-revoked"
+TASK_FAILED_EVENT = "task-failed"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.
 PUBLISH_CALL_TASK = "vancetope.publish_call"

@@ -46,6 +46,10 @@ _UNSUCCESSFUL: Final = frozenset({_S.FAILED, _S.SKIPPED, _S.EXPIRED})
 # Waiting for its next attempt after one failed (brain.core.retry): holds no worker, no slot,
 # and no run in flight (a late result of the failed attempt is refused).
 RETRY_WAIT: Final = frozenset({_S.RETRYING})
+# Ended so (cancelled, expired), no worker or agent will speak of its run again: sent and not
+# begun, or a failed attempt Flower shows RETRY (its next attempt would be a new run). The
+# brain says it was revoked (brain.runtime.revoked); Flower showed it so for ever before.
+REVOKED_IF_ENDED: Final = NOT_BEGUN | RETRY_WAIT
 # A for_each task waiting for the items it made (brain.core.fanout).
 FAN_OUT_WAIT: Final = frozenset({_S.FANNED_OUT})
 # What a server worker may begin its run from (``Store.begin_run``, a compare-and-set on the

@@ -108,6 +108,8 @@ class ClientScheduling(Protocol):
 
     def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None: ...
 
+    def tell_lost(self, runs: Iterable[tuple[str | None, str | None]], why: str) -> None: ...
+
 
 class ClientWork:
     def __init__(
@@ -293,6 +295,7 @@ class ClientWork:
         # bound client) for every call re-routed, not every connected client's.
         by_user: dict[tuple[str | None, str | None], dict[str, ClientSession]] = {}
         unrun: list[tuple[str | None, str | None]] = []  # taken back before the agent began them
+        lost: list[tuple[str | None, str | None]] = []  # taken back after it began them
         for rec in mine:
             where = where_by_run.get(rec.run_id or "")
             if where is None:
@@ -319,10 +322,11 @@ class ClientWork:
             if moved:
                 taken += 1
                 touched.add(rec.tree_id)
-                if rec.state in NOT_BEGUN:
-                    unrun.append((rec.run_id, cid))
-        # Their runs are over (each runs again as a new run): Flower would show them received for ever.
+                (unrun if rec.state in NOT_BEGUN else lost).append((rec.run_id, cid))
+        # Their runs are over (each runs again as a new run, or is given up): Flower would show
+        # them received, or started, for ever.
         self.scheduler.revoke_unrun(unrun, expired=False)
+        self.scheduler.tell_lost(lost, f"client agent {cid} went away mid-call")
         for tree_id in touched:
             self.scheduler.advance(tree_id)
         return taken

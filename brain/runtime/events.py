@@ -102,7 +102,8 @@ class ClientEvents:
         # sent its "received"). Ends are noted here and checked under ``_order``, with the
         # event queued in the same step.
         self._order = threading.Lock()
-        self._ended: OrderedDict[str, None] = OrderedDict()
+        # Each ended run's last end event: a RETRY is said again only while it is the last.
+        self._ended: OrderedDict[str, str] = OrderedDict()
         self._restates: set[threading.Timer] = set()
 
     def _dispatcher(self, client_id: str) -> EventDispatcher:
@@ -131,9 +132,19 @@ class ClientEvents:
             if run_id not in self._ended:
                 self._send(client_id, event, uuid=run_id, **fields)
 
-    def _send_end(self, client_id: str, run_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+    def _send_end(
+        self,
+        client_id: str,
+        run_id: str,
+        events: list[tuple[str, dict[str, Any]]],
+        *,
+        unless_ended: bool = False,
+    ) -> None:
         with self._order:
-            self._ended[run_id] = None
+            if unless_ended and run_id in self._ended:
+                return
+            self._ended[run_id] = events[-1][0]
+            self._ended.move_to_end(run_id)
             while len(self._ended) > ENDED_KEPT:
                 self._ended.popitem(last=False)
             for event, fields in events:
@@ -294,7 +305,9 @@ class ClientEvents:
             parent_id=None,
         )
 
-    def task_done(self, result: ToolResult) -> None:
+    def task_done(self, result: ToolResult, *, unless_ended: bool = False) -> None:
+        """A client's call ended as its agent says; ``unless_ended``: not if this brain already
+        sent its run an end (a result refused, of a run it said was revoked or lost)."""
         if result.client_id is None:
             return
         runtime = max(result.finished_at - result.started_at, 0.0)
@@ -305,7 +318,7 @@ class ClientEvents:
             # As a server pool's task shows it (workers.contracts.shown_failure): never the message.
             end = ("task-failed", {"exception": shown_failure(result), "traceback": ""})
         started = ("task-started", {"timestamp": result.started_at})
-        self._send_end(result.client_id, result.run_id, [started, end])
+        self._send_end(result.client_id, result.run_id, [started, end], unless_ended=unless_ended)
 
     def task_retried(self, result: ToolResult, next_at: float) -> None:
         """A client's call failed and is tried again at ``next_at``: Flower shows RETRY, as for
@@ -328,12 +341,20 @@ class ClientEvents:
     def _restate(self, client_id: str, run_id: str, fields: dict[str, Any]) -> None:
         with self._lock:
             self._restates.discard(threading.current_thread())  # type: ignore[arg-type]  # this timer
-        self._send(client_id, "task-retried", uuid=run_id, **fields)
+        with self._order:
+            # Not once the brain ended it since (its task cancelled while it waited to retry).
+            if self._ended.get(run_id) == "task-retried":
+                self._send(client_id, "task-retried", uuid=run_id, **fields)
 
     def task_revoked(self, client_id: str, run_id: str, **fields: Any) -> None:
         """A client's call the brain ended before its agent began it (``brain.runtime.revoked``,
         ``fields`` Celery's): REVOKED, and a late "started" or "progress" of it is dropped."""
-        self._send_end(client_id, run_id, [(TASK_REVOKED_EVENT, fields)])
+        self.task_ended_by_brain(client_id, run_id, TASK_REVOKED_EVENT, fields)
+
+    def task_ended_by_brain(self, client_id: str, run_id: str, event: str, fields: dict[str, Any]) -> None:
+        """A client's run the brain ended for its agent (``brain.runtime.revoked``): ``event``
+        with ``fields`` ends it in Flower, and a late "started" or "progress" of it is dropped."""
+        self._send_end(client_id, run_id, [(event, fields)])
 
     def task_started(self, started: ToolStarted) -> None:
         """A client's call began: Flower shows it STARTED until it ends (or awaits approval)."""

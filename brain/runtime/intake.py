@@ -59,6 +59,12 @@ def refuse_result(rec: TaskRecord | None, result: ToolResult, from_client: str |
     return refuse_claim(result.client_id, from_client)
 
 
+def ran_after_its_end(rec: TaskRecord, result: ToolResult) -> bool:
+    """Whether ``result`` is of the run ``rec``'s task was ended (cancelled, expired) under while
+    it ran, so not recorded: its tool ran all the same. Pure."""
+    return rec.run_id == result.run_id and rec.state in (TaskState.SKIPPED, TaskState.EXPIRED)
+
+
 def refuse_claim(claimed: str | None, from_client: str | None) -> str | None:
     """Why a message claiming to come from client ``claimed`` (a result, a progress report)
     does not fit the way it came, or None. Pure; needs no record, so it is checked before
@@ -175,9 +181,8 @@ class Intake:
             updated_at=self.scheduler.clock(),
         )
         if recorded is None:
-            refusal = refuse_result(
-                self.scheduler.store.get_task(result.tree_id, result.task_id), result, from_client
-            )
+            rec = self.scheduler.store.get_task(result.tree_id, result.task_id)
+            refusal = refuse_result(rec, result, from_client)
             if refusal is not None:
                 self._refused(result, from_client, refusal)
                 return None
@@ -186,6 +191,10 @@ class Intake:
                 result.run_id,
                 result.task_id,
             )
+            if rec is not None and ran_after_its_end(rec, result) and self.scheduler.events is not None:
+                # A pool worker tells Flower how such a run ended itself; for an agent the brain does.
+                events = self.scheduler.events
+                self.scheduler.after_write(lambda: events.task_done(result, unless_ended=True))
             return None
         if not ok:
             self._pause_after_write(result, from_client, error)

@@ -60,10 +60,10 @@ from brain.core.submission import Accepted, SubmitRequest, check_submission
 from brain.core.transitions import (
     FAN_OUT_WAIT,
     FINAL,
-    NOT_BEGUN,
     NOT_DONE,
     NOT_FINAL,
     RETRY_WAIT,
+    REVOKED_IF_ENDED,
     SUCCESSFUL,
     Verdict,
     check_move,
@@ -1071,9 +1071,10 @@ class Scheduler:
     def _skip(
         self, tree_id: str, task_id: str | None, reason: str, now: float
     ) -> tuple[list[Ended], list[Ended]]:
-        """End the tree's unfinished tasks (or ``task_id``) ``skipped``: (those sent and not
-        begun, every one ended). Two statements, the sent ones first, so Flower can be told
-        which never ran; one sent meanwhile is ended by the second, and only shown as sent."""
+        """End the tree's unfinished tasks (or ``task_id``) ``skipped``: (those no worker will
+        speak of again: sent and not begun, or waiting to retry; every one ended). Two
+        statements, those first, so Flower can be told which to show revoked; one sent meanwhile
+        is ended by the second, and only shown as sent."""
         unrun, rest = (
             self.store.end_tasks(
                 tree_id,
@@ -1083,20 +1084,30 @@ class Scheduler:
                 finished_at=now,
                 task_id=task_id,
             )
-            for states in (NOT_BEGUN, NOT_FINAL)
+            for states in (REVOKED_IF_ENDED, NOT_FINAL)
         )
         return unrun, unrun + rest
 
     def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
         """Tell Flower the ``(run id, client id)`` runs were ended before a worker or agent
-        began them (``brain.runtime.revoked``), if it is wired. Watching is not correctness:
-        a failure is logged, and the cancel, expiry or take-back that ended them goes on."""
+        began them, or while it showed their failed attempt RETRY (``brain.runtime.revoked``),
+        if it is wired. Watching is not correctness: a failure is logged, and the cancel, expiry
+        or take-back that ended them goes on."""
+        self._tell_flower("calls ended before a worker began them", lambda r: r.unrun(runs, expired=expired))
+
+    def tell_lost(self, runs: Iterable[tuple[str | None, str | None]], why: str) -> None:
+        """Tell Flower the ``(run id, client id)`` runs, begun by a worker or agent that went
+        away (``why``), are over: sent again as new runs, or given up (``brain.runtime.revoked``).
+        Best effort, as ``revoke_unrun``."""
+        self._tell_flower("runs whose worker went away", lambda r: r.lost(runs, why))
+
+    def _tell_flower(self, what: str, tell: Callable[[RevokedEvents], None]) -> None:
         if self.revoked is None:
             return
         try:
-            self.revoked.unrun(runs, expired=expired)
+            tell(self.revoked)
         except Exception:
-            log.warning("could not tell Flower of calls ended before a worker began them", exc_info=True)
+            log.warning("could not tell Flower of %s", what, exc_info=True)
 
     def move(
         self,

@@ -19,7 +19,15 @@ from brain.core.client_health import QUOTA_KIND, Cause, quota_cause
 from brain.core.models import TaskRecord, TaskState, TreeRecord
 from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
-from brain.core.transitions import IN_FLIGHT, NOT_BEGUN, NOT_FINAL, PARKED, QUEUED, RETRY_WAIT, queued_state
+from brain.core.transitions import (
+    IN_FLIGHT,
+    NOT_FINAL,
+    PARKED,
+    QUEUED,
+    RETRY_WAIT,
+    REVOKED_IF_ENDED,
+    queued_state,
+)
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
 from brain.hot.gate import Gate
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
@@ -106,6 +114,8 @@ class Sweeps:
         self._suspended: set[str] = set()
         # Runs ended unrun this step, by ``expired``: Flower is told when it is over.
         self._unrun: dict[bool, list[tuple[str | None, str | None]]] = {False: [], True: []}
+        # Runs begun whose worker or agent was lost, ended this step: Flower is told with them.
+        self._lost: list[tuple[str | None, str | None]] = []
 
     def run_once(self) -> list[str]:
         """One full sweep. Returns the ids of tasks re-sent. A step that fails is logged and
@@ -254,7 +264,7 @@ class Sweeps:
             if self.scheduler.park(
                 tree_rec, rec, TaskState.PENDING_CLIENT, reason, {rec.state}, parked_at=rec.queued_at
             ):
-                self._cancel_run(rec)  # it runs again as a new run when its client is back
+                self._cancel_run(rec, lost=True)  # it runs again as a new run when its client is back
             return False
         if client_id is None and rec.run_id:
             # A lost server run gives back any gate slot it held, and its waiting entry.
@@ -280,7 +290,7 @@ class Sweeps:
         # The old run is superseded before the new one is sent: its message, if it surfaces
         # late (an agent that popped it before its link was cut, kombu restoring it after the
         # agent died), is refused at begin_run, so the two never both start.
-        self._cancel_run(rec)
+        self._cancel_run(rec, lost=True)
         call = self.scheduler.call_for(tree_rec, moved)
         if call is None:
             return False
@@ -312,7 +322,7 @@ class Sweeps:
             rec, TaskState.FAILED, error.message, IN_FLIGHT, error=error
         ):
             return  # moved on meanwhile (its result came, a cancel)
-        self._cancel_run(rec)
+        self._cancel_run(rec, lost=True)
         if retried is None:
             log.error("task %s of tree %s: %s", rec.task_id, rec.tree_id, error.message)
             self.scheduler.advance(rec.tree_id)
@@ -440,28 +450,38 @@ class Sweeps:
                 self.clients.requeue(cid)
 
     # --- cancel ----------------------------------------------------------------------------
-    def _cancel_run(self, rec: TaskRecord, *, expired: bool = False) -> None:
+    def _cancel_run(self, rec: TaskRecord, *, expired: bool = False, lost: bool = False) -> None:
         """Add the task's run to the cancelled set its worker checks (a client's message still
         in its queue is taken out). A client that replaced its own set is suspended; the task
         is cancelled in the store regardless. A run no worker or agent began (``rec`` as it was
-        read: queued) is shown revoked in Flower, ``expired`` if its time ran out, once the
-        step is over (``_tell_flower``: one message for them all)."""
+        read: queued), or a failed attempt waiting to retry, is shown revoked in Flower,
+        ``expired`` if its time ran out; one begun by a worker or agent that is ``lost``, failed
+        (``WorkerLostError``); once the step is over (``_tell_flower``: one message for them all)."""
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id)
         except ClientKeyUnreadable as exc:
             self._suspend_unreadable(exc)
-        if rec.state in NOT_BEGUN:
+        if rec.state in REVOKED_IF_ENDED:
             self._unrun[expired].append((rec.run_id, rec.client_id))
+        elif lost:
+            self._lost.append((rec.run_id, rec.client_id))
 
     def _tell_flower(self) -> None:
-        """Tell Flower of the runs ``_cancel_run`` ended before a worker began them."""
+        """Tell Flower of the runs ``_cancel_run`` ended before a worker began them, and of
+        those whose worker was lost."""
         unrun, self._unrun = self._unrun, {False: [], True: []}
+        lost, self._lost = self._lost, []
         for expired, runs in unrun.items():
             if runs:
                 self._guarded("telling Flower of calls ended unrun", self._revoke, runs, expired)
+        if lost:
+            self._guarded("telling Flower of runs whose worker was lost", self._tell_lost, lost)
 
     def _revoke(self, runs: list[tuple[str | None, str | None]], expired: bool) -> None:
         self.scheduler.revoke_unrun(runs, expired=expired)
+
+    def _tell_lost(self, runs: list[tuple[str | None, str | None]]) -> None:
+        self.scheduler.tell_lost(runs, "its worker or client agent was lost mid-call (nothing held its run)")
 
     def _suspend_unreadable(self, exc: ClientKeyUnreadable) -> None:
         cause = Cause(kind=f"{exc.name} type", detail=exc.detail)

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,10 @@ from typing import Any
 import pytest
 import redis
 
-from brain.core.models import SessionKind
+from brain.core.models import SessionKind, TaskRecord, TaskState
 from brain.flowerapp import EXIT_GRACE_S
+from brain.runtime.events import RESTATE_RETRY_S
+from brain.runtime.relay import Relay
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, flower_argv
 from brain.stack.flowerauth import BASIC_AUTH_VARIABLE, FLOWER_SECRET_FILE, FLOWER_USER, flower_access
@@ -36,7 +39,19 @@ from tests.conftest import (
 )
 from tests.integration.test_parking import connect
 from tests.integration.test_supervisor import running_up, up_log
-from workers.contracts import ToolProgress, ToolResult
+from workers.contracts import (
+    KOMBU_UNACKED,
+    ClientToolAwaiting,
+    ClientToolResult,
+    ClientToolStarted,
+    ErrorInfo,
+    ToolAwaiting,
+    ToolProgress,
+    ToolResult,
+    ToolStarted,
+    client_key,
+    client_queue,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +64,10 @@ def get_json(url: str, auth: tuple[str, str] = OPS) -> Any:
     return json.loads(body) if status == 200 else None
 
 
-def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
-    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
-) -> None:
+@contextmanager
+def flower_with_laptop(tmp_path: Path, redis_server: RedisServer, brain: Brain) -> Iterator[int]:
+    """Flower (its port) on ``redis_server``, listing client "laptop", connected to ``brain``
+    (its session "s1"; the test speaks for its agent)."""
     port = free_port()
     # Flower runs as its own Redis user, as in the stack (brain.hot.acl.COMPONENT_RULES).
     flower_url = redis_server.url_for("vt-flower")
@@ -64,8 +80,6 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             stderr=subprocess.STDOUT,
         )
     try:
-        base = f"http://127.0.0.1:{port}/api"
-        brain = brain_on_redis
         brain.scheduler.presence.enroll("laptop", "ada")
         connect(brain, "laptop")
 
@@ -78,6 +92,18 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
             )
 
         wait_until(agent_listed, timeout=60, what="Flower's worker list to show client-agent@laptop")
+        yield port
+    finally:
+        flower.terminate()
+        flower.wait(20)
+
+
+def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
+    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
+) -> None:
+    brain = brain_on_redis
+    with flower_with_laptop(tmp_path, redis_server, brain) as port:
+        base = f"http://127.0.0.1:{port}/api"
         rec = brain.scheduler.submit(
             tree({"id": "fl", "tasks": [{"id": "read", "tool": "read_local_file", "args": {"path": "a"}}]}),
             session=SessionKind.INTERACTIVE,
@@ -119,9 +145,59 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
         tasks = get_json(f"{base}/tasks") or {}
         assert tasks[task.run_id]["state"] == "SUCCESS"
         assert tasks[task.run_id]["worker"] == "client-agent@laptop"
-    finally:
-        flower.terminate()
-        flower.wait(20)
+
+
+def laptop_begins(brain: Brain, port: int, name: str) -> TaskRecord:
+    """A tree ``name`` of one client call, task "read", sent to the laptop, whose agent (the
+    test speaks for it) reserves it (kombu keeps its message in the unacked hash) and says it
+    began it, until Flower shows it STARTED; the task as it was sent."""
+    rec = brain.scheduler.submit(
+        tree({"id": name, "tasks": [{"id": "read", "tool": "read_local_file", "args": {"path": "a"}}]}),
+        session=SessionKind.INTERACTIVE,
+        client_id="laptop",
+    )
+    task = brain.store.get_task(rec.tree_id, "read")
+    assert task is not None and task.run_id
+    raw = brain.hot.r.rpop(client_key("laptop", client_queue("laptop")))
+    assert raw is not None and json.loads(raw)["headers"]["id"] == task.run_id
+    entry = json.dumps([json.loads(raw), "", client_queue("laptop")])
+    brain.hot.r.hset(client_key("laptop", KOMBU_UNACKED), "tag1", entry)
+    started = ToolStarted(run_id=task.run_id, tree_id=rec.tree_id, task_id="read", started_at=time.time(),
+                          client_id="laptop")  # fmt: skip
+    Relay(brain.intake, brain.clients).handle(
+        "laptop", ClientToolStarted(client_id="laptop", started=started).model_dump_json().encode()
+    )
+    wait_until(
+        lambda: shown_as(port, task.run_id, "STARTED"), timeout=30, what="Flower to show the call STARTED"
+    )
+    return task
+
+
+def shown_as(port: int, run_id: str, state: str) -> dict[str, Any] | None:
+    """The task of ``run_id`` as Flower's API shows it, if in ``state``."""
+    seen = (get_json(f"http://127.0.0.1:{port}/api/tasks") or {}).get(run_id, {})
+    return dict(seen) if seen.get("state") == state else None
+
+
+def test_flower_shows_a_call_taken_back_from_an_agent_that_began_it_failed_by_worker_lost(
+    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain
+) -> None:
+    """Issue 26: the agent took the call, said it started, and went away; the brain takes it
+    back and runs it again as a new run. The old run ends FAILURE (WorkerLostError), as Celery
+    shows a task whose worker died, under the agent that began it; before, STARTED for ever."""
+    brain = brain_on_redis
+    with flower_with_laptop(tmp_path, redis_server, brain) as port:
+        task = laptop_begins(brain, port, "lost")
+        assert brain.clients.on_disconnected("laptop", "s1", "missed heartbeat") == 1
+        # Taken back: it waits for a client to run it again, as a new run.
+        assert brain.store.get_task(task.tree_id, "read").taken_back == 1
+        failed = wait_until(
+            lambda: shown_as(port, task.run_id, "FAILURE"),
+            timeout=30,
+            what="Flower to show the old run FAILURE",
+        )
+        assert failed["exception"].startswith("WorkerLostError('client agent laptop went away mid-call")
+        assert failed["worker"] == "client-agent@laptop"
 
 
 def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> None:
@@ -459,7 +535,9 @@ def test_flower_shows_a_failed_task_by_its_error_type_not_its_message(
 def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
     flower_stack: FlowerStack, where: str, failing: dict[str, Any]
 ) -> None:
-    """Issue 23: a failed attempt its retry policy covers is RETRY in Flower, not FAILURE."""
+    """Issue 23: a failed attempt its retry policy covers is RETRY in Flower, not FAILURE.
+    Issue 26: its task cancelled while it waits for its next attempt (a new run), it shows
+    REVOKED, not RETRY for ever; a client's RETRY said again later does not bring it back."""
     fs = flower_stack
     retry = {"max_attempts": 2, "backoff_s": 600, "jitter": False, "on": ["tool_error"]}
     rec = fs.brain.scheduler.submit(
@@ -477,14 +555,21 @@ def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
         )
         run_id = task.attempts[0].run_id
 
-        def shown() -> dict[str, Any] | None:
+        def shown(state: str) -> dict[str, Any] | None:
             seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(run_id, {})
-            return dict(seen) if seen.get("state") == "RETRY" else None
+            return dict(seen) if seen.get("state") == state else None
 
-        retried = wait_until(shown, timeout=60, what=f"Flower to show the {where} attempt as RETRY")
+        retried = wait_until(
+            lambda: shown("RETRY"), timeout=60, what=f"Flower to show the {where} attempt as RETRY"
+        )
         assert PLANTED not in json.dumps(retried)
     finally:
-        fs.brain.sweeps.cancel(rec.tree_id)
+        assert fs.brain.sweeps.cancel(rec.tree_id) == ["fails"]
+    wait_until(
+        lambda: shown("REVOKED"), timeout=60, what=f"Flower to show the cancelled {where} attempt REVOKED"
+    )
+    time.sleep(RESTATE_RETRY_S + 1)  # a client's RETRY is said again this long after it failed
+    assert shown("REVOKED"), json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(run_id)
 
 
 def test_flower_shows_a_call_waiting_at_the_gate_as_throttled_by_its_limit(flower_stack: FlowerStack) -> None:
@@ -576,3 +661,80 @@ def test_flower_shows_the_calls_of_a_cancelled_tree_revoked_not_throttled_for_ev
     assert set(states.values()) <= {"skipped", "done"}, states
     workers = json.loads(fetch(f"{fs.url}/api/workers", fs.auth)[1])
     assert not any(name.startswith("gen") for name in workers), sorted(workers)
+
+
+def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_worker_ends_it(
+    flower_stack: FlowerStack,
+) -> None:
+    """Issue 26: a call already running is not stopped by a cancel; its result is refused (the
+    task stays skipped). Its pool worker still tells Flower how the tool ended: SUCCESS."""
+    fs = flower_stack
+    rec = fs.brain.scheduler.submit(
+        tree(
+            {
+                "id": "flower-cancel-running",
+                "tasks": [{"id": "naps", "tool": "sleep", "args": {"seconds": 3}}],
+            }
+        ),
+        session=SessionKind.AUTONOMOUS,
+    )
+    running = wait_until(
+        lambda: (t := fs.brain.store.get_task(rec.tree_id, "naps")) and t.state.value == "running" and t,
+        60,
+        "the call to start on its pool",
+    )
+    assert fs.brain.sweeps.cancel(rec.tree_id) == ["naps"]
+
+    def ended() -> dict[str, Any] | None:
+        seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(running.run_id, {})
+        return dict(seen) if seen.get("state") in ("SUCCESS", "FAILURE", "REVOKED") else None
+
+    shown = wait_until(ended, timeout=60, what="Flower to show the cancelled running call ended")
+    assert shown["state"] == "SUCCESS", shown
+    assert shown["worker"].startswith("server@")
+    assert fs.brain.store.get_task(rec.tree_id, "naps").state.value == "skipped"  # its result refused
+
+
+@pytest.mark.parametrize("held", ["running", "awaiting approval"])
+def test_flower_shows_a_client_call_running_when_its_tree_was_cancelled_as_its_agent_ended_it(
+    tmp_path: Path, redis_server: RedisServer, brain_on_redis: Brain, held: str
+) -> None:
+    """Issue 26: a client's call already running is not stopped by a cancel, and its result is
+    refused (the task stays skipped); Flower shows how the agent said the tool ended, SUCCESS, as
+    a pool worker's own events show a server call's. Before, STARTED for ever: the brain speaks
+    for the agent, and said nothing of a result it refused. One held for approval is ended unrun
+    by its agent (``Cancelled``): FAILURE, before AWAITING_APPROVAL for ever."""
+    brain = brain_on_redis
+    with flower_with_laptop(tmp_path, redis_server, brain) as port:
+        task = laptop_begins(brain, port, "ran")
+        relay = Relay(brain.intake, brain.clients)
+        now = time.time()
+        if held == "awaiting approval":
+            awaiting = ToolAwaiting(run_id=task.run_id, tree_id=task.tree_id, task_id="read", waiting=True,
+                                    approval_id="a1", at=now, client_id="laptop")  # fmt: skip
+            relay.handle(
+                "laptop", ClientToolAwaiting(client_id="laptop", awaiting=awaiting).model_dump_json().encode()
+            )
+            wait_until(
+                lambda: shown_as(port, task.run_id, "AWAITING_APPROVAL"), timeout=30, what="the call held"
+            )
+        assert brain.sweeps.cancel(task.tree_id) == ["read"]
+        ended = (
+            {"ok": True, "value": "x"}
+            if held == "running"
+            else {
+                "ok": False,
+                "error": ErrorInfo(type="Cancelled", message="cancelled while it awaited approval"),
+            }
+        )
+        result = ToolResult(run_id=task.run_id, tree_id=task.tree_id, task_id="read", tool="read_local_file",
+                            client_id="laptop", started_at=now, finished_at=time.time(), **ended)  # fmt: skip
+        relay.handle("laptop", ClientToolResult(client_id="laptop", result=result).model_dump_json().encode())
+        state = "SUCCESS" if held == "running" else "FAILURE"
+        shown = wait_until(
+            lambda: shown_as(port, task.run_id, state), timeout=30, what=f"Flower to show the call {state}"
+        )
+        assert shown["worker"] == "client-agent@laptop"
+        if held != "running":
+            assert shown["exception"].startswith("Cancelled (the message: vancetope status")
+        assert brain.store.get_task(task.tree_id, "read").state is TaskState.SKIPPED  # its result refused

@@ -1,5 +1,6 @@
 """The task-sent events Flower shows while a call waits in its queue: one per server call,
-with the tool and argument names (never values), none twice
+with the tool and argument names (never values), none twice; the task-revoked and task-failed
+the brain sends for calls it ended that no worker will speak of again
 (a real Redis, a Celery event receiver; no workers, so every call stays queued). With
 ``task_events = false`` a stack sends no task events at all, and its workers still their
 heartbeats (a real stack)."""
@@ -13,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from brain.core.models import TaskState
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from tests.conftest import tree, wait_for_tree, wait_until
-from workers.contracts import RUN_TOOL_TASK
+from workers.contracts import RUN_TOOL_TASK, ErrorInfo, ToolResult
 
 pytestmark = pytest.mark.integration
 
@@ -119,6 +121,57 @@ def test_a_cancel_and_an_expiry_send_task_revoked_for_each_call_no_worker_began(
     assert {(e["terminated"], e["signum"]) for e in captured.events} == {(False, None)}
     # The brain's events go under one anonymous node name (gen<pid>@host), as its task-sent do.
     assert len({e["hostname"] for e in captured.events}) == 1
+
+
+def test_a_run_whose_worker_was_lost_is_told_failed_and_a_cancelled_retry_revoked(
+    brain_on_redis: Brain,
+) -> None:
+    """Issue 26: a server run begun whose message nothing holds any more (its worker died with
+    it) is sent again as a new run, and the old one told failed (``WorkerLostError``), not left
+    STARTED; a failed attempt (RETRY) whose tree is cancelled while it waits is told revoked."""
+    brain = brain_on_redis
+    captured = Captured(brain, kinds=("task-failed", "task-revoked").__contains__)
+    try:
+        captured.wait_subscribed()
+        retry = {"max_attempts": 2, "backoff_s": 600, "jitter": False}
+        rec = brain.scheduler.submit(
+            tree(
+                {
+                    "id": "gone",
+                    "tasks": [
+                        {"id": "lost", "tool": "echo", "args": {"value": 1}},
+                        {"id": "retries", "tool": "echo", "args": {"value": 2}, "retry": retry},
+                    ],
+                }
+            )
+        )
+        lost, retries = (brain.store.get_task(rec.tree_id, t) for t in ("lost", "retries"))
+        assert lost is not None and retries is not None and lost.run_id and retries.run_id
+        now = time.time()
+        error = ErrorInfo(type="ToolTimeout", message="on purpose")
+        failed = ToolResult(run_id=retries.run_id, tree_id=rec.tree_id, task_id="retries", tool="echo",
+                            ok=False, error=error, started_at=now, finished_at=now)  # fmt: skip
+        assert brain.intake.take(failed) is TaskState.RETRYING
+        # A pool worker took "lost", began it, and died with its message (no pool here).
+        wait_until(lambda: brain.hot.r.llen("server") == 2, timeout=30, what="both calls in their queue")
+        brain.hot.r.delete("server")
+        assert brain.scheduler.move(rec.tree_id, "lost", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
+        wait_until(lambda: brain.sweeps.resend_lost() == ["lost"], timeout=30, what="the lost run re-sent")
+        resent = brain.store.get_task(rec.tree_id, "lost")
+        assert resent is not None and resent.run_id != lost.run_id
+        assert sorted(brain.sweeps.cancel(rec.tree_id)) == ["lost", "retries"]
+        wait_until(lambda: len(captured.events) >= 3, timeout=30, what="3 task events")
+    finally:
+        captured.close()
+    assert len(captured.events) == 3  # one each, none twice
+    told = {e["uuid"]: e for e in captured.events}
+    assert {uuid: e["type"] for uuid, e in told.items()} == {
+        lost.run_id: "task-failed",  # its worker was lost mid-call
+        retries.run_id: "task-revoked",  # RETRY in Flower, cancelled before its next attempt
+        resent.run_id: "task-revoked",  # the new run, cancelled in its queue
+    }
+    assert told[lost.run_id]["exception"].startswith("WorkerLostError(")
+    assert told[lost.run_id]["worker_lost"] is True
 
 
 @pytest.mark.parametrize("task_events", [True, False])

@@ -22,6 +22,7 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from brain import flowerapp
+from brain.core.revoked import LOST_MARK
 from brain.stack.flowerauth import (
     FLOWER_SECRET_FILE,
     UNAUTHORIZED_DEFAULT,
@@ -243,3 +244,31 @@ def test_a_workers_own_revoked_event_is_celerys() -> None:
     state.event(_task_event("revoked", "default@pool", 2, expired=False, **REVOKED))
     assert state.tasks["run-1"].state == "REVOKED"
     assert dict(state.counter["default@pool"]) == {"task-received": 1, "task-revoked": 1}
+
+
+def test_a_run_whose_worker_was_lost_shows_failure_and_keeps_the_worker_that_began_it() -> None:
+    """Issue 26: the brain's ``task-failed`` (WorkerLostError) for a run it sent again as a new
+    run: FAILURE, under the pool worker that began it, and the brain listed as no worker."""
+    state = EventsState()
+    state.event(_task_event("received", "default@pool", 1))
+    state.event(_task_event("started", "default@pool", 2))
+    state.event(_task_event("failed", "gen1@brain", 3, exception="WorkerLostError('gone')", traceback="",
+                            **{LOST_MARK: True}))  # fmt: skip
+    assert state.tasks["run-1"].state == "FAILURE"
+    assert state.tasks["run-1"].exception == "WorkerLostError('gone')"
+    assert state.tasks["run-1"].worker.hostname == "default@pool"
+    assert set(state.workers) == {"default@pool"} and "gen1@brain" not in state.counter
+
+
+def test_a_late_retry_does_not_undo_the_brains_revoke() -> None:
+    """Issue 26: a failed attempt (RETRY) whose task was cancelled shows REVOKED; Celery's state
+    lets a RETRY replace any state, and a client's RETRY is said again seconds later."""
+    state = EventsState()
+    state.event(_task_event("received", "client-agent@laptop", 1))
+    state.event(_task_event("retried", "client-agent@laptop", 2, exception="ToolError", traceback=""))
+    state.event(_task_event("revoked", "gen1@brain", 3, expired=False, **REVOKED))
+    state.event(_task_event("retried", "client-agent@laptop", 4, exception="ToolError", traceback=""))
+    assert state.tasks["run-1"].state == "REVOKED"
+    # Any other task's RETRY is Celery's as ever.
+    state.event({**_task_event("retried", "default@pool", 5, exception="X", traceback=""), "uuid": "run-2"})
+    assert state.tasks["run-2"].state == "RETRY"

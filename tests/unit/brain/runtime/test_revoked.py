@@ -21,16 +21,22 @@ from brain.runtime.revoked import CHUNK, RevokedEvents
 from tests.unit.brain.runtime.rig import Rig, echo, local_read, tree
 from tests.unit.brain.runtime.test_clientwork import queued_to_laptop
 from tests.unit.brain.runtime.test_fan_out import fan, listed
+from tests.unit.brain.runtime.test_retries import failed, succeeded
 
 
 class Told:
-    """Stands in for ``RevokedEvents``: the runs it was told of, with ``expired``."""
+    """Stands in for ``RevokedEvents``: the runs it was told ended unrun, with ``expired``, and
+    those it was told were lost with their worker."""
 
     def __init__(self) -> None:
         self.runs: list[tuple[str | None, str | None, bool]] = []
+        self.lost_runs: list[tuple[str | None, str | None]] = []
 
     def unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
         self.runs += [(run, client, expired) for run, client in runs]
+
+    def lost(self, runs: Iterable[tuple[str | None, str | None]], why: str) -> None:
+        self.lost_runs += list(runs)
 
 
 def telling(rig: Rig) -> Told:
@@ -92,15 +98,23 @@ class Caught(ClientEvents):
                           "local_received": now, "clock": len(self.sent), **fields})  # fmt: skip
 
 
-def test_server_calls_go_a_chunk_a_message_and_a_clients_through_its_agents_events(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    messages: list[tuple[str, list[dict[str, Any]]]] = []
+Messages = list[tuple[str, list[dict[str, Any]]]]
+
+
+def telling_flower(monkeypatch: pytest.MonkeyPatch) -> tuple[RevokedEvents, Messages, Caught]:
+    """``RevokedEvents`` whose server messages are kept (kind, events) and client events caught."""
+    messages: Messages = []
     monkeypatch.setattr(
         revoked, "send_task_events", lambda app, kind, events: messages.append((kind, events))
     )
     client = Caught()
-    events = RevokedEvents(Celery("test", set_as_current=False), client)
+    return RevokedEvents(Celery("test", set_as_current=False), client), messages, client
+
+
+def test_server_calls_go_a_chunk_a_message_and_a_clients_through_its_agents_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events, messages, client = telling_flower(monkeypatch)
     server = [(f"s{i}", None) for i in range(CHUNK + 1)]
     events.unrun([*server, ("c1", "laptop"), (None, "laptop")], expired=True)
 
@@ -169,3 +183,115 @@ def test_a_cancel_that_cannot_tell_flower_cancels_all_the_same(rig: Rig) -> None
     rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
     assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["a", "b"]
     assert rig.task(rec.tree_id, "a").state is TaskState.SKIPPED
+
+
+RETRY_LATER = {"max_attempts": 2, "backoff_s": 600, "jitter": False}
+
+
+@pytest.mark.parametrize("owner", ["server", "client"])
+@pytest.mark.parametrize("end", ["cancel", "expiry"])
+def test_a_failed_attempt_waiting_to_retry_is_told_revoked_when_its_task_ends(
+    rig: Rig, owner: str, end: str
+) -> None:
+    """Issue 26: Flower shows the failed attempt RETRY; the next attempt would be a new run, so
+    a task cancelled or expired while it waits would leave that run RETRY for ever."""
+    told = telling(rig)
+    client = "laptop" if owner == "client" else None
+    if client:
+        rig.presence.enroll("laptop", "ada")
+        rig.connect()
+    spec: dict[str, Any] = {"retry": RETRY_LATER, **({"max_total_s": 900} if end == "expiry" else {})}
+    rec = rig.scheduler.submit(tree(local_read("a", **spec) if client else echo("a", **spec)), user="ada")
+    call = rig.sent.of("a")[-1]
+    assert Intake(rig.scheduler).take(failed(call, client_id=client), client) is TaskState.RETRYING
+    if end == "cancel":
+        assert rig.sweeps.cancel(rec.tree_id) == ["a"]
+    else:
+        rig.clock.advance(900)  # its retry is due at 600: past max_total_s before it starts
+        assert rig.sweeps.expire_overdue() == ["a"]
+    assert told.runs == [(call.run_id, client, end == "expiry")] and told.lost_runs == []
+
+
+def test_a_disconnect_tells_of_a_call_the_agent_had_begun_as_lost(rig: Rig) -> None:
+    """Issue 26: taken back after its agent said it started, the call runs again as a new run;
+    its old run, STARTED in Flower, is told lost (failed, WorkerLostError)."""
+    told = telling(rig)
+    tree_id, run_id = queued_to_laptop(rig, "unacked")
+    assert rig.scheduler.move(tree_id, "r", TaskState.RUNNING, {TaskState.QUEUED_CLIENT})
+    rig.clients.on_disconnected("laptop", "s1", "graceful shutdown")
+    assert rig.task(tree_id, "r").state is TaskState.PENDING_CLIENT  # waits to run again, as a new run
+    assert told.lost_runs == [(run_id, "laptop")] and told.runs == []
+
+
+def test_a_running_server_run_nothing_holds_is_told_lost_when_sent_again(rig: Rig) -> None:
+    told = telling(rig)
+    rec = rig.scheduler.submit(tree(echo("a")))
+    old = rig.task(rec.tree_id, "a").run_id
+    assert rig.scheduler.move(rec.tree_id, "a", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
+    rig.later()
+    assert rig.sweeps.run_once() == ["a"]
+    assert rig.task(rec.tree_id, "a").run_id != old
+    assert told.lost_runs == [(old, None)] and told.runs == []
+
+
+def test_a_lost_run_is_told_failed_by_worker_lost_and_shows_failure_in_celerys_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events, messages, client = telling_flower(monkeypatch)
+    events.lost([("s1", None), ("c1", "laptop")], "client agent laptop went away mid-call")
+    assert [(kind, [e["uuid"] for e in batch]) for kind, batch in messages] == [("task-failed", ["s1"])]
+    server = messages[0][1][0]
+    assert server["exception"] == "WorkerLostError('client agent laptop went away mid-call')"
+    assert server["worker_lost"] is True
+    state = State()
+    for uuid, host in (("c1", "client-agent@laptop"), ("s1", "server@box")):
+        for clock, kind in enumerate(("task-received", "task-started")):
+            state.event({"type": kind, "uuid": uuid, "hostname": host, "timestamp": 0.0,
+                         "local_received": 0.0, "clock": clock})  # fmt: skip
+    for event in client.sent:
+        state.event(event)
+    state.event({**server, "type": "task-failed", "hostname": "gen1@box", "local_received": 0.0, "clock": 9})
+    assert {uuid: state.tasks[uuid].state for uuid in ("c1", "s1")} == {"c1": "FAILURE", "s1": "FAILURE"}
+    told = len(client.sent)
+    client._send_unless_ended("laptop", "c1", "task-progress")  # its agent's late word: dropped
+    assert len(client.sent) == told
+
+
+def test_a_clients_retry_is_not_said_again_once_the_brain_revoked_it() -> None:
+    """The RETRY said again ``RESTATE_RETRY_S`` later would replace REVOKED in Flower."""
+    client = Caught()
+    retried = {"exception": "ToolTimeout", "traceback": ""}
+    client._send_end("laptop", "c1", [("task-retried", retried)])
+    client._restate("laptop", "c1", retried)
+    assert [e["type"] for e in client.sent] == ["task-retried", "task-retried"]
+    client.task_revoked("laptop", "c1", terminated=False, signum=None, expired=False)
+    client._restate("laptop", "c1", retried)
+    assert [e["type"] for e in client.sent] == ["task-retried", "task-retried", "task-revoked"]
+
+
+@pytest.mark.parametrize("told_before", [False, True])
+def test_a_client_call_running_when_cancelled_is_shown_ended_as_its_agent_says(
+    rig: Rig, told_before: bool
+) -> None:
+    """Issue 26: its result is refused (the task stays skipped), but its tool ran: Flower is
+    told how it ended, as a pool worker tells of a server call, once; not over an end this
+    brain already sent for the run."""
+    client = rig.scheduler.events = Caught()
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rec = rig.scheduler.submit(tree(local_read("r")), user="ada")
+    call = rig.sent.of("r")[-1]
+    assert rig.scheduler.move(rec.tree_id, "r", TaskState.RUNNING, {TaskState.QUEUED_CLIENT})
+    assert rig.sweeps.cancel(rec.tree_id) == ["r"]
+    if told_before:
+        client.task_revoked("laptop", call.run_id, terminated=False, signum=None, expired=False)
+    before = len(client.sent)
+    assert not Intake(rig.scheduler).on_result(succeeded(call, client_id="laptop"), "laptop")
+    assert rig.task(rec.tree_id, "r").state is TaskState.SKIPPED
+    shown = [(e["type"], e["uuid"]) for e in client.sent[before:]]
+    assert shown == ([] if told_before else [("task-started", call.run_id), ("task-succeeded", call.run_id)])
+    # Another run's late result (not the run the task ended under) is told nothing.
+    assert not Intake(rig.scheduler).on_result(
+        succeeded(call.model_copy(update={"run_id": "other"}), client_id="laptop"), "laptop"
+    )
+    assert len(client.sent) == before + len(shown)
