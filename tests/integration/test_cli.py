@@ -373,7 +373,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
     agent: subprocess.Popen[str] | None = None
     try:
         stack_file = data / "stack.json"
-        wait_until(stack_file.exists, timeout=90, what="`vancetope up` to write stack.json")
+        wait_until(stack_file.exists, timeout=120, what="`vancetope up` to write stack.json")
         admin_secret = (data / "redis" / "admin.secret").read_text().strip()
         assert admin_secret not in stack_file.read_text()
         # A second `up` on the same data dir is refused, and leaves the first one findable (it
@@ -459,7 +459,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         )
         wait_until(
             lambda: "— done" in vancetope("status", tree_id, data=data).stdout,
-            timeout=90,
+            timeout=120,
             what="the parked tasks to run once the agent connected",
         )
         status = vancetope("status", tree_id, data=data).stdout

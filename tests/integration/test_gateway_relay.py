@@ -232,7 +232,7 @@ def test_inside_a_tree_sampling_and_elicitation_fail_saying_they_are_not_availab
         }
     )
     rec = brain.scheduler.submit(tree, session=SessionKind.INTERACTIVE, user="ada")
-    wait_for_tree(brain, rec.tree_id, timeout=60)
+    wait_for_tree(brain, rec.tree_id, timeout=120)
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     for task_id, what in (("llm", "sampling"), ("user", "elicitation")):
         task = tasks[task_id]

@@ -289,7 +289,7 @@ def test_a_revoked_clients_unstarted_calls_come_back_as_for_a_disconnect(
     revoke(brain.clients, "lost-laptop")
     wait_until(
         lambda: brain.store.get_task(rec.tree_id, "r0").state is TaskState.PENDING_CLIENT,
-        timeout=10,
+        timeout=60,
         what="the revoked client's call to be taken back",
     )
     assert brain.hot.r.llen(client_key("lost-laptop", client_queue("lost-laptop"))) == 0

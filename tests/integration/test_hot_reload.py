@@ -48,7 +48,7 @@ def test_a_server_added_to_the_mcp_config_is_used_without_a_restart(
     rec = brain.scheduler.submit(
         tree({"id": "after-reload", "tasks": [{"id": "sum", "tool": "b.add", "args": {"a": 2, "b": 5}}]})
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     assert brain.store.get_task(rec.tree_id, "sum").result == 7
 
 
@@ -78,7 +78,7 @@ def test_a_reload_request_reloads_and_a_broken_file_keeps_the_registry_in_use(
     rec = brain_factory(stack).scheduler.submit(
         tree({"id": "still-there", "tasks": [{"id": "sum", "tool": "add", "args": {"a": 1, "b": 1}}]})
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
 
 
 def test_what_a_reload_changed_in_words() -> None:

@@ -109,7 +109,7 @@ def test_status_json_says_running_while_a_server_task_runs_and_done_after(
     table = vancetope("status", rec.tree_id, data=data).stdout
     assert "running" in table and "queued_server" not in table
     _HeldAnswer.release.set()
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     after = json.loads(vancetope("status", rec.tree_id, "--json", data=data).stdout)
     assert after["tasks"][0]["state"] == "done" and after["counts"] == {"done": 1}
     task = brain.store.get_task(rec.tree_id, "get")

@@ -92,7 +92,7 @@ def client_stack(
 def test_whole_results_on_the_server_route(server_stack: EmbeddedStack, brain_factory) -> None:
     brain = brain_factory(server_stack)
     rec = brain.scheduler.submit(tree({"id": "whole-server", "tasks": TASKS}))
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     check_records({t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}, "server")
 
 
@@ -107,7 +107,7 @@ def test_whole_results_on_the_client_route(client_stack: EmbeddedStack, brain_fa
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    done = wait_for_tree(brain, rec.tree_id, timeout=90)
+    done = wait_for_tree(brain, rec.tree_id, timeout=120)
     assert done.status is TreeStatus.DONE, [
         (t.task_id, t.state, t.reason) for t in brain.store.get_tasks(rec.tree_id)
     ]
@@ -125,7 +125,7 @@ def test_a_result_over_the_cap_is_refused_whole_naming_its_biggest_block(
     stack = stack_factory(services=("brain", "server-pool"), mcp_config=config, max_result_bytes=cap)
     brain = brain_factory(stack)
     rec = brain.scheduler.submit(tree({"id": "too-big", "tasks": [{"id": "img", "tool": "get-tiny-image"}]}))
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.FAILED
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.FAILED
     img = brain.store.get_task(rec.tree_id, "img")
     assert img is not None and img.error is not None and img.error.type == "ResultTooLarge"
     assert "image" in img.error.message and f"over the cap of {cap} bytes" in img.error.message

@@ -131,7 +131,7 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
     assert isinstance(json.loads(legacy.stdout), list)  # scripts reading the tree list are unaffected
 
     worker = gpu_worker(stack)
-    done = wait_for_tree(brain, rec.tree_id, timeout=90)
+    done = wait_for_tree(brain, rec.tree_id, timeout=120)
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert done.status is TreeStatus.DONE, {t: (r.state.value, r.reason) for t, r in tasks.items()}
     # The gpu worker ran the gpu call, and the dependent it dispatched went to its own pool again.

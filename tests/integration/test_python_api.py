@@ -193,11 +193,11 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
         )
     finally:
         app.close()
-    wait_until(lambda: vt.brain.store.get_tree("from-celery"), timeout=60, what="the submitted run")
+    wait_until(lambda: vt.brain.store.get_tree("from-celery"), timeout=120, what="the submitted run")
     report = vt.tree("from-celery").wait(timeout=60)
     assert report.done and report.result("loud") == "HI" and report.tree.user == "demo"
     brain_log = stack.settings.data_dir / "logs" / "brain.log"
-    wait_until(lambda: "refused a submitted tree" in brain_log.read_text(), timeout=30, what="the refusal")
+    wait_until(lambda: "refused a submitted tree" in brain_log.read_text(), timeout=120, what="the refusal")
     assert "ghost" in brain_log.read_text()
     runs = [t for t in vt.trees(100) if t.tree.id == "api" and t.tree_id != "from-celery"]
     assert len(runs) == 1, [t.tree_id for t in runs]
@@ -240,7 +240,7 @@ def test_the_server_pool_cannot_submit_through_the_brain_queue(
     brain_log = stack.settings.data_dir / "logs" / "brain.log"
     wait_until(
         lambda: "unregistered task of type 'vancetope.submit_tree'" in brain_log.read_text(),
-        timeout=30,
+        timeout=120,
         what="the brain to refuse the forged message",
     )
     assert vt.brain.store.get_tree("forged") is None

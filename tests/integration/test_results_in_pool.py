@@ -69,7 +69,7 @@ def test_a_client_task_that_a_server_task_made_ready_reaches_the_client_through_
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     read = brain.store.get_task(rec.tree_id, "read")
     assert read is not None and read.route == "client:laptop" and read.attempt == 1
     assert read.result["content"] == "kept on the laptop\n"

@@ -184,11 +184,11 @@ def test_vancetope_up_runs_beat_and_a_skip_schedule_every_5s_never_has_two_runs_
             start_new_session=True,
         )
     try:
-        wait_until((data / "stack.json").exists, timeout=90, what="`vancetope up` to write stack.json")
+        wait_until((data / "stack.json").exists, timeout=120, what="`vancetope up` to write stack.json")
         store = open_store(f"sqlite:///{data / 'vancetope.db'}")
         try:
             wait_until(
-                lambda: len(finished(store.schedule_runs("naps"))) >= 2, timeout=90, what="two finished runs"
+                lambda: len(finished(store.schedule_runs("naps"))) >= 2, timeout=120, what="two finished runs"
             )
             runs = sorted(store.schedule_runs("naps"), key=lambda t: t.submitted_at)
         finally:

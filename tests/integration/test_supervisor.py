@@ -82,7 +82,7 @@ def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
                 and task.run_id in pool_log
             )
 
-        wait_until(taken, timeout=60, what=what)
+        wait_until(taken, timeout=120, what=what)
     finally:
         store.close()
 
@@ -108,7 +108,7 @@ def test_up_restarts_every_service_killed_with_sigkill_and_a_tree_still_runs(tmp
             now = stack_state(data).get("services", {})
             return all(now.get(name) not in (None, pid) and alive(now[name]) for name, pid in before.items())
 
-        wait_until(all_restarted, timeout=90, what="every killed service to be running again with a new pid")
+        wait_until(all_restarted, timeout=120, what="every killed service to be running again with a new pid")
         run = vancetope(
             "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "90", data=data
         )
@@ -236,7 +236,7 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
     with running_up(tmp_path, "--no-agent", *flower, env={"VANCETOPE_TASK_LOG": "true"}) as up:
         wait_until(
             lambda: {"brain", "server-pool", "flower"} <= set(stack_state(data).get("services", {})),
-            timeout=90,
+            timeout=120,
             what="the stack to be up, Flower too",
         )
         run = subprocess.Popen(

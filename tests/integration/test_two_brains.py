@@ -75,7 +75,7 @@ def start_brain_2(stack: EmbeddedStack) -> None:
         assert service.process is not None and service.process.poll() is None, log.read_text(errors="replace")
         return "brain ready" in log.read_text(errors="replace")
 
-    wait_until(ready, timeout=90, what="the second brain to be ready")
+    wait_until(ready, timeout=120, what="the second brain to be ready")
 
 
 @contextmanager

@@ -130,7 +130,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
             )
             return any(str(w.get("hostname", "")).startswith("server@") for w in page.get("data", []))
 
-        wait_until(flower_listening, timeout=60, what="Flower to hear the server pool")
+        wait_until(flower_listening, timeout=120, what="Flower to hear the server pool")
         # The server that refers to a secret nobody set failed to start, saying which reference.
         failures = {f.server: f.message for f in brain.scheduler.registry.mcp_failures}
         assert (
@@ -173,7 +173,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
             status, body = fetch(f"http://127.0.0.1:{flower_port}/api/tasks", ("op", "pw-1234"))
             return body if status == 200 and b'"leak(name)"' in body else b""
 
-        seen_by_flower = wait_until(flower_tasks, timeout=60, what="Flower to list the tree's tasks")
+        seen_by_flower = wait_until(flower_tasks, timeout=120, what="Flower to list the tree's tasks")
         assert CANARY.encode() not in seen_by_flower
     finally:
         stack.stop()

@@ -40,6 +40,6 @@ def test_an_agent_told_it_is_suspended_says_why_and_announces_again(
         assert isinstance(pop(r), ClientConnected)  # announced again
         wait_until(
             lambda: any(f"the brain suspended this agent: {REASON}" in m for m in caplog.messages),
-            timeout=5,
+            timeout=60,
             what="the reason in the agent's log",
         )
