@@ -44,7 +44,7 @@ def restart_sentinels_fresh(sentinels: SentinelSet) -> None:
         )
         process = sentinels._spawn([sentinel_binaries()[1], str(conf)], folder / "sentinel.log")
         sentinels.sentinels[index] = type(old)(old.port, process, old.username, old.password)
-    sentinels._wait(sentinels._ready, 60, "the sentinels to be back")
+    sentinels._wait(sentinels._ready, 120, "the sentinels to be back")
 
 
 def sentinels_know(sentinels: SentinelSet, user: str) -> bool:
