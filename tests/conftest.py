@@ -178,7 +178,7 @@ def brain_with_client(
         agent_config=agent_with_servers(tmp_path, servers),
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return brain_factory(stack)
 
 

@@ -105,7 +105,7 @@ class Suite:
             [str(self.node), str(self.cli), "list", "--server"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             check=True,
         ).stdout
         return [line.split()[1] for line in out.splitlines() if line.strip().startswith("- ")]
@@ -357,7 +357,7 @@ def gateway_of(route: str, where: Path) -> Iterator[str]:
     stack = EmbeddedStack(settings, only=services)
     try:
         stack.start()
-        if route == "client" and not stack.wait_connected(CLIENT_ID, 90):
+        if route == "client" and not stack.wait_connected(CLIENT_ID, 120):
             raise RuntimeError(f"client agent {CLIENT_ID!r} did not connect; see {where}/data/logs")
         port = free_port()
         stack.start_gateway(port)

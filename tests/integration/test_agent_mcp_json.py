@@ -38,7 +38,7 @@ def status(config: Path, home: Path, agent_url: str, *flags: str) -> tuple[int, 
     env.update(HOME=str(home), PYTHONPATH=str(ROOT), VANCETOPE_AGENT_BROKER_URL=agent_url)
     proc = subprocess.run(
         [sys.executable, "-m", "client_agent", "status", "--config", str(config), *flags],
-        check=False, cwd=home, env=env, capture_output=True, text=True, timeout=60,
+        check=False, cwd=home, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.stdout.strip(), proc.stderr
     return proc.returncode, proc.stdout
@@ -85,7 +85,7 @@ def test_jsonc_loads_a_bad_edit_keeps_the_tools_and_status_says_why_and_a_fix_lo
         agent_config=config,
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     brain = brain_factory(stack)
     agent_url = stack.agent_url
     assert agent_url is not None

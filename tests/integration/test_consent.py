@@ -38,7 +38,7 @@ def agent_cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={k: v for k, v in os.environ.items() if not k.startswith("VANCETOPE_")},
     )
 
@@ -66,7 +66,7 @@ def start(stack_factory: Any, brain_factory: Any, tmp_path: Path, config: Path, 
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
         **overrides,
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return brain_factory(stack)
 
 
@@ -159,7 +159,7 @@ def vancetope(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The operator's CLI against the test's running stack (found through its data dir)."""
     return subprocess.run(  # noqa: PLW1510 - callers assert on returncode
         [sys.executable, "-m", "brain", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "VANCETOPE_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "250"},
     )  # fmt: skip
 

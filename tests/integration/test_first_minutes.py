@@ -134,7 +134,7 @@ def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path
         finally:
             if up.poll() is None:
                 os.killpg(up.pid, signal.SIGINT)
-                up.wait(60)
+                up.wait(120)
     assert "stopping the stack…" in (tmp_path / "up.log").read_text()
 
 

@@ -121,7 +121,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
         assert tasks[task.run_id]["worker"] == "client-agent@laptop"
     finally:
         flower.terminate()
-        flower.wait(20)
+        flower.wait(120)
 
 
 def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> None:
@@ -365,7 +365,7 @@ def test_up_with_a_flower_address_beyond_loopback_prints_the_user_and_the_passwo
 def test_up_refuses_malformed_flower_credentials_before_starting_anything(tmp_path: Path) -> None:
     env = {BASIC_AUTH_VARIABLE: "ops"}
     with running_up(tmp_path, "--no-agent", "--flower-address", "0.0.0.0", env=env) as up:
-        assert up.wait(60) == 2
+        assert up.wait(120) == 2
     assert f"{BASIC_AUTH_VARIABLE} must be user:password" in up_log(tmp_path)
     assert not (tmp_path / "data" / "stack.json").exists()
 
@@ -472,7 +472,7 @@ def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
             lambda: (
                 (t := fs.brain.store.get_task(rec.tree_id, "fails")) and t.state.value == "retrying" and t
             ),
-            60,
+            120,
             "the attempt to fail and wait for its retry",
         )
         run_id = task.attempts[0].run_id

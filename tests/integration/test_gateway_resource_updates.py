@@ -84,7 +84,7 @@ def world(
         # what a session hears is then what proves nothing else came before it.
         server_concurrency=1,
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return World(stack, start_gateway(stack), folders["shelf"], folders["desk"], tmp / "mcp.json")
 
 

@@ -100,7 +100,7 @@ def test_status_json_says_running_while_a_server_task_runs_and_done_after(
         )
     )
     run_id = wait_until(lambda: server_runs_started(brain, rec.tree_id).get("get"), what="the run to begin")
-    assert _HeldAnswer.asked.wait(60), "the worker never asked"
+    assert _HeldAnswer.asked.wait(120), "the worker never asked"
     data = stack.settings.data_dir
     during = json.loads(vancetope("status", rec.tree_id, "--json", data=data).stdout)
     got = during["tasks"][0]

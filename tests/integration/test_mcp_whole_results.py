@@ -85,7 +85,7 @@ def client_stack(
         agent_config=agent_with_servers(where, {"everything": everything_server}),
         mcp_config=write_mcp_config(where / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return stack
 
 

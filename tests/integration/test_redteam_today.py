@@ -218,7 +218,7 @@ def test_a_hostile_workstation_of_another_user_never_gets_a_real_agents_calls(
         agent_config=agent_with_servers(tmp_path, {}),
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     brain = brain_factory(stack)
     (tmp_path / "sandbox" / "x.txt").write_text("ada's")
     cred = enroll(brain.scheduler.presence, "mallory", "eve", stack.redis.address_url)

@@ -113,7 +113,7 @@ def test_a_pool_and_a_brain_killed_during_the_wait_do_not_lose_the_retry(
     def state() -> TaskState:
         return brain.store.get_task(rec.tree_id, "fetch").state
 
-    wait_until(lambda: state() is TaskState.RETRYING, 60, "the first attempt to fail")
+    wait_until(lambda: state() is TaskState.RETRYING, 120, "the first attempt to fail")
     # The wait holds no worker: both die and come back while it runs, and the timer (in
     # Redis, the record in the store) is still there for the brain that starts afterwards.
     kill(stack, "server-pool")

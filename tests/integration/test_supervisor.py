@@ -58,7 +58,7 @@ def running_up(
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGINT)
-            up.wait(60)
+            up.wait(120)
 
 
 def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
@@ -170,9 +170,9 @@ def test_a_bad_mcp_config_is_refused_by_up_and_run_before_anything_starts_with_e
     bad = tmp_path / "bad-mcp.json"
     bad.write_text(BAD_SERVER)
     env = {"VANCETOPE_MCP_CONFIG": str(bad)}
-    up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=60)
+    up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=120)
     run = vancetope(
-        "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=60
+        "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=120
     )
     for proc, data in ((up, tmp_path / "data"), (run, tmp_path / "data2")):
         assert proc.returncode == 2, proc.stdout + proc.stderr

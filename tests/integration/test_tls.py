@@ -129,7 +129,7 @@ def test_a_server_certificate_from_another_authority_is_refused(
         env={**os.environ, "VANCETOPE_REDIS_URL": url, "VANCETOPE_DATA_DIR": str(tmp_path / "d")},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 3, proc.stderr

@@ -61,7 +61,7 @@ def secrets_cli(data: Path, *args: str, value: str | None = None) -> subprocess.
         input=value,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
     )
 
@@ -79,7 +79,7 @@ def status_json(tree_id: str, data: Path) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
         check=True,
     ).stdout
@@ -154,7 +154,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
                 }
             )
         )
-        assert wait_for_tree(brain, record.tree_id, 90).status.value == "failed"  # `leak` fails on purpose
+        assert wait_for_tree(brain, record.tree_id, 120).status.value == "failed"  # `leak` fails on purpose
         tasks = {t.task_id: t for t in brain.store.get_tasks(record.tree_id)}
         # The server got the value (the result *is* the secret, so it comes back masked whole) ...
         assert tasks["env"].result == "***", tasks["env"]

@@ -53,7 +53,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
         max_unfinished_tasks_per_user=5,
     )
     running = EmbeddedStack(settings).start()
-    assert running.wait_connected("laptop", 90)
+    assert running.wait_connected("laptop", 120)
     yield running
     running.stop()
 

@@ -44,4 +44,4 @@ def test_flower_on_loopback_asks_for_the_password_everywhere_and_answers_only_it
         assert b"flower_events_total" in fetch(f"{url}/metrics", auth)[1]
     finally:
         flower.terminate()
-        flower.wait(timeout=30)
+        flower.wait(timeout=120)

@@ -162,7 +162,7 @@ def test_an_attackers_busy_script_cannot_stop_another_users_tree_which_runs_each
     thread.start()
     try:
         stack.start_service("client-agent")
-        assert stack.wait_connected("laptop", 90)
+        assert stack.wait_connected("laptop", 120)
         rec = brain.scheduler.submit(
             tree(
                 {
@@ -194,7 +194,7 @@ def test_an_attackers_busy_script_cannot_stop_another_users_tree_which_runs_each
         wait_until(lambda: len(refusals) > 10, what="the attacker's tries")
         agent = stack.service("client-agent")
         agent.process.send_signal(signal.SIGTERM)
-        agent.process.wait(30)
+        agent.process.wait(120)
     finally:
         stop.set()
         thread.join(10)
@@ -462,7 +462,7 @@ def test_the_pool_and_beat_do_their_jobs_with_no_refusal_and_client_work_still_r
     stack = stack_factory(
         services=("brain", "server-pool", "beat", "client-agent"), agent_config=make_agent(tmp_path)
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     brain = brain_factory(stack)
     admin = redis.Redis.from_url(stack.redis_url)
     rec = brain.scheduler.submit(

@@ -79,7 +79,7 @@ def vancetope(tmp_path: Path, *args: str) -> Any:
     """The operator's CLI against the test's stack; its JSON output."""
     proc = subprocess.run(  # noqa: PLW1510 - asserted below
         [sys.executable, "-m", "brain", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "VANCETOPE_DATA_DIR": str(tmp_path / "data"), "COLUMNS": "250"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
