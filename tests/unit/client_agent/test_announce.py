@@ -266,13 +266,13 @@ def test_heartbeat_holds_the_session_with_a_ttl(
     channel = AgentChannel(redis.Redis.from_url(redis_url), CID)
     Heartbeat(channel, "s1", interval_s=0.1, ttl_s=0.6, stop=stop).start()
     key = client_key(CID, CLIENT_HEARTBEAT)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while r.get(key) is None and time.monotonic() < deadline:
         time.sleep(0.02)
     assert r.get(key) == b"s1" and 0 < r.pttl(key) <= 600
     stop.set()
     # Without beats the TTL runs out: what the brain reads as "gone".
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while r.exists(key) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not r.exists(key)
@@ -358,7 +358,7 @@ def test_refused_credentials_stop_the_announcer_while_network_errors_are_retried
         stop.set()
 
     announcing(client, stop, refused_stops)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while client.attempts < 3 and not calls and time.monotonic() < deadline:
         stop.wait(0.05)
     stop.wait(0.3)  # room for a retry that must not happen after a refusal
@@ -376,7 +376,7 @@ def test_a_refusal_the_agent_waits_out_is_announced_again(stop: threading.Event)
     client = _RefusingRedis(redis.AuthenticationError("WRONGPASS invalid username-password pair"))
     calls: list[redis.AuthenticationError] = []
     announcing(client, stop, calls.append)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while client.attempts < 3 and time.monotonic() < deadline:
         stop.wait(0.05)
     stop.set()
