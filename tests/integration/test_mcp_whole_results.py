@@ -135,7 +135,7 @@ def test_a_result_over_the_cap_is_refused_whole_naming_its_biggest_block(
 def _watch_progress(brain, tree_id: str, task_id: str) -> list[tuple[float, float | None]]:
     """Progress values seen in the task record while the task runs, until the tree ends."""
     seen: list[tuple[float, float | None]] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         rec = brain.store.get_task(tree_id, task_id)
         if rec.progress is not None and (rec.progress.progress, rec.progress.total) not in seen:
