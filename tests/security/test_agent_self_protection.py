@@ -238,10 +238,10 @@ def test_mcp_server_git_cannot_read_a_file_of_the_enclosing_repository(tmp_path:
     )
     # The attack is real: the same server, started as it was before, serves the outer file.
     spec = StdioServerSpec(command=GIT_SERVER, args=["--repository", "sandbox"], cwd=str(outer))
-    manager = MCPClientManager(MCPConfig(source="attack", servers={"git": spec}), start_timeout=30)
+    manager = MCPClientManager(MCPConfig(source="attack", servers={"git": spec}), start_timeout=120)
     try:
         leaked = manager.call_tool(
-            "git", "git_show", {"repo_path": str(outer), "revision": "HEAD:vancetope.toml"}, 30
+            "git", "git_show", {"repo_path": str(outer), "revision": "HEAD:vancetope.toml"}, 120
         )
     finally:
         manager.close()
@@ -269,7 +269,7 @@ def test_a_garbage_reply_fails_the_call_at_once_and_the_server_restarts(tmp_path
         args=[str(FIXTURES / "mcp_garbage_server.py")],
         env={"GARBAGE_STARTS": str(starts)},
     )
-    manager = MCPClientManager(MCPConfig(source="mcp.json", servers={"hostile": spec}), start_timeout=30)
+    manager = MCPClientManager(MCPConfig(source="mcp.json", servers={"hostile": spec}), start_timeout=120)
     try:
         assert manager.call_tool("hostile", "echo", {"text": "before"}, 60) == "before"
         # A 600 s timeout: a slot held until the timeout would end as ToolTimeout, not this.
