@@ -415,7 +415,7 @@ def test_the_pool_and_flower_may_publish_on_celerys_channels_only_so_never_annou
         pubsub = r.pubsub()
         with pytest.raises(redis.exceptions.NoPermissionError):
             pubsub.psubscribe("*")  # and no listening to every channel either
-            pubsub.get_message(timeout=5)  # the refusal is the subscription's reply
+            pubsub.get_message(timeout=60)  # the refusal is the subscription's reply
         pubsub.close()
     finally:
         r.close()
