@@ -11,8 +11,8 @@ from brain.core.models import Enrollment, SubmitCredential
 from brain.hot.acl import CLIENT_USER_PREFIX, AclUsers, client_username, secret_sha256, set_user
 from brain.runtime.service import sync_users
 from brain.runtime.submitters import SUBMIT_USER_PREFIX, SubmitterUsers
-from brain.store import open_store
 from brain.stack.redis_server import ACL_FILE, KEPT_USER_PREFIXES, RedisServer, kept_user_lines
+from brain.store import open_store
 from workers.urls import with_credentials
 
 
