@@ -178,7 +178,7 @@ def brain_with_client(
         agent_config=agent_with_servers(tmp_path, servers),
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return brain_factory(stack)
 
 
@@ -297,8 +297,11 @@ def pool_processes(
             proc.wait(10)
 
 
-def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 60.0) -> TreeRecord:
-    """Block until the tree is no longer running (bounded), woken by the brain's events."""
+def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 120.0) -> TreeRecord:
+    """Block until the tree is no longer running (bounded), woken by the brain's events.
+
+    The bound is only a backstop (see ``wait_until``): a test that bounds how long a tree may
+    take says so with its own ``timeout`` and its own measurement."""
     from workers.contracts import channel_tree_events
 
     pubsub = brain.hot.r.pubsub(ignore_subscribe_messages=True)
@@ -318,7 +321,13 @@ def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 60.0) -> TreeReco
         pubsub.close()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:
+    """``predicate()``'s first true value, polled until ``timeout``.
+
+    The default is generous on purpose: a passing test returns as soon as the condition holds,
+    so a long bound costs nothing; a short one failed CI when the suite's own load (two xdist
+    workers with their redis-servers, Celery pools and agents) made a start take 31 s of 30.
+    Pass a short ``timeout`` only where the bound is what the test asserts."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

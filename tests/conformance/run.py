@@ -105,7 +105,7 @@ class Suite:
             [str(self.node), str(self.cli), "list", "--server"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             check=True,
         ).stdout
         return [line.split()[1] for line in out.splitlines() if line.strip().startswith("- ")]
@@ -230,7 +230,7 @@ def reference_over_http(log_dir: Path) -> Iterator[str]:
     )
     try:
         url = f"http://127.0.0.1:{port}/mcp"
-        wait_http(url, (400, 406), 30, "the reference server")
+        wait_http(url, (400, 406), 120, "the reference server")
         yield url
     finally:
         process.terminate()
@@ -313,7 +313,7 @@ class TokenProxy:
 
     def __enter__(self) -> Self:
         self._thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError("the token proxy did not start")
@@ -357,12 +357,12 @@ def gateway_of(route: str, where: Path) -> Iterator[str]:
     stack = EmbeddedStack(settings, only=services)
     try:
         stack.start()
-        if route == "client" and not stack.wait_connected(CLIENT_ID, 90):
+        if route == "client" and not stack.wait_connected(CLIENT_ID, 120):
             raise RuntimeError(f"client agent {CLIENT_ID!r} did not connect; see {where}/data/logs")
         port = free_port()
         stack.start_gateway(port)
         gateway = f"http://{settings.gateway_host}:{port}/mcp"
-        wait_http(gateway, (401,), 60, "the gateway")
+        wait_http(gateway, (401,), 120, "the gateway")
         with TokenProxy(gateway, token_for(stack, user)) as proxy:
             yield proxy.url
     finally:

@@ -46,12 +46,12 @@ def test_one_round_of_agent_heartbeats_is_a_few_messages_each_agent_heard_as_its
         captured.wait_subscribed()
         channels.clear()  # the probes
         events.heartbeats(ids)
-        wait_until(lambda: len(captured.events) >= len(ids), timeout=30, what="every agent's heartbeat")
+        wait_until(lambda: len(captured.events) >= len(ids), timeout=60, what="every agent's heartbeat")
         events.close()  # sends what is queued first
         # Redis hands a subscriber its messages in order: once the listener has this one, it
         # has every beat (a channel Celery's receiver does not subscribe to).
         redis_client.publish(FENCE, b"")
-        wait_until(lambda: FENCE in channels, timeout=30, what="the listener to catch up")
+        wait_until(lambda: FENCE in channels, timeout=60, what="the listener to catch up")
     finally:
         events.close()
         captured.close()

@@ -53,7 +53,7 @@ def test_malformed_yaml_is_refused_with_its_line_and_column_before_anything_star
 def test_a_billion_laughs_tree_exits_2_quickly_with_the_reason(tmp_path: Path, command: str) -> None:
     laughs = ROOT / "tests" / "fixtures" / "billion_laughs.yaml"
     assert laughs.stat().st_size < 1024  # a few hundred bytes that expand to 10^9 nodes
-    proc = vancetope(command, str(laughs), data=tmp_path / "data", timeout=60)
+    proc = vancetope(command, str(laughs), data=tmp_path / "data", timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "YAML aliases expand the document beyond" in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr
@@ -107,7 +107,9 @@ def test_run_with_an_unenrolled_client_and_cancel_of_an_unknown_task_say_so(
 ) -> None:
     stack = stack_factory(services=("brain",), mcp_config=None)
     data = stack.settings.data_dir
-    proc = vancetope("run", str(EXAMPLES / "offline-client.yaml"), "--client", "ghost", data=data, timeout=60)
+    proc = vancetope(
+        "run", str(EXAMPLES / "offline-client.yaml"), "--client", "ghost", data=data, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr
     assert "client 'ghost' is not enrolled" in " ".join(proc.stderr.split())
     brain = brain_factory(stack)
@@ -117,7 +119,7 @@ def test_run_with_an_unenrolled_client_and_cancel_of_an_unknown_task_say_so(
         tree({"id": "t", "tasks": [{"id": "a", "tool": "read_local_file", "args": {"path": "x"}}]}),
         user="ada",
     )
-    proc = vancetope("cancel", rec.tree_id, "nope", data=data, timeout=60)
+    proc = vancetope("cancel", rec.tree_id, "nope", data=data, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert f"tree '{rec.tree_id}' has no task 'nope'; its tasks: a" in " ".join(proc.stderr.split())
     assert brain.store.get_task(rec.tree_id, "a").state is TaskState.PENDING_CLIENT
@@ -166,14 +168,14 @@ def test_against_a_running_stack_run_binds_to_its_client_and_refuses_a_typo_befo
     connect(brain, "laptop")
     typo = tmp_path / "typo.yaml"
     typo.write_text("id: typo\ntasks:\n  - {id: now, tool: get_curent_time, args: {timezone: UTC}}\n")
-    proc = vancetope("run", str(typo), data=data, timeout=60)
+    proc = vancetope("run", str(typo), data=data, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "did you mean `get_current_time`" in " ".join(proc.stderr.split())
     assert brain.store.list_trees() == []
 
     hello = tmp_path / "hello.yaml"
     hello.write_text("id: hello\ntasks:\n  - {id: read, tool: read_local_file, args: {path: hello.txt}}\n")
-    run = vancetope("run", str(hello), "--client", "laptop2", "--timeout", "2", data=data, timeout=60)
+    run = vancetope("run", str(hello), "--client", "laptop2", "--timeout", "2", data=data, timeout=120)
     assert run.returncode == 4, run.stdout + run.stderr  # still waiting, not failed on laptop
     assert re.search(r"read .*blocked .*Waiting for Client for Tool: read_local_file", run.stdout), run.stdout
     (rec,) = brain.store.list_trees()
@@ -181,19 +183,19 @@ def test_against_a_running_stack_run_binds_to_its_client_and_refuses_a_typo_befo
     assert brain.hot.r.llen(client_key("laptop", client_queue("laptop"))) == 0
     rows = {
         line.split("│")[1].strip(): line
-        for line in vancetope("clients", data=data, timeout=60).stdout.splitlines()
+        for line in vancetope("clients", data=data, timeout=120).stdout.splitlines()
         if line.count("│") > 4
     }
     assert rows["laptop2"].split("│")[7].strip() == "1", rows
     assert rows["laptop"].split("│")[7].strip() == "", rows  # nothing of it waits for laptop
 
     # explain answers with who is connected (issue 22 item 5): the routes run would take now.
-    said = vancetope("explain", str(hello), "--user", "ada", data=data, timeout=60)
+    said = vancetope("explain", str(hello), "--user", "ada", data=data, timeout=120)
     assert said.returncode == 0, said.stdout + said.stderr
     assert re.search(r"read .*client:laptop", said.stdout), said.stdout
     assert "no client connected" not in said.stdout
     assert "clients connected: laptop (ada)" in " ".join(said.stdout.split())
-    bound = vancetope("explain", str(hello), "--client", "laptop2", data=data, timeout=60)
+    bound = vancetope("explain", str(hello), "--client", "laptop2", data=data, timeout=120)
     assert re.search(r"read .*blocked", bound.stdout), bound.stdout
 
 
@@ -213,7 +215,7 @@ def test_explain_fails_a_tool_whose_mcp_server_is_missing_and_resolves_the_vault
         input="s3cret\n",
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**os.environ, "VANCETOPE_DATA_DIR": str(data)},
     )
     assert stored.returncode == 0, stored.stderr
@@ -373,7 +375,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
     agent: subprocess.Popen[str] | None = None
     try:
         stack_file = data / "stack.json"
-        wait_until(stack_file.exists, timeout=90, what="`vancetope up` to write stack.json")
+        wait_until(stack_file.exists, timeout=120, what="`vancetope up` to write stack.json")
         admin_secret = (data / "redis" / "admin.secret").read_text().strip()
         assert admin_secret not in stack_file.read_text()
         # A second `up` on the same data dir is refused, and leaves the first one findable (it
@@ -459,7 +461,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         )
         wait_until(
             lambda: "— done" in vancetope("status", tree_id, data=data).stdout,
-            timeout=90,
+            timeout=120,
             what="the parked tasks to run once the agent connected",
         )
         status = vancetope("status", tree_id, data=data).stdout
@@ -474,7 +476,7 @@ def test_up_run_offline_client_clients_status_and_cancel_as_a_user_would(tmp_pat
         for proc in (agent, up):
             if proc is not None and proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGINT)
-                proc.wait(60)
+                proc.wait(120)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
     up_output = (tmp_path / "up.log").read_text()
     assert "stack up" in up_output and admin_secret not in up_output

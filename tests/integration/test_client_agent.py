@@ -58,7 +58,7 @@ CRASH = {"command": sys.executable, "args": [str(FIXTURES / "mcp_crash_server.py
 
 
 def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=30)
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, timeout=120)
 
 
 def write_mcp_json(path: Path, servers: dict[str, Any]) -> None:
@@ -123,7 +123,7 @@ class AgentProcess:
 
     def children(self) -> list[int]:
         found = subprocess.run(
-            ["pgrep", "-P", str(self.proc.pid)], check=False, capture_output=True, text=True, timeout=10
+            ["pgrep", "-P", str(self.proc.pid)], check=False, capture_output=True, text=True, timeout=120
         )
         return [int(pid) for pid in found.stdout.split()]
 
@@ -156,7 +156,7 @@ class Brain:
         self.app = make_app(redis_url, keyprefix=client_keyprefix(CID))
         self.started: set[str] = set()
 
-    def next_message(self, timeout: float = 30.0) -> Any:
+    def next_message(self, timeout: float = 120.0) -> Any:
         # Short blocking pops up to the deadline: redis-py 8 reads with a 5 s socket timeout by
         # default, so one BRPOP of 90 s raised "Timeout reading from socket" while the agent started.
         deadline = time.monotonic() + timeout
@@ -182,7 +182,7 @@ class Brain:
     def send_raw(self, run_id: str, payload: Any) -> None:
         self.app.send_task(RUN_TOOL_TASK, args=[payload], queue=client_queue(CID), task_id=run_id)
 
-    def results(self, run_ids: set[str], timeout: float = 30.0) -> dict[str, ToolResult]:
+    def results(self, run_ids: set[str], timeout: float = 120.0) -> dict[str, ToolResult]:
         """The results of ``run_ids``. A call still running a moment after it began is said to
         be running first (ClientToolStarted, client_agent.start_notices): noted in ``started``;
         a quick one is not."""
@@ -240,7 +240,7 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
 ) -> None:
     agent = start_agent()
 
-    hello = brain.next_message(timeout=90)  # the agent's start: its MCP servers first, then this
+    hello = brain.next_message()  # the agent's start: its MCP servers first, then this
     assert isinstance(hello, ClientConnected), hello
     assert (hello.client_id, hello.client_type.value) == (CID, "desktop")
     assert NATIVE <= names(hello) and "shell_execute" not in names(hello)
@@ -251,7 +251,7 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
     assert read.type is ToolType.NATIVE and read.input_schema["additionalProperties"] is False
     brain.ack(hello)
 
-    session, ttl = wait_for(lambda: brain.heartbeat()[0] and brain.heartbeat(), 10, "the heartbeat")
+    session, ttl = wait_for(lambda: brain.heartbeat()[0] and brain.heartbeat(), 120, "the heartbeat")
     assert session == hello.session_id.encode() and 0 < ttl <= 3000
 
     brain.send("r-read", "read_local_file", {"path": "notes.txt"})
@@ -283,12 +283,12 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
     ]
     assert len(git_servers) == 1
     write_mcp_json(workspace.mcp_json, {"crash": CRASH, "demo": DEMO})
-    update = brain.next_message(timeout=90)  # once the new MCP servers started
+    update = brain.next_message()  # once the new MCP servers started
     assert isinstance(update, ClientConnected) and update.session_id == hello.session_id
     assert not names(update, "git") and NATIVE <= names(update)
     assert {"add", "pid"} <= names(update, "demo")
     brain.ack(update)
-    assert wait_for(lambda: gone(git_servers[0]), 15, "the old git server to stop")
+    assert wait_for(lambda: gone(git_servers[0]), 120, "the old git server to stop")
 
     brain.send("r-git-again", "git_log", {"repo_path": str(workspace.sandbox)}, mcp_server="git")
     brain.send("r-demo", "add", {"a": 40, "b": 2}, mcp_server="demo")
@@ -302,10 +302,10 @@ def test_agent_announces_runs_tools_reloads_mcp_json_and_says_goodbye(
     children = agent.children()
     assert children, "the demo MCP server runs as a child of the agent"
     agent.proc.send_signal(signal.SIGTERM)
-    goodbye = brain.next_message(timeout=20)
+    goodbye = brain.next_message()
     assert isinstance(goodbye, ClientDisconnected), goodbye
     assert (goodbye.session_id, goodbye.reason) == (hello.session_id, "shutdown (SIGTERM)")
-    assert agent.proc.wait(20) == 0
+    assert agent.proc.wait(120) == 0
     assert brain.heartbeat() == (None, -2)
     assert all(gone(pid) for pid in children), "an MCP server outlived the agent"
 
@@ -315,17 +315,17 @@ def test_rejected_announcement_is_retried_until_accepted(
 ) -> None:
     write_mcp_json(workspace.mcp_json, {})
     agent = start_agent()
-    first = brain.next_message(timeout=90)  # the agent's start
+    first = brain.next_message()  # the agent's start
     assert isinstance(first, ClientConnected)
     brain.ack(first, accepted=False, reason="client laptop belongs to another user")
-    second = brain.next_message(timeout=15)
+    second = brain.next_message()
     assert isinstance(second, ClientConnected) and second.session_id == first.session_id
     brain.ack(second)
-    wait_for(lambda: "the brain accepted the announcement" in agent.output(), 10, "the agent to log the ack")
+    wait_for(lambda: "the brain accepted the announcement" in agent.output(), 120, "the agent to log the ack")
     assert "the brain rejected the announcement: client laptop belongs to another user" in agent.output()
     agent.proc.send_signal(signal.SIGINT)
-    assert isinstance(brain.next_message(timeout=20), ClientDisconnected)
-    assert agent.proc.wait(20) == 0
+    assert isinstance(brain.next_message(), ClientDisconnected)
+    assert agent.proc.wait(120) == 0
 
 
 def exit_code_within(agent: AgentProcess, timeout: float) -> int:
@@ -349,7 +349,7 @@ def test_an_unenrolled_agent_is_told_so_and_exits_instead_of_retrying_forever(
         url = with_credentials(url, f"client-{CID}", "not-a-secret-it-knows")  # WRONGPASS
     agent = AgentProcess(workspace.config, url, tmp_path / "agent.log")
     try:
-        code = exit_code_within(agent, timeout=60)
+        code = exit_code_within(agent, timeout=120)
     finally:
         agent.stop()
     if credentials == "none":
@@ -378,14 +378,14 @@ def test_a_revoked_or_re_enrolled_agent_stops_with_the_reason(
     try:
         wait_for(
             lambda: brain_on_redis.hot.r.exists(client_key(CID, CLIENT_HEARTBEAT)),
-            60,
+            120,
             "the agent's heartbeat",
         )
         if how == "revoked":
             assert revoke(brain_on_redis.clients, CID)
         else:
             enroll(brain_on_redis.scheduler.presence, CID, "demo", redis_server.address_url)
-        code = exit_code_within(agent, timeout=60)
+        code = exit_code_within(agent, timeout=120)
     finally:
         agent.stop()
     assert code == 3, agent.output()
@@ -404,16 +404,16 @@ def test_an_agent_waits_out_a_redis_that_lost_its_user_until_the_brain_restores_
     relay = Relay(brain_on_redis.intake, brain_on_redis.clients).run(stop)  # the brain's announcement desk
     agent = AgentProcess(workspace.config, credential.broker_url, tmp_path / "agent.log")
     try:
-        wait_for(lambda: "the brain accepted the announcement" in agent.output(), 60, "the announcement")
+        wait_for(lambda: "the brain accepted the announcement" in agent.output(), 120, "the announcement")
         admin = redis.Redis.from_url(redis_server.url)
         admin.execute_command("ACL", "DELUSER", client_username(CID))  # as a restart without its users
-        wait_for(lambda: "trying again for up to 60s" in agent.output(), 30, "the agent to be refused")
+        wait_for(lambda: "trying again for up to 60s" in agent.output(), 120, "the agent to be refused")
         time.sleep(3)  # several heartbeats refused meanwhile
         assert agent.proc.poll() is None, agent.output()
         brain_on_redis.sync_client_users()  # the reconciler's step: the store is the record
         wait_for(
             lambda: "the broker accepts this agent's credentials again" in agent.output(),
-            30,
+            120,
             "the agent back",
         )
         assert agent.proc.poll() is None, agent.output()

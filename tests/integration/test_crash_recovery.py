@@ -83,7 +83,7 @@ def test_work_reserved_by_a_killed_server_pool_is_resent_and_recorded_once(
     def running() -> int:
         return len(server_runs_started(brain, rec.tree_id))
 
-    wait_until(lambda: running() >= 1, timeout=60, what="the pool to start a call")
+    wait_until(lambda: running() >= 1, timeout=120, what="the pool to start a call")
     kill(stack, "server-pool")
     # Nothing consumes `server` now: the killed pool's reserved messages sit in `unacked`.
     stack.start_service("server-pool")
@@ -109,7 +109,7 @@ def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_onl
     brain = brain_factory(stack)
     rec = brain.scheduler.submit(sleeps(2, 3.0, "gpu-crash"))
     wait_until(
-        lambda: server_runs_started(brain, rec.tree_id), timeout=60, what="the gpu pool to start a call"
+        lambda: server_runs_started(brain, rec.tree_id), timeout=120, what="the gpu pool to start a call"
     )
     kill(stack, "server-pool-gpu")
     # The leases lapse and a live consumer (the brain) restores the message to `server.gpu`; the
@@ -148,7 +148,7 @@ def test_a_result_stranded_by_a_killed_brain_is_recorded_after_it_restarts(
     def recorded() -> int:
         return sum(1 for s in brain.store.task_states(rec.tree_id).values() if s is TaskState.DONE)
 
-    wait_until(lambda: recorded() >= n // 10, timeout=60, what="the brain to record some results")
+    wait_until(lambda: recorded() >= n // 10, timeout=120, what="the brain to record some results")
     kill(stack, "brain")
     stack.start_service("brain")
     done = wait_for_tree(brain, rec.tree_id, timeout=RECOVERY_BOUND_S)
@@ -172,7 +172,7 @@ def test_an_agent_killed_mid_call_and_restarted_at_once_gets_its_old_sessions_ca
         visibility_timeout_s=VISIBILITY_S, registry=registry, agent_config=make_agent(tmp_path, shell=True)
     )
     brain = brain_factory(stack)
-    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="the agent to connect")
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=120, what="the agent to connect")
     rec = brain.scheduler.submit(
         tree(
             {
@@ -187,7 +187,7 @@ def test_an_agent_killed_mid_call_and_restarted_at_once_gets_its_old_sessions_ca
         client_id="laptop",
     )
     wait_until(
-        lambda: brain.hot.running(rec.tree_id, {"laptop"}), timeout=60, what="the agent to start a call"
+        lambda: brain.hot.running(rec.tree_id, {"laptop"}), timeout=120, what="the agent to start a call"
     )
     kill(stack, "client-agent")
     stack.start_service("client-agent")  # back well within its heartbeat TTL
@@ -217,7 +217,7 @@ def test_redis_killed_mid_tree_and_restarted_on_its_data_loses_nothing(
             update={"tasks": [t.model_copy(update={"timeout_s": 45, "retry": retry}) for t in spec.tasks]}
         )
     )
-    wait_until(lambda: server_runs_started(brain, rec.tree_id), timeout=60, what="the pool to start a call")
+    wait_until(lambda: server_runs_started(brain, rec.tree_id), timeout=120, what="the pool to start a call")
     kill_redis(stack)
     stack.restart_redis()  # same port, same AOF: what `vancetope up` does
     # A stalled call's second attempt comes after its time limit: the bound is twice the usual.
@@ -274,7 +274,7 @@ def test_fault_suite_any_one_process_killed_at_a_random_moment_and_the_tree_stil
     delay = rng.uniform(0.5, 4.0)
     stack = stack_factory(visibility_timeout_s=VISIBILITY_S, agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
-    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="the agent to connect")
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=120, what="the agent to connect")
     rec = brain.scheduler.submit(mixed_tree(f"fault-{victim}"), user="ada")
     time.sleep(delay)  # the random moment of the fault (seed VANCETOPE_FAULT_SEED)
     restart(stack, victim)

@@ -64,7 +64,7 @@ def started_between(batch: list[TaskRecord], after: float, before: float) -> int
 def under_way(brain: Brain, tree_id: str) -> None:
     """Wait until the batch runs (most of it then waits at the gate)."""
     wait_until(
-        lambda: sum(r.started_at is not None for r in records(brain, tree_id)) >= 20, 60, "the batch started"
+        lambda: sum(r.started_at is not None for r in records(brain, tree_id)) >= 20, 120, "the batch started"
     )
 
 

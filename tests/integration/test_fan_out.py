@@ -89,7 +89,7 @@ def test_a_list_over_max_fan_out_fails_its_task_and_makes_no_item(
             }
         )
     )  # fmt: skip
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.FAILED
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.FAILED
     each = brain.store.get_task(rec.tree_id, "each")
     assert each.error.type == "FanOutFailed" and "has 1001 items, over max_fan_out 1000" in each.error.message
     assert [t.task_id for t in brain.store.get_tasks(rec.tree_id)] == ["list", "each"]

@@ -117,7 +117,9 @@ def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path
             )
         try:
             wait_until(
-                lambda: "stack up" in (tmp_path / "up.log").read_text(), timeout=90, what="the stack to be up"
+                lambda: "stack up" in (tmp_path / "up.log").read_text(),
+                timeout=120,
+                what="the stack to be up",
             )
             log = (tmp_path / "up.log").read_text()
             assert f"flower not started: 127.0.0.1:{port} is already in use" in log
@@ -132,7 +134,7 @@ def test_up_keeps_the_stack_running_when_the_flower_port_is_taken(tmp_path: Path
         finally:
             if up.poll() is None:
                 os.killpg(up.pid, signal.SIGINT)
-                up.wait(60)
+                up.wait(120)
     assert "stopping the stack…" in (tmp_path / "up.log").read_text()
 
 

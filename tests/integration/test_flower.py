@@ -91,7 +91,7 @@ def flower_with_laptop(tmp_path: Path, redis_server: RedisServer, brain: Brain) 
                 w.get("hostname") == "client-agent@laptop" and w.get("status") for w in page.get("data", [])
             )
 
-        wait_until(agent_listed, timeout=60, what="Flower's worker list to show client-agent@laptop")
+        wait_until(agent_listed, timeout=120, what="Flower's worker list to show client-agent@laptop")
         yield port
     finally:
         flower.terminate()
@@ -119,7 +119,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
         brain.scheduler.events.task_progress(update)
         wait_until(
             lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "PROGRESS",
-            timeout=30,
+            timeout=120,
             what="Flower to show the client's task in progress",
         )
         assert brain.store.get_task(rec.tree_id, "read").progress.total == 2
@@ -139,7 +139,7 @@ def test_flower_lists_the_client_agent_and_the_tasks_routed_to_it(
         )
         wait_until(
             lambda: (get_json(f"{base}/tasks") or {}).get(task.run_id, {}).get("state") == "SUCCESS",
-            timeout=30,
+            timeout=120,
             what="Flower to show the client's task as succeeded",
         )
         tasks = get_json(f"{base}/tasks") or {}
@@ -168,7 +168,7 @@ def laptop_begins(brain: Brain, port: int, name: str) -> TaskRecord:
         "laptop", ClientToolStarted(client_id="laptop", started=started).model_dump_json().encode()
     )
     wait_until(
-        lambda: shown_as(port, task.run_id, "STARTED"), timeout=30, what="Flower to show the call STARTED"
+        lambda: shown_as(port, task.run_id, "STARTED"), timeout=120, what="Flower to show the call STARTED"
     )
     return task
 
@@ -193,7 +193,7 @@ def test_flower_shows_a_call_taken_back_from_an_agent_that_began_it_failed_by_wo
         assert brain.store.get_task(task.tree_id, "read").taken_back == 1
         failed = wait_until(
             lambda: shown_as(port, task.run_id, "FAILURE"),
-            timeout=30,
+            timeout=120,
             what="Flower to show the old run FAILURE",
         )
         assert failed["exception"].startswith("WorkerLostError('client agent laptop went away mid-call")
@@ -219,7 +219,7 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
     with open(log_path, "w") as log:
         flower = subprocess.Popen(flower_argv(free_port()), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until(lambda: "Visit me at" in log_path.read_text(), timeout=60, what="Flower to start")
+        wait_until(lambda: "Visit me at" in log_path.read_text(), timeout=120, what="Flower to start")
         # Flower's enable_events timer (every 5 s) fires once with Redis up, so its broker
         # connection is pooled: its next broadcast, with Redis gone, retries it for ever.
 
@@ -232,7 +232,7 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
 
         wait_until(
             enable_events_broadcast,
-            timeout=60,
+            timeout=120,
             what="Flower's enable_events timer to broadcast once with Redis up",
         )
         broadcasts.close()
@@ -241,7 +241,7 @@ def test_flower_stops_on_sigterm_even_when_its_redis_is_gone(tmp_path: Path) -> 
         # Twice: by then the timer has fired with Redis gone.
         wait_until(
             lambda: log_path.read_text().count("Failed to capture events") >= 2,
-            timeout=60,
+            timeout=120,
             what="Flower to lose Redis",
         )
         flower.terminate()
@@ -320,7 +320,7 @@ def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerSta
             page = json.loads(fetch(f"{url}/workers?json=1", auth)[1] or b"{}")
             return any(w.get("hostname") == "client-agent@laptop" for w in page.get("data", []))
 
-        wait_until(agent_listed, timeout=60, what="Flower to list client-agent@laptop")
+        wait_until(agent_listed, timeout=120, what="Flower to list client-agent@laptop")
         rec = brain.scheduler.submit(
             tree(
                 {
@@ -341,7 +341,7 @@ def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerSta
             session=SessionKind.INTERACTIVE,
             client_id="laptop",
         )
-        done = wait_for_tree(brain, rec.tree_id, timeout=90)
+        done = wait_for_tree(brain, rec.tree_id, timeout=120)
         assert done.status.value == "done", {t.task_id: t.state for t in brain.store.get_tasks(rec.tree_id)}
         yield FlowerStack(stack, brain, url, auth, rec.tree_id)
     finally:
@@ -383,7 +383,7 @@ def test_flower_api_workers_lists_the_server_pools_and_the_client_agent(flower_s
         return None
 
     workers = wait_until(
-        both_listed, timeout=30, what="/api/workers to list server@…, server-night@… and client-agent@laptop"
+        both_listed, timeout=120, what="/api/workers to list server@…, server-night@… and client-agent@laptop"
     )
     agent = workers["client-agent@laptop"]
     assert agent["source"] == "events" and agent["status"] is True
@@ -405,7 +405,7 @@ def test_flower_shows_tool_and_argument_names_never_argument_values(flower_stack
         mine = {k: v for k, v in tasks.items() if k in runs}
         return mine if len(mine) == 4 and all(v["state"] == "SUCCESS" for v in mine.values()) else None
 
-    tasks = wait_until(all_finished, timeout=30, what="Flower to show the tree's four tasks as succeeded")
+    tasks = wait_until(all_finished, timeout=120, what="Flower to show the tree's four tasks as succeeded")
     shown = json.dumps(tasks)
     assert PLANTED not in shown
     args = sorted(str(t["args"]) for t in tasks.values())
@@ -429,7 +429,7 @@ def test_up_with_a_flower_address_beyond_loopback_prints_the_user_and_the_passwo
         assert password not in (tmp_path / "up.log").read_text()
         url = f"http://127.0.0.1:{port}/api/workers"
         wait_until(
-            lambda: fetch(url)[0] == 401, timeout=60, what="Flower to refuse a caller without password"
+            lambda: fetch(url)[0] == 401, timeout=120, what="Flower to refuse a caller without password"
         )
         assert fetch(url, (FLOWER_USER, password))[0] == 200
         # Its navigation bar links the web view `up` serves beside it (conftest gives it a port).
@@ -509,7 +509,7 @@ def test_flower_shows_a_failed_task_by_its_error_type_not_its_message(
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    wait_for_tree(fs.brain, rec.tree_id, timeout=60)
+    wait_for_tree(fs.brain, rec.tree_id, timeout=120)
     task = fs.brain.store.get_task(rec.tree_id, "fails")
     assert task is not None and task.error is not None and task.state.value == "failed"
     assert (task.client_id is None) is (where == "server")
@@ -519,7 +519,7 @@ def test_flower_shows_a_failed_task_by_its_error_type_not_its_message(
         shown = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(task.run_id, {})
         return dict(shown) if shown.get("state") in ("FAILURE", "SUCCESS") else None
 
-    shown = wait_until(failed, timeout=30, what=f"Flower to show the {where} task as finished")
+    shown = wait_until(failed, timeout=120, what=f"Flower to show the {where} task as finished")
     assert shown["state"] == "FAILURE", shown
     assert f"{task.error.type} (the message: vancetope status {rec.tree_id})" in shown["exception"]
     assert PLANTED not in json.dumps(shown)
@@ -560,13 +560,13 @@ def test_flower_shows_an_attempt_that_will_be_tried_again_as_retry(
             return dict(seen) if seen.get("state") == state else None
 
         retried = wait_until(
-            lambda: shown("RETRY"), timeout=60, what=f"Flower to show the {where} attempt as RETRY"
+            lambda: shown("RETRY"), timeout=120, what=f"Flower to show the {where} attempt as RETRY"
         )
         assert PLANTED not in json.dumps(retried)
     finally:
         assert fs.brain.sweeps.cancel(rec.tree_id) == ["fails"]
     wait_until(
-        lambda: shown("REVOKED"), timeout=60, what=f"Flower to show the cancelled {where} attempt REVOKED"
+        lambda: shown("REVOKED"), timeout=120, what=f"Flower to show the cancelled {where} attempt REVOKED"
     )
     time.sleep(RESTATE_RETRY_S + 1)  # a client's RETRY is said again this long after it failed
     assert shown("REVOKED"), json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(run_id)
@@ -595,7 +595,7 @@ def test_flower_shows_a_call_waiting_at_the_gate_as_throttled_by_its_limit(flowe
     def one_throttled() -> dict[str, Any] | None:
         return next((t for t in tasks_shown().values() if t["state"] == "THROTTLED"), None)
 
-    waiting = wait_until(one_throttled, timeout=60, what="Flower to show a call at the gate as THROTTLED")
+    waiting = wait_until(one_throttled, timeout=120, what="Flower to show a call at the gate as THROTTLED")
     assert waiting["throttled_by"] == "rate_limit 1/s of tool sleep"
     assert waiting.get("worker") is None  # the brain sent it: no worker of its own in Flower
 
@@ -603,7 +603,7 @@ def test_flower_shows_a_call_waiting_at_the_gate_as_throttled_by_its_limit(flowe
         shown = tasks_shown()
         return shown if len(shown) == calls and all(t["state"] == "SUCCESS" for t in shown.values()) else None
 
-    done = wait_until(all_succeeded, timeout=90, what="Flower to show every call as SUCCESS")
+    done = wait_until(all_succeeded, timeout=120, what="Flower to show every call as SUCCESS")
     # What a call waited on stays among its fields; the first went at once and waited on nothing.
     reasons = [t["throttled_by"] for t in done.values()]
     assert reasons.count("rate_limit 1/s of tool sleep") >= 2, reasons
@@ -638,7 +638,7 @@ def test_flower_shows_the_calls_of_a_cancelled_tree_revoked_not_throttled_for_ev
 
     wait_until(
         lambda: any(t["state"] == "THROTTLED" for t in tasks_shown().values()),
-        timeout=60,
+        timeout=120,
         what="Flower to show a call at the gate as THROTTLED",
     )
     fs.brain.sweeps.cancel(rec.tree_id)
@@ -649,7 +649,7 @@ def test_flower_shows_the_calls_of_a_cancelled_tree_revoked_not_throttled_for_ev
         return shown if ended else None
 
     try:
-        shown = wait_until(all_ended, timeout=60, what="Flower to show every call REVOKED or SUCCESS")
+        shown = wait_until(all_ended, timeout=120, what="Flower to show every call REVOKED or SUCCESS")
     except AssertionError:
         raise AssertionError(sorted(t["state"] for t in tasks_shown().values())) from None
     revoked = [t for t in shown.values() if t["state"] == "REVOKED"]
@@ -689,7 +689,7 @@ def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_w
         seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(running.run_id, {})
         return dict(seen) if seen.get("state") in ("SUCCESS", "FAILURE", "REVOKED") else None
 
-    shown = wait_until(ended, timeout=60, what="Flower to show the cancelled running call ended")
+    shown = wait_until(ended, timeout=120, what="Flower to show the cancelled running call ended")
     assert shown["state"] == "SUCCESS", shown
     assert shown["worker"].startswith("server@")
     assert fs.brain.store.get_task(rec.tree_id, "naps").state.value == "skipped"  # its result refused
@@ -716,7 +716,7 @@ def test_flower_shows_a_client_call_running_when_its_tree_was_cancelled_as_its_a
                 "laptop", ClientToolAwaiting(client_id="laptop", awaiting=awaiting).model_dump_json().encode()
             )
             wait_until(
-                lambda: shown_as(port, task.run_id, "AWAITING_APPROVAL"), timeout=30, what="the call held"
+                lambda: shown_as(port, task.run_id, "AWAITING_APPROVAL"), timeout=120, what="the call held"
             )
         assert brain.sweeps.cancel(task.tree_id) == ["read"]
         ended = (
@@ -732,7 +732,7 @@ def test_flower_shows_a_client_call_running_when_its_tree_was_cancelled_as_its_a
         relay.handle("laptop", ClientToolResult(client_id="laptop", result=result).model_dump_json().encode())
         state = "SUCCESS" if held == "running" else "FAILURE"
         shown = wait_until(
-            lambda: shown_as(port, task.run_id, state), timeout=30, what=f"Flower to show the call {state}"
+            lambda: shown_as(port, task.run_id, state), timeout=120, what=f"Flower to show the call {state}"
         )
         assert shown["worker"] == "client-agent@laptop"
         if held != "running":

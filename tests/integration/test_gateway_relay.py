@@ -56,7 +56,7 @@ def talk(
         agent_config=agent_with_servers(tmp, {"mine": servers["talk"], "myrich": servers["rich"]}),
         mcp_config=write_mcp_config(tmp / "server-mcp.json", servers),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     url = start_gateway(stack)
 
     async def listed() -> list[str]:
@@ -232,7 +232,7 @@ def test_inside_a_tree_sampling_and_elicitation_fail_saying_they_are_not_availab
         }
     )
     rec = brain.scheduler.submit(tree, session=SessionKind.INTERACTIVE, user="ada")
-    wait_for_tree(brain, rec.tree_id, timeout=60)
+    wait_for_tree(brain, rec.tree_id, timeout=120)
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     for task_id, what in (("llm", "sampling"), ("user", "elicitation")):
         task = tasks[task_id]
@@ -291,7 +291,7 @@ def test_a_hostile_workstation_cannot_ask_another_workstations_caller(
         brain_log = stack.settings.data_dir / "logs" / "brain.log"
         wait_until(
             lambda: brain_log.read_text(errors="replace").count("not a gateway call running there") >= 2,
-            30,
+            120,
             "the relay refusing both forged requests",
         )
 

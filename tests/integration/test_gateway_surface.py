@@ -71,7 +71,7 @@ def world(
         mcp_config=write_mcp_config(tmp / "server-mcp.json", {"everything": everything_server}),
         registry=tmp / "registry.yaml",
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return stack, start_gateway(stack), everything_server
 
 
@@ -189,7 +189,7 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     accepted = brain.scheduler.accept(
         SubmitRequest(tree=night, source="test", session=SessionKind.AUTONOMOUS, user="ada")
     )
-    done = wait_for_tree(brain, accepted.record.tree_id, 90)
+    done = wait_for_tree(brain, accepted.record.tree_id, 120)
     tasks = {t.task_id: t for t in brain.store.get_tasks(done.tree_id)}
     assert done.status is TreeStatus.DONE, tasks
     assert tasks["notes"].tool == "vault#read_resource" and tasks["notes"].client_id == "laptop"
@@ -209,13 +209,13 @@ def test_a_night_batch_reads_the_vault_and_parks_while_the_laptop_is_closed(
     ).record.tree_id
     anyio.run(_until, lambda: _state(brain, parked, "notes") is TaskState.PENDING_CLIENT, 60.0)
     stack.start_service("client-agent")
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     again = wait_for_tree(brain, parked, 120)
     assert again.status is TreeStatus.DONE
     assert brain.store.get_task(parked, "shout").result == NOTES["groceries"].upper()  # type: ignore[union-attr]
 
 
-async def _until_listed(url: str, token: str, uri: str, listed: bool, timeout: float = 60) -> None:
+async def _until_listed(url: str, token: str, uri: str, listed: bool, timeout: float = 120) -> None:
     """Until resources/list shows ``uri`` (or, with ``listed`` False, no longer does): the
     brain has seen the laptop come or go."""
     async with mcp_client(url, token) as mcp:

@@ -36,7 +36,7 @@ def test_garbage_on_every_queue_is_dropped_and_logged_and_every_consumer_keeps_w
 ) -> None:
     stack = stack_factory(agent_config=make_agent(tmp_path))
     brain = brain_factory(stack)
-    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=60, what="agent announcement")
+    wait_until(lambda: brain.scheduler.presence.session("laptop"), timeout=120, what="agent announcement")
     keys = {
         SERVER_QUEUE: SERVER_QUEUE,
         BRAIN_QUEUE: BRAIN_QUEUE,
@@ -48,7 +48,7 @@ def test_garbage_on_every_queue_is_dropped_and_logged_and_every_consumer_keeps_w
             r.lpush(key, OVERSIZED)
         r.lpush(key, *GARBAGE)
     wait_until(
-        lambda: all(r.llen(key) == 0 for key in keys.values()), timeout=30, what="the garbage to be popped"
+        lambda: all(r.llen(key) == 0 for key in keys.values()), timeout=120, what="the garbage to be popped"
     )
 
     rec = brain.scheduler.submit(
@@ -64,7 +64,7 @@ def test_garbage_on_every_queue_is_dropped_and_logged_and_every_consumer_keeps_w
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert tasks["on_server"].result == 42 and tasks["on_server"].attempt == 1
     assert tasks["on_client"].state is TaskState.DONE and tasks["on_client"].client_id == "laptop"

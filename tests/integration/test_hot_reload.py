@@ -33,7 +33,7 @@ def test_a_server_added_to_the_mcp_config_is_used_without_a_restart(
 
     write_mcp_config(config, {"a": demo_server(), "b": demo_server()})  # the brain watches the file
     after = wait_until(
-        lambda: (s := snapshot(brain_factory(stack))).loaded_at != before.loaded_at and s, 60, "a reload"
+        lambda: (s := snapshot(brain_factory(stack))).loaded_at != before.loaded_at and s, 120, "a reload"
     )
     assert "b.add" in after.tools
     assert "added: " in after.changes[0] and "b.add" in after.changes[0]
@@ -48,7 +48,7 @@ def test_a_server_added_to_the_mcp_config_is_used_without_a_restart(
     rec = brain.scheduler.submit(
         tree({"id": "after-reload", "tasks": [{"id": "sum", "tool": "b.add", "args": {"a": 2, "b": 5}}]})
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     assert brain.store.get_task(rec.tree_id, "sum").result == 7
 
 
@@ -60,12 +60,12 @@ def test_a_reload_request_reloads_and_a_broken_file_keeps_the_registry_in_use(
     brain = brain_factory(stack)
     first = snapshot(brain)
     brain.hot.r.set(RELOAD_REQUEST_KEY, b"1")  # what `vancetope reload` does
-    second = wait_until(lambda: (s := snapshot(brain)).loaded_at != first.loaded_at and s, 60, "a reload")
+    second = wait_until(lambda: (s := snapshot(brain)).loaded_at != first.loaded_at and s, 120, "a reload")
     assert second.changes == ["no tool changed"] and set(second.tools) == set(first.tools)
 
     config.write_text("{ not json")
     third = wait_until(
-        lambda: (s := snapshot(brain)).loaded_at != second.loaded_at and s, 60, "a failed reload"
+        lambda: (s := snapshot(brain)).loaded_at != second.loaded_at and s, 120, "a failed reload"
     )
     assert third.changes[0].startswith("reload failed: ") and set(third.tools) == set(first.tools)
     said = vancetope("reload", data=stack.settings.data_dir)  # it said "reloaded" and exited 0
@@ -73,12 +73,12 @@ def test_a_reload_request_reloads_and_a_broken_file_keeps_the_registry_in_use(
     assert "reload failed: " in said.stderr and "the registry in use is unchanged" in said.stderr
     failed = snapshot(brain)  # the reload `vancetope reload` asked for
     write_mcp_config(config, {"a": demo_server()})  # fixed: back to what it was
-    fourth = wait_until(lambda: (s := snapshot(brain)).loaded_at != failed.loaded_at and s, 60, "a reload")
+    fourth = wait_until(lambda: (s := snapshot(brain)).loaded_at != failed.loaded_at and s, 120, "a reload")
     assert fourth.changes == ["no tool changed"]
     rec = brain_factory(stack).scheduler.submit(
         tree({"id": "still-there", "tasks": [{"id": "sum", "tool": "add", "args": {"a": 1, "b": 1}}]})
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
 
 
 def test_what_a_reload_changed_in_words() -> None:
@@ -109,9 +109,9 @@ def test_brain_log_holds_a_failed_servers_stderr_at_start_and_after_a_reload(
             if "its stderr ended with" in part
         ]
 
-    started = wait_until(lambda: failures(), 30, "the failure in brain.log")
+    started = wait_until(lambda: failures(), 120, "the failure in brain.log")
     assert str(gone) in started[0] and "No such file or directory" in started[0], log.read_text()
     before = snapshot(brain_factory(stack))
     write_mcp_config(config, {"weather": broken, "a": demo_server()})
-    wait_until(lambda: snapshot(brain_factory(stack)).loaded_at != before.loaded_at, 60, "a reload")
-    assert len(wait_until(lambda: len(failures()) >= 2 and failures(), 30, "the reload's failure")) >= 2
+    wait_until(lambda: snapshot(brain_factory(stack)).loaded_at != before.loaded_at, 120, "a reload")
+    assert len(wait_until(lambda: len(failures()) >= 2 and failures(), 120, "the reload's failure")) >= 2

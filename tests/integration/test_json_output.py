@@ -100,7 +100,7 @@ def test_status_json_says_running_while_a_server_task_runs_and_done_after(
         )
     )
     run_id = wait_until(lambda: server_runs_started(brain, rec.tree_id).get("get"), what="the run to begin")
-    assert _HeldAnswer.asked.wait(60), "the worker never asked"
+    assert _HeldAnswer.asked.wait(120), "the worker never asked"
     data = stack.settings.data_dir
     during = json.loads(vancetope("status", rec.tree_id, "--json", data=data).stdout)
     got = during["tasks"][0]
@@ -109,7 +109,7 @@ def test_status_json_says_running_while_a_server_task_runs_and_done_after(
     table = vancetope("status", rec.tree_id, data=data).stdout
     assert "running" in table and "queued_server" not in table
     _HeldAnswer.release.set()
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     after = json.loads(vancetope("status", rec.tree_id, "--json", data=data).stdout)
     assert after["tasks"][0]["state"] == "done" and after["counts"] == {"done": 1}
     task = brain.store.get_task(rec.tree_id, "get")

@@ -91,7 +91,7 @@ def behind_proxy(
     with FaultProxy(("127.0.0.1", stack.redis.port)) as proxy:
         stack.agent_url = proxy.url(stack.agent_url)
         stack.start_service("client-agent")
-        assert stack.wait_connected("laptop", 90)
+        assert stack.wait_connected("laptop", 120)
         yield stack, proxy
 
 
@@ -152,16 +152,19 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
         ),
         user="ada",
     )
-    wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
     first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
     proxy.cut()  # a train into a tunnel, 1 s into a 5 s call
     time.sleep(60)
     assert proxy.stats.dropped_bytes > 0  # the agent kept trying: heartbeats, the result
     proxy.heal()
-    healed = time.monotonic()
+    # Measured on the brain's clock (the tree's finished_at; the brain runs on this host), not
+    # by when this test got round to seeing the end: under the suite's load that can come later.
+    healed = time.time()
     bound = HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 10  # the issue's: TTL + the lease + 10 s
-    done = wait_for_tree(brain, rec.tree_id, bound + 30)
-    took = time.monotonic() - healed
+    done = wait_for_tree(brain, rec.tree_id, bound + 120)  # a backstop: the bound is asserted below
+    assert done.finished_at is not None
+    took = done.finished_at - healed
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert done.status is TreeStatus.DONE, {t: (r.state, r.reason, r.error) for t, r in tasks.items()}
     assert runs_in(ledger) == 1  # executed once
@@ -198,7 +201,7 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     assert old is not None and old.state is TaskState.QUEUED_CLIENT
     new_run = wait_until(
         lambda: (t := brain.store.get_task(rec.tree_id, "call")) and t.run_id != old.run_id and t.run_id,
-        60,
+        120,
         "the reconciler to re-send the lost call",
     )
     assert r.sismember(client_key("laptop", key_cancelled()), old.run_id or "")
@@ -211,7 +214,7 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     # The old message surfaces late, to an agent that restarted (its memory of calls is gone).
     # The kill waits for the new run's ack: a run killed before its ack is delivered again, by
     # design (at least once), which is not what this test is about.
-    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "the agent to ack the new run")
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 120, "the agent to ack the new run")
     agent = stack.service("client-agent").process
     assert agent is not None
     os.killpg(agent.pid, signal.SIGKILL)
@@ -221,7 +224,7 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     # case above, not the one this part is about.
     wait_until(
         lambda: not any(c.get("user") == client_username("laptop") for c in r.client_list()),
-        60,
+        120,
         "Redis to drop the killed agent's connections",
     )
     r.lpush(LAPTOP_QUEUE, as_restored(raw))
@@ -229,12 +232,12 @@ def test_a_call_popped_as_the_link_is_cut_is_resent_and_its_late_delivery_never_
     log = stack.service("client-agent").log_path
     wait_until(
         lambda: f"run {old.run_id} of task call was cancelled or is no longer its run" in log.read_text(),
-        90,
+        120,
         "the restarted agent to refuse the old run",
     )
     # taken, refused, acked: it is never delivered again
     wait_until(
-        lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "the refused run to be acked"
+        lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 120, "the refused run to be acked"
     )
     assert runs_in(ledger) == 1  # the tool ran once
     call = brain.store.get_task(rec.tree_id, "call")
@@ -262,7 +265,7 @@ def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_one
     rec = brain.scheduler.submit(tree({"id": "busy", "tasks": tasks}), user="ada")
     wait_until(
         lambda: sum(runs_in(path) for path in ledger.values()) == 2 and r.llen(LAPTOP_QUEUE) == 3,
-        60,
+        120,
         "two calls running on the laptop and three in its queue",
     )
     waiting = [t.run_id for t in brain.store.get_tasks(rec.tree_id) if not runs_in(ledger[t.task_id])]
@@ -293,7 +296,7 @@ def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_wit
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
     rec = one_ledger_call(brain, "sleep", ledger, seconds=3)
-    wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
     first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
     agent = stack.service("client-agent").process
     assert agent is not None
@@ -428,15 +431,15 @@ def test_100_ms_each_way_times_nothing_out_and_clients_shows_the_round_trip(
     # wait until they were all made over the slow link.
     wait_until(
         lambda: (ms := brain.scheduler.presence.round_trips(["laptop"])["laptop"]) is not None and ms >= 190,
-        60,
+        120,
         "the agent to report a round trip of about 200 ms",
     )
     env = stack_env(stack.settings, stack.redis_url)
-    shown = vancetope("clients", "--json", data=stack.settings.data_dir, env=env, timeout=60)
+    shown = vancetope("clients", "--json", data=stack.settings.data_dir, env=env, timeout=120)
     assert shown.returncode == 0, shown.stderr
     laptop = next(c for c in json.loads(shown.stdout)["clients"] if c["client_id"] == "laptop")
     assert 190 <= laptop["round_trip_ms"] < 1000, laptop
-    table = vancetope("clients", data=stack.settings.data_dir, env=env, timeout=60).stdout
+    table = vancetope("clients", data=stack.settings.data_dir, env=env, timeout=120).stdout
     assert re.search(r"laptop .* 2\d\d ms", table), table
 
 
@@ -476,15 +479,15 @@ def test_a_cancel_landing_between_a_pop_and_its_begin_is_the_only_record_and_the
     run = brain.store.get_task(rec.tree_id, "call").run_id
     assert run
     # Sent by the time submit returns: an empty queue means the agent's read has taken it.
-    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0, 30, "the agent to pop the call")
+    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0, 120, "the agent to pop the call")
     assert r.get(client_key("laptop", key_deliveries(run))) is None  # its begin is still on its way
     assert brain.sweeps.cancel(rec.tree_id) == ["call"]
     wait_until(
         lambda: f"run {run} of task call was cancelled or is no longer its run" in agent_log(stack),
-        60,
+        120,
         "the agent to learn that the run it popped was cancelled",
     )
-    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "the popped call to be acked")
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 120, "the popped call to be acked")
     assert runs_in(ledger) == len(spans_in(ledger)) <= 1  # at most once, and over
     call = brain.store.get_task(rec.tree_id, "call")
     assert call is not None and (call.state, call.result, call.run_id) == (TaskState.SKIPPED, None, run)
@@ -507,7 +510,7 @@ def test_an_agent_killed_between_its_pop_and_its_unacked_write_has_the_call_run_
     ledger = tmp_path / "ledger.txt"
     proxy.cut_after(RUN_TOOL_TASK.encode())  # the headers of a popped tool call
     rec = one_ledger_call(brain, "killed", ledger, seconds=5)
-    wait_until(lambda: proxy.link.cut, 30, "the call's pop to pass and the link to be cut")
+    wait_until(lambda: proxy.link.cut, 120, "the call's pop to pass and the link to be cut")
     first = brain.store.get_task(rec.tree_id, "call")
     assert first is not None and first.run_id
     kill_agent(stack)
@@ -540,7 +543,7 @@ def test_a_begin_whose_reply_is_cut_leaves_the_call_run_once_and_recorded_once(
     ledger = tmp_path / "ledger.txt"
     proxy.cut_after(b":deliveries", up=True)  # the begin's INCRBY names the run's delivery counter
     rec = one_ledger_call(brain, "unanswered", ledger, seconds=1)
-    wait_until(lambda: proxy.link.cut, 30, "the begin to pass and the link to be cut")
+    wait_until(lambda: proxy.link.cut, 120, "the begin to pass and the link to be cut")
     run = brain.store.get_task(rec.tree_id, "call").run_id
     assert r.get(client_key("laptop", key_deliveries(run or ""))) == b"1"  # it landed
     time.sleep(3)  # the cut lasts a while: the reply is gone, not late
@@ -549,7 +552,7 @@ def test_a_begin_whose_reply_is_cut_leaves_the_call_run_once_and_recorded_once(
     assert done.status is TreeStatus.DONE
     call = brain.store.get_task(rec.tree_id, "call")
     assert call is not None and call.state is TaskState.DONE and call.result is not None
-    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 60, "every run of the call to be acked")
+    wait_until(lambda: r.hlen(LAPTOP_UNACKED) == 0, 120, "every run of the call to be acked")
     assert runs_in(ledger) == len(spans_in(ledger)) == 1
 
 
@@ -572,11 +575,11 @@ def test_a_tool_that_kills_its_agent_at_once_was_counted_and_recorded_before_it_
     rec = brain.scheduler.submit(tree({"id": "poison", "tasks": [call]}), user="ada")
     agent = stack.service("client-agent").process
     assert agent is not None
-    agent.wait(60)  # killed by its tool
+    agent.wait(120)  # killed by its tool
     assert runs_in(ledger) == 1
     run = brain.store.get_task(rec.tree_id, "call").run_id or ""
-    wait_until(lambda: r.get(client_key("laptop", key_deliveries(run))) == b"1", 10, "the delivery's count")
-    held = wait_until(lambda: r.hvals(LAPTOP_UNACKED), 10, "kombu's record of the message")
+    wait_until(lambda: r.get(client_key("laptop", key_deliveries(run))) == b"1", 120, "the delivery's count")
+    held = wait_until(lambda: r.hvals(LAPTOP_UNACKED), 120, "kombu's record of the message")
     assert len(held) == 1 and run.encode() in held[0]
 
 
@@ -601,12 +604,12 @@ def test_a_restored_message_past_max_deliveries_fails_as_poison_without_running(
     proxy.heal()
     wait_until(
         lambda: f"was delivered {limit + 1} times" in agent_log(stack),
-        90,
+        120,
         "the agent to give the call up as a poison task",
     )
     failed = wait_until(
         lambda: (t := brain.store.get_task(rec.tree_id, "call")).state is TaskState.FAILED and t,
-        60,
+        120,
         "the call to be recorded failed",
     )
     assert failed.error is not None and failed.error.type == "PoisonTask"
@@ -639,8 +642,8 @@ def crasher(brain: Brain, ledger: Path, **fields: Any) -> TreeRecord:
 def assert_nothing_more_runs(stack: EmbeddedStack, brain: Brain, ledger: Path, deaths: int) -> None:
     """The last agent stays up and is sent nothing more: its run was cancelled when taken back."""
     r = brain.hot.r
-    assert stack.wait_connected("laptop", 90)
-    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 60, "nothing held")
+    assert stack.wait_connected("laptop", 120)
+    wait_until(lambda: r.llen(LAPTOP_QUEUE) == 0 and r.hlen(LAPTOP_UNACKED) == 0, 120, "nothing held")
     assert stack.service("client-agent").process.poll() is None  # type: ignore[union-attr]
     assert runs_in(ledger) == deaths
 
@@ -723,7 +726,7 @@ def test_a_call_whose_agent_is_killed_once_mid_call_runs_again_and_is_done(
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
     rec = one_ledger_call(brain, "once", ledger, seconds=5)
-    wait_until(lambda: runs_in(ledger) == 1, 60, "the call to start on the laptop")
+    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
     kill_agent(stack)  # the agent and its MCP servers, mid-call
     stack.start_service("client-agent")
     done = wait_for_tree(brain, rec.tree_id, HEARTBEAT_TTL_S + VISIBILITY_TIMEOUT_S + 120)
@@ -746,9 +749,9 @@ def popped_by_the_test(
     proxy.cut()
     # Once no BRPOP of the laptop's is pending in Redis (kombu's time out and the next ones are
     # dropped by the cut), nothing but this test takes from its queue.
-    wait_until(lambda: not laptop_reads_blocked(r), 30, "the laptop's blocked reads to end")
+    wait_until(lambda: not laptop_reads_blocked(r), 120, "the laptop's blocked reads to end")
     rec = one_ledger_call(brain, tree_id, ledger, seconds=1)
-    return rec, wait_until(lambda: r.rpop(LAPTOP_QUEUE), 30, "the call in the laptop's queue")
+    return rec, wait_until(lambda: r.rpop(LAPTOP_QUEUE), 120, "the call in the laptop's queue")
 
 
 def laptop_reads_blocked(r: redis.Redis) -> bool:

@@ -97,14 +97,14 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
         plain = brain.store.get_task(rec.tree_id, "plain")
         return plain is not None and plain.state is TaskState.DONE
 
-    wait_until(plain_done, 60, "plain done")
+    wait_until(plain_done, 120, "plain done")
     gpu = brain.store.get_task(rec.tree_id, "on_gpu")
     assert gpu is not None
     assert (gpu.state, gpu.route, gpu.pool) == (TaskState.QUEUED_SERVER, "server:gpu", "gpu")
     assert brain.hot.r.llen(pool_queue("gpu")) == 1
     # Waiting on a queue is not lost: the reconciler leaves it alone.
     wait_until(
-        lambda: time.time() - gpu.updated_at > stack.settings.reconcile_grace_s, 10, "the grace to pass"
+        lambda: time.time() - gpu.updated_at > stack.settings.reconcile_grace_s, 120, "the grace to pass"
     )
     assert brain.sweeps.resend_lost() == []
 
@@ -131,7 +131,7 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
     assert isinstance(json.loads(legacy.stdout), list)  # scripts reading the tree list are unaffected
 
     worker = gpu_worker(stack)
-    done = wait_for_tree(brain, rec.tree_id, timeout=90)
+    done = wait_for_tree(brain, rec.tree_id, timeout=120)
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert done.status is TreeStatus.DONE, {t: (r.state.value, r.reason) for t, r in tasks.items()}
     # The gpu worker ran the gpu call, and the dependent it dispatched went to its own pool again.
@@ -141,14 +141,14 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
 
     r = redis.Redis.from_url(stack.redis_url)
     try:
-        node = wait_until(lambda: live_pool_workers(r, "gpu"), 30, "the gpu worker's presence")
+        node = wait_until(lambda: live_pool_workers(r, "gpu"), 120, "the gpu worker's presence")
         assert node[0].startswith("server-gpu@")
         status = vancetope("status", "--queues", "--json", stack=stack, cwd=tmp_path)
         gpu_row = next(p for p in json.loads(status.stdout)["pools"] if p["pool"] == "gpu")
         assert (gpu_row["waiting"], gpu_row["nobody_consuming"]) == (0, False)
         # A worker that stops cleanly withdraws at once.
         os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(30)
+        worker.wait(120)
         assert live_pool_workers(r, "gpu") == []
     finally:
         r.close()
@@ -161,7 +161,7 @@ def test_worker_refuses_an_unconfigured_pool_naming_the_configured_ones(tmp_path
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={
             **os.environ,
             "VANCETOPE_REDIS_URL": "redis://127.0.0.1:1/0",

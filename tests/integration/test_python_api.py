@@ -58,7 +58,7 @@ def fresh_vt(fresh_stack: EmbeddedStack) -> Any:
 
 def test_a_program_submits_a_dict_waits_and_reads_the_results(vt: vancetope.Vancetope) -> None:
     run = vt.submit(ECHO_TREE, user="demo")
-    report = run.wait(timeout=60)
+    report = run.wait(timeout=120)
     assert report.done and report.status is vancetope.TreeStatus.DONE
     assert report.counts == {"done": 2}
     assert report.result("loud") == "HI"
@@ -71,7 +71,7 @@ def test_a_program_submits_a_dict_waits_and_reads_the_results(vt: vancetope.Vanc
 def test_a_tree_file_and_a_chosen_tree_id(vt: vancetope.Vancetope, tmp_path: Path) -> None:
     tree_file = tmp_path / "t.yaml"
     tree_file.write_text("id: from-file\ntasks:\n  - {id: a, tool: echo, args: {value: 1}}\n")
-    report = vt.run(tree_file, tree_id="nightly-42", timeout=60)
+    report = vt.run(tree_file, tree_id="nightly-42", timeout=120)
     assert report.tree_id == "nightly-42" and report.result("a") == 1
     with pytest.raises(vancetope.StoreError, match="already exists"):
         vt.submit(tree_file, tree_id="nightly-42")
@@ -114,7 +114,7 @@ def test_wait_times_out_with_how_the_tree_stands_and_cancel_ends_it(vt: vancetop
         run.wait(timeout=0.5)
     assert timed_out.value.report.status is vancetope.TreeStatus.RUNNING
     assert run.cancel() == ["nap"]
-    final = run.wait(timeout=30)
+    final = run.wait(timeout=120)
     assert final.task("nap").state is vancetope.TaskState.SKIPPED and not final.done
 
 
@@ -193,11 +193,11 @@ def test_another_celery_app_submits_a_tree_through_the_submit_queue(
         )
     finally:
         app.close()
-    wait_until(lambda: vt.brain.store.get_tree("from-celery"), timeout=60, what="the submitted run")
-    report = vt.tree("from-celery").wait(timeout=60)
+    wait_until(lambda: vt.brain.store.get_tree("from-celery"), timeout=120, what="the submitted run")
+    report = vt.tree("from-celery").wait(timeout=120)
     assert report.done and report.result("loud") == "HI" and report.tree.user == "demo"
     brain_log = stack.settings.data_dir / "logs" / "brain.log"
-    wait_until(lambda: "refused a submitted tree" in brain_log.read_text(), timeout=30, what="the refusal")
+    wait_until(lambda: "refused a submitted tree" in brain_log.read_text(), timeout=120, what="the refusal")
     assert "ghost" in brain_log.read_text()
     runs = [t for t in vt.trees(100) if t.tree.id == "api" and t.tree_id != "from-celery"]
     assert len(runs) == 1, [t.tree_id for t in runs]
@@ -240,7 +240,7 @@ def test_the_server_pool_cannot_submit_through_the_brain_queue(
     brain_log = stack.settings.data_dir / "logs" / "brain.log"
     wait_until(
         lambda: "unregistered task of type 'vancetope.submit_tree'" in brain_log.read_text(),
-        timeout=30,
+        timeout=120,
         what="the brain to refuse the forged message",
     )
     assert vt.brain.store.get_tree("forged") is None
@@ -292,7 +292,7 @@ def test_a_program_uses_retries_trigger_rules_and_fan_out(vt: vancetope.Vancetop
             ],
         },
         user="demo",
-        timeout=90,
+        timeout=120,
     )  # fmt: skip
     assert report.status.value == "failed"  # "bad" failed: honest, even though its notify ran
     assert report.result("loud") == ["A", "B", "C"]

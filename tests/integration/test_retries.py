@@ -56,7 +56,7 @@ def test_a_flaky_server_tool_ends_done_at_its_third_attempt_after_the_backoff_wa
     brain = brain_factory(flaky_stack(tmp_path, stack_factory, fails=2, mode="error"))
     retry = {"max_attempts": 3, "backoff_s": 1, "backoff_factor": 2, "jitter": False, "on": ["tool_error"]}
     rec = brain.scheduler.submit(flaky_tree(retry))
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     fetch = brain.store.get_task(rec.tree_id, "fetch")
     assert fetch.result == "fetched at call 3" and fetch.attempt == 3
     assert [a.number for a in fetch.attempts] == [1, 2]
@@ -78,7 +78,7 @@ def test_a_tool_error_under_on_unavailable_fails_at_the_first_attempt(
 ) -> None:
     brain = brain_factory(flaky_stack(tmp_path, stack_factory, fails=1, mode="error"))
     rec = brain.scheduler.submit(flaky_tree({"max_attempts": 3, "backoff_s": 0, "on": ["unavailable"]}))
-    assert wait_for_tree(brain, rec.tree_id, timeout=60).status is TreeStatus.FAILED
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.FAILED
     fetch = brain.store.get_task(rec.tree_id, "fetch")
     assert fetch.state is TaskState.FAILED and fetch.attempts == [] and fetch.attempt == 1
     assert "call 1 fails on purpose" in fetch.error.message
@@ -94,7 +94,7 @@ def test_a_server_that_dies_mid_call_is_unavailable_and_retried_by_default_kinds
     rec = brain.scheduler.submit(
         flaky_tree({"max_attempts": 2, "backoff_s": 0.5})
     )  # on: unavailable, timeout
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     fetch = brain.store.get_task(rec.tree_id, "fetch")
     assert [a.error.type for a in fetch.attempts if a.error] == ["MCPServerUnavailable"]
     assert fetch.result == "fetched at call 2"
@@ -113,7 +113,7 @@ def test_a_pool_and_a_brain_killed_during_the_wait_do_not_lose_the_retry(
     def state() -> TaskState:
         return brain.store.get_task(rec.tree_id, "fetch").state
 
-    wait_until(lambda: state() is TaskState.RETRYING, 60, "the first attempt to fail")
+    wait_until(lambda: state() is TaskState.RETRYING, 120, "the first attempt to fail")
     # The wait holds no worker: both die and come back while it runs, and the timer (in
     # Redis, the record in the store) is still there for the brain that starts afterwards.
     kill(stack, "server-pool")
@@ -121,7 +121,7 @@ def test_a_pool_and_a_brain_killed_during_the_wait_do_not_lose_the_retry(
     assert state() is TaskState.RETRYING
     stack.start_service("brain")
     stack.start_service("server-pool")
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     fetch = brain.store.get_task(rec.tree_id, "fetch")
     assert fetch.result == "fetched at call 2" and len(fetch.attempts) == 1
 

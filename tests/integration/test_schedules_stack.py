@@ -129,10 +129,10 @@ def test_beat_in_the_embedded_stack_runs_schedules_that_name_their_runs_and_skip
             assert all(r.schedule == name for r in runs)
             assert_never_two_at_once(runs)
         slow = finished(runs_by(brain, "slow"))
-        wait_until(lambda: brain.store.get_summaries(slow[0].tree_id), 30, "the slow run's summaries")
+        wait_until(lambda: brain.store.get_summaries(slow[0].tree_id), 120, "the slow run's summaries")
         assert "deadline" in {s.kind.value for s in brain.store.get_summaries(slow[0].tree_id)}
         first = quick[0]
-        wait_until(lambda: len(received) >= 2, 30, "two webhook posts")
+        wait_until(lambda: len(received) >= 2, 120, "two webhook posts")
         report = json.loads((tmp_path / "reports" / f"quick-{first.tree_id}.json").read_text())
         assert (report["schedule"], report["kind"], report["counts"]["done"]) == ("quick", "final", 1)
         assert {r["schedule"] for r in received} == {"quick"}
@@ -184,11 +184,11 @@ def test_vancetope_up_runs_beat_and_a_skip_schedule_every_5s_never_has_two_runs_
             start_new_session=True,
         )
     try:
-        wait_until((data / "stack.json").exists, timeout=90, what="`vancetope up` to write stack.json")
+        wait_until((data / "stack.json").exists, timeout=120, what="`vancetope up` to write stack.json")
         store = open_store(f"sqlite:///{data / 'vancetope.db'}")
         try:
             wait_until(
-                lambda: len(finished(store.schedule_runs("naps"))) >= 2, timeout=90, what="two finished runs"
+                lambda: len(finished(store.schedule_runs("naps"))) >= 2, timeout=120, what="two finished runs"
             )
             runs = sorted(store.schedule_runs("naps"), key=lambda t: t.submitted_at)
         finally:
@@ -199,6 +199,6 @@ def test_vancetope_up_runs_beat_and_a_skip_schedule_every_5s_never_has_two_runs_
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGINT)
-            up.wait(60)
+            up.wait(120)
     assert up.returncode == 0, (tmp_path / "up.log").read_text()
     assert (data / "logs" / "beat.log").is_file()

@@ -227,7 +227,7 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
         return {t.task_id for t in brain.store.get_tasks(rec.tree_id) if t.run_id is not None}
 
     # Mid-tree: the first layer done or running, the chain not yet dispatched.
-    wait_until(lambda: {"w0", "r0"} <= dispatched(), timeout=90, what="the first layer to be dispatched")
+    wait_until(lambda: {"w0", "r0"} <= dispatched(), timeout=120, what="the first layer to be dispatched")
     before = dispatched()
     assert not {"c3", "c4", "c5"} & before, before
 
@@ -288,7 +288,7 @@ def test_the_primary_killed_mid_tree_fails_over_and_the_tree_ends_done_each_task
         lambda: any(
             r.status is TreeStatus.DONE and r.submitted_at > failed_over_at for r in runs_by(brain, "tick")
         ),
-        timeout=60,
+        timeout=120,
         what="a scheduled run fired after the failover",
     )
 

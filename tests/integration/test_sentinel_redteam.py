@@ -44,7 +44,7 @@ def restart_sentinels_fresh(sentinels: SentinelSet) -> None:
         )
         process = sentinels._spawn([sentinel_binaries()[1], str(conf)], folder / "sentinel.log")
         sentinels.sentinels[index] = type(old)(old.port, process, old.username, old.password)
-    sentinels._wait(sentinels._ready, 60, "the sentinels to be back")
+    sentinels._wait(sentinels._ready, 120, "the sentinels to be back")
 
 
 def sentinels_know(sentinels: SentinelSet, user: str) -> bool:
@@ -91,7 +91,9 @@ def test_a_running_agent_outlives_a_restart_of_every_sentinel_while_the_brain_is
     restart_sentinels_fresh(sentinel_set)
     assert not sentinels_know(sentinel_set, user)
     began = time.monotonic()
-    wait_until(lambda: sentinels_know(sentinel_set, user), timeout=60, what="the brain to restore vtc-laptop")
+    wait_until(
+        lambda: sentinels_know(sentinel_set, user), timeout=120, what="the brain to restore vtc-laptop"
+    )
     print(f"brain restored {user} on every sentinel {time.monotonic() - began:.1f}s after the restart")
 
     # 2. The brain away (restarting, its host rebooting) while the sentinels restart, and the

@@ -281,7 +281,7 @@ def test_a_worker_killed_mid_task_has_its_task_redelivered_and_recorded_once(
     assert children, "the prefork pool has a child process"
     for pid in children:
         os.kill(int(pid), signal.SIGKILL)
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     task = brain.store.get_task(rec.tree_id, "long")
     assert task.run_id == run_id and task.attempt == 1  # same run, delivered again, recorded once
     assert task.deliveries == 2

@@ -58,7 +58,7 @@ def running_up(
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGINT)
-            up.wait(60)
+            up.wait(120)
 
 
 def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
@@ -82,7 +82,7 @@ def wait_for_the_pool_to_take(tmp_path: Path, task_id: str, what: str) -> None:
                 and task.run_id in pool_log
             )
 
-        wait_until(taken, timeout=60, what=what)
+        wait_until(taken, timeout=120, what=what)
     finally:
         store.close()
 
@@ -108,7 +108,7 @@ def test_up_restarts_every_service_killed_with_sigkill_and_a_tree_still_runs(tmp
             now = stack_state(data).get("services", {})
             return all(now.get(name) not in (None, pid) and alive(now[name]) for name, pid in before.items())
 
-        wait_until(all_restarted, timeout=90, what="every killed service to be running again with a new pid")
+        wait_until(all_restarted, timeout=120, what="every killed service to be running again with a new pid")
         run = vancetope(
             "run", str(EXAMPLES / "offline-client.yaml"), "--client", "laptop", "--timeout", "90", data=data
         )
@@ -170,9 +170,9 @@ def test_a_bad_mcp_config_is_refused_by_up_and_run_before_anything_starts_with_e
     bad = tmp_path / "bad-mcp.json"
     bad.write_text(BAD_SERVER)
     env = {"VANCETOPE_MCP_CONFIG": str(bad)}
-    up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=60)
+    up = vancetope("up", "--no-agent", data=tmp_path / "data", env=env, timeout=120)
     run = vancetope(
-        "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=60
+        "run", str(EXAMPLES / "night-batch.yaml"), "--no-agent", data=tmp_path / "data2", env=env, timeout=120
     )
     for proc, data in ((up, tmp_path / "data"), (run, tmp_path / "data2")):
         assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -236,7 +236,7 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
     with running_up(tmp_path, "--no-agent", *flower, env={"VANCETOPE_TASK_LOG": "true"}) as up:
         wait_until(
             lambda: {"brain", "server-pool", "flower"} <= set(stack_state(data).get("services", {})),
-            timeout=90,
+            timeout=120,
             what="the stack to be up, Flower too",
         )
         run = subprocess.Popen(
@@ -253,7 +253,7 @@ def test_the_stacks_processes_do_not_outlive_an_up_that_is_killed_even_with_a_ta
             assert all(running_program(pid) for pid in children.values())
             os.kill(up.pid, signal.SIGKILL)  # no handler runs: only the kernel can tell the children
             up.wait(10)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
             while (
                 alive := [n for n, pid in children.items() if running_program(pid)]
             ) and time.monotonic() < deadline:

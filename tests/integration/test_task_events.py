@@ -56,7 +56,7 @@ class Captured:
                 dispatcher.send(PROBE)
                 return self.probed.wait(0.1)
 
-            wait_until(heard, timeout=30, what="the event receiver to hear a probe event")
+            wait_until(heard, timeout=60, what="the event receiver to hear a probe event")
 
     def close(self) -> None:
         self.receiver.should_stop = True
@@ -80,7 +80,7 @@ def test_a_submit_sends_one_task_sent_per_server_call_with_argument_names_only(b
                 }
             )
         )
-        wait_until(lambda: len(captured.events) >= n, timeout=30, what=f"{n} task-sent events")
+        wait_until(lambda: len(captured.events) >= n, timeout=60, what=f"{n} task-sent events")
     finally:
         captured.close()
     runs = {t.run_id for t in brain.store.get_tasks(rec.tree_id)}
@@ -107,8 +107,8 @@ def test_a_cancel_and_an_expiry_send_task_revoked_for_each_call_no_worker_began(
             tree({"id": "expiring", "tasks": [{**echo[0], "max_total_s": 0.5}, echo[1]]})
         )
         assert sorted(brain.sweeps.cancel(cancelled.tree_id)) == ["t0", "t1", "t2"]
-        wait_until(lambda: brain.sweeps.expire_overdue() == ["t0"], timeout=30, what="t0 to expire")
-        wait_until(lambda: len(captured.events) >= 4, timeout=30, what="4 task-revoked events")
+        wait_until(lambda: brain.sweeps.expire_overdue() == ["t0"], timeout=60, what="t0 to expire")
+        wait_until(lambda: len(captured.events) >= 4, timeout=60, what="4 task-revoked events")
     finally:
         captured.close()
     cancelled_runs = {t.run_id for t in brain.store.get_tasks(cancelled.tree_id)}
@@ -207,13 +207,13 @@ def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
             )
 
         # Heartbeats come every 2 s: the worker is listed in Flower either way.
-        wait_until(pool_heard, timeout=30, what="a heartbeat of the server pool")
+        wait_until(pool_heard, timeout=120, what="a heartbeat of the server pool")
         if task_events:
             wait_until(
                 lambda: (
                     {"task-sent", "task-succeeded", "task-failed"} <= {e["type"] for e in captured.events}
                 ),
-                timeout=30,
+                timeout=120,
                 what="the tree's task events",
             )
         else:
@@ -227,7 +227,7 @@ def test_task_events_off_sends_no_task_event_and_the_pool_still_its_heartbeats(
                     and e["timestamp"] > finished
                     for e in captured.events
                 ),
-                timeout=30,
+                timeout=120,
                 what="a heartbeat the server pool sent after the tree finished",
             )
     finally:

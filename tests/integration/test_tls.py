@@ -81,7 +81,7 @@ def test_brain_pool_cli_and_agent_run_a_tree_over_tls_with_certificate_checks(
         pool_url = over_tls(server.url_for("vt-pool"), relay, ca)
         start("brain", [sys.executable, "-m", "brain", "brain"], {**base, "VANCETOPE_REDIS_URL": brain_url})
         start("pool", [sys.executable, "-m", "brain", "worker"], {**base, "VANCETOPE_REDIS_URL": pool_url})
-        wait_until(lambda: cli("clients").returncode == 0, timeout=90, what="the brain to answer over TLS")
+        wait_until(lambda: cli("clients").returncode == 0, timeout=120, what="the brain to answer over TLS")
 
         enrolled = cli("clients", "enroll", "laptop", "--user", "ada")
         assert enrolled.returncode == 0, enrolled.stderr
@@ -94,7 +94,7 @@ def test_brain_pool_cli_and_agent_run_a_tree_over_tls_with_certificate_checks(
             {**agent_env, "VANCETOPE_AGENT_BROKER_URL": agent_url},
         )
         wait_until(
-            lambda: "connected" in cli("clients").stdout, timeout=90, what="the agent to connect over TLS"
+            lambda: "connected" in cli("clients").stdout, timeout=120, what="the agent to connect over TLS"
         )
 
         tree = tmp_path / "t.yaml"
@@ -129,7 +129,7 @@ def test_a_server_certificate_from_another_authority_is_refused(
         env={**os.environ, "VANCETOPE_REDIS_URL": url, "VANCETOPE_DATA_DIR": str(tmp_path / "d")},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 3, proc.stderr

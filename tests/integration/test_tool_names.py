@@ -55,7 +55,7 @@ def test_qualified_names_reach_each_server_and_a_clashing_bare_name_fails_saying
             }
         )
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.FAILED  # only 'which'
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.FAILED  # only 'which'
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert (tasks["on_a"].result, tasks["on_b"].result) == (3, 7)
     assert tasks["builtin"].result == "plain"
@@ -86,7 +86,7 @@ def test_on_a_client_a_shared_name_is_offered_per_server_and_each_reaches_its_ow
         session=SessionKind.INTERACTIVE,
         client_id="laptop",
     )
-    assert wait_for_tree(brain, rec.tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, rec.tree_id, timeout=120).status is TreeStatus.DONE
     tasks = {t.task_id: t for t in brain.store.get_tasks(rec.tree_id)}
     assert all(t.route == "client:laptop" for t in tasks.values())
     # Two server processes: the bare name is the first's, the qualified ones each their own.
@@ -110,7 +110,7 @@ def test_a_tree_written_with_the_old_slash_names_still_runs_and_is_warned(
         )
     ]
     tree_id = accepted.record.tree_id
-    assert wait_for_tree(brain, tree_id, timeout=90).status is TreeStatus.DONE
+    assert wait_for_tree(brain, tree_id, timeout=120).status is TreeStatus.DONE
     (task,) = brain.store.get_tasks(tree_id)
     assert task.result == 5
     assert brain.store.get_tree(tree_id).tree.tasks[0].tool == "b.add"

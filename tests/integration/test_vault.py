@@ -61,7 +61,7 @@ def secrets_cli(data: Path, *args: str, value: str | None = None) -> subprocess.
         input=value,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
     )
 
@@ -79,7 +79,7 @@ def status_json(tree_id: str, data: Path) -> str:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         env={**_env(), "VANCETOPE_DATA_DIR": str(data)},
         check=True,
     ).stdout
@@ -130,7 +130,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
             )
             return any(str(w.get("hostname", "")).startswith("server@") for w in page.get("data", []))
 
-        wait_until(flower_listening, timeout=60, what="Flower to hear the server pool")
+        wait_until(flower_listening, timeout=120, what="Flower to hear the server pool")
         # The server that refers to a secret nobody set failed to start, saying which reference.
         failures = {f.server: f.message for f in brain.scheduler.registry.mcp_failures}
         assert (
@@ -154,7 +154,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
                 }
             )
         )
-        assert wait_for_tree(brain, record.tree_id, 90).status.value == "failed"  # `leak` fails on purpose
+        assert wait_for_tree(brain, record.tree_id, 120).status.value == "failed"  # `leak` fails on purpose
         tasks = {t.task_id: t for t in brain.store.get_tasks(record.tree_id)}
         # The server got the value (the result *is* the secret, so it comes back masked whole) ...
         assert tasks["env"].result == "***", tasks["env"]
@@ -173,7 +173,7 @@ def test_a_vault_secret_reaches_its_server_and_is_nowhere_in_plaintext(
             status, body = fetch(f"http://127.0.0.1:{flower_port}/api/tasks", ("op", "pw-1234"))
             return body if status == 200 and b'"leak(name)"' in body else b""
 
-        seen_by_flower = wait_until(flower_tasks, timeout=60, what="Flower to list the tree's tasks")
+        seen_by_flower = wait_until(flower_tasks, timeout=120, what="Flower to list the tree's tasks")
         assert CANARY.encode() not in seen_by_flower
     finally:
         stack.stop()

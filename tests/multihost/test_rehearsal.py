@@ -106,7 +106,7 @@ class Rehearsal:
             [str(SCRIPT), args[0], self.id, *args[1:]],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
             check=False,
         )
         if done.returncode != 0:

@@ -104,7 +104,7 @@ def start(stack_factory: Any, brain_factory: Any, tmp_path: Path, servers: dict[
         agent_config=agent_with_servers(tmp_path, servers),
         mcp_config=write_mcp_config(tmp_path / "server-mcp.json", {}),
     )
-    assert stack.wait_connected("laptop", 90)
+    assert stack.wait_connected("laptop", 120)
     return brain_factory(stack)
 
 
@@ -126,7 +126,7 @@ def test_write_local_file_cannot_reach_the_agents_own_files(
     brain = start(stack_factory, brain_factory, tmp_path, {"demo": DEMO})
     sandbox, consent = tmp_path / "sandbox", tmp_path / ".vancetope-agent" / "consent"
     marker = tmp_path / "server-ran"
-    wait_until(lambda: (consent / "trusted_servers.json").exists(), 30, "the trusted server pinned")
+    wait_until(lambda: (consent / "trusted_servers.json").exists(), 120, "the trusted server pinned")
     own = [tmp_path / "mcp.json", consent / "trusted_servers.json", tmp_path / "agent.toml"]
     before = {p: p.read_bytes() for p in own}
     os.link(tmp_path / "mcp.json", sandbox / "hard.json")  # a hard link planted earlier
@@ -182,7 +182,7 @@ def test_forged_mcp_json_approvals_and_stamp_start_nothing_until_the_user_approv
     config, mcp_json = tmp_path / "agent.toml", tmp_path / "mcp.json"
     consent = tmp_path / ".vancetope-agent" / "consent"
     marker, trusted_marker = tmp_path / "evil-ran", tmp_path / "trusted-ran"
-    wait_until(lambda: (consent / "trusted_servers.json").exists(), 30, "the trusted server pinned")
+    wait_until(lambda: (consent / "trusted_servers.json").exists(), 120, "the trusted server pinned")
 
     write_mcp_config(mcp_json, {"helper": DEMO, "evil": marker_server(marker)})
     spec = localize(load_mcp_config(mcp_json), mcp_json.parent).servers["evil"]
@@ -190,7 +190,7 @@ def test_forged_mcp_json_approvals_and_stamp_start_nothing_until_the_user_approv
     (consent / "approvals.stamp").write_text("forged\n")
     wait_until(
         lambda: marker.exists() or "evil" in pending_servers(config),
-        60,
+        120,
         "the agent to look at the new server",
     )
     assert not marker.exists(), "the forged approval started the server"
@@ -200,7 +200,7 @@ def test_forged_mcp_json_approvals_and_stamp_start_nothing_until_the_user_approv
     write_mcp_config(mcp_json, {"helper": marker_server(trusted_marker), "evil": marker_server(marker)})
     wait_until(
         lambda: trusted_marker.exists() or "helper" in pending_servers(config),
-        60,
+        120,
         "the changed trusted server",
     )
     assert not trusted_marker.exists(), "an edit of a trusted server's command ran unasked"
@@ -209,7 +209,7 @@ def test_forged_mcp_json_approvals_and_stamp_start_nothing_until_the_user_approv
     # Control: the user's own approval does start it (so the marker would have shown a run).
     proc = agent_cli(config, "approve", pending_servers(config)["evil"]["id"])
     assert proc.returncode == 0, proc.stderr
-    wait_until(marker.exists, 60, "the approved server's command to run")
+    wait_until(marker.exists, 120, "the approved server's command to run")
     assert not trusted_marker.exists()
 
 
@@ -238,10 +238,10 @@ def test_mcp_server_git_cannot_read_a_file_of_the_enclosing_repository(tmp_path:
     )
     # The attack is real: the same server, started as it was before, serves the outer file.
     spec = StdioServerSpec(command=GIT_SERVER, args=["--repository", "sandbox"], cwd=str(outer))
-    manager = MCPClientManager(MCPConfig(source="attack", servers={"git": spec}), start_timeout=30)
+    manager = MCPClientManager(MCPConfig(source="attack", servers={"git": spec}), start_timeout=120)
     try:
         leaked = manager.call_tool(
-            "git", "git_show", {"repo_path": str(outer), "revision": "HEAD:vancetope.toml"}, 30
+            "git", "git_show", {"repo_path": str(outer), "revision": "HEAD:vancetope.toml"}, 120
         )
     finally:
         manager.close()
@@ -269,7 +269,7 @@ def test_a_garbage_reply_fails_the_call_at_once_and_the_server_restarts(tmp_path
         args=[str(FIXTURES / "mcp_garbage_server.py")],
         env={"GARBAGE_STARTS": str(starts)},
     )
-    manager = MCPClientManager(MCPConfig(source="mcp.json", servers={"hostile": spec}), start_timeout=30)
+    manager = MCPClientManager(MCPConfig(source="mcp.json", servers={"hostile": spec}), start_timeout=120)
     try:
         assert manager.call_tool("hostile", "echo", {"text": "before"}, 60) == "before"
         # A 600 s timeout: a slot held until the timeout would end as ToolTimeout, not this.

@@ -53,7 +53,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
         max_unfinished_tasks_per_user=5,
     )
     running = EmbeddedStack(settings).start()
-    assert running.wait_connected("laptop", 90)
+    assert running.wait_connected("laptop", 120)
     yield running
     running.stop()
 
@@ -109,13 +109,13 @@ def test_a_submit_credential_of_mallory_naming_ada_is_refused_and_adas_client_ge
     send(url, "submit.mallory", tree=READ_ADAS_FILE, user="ada", tree_id="forged-as-ada")
     # without a user field the tree is mallory's: it waits for a client of mallory's, never ada's
     send(url, "submit.mallory", tree=READ_ADAS_FILE, tree_id="as-mallory")
-    wait_until(lambda: vt.brain.store.get_tree("as-mallory"), timeout=60, what="mallory's own tree")
+    wait_until(lambda: vt.brain.store.get_tree("as-mallory"), timeout=120, what="mallory's own tree")
     wait_until(
         lambda: (
             "it names user 'ada', but it came with the submit credential of user 'mallory'"
             in brain_log(stack)
         ),
-        timeout=30,
+        timeout=120,
         what="the refusal in the brain's log",
     )
     assert vt.brain.store.get_tree("forged-as-ada") is None
@@ -166,7 +166,7 @@ def test_an_8mb_tree_of_100000_tasks_and_a_10001_task_tree_are_refused_at_the_do
     send(url, "submit.mallory", tree=big_tree(100_000, arg_bytes=2), tree_id="flood-5mb")
     wait_until(
         lambda: "over max_tree_bytes (VANCETOPE_MAX_TREE_BYTES) = 4,194,304" in brain_log(stack),
-        timeout=90,
+        timeout=120,
         what="the brain to refuse the 5 MB flood",
     )
     send(url, "submit.mallory", tree=over, tree_id="over-limit")
@@ -175,7 +175,7 @@ def test_an_8mb_tree_of_100000_tasks_and_a_10001_task_tree_are_refused_at_the_do
             "10,001 tasks, over max_tasks_per_tree (VANCETOPE_MAX_TASKS_PER_TREE) = 10,000"
             in brain_log(stack)
         ),
-        timeout=60,
+        timeout=120,
         what="the brain to refuse the 10,001-task tree",
     )
     assert vt.brain.store.get_tree("over-limit") is None and vt.brain.store.get_tree("flood-8mb") is None
@@ -331,14 +331,14 @@ def test_a_submit_credential_lost_by_redis_is_restored_from_the_store_and_a_revo
             finally:
                 probe.close()
 
-        wait_until(pings, timeout=30, what="the brain to restore vts-restored from the store")
+        wait_until(pings, timeout=120, what="the brain to restore vts-restored from the store")
         send(
             url,
             "submit.restored",
             tree={"id": "ok", "tasks": [{"id": "a", "tool": "echo", "args": {"value": 1}}]},
             tree_id="restored-run",
         )
-        report = wait_until(lambda: vt.brain.store.get_tree("restored-run"), timeout=60, what="the run")
+        report = wait_until(lambda: vt.brain.store.get_tree("restored-run"), timeout=120, what="the run")
         assert report.user == "restored"
         store = open_store(stack.settings.store)
         try:

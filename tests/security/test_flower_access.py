@@ -31,7 +31,7 @@ def test_flower_on_loopback_asks_for_the_password_everywhere_and_answers_only_it
         flower = subprocess.Popen(flower_argv(port), env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: fetch(f"{url}/healthcheck")[0] == 200, timeout=60, what="Flower to answer")
+        wait_until(lambda: fetch(f"{url}/healthcheck")[0] == 200, timeout=120, what="Flower to answer")
         datatable = "/tasks/datatable?draw=1&start=0&length=5&order[0][column]=0&columns[0][data]=received"
         for path in ("/", "/tasks", datatable, "/metrics", "/api/workers", "/workers?json=1"):
             assert fetch(url + path)[0] == 401, f"{path} without the password"
@@ -44,4 +44,4 @@ def test_flower_on_loopback_asks_for_the_password_everywhere_and_answers_only_it
         assert b"flower_events_total" in fetch(f"{url}/metrics", auth)[1]
     finally:
         flower.terminate()
-        flower.wait(timeout=30)
+        flower.wait(timeout=120)

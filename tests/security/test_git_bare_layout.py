@@ -58,9 +58,9 @@ def test_mcp_server_git_runs_no_program_of_a_bare_layout_a_tree_wrote(tmp_path: 
     config = MCPConfig(source="mcp.json", servers={"git": spec})
 
     # The attack is real: the server as released runs the bare layout's fsmonitor.
-    released = MCPClientManager(config, start_timeout=30)
+    released = MCPClientManager(config, start_timeout=120)
     try:
-        released.call_tool("git", "git_status", {"repo_path": str(sandbox / "evil")}, 30)
+        released.call_tool("git", "git_status", {"repo_path": str(sandbox / "evil")}, 120)
     finally:
         released.close()
     assert marker.exists(), "the attack did not reproduce: mcp-server-git ran no fsmonitor"
@@ -69,15 +69,15 @@ def test_mcp_server_git_runs_no_program_of_a_bare_layout_a_tree_wrote(tmp_path: 
     # The agent's way: confined at start, every call held to the --repository itself.
     confined, failures = confine_git_servers(config)
     assert failures == []
-    guarded = GuardedMCPManager(confined, start_timeout=30)
+    guarded = GuardedMCPManager(confined, start_timeout=120)
     try:
-        guarded.discover(30)
+        guarded.discover(120)
         guarded.permit([("git", "git_status")], {})
         with pytest.raises(PolicyViolation, match="is not this MCP server's repository"):
-            guarded.call_tool("git", "git_status", {"repo_path": str(sandbox / "evil")}, 30)
+            guarded.call_tool("git", "git_status", {"repo_path": str(sandbox / "evil")}, 120)
         with pytest.raises(PolicyViolation, match="is not this MCP server's repository"):
-            guarded.call_tool("git", "git_status", {"repo_path": "sandbox/evil/../evil"}, 30)
-        own = guarded.call_tool("git", "git_status", {"repo_path": "sandbox"}, 30)
+            guarded.call_tool("git", "git_status", {"repo_path": "sandbox/evil/../evil"}, 120)
+        own = guarded.call_tool("git", "git_status", {"repo_path": "sandbox"}, 120)
     finally:
         guarded.close()
     assert "notes.txt" in str(own)  # the user's own repository still works
@@ -93,7 +93,7 @@ def test_native_git_status_opens_no_bare_layout_whatever_working_tree_it_names(t
     marker = tmp_path / "PWNED"
     shape_bare_repository(sandbox / "bare", marker)
     shape_bare_repository(sandbox / "elsewhere", marker, worktree=outside)
-    git_status = native_tools(Sandbox([sandbox]), shell_enabled=False, default_timeout_s=30)["git_status"]
+    git_status = native_tools(Sandbox([sandbox]), shell_enabled=False, default_timeout_s=120)["git_status"]
     ctx = BuiltinContext(deadline=time.monotonic() + 30)
     for shaped in ("bare", "elsewhere"):
         with pytest.raises(ToolFailed, match="cannot use bare repository") as info:

@@ -62,7 +62,7 @@ def test_a_secret_echoed_cut_reversed_or_encoded_is_masked_everywhere(
             for how in LEAKED
         ]
         record = brain.scheduler.submit(tree({"id": "variants", "tasks": tasks}))
-        assert wait_for_tree(brain, record.tree_id, 90).status.value == "done"
+        assert wait_for_tree(brain, record.tree_id, 120).status.value == "done"
         results = {t.task_id: t.result for t in brain.store.get_tasks(record.tree_id)}
         assert set(results) == set(LEAKED)
         for how, value in results.items():

@@ -74,7 +74,7 @@ def test_a_server_side_mcp_server_finds_no_stack_credential_in_any_environment(
     try:
         brain = brain_factory(stack)
         record = brain.scheduler.submit(tree({"id": "snoop", "tasks": [{"id": "s", "tool": "snoop.snoop"}]}))
-        assert wait_for_tree(brain, record.tree_id, 90).status.value == "done"
+        assert wait_for_tree(brain, record.tree_id, 120).status.value == "done"
         (task,) = brain.store.get_tasks(record.tree_id)
         from_task: dict[str, Any] = task.result
         credentials = {

@@ -64,7 +64,7 @@ def test_a_server_run_as_another_user_cannot_open_the_stacks_secrets(
         failures = {f.server: f.message for f in brain.scheduler.registry.mcp_failures}
         assert failures == {}, failures
         record = brain.scheduler.submit(tree({"id": "u", "tasks": [{"id": "s", "tool": "untrusted.snoop"}]}))
-        assert wait_for_tree(brain, record.tree_id, 90).status.value == "done"
+        assert wait_for_tree(brain, record.tree_id, 120).status.value == "done"
         (task,) = brain.store.get_tasks(record.tree_id)
     finally:
         stack.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,17 +58,19 @@ class Gate:
         t.start()
         self.threads.append(t)
 
-    def pending(self, n: int = 1) -> list:
-        for _ in range(500):
+    def pending(self, n: int = 1, timeout: float = 60.0) -> list:
+        # a bound in seconds, not in polls: 500 polls of 0.01 s were 5 s, short under load
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
             found = [r for r in self.state.pending() if r.kind is RequestKind.CALL]
             if len(found) >= n:
                 return found
             self.stop.wait(0.01)
-        raise AssertionError("no pending call")
+        raise AssertionError(f"no pending call within {timeout}s")
 
     def join(self) -> None:
         for t in self.threads:
-            t.join(10)
+            t.join(60)
             assert not t.is_alive()
 
 

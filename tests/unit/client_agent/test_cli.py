@@ -14,7 +14,7 @@ from client_agent.config import load_config
 from tests.conftest import EXAMPLES, FIXTURES, ROOT
 
 
-def agent_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def agent_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "250"}
     return subprocess.run(
         [sys.executable, "-m", "client_agent", *args],

@@ -20,11 +20,11 @@ def test_a_run_still_going_when_its_notice_is_due_is_said_to_have_begun_once() -
     try:
         notices.begun(started("r1"))
         notices.begun(started("r2"))
-        got = {sent.get(timeout=10).run_id, sent.get(timeout=10).run_id}
+        got = {sent.get(timeout=60).run_id, sent.get(timeout=60).run_id}
         assert got == {"r1", "r2"}
         notices.ended("r1")  # after its notice went: nothing more
         notices.begun(started("r3"))
-        assert sent.get(timeout=10).run_id == "r3"
+        assert sent.get(timeout=60).run_id == "r3"
         assert sent.empty()
     finally:
         notices.close()
@@ -48,7 +48,7 @@ def test_a_run_that_ended_before_its_notice_was_due_is_never_said_to_have_begun(
         notices.ended("quick")
         notices.delay_s = 0.0
         notices.begun(started("slow"))
-        assert sent.get(timeout=10).run_id == "slow"
+        assert sent.get(timeout=60).run_id == "slow"
         assert sent.empty()
     finally:
         notices.close()
@@ -66,7 +66,7 @@ def test_a_failing_send_loses_that_notice_only() -> None:
     try:
         notices.begun(started("bad"))
         notices.begun(started("good"))
-        assert sent.get(timeout=10).run_id == "good"
+        assert sent.get(timeout=60).run_id == "good"
     finally:
         notices.close()
 

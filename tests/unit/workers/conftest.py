@@ -34,6 +34,6 @@ def manager() -> Iterator[MCPClientManager]:
             "crash": stdio(CRASH_SERVER),
         }
     )
-    mgr = MCPClientManager(config, start_timeout=20)
+    mgr = MCPClientManager(config, start_timeout=60)
     yield mgr
     mgr.close()

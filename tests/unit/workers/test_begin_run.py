@@ -105,7 +105,7 @@ def test_deliveries_started_at_once_each_get_their_own_number(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(60)
     app.close()
     assert sorted(n for n in numbers if n is not None) == list(range(1, 9))
     assert deliveries(redis_client, "t-k-1") == b"8"

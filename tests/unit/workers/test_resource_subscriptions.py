@@ -64,19 +64,19 @@ def test_a_read_with_subscribe_subscribes_once_and_each_change_is_passed_on(
 ) -> None:
     mgr, got = heard
     read = mgr.surface_request(
-        "shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=20
+        "shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=60
     )
     assert read["contents"][0]["text"] == "a\n"
-    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=20)
-    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/b", "subscribe": True}, timeout=20)
+    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=60)
+    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/b", "subscribe": True}, timeout=60)
     # c is only read: its change is not heard. a's is, once (subscribed once): a second
     # notification of it would come before b's, which the server sends after.
-    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/c"}, timeout=20)
+    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/c"}, timeout=60)
     change(folder / "c.txt")
     change(folder / "a.txt")
-    wait_until(lambda: got, 20, "the change of a")
+    wait_until(lambda: got, 120, "the change of a")
     change(folder / "b.txt")
-    wait_until(lambda: len(got) >= 2, 20, "the change of b")
+    wait_until(lambda: len(got) >= 2, 120, "the change of b")
     assert got == [ResourceUpdated(server="shelf", uri=f"watch://shelf/{s}") for s in ("a", "b")]
 
 
@@ -84,7 +84,7 @@ def test_a_server_that_cannot_subscribe_is_read_and_not_asked(
     heard: tuple[MCPClientManager, list[ResourceUpdated]],
 ) -> None:
     mgr, _ = heard
-    read = mgr.surface_request("vault", "read_resource", {"uri": "note://n", "subscribe": True}, timeout=20)
+    read = mgr.surface_request("vault", "read_resource", {"uri": "note://n", "subscribe": True}, timeout=60)
     assert read["contents"][0]["text"] == "# a note\n"
 
 
@@ -92,23 +92,23 @@ def test_a_restarted_server_is_subscribed_again(
     heard: tuple[MCPClientManager, list[ResourceUpdated]], folder: Path
 ) -> None:
     mgr, got = heard
-    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=20)
+    mgr.surface_request("shelf", "read_resource", {"uri": "watch://shelf/a", "subscribe": True}, timeout=60)
     (before,) = server_pids(WATCHED)
     os.kill(before, signal.SIGKILL)
     # The next request meets the dead session, then a fresh one: it subscribes again.
     wait_until(
         lambda: _read_ok(mgr, "watch://shelf/b") and server_pids(WATCHED) not in ([], [before]),
-        30,
+        120,
         "a restarted server",
     )
     change(folder / "a.txt")
-    wait_until(lambda: got, 20, "the change of a, heard through the new session")
+    wait_until(lambda: got, 120, "the change of a, heard through the new session")
     assert got == [ResourceUpdated(server="shelf", uri="watch://shelf/a")]
 
 
 def _read_ok(mgr: MCPClientManager, uri: str) -> bool:
     try:
-        mgr.surface_request("shelf", "read_resource", {"uri": uri}, timeout=10)
+        mgr.surface_request("shelf", "read_resource", {"uri": uri}, timeout=60)
     except Exception:  # noqa: BLE001 - the dead session's failure; the next call restarts it
         return False
     return True

@@ -25,6 +25,6 @@ def test_keep_turn_stays_with_its_holder_and_passes_on_once_the_holder_stops_ren
     assert keep_turn(redis_client, KEY, "brain-a", 0.2)  # renewed, now with a short lease
     assert 0 < redis_client.pttl(KEY) <= 200
     # brain-a stops asking (it died): brain-b gets the turn once the lease ran out, and keeps it
-    wait_until(lambda: keep_turn(redis_client, KEY, "brain-b", 60.0), 10, "brain-b to get the turn")
+    wait_until(lambda: keep_turn(redis_client, KEY, "brain-b", 60.0), 60, "brain-b to get the turn")
     assert not keep_turn(redis_client, KEY, "brain-a", 60.0)
     assert redis_client.get(KEY) == b"brain-b"

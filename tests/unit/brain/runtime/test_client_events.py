@@ -172,7 +172,7 @@ def test_a_sender_still_sending_when_close_stops_waiting_releases_its_connection
     app = App(channel)
     events = ClientEvents(app)  # type: ignore[arg-type]  # the stand-in has what it uses
     events.online("laptop")
-    assert channel.sending.wait(30)
+    assert channel.sending.wait(60)
     sender = events._sender
     assert sender is not None
     events.heartbeat("laptop")  # left to send after close() stopped waiting
@@ -219,7 +219,7 @@ def test_a_calls_start_or_progress_handled_after_its_end_is_not_sent() -> None:
     ]
 
 
-def until(condition: Any, timeout: float = 10.0) -> None:
+def until(condition: Any, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"

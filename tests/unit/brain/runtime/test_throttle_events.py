@@ -60,7 +60,7 @@ def test_one_brain_of_two_reports_and_the_other_takes_over_when_it_stops(redis_c
     assert second.messages == []
     # The first stops looking (its brain died): once its turn lapses the second reports.
     first.report_once(lease_s=0.2)
-    wait_until(lambda: second.report_once(lease_s=5), 10, "the second brain to take the turn over")
+    wait_until(lambda: second.report_once(lease_s=5), 60, "the second brain to take the turn over")
     assert second.reported() == {"r2": "rate_limit 1/s of tool slow"}
 
 

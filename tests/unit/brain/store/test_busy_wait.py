@@ -33,7 +33,7 @@ def test_a_write_waits_for_the_lock_in_growing_short_pauses_then_goes_through(
     held, release = threading.Event(), threading.Event()
     holder = threading.Thread(target=_hold_lock, args=(tmp_path / "s.db", held, release))
     holder.start()
-    assert held.wait(10)
+    assert held.wait(60)
     pauses: list[float] = []
     real_sleep = sqlite_store.time.sleep
 
@@ -60,7 +60,7 @@ def test_a_write_that_never_gets_the_lock_fails_after_the_busy_timeout_with_a_cl
     holder = threading.Thread(target=_hold_lock, args=(tmp_path / "s.db", held, release))
     holder.start()
     try:
-        assert held.wait(10)
+        assert held.wait(60)
         with pytest.raises(StoreError, match="database is locked"):
             store.record_fire("nightly", 1.0)
     finally:

@@ -505,7 +505,7 @@ def test_sqlite_transition_applies_only_once_across_processes(tmp_path: Path) ->
     procs = [ctx.Process(target=_finish_in_another_process, args=(path, barrier, results)) for _ in range(n)]
     for p in procs:
         p.start()
-    wins = sorted(results.get(timeout=30) for _ in procs)
+    wins = sorted(results.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=30)
     results.close()

@@ -110,7 +110,7 @@ def served(
     server = uvicorn.Server(uvicorn.Config(app, host=address, port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="test:web", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not server.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the web view did not start"
         time.sleep(0.02)
