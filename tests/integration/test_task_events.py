@@ -153,14 +153,14 @@ def test_a_run_whose_worker_was_lost_is_told_failed_and_a_cancelled_retry_revoke
                             ok=False, error=error, started_at=now, finished_at=now)  # fmt: skip
         assert brain.intake.take(failed) is TaskState.RETRYING
         # A pool worker took "lost", began it, and died with its message (no pool here).
-        wait_until(lambda: brain.hot.r.llen("server") == 2, timeout=30, what="both calls in their queue")
+        wait_until(lambda: brain.hot.r.llen("server") == 2, timeout=60, what="both calls in their queue")
         brain.hot.r.delete("server")
         assert brain.scheduler.move(rec.tree_id, "lost", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
-        wait_until(lambda: brain.sweeps.resend_lost() == ["lost"], timeout=30, what="the lost run re-sent")
+        wait_until(lambda: brain.sweeps.resend_lost() == ["lost"], timeout=60, what="the lost run re-sent")
         resent = brain.store.get_task(rec.tree_id, "lost")
         assert resent is not None and resent.run_id != lost.run_id
         assert sorted(brain.sweeps.cancel(rec.tree_id)) == ["lost", "retries"]
-        wait_until(lambda: len(captured.events) >= 3, timeout=30, what="3 task events")
+        wait_until(lambda: len(captured.events) >= 3, timeout=60, what="3 task events")
     finally:
         captured.close()
     assert len(captured.events) == 3  # one each, none twice
