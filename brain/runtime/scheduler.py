@@ -28,7 +28,16 @@ from brain.core.fairshare import (
     lane_id,
     user_limit,
 )
-from brain.core.fanout import FanOutError, gathered, item_id, item_records, item_specs, items_of, parent_of
+from brain.core.fanout import (
+    FanOutError,
+    ItemIds,
+    gathered,
+    item_id,
+    item_records,
+    item_specs,
+    items_of,
+    parent_of,
+)
 from brain.core.limits import check_limits
 from brain.core.models import (
     Location,
@@ -582,10 +591,10 @@ class Scheduler:
         rec = self.store.get_task(tree_id, parent)
         if rec is None or rec.state is not TaskState.FANNED_OUT or rec.fan_out is None:
             return None
-        ids = [item_id(parent, i) for i in range(rec.fan_out)]
+        ids = ItemIds(parent, rec.fan_out)
         if self._not_final(tree_id, ids, set()):
             return None
-        by_id = {r.task_id: r for r in self.store.get_tasks(tree_id, ids)}
+        by_id = {r.task_id: r for r in self.store.get_tasks(tree_id, list(ids))}
         state, results, why = gathered([by_id[i] for i in ids])
         error = None
         if state is TaskState.FAILED:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from brain.core.fanout import FanOutError, gathered, item_specs, items_of, parent_of
+from brain.core.fanout import FanOutError, ItemIds, gathered, item_specs, items_of, parent_of
 from brain.core.models import TaskRecord, TaskSpec, TaskState, TaskTree, ToolSpec
 from brain.core.validation import validate_tree
 
@@ -94,3 +94,18 @@ def test_a_list_over_its_limit_or_not_a_list_is_refused() -> None:
         items_of(spec, [1, 2, 3], 2)
     with pytest.raises(FanOutError, match="is str, not a list"):
         items_of(spec, "abc", 2)
+
+
+def test_item_ids_read_as_the_list_of_every_item_id_in_order() -> None:
+    ids = ItemIds("each", 5)
+    listed = [f"each[{i}]" for i in range(5)]
+    assert list(ids) == listed and len(ids) == 5
+    assert list(reversed(ids)) == listed[::-1]
+    assert (ids[0], ids[-1], ids[1:3], ids[::-2]) == (listed[0], listed[-1], listed[1:3], listed[::-2])
+    assert "each[4]" in ids and "each[5]" not in ids
+    assert all(parent_of(i) == "each" for i in ids)
+    with pytest.raises(IndexError):
+        ids[5]
+    with pytest.raises(IndexError):
+        ids[-6]
+    assert list(ItemIds("each", 0)) == []
