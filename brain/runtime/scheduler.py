@@ -594,8 +594,9 @@ class Scheduler:
         ids = ItemIds(parent, rec.fan_out)
         if self._not_final(tree_id, ids, set()):
             return None
-        by_id = {r.task_id: r for r in self.store.get_tasks(tree_id, list(ids))}
-        state, results, why = gathered([by_id[i] for i in ids])
+        every = list(ids)  # all final: read them all, once
+        by_id = {r.task_id: r for r in self.store.get_tasks(tree_id, every)}
+        state, results, why = gathered([by_id[i] for i in every])
         error = None
         if state is TaskState.FAILED:
             error = ErrorInfo(type="ItemsFailed", message=f"task {parent!r}: {why}", data={"task": parent})
