@@ -375,12 +375,17 @@ class SQLiteStore:
         values = state_values(states)
         if not values:
             return None
-        sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND state IN ({_marks(values)})"
         with self._errors(f"first_task_in({tree_id!r})"):
             conn = self._conn()
             if among is None:
-                row = conn.execute(sql + " LIMIT 1", (tree_id, *values)).fetchone()
+                sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND state IN ({_marks(values)}) LIMIT 1"
+                row = conn.execute(sql, (tree_id, *values)).fetchone()
                 return None if row is None else (row[0], TaskState(row[1]))
+            # ``+state`` keeps SQLite off the (tree_id, state) index, through which a probe of a
+            # few ids read every task of the tree in those states: each item's result of a
+            # fan-out of N (each member's of a fan-in) read its unfinished siblings, O(N²). The
+            # (tree_id, task_id) key is a lookup per id named.
+            sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND +state IN ({_marks(values)})"
             for chunk in _chunks(list(among)):
                 row = conn.execute(
                     sql + f" AND task_id IN ({_marks(chunk)}) LIMIT 1", (tree_id, *values, *chunk)
