@@ -84,6 +84,14 @@ def summarize(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def some_ids(ids: Sequence[str], shown: int = 20) -> str:
+    """``ids`` joined, the first ``shown`` of them when there are more: a cancel of a fan-out of
+    5,000 items printed all 5,000."""
+    if len(ids) <= shown:
+        return ", ".join(ids)
+    return f"{', '.join(ids[:shown])} … and {len(ids) - shown:,} more"
+
+
 def duration(rec: TaskRecord) -> str:
     if rec.started_at and rec.finished_at:
         return f"{rec.finished_at - rec.started_at:.2f}s"

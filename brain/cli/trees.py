@@ -33,7 +33,15 @@ from brain.cli.base import (
     settings_options_given,
     stack_for,
 )
-from brain.cli.display import THROTTLED, duration, limits_table, queues_table, task_table, trees_table
+from brain.cli.display import (
+    THROTTLED,
+    duration,
+    limits_table,
+    queues_table,
+    some_ids,
+    task_table,
+    trees_table,
+)
 from brain.cli.explain_limits import limit_lines
 from brain.cli.schedule_view import schedules_report, schedules_table
 from brain.cli.watch import watch
@@ -816,4 +824,4 @@ def cancel(settings: Settings, tree_id: str, task_id: str | None) -> None:
             done = operations.cancel(brain, tree_id, task_id)
         except NotFound as exc:
             fail(str(exc), EXIT_BAD_INPUT)
-    console.print(f"cancelled {len(done)} task(s): {', '.join(done) or 'none were unfinished'}")
+    console.print(escape(f"cancelled {len(done)} task(s): {some_ids(done) or 'none were unfinished'}"))

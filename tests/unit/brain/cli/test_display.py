@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from brain.cli.display import progress, progress_text, task_table, trees_table
+from brain.cli.display import progress, progress_text, some_ids, task_table, trees_table
 from brain.core.models import Progress, TaskRecord, TaskState, TaskTree, TreeRecord
 
 
@@ -105,3 +105,11 @@ def test_at_80_columns_a_result_is_one_line_and_the_bar_has_a_line_of_its_own() 
     preview = [line for line in lines if '{"content"' in line]
     assert len(preview) == 1 and "…" in preview[0], lines
     assert lines[-1].strip() == "whole results: vancetope status t-1 TASK (or --json)"
+
+
+def test_a_long_list_of_ids_shows_the_first_twenty_and_how_many_more() -> None:
+    assert some_ids(["a", "b"]) == "a, b"
+    assert some_ids([]) == ""
+    many = [f"each[{i}]" for i in range(5000)]
+    shown = some_ids(many)
+    assert shown.startswith("each[0], each[1], ") and shown.endswith("each[19] … and 4,980 more")
