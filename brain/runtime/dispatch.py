@@ -41,6 +41,9 @@ _SOFT_MARGIN_S = 10.0
 _HARD_MARGIN_S = 30.0
 
 log = logging.getLogger("vancetope.brain")
+# Run ids per revoke broadcast: one PUBLISH each, and one "Tasks flagged as revoked" line in each
+# pool's log; far under the pools' message size cap.
+REVOKE_CHUNK = 1000
 
 
 class Publisher:
@@ -63,6 +66,18 @@ class Publisher:
         # prefix, built once, when the main app does not put client queues under their prefix.
         self._lock = threading.Lock()
         self._local = threading.local()
+
+    def drop_queued(self, run_ids: list[str]) -> None:
+        """Ask every server pool to drop these runs' messages when it reaches them: Celery's own
+        ``revoke`` (never ``terminate``, which kills whatever the pool process runs by then), a
+        broadcast each worker keeps in memory (``worker_revoke_expires``, at most 50,000 ids), so
+        the pool's main process acks them on receipt. Without it a cancelled tree's calls still
+        in the server queue went one by one to a pool process that began each, found it cancelled
+        and ended it: 5,000 of them took as long to drain as to run, and other users' calls
+        waited behind them. A pool that misses the broadcast (started later, or away) still
+        refuses each at its begin."""
+        for start in range(0, len(run_ids), REVOKE_CHUNK):
+            self.app.control.revoke(run_ids[start : start + REVOKE_CHUNK])
 
     def app_for(self, client_id: str | None) -> Celery:
         """The app that sends to ``client_id``'s queue (None: a pool's): the main app when its

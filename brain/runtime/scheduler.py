@@ -1073,6 +1073,7 @@ class Scheduler:
                 )
         # After the cancelled sets are written: a worker that pops one now never begins it.
         self.revoke_unrun(((task.run_id, task.client_id) for task in unrun), expired=False)
+        self._drop_queued([task.run_id for task in unrun if task.client_id is None and task.run_id])
         if ended:
             self._local.ended = self._ended_here() + len(ended)
         self.advance(tree_id)
@@ -1097,6 +1098,16 @@ class Scheduler:
             for states in (REVOKED_IF_ENDED, NOT_FINAL)
         )
         return unrun, unrun + rest
+
+    def _drop_queued(self, run_ids: list[str]) -> None:
+        """The server pools drop these cancelled runs' messages on receipt (``Publisher.drop_queued``).
+        Only speed: each would be refused at its begin anyway, so a failure is logged."""
+        if not run_ids:
+            return
+        try:
+            self.publisher.drop_queued(run_ids)
+        except Exception as exc:  # noqa: BLE001 - the begin check still refuses every one
+            log.warning("could not ask the pools to drop %d cancelled call(s): %s", len(run_ids), exc)
 
     def revoke_unrun(self, runs: Iterable[tuple[str | None, str | None]], *, expired: bool) -> None:
         """Tell Flower the ``(run id, client id)`` runs were ended before a worker or agent

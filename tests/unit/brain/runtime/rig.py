@@ -49,6 +49,7 @@ class Sent:
         self.calls: list[ToolCall] = []
         # No admission gate: calls go straight, as a Publisher without one sends them.
         self.gate = None
+        self.dropped: list[str] = []  # run ids the pools were asked to drop (Publisher.drop_queued)
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -56,6 +57,9 @@ class Sent:
 
     def send(self, call: ToolCall, pool: str | None = None) -> None:
         self.calls.append(call)
+
+    def drop_queued(self, run_ids: list[str]) -> None:
+        self.dropped.extend(run_ids)
 
     def of(self, task_id: str) -> list[ToolCall]:
         return [c for c in self.calls if c.task_id == task_id]

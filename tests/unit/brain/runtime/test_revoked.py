@@ -63,6 +63,33 @@ def test_a_cancel_tells_flower_of_the_calls_sent_and_not_begun_only(rig: Rig) ->
     assert rig.sweeps.cancel(rec.tree_id) == [] and len(told.runs) == 2  # told once
 
 
+def test_a_cancel_asks_the_pools_to_drop_the_server_calls_still_queued_only(rig: Rig) -> None:
+    """Celery's own revoke of the runs a pool has not begun, so its main process acks them on
+    receipt instead of handing each to a pool process (Publisher.drop_queued): not a running
+    one (revoke is not terminate), not a client's (its agent has no remote control)."""
+    rig.presence.enroll("laptop", "ada")
+    rig.connect()
+    rec = rig.scheduler.submit(
+        tree(echo("queued"), echo("running"), echo("later", depends_on=["queued"]), local_read("client")),
+        user="ada",
+    )
+    queued = rig.task(rec.tree_id, "queued").run_id
+    assert rig.scheduler.move(rec.tree_id, "running", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["client", "later", "queued", "running"]
+    assert rig.sent.dropped == [queued]
+    assert rig.sweeps.cancel(rec.tree_id) == [] and rig.sent.dropped == [queued]  # asked once
+
+
+def test_a_cancel_whose_drop_broadcast_fails_cancels_all_the_same(rig: Rig) -> None:
+    def refuse(run_ids: list[str]) -> None:
+        raise ConnectionError("Redis went away")
+
+    rig.sent.drop_queued = refuse  # type: ignore[method-assign]
+    rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["a", "b"]
+    assert {rig.task(rec.tree_id, t).state for t in "ab"} == {TaskState.SKIPPED}
+
+
 def test_cancelling_one_for_each_task_tells_of_its_items(rig: Rig) -> None:
     told = telling(rig)
     intake = Intake(rig.scheduler)
