@@ -32,7 +32,6 @@ from brain.core.fanout import (
     FanOutError,
     ItemIds,
     gathered,
-    item_id,
     item_records,
     item_specs,
     items_of,
@@ -1047,11 +1046,13 @@ class Scheduler:
         unrun, ended = self._skip(tree_id, task_id, reason, now)
         parent = self.store.get_task(tree_id, task_id) if task_id is not None and ended else None
         if parent is not None and parent.fan_out:
-            # A for_each task cancelled alone takes its items with it: they are its calls.
-            for index in range(parent.fan_out):
-                items_unrun, items = self._skip(tree_id, item_id(parent.task_id, index), reason, now)
-                unrun += items_unrun
-                ended += items
+            # A for_each task cancelled alone takes its items with it: they are its calls. Two
+            # statements for all of them (a chunk each), not two per item.
+            items_unrun, items = self._skip(
+                tree_id, None, reason, now, among=list(ItemIds(parent.task_id, parent.fan_out))
+            )
+            unrun += items_unrun
+            ended += items
         runs: dict[str | None, list[str]] = {}
         for task in ended:
             if task.run_id:
@@ -1080,9 +1081,9 @@ class Scheduler:
         return [task.task_id for task in ended]
 
     def _skip(
-        self, tree_id: str, task_id: str | None, reason: str, now: float
+        self, tree_id: str, task_id: str | None, reason: str, now: float, among: list[str] | None = None
     ) -> tuple[list[Ended], list[Ended]]:
-        """End the tree's unfinished tasks (or ``task_id``) ``skipped``: (those no worker will
+        """End the tree's unfinished tasks (or ``task_id``, or those of ``among``) ``skipped``: (those no worker will
         speak of again: sent and not begun, or waiting to retry; every one ended). Two
         statements, those first, so Flower can be told which to show revoked; one sent meanwhile
         is ended by the second, and only shown as sent."""
@@ -1094,6 +1095,7 @@ class Scheduler:
                 reason=reason,
                 finished_at=now,
                 task_id=task_id,
+                among=among,
             )
             for states in (REVOKED_IF_ENDED, NOT_FINAL)
         )

@@ -11,7 +11,7 @@ Times are float unix seconds passed in by the caller; no backend reads the clock
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -169,11 +169,13 @@ class Store(Protocol):
         reason: str,
         finished_at: float,
         task_id: str | None = None,
+        among: Sequence[str] | None = None,
     ) -> list[Ended]:
-        """Give every task of the tree (or only ``task_id``) whose state is in ``from_states`` the
-        final ``state`` with ``reason`` (error cleared), in one statement (SQLite) or one
-        find and one update (MongoDB), whatever the tree's size: cancelling a 100,000-task tree
-        must not be 100,000 round trips. The tasks it ended, with their run and client."""
+        """Give every task of the tree (or only ``task_id``, or only those of ``among``) whose
+        state is in ``from_states`` the final ``state`` with ``reason`` (error cleared), in one
+        statement (SQLite; one per ``among`` chunk) or one find and one update (MongoDB),
+        whatever the tree's size: cancelling a 100,000-task tree, or a for_each task's 10,000
+        items, must not be that many round trips. The tasks it ended, with their run and client."""
         ...
 
     def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:

@@ -13,7 +13,7 @@ need stay native.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -326,13 +326,19 @@ class MongoStore:
         reason: str,
         finished_at: float,
         task_id: str | None = None,
+        among: Sequence[str] | None = None,
     ) -> list[Ended]:
         states = state_values(from_states)
-        if not states:
+        if not states or (among is not None and not among):
             return []
         query: dict[str, Any] = {"tree_id": tree_id, "state": {"$in": states}}
         if task_id is not None:
             query["task_id"] = task_id
+        if among is not None:  # and task_id, if given, as SQLite's AND reads it
+            named = [t for t in among if task_id is None or t == task_id]
+            if not named:
+                return []
+            query["task_id"] = {"$in": named}
         changes = {
             "state": TaskState(state).value, "reason": reason, "error": json.dumps(None),
             "finished_at": finished_at, "updated_at": finished_at,

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
@@ -495,9 +495,10 @@ class SQLiteStore:
         reason: str,
         finished_at: float,
         task_id: str | None = None,
+        among: Sequence[str] | None = None,
     ) -> list[Ended]:
         states = state_values(from_states)
-        if not states:
+        if not states or (among is not None and not among):
             return []
         # One UPDATE: the check and the write are atomic per row, as transition()'s are.
         sql = (
@@ -512,9 +513,17 @@ class SQLiteStore:
         if task_id is not None:
             sql += " AND task_id = ?"
             params.append(task_id)
-        sql += " RETURNING seq, task_id, run_id, json_extract(doc, '$.client_id')"
+        returning = " RETURNING seq, task_id, run_id, json_extract(doc, '$.client_id')"
         with self._errors(f"end_tasks({tree_id!r})"):
-            rows = self._conn().execute(sql, params).fetchall()
+            conn = self._conn()
+            if among is None:
+                rows = conn.execute(sql + returning, params).fetchall()
+            else:
+                rows = []
+                for chunk in _chunks(list(among)):
+                    rows += conn.execute(
+                        sql + f" AND task_id IN ({_marks(chunk)})" + returning, [*params, *chunk]
+                    ).fetchall()
         return [Ended(*row[1:]) for row in sorted(rows)]  # RETURNING's order is arbitrary: put_tree's
 
     def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:

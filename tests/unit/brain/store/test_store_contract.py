@@ -736,6 +736,36 @@ def test_end_tasks_ends_every_unfinished_task_of_a_tree_in_one_call(store: Store
     assert store.tasks_in_states({S.SKIPPED}, limit=10)[0].state is S.SKIPPED
 
 
+def test_end_tasks_among_ends_only_the_named_tasks_in_those_states(store: Store) -> None:
+    many = tuple(f"t{i}" for i in range(2000))  # past SQLite's bound-parameter chunk
+    put(store, "big", task_ids=many)
+    store.transition("big", "t5", from_states={S.PENDING}, state=S.DONE)
+    named = [f"t{i}" for i in range(1999, 2, -2)]  # odd ones from t3, in any order
+    ended = store.end_tasks(
+        "big", from_states={S.PENDING}, state=S.SKIPPED, reason="cancelled", finished_at=2.0, among=named
+    )
+    odd = [f"t{i}" for i in range(3, 2000, 2) if i != 5]  # t5 was done already
+    assert [e.task_id for e in ended] == odd  # in put_tree's order
+    assert store.get_task("big", "t5").state is S.DONE and store.get_task("big", "t4").state is S.PENDING
+    assert all(t.state is S.SKIPPED for t in store.get_tasks("big", odd))
+    assert (
+        store.end_tasks(
+            "big", from_states={S.PENDING}, state=S.SKIPPED, reason="x", finished_at=3.0, among=[]
+        )
+        == []
+    )
+    both = store.end_tasks(
+        "big",
+        from_states={S.PENDING},
+        state=S.SKIPPED,
+        reason="x",
+        finished_at=3.0,
+        task_id="t2",
+        among=["t4"],
+    )
+    assert both == [] and store.get_task("big", "t2").state is S.PENDING  # task_id and among: both must hold
+
+
 def test_count_unfinished_counts_the_running_trees_of_one_user(store: Store) -> None:
     for tree_id, user in (("t1", "alice"), ("t2", "alice"), ("t3", "bob")):
         record, tasks = make_tree(tree_id)
