@@ -1083,10 +1083,10 @@ class Scheduler:
     def _skip(
         self, tree_id: str, task_id: str | None, reason: str, now: float, among: list[str] | None = None
     ) -> tuple[list[Ended], list[Ended]]:
-        """End the tree's unfinished tasks (or ``task_id``, or those of ``among``) ``skipped``: (those no worker will
-        speak of again: sent and not begun, or waiting to retry; every one ended). Two
-        statements, those first, so Flower can be told which to show revoked; one sent meanwhile
-        is ended by the second, and only shown as sent."""
+        """End the tree's unfinished tasks (or ``task_id``, or those of ``among``) ``skipped``:
+        (those no worker will speak of again: sent and not begun, or waiting to retry; every one
+        ended). Two statements, those first, so Flower can be told which to show revoked; one
+        sent meanwhile is ended by the second, and only shown as sent."""
         unrun, rest = (
             self.store.end_tasks(
                 tree_id,

@@ -375,17 +375,12 @@ class SQLiteStore:
         values = state_values(states)
         if not values:
             return None
+        sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND {_in_states(values, named=among is not None)}"
         with self._errors(f"first_task_in({tree_id!r})"):
             conn = self._conn()
             if among is None:
-                sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND state IN ({_marks(values)}) LIMIT 1"
-                row = conn.execute(sql, (tree_id, *values)).fetchone()
+                row = conn.execute(sql + " LIMIT 1", (tree_id, *values)).fetchone()
                 return None if row is None else (row[0], TaskState(row[1]))
-            # ``+state`` keeps SQLite off the (tree_id, state) index, through which a probe of a
-            # few ids read every task of the tree in those states: each item's result of a
-            # fan-out of N (each member's of a fan-in) read its unfinished siblings, O(N²). The
-            # (tree_id, task_id) key is a lookup per id named.
-            sql = f"SELECT task_id, state FROM tasks WHERE tree_id = ? AND +state IN ({_marks(values)})"
             for chunk in _chunks(list(among)):
                 row = conn.execute(
                     sql + f" AND task_id IN ({_marks(chunk)}) LIMIT 1", (tree_id, *values, *chunk)
@@ -504,7 +499,7 @@ class SQLiteStore:
         sql = (
             "UPDATE tasks SET state = ?, updated_at = ?, doc = json_set(doc, '$.state', ?, '$.reason', ?, "
             "'$.error', json('null'), '$.finished_at', ?, '$.updated_at', ?) "
-            f"WHERE tree_id = ? AND state IN ({_marks(states)})"
+            f"WHERE tree_id = ? AND {_in_states(states, named=among is not None)}"
         )
         params: list[Any] = [
             TaskState(state).value, finished_at, TaskState(state).value, reason, finished_at, finished_at,
@@ -705,6 +700,15 @@ _CHUNK: Final = 900
 def _chunks(items: list[str]) -> Iterator[list[str]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+def _in_states(values: Collection[str], *, named: bool) -> str:
+    """``state IN (...)`` of a WHERE clause; ``+state`` when the statement also names its tasks
+    (``task_id IN (...)``): it keeps SQLite off the (tree_id, state) index, through which a
+    statement about a few named tasks read every task of the tree in those states (each item's
+    result of a fan-out of N, each member's of a fan-in, read its unfinished siblings: O(N²)).
+    The (tree_id, task_id) key is a lookup per task named."""
+    return f"{'+' if named else ''}state IN ({_marks(values)})"
 
 
 def _marks(items: Collection[Any]) -> str:
