@@ -36,6 +36,12 @@ class ToolTimeout(WorkerError):
     """The tool did not answer within its timeout."""
 
 
+class Cancelled(WorkerError):
+    """The call's task was cancelled (or passed its ``max_total_s``) while the call ran, and
+    the call was stopped (``workers.call_stop``); its result is refused, as is any result of
+    a task that ended."""
+
+
 class ResultTooLarge(WorkerError):
     """The tool's result is larger than the configured cap."""
 

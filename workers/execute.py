@@ -24,6 +24,7 @@ from mcp.types import CallToolResult
 
 from workers import argcheck, mcp_surface
 from workers.call_relay import CallChannel, CallRelay
+from workers.call_stop import Stopped, Waited, wait_unless_stopped
 from workers.contracts import (
     MAX_PROGRESS_MESSAGE_CHARS,
     ErrorInfo,
@@ -35,6 +36,7 @@ from workers.contracts import (
     surface_op,
 )
 from workers.errors import (
+    Cancelled,
     InvalidArguments,
     ResultTooLarge,
     ToolFailed,
@@ -59,6 +61,7 @@ def execute(
     builtins: Mapping[str, BuiltinTool] = BUILTINS,
     progress: Callable[[ToolProgress], None] | None = None,
     channel: CallChannel | None = None,
+    stopped: Stopped | None = None,
 ) -> ToolResult:
     """Run ``call`` and report its outcome; raises only for bugs in this function itself.
 
@@ -66,7 +69,9 @@ def execute(
     ``client_id`` marks the result as executed by that client; ``builtins`` are the
     built-ins as this worker's settings made them (``builtin_tools``); ``progress`` gets an
     MCP server's progress notifications for this call (``Throttle`` coalesces them);
-    ``channel`` its log messages and sampling/elicitation requests (``CallRelay``).
+    ``channel`` its log messages and sampling/elicitation requests (``CallRelay``);
+    ``stopped`` is asked while the call runs whether its task was cancelled, and a True
+    stops the call with a ``Cancelled`` result (``workers.call_stop``).
     """
     started = clock()
     value: Any = None
@@ -75,7 +80,7 @@ def execute(
     on_progress = Throttle(call, progress, client_id, clock) if progress is not None else None
     relay = CallRelay(call, channel, client_id, clock)
     try:
-        value, whole = _dispatch(call, mcp, native, builtins, on_progress, relay)
+        value, whole = _dispatch(call, mcp, native, builtins, on_progress, relay, stopped)
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
@@ -108,6 +113,7 @@ def _dispatch(
     builtins: Mapping[str, BuiltinTool],
     on_progress: ProgressSink | None = None,
     relay: CallRelay | None = None,
+    stopped: Stopped | None = None,
 ) -> tuple[Any, dict[str, Any] | None]:
     """The value, and for an MCP tool the server's whole result."""
     if call.tool_type is ToolType.BUILT_IN:
@@ -118,13 +124,13 @@ def _dispatch(
                 tool=call.tool,
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)
-        return _run_builtin(tool, call.args, call.timeout_s), None
+        return _run_builtin(tool, call.args, call.timeout_s, stopped), None
     if call.tool_type is ToolType.MCP and surface_op(call.tool) is not None:
         # resources/read, prompts/get, completion/complete: the MCP result is the value.
-        return _run_surface(call, mcp), None
+        return _run_surface(call, mcp, stopped), None
     if call.tool_type is ToolType.MCP:
         # The convenient value is derived from the whole result where it is recorded.
-        return None, whole_result(_run_mcp(call, mcp, on_progress, relay))
+        return None, whole_result(_run_mcp(call, mcp, on_progress, relay, stopped))
     if native is not None:
         tool = native.get(call.tool)
         if tool is None:
@@ -133,7 +139,7 @@ def _dispatch(
                 tool=call.tool,
             )
         validate_args(call.tool, tool.descriptor.input_schema, call.args)
-        return _run_builtin(tool, call.args, call.timeout_s), None
+        return _run_builtin(tool, call.args, call.timeout_s, stopped), None
     raise ToolNotFound(
         f"native tool {call.tool!r} runs only on a client agent, not on the server", tool=call.tool
     )
@@ -151,14 +157,16 @@ def _mcp_for(call: ToolCall, mcp: MCPClientManager | None) -> tuple[str, MCPClie
     return call.mcp_server, mcp
 
 
-def _run_surface(call: ToolCall, mcp: MCPClientManager | None) -> dict[str, Any]:
+def _run_surface(
+    call: ToolCall, mcp: MCPClientManager | None, stopped: Stopped | None = None
+) -> dict[str, Any]:
     server, manager = _mcp_for(call, mcp)
     found = surface_op(call.tool)
     assert found is not None
     if found[0] != server:
         raise ToolNotFound(f"{call.tool!r} is not a request of MCP server {server!r}", tool=call.tool)
     validate_args(call.tool, mcp_surface.SCHEMAS[found[1]], call.args)
-    return manager.surface_request(server, found[1], call.args, timeout=call.timeout_s)
+    return manager.surface_request(server, found[1], call.args, timeout=call.timeout_s, stopped=stopped)
 
 
 def _run_mcp(
@@ -166,6 +174,7 @@ def _run_mcp(
     mcp: MCPClientManager | None,
     on_progress: ProgressSink | None,
     relay: CallRelay | None = None,
+    stopped: Stopped | None = None,
 ) -> CallToolResult:
     server, manager = _mcp_for(call, mcp)
     schema = manager.input_schema(server, call.tool)
@@ -177,7 +186,13 @@ def _run_mcp(
     if schema is not None:
         validate_args(call.tool, schema, call.args)
     return manager.call_tool_result(
-        server, call.tool, call.args, timeout=call.timeout_s, on_progress=on_progress, hooks=relay
+        server,
+        call.tool,
+        call.args,
+        timeout=call.timeout_s,
+        on_progress=on_progress,
+        hooks=relay,
+        stopped=stopped,
     )
 
 
@@ -227,9 +242,11 @@ class _SpareThreads:
 _SPARE = _SpareThreads()
 
 
-def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any:
-    """Run a tool that may block in another thread, so the timeout holds even when it does;
-    one that cannot block (``BuiltinTool.blocks``) here."""
+def _run_builtin(
+    tool: BuiltinTool, args: dict[str, Any], timeout: float, stopped: Stopped | None = None
+) -> Any:
+    """Run a tool that may block in another thread, so the timeout (and a cancel: ``stopped``)
+    holds even when it does; one that cannot block (``BuiltinTool.blocks``) here."""
     name = tool.descriptor.name
     ctx = BuiltinContext(deadline=time.monotonic() + timeout)
     if not tool.blocks:
@@ -250,8 +267,13 @@ def _run_builtin(tool: BuiltinTool, args: dict[str, Any], timeout: float) -> Any
             finished.set()
 
     _SPARE.run(name, target)
-    if not finished.wait(timeout):
+    waited = wait_unless_stopped(finished.wait, timeout, stopped)
+    if waited is not Waited.DONE:
         ctx.cancel.set()  # cooperative tools (sleep) stop now; others end on their own deadline
+        if waited is Waited.STOPPED:
+            raise Cancelled(
+                f"tool {name!r} was stopped: its task was cancelled or expired while it ran", tool=name
+            )
         raise ToolTimeout(f"tool {name!r} did not answer within {timeout:g}s", tool=name)
     error = outcome.get("error")
     if isinstance(error, Exception):

@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from workers import mcp_surface, sandbox
 from workers.call_relay import AskRefused
+from workers.call_stop import Stopped, Waited, wait_unless_stopped
 from workers.contracts import (
     READ_RESOURCE,
     TOOL_METADATA_FIELDS,
@@ -50,7 +51,7 @@ from workers.contracts import (
     ToolDescriptor,
     ToolType,
 )
-from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
+from workers.errors import Cancelled, MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
 from workers.secret_refs import resolve_values
@@ -564,23 +565,45 @@ class MCPClientManager:
         timeout: float,
         on_progress: ProgressSink | None = None,
         hooks: CallHooks | None = None,
+        stopped: Stopped | None = None,
     ) -> CallToolResult:
         """Call one tool and return the server's whole ``CallToolResult``; ToolFailed if the
         server marked it an error. ``timeout`` bounds the call, start_timeout a (re)start.
         ``on_progress(progress, total, message)`` gets the server's progress notifications
         (on the manager's loop thread: it must be quick and not block); ``hooks`` its log
-        messages and sampling/elicitation requests (without: logs dropped, requests refused)."""
+        messages and sampling/elicitation requests (without: logs dropped, requests refused);
+        ``stopped`` is asked while the call runs whether its task was cancelled (``Cancelled``)."""
         self._spec(server)
         return self._submit(
-            self._start_timeout + 2 * timeout, self._call, server, tool, args, timeout, on_progress, hooks
+            self._start_timeout + 2 * timeout,
+            self._call,
+            server,
+            tool,
+            args,
+            timeout,
+            on_progress,
+            hooks,
+            stopped=stopped,
+            what=f"tool {tool!r} on MCP server {server!r}",
         )
 
-    def surface_request(self, server: str, op: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def surface_request(
+        self, server: str, op: str, args: dict[str, Any], timeout: float, stopped: Stopped | None = None
+    ) -> dict[str, Any]:
         """One resources/read, prompts/get or completion/complete (``op``: a surface op of
         ``workers.contracts``) on ``server``; the result's JSON. ToolFailed carries the
         server's JSON-RPC error code (e.g. -32002, resource not found)."""
         self._spec(server)
-        return self._submit(self._start_timeout + 2 * timeout, self._surface, server, op, args, timeout)
+        return self._submit(
+            self._start_timeout + 2 * timeout,
+            self._surface,
+            server,
+            op,
+            args,
+            timeout,
+            stopped=stopped,
+            what=f"{op} on MCP server {server!r}",
+        )
 
     def connect(self, server: str) -> None:
         """Start the server now if it is not running (bounded by start_timeout), which also lists its tools."""
@@ -657,9 +680,17 @@ class MCPClientManager:
             )
         return spec
 
-    def _submit(self, budget: float, func: Callable[[*_Ts], Awaitable[_T]], *args: *_Ts) -> _T:
+    def _submit(
+        self,
+        budget: float,
+        func: Callable[[*_Ts], Awaitable[_T]],
+        *args: *_Ts,
+        stopped: Stopped | None = None,
+        what: str = "the MCP request",
+    ) -> _T:
         """``func(*args)`` on the loop thread; its result here. Cancelled on the loop when the
-        wait gives up (the portal's future cancels the task)."""
+        wait gives up, or when ``stopped`` says the call's task was cancelled (the portal's
+        future cancels the task; the SDK then sends the server ``notifications/cancelled``)."""
         closed = MCPServerUnavailable("the MCP client manager is closed", server="", stderr_tail="")
         if self._closed or os.getpid() != self._pid:
             raise closed
@@ -667,16 +698,19 @@ class MCPClientManager:
             future = self._portal.start_task_soon(func, *args)
         except RuntimeError:  # the portal stopped between the check and here
             raise closed from None
+        waited = wait_unless_stopped(
+            lambda seconds: bool(concurrent.futures.wait([future], seconds).done), budget + _SLACK_S, stopped
+        )
+        if not future.done():
+            future.cancel()
+            if waited is Waited.STOPPED:
+                raise Cancelled(f"{what} was stopped: its task was cancelled or expired while it ran")
+            raise ToolTimeout(f"the MCP client loop did not answer within {budget + _SLACK_S:g}s")
         try:
-            return future.result(budget + _SLACK_S)
+            return future.result()
         except concurrent.futures.CancelledError:
             during = "the MCP client manager closed during the call"
             raise MCPServerUnavailable(during, server="", stderr_tail="") from None
-        except TimeoutError:
-            if future.done():
-                raise
-            future.cancel()
-            raise ToolTimeout(f"the MCP client loop did not answer within {budget + _SLACK_S:g}s") from None
 
     async def _session(self, server: str, start_timeout: float) -> _Session:
         """The live session, (re)starting the server once if there is none or it died."""

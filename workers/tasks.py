@@ -12,6 +12,7 @@ touches its own.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from redis.client import Pipeline
 
 from workers import masking
 from workers.call_relay import CallChannel
+from workers.call_stop import Stopped
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
@@ -46,7 +48,7 @@ from workers.contracts import (
     key_tree_running,
     shown_failure,
 )
-from workers.errors import CallFailed, PoisonTask
+from workers.errors import CallFailed, Cancelled, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
 from workers.recent_calls import RecentCalls
@@ -83,6 +85,11 @@ class HotState:
             self._client = app_redis_client(self._app)
             self._pid = os.getpid()
         return self._client
+
+    def cancelled(self, run_id: str) -> bool:
+        """Whether ``run_id`` is in this worker's cancelled set: asked every ``STOP_POLL_S``
+        while a call runs (``workers.call_stop``)."""
+        return bool(self.client.sismember(self.prefix + key_cancelled(), run_id))
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """``begin_run`` on this worker's own keys."""
@@ -252,10 +259,19 @@ def register(
                         started,
                         _reporter(self, progress, flower=client_id is None and task_events),
                         _Masked(channel) if channel is not None else None,
+                        functools.partial(hot.cancelled, call.run_id),
                     )
                 finally:
                     if recent is not None:
                         recent.end(call, ran)
+                if ran.error is not None and ran.error.type == Cancelled.__name__:
+                    log.info(
+                        "run %s of task %s (tool %r) stopped after %.1fs: its task was cancelled or expired while it ran",
+                        call.run_id,
+                        call.task_id,
+                        call.tool,
+                        ran.finished_at - ran.started_at,
+                    )
                 result = ran
         outcome = deliver(masked(result))
         if not result.ok and client_id is None:
@@ -361,9 +377,11 @@ def _gated_run(
     started: float,
     progress: ProgressSink,
     channel: CallChannel | None,
+    stopped: Stopped,
 ) -> ToolResult:
     """The call, once ``gate`` (a client agent's user) lets it run; the time spent asking is
-    not the tool's. A broken MCP config fails the call, not the worker."""
+    not the tool's. A broken MCP config fails the call, not the worker. ``stopped`` says
+    whether the call's task was cancelled while it runs (``workers.call_stop``)."""
     refusal = gate(call) if gate is not None else None
     if refusal is not None:
         return _failure(call, refusal, worker, started, client_id)
@@ -383,6 +401,7 @@ def _gated_run(
         builtins=builtins,
         progress=progress,
         channel=channel,
+        stopped=stopped,
     )
 
 

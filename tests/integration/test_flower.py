@@ -663,17 +663,19 @@ def test_flower_shows_the_calls_of_a_cancelled_tree_revoked_not_throttled_for_ev
     assert not any(name.startswith("gen") for name in workers), sorted(workers)
 
 
-def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_worker_ends_it(
+def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_worker_stopped_it(
     flower_stack: FlowerStack,
 ) -> None:
-    """Issue 26: a call already running is not stopped by a cancel; its result is refused (the
-    task stays skipped). Its pool worker still tells Flower how the tool ended: SUCCESS."""
+    """Issue 26: a call already running when its tree is cancelled is stopped by its pool worker
+    (``workers.call_stop``), and Flower shows it FAILURE ``Cancelled``, as a client's call held for
+    approval when cancelled; its result is refused (the task stays skipped). Before, the call ran
+    to its end and showed SUCCESS."""
     fs = flower_stack
     rec = fs.brain.scheduler.submit(
         tree(
             {
                 "id": "flower-cancel-running",
-                "tasks": [{"id": "naps", "tool": "sleep", "args": {"seconds": 3}}],
+                "tasks": [{"id": "naps", "tool": "sleep", "args": {"seconds": 300}, "timeout_s": 600}],
             }
         ),
         session=SessionKind.AUTONOMOUS,
@@ -690,7 +692,8 @@ def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_w
         return dict(seen) if seen.get("state") in ("SUCCESS", "FAILURE", "REVOKED") else None
 
     shown = wait_until(ended, timeout=120, what="Flower to show the cancelled running call ended")
-    assert shown["state"] == "SUCCESS", shown
+    assert shown["state"] == "FAILURE", shown
+    assert shown["exception"].startswith("CallFailed('Cancelled"), shown
     assert shown["worker"].startswith("server@")
     assert fs.brain.store.get_task(rec.tree_id, "naps").state.value == "skipped"  # its result refused
 

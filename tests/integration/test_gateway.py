@@ -236,13 +236,16 @@ def test_another_users_token_sees_and_reaches_none_of_adas_client_tools_or_trees
     assert cancel.is_error and "no tree" in text_of(cancel)
 
 
-def test_a_cancelled_mcp_request_cancels_its_task(stack: EmbeddedStack, gateway: str) -> None:
+def test_a_cancelled_mcp_request_cancels_its_task_and_the_call_on_the_server_behind(
+    stack: EmbeddedStack, gateway: str, tmp_path: Path
+) -> None:
     token = token_for(stack, "ada")
+    mark = tmp_path / "cancelled"
 
     async def scenario() -> None:
         async with mcp_client(gateway, token) as mcp:
             with anyio.move_on_after(2):
-                await mcp.call_tool("slow", {"seconds": 30})
+                await mcp.call_tool("slow", {"seconds": 300, "cancelled_mark": str(mark)})
 
     anyio.run(scenario)
     store = open_store(stack.settings.store)
@@ -260,6 +263,9 @@ def test_a_cancelled_mcp_request_cancels_its_task(stack: EmbeddedStack, gateway:
         wait_until(cancelled, 120, "the slow call's task to be cancelled")
     finally:
         store.close()
+    # The pool stopped the running call: the MCP server behind was sent notifications/cancelled
+    # (before, it ran its 300 s while the pool's slot waited).
+    wait_until(mark.exists, 120, "the demo server behind the pool to see its call cancelled")
 
 
 def test_a_2026_era_client_calls_tools_and_hears_of_a_registry_reload_on_its_listen_stream(

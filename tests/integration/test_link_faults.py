@@ -250,8 +250,9 @@ def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_one
     brain_factory: Callable[[EmbeddedStack], Brain],
 ) -> None:
     """The laptop runs two long calls (its concurrency) while three more wait in its queue. A
-    cancel takes those three out at once: the laptop, once free, never pops them (the link is
-    healthy here; an offline laptop's queue is emptied the same way, test_client_path)."""
+    cancel takes those three out at once and stops the two running (workers.call_stop): the
+    laptop, free again at once, never pops the three (the link is healthy here; an offline
+    laptop's queue is emptied the same way, test_client_path)."""
     stack, _ = behind_proxy
     brain = brain_factory(stack)
     r = brain.hot.r
@@ -272,13 +273,15 @@ def test_cancelling_a_tree_takes_the_calls_queued_behind_a_busy_laptops_long_one
     assert sorted(brain.sweeps.cancel(rec.tree_id)) == sorted(ledger)
     assert r.llen(LAPTOP_QUEUE) == 0
 
+    agent_log = stack.service("client-agent").log_path
     wait_until(
-        lambda: sum(len(spans_in(path)) for path in ledger.values()) == 2 and r.hlen(LAPTOP_UNACKED) == 0,
+        lambda: agent_log.read_text().count(") stopped after ") == 2 and r.hlen(LAPTOP_UNACKED) == 0,
         120,
-        "the two long calls to end and be acked",
+        "the two long calls to be stopped and acked",
     )
     assert sum(runs_in(path) for path in ledger.values()) == 2  # the three queued never started
-    log = stack.service("client-agent").log_path.read_text()
+    assert sum(len(spans_in(path)) for path in ledger.values()) == 0  # the two never ran to their end
+    log = agent_log.read_text()
     assert len(waiting) == 3 and not [run for run in waiting if run and run in log], log[-3000:]
     records = brain.store.get_tasks(rec.tree_id)
     assert {(t.state, t.result) for t in records} == {(TaskState.SKIPPED, None)}  # late results refused

@@ -6,6 +6,7 @@ import itertools
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -101,6 +102,31 @@ def test_builtin_timeout_stops_the_sleep_thread() -> None:
         lambda: not any(t.name == "builtin:sleep" for t in threading.enumerate()),
         timeout=60,
         what="the cancelled sleep thread to end",
+    )
+
+
+def test_a_builtin_whose_task_is_cancelled_while_it_runs_is_stopped() -> None:
+    asks: list[int] = []
+
+    def cancelled() -> bool:  # the cancel lands while the call runs, found at the second ask
+        asks.append(1)
+        return len(asks) >= 2
+
+    running = InThread(
+        lambda: execute(
+            call("sleep", args={"seconds": 600}, timeout_s=600), mcp=None, worker="w", stopped=cancelled
+        )
+    )
+    wait_until(running.done, timeout=60, what="execute to give the call up")
+    assert failed(running.result()) == (
+        "Cancelled",
+        "tool 'sleep' was stopped: its task was cancelled or expired while it ran",
+    )
+    assert len(asks) == 2
+    wait_until(
+        lambda: not any(t.name == "builtin:sleep" for t in threading.enumerate()),
+        timeout=60,
+        what="the stopped sleep thread to end",
     )
 
 
@@ -201,6 +227,23 @@ def test_mcp_call_through_execute(manager: MCPClientManager) -> None:
     assert result.mcp["content"] == [{"type": "text", "text": "3"}]
     assert result.mcp["structuredContent"] == {"result": 3}
     assert value_of(result.mcp) == 3
+
+
+def test_an_mcp_call_whose_task_is_cancelled_is_stopped_and_the_server_told(
+    manager: MCPClientManager, tmp_path: Path
+) -> None:
+    mark = tmp_path / "cancelled"
+    slow = call("slow", ToolType.MCP, mcp_server="demo", args={"seconds": 600, "cancelled_mark": str(mark)})
+    result = execute(
+        slow.model_copy(update={"timeout_s": 600}), mcp=manager, worker="w", stopped=lambda: True
+    )
+    assert failed(result) == (
+        "Cancelled",
+        "tool 'slow' on MCP server 'demo' was stopped: its task was cancelled or expired while it ran",
+    )
+    # The SDK sent notifications/cancelled: the server's handler was interrupted.
+    wait_until(mark.exists, timeout=60, what="the demo server to see its call cancelled")
+    assert manager.call_tool("demo", "add", {"a": 1, "b": 1}, timeout=60) == 2
 
 
 def test_mcp_args_are_validated_even_on_the_first_call_of_a_process() -> None:

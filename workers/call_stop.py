@@ -1,0 +1,65 @@
+"""Stopping a running call whose task was cancelled (layer: workers).
+
+A cancel ends a tree's tasks in the store and adds their runs to the cancelled set that
+workers check before they begin a run (``workers.tasks.begin_run``). A call already running
+then would hold its worker slot until its tool answered or timed out: minutes for a long MCP
+tool, behind which other users' calls wait. So a worker waiting on a call asks the cancelled
+set every ``STOP_POLL_S`` (one ``SISMEMBER``; a call that ends sooner never asks) and gives
+the call up when its run is there: a cooperative built-in (``sleep``) is told to stop, an MCP
+server is sent ``notifications/cancelled`` (the SDK does it when the request's task is
+cancelled), and a built-in that cannot be interrupted is left to end on its own deadline in
+its thread, as after a timeout. The slot frees either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from enum import Enum
+
+log = logging.getLogger("vancetope.worker.stop")
+
+# Seconds between two asks of a running call's cancelled set: a cancel stops a call within
+# about this long, and a call running for an hour costs 3,600 SISMEMBERs.
+STOP_POLL_S = 1.0
+
+# Asked while a call runs: True when its task was cancelled and the call must stop.
+Stopped = Callable[[], bool]
+
+
+class Waited(Enum):
+    DONE = "done"
+    TIMED_OUT = "timed out"
+    STOPPED = "stopped"
+
+
+def wait_unless_stopped(
+    done: Callable[[float], bool],
+    timeout: float,
+    stopped: Stopped | None,
+    poll_s: float = STOP_POLL_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> Waited:
+    """Wait up to ``timeout`` seconds with ``done(seconds)`` (which returns True as soon as the
+    call finished), asking ``stopped`` between waits of at most ``poll_s``. A ``stopped`` that
+    raises (Redis unreachable) counts as "not stopped": the call runs on, bounded by its timeout."""
+    if stopped is None:
+        return Waited.DONE if done(max(timeout, 0.0)) else Waited.TIMED_OUT
+    deadline = clock() + timeout
+    while True:
+        left = deadline - clock()
+        if done(max(min(left, poll_s), 0.0)):
+            return Waited.DONE
+        if deadline - clock() <= 0:
+            return Waited.TIMED_OUT
+        if _asked(stopped):
+            return Waited.STOPPED
+
+
+def _asked(stopped: Stopped) -> bool:
+    try:
+        return bool(stopped())
+    except Exception as exc:  # noqa: BLE001 - an unanswered ask must not fail the call
+        log.debug("could not ask whether a running call was cancelled: %s", exc)
+        return False
