@@ -127,6 +127,14 @@ def client_route(client_id: str) -> str:
     return f"client:{client_id}"
 
 
+def first_queued(rec: TaskRecord, spec: TaskSpec, at: float) -> dict[str, Any]:
+    """A move's ``first_queued_at`` (when the task first left ``pending``, kept by every later
+    move: a retry, a requeue) and the ``expires_at`` its ``max_total_s`` makes of it, through
+    which the expiry sweep finds it (``Store.tasks_expired``)."""
+    first = rec.first_queued_at or at
+    return {"first_queued_at": first, "expires_at": first + spec.max_total_s if spec.max_total_s else None}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -573,8 +581,8 @@ class Scheduler:
             reason=f"for_each: {len(specs)} item(s), {spec.id}[0] to {spec.id}[{max(len(specs) - 1, 0)}]",
             route="for_each",
             queued_at=now,
-            first_queued_at=rec.first_queued_at or now,
             updated_at=now,
+            **first_queued(rec, spec, now),
         )
         if moved is None:
             return []
@@ -808,7 +816,7 @@ class Scheduler:
             route=state.value,
             queued_at=parked_at,
             updated_at=now,
-            first_queued_at=rec.first_queued_at or parked_at,
+            **first_queued(rec, self.spec_of(tree_rec, rec), parked_at),
         )
         if moved is None:
             return False
@@ -865,7 +873,7 @@ class Scheduler:
             tool=route.tool,
             queued_at=now,
             updated_at=now,
-            first_queued_at=rec.first_queued_at or now,
+            **first_queued(rec, spec, now),
             # A retry's new attempt: the last one's error stays in its attempts, not on the task.
             **({"retry_at": None, "error": None} if rec.state is TaskState.RETRYING else {}),
         )

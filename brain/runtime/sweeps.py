@@ -21,7 +21,6 @@ from brain.core.second_look import SecondLook
 from brain.core.snapshot import RegistrySnapshot
 from brain.core.transitions import (
     IN_FLIGHT,
-    NOT_FINAL,
     PARKED,
     QUEUED,
     RETRY_WAIT,
@@ -369,9 +368,12 @@ class Sweeps:
         is cancelled so a worker that has not started it never will, and one no worker began
         (at the gate, in its queue) is shown revoked in Flower, all in one go."""
         now = self.clock()
+        # Only the tasks past their deadline, through the store's index of those that have one:
+        # before, the 1,000 stalest unfinished tasks were read and their specs parsed every
+        # sweep, and a task behind a bigger backlog of other trees' was never expired.
         expired = [
             rec.task_id
-            for rec in self.store.tasks_in_states(NOT_FINAL - {TaskState.PENDING})
+            for rec in self.store.tasks_expired(now)
             if self._guarded(
                 f"expiring task {rec.task_id!r} of tree {rec.tree_id}", self._expire_overdue, rec, now
             )
@@ -380,7 +382,7 @@ class Sweeps:
         return expired
 
     def _expire_overdue(self, rec: TaskRecord, now: float) -> bool:
-        tree_rec = self.scheduler.tree(rec.tree_id)  # cached: the sweep sees every unfinished task
+        tree_rec = self.scheduler.tree(rec.tree_id)  # cached while the tree runs
         if tree_rec is None or rec.first_queued_at is None:
             return False
         limit = (rec.spec or tree_rec.tree.task(rec.task_id)).max_total_s

@@ -129,11 +129,19 @@ class Store(Protocol):
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
         expect_client_id: str | None | _Any = ANY,
+        expires_at: float | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         """Compare-and-set: apply ``changes`` only if the state is in ``from_states`` and
         (unless ANY) the run id and the client id equal the expected ones. The updated
-        record, or None."""
+        record, or None. ``expires_at`` (unless ANY) sets when the task passes its
+        ``max_total_s`` (``tasks_expired``); kept beside the record, not in it, and dropped
+        when a change gives the task a final state."""
+        ...
+
+    def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
+        """Unfinished tasks whose ``expires_at`` is at or before ``now``, soonest first: read
+        through an index of the tasks that have one, however many other tasks are unfinished."""
         ...
 
     def begin_run(
@@ -315,6 +323,12 @@ def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
 def state_values(states: Collection[TaskState]) -> list[str]:
     # A member as it is (most callers pass members); anything else checked by TaskState().
     return [s.value if type(s) is TaskState else TaskState(s).value for s in states]
+
+
+def ends(changes: dict[str, Any]) -> bool:
+    """Whether ``transition`` changes give the task a final state (its ``expires_at`` goes)."""
+    state = changes.get("state")
+    return state is not None and TaskState(state).is_final
 
 
 def task_changes(tree_id: str, task_id: str, changes: dict[str, Any]) -> dict[str, Any]:

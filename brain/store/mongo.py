@@ -32,7 +32,7 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.summary import RunSummary
-from brain.core.transitions import BEGINS_FROM
+from brain.core.transitions import BEGINS_FROM, NOT_FINAL
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
@@ -42,6 +42,7 @@ from brain.store.base import (
     check_final_status,
     check_new_tree,
     duplicate_tree_error,
+    ends,
     state_values,
     task_changes,
 )
@@ -53,7 +54,9 @@ _TREE_OPAQUE: Final = frozenset({"tree"})
 # text, since MongoDB refuses keys with "$" or ".".
 _TASK_OPAQUE: Final = frozenset({"result", "error", "attempts", "spec"})
 # Stripped on read: ``_id`` is Mongo's, ``ord`` keeps put_tree order (natural order is not promised).
-_HIDDEN: Final = {"_id": 0, "ord": 0}
+# ``expires_at``: when an unfinished task passes its max_total_s (``tasks_expired``), kept
+# beside the record, not in it: a TaskRecord forbids fields it does not know.
+_HIDDEN: Final = {"_id": 0, "ord": 0, "expires_at": 0}
 
 
 def _encode(doc: dict[str, Any], opaque: frozenset[str]) -> dict[str, Any]:
@@ -115,6 +118,7 @@ class MongoStore:
         self._tasks.create_index([("tree_id", ASCENDING), ("ord", ASCENDING)])
         self._tasks.create_index([("state", ASCENDING), ("updated_at", ASCENDING)])
         self._tasks.create_index([("tree_id", ASCENDING), ("state", ASCENDING)])
+        self._tasks.create_index([("expires_at", ASCENDING)], sparse=True)
         self._enrollments.create_index([("client_id", ASCENDING)], unique=True)
         self._fires.create_index([("schedule", ASCENDING)], unique=True)
         self._summaries.create_index([("tree_id", ASCENDING), ("kind", ASCENDING)], unique=True)
@@ -247,12 +251,18 @@ class MongoStore:
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
         expect_client_id: str | None | _Any = ANY,
+        expires_at: float | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         values = task_changes(tree_id, task_id, changes)
         states = state_values(from_states)
         if not states:
             return None
+        update: dict[str, Any] = {"$set": _encode(values, _TASK_OPAQUE)}
+        if ends(changes):
+            update["$unset"] = {"expires_at": ""}  # out of the expiry index: it holds unfinished tasks
+        elif expires_at is not ANY:
+            update["$set"]["expires_at"] = expires_at
         query: dict[str, Any] = {"tree_id": tree_id, "task_id": task_id, "state": {"$in": states}}
         if expect_run_id is not ANY:
             # run_id is always written (null included), so {"run_id": None} means "is null" here.
@@ -265,7 +275,7 @@ class MongoStore:
             else:
                 doc = self._tasks.find_one_and_update(
                     query,
-                    {"$set": _encode(values, _TASK_OPAQUE)},
+                    update,
                     # No projection: mongomock then re-reads with the (now stale) filter and
                     # returns None; _decode drops the hidden fields instead.
                     return_document=ReturnDocument.AFTER,
@@ -317,6 +327,16 @@ class MongoStore:
             docs = list(cursor.limit(limit))
         return [_task(d) for d in docs]
 
+    def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
+        if limit <= 0:  # MongoDB reads limit 0 as "no limit"
+            return []
+        # The sparse index on expires_at holds only the tasks with a deadline; the state is
+        # checked for tasks an older version ended without dropping theirs.
+        query = {"expires_at": {"$lte": now}, "state": {"$in": state_values(NOT_FINAL)}}
+        with self._errors("tasks_expired"):
+            docs = list(self._tasks.find(query, _HIDDEN).sort("expires_at", ASCENDING).limit(limit))
+        return [_task(d) for d in docs]
+
     def end_tasks(
         self,
         tree_id: str,
@@ -355,7 +375,7 @@ class MongoStore:
             if not found:
                 return []
             query["task_id"] = {"$in": [d["task_id"] for d in found]}
-            self._tasks.update_many(query, {"$set": changes})
+            self._tasks.update_many(query, {"$set": changes, "$unset": {"expires_at": ""}})
         return [Ended(d["task_id"], d.get("run_id"), d.get("client_id")) for d in found]
 
     def count_unfinished(self, user: str | None, states: Collection[TaskState]) -> int:

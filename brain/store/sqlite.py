@@ -32,7 +32,7 @@ from brain.core.models import (
     TreeStatus,
 )
 from brain.core.summary import RunSummary
-from brain.core.transitions import BEGINS_FROM
+from brain.core.transitions import BEGINS_FROM, NOT_FINAL
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
@@ -41,6 +41,7 @@ from brain.store.base import (
     check_final_status,
     check_new_tree,
     duplicate_tree_error,
+    ends,
     state_values,
     task_changes_json,
 )
@@ -107,9 +108,11 @@ CREATE TABLE IF NOT EXISTS tasks (
     run_id     TEXT,
     updated_at REAL NOT NULL,
     doc        TEXT NOT NULL,
+    expires_at REAL,
     UNIQUE (tree_id, task_id)
 );
 CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks (state, updated_at);
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at) WHERE expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tasks_by_tree_state ON tasks (tree_id, state);
 CREATE TABLE IF NOT EXISTS enrollments (
     client_id TEXT PRIMARY KEY,
@@ -233,6 +236,12 @@ class SQLiteStore:
                     f"store file {self.path} has schema version {version}, newer than this "
                     f"vancetope understands ({SCHEMA_VERSION}); upgrade vancetope"
                 )
+            columns = {row[1] for row in c.execute("PRAGMA table_info(tasks)")}
+            if columns and "expires_at" not in columns:
+                # Added beside version 1, which it leaves readable by older code: they never
+                # read the column, and a task they end keeps a stale one that tasks_expired
+                # skips by its state.
+                c.execute("ALTER TABLE tasks ADD COLUMN expires_at REAL")
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     c.execute(statement)
@@ -406,6 +415,7 @@ class SQLiteStore:
         from_states: Collection[TaskState],
         expect_run_id: str | None | _Any = ANY,
         expect_client_id: str | None | _Any = ANY,
+        expires_at: float | None | _Any = ANY,
         **changes: Any,
     ) -> TaskRecord | None:
         values = task_changes_json(tree_id, task_id, changes)
@@ -422,6 +432,11 @@ class SQLiteStore:
             if name in values:
                 sets.append(f"{name} = ?")
                 params.append(json.loads(values[name]))  # a state, a run id or a time: a scalar
+        if ends(changes):
+            sets.append("expires_at = NULL")  # out of tasks_by_expiry: it holds unfinished tasks
+        elif expires_at is not ANY:
+            sets.append("expires_at = ?")
+            params.append(expires_at)
         where = f"tree_id = ? AND task_id = ? AND state IN ({', '.join('?' * len(states))})"
         params += [tree_id, task_id, *states]
         if expect_run_id is not ANY:
@@ -481,6 +496,22 @@ class SQLiteStore:
             rows = self._conn().execute(sql, params).fetchall()
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
 
+    def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
+        if limit <= 0:
+            return []
+        unfinished = state_values(NOT_FINAL)
+        # The partial index tasks_by_expiry holds only the tasks with a deadline, so this reads
+        # those past it and not every unfinished task (the state is checked for rows an older
+        # version ended without clearing their deadline).
+        sql = (
+            "SELECT doc FROM tasks INDEXED BY tasks_by_expiry "
+            f"WHERE expires_at IS NOT NULL AND expires_at <= ? AND state IN ({_marks(unfinished)}) "
+            "ORDER BY expires_at LIMIT ?"
+        )
+        with self._errors("tasks_expired"):
+            rows = self._conn().execute(sql, [now, *unfinished, limit]).fetchall()
+        return [TaskRecord.model_validate_json(r[0]) for r in rows]
+
     def end_tasks(
         self,
         tree_id: str,
@@ -497,7 +528,8 @@ class SQLiteStore:
             return []
         # One UPDATE: the check and the write are atomic per row, as transition()'s are.
         sql = (
-            "UPDATE tasks SET state = ?, updated_at = ?, doc = json_set(doc, '$.state', ?, '$.reason', ?, "
+            "UPDATE tasks SET state = ?, updated_at = ?, expires_at = NULL, "
+            "doc = json_set(doc, '$.state', ?, '$.reason', ?, "
             "'$.error', json('null'), '$.finished_at', ?, '$.updated_at', ?) "
             f"WHERE tree_id = ? AND {_in_states(states, named=among is not None)}"
         )

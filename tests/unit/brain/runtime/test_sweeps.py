@@ -327,6 +327,19 @@ def test_a_task_past_max_total_expires_and_its_run_is_cancelled(rig: Rig) -> Non
     assert rig.task(rec.tree_id, "b").state is TaskState.QUEUED_SERVER  # no max_total_s
 
 
+def test_a_task_past_max_total_behind_a_backlog_of_other_trees_expires_all_the_same(rig: Rig) -> None:
+    """The sweep once read the 1,000 stalest unfinished tasks: an interactive call with a
+    ``max_total_s`` queued behind a bigger batch of another tree never expired while the batch
+    waited. It reads the tasks past their deadline now (``Store.tasks_expired``)."""
+    batch = rig.scheduler.submit(tree(*(echo(f"b{i}") for i in range(1_100))))
+    rig.clock.advance(1)
+    quick = rig.scheduler.submit(tree(echo("ask", max_total_s=30)))
+    rig.clock.advance(30)
+    assert rig.sweeps.expire_overdue() == ["ask"]
+    assert rig.task(quick.tree_id, "ask").state is TaskState.EXPIRED
+    assert rig.task(batch.tree_id, "b0").state is TaskState.QUEUED_SERVER
+
+
 def test_a_parked_task_no_list_names_is_listed_again_once(rig: Rig) -> None:
     listed = rig.scheduler.submit(tree(local_read("kept")), user="ada")
     lost = rig.scheduler.submit(tree(local_read("lost")), user="bob")

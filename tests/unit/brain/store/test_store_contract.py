@@ -821,3 +821,24 @@ def test_a_read_only_mongodb_store_creates_no_index() -> None:
         assert "tree_id_1" in client["vancetope"]["trees"].index_information()
     finally:
         client.close()
+
+
+def test_tasks_expired_finds_the_unfinished_tasks_past_their_deadline_and_only_those(store: Store) -> None:
+    put(store, "t1", task_ids=tuple(f"t{i}" for i in range(6)))
+    for task_id, deadline in (("t0", 50.0), ("t1", 10.0), ("t2", None), ("t3", 30.0), ("t4", 20.0)):
+        store.transition("t1", task_id, from_states={S.PENDING}, state=S.QUEUED_SERVER, expires_at=deadline)
+    assert [t.task_id for t in store.tasks_expired(30.0)] == ["t1", "t4", "t3"]  # soonest first
+    assert [t.task_id for t in store.tasks_expired(30.0, limit=2)] == ["t1", "t4"]
+    assert store.tasks_expired(9.0) == [] and store.tasks_expired(100.0, limit=0) == []
+    # A later move that says nothing of the deadline keeps it; one that ends the task drops it.
+    store.transition("t1", "t1", from_states={S.QUEUED_SERVER}, state=S.RUNNING)
+    store.transition("t1", "t4", from_states={S.QUEUED_SERVER}, state=S.DONE)
+    store.end_tasks(
+        "t1", from_states={S.QUEUED_SERVER}, state=S.SKIPPED, reason="x", finished_at=1.0, task_id="t3"
+    )
+    assert [(t.task_id, t.state) for t in store.tasks_expired(100.0)] == [
+        ("t1", S.RUNNING),
+        ("t0", S.QUEUED_SERVER),
+    ]
+    # The deadline is kept beside the record, not in it (a TaskRecord forbids unknown fields).
+    assert "expires_at" not in store.get_task("t1", "t0").model_dump()
