@@ -269,6 +269,15 @@ def key_cancelled() -> str:
     return f"{KEY_NS}cancelled"
 
 
+def stop_member(run_id: str) -> str:
+    """The member of the cancelled set that also stops ``run_id`` while it runs
+    (``workers.call_stop``). Written for a cancel and an expiry only: a run taken back or
+    re-sent is never started again, but one already running on a live agent goes on, and
+    the new run is answered from its result (``workers.recent_calls``) instead of running
+    the tool a second time."""
+    return f"stop:{run_id}"
+
+
 def key_tool_pins(client_id: str) -> str:
     """Hash: a client's tool name -> the digest of its definition the operator accepted (the
     brain's own key, outside ``c:<id>:``: a client must not be able to re-pin its tools)."""

@@ -84,6 +84,14 @@ def execute(
         _check_size(call, value, whole)
     except WorkerError as exc:
         error = exc.to_info()
+        if isinstance(exc, Cancelled):
+            log.info(
+                "run %s of task %s (tool %r) stopped after %.1fs: its task was cancelled or expired while it ran",
+                call.run_id,
+                call.task_id,
+                call.tool,
+                clock() - started,
+            )
     except Exception as exc:  # noqa: BLE001 - a tool's surprise is a result, not a crash
         error = ErrorInfo(type=type(exc).__name__, message=str(exc))
     finally:

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import redis
 from celery import Celery, Task
@@ -47,8 +47,9 @@ from workers.contracts import (
     key_deliveries,
     key_tree_running,
     shown_failure,
+    stop_member,
 )
-from workers.errors import CallFailed, Cancelled, PoisonTask
+from workers.errors import CallFailed, PoisonTask
 from workers.execute import execute
 from workers.mcp_clients import MCPClientManager, get_manager
 from workers.recent_calls import RecentCalls
@@ -58,6 +59,8 @@ from workers.tools.builtin import BUILTINS, BuiltinTool
 log = logging.getLogger("vancetope.worker")
 
 _DELIVERY_TTL_S = 7 * 24 * 3600
+# The stop check's connection (``HotState.stopped``): a link gone silent answers within these.
+ASK_TIMEOUTS: Final = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "socket_keepalive": True}
 
 # Takes a run's result; answers what it made of the task when it recorded it (``RETRYING``:
 # a failed attempt to be tried again), else None (handed on to be recorded elsewhere).
@@ -76,6 +79,8 @@ class HotState:
         self._app = app
         self._client: redis.Redis | None = None
         self._pid = 0
+        self._asker: redis.Redis | None = None
+        self._asker_pid = 0
         opts = app.conf.broker_transport_options or {}
         self.prefix: str = opts.get("global_keyprefix", "") or ""
 
@@ -86,10 +91,15 @@ class HotState:
             self._pid = os.getpid()
         return self._client
 
-    def cancelled(self, run_id: str) -> bool:
-        """Whether ``run_id`` is in this worker's cancelled set: asked every ``STOP_POLL_S``
-        while a call runs (``workers.call_stop``)."""
-        return bool(self.client.sismember(self.prefix + key_cancelled(), run_id))
+    def stopped(self, run_id: str) -> bool:
+        """Whether ``run_id`` must stop (``stop_member`` in this worker's cancelled set): asked
+        every ``STOP_POLL_S`` while a call runs (``workers.call_stop``), on a connection of its
+        own with short timeouts, so that a silent link delays the call by a second or two at
+        most, never holds it."""
+        if self._asker is None or self._asker_pid != os.getpid():
+            self._asker = app_redis_client(self._app, **ASK_TIMEOUTS)
+            self._asker_pid = os.getpid()
+        return bool(self._asker.sismember(self.prefix + key_cancelled(), stop_member(run_id)))
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """``begin_run`` on this worker's own keys."""
@@ -259,19 +269,11 @@ def register(
                         started,
                         _reporter(self, progress, flower=client_id is None and task_events),
                         _Masked(channel) if channel is not None else None,
-                        functools.partial(hot.cancelled, call.run_id),
+                        functools.partial(hot.stopped, call.run_id),
                     )
                 finally:
                     if recent is not None:
                         recent.end(call, ran)
-                if ran.error is not None and ran.error.type == Cancelled.__name__:
-                    log.info(
-                        "run %s of task %s (tool %r) stopped after %.1fs: its task was cancelled or expired while it ran",
-                        call.run_id,
-                        call.task_id,
-                        call.tool,
-                        ran.finished_at - ran.started_at,
-                    )
                 result = ran
         outcome = deliver(masked(result))
         if not result.ok and client_id is None:

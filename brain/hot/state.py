@@ -29,6 +29,7 @@ from workers.contracts import (
     key_registry,
     key_registry_loaded_at,
     key_tree_running,
+    stop_member,
 )
 from workers.redis_connect import redis_client
 
@@ -128,38 +129,48 @@ class HotState:
         pipe.execute()
 
     def cancel_runs(
-        self, run_ids: Iterable[str], client_id: str | None = None, *, unqueue: bool = True
+        self,
+        run_ids: Iterable[str],
+        client_id: str | None = None,
+        *,
+        unqueue: bool = True,
+        stop: Iterable[str] = (),
     ) -> set[str]:
         """Tell workers (offline ones too, when they come back) never to start these runs; a
         client's runs still waiting in its queue are then taken out of it (``unqueue``), so a
-        workstation that comes back or frees up never pops them. Returns the run ids taken out.
+        workstation that comes back or frees up never pops them. Those of ``stop`` (a cancel's
+        or an expiry's) that may be running are also stopped where they run (``stop_member``):
+        for a client, those not taken out of its queue (its agent popped them; the store may
+        not know yet that they started). Returns the run ids taken out.
 
         The cancelled set is written first: a message the agent pops between the two is
         refused at ``begin_run``, and one still queued costs it nothing at all. Run ids go
         ``CANCEL_CHUNK`` per SADD (no multi-megabyte command); the queue is read once."""
         ids = [r for r in run_ids if r]
-        if not ids:
-            return set()
+        self._add_cancelled(client_id, ids)
+        unqueued: set[str] = set()
+        if client_id is not None and unqueue and ids:
+            queue_key = client_key(client_id, client_queue(client_id))
+            with _client_keys(client_id, "queue", queue_key):
+                queued = self._queued(queue_key, set(ids))
+            if queued:
+                pipe = self.r.pipeline(transaction=False)
+                _lrem_each(pipe, queue_key, queued)
+                unqueued = set(_won(queued, pipe.execute(raise_on_error=False)))
+        self._add_cancelled(client_id, [stop_member(r) for r in stop if r and r not in unqueued])
+        return unqueued
+
+    def _add_cancelled(self, client_id: str | None, members: list[str]) -> None:
         key = key_cancelled() if client_id is None else client_key(client_id, key_cancelled())
-        for start in range(0, len(ids), CANCEL_CHUNK):
+        for start in range(0, len(members), CANCEL_CHUNK):
             try:
-                self.r.sadd(key, *ids[start : start + CANCEL_CHUNK])
+                self.r.sadd(key, *members[start : start + CANCEL_CHUNK])
             except redis.ResponseError as exc:
                 if client_id is None:
                     raise
                 # The client replaced its own cancelled set: only its own workstation may now
                 # run a cancelled call, whose result is refused (the task has moved on).
                 raise ClientKeyUnreadable(client_id, "cancelled set", key, exc) from exc
-        if client_id is None or not unqueue:
-            return set()
-        queue_key = client_key(client_id, client_queue(client_id))
-        with _client_keys(client_id, "queue", queue_key):
-            queued = self._queued(queue_key, set(ids))
-        if not queued:
-            return set()
-        pipe = self.r.pipeline(transaction=False)
-        _lrem_each(pipe, queue_key, queued)
-        return set(_won(queued, pipe.execute(raise_on_error=False)))
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:

@@ -1065,9 +1065,14 @@ class Scheduler:
         for task in ended:
             if task.run_id:
                 runs.setdefault(task.client_id, []).append(task.run_id)
+        not_begun = {task.run_id for task in unrun}
         for client_id, run_ids in runs.items():
             try:
-                unqueued = self.hot.cancel_runs(run_ids, client_id)
+                # The runs a worker may have begun are stopped where they run, too: a server
+                # run's begin is in the store; a client's agent tells the store later, so each
+                # of its runs no longer in its queue may be running.
+                begun = run_ids if client_id else [run for run in run_ids if run not in not_begun]
+                unqueued = self.hot.cancel_runs(run_ids, client_id, stop=begun)
             except ClientKeyUnreadable as exc:
                 if on_unreadable is None:
                     raise

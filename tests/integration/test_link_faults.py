@@ -179,6 +179,43 @@ def test_a_link_cut_for_60_s_in_the_middle_of_a_call_records_its_result_once(
     assert f"the same call succeeded as run {first_run}" in agent_log, agent_log[-3000:]
 
 
+def test_a_call_taken_back_during_a_cut_and_still_running_after_the_heal_runs_once(
+    tmp_path: Path,
+    behind_proxy: tuple[EmbeddedStack, FaultProxy],
+    brain_factory: Callable[[EmbeddedStack], Brain],
+) -> None:
+    """The brain takes a call back when its laptop's heartbeat lapses, and puts the old run in
+    the cancelled set so that it never starts again; but it is running, and it goes on (only a
+    cancel or an expiry stops a running call). After the heal the re-sent run is answered from
+    it: the tool runs once. Found by a reviewer: stopping every run of the cancelled set cut
+    this call off half-way and ran it a second time."""
+    stack, proxy = behind_proxy
+    brain = brain_factory(stack)
+    ledger = tmp_path / "ledger.txt"
+    rec = one_ledger_call(brain, "cut-while-running", ledger, seconds=25)
+    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
+    first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
+    proxy.cut()
+
+    def taken_back() -> bool:
+        task = brain.store.get_task(rec.tree_id, "call")
+        return task is not None and (task.run_id != first_run or task.state is not TaskState.RUNNING)
+
+    wait_until(taken_back, 120, "the brain to take the call back from the silent laptop")
+    time.sleep(HEARTBEAT_TTL_S + 3)  # the laptop's stop checks fail meanwhile: it runs on
+    proxy.heal()
+    done = wait_for_tree(brain, rec.tree_id, 240)
+    call = brain.store.get_task(rec.tree_id, "call")
+    assert done.status is TreeStatus.DONE and call is not None and call.result == 1, (
+        call,
+        ledger.read_text(),
+    )
+    assert runs_in(ledger) == 1 and len(spans_in(ledger)) == 1  # run once, to its end
+    agent_log = (stack.settings.data_dir / "logs" / "client-agent.log").read_text()
+    assert "stopped after" not in agent_log
+    assert f"the same call succeeded as run {first_run}" in agent_log, agent_log[-3000:]
+
+
 # A heartbeat TTL longer than the cut: the laptop stays connected, so the reconciler re-sends
 # the lost call (a laptop dropped as offline has it parked instead, as in the test above).
 @pytest.mark.parametrize("behind_proxy", [60.0], indirect=True)

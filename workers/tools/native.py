@@ -302,7 +302,9 @@ def _git_status(
 
     def git(argv: tuple[str, ...], pairs: list[tuple[str, str]]) -> tuple[int, str, bytes]:
         env = safe_git.git_env(base, ceiling, pairs)
-        proc = run_bounded(tool, ["git", *argv], real, env, min(timeout_s, ctx.remaining()), shell=False)
+        proc = run_bounded(
+            tool, ["git", *argv], real, env, min(timeout_s, ctx.remaining()), shell=False, cancel=ctx.cancel
+        )
         return proc.returncode, proc.stderr.decode("utf-8", "replace").strip(), proc.stdout
 
     # Reading config runs nothing; it tells us which program-naming keys to override.
@@ -347,7 +349,9 @@ def _shell_execute(
     else:
         raise ToolFailed(f"{tool}: this client agent has no sandbox roots to run in", tool=tool)
     timeout = min(float(args.get("timeout_s", timeout_s)), ctx.remaining())
-    proc = run_bounded(tool, args["command"], cwd, minimal_env(os.environ), timeout, shell=True)
+    proc = run_bounded(
+        tool, args["command"], cwd, minimal_env(os.environ), timeout, shell=True, cancel=ctx.cancel
+    )
     out, err = proc.stdout, proc.stderr
     return {
         "exit_code": proc.returncode,

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from workers.errors import ToolFailed, ToolTimeout
+from workers.errors import Cancelled, ToolFailed, ToolTimeout
 
 # What a command needs to find programs, a home, a locale and a temp folder; nothing else.
 INHERITED_ENV = frozenset(
@@ -22,6 +24,8 @@ INHERITED_ENV = frozenset(
 )
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 STACK_PREFIX = "VANCETOPE_"
+# How often a running command looks whether its call was stopped (``run_bounded``).
+CANCEL_POLL_S = 0.2
 
 
 def minimal_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -41,9 +45,18 @@ def mcp_server_env(configured: Mapping[str, str], environ: Mapping[str, str] | N
 
 
 def run_bounded(
-    tool: str, argv: str | list[str], cwd: Path, env: dict[str, str], timeout: float, *, shell: bool
+    tool: str,
+    argv: str | list[str],
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float,
+    *,
+    shell: bool,
+    cancel: threading.Event | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
-    """Run in its own process group so a timeout kills the command and everything it started."""
+    """Run in its own process group so a timeout kills the command and everything it started;
+    so does ``cancel`` once set (its call was stopped: its task was cancelled), looked at every
+    ``CANCEL_POLL_S``."""
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
@@ -51,14 +64,25 @@ def run_bounded(
         )  # fmt: skip
     except OSError as exc:
         raise ToolFailed(f"{tool}: cannot start {argv!r}: {exc.strerror or exc}", tool=tool) from exc
-    try:
-        out, err = proc.communicate(timeout=max(timeout, 0.001))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise ToolTimeout(
-            f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
-        ) from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    deadline = time.monotonic() + max(timeout, 0.001)
+    while True:
+        left = deadline - time.monotonic()
+        wait = left if cancel is None else min(left, CANCEL_POLL_S)
+        try:
+            # Asked again after a TimeoutExpired, communicate loses none of the output.
+            out, err = proc.communicate(timeout=max(wait, 0.001))
+            return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            if cancel is not None and cancel.is_set():
+                _kill_group(proc)
+                raise Cancelled(
+                    f"{tool}: {argv!r} was stopped and killed: its call was stopped", tool=tool
+                ) from None
+            if time.monotonic() >= deadline:
+                _kill_group(proc)
+                raise ToolTimeout(
+                    f"{tool}: {argv!r} did not finish within {timeout:g}s and was killed", tool=tool
+                ) from None
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -1,11 +1,21 @@
 """workers.call_stop: how a worker waits on a running call and gives it up when its task is
-cancelled. Pure: a fake clock, a call that "finishes" when told."""
+cancelled (a fake clock, a call that "finishes" when told), and the check itself on a real
+Redis behind a link that goes silent."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from bench.faultproxy import FaultProxy
+from brain.stack.redis_server import RedisServer
+from tests.conftest import InThread, wait_until
+from workers.app import make_app
 from workers.call_stop import Waited, wait_unless_stopped
+from workers.contracts import ToolCall, ToolType
+from workers.execute import execute
+from workers.tasks import ASK_TIMEOUTS, HotState
 
 
 class FakeCall:
@@ -60,3 +70,27 @@ def test_without_an_ask_it_is_one_wait_of_the_whole_timeout(ends_at: float, expe
     call = FakeCall(ends_at=ends_at)
     assert wait_unless_stopped(call.done, 60, None, clock=call.clock) is expected
     assert call.waits == [60]
+
+
+def test_the_stop_check_on_a_silent_link_gives_up_and_the_call_ends_as_it_would(
+    redis_server: RedisServer,
+) -> None:
+    """Found by a reviewer: the check ran on a connection without a socket timeout, so a link
+    gone silent (bytes dropped, the socket open: Wi-Fi, a VPN, a NAT) held the call, its slot
+    and its result in a SISMEMBER for as long as redis-py's default allowed (for ever on
+    redis-py 7). It has a connection of its own with short timeouts now."""
+    host, port = redis_server.url.split("//")[1].split("/")[0].rsplit("@", 1)[-1].rsplit(":", 1)
+    with FaultProxy((host, int(port))) as proxy:
+        hot = HotState(make_app(proxy.url(redis_server.url), keyprefix="c:laptop:"))
+        assert hot.stopped("r1") is False  # connected, through the proxy
+        assert hot._asker is not None
+        assert (
+            hot._asker.connection_pool.connection_kwargs["socket_timeout"] == ASK_TIMEOUTS["socket_timeout"]
+        )
+        call = ToolCall(run_id="r1", tree_id="t1", task_id="k1", tool="sleep", tool_type=ToolType.BUILT_IN,
+                        args={"seconds": 3}, timeout_s=600, max_result_bytes=10_000)  # fmt: skip
+        running = InThread(lambda: execute(call, mcp=None, worker="w", stopped=lambda: hot.stopped("r1")))
+        time.sleep(1.5)
+        proxy.cut()  # the link goes silent mid-call: each check fails after its timeout
+        wait_until(running.done, timeout=60, what="the call to end with the link silent")
+        assert running.result().ok  # it ran to its end; a failed check is not a stop

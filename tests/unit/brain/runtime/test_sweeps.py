@@ -26,6 +26,7 @@ from workers.contracts import (
     client_queue,
     key_cancelled,
     key_parked,
+    stop_member,
 )
 from workers.tasks import begin_run
 
@@ -134,6 +135,9 @@ def test_a_task_lost_too_often_is_retried_when_its_policy_covers_unavailable(rig
     assert [a.error.type for a in task.attempts if a.error] == ["LostTooOften"]
     assert task.attempts[0].run_id == lost_run and task.resent == 0
     assert rig.r.sismember(key_cancelled(), lost_run)
+    # Never started again, but not stopped: it may be running on a live worker, and the next
+    # run would be answered from its result (workers.recent_calls).
+    assert not rig.r.sismember(key_cancelled(), stop_member(lost_run))
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING
 
 
@@ -324,7 +328,17 @@ def test_a_task_past_max_total_expires_and_its_run_is_cancelled(rig: Rig) -> Non
     assert task.state is TaskState.EXPIRED
     assert task.reason == "expired: not finished within max_total_s 30 (state was queued_server)"
     assert rig.r.sismember(key_cancelled(), run_id)
+    assert not rig.r.sismember(key_cancelled(), stop_member(run_id))  # it never began
     assert rig.task(rec.tree_id, "b").state is TaskState.QUEUED_SERVER  # no max_total_s
+
+
+def test_a_running_task_past_max_total_is_stopped_where_it_runs(rig: Rig) -> None:
+    rec = rig.scheduler.submit(tree(echo("a", max_total_s=30)))
+    run_id = rig.task(rec.tree_id, "a").run_id
+    assert rig.store.begin_run(rec.tree_id, "a", run_id, "server@h", rig.clock()) == 1
+    rig.clock.advance(30)
+    assert rig.sweeps.expire_overdue() == ["a"]
+    assert rig.r.smembers(key_cancelled()) == {run_id.encode(), stop_member(run_id).encode()}
 
 
 def test_a_task_past_max_total_behind_a_backlog_of_other_trees_expires_all_the_same(rig: Rig) -> None:
@@ -490,8 +504,21 @@ def test_cancel_skips_every_unfinished_task_and_marks_runs_in_flight_cancelled(r
     for task_id in ("a", "b"):
         task = rig.task(rec.tree_id, task_id)
         assert (task.state, task.reason) == (TaskState.SKIPPED, "cancelled by user")
-    assert rig.r.smembers(key_cancelled()) == {run_id.encode()}
+    assert rig.r.smembers(key_cancelled()) == {run_id.encode()}  # queued: nothing runs to stop
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.FAILED
+
+
+def test_cancel_stops_a_server_call_its_worker_began(rig: Rig) -> None:
+    rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
+    runs = {t: rig.task(rec.tree_id, t).run_id for t in ("a", "b")}
+    assert rig.store.begin_run(rec.tree_id, "a", runs["a"], "server@h", rig.clock()) == 1
+
+    assert sorted(rig.sweeps.cancel(rec.tree_id)) == ["a", "b"]
+    assert rig.r.smembers(key_cancelled()) == {
+        runs["a"].encode(),
+        stop_member(runs["a"]).encode(),
+        runs["b"].encode(),
+    }
 
 
 def test_cancel_takes_a_clients_queued_calls_out_of_its_queue_and_leaves_the_rest(rig: Rig) -> None:
@@ -505,13 +532,18 @@ def test_cancel_takes_a_clients_queued_calls_out_of_its_queue_and_leaves_the_res
     other = rig.task(kept.tree_id, "r3").run_id
     queue = client_key("laptop", client_queue("laptop"))
     # What the publisher pushed (the rig records sends instead), a foreign message among them.
-    rig.r.lpush(
-        queue, kombu_message(runs["r1"]), kombu_message(other), b"not json", kombu_message(runs["r2"])
-    )
+    # r3 is still queued; r1 was popped by the agent (running there: its agent tells the store
+    # a moment later, so the store may still say queued).
+    rig.r.lpush(queue, kombu_message(other), b"not json", kombu_message(runs["r2"]))
 
     assert sorted(rig.sweeps.cancel(cancelled.tree_id)) == ["r1", "r2"]
     assert rig.r.lrange(queue, 0, -1) == [b"not json", kombu_message(other)]
-    assert rig.r.smembers(client_key("laptop", key_cancelled())) == {r.encode() for r in runs.values()}
+    # Both never start; r1, not in the queue, is also stopped where it may run.
+    assert rig.r.smembers(client_key("laptop", key_cancelled())) == {
+        runs["r1"].encode(),
+        runs["r2"].encode(),
+        stop_member(runs["r1"]).encode(),
+    }
     assert rig.task(kept.tree_id, "r3").state is TaskState.QUEUED_CLIENT
 
 
