@@ -110,6 +110,15 @@ def one_ledger_call(brain: Brain, tree_id: str, ledger: Path, seconds: float) ->
     return brain.scheduler.submit(tree({"id": tree_id, "tasks": [call]}), user="ada")
 
 
+def started_ledger_call(brain: Brain, tree_id: str, ledger: Path, seconds: float) -> tuple[TreeRecord, str]:
+    """``one_ledger_call``, once it has started on the laptop: its tree and its first run."""
+    rec = one_ledger_call(brain, tree_id, ledger, seconds)
+    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
+    run_id = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
+    assert run_id is not None
+    return rec, run_id
+
+
 def runs_in(ledger: Path) -> int:
     return len(spans_in(ledger, ended=False))
 
@@ -192,9 +201,7 @@ def test_a_call_taken_back_during_a_cut_and_still_running_after_the_heal_runs_on
     stack, proxy = behind_proxy
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
-    rec = one_ledger_call(brain, "cut-while-running", ledger, seconds=25)
-    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
-    first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
+    rec, first_run = started_ledger_call(brain, "cut-while-running", ledger, seconds=25)
     proxy.cut()
 
     def taken_back() -> bool:
@@ -335,9 +342,7 @@ def test_a_laptop_that_sleeps_past_its_ttl_and_lease_wakes_and_its_tree_ends_wit
     stack, _ = behind_proxy
     brain = brain_factory(stack)
     ledger = tmp_path / "ledger.txt"
-    rec = one_ledger_call(brain, "sleep", ledger, seconds=3)
-    wait_until(lambda: runs_in(ledger) == 1, 120, "the call to start on the laptop")
-    first_run = brain.store.get_task(rec.tree_id, "call").run_id  # type: ignore[union-attr]
+    rec, first_run = started_ledger_call(brain, "sleep", ledger, seconds=3)
     agent = stack.service("client-agent").process
     assert agent is not None
     os.killpg(agent.pid, signal.SIGSTOP)  # the lid closes
