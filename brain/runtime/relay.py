@@ -111,6 +111,8 @@ class Relay:
         self.max_bytes = max(MAX_ANNOUNCEMENT_BYTES, scheduler.settings.max_result_bytes + _ENVELOPE_SLACK)
         self.max_messages = scheduler.settings.outbox_max_messages
         self.turn = 0
+        # The last BRPOP's outbox was emptied by its wake: the next poll waits again at once.
+        self._drained = False
         # Clients suspended, as last read (every enrollment refresh) or suspended here since.
         self.suspended: set[str] = set()
         self._stop = threading.Event()  # run()'s, so a pause in poll_once ends with it
@@ -225,6 +227,12 @@ class Relay:
         order = rotated(enrolled, self.turn)
         self.turn += 1
         self._servers.clear()
+        if self._drained:
+            # The last wake took all its outbox held: no backlog to batch, so no round (a script
+            # and a transaction that would find the outboxes empty) before waiting again. With
+            # two brains racing for each result, that round was paid per result by each.
+            self._drained = False
+            return self._wait_for_one(order, set())
         batches, faults = self._pop_round(self._holding_messages(order))
         batches = self._within_budget(batches)
         for owner, raw in interleaved(batches):
@@ -233,8 +241,13 @@ class Relay:
             self._suspend_one(owner, cause)
         if batches:
             return True
+        return self._wait_for_one(order, set(faults))
+
+    def _wait_for_one(self, order: list[str], faulty: set[str]) -> bool:
+        """BRPOP on the outboxes of ``order`` (in that order: the first that holds one is
+        served), then the rest of the one it woke on. True if a message was handled."""
         # An outbox that is not a list would make BRPOP fail for everyone: it waits on the others.
-        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order if cid not in faults}
+        keys = {client_key(cid, CLIENT_OUTBOX): cid for cid in order if cid not in faulty}
         if not keys:
             self._stop.wait(POP_TIMEOUT_S)  # as BRPOP would have, rather than spin
             return False
@@ -248,24 +261,27 @@ class Relay:
             return False
         key, message = item
         owner = keys[as_text(key)]
-        batches = self._within_budget([(owner, [as_bytes(message), *self._rest_of(owner)])])
+        rest, self._drained = self._rest_of(owner)
+        batches = self._within_budget([(owner, [as_bytes(message), *rest])])
         for owner, raw in interleaved(batches):
             self._handle_one(owner, raw)
         return True
 
-    def _rest_of(self, owner: str) -> list[bytes]:
+    def _rest_of(self, owner: str) -> tuple[list[bytes], bool]:
         """After BRPOP woke on ``owner``'s outbox: what else it holds, up to its share of a round,
-        oldest first, in one round trip. Two brains race for every message; taking one per
-        BRPOP made each of them pay a round and a BRPOP per result (bench/README.md, "The CPU
-        rows"). Its own trouble (the outbox changed type) is left to the next round."""
+        oldest first, in one round trip; and whether that emptied it. Two brains race for every
+        message; taking one per BRPOP made each of them pay a round and a BRPOP per result
+        (bench/README.md, "The CPU rows"). Its own trouble (the outbox changed type) is left to
+        the next round."""
         more = (SUSPENDED_POP_BATCH if owner in self.suspended else POP_BATCH) - 1
         if more <= 0:
-            return []
+            return [], False
         try:
             popped = self.s.hot.r.rpop(client_key(owner, CLIENT_OUTBOX), more)
         except redis.ResponseError:
-            return []
-        return [as_bytes(m) for m in popped] if isinstance(popped, list) else []
+            return [], False
+        taken = [as_bytes(m) for m in popped] if isinstance(popped, list) else []
+        return taken, len(taken) < more
 
     def _within_budget(self, batches: list[tuple[str, list[bytes]]]) -> list[tuple[str, list[bytes]]]:
         """Each client's batch cut to ``max_bytes`` (at least one message), the rest put back at
