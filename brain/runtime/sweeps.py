@@ -454,11 +454,12 @@ class Sweeps:
     # --- cancel ----------------------------------------------------------------------------
     def _cancel_run(self, rec: TaskRecord, *, expired: bool = False, lost: bool = False) -> None:
         """Add the task's run to the cancelled set its worker checks (a client's message still
-        in its queue is taken out); an ``expired`` run a worker may have begun is stopped. A client that replaced its own set is suspended; the task
-        is cancelled in the store regardless. A run no worker or agent began (``rec`` as it was
-        read: queued), or a failed attempt waiting to retry, is shown revoked in Flower,
-        ``expired`` if its time ran out; one begun by a worker or agent that is ``lost``, failed
-        (``WorkerLostError``); once the step is over (``_tell_flower``: one message for them all)."""
+        in its queue is taken out); an ``expired`` run a worker may have begun is stopped. A
+        client that replaced its own set is suspended; the task is cancelled in the store
+        regardless. A run no worker or agent began (``rec`` as it was read: queued), or a
+        failed attempt waiting to retry, is shown revoked in Flower, ``expired`` if its time
+        ran out; one begun by a worker or agent that is ``lost``, failed (``WorkerLostError``);
+        once the step is over (``_tell_flower``: one message for them all)."""
         # An expired run is stopped where it runs too; a lost one is left to end (it may be
         # running on a live agent, and its new run is answered from its result).
         begun = expired and (rec.client_id is not None or rec.state not in REVOKED_IF_ENDED)

@@ -55,8 +55,8 @@ def run_bounded(
     cancel: threading.Event | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """Run in its own process group so a timeout kills the command and everything it started;
-    so does ``cancel`` once set (its call was stopped: its task was cancelled), looked at every
-    ``CANCEL_POLL_S``."""
+    so does ``cancel`` once set (the call was stopped, or the thread waiting on it gave up at
+    its timeout), looked at every ``CANCEL_POLL_S``."""
     try:
         proc = subprocess.Popen(
             argv, cwd=cwd, env=env, shell=shell, stdin=subprocess.DEVNULL,
