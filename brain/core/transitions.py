@@ -110,6 +110,15 @@ def queued_state(client_id: str | None) -> TaskState:
     return _S.QUEUED_SERVER if client_id is None else _S.QUEUED_CLIENT
 
 
+def may_be_running(client_id: str | None, *, ended_unrun: bool) -> bool:
+    """Whether a run a cancel or an expiry ended may be running, so must be stopped where it
+    runs (``stop_member``). ``ended_unrun``: it ended from a state in ``REVOKED_IF_ENDED``.
+    A server run only if not (a pool's begin is in the store); any client run (its agent
+    tells the store a moment after it starts; ``HotState.cancel_runs`` leaves out those still
+    in the client's queue)."""
+    return client_id is not None or not ended_unrun
+
+
 @dataclass(frozen=True)
 class Plan:
     ready: list[str] = field(default_factory=list)  # pending, and its run_if holds

@@ -75,6 +75,7 @@ from brain.core.transitions import (
     SUCCESSFUL,
     Verdict,
     check_move,
+    may_be_running,
     plan,
     verdict,
 )
@@ -1068,10 +1069,8 @@ class Scheduler:
         not_begun = {task.run_id for task in unrun}
         for client_id, run_ids in runs.items():
             try:
-                # The runs a worker may have begun are stopped where they run, too: a server
-                # run's begin is in the store; a client's agent tells the store later, so each
-                # of its runs no longer in its queue may be running.
-                begun = run_ids if client_id else [run for run in run_ids if run not in not_begun]
+                # The runs a worker may have begun are stopped where they run, too.
+                begun = [run for run in run_ids if may_be_running(client_id, ended_unrun=run in not_begun)]
                 unqueued = self.hot.cancel_runs(run_ids, client_id, stop=begun)
             except ClientKeyUnreadable as exc:
                 if on_unreadable is None:

@@ -25,6 +25,7 @@ from brain.core.transitions import (
     QUEUED,
     RETRY_WAIT,
     REVOKED_IF_ENDED,
+    may_be_running,
     queued_state,
 )
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
@@ -462,7 +463,7 @@ class Sweeps:
         once the step is over (``_tell_flower``: one message for them all)."""
         # An expired run is stopped where it runs too; a lost one is left to end (it may be
         # running on a live agent, and its new run is answered from its result).
-        begun = expired and (rec.client_id is not None or rec.state not in REVOKED_IF_ENDED)
+        begun = expired and may_be_running(rec.client_id, ended_unrun=rec.state in REVOKED_IF_ENDED)
         try:
             self.hot.cancel_runs([rec.run_id or ""], rec.client_id, stop=[rec.run_id or ""] if begun else ())
         except ClientKeyUnreadable as exc:
