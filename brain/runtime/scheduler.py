@@ -130,10 +130,13 @@ def client_route(client_id: str) -> str:
 
 def first_queued(rec: TaskRecord, spec: TaskSpec, at: float) -> dict[str, Any]:
     """A move's ``first_queued_at`` (when the task first left ``pending``, kept by every later
-    move: a retry, a requeue) and the ``expires_at`` its ``max_total_s`` makes of it, through
-    which the expiry sweep finds it (``Store.tasks_expired``)."""
+    move: a retry, a requeue) and, for a task with a ``max_total_s``, the ``expires_at`` it
+    makes of it, through which the expiry sweep finds it (``Store.tasks_expired``). A task
+    without one writes no deadline: nothing more on the common dispatch."""
     first = rec.first_queued_at or at
-    return {"first_queued_at": first, "expires_at": first + spec.max_total_s if spec.max_total_s else None}
+    if not spec.max_total_s:
+        return {"first_queued_at": first}
+    return {"first_queued_at": first, "expires_at": first + spec.max_total_s}
 
 
 class Scheduler:

@@ -259,8 +259,10 @@ class MongoStore:
         if not states:
             return None
         update: dict[str, Any] = {"$set": _encode(values, _TASK_OPAQUE)}
-        if ends(changes):
-            update["$unset"] = {"expires_at": ""}  # out of the expiry index: it holds unfinished tasks
+        if ends(changes) or expires_at is None:
+            # Out of the sparse expiry index, which holds unfinished tasks with a deadline (it
+            # would keep a field set to null).
+            update["$unset"] = {"expires_at": ""}
         elif expires_at is not ANY:
             update["$set"]["expires_at"] = expires_at
         query: dict[str, Any] = {"tree_id": tree_id, "task_id": task_id, "state": {"$in": states}}

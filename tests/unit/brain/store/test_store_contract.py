@@ -842,3 +842,6 @@ def test_tasks_expired_finds_the_unfinished_tasks_past_their_deadline_and_only_t
     ]
     # The deadline is kept beside the record, not in it (a TaskRecord forbids unknown fields).
     assert "expires_at" not in store.get_task("t1", "t0").model_dump()
+    # None takes a deadline away.
+    store.transition("t1", "t0", from_states={S.QUEUED_SERVER}, state=S.QUEUED_SERVER, expires_at=None)
+    assert [t.task_id for t in store.tasks_expired(100.0)] == ["t1"]
