@@ -1,14 +1,15 @@
-"""Stopping a running call whose task was cancelled (layer: workers).
+"""Stopping a running call whose task was cancelled or expired (layer: workers).
 
 A cancel ends a tree's tasks in the store and adds their runs to the cancelled set that
 workers check before they begin a run (``workers.tasks.begin_run``). A call already running
 then would hold its worker slot until its tool answered or timed out: minutes for a long MCP
-tool, behind which other users' calls wait. So a worker waiting on a call asks the cancelled
-set every ``STOP_POLL_S`` (one ``SISMEMBER``; a call that ends sooner never asks) and gives
-the call up when its run is there: a cooperative built-in (``sleep``) is told to stop, an MCP
-server is sent ``notifications/cancelled`` (the SDK does it when the request's task is
-cancelled), and a built-in that cannot be interrupted is left to end on its own deadline in
-its thread, as after a timeout. The slot frees either way.
+tool, behind which other users' calls wait. So a cancel, and the sweep that expires a task,
+also add ``stop_member(run)`` for each run that may be running, and a worker waiting on a call
+asks for it every ``STOP_POLL_S`` (one ``SISMEMBER``; a call that ends sooner never asks). It
+gives the call up when it is there: a cooperative built-in (``sleep``) is told to stop, a
+command is killed, an MCP server is sent ``notifications/cancelled`` (the SDK does it when the
+request's task is cancelled), and a built-in that cannot be interrupted is left to end on its
+own deadline in its thread, as after a timeout. The slot frees either way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
+from workers.errors import Cancelled
+
 log = logging.getLogger("vancetope.worker.stop")
+
+# Why a stopped call ended: in its error and in the worker's log line.
+WHY_STOPPED = "its task was cancelled or expired while it ran"
 
 # Seconds between two asks of a running call's cancelled set: a cancel stops a call within
 # about this long, and a call running for an hour costs 3,600 SISMEMBERs.
@@ -63,3 +69,8 @@ def _asked(stopped: Stopped) -> bool:
     except Exception as exc:  # noqa: BLE001 - an unanswered ask must not fail the call
         log.debug("could not ask whether a running call was cancelled: %s", exc)
         return False
+
+
+def stopped_error(what: str, **data: str) -> Cancelled:
+    """The error of a call given up because ``stop_member`` said so; ``what`` names the call."""
+    return Cancelled(f"{what} was stopped: {WHY_STOPPED}", **data)

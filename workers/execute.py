@@ -24,7 +24,7 @@ from mcp.types import CallToolResult
 
 from workers import argcheck, mcp_surface
 from workers.call_relay import CallChannel, CallRelay
-from workers.call_stop import Stopped, Waited, wait_unless_stopped
+from workers.call_stop import WHY_STOPPED, Stopped, Waited, stopped_error, wait_unless_stopped
 from workers.contracts import (
     MAX_PROGRESS_MESSAGE_CHARS,
     ErrorInfo,
@@ -86,11 +86,12 @@ def execute(
         error = exc.to_info()
         if isinstance(exc, Cancelled):
             log.info(
-                "run %s of task %s (tool %r) stopped after %.1fs: its task was cancelled or expired while it ran",
+                "run %s of task %s (tool %r) stopped after %.1fs: %s",
                 call.run_id,
                 call.task_id,
                 call.tool,
                 clock() - started,
+                WHY_STOPPED,
             )
     except Exception as exc:  # noqa: BLE001 - a tool's surprise is a result, not a crash
         error = ErrorInfo(type=type(exc).__name__, message=str(exc))
@@ -279,9 +280,7 @@ def _run_builtin(
     if waited is not Waited.DONE:
         ctx.cancel.set()  # cooperative tools (sleep) stop now; others end on their own deadline
         if waited is Waited.STOPPED:
-            raise Cancelled(
-                f"tool {name!r} was stopped: its task was cancelled or expired while it ran", tool=name
-            )
+            raise stopped_error(f"tool {name!r}", tool=name)
         raise ToolTimeout(f"tool {name!r} did not answer within {timeout:g}s", tool=name)
     error = outcome.get("error")
     if isinstance(error, Exception):

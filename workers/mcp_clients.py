@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from workers import mcp_surface, sandbox
 from workers.call_relay import AskRefused
-from workers.call_stop import Stopped, Waited, wait_unless_stopped
+from workers.call_stop import Stopped, Waited, stopped_error, wait_unless_stopped
 from workers.contracts import (
     READ_RESOURCE,
     TOOL_METADATA_FIELDS,
@@ -51,7 +51,7 @@ from workers.contracts import (
     ToolDescriptor,
     ToolType,
 )
-from workers.errors import Cancelled, MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
+from workers.errors import MCPServerUnavailable, ToolFailed, ToolNotFound, ToolTimeout, WorkerError
 from workers.masking import mask
 from workers.mcp_config import MCPConfig, MCPServerSpec, StdioServerSpec, load_mcp_config
 from workers.secret_refs import resolve_values
@@ -704,7 +704,7 @@ class MCPClientManager:
         if not future.done():
             future.cancel()
             if waited is Waited.STOPPED:
-                raise Cancelled(f"{what} was stopped: its task was cancelled or expired while it ran")
+                raise stopped_error(what)
             raise ToolTimeout(f"the MCP client loop did not answer within {budget + _SLACK_S:g}s")
         try:
             return future.result()
