@@ -437,7 +437,7 @@ class SQLiteStore:
         elif expires_at is not ANY:
             sets.append("expires_at = ?")
             params.append(expires_at)
-        where = f"tree_id = ? AND task_id = ? AND state IN ({', '.join('?' * len(states))})"
+        where = f"tree_id = ? AND task_id = ? AND state IN ({_marks(states)})"
         params += [tree_id, task_id, *states]
         if expect_run_id is not ANY:
             where += " AND run_id IS ?"  # IS: NULL-safe, so expect_run_id=None means "is null"
