@@ -200,6 +200,9 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     # A queued task must be this old before the reconciler may call it lost.
     reconcile_grace_s: float = Field(default=10.0, ge=0)
+    # How long a cancelled, expired or lost run stays in the cancelled set workers check
+    # (brain.hot.cancelled); a client's run whose message that client still holds stays longer.
+    cancelled_kept_s: float = Field(default=86_400.0, ge=60)
     # Internal targets http_get may reach anyway: host names and addresses/CIDRs
     # (env: comma-separated). Loopback, private, link-local and metadata are refused otherwise.
     http_allow: tuple[str, ...] = ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, cast
@@ -16,6 +17,7 @@ from typing import Any, Final, cast
 import redis
 
 from brain.errors import BrainError
+from brain.hot.cancelled import cancelled_set, index_members
 from workers.contracts import (
     CLIENT_OUTBOX,
     KOMBU_UNACKED,
@@ -24,7 +26,6 @@ from workers.contracts import (
     channel_tree_events,
     client_key,
     client_queue,
-    key_cancelled,
     key_pool_registry,
     key_registry,
     key_registry_loaded_at,
@@ -161,16 +162,23 @@ class HotState:
         return unqueued
 
     def _add_cancelled(self, client_id: str | None, members: list[str]) -> None:
-        key = key_cancelled() if client_id is None else client_key(client_id, key_cancelled())
+        """Add to a cancelled set, and when to ``brain.hot.cancelled``'s index, from which the
+        reconciler takes them out again once no worker can meet their run."""
+        key = cancelled_set(client_id)
         for start in range(0, len(members), CANCEL_CHUNK):
-            try:
-                self.r.sadd(key, *members[start : start + CANCEL_CHUNK])
-            except redis.ResponseError as exc:
+            chunk = members[start : start + CANCEL_CHUNK]
+            pipe = self.r.pipeline(transaction=False)
+            pipe.sadd(key, *chunk)
+            index_members(pipe, client_id, chunk, time.time())
+            added, indexed = pipe.execute(raise_on_error=False)
+            if isinstance(added, redis.ResponseError):
                 if client_id is None:
-                    raise
+                    raise added
                 # The client replaced its own cancelled set: only its own workstation may now
                 # run a cancelled call, whose result is refused (the task has moved on).
-                raise ClientKeyUnreadable(client_id, "cancelled set", key, exc) from exc
+                raise ClientKeyUnreadable(client_id, "cancelled set", key, added) from added
+            if isinstance(indexed, Exception):
+                raise indexed
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:

@@ -28,13 +28,14 @@ from brain.core.transitions import (
     may_be_running,
     queued_state,
 )
+from brain.hot import cancelled
 from brain.hot.client_quota import QUOTA_EVERY_S, UsageMeter, free_client_keys, my_turn_to_measure
 from brain.hot.gate import Gate
 from brain.hot.parked import ParkedRef, ParkedWork, owner_of
 from brain.hot.presence import PresenceBook
 from brain.hot.retries import RetryTimers
 from brain.hot.state import ClientKeyUnreadable, HotState
-from brain.hot.turns import holder_name
+from brain.hot.turns import holder_name, my_turn
 from brain.runtime.clientwork import ClientScheduling, ClientWork
 from brain.runtime.scheduler import new_run_id
 from brain.store import Store
@@ -108,6 +109,7 @@ class Sweeps:
         self.registry = registry
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
+        self._trimmed_at = -cancelled.TRIM_EVERY_S
         self._usage = UsageMeter()
         self._holder = holder_name()  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
@@ -129,6 +131,7 @@ class Sweeps:
             ("re-arming retry timers", self.rearm_retries),
             ("finishing requeues", self.finish_requeues),
             ("advancing idle trees", self.advance_idle),
+            ("trimming the cancelled sets", self.trim_cancelled),
         ):
             self._guarded(what, step)
         return resent
@@ -243,6 +246,36 @@ class Sweeps:
                     quota,
                 )
         return used
+
+    # --- the cancelled sets ------------------------------------------------------------------
+    def trim_cancelled(self) -> cancelled.Trimmed | None:
+        """Take out of the cancelled sets what has been there ``cancelled_kept_s``
+        (``brain.hot.cancelled``): at most every ``TRIM_EVERY_S``, by one brain of several;
+        None when it was not time or another brain's turn. The sets' index is written with the
+        wall clock, not the scheduler's."""
+        if time.monotonic() - self._trimmed_at < cancelled.TRIM_EVERY_S:
+            return None
+        self._trimmed_at = time.monotonic()
+        if not my_turn(self.hot.r, cancelled.TRIM_TURN_KEY, self._holder, cancelled.TRIM_EVERY_S):
+            return None
+        kept_s = self.settings.cancelled_kept_s
+        done = cancelled.trim(self.hot.r, now=time.time(), kept_s=kept_s, held=self._holds)
+        if done.removed or done.kept:
+            log.info(
+                "cancelled sets: took out %d runs cancelled more than %.0f s ago; kept %d a client still holds",
+                done.removed,
+                kept_s,
+                done.kept,
+            )
+        return done
+
+    def _holds(self, client_id: str) -> set[str] | None:
+        """Run ids a client's keys hold; None when they cannot be read (the lost-call sweep
+        suspends such a client: here its runs are only kept, for a later look)."""
+        try:
+            return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id)
+        except ClientKeyUnreadable:
+            return None
 
     @staticmethod
     def _ack_only(client_id: str) -> frozenset[str]:

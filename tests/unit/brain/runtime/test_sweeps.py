@@ -13,6 +13,7 @@ import pytest
 
 from brain.core.models import TaskState, TreeStatus
 from brain.core.snapshot import RegistrySnapshot
+from brain.hot.cancelled import INDEX_KEY
 from brain.hot.client_quota import QUOTA_TURN_KEY
 from brain.hot.parked import key_requeues
 from brain.runtime.sweeps import server_queues
@@ -564,3 +565,23 @@ def test_cancelling_one_task_leaves_its_siblings_running(rig: Rig) -> None:
     assert rig.sweeps.cancel(rec.tree_id, "a") == ["a"]
     assert rig.task(rec.tree_id, "b").state is TaskState.QUEUED_SERVER
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING
+
+
+@pytest.mark.parametrize(("kept_days", "left"), [(1, set()), (3, {"a", "stop:a", "b"})])
+def test_a_cancelled_trees_runs_leave_the_cancelled_set_once_kept_for_cancelled_kept_s(
+    rigs: Callable[..., Rig], kept_days: int, left: set[str]
+) -> None:
+    # Kept for ever, a night of cancelled batches stayed in Redis for good (a client's counted
+    # against its quota). brain.hot.cancelled, tests/unit/brain/hot/test_cancelled.py.
+    rig = rigs(cancelled_kept_s=kept_days * 86_400.0)
+    rec = rig.scheduler.submit(tree(echo("a"), echo("b")))
+    runs = {t: rig.task(rec.tree_id, t).run_id for t in ("a", "b")}
+    assert rig.store.begin_run(rec.tree_id, "a", runs["a"], "server@h", rig.clock()) == 1
+    rig.sweeps.cancel(rec.tree_id)
+    for entry in rig.r.zrange(INDEX_KEY, 0, -1):  # two days pass
+        rig.r.zincrby(INDEX_KEY, -2 * 86_400.0, entry)
+
+    rig.sweeps.run_once()
+
+    named = {"a": runs["a"], "stop:a": stop_member(runs["a"]), "b": runs["b"]}
+    assert rig.r.smembers(key_cancelled()) == {named[m].encode() for m in left}
