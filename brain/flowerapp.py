@@ -231,12 +231,23 @@ def _replace(path: str, released: type, ours: type) -> bool:
 
 
 THROTTLED = "THROTTLED"
+# The states a running call shows from the custom events of its worker (``task-progress``) or
+# of the brain for its agent (``task-awaiting_approval``, ``task-approved``).
+RUNNING_STATES = ("PROGRESS", "AWAITING_APPROVAL", "APPROVED")
 
 
-def rank_throttled() -> None:
+def rank_states() -> None:
     """THROTTLED ranks as PENDING (a worker's received, started, succeeded replace it; it
-    replaces sent), and a task's fields include ``throttled_by``."""
-    celery_states.PRECEDENCE_LOOKUP[THROTTLED] = celery_states.PRECEDENCE_LOOKUP[celery_states.PENDING]
+    replaces sent), and a task's fields include ``throttled_by``. The running call's custom
+    states rank between STARTED and REVOKED: Celery ranks any state it does not know above
+    REVOKED, so a call stopped after it reported progress or was approved (its task cancelled,
+    ``workers.call_stop``) showed PROGRESS or APPROVED for ever; a late ``task-started`` still
+    does not take them back, and each replaces the other."""
+    lookup = celery_states.PRECEDENCE_LOOKUP
+    lookup[THROTTLED] = lookup[celery_states.PENDING]
+    between = (lookup[celery_states.REVOKED] + lookup[celery_states.STARTED]) / 2
+    for state in RUNNING_STATES:
+        lookup[state] = between  # type: ignore[assignment]
     if "throttled_by" not in CeleryTask._fields:
         CeleryTask._fields = (*CeleryTask._fields, "throttled_by")
         CeleryTask.throttled_by = None  # type: ignore[attr-defined]
@@ -298,7 +309,7 @@ def install() -> bool:
     the Host header, link the web view from the navigation bar; False (and logged) if Flower's
     table changed."""
     Flower.find_handler = _find_handler  # type: ignore[method-assign]
-    rank_throttled()
+    rank_states()
     if not hasattr(EventsState.event, "__wrapped__"):
         EventsState.event = _throttled_from_no_worker(EventsState.event)  # type: ignore[method-assign]
     for handler in (flower_views.BaseHandler, BaseApiHandler):
@@ -353,7 +364,7 @@ __all__ = [
     "exit_on_sigterm",
     "install",
     "install_exit",
-    "rank_throttled",
+    "rank_states",
     "unauthorized_body",
     "with_web_link",
 ]

@@ -71,6 +71,24 @@ def _asked(stopped: Stopped) -> bool:
         return False
 
 
+class StopCheck:
+    """``stopped`` for one run, remembering whether it ever said stop (``fired``): the pool
+    worker then shows the call REVOKED in Flower, as Celery shows a task it terminated, rather
+    than FAILURE (a cancel is no failure an operator is paged for)."""
+
+    __slots__ = ("ask", "fired", "run_id")
+
+    def __init__(self, ask: Callable[[str], bool], run_id: str) -> None:
+        self.ask = ask
+        self.run_id = run_id
+        self.fired = False
+
+    def __call__(self) -> bool:
+        if self.ask(self.run_id):
+            self.fired = True
+        return self.fired
+
+
 def stopped_error(what: str, **data: str) -> Cancelled:
     """The error of a call given up because ``stop_member`` said so; ``what`` names the call."""
     return Cancelled(f"{what} was stopped: {WHY_STOPPED}", **data)

@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -115,6 +115,9 @@ TASK_THROTTLED_EVENT = "task-throttled"
 # Celery's own event for a task no worker will run: the brain sends it for a call it ended
 # before a worker began it (brain.runtime.revoked); brain.flowerapp keeps it off the worker list.
 TASK_REVOKED_EVENT = "task-revoked"
+# Its fields for a call stopped while it ran, its task cancelled or expired (workers.call_stop):
+# what a Celery worker sends for a task it terminated, but no signal (the call was given up).
+TERMINATED_FIELDS: Final[dict[str, Any]] = {"terminated": True, "signum": None, "expired": False}
 TASK_FAILED_EVENT = "task-failed"
 RECORD_RESULT_TASK = "vancetope.record_result"
 # A server worker that recorded a result hands the brain a dependent's call for a client.

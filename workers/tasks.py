@@ -12,7 +12,6 @@ touches its own.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -22,18 +21,20 @@ from typing import Any, Final
 
 import redis
 from celery import Celery, Task
-from celery.exceptions import Retry
+from celery.exceptions import Ignore, Retry
 from pydantic import ValidationError
 from redis.client import Pipeline
 
 from workers import masking
 from workers.call_relay import CallChannel
-from workers.call_stop import Stopped
+from workers.call_stop import StopCheck, Stopped
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
     RETRYING,
     RUN_TOOL_TASK,
+    TASK_REVOKED_EVENT,
+    TERMINATED_FIELDS,
     AskAnswer,
     ErrorInfo,
     ResourceUpdated,
@@ -226,6 +227,7 @@ def register(
 
     def run(self: Task, call: ToolCall, worker: str) -> Outcome:
         started = time.time()
+        stop: StopCheck | None = None
         deliveries = start_run(call, worker, started)
         if deliveries is None:
             log.info(
@@ -257,6 +259,7 @@ def register(
                 result = reused.result
             else:
                 ran: ToolResult | None = None
+                stop = StopCheck(hot.stopped, call.run_id)
                 try:
                     ran = _gated_run(
                         call,
@@ -269,13 +272,19 @@ def register(
                         started,
                         _reporter(self, progress, flower=client_id is None and task_events),
                         _Masked(channel) if channel is not None else None,
-                        functools.partial(hot.stopped, call.run_id),
+                        stop,
                     )
                 finally:
                     if recent is not None:
                         recent.end(call, ran)
                 result = ran
         outcome = deliver(masked(result))
+        if not result.ok and client_id is None and stop is not None and stop.fired:
+            # Stopped by its task's cancel or expiry: REVOKED, as Celery shows a task it
+            # terminated (``Request._announce_revoked``); Ignore acks and sends no event of its own.
+            if task_events:
+                self.send_event(TASK_REVOKED_EVENT, **TERMINATED_FIELDS)
+            raise Ignore()
         if not result.ok and client_id is None:
             # Handed on already; raising only makes Celery's own event (and so Flower) say
             # FAILURE, or RETRY for an attempt the brain tries again (Retry raised, not

@@ -25,6 +25,7 @@ from brain.runtime.dispatch import args_summary
 from workers.contracts import (
     RUN_TOOL_TASK,
     TASK_REVOKED_EVENT,
+    TERMINATED_FIELDS,
     ToolAwaiting,
     ToolCall,
     ToolProgress,
@@ -32,6 +33,7 @@ from workers.contracts import (
     ToolStarted,
     shown_failure,
 )
+from workers.errors import Cancelled
 
 log = logging.getLogger("vancetope.brain")
 
@@ -314,6 +316,10 @@ class ClientEvents:
         if result.ok:
             summary = repr({"ok": True, "tool": result.tool, "task": result.task_id})
             end = ("task-succeeded", {"runtime": runtime, "result": summary})
+        elif result.error is not None and result.error.type == Cancelled.__name__:
+            # Its agent gave it up, its task cancelled or expired (``workers.call_stop``, or held
+            # for approval): REVOKED, as a server pool shows a call it stopped; not a FAILURE.
+            end = (TASK_REVOKED_EVENT, dict(TERMINATED_FIELDS))
         else:
             # As a server pool's task shows it (workers.contracts.shown_failure): never the message.
             end = ("task-failed", {"exception": shown_failure(result), "traceback": ""})

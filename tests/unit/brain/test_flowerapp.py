@@ -184,6 +184,32 @@ def test_a_call_at_the_gate_shows_throttled_until_a_worker_takes_it() -> None:
     assert state.tasks["run-1"].as_dict()["throttled_by"] == "rate_limit 1/s of tool sleep"
 
 
+@pytest.mark.parametrize(
+    ("running", "then", "shown"),
+    [
+        # A call stopped after it reported progress or was approved (its task cancelled): REVOKED.
+        # Celery ranks a state it does not know above REVOKED: it showed PROGRESS for ever.
+        ("progress", "revoked", "REVOKED"),
+        ("awaiting_approval", "revoked", "REVOKED"),
+        ("approved", "revoked", "REVOKED"),
+        ("progress", "succeeded", "SUCCESS"),
+        ("approved", "failed", "FAILURE"),
+        # A late started does not take a running call's state back; another one replaces it.
+        ("progress", "started", "PROGRESS"),
+        ("approved", "started", "APPROVED"),
+        ("awaiting_approval", "approved", "APPROVED"),
+        ("approved", "progress", "PROGRESS"),
+    ],
+)
+def test_a_running_calls_own_state_gives_way_to_how_it_ended(running: str, then: str, shown: str) -> None:
+    state = State()
+    state.event(_task_event("received", "default@pool", 1))
+    state.event(_task_event("started", "default@pool", 2))
+    state.event(_task_event(running, "default@pool", 3))
+    state.event(_task_event(then, "default@pool", 4, terminated=True))
+    assert state.tasks["run-1"].state == shown
+
+
 def test_a_late_throttled_event_does_not_take_a_running_call_back() -> None:
     state = State()
     state.event(_task_event("sent", "gen1@brain", 1))

@@ -263,3 +263,35 @@ def test_close_cancels_a_retry_not_yet_said_again() -> None:
     events.task_retried(failed, next_at=100.0)
     events.close()
     assert not any(t.is_alive() for t in events._restates) and not events._restates
+
+
+@pytest.mark.parametrize(
+    ("error", "end"),
+    [
+        (None, "task-succeeded"),
+        # The agent gave the call up, its task cancelled or expired (workers.call_stop), or held
+        # for approval: REVOKED as Celery shows a task it terminated, as the server pool shows one
+        # it stopped. Before, FAILURE: an operator alerting on failures was paged for a cancel.
+        ("Cancelled", "task-revoked"),
+        ("ToolError", "task-failed"),
+        ("ToolTimeout", "task-failed"),
+    ],
+)
+def test_a_clients_call_ends_in_flower_as_its_agent_says_it_ended(error: str | None, end: str) -> None:
+    from workers.contracts import ErrorInfo
+
+    channel = Channel()
+    events = Events(channel)
+    done = result("laptop", 1)
+    if error is not None:
+        failure = {"ok": False, "value": None, "error": ErrorInfo(type=error, message="it ended so")}
+        done = done.model_copy(update=failure)
+    events.task_done(done)
+    events.close()
+    assert [e for e, _ in channel.sent] == ["task-started", end]
+    if end == "task-revoked":
+        assert {k: channel.sent[1][1][k] for k in ("terminated", "signum", "expired")} == {
+            "terminated": True,
+            "signum": None,
+            "expired": False,
+        }
