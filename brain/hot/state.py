@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 import redis
 
 from brain.errors import BrainError
-from brain.hot.cancelled import cancelled_set, index_members
+from brain.hot.cancelled import cancelled_set, write_batch
 from workers.contracts import (
     CLIENT_OUTBOX,
     KOMBU_UNACKED,
@@ -162,23 +162,24 @@ class HotState:
         return unqueued
 
     def _add_cancelled(self, client_id: str | None, members: list[str]) -> None:
-        """Add to a cancelled set, and when to ``brain.hot.cancelled``'s index, from which the
+        """Add to a cancelled set, and as a batch of ``brain.hot.cancelled``, from which the
         reconciler takes them out again once no worker can meet their run."""
         key = cancelled_set(client_id)
         for start in range(0, len(members), CANCEL_CHUNK):
             chunk = members[start : start + CANCEL_CHUNK]
             pipe = self.r.pipeline(transaction=False)
             pipe.sadd(key, *chunk)
-            index_members(pipe, client_id, chunk, time.time())
-            added, indexed = pipe.execute(raise_on_error=False)
+            write_batch(pipe, client_id, chunk, time.time())
+            added, *batch = pipe.execute(raise_on_error=False)
             if isinstance(added, redis.ResponseError):
                 if client_id is None:
                     raise added
                 # The client replaced its own cancelled set: only its own workstation may now
                 # run a cancelled call, whose result is refused (the task has moved on).
                 raise ClientKeyUnreadable(client_id, "cancelled set", key, added) from added
-            if isinstance(indexed, Exception):
-                raise indexed
+            for reply in batch:
+                if isinstance(reply, Exception):
+                    raise reply
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from brain.hot.cancelled import (
+    BATCH_PREFIX,
     INDEX_KEY,
     TRIM_CHUNK,
     cancelled_set,
@@ -31,6 +32,15 @@ def age(r: redis.Redis, seconds: float) -> None:
     """Every index entry added ``seconds`` earlier than it was: time passed."""
     for entry in r.zrange(INDEX_KEY, 0, -1):
         r.zincrby(INDEX_KEY, -seconds, entry)
+
+
+def batched(r: redis.Redis) -> set[tuple[str | None, str]]:
+    """(client id, member) of every member in a batch the trim will look at."""
+    found: set[tuple[str | None, str]] = set()
+    for entry in r.zrange(INDEX_KEY, 0, -1):
+        client_id, batch_id = parse_entry(entry)
+        found |= {(client_id, m.decode()) for m in r.lrange(BATCH_PREFIX + batch_id, 0, -1)}
+    return found
 
 
 def members(r: redis.Redis, client_id: str | None = None) -> set[str]:
@@ -65,13 +75,13 @@ HELD = {"laptop": {"run-held"}, "broken": None}
 def test_a_member_past_its_time_is_taken_out_unless_its_client_still_holds_the_run(
     client_id: str | None, member: str, taken_out: bool
 ) -> None:
-    drop, keep = split_due([(client_id, member)], HELD.__getitem__)
-    assert (drop, keep) == (([(client_id, member)], []) if taken_out else ([], [(client_id, member)]))
+    drop, keep = split_due(client_id, [member], HELD.__getitem__)
+    assert (drop, keep) == (([member], []) if taken_out else ([], [member]))
 
 
-def test_an_index_entry_names_its_set_and_member() -> None:
-    for client_id, member in [(None, "t.a.1.abc"), ("laptop-7", "stop:t x.b.2.def")]:
-        assert parse_entry(index_entry(client_id, member).encode()) == (client_id, member)
+def test_an_index_entry_names_its_set_and_batch() -> None:
+    for client_id, batch in [(None, "0a1b"), ("laptop-7", "ffee")]:
+        assert parse_entry(index_entry(client_id, batch).encode()) == (client_id, batch)
 
 
 # --- the trim, on Redis ---------------------------------------------------------------------------
@@ -99,7 +109,7 @@ def test_runs_cancelled_longer_ago_than_kept_are_taken_out_and_the_rest_stay(
     assert (done.removed, done.kept) == (5, 2)
     assert members(redis_client) == {"new-a", stop_member("new-a")}
     assert members(redis_client, "laptop") == {"c-held", stop_member("c-held"), "c-new"}
-    assert {parse_entry(e) for e in redis_client.zrange(INDEX_KEY, 0, -1)} == {
+    assert batched(redis_client) == {
         (None, "new-a"),
         (None, stop_member("new-a")),
         ("laptop", "c-held"),
@@ -114,6 +124,7 @@ def test_runs_cancelled_longer_ago_than_kept_are_taken_out_and_the_rest_stay(
     age(redis_client, 2 * DAY)
     assert trim(redis_client, now=time.time(), kept_s=DAY, held=held).removed == 5
     assert redis_client.exists(cancelled_set(None), cancelled_set("laptop"), INDEX_KEY) == 0
+    assert redis_client.keys(BATCH_PREFIX + "*") == []
 
 
 def test_what_the_trim_takes_out_no_longer_counts_against_the_clients_quota(
@@ -128,24 +139,8 @@ def test_what_the_trim_takes_out_no_longer_counts_against_the_clients_quota(
 
     done = trim(redis_client, now=time.time(), kept_s=DAY, held=nothing_held)
 
-    assert done.removed == 10_000 > TRIM_CHUNK  # several chunks in one trim
+    assert done.removed == 10_000 > TRIM_CHUNK  # several chunks and batches in one trim
     assert measure_client_usage(redis_client).get("laptop", 0) == 0
-
-
-def test_a_run_cancelled_again_while_the_trim_looked_is_kept(redis_client: redis.Redis) -> None:
-    hot = HotState(redis_client)
-    hot.cancel_runs(["r1"], "laptop", unqueue=False)
-    age(redis_client, 2 * DAY)
-
-    def held_while_cancelled_again(client_id: str) -> set[str]:
-        # Between the trim's read of the index and its script: the same run cancelled anew.
-        hot.cancel_runs(["r1"], client_id, unqueue=False)
-        return set()
-
-    done = trim(redis_client, now=time.time(), kept_s=DAY, held=held_while_cancelled_again)
-
-    assert done.removed == 0
-    assert members(redis_client, "laptop") == {"r1"}
 
 
 def test_a_client_that_replaced_its_cancelled_set_stops_no_one_elses_trim(redis_client: redis.Redis) -> None:
