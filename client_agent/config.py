@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from client_agent.errors import AgentConfigError, NoCredential
 from client_agent.self_protection import check_sandbox_roots
-from workers.contracts import ClientType, client_queue
+from workers.contracts import MAX_ASK_TIMEOUT_S, ClientType, client_queue
 from workers.urls import check_redis_url, url_password
 
 ENV_PREFIX = "VANCETOPE_AGENT_"
@@ -87,7 +87,7 @@ class AgentConfig(BaseModel):
     ask: tuple[str, ...] = ()
     ask_scope: AskScope = AskScope.CALL
     # A call nobody approved within this is denied (it fails; nothing ran).
-    ask_timeout_s: float = Field(default=600.0, gt=0, le=7 * 24 * 3600)
+    ask_timeout_s: float = Field(default=600.0, gt=0, le=MAX_ASK_TIMEOUT_S)
     # mcp.json servers started without asking for their command: what a user writes after
     # reviewing them. Any other server waits for `vancetope-agent approve`, again whenever
     # its command, arguments, env names or cwd change.

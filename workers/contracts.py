@@ -320,6 +320,10 @@ MAX_WIRE_ID_CHARS = 128
 TREE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 MAX_TOOL_NAME_CHARS = 200
 MAX_CALL_TIMEOUT_S = 24 * 3600
+# The longest a client agent holds a call for its user's approval (its ``ask_timeout_s``). A
+# run the brain took back meanwhile stays in that client's cancelled set longer than this
+# (brain.hot.cancelled), so an approval given at the end of the wait never starts it.
+MAX_ASK_TIMEOUT_S = 7 * 24 * 3600
 
 
 class ToolCall(BaseModel):

@@ -8,21 +8,31 @@ lost-call sweep ever ended, and a client's by its own, which counts against its
 ``client_quota_bytes``: months of cancelled night batches would one day suspend a workstation
 for what the brain wrote.
 
-So each time the brain adds members it also writes them in a *batch* (a list,
-``BATCH_PREFIX``) indexed by when (``INDEX_KEY``, a sorted set): the brain's own keys, which no
-client can touch and which count against no quota. The reconciler takes out of the sets the
-members of every batch older than ``cancelled_kept_s`` (``trim``), except a client's run whose
-message that client still holds (waiting in its queue, reserved in kombu's unacked hash, a
-result in its outbox): a laptop that slept for a week with a cancelled call reserved still
-finds it cancelled when it wakes; such members go into a new batch, looked at again after
-another ``cancelled_kept_s``. A server run needs no such look: the store refuses to begin a run
-it no longer has in flight (``Store.begin_run``), the cancelled set only spares the pool that
-write, and a run waiting at the gate is dropped there by its lane's record. That look, not the
-time, is what keeps a run that may still meet a worker: a run cancelled twice leaves with its
-first batch. A batch costs Redis about half what its members cost in the set (50,000 run ids
-of a night batch: 5.7 MB in the set, 3.0 MB in batches; a sorted-set entry per member took
-7.5 MB, and its ``ZADD`` of 10,000 held Redis 5-10 ms, the batch's ``RPUSH`` under 1 ms);
-members written by an older brain are in no batch and are never taken out.
+So each time the brain adds members it also writes them, in the same ``MULTI``, in a *batch*
+(a list, ``BATCH_PREFIX``) indexed by when (``INDEX_KEY``, a sorted set, Redis's clock: brains
+on hosts whose clocks differ agree on it): the brain's own keys, which no client can touch and
+which count against no quota. The reconciler takes out of the sets the members of every batch
+older than ``cancelled_kept_s`` (``trim``), except those whose run may still meet a worker
+(``split_due``), which go into a new batch, looked at again after another ``cancelled_kept_s``:
+
+- a client's run whose message that client still holds (waiting in its queue, reserved in
+  kombu's unacked hash, a result in its outbox);
+- a server run still waiting at the admission gate (``brain.hot.gate``: a run waits there
+  until the gate's script reaches it, which drops it because it is in the cancelled set; once
+  out, it would spend a rate token and a slot before the store refused it).
+
+What no look can see is a message already in a process's memory: an agent holding a call for
+its user's approval, whose run the brain took back when the agent fell silent (its message
+deleted from kombu's unacked hash). ``cancelled_kept_s`` is therefore longer than the longest
+approval wait (``MAX_ASK_TIMEOUT_S``, a week); the default is eight days. A server run queued
+longer than that finds the store refusing its begin (``Store.begin_run``), unless the store
+fails at that moment and the pool begins it against Redis (``brain.runtime.recorder``).
+
+A batch costs Redis about half what its members cost in the set (50,000 run ids of a night
+batch: 5.7 MB in the set, 3.0 MB in batches; a sorted-set entry per member took 7.5 MB, and its
+``ZADD`` of 10,000 held Redis 5-10 ms, the batch's ``RPUSH`` under 1 ms). A run cancelled twice
+leaves with its first batch unless a look keeps it. Members written by an older brain are in
+no batch and are never taken out.
 """
 
 from __future__ import annotations
@@ -85,41 +95,51 @@ def write_batch(pipe: redis.client.Pipeline, client_id: str | None, members: lis
 
 @dataclass
 class Trimmed:
-    """What a trim did: members taken out, and members kept because their client still holds
-    their run (looked at again after another ``cancelled_kept_s``)."""
+    """What a trim did: members taken out, and members kept because their run may still meet
+    a worker (looked at again after another ``cancelled_kept_s``)."""
 
     removed: int = 0
     kept: int = 0
 
 
-def split_due(
-    client_id: str | None, members: list[str], held: Callable[[str], set[str] | None]
-) -> tuple[list[str], list[str]]:
-    """(to take out, to keep) of a set's members past their time. ``held(client)`` is the run
-    ids that client's keys still hold, or None when they cannot be read (then all are kept, to
-    be looked at again later)."""
-    if client_id is None:
-        return members, []
-    runs = held(client_id)
-    if runs is None:
+def split_due(members: list[str], held: set[str] | None) -> tuple[list[str], list[str]]:
+    """(to take out, to keep) of one set's members past their time: ``held`` is the runs of
+    theirs that may still meet a worker (``trim``), None when that cannot be known (then all
+    are kept, to be looked at again later)."""
+    if held is None:
         return [], members
-    drop = [m for m in members if run_of(m) not in runs]
-    keep = [m for m in members if run_of(m) in runs]
-    return drop, keep
+    return [m for m in members if run_of(m) not in held], [m for m in members if run_of(m) in held]
 
 
-def trim(r: redis.Redis, *, now: float, kept_s: float, held: Callable[[str], set[str] | None]) -> Trimmed:
+def redis_now(r: redis.Redis) -> float:
+    """Redis's clock, in seconds."""
+    seconds, micros = cast(tuple[int, int], r.time())
+    return seconds + micros / 1e6
+
+
+def trim(
+    r: redis.Redis,
+    *,
+    kept_s: float,
+    client_holds: Callable[[str], set[str] | None],
+    waiting: Callable[[list[str]], set[str]],
+) -> Trimmed:
     """Take out of the cancelled sets the members of the batches written more than ``kept_s``
-    before ``now`` whose run no client holds (``split_due``): oldest batch first, ``TRIM_CHUNK``
-    members per ``MULTI`` (the set's ``SREM``, the kept ones' new batch, the ``LTRIM`` of what
-    was done: a brain that dies half-way leaves the rest for the next trim), about
-    ``TRIM_BUDGET`` members per call. ``held`` is asked once per client per trim."""
+    ago, but those whose run may still meet a worker: ``client_holds(client)`` is the run ids a
+    client's keys hold (None: unreadable), asked once per client per trim; ``waiting(runs)``
+    the ones of ``runs`` still waiting at the gate. Oldest batch first, ``TRIM_CHUNK`` members
+    per ``MULTI`` (the set's ``SREM``, the kept ones' new batch, the ``LTRIM`` of what was done:
+    a brain that dies half-way leaves the rest for the next trim), about ``TRIM_BUDGET``
+    members per call."""
+    now = redis_now(r)
     cutoff = now - kept_s
     known: dict[str, set[str] | None] = {}
 
-    def held_once(client_id: str) -> set[str] | None:
+    def held(client_id: str | None, members: list[str]) -> set[str] | None:
+        if client_id is None:
+            return waiting([run_of(m) for m in members])
         if client_id not in known:
-            known[client_id] = held(client_id)
+            known[client_id] = client_holds(client_id)
         return known[client_id]
 
     done = Trimmed()
@@ -130,7 +150,8 @@ def trim(r: redis.Redis, *, now: float, kept_s: float, held: Callable[[str], set
         client_id, batch_id = parse_entry(due[0])
         batch = BATCH_PREFIX + batch_id
         while chunk := cast(list[bytes], r.lrange(batch, 0, TRIM_CHUNK - 1)):
-            drop, keep = split_due(client_id, [m.decode() for m in chunk], held_once)
+            members = [m.decode() for m in chunk]
+            drop, keep = split_due(members, held(client_id, members))
             pipe = r.pipeline(transaction=True)
             if drop:
                 # A client that replaced its own set with another type: the error is its own.

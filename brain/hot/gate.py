@@ -328,6 +328,14 @@ class Gate:
             if int(cursor) == 0:
                 return
 
+    def waiting(self, run_ids: Sequence[str]) -> set[str]:
+        """Those of ``run_ids`` still waiting at the gate (cancelled ones too, until the
+        script reaches them): one HMGET."""
+        if not run_ids:
+            return set()
+        found = self.r.hmget(key_gate_waiting(), list(run_ids))
+        return {run for run, entry in zip(run_ids, found, strict=True) if entry is not None}
+
     def forget(self, run_ids: Iterable[str]) -> None:
         """Drop the waiting entries of runs no longer waiting (re-sent as new runs)."""
         runs = [r for r in run_ids if r]

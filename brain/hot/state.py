@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, cast
@@ -17,7 +16,7 @@ from typing import Any, Final, cast
 import redis
 
 from brain.errors import BrainError
-from brain.hot.cancelled import cancelled_set, write_batch
+from brain.hot.cancelled import cancelled_set, redis_now, write_batch
 from workers.contracts import (
     CLIENT_OUTBOX,
     KOMBU_UNACKED,
@@ -148,7 +147,11 @@ class HotState:
         refused at ``begin_run``, and one still queued costs it nothing at all. Run ids go
         ``CANCEL_CHUNK`` per SADD (no multi-megabyte command); the queue is read once."""
         ids = [r for r in run_ids if r]
-        self._add_cancelled(client_id, ids)
+        stops = [r for r in stop if r]
+        if not ids and not stops:
+            return set()
+        now = redis_now(self.r)  # the batches' time (brain.hot.cancelled)
+        self._add_cancelled(client_id, ids, now)
         unqueued: set[str] = set()
         if client_id is not None and unqueue and ids:
             queue_key = client_key(client_id, client_queue(client_id))
@@ -158,18 +161,19 @@ class HotState:
                 pipe = self.r.pipeline(transaction=False)
                 _lrem_each(pipe, queue_key, queued)
                 unqueued = set(_won(queued, pipe.execute(raise_on_error=False)))
-        self._add_cancelled(client_id, [stop_member(r) for r in stop if r and r not in unqueued])
+        self._add_cancelled(client_id, [stop_member(r) for r in stops if r not in unqueued], now)
         return unqueued
 
-    def _add_cancelled(self, client_id: str | None, members: list[str]) -> None:
+    def _add_cancelled(self, client_id: str | None, members: list[str], now: float) -> None:
         """Add to a cancelled set, and as a batch of ``brain.hot.cancelled``, from which the
         reconciler takes them out again once no worker can meet their run."""
         key = cancelled_set(client_id)
         for start in range(0, len(members), CANCEL_CHUNK):
             chunk = members[start : start + CANCEL_CHUNK]
-            pipe = self.r.pipeline(transaction=False)
+            # One MULTI: a batch for every member added (a WRONGTYPE of the SADD still runs the rest).
+            pipe = self.r.pipeline(transaction=True)
             pipe.sadd(key, *chunk)
-            write_batch(pipe, client_id, chunk, time.time())
+            write_batch(pipe, client_id, chunk, now)
             added, *batch = pipe.execute(raise_on_error=False)
             if isinstance(added, redis.ResponseError):
                 if client_id is None:

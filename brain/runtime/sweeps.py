@@ -251,18 +251,20 @@ class Sweeps:
     def trim_cancelled(self) -> cancelled.Trimmed | None:
         """Take out of the cancelled sets what has been there ``cancelled_kept_s``
         (``brain.hot.cancelled``): at most every ``TRIM_EVERY_S``, by one brain of several;
-        None when it was not time or another brain's turn. The sets' index is written with the
-        wall clock, not the scheduler's."""
+        None when it was not time or another brain's turn. The batches' time is Redis's, not
+        the scheduler's clock."""
         if time.monotonic() - self._trimmed_at < cancelled.TRIM_EVERY_S:
             return None
         self._trimmed_at = time.monotonic()
         if not my_turn(self.hot.r, cancelled.TRIM_TURN_KEY, self._holder, cancelled.TRIM_EVERY_S):
             return None
         kept_s = self.settings.cancelled_kept_s
-        done = cancelled.trim(self.hot.r, now=time.time(), kept_s=kept_s, held=self._holds)
+        gate = Gate(self.hot.r)
+        done = cancelled.trim(self.hot.r, kept_s=kept_s, client_holds=self._holds, waiting=gate.waiting)
         if done.removed or done.kept:
             log.info(
-                "cancelled sets: took out %d runs cancelled more than %.0f s ago; kept %d a client still holds",
+                "cancelled sets: took out %d runs cancelled more than %.0f s ago; kept %d that a "
+                "client still holds or that wait at the gate",
                 done.removed,
                 kept_s,
                 done.kept,

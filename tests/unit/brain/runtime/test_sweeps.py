@@ -567,7 +567,7 @@ def test_cancelling_one_task_leaves_its_siblings_running(rig: Rig) -> None:
     assert rig.store.get_tree(rec.tree_id).status is TreeStatus.RUNNING
 
 
-@pytest.mark.parametrize(("kept_days", "left"), [(1, set()), (3, {"a", "stop:a", "b"})])
+@pytest.mark.parametrize(("kept_days", "left"), [(8, set()), (10, {"a", "stop:a", "b"})])
 def test_a_cancelled_trees_runs_leave_the_cancelled_set_once_kept_for_cancelled_kept_s(
     rigs: Callable[..., Rig], kept_days: int, left: set[str]
 ) -> None:
@@ -578,8 +578,8 @@ def test_a_cancelled_trees_runs_leave_the_cancelled_set_once_kept_for_cancelled_
     runs = {t: rig.task(rec.tree_id, t).run_id for t in ("a", "b")}
     assert rig.store.begin_run(rec.tree_id, "a", runs["a"], "server@h", rig.clock()) == 1
     rig.sweeps.cancel(rec.tree_id)
-    for entry in rig.r.zrange(INDEX_KEY, 0, -1):  # two days pass
-        rig.r.zincrby(INDEX_KEY, -2 * 86_400.0, entry)
+    for entry in rig.r.zrange(INDEX_KEY, 0, -1):  # nine days pass
+        rig.r.zincrby(INDEX_KEY, -9 * 86_400.0, entry)
 
     rig.sweeps.run_once()
 
