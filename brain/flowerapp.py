@@ -234,11 +234,16 @@ THROTTLED = "THROTTLED"
 # The states a running call shows from the custom events of its worker (``task-progress``) or
 # of the brain for its agent (``task-awaiting_approval``, ``task-approved``).
 RUNNING_STATES = ("PROGRESS", "AWAITING_APPROVAL", "APPROVED")
+# Event fields Flower's task list and page show beside Celery's own: what a call waited on at
+# the gate, and of a revoked call whether it was stopped while it ran (``terminated``) and
+# whether its time limit ended it (``expired``). Celery's state keeps every field of an event
+# but lists only those of ``Task._fields``.
+SHOWN_FIELDS = ("throttled_by", "terminated", "expired")
 
 
 def rank_states() -> None:
     """THROTTLED ranks as PENDING (a worker's received, started, succeeded replace it; it
-    replaces sent), and a task's fields include ``throttled_by``. The running call's custom
+    replaces sent), and a task's fields include ``SHOWN_FIELDS``. The running call's custom
     states rank between STARTED and REVOKED: Celery ranks any state it does not know above
     REVOKED, so a call stopped after it reported progress or was approved (its task cancelled,
     ``workers.call_stop``) showed PROGRESS or APPROVED for ever; a late ``task-started`` still
@@ -248,9 +253,10 @@ def rank_states() -> None:
     between = (lookup[celery_states.REVOKED] + lookup[celery_states.STARTED]) / 2
     for state in RUNNING_STATES:
         lookup[state] = between  # type: ignore[assignment]
-    if "throttled_by" not in CeleryTask._fields:
-        CeleryTask._fields = (*CeleryTask._fields, "throttled_by")
-        CeleryTask.throttled_by = None  # type: ignore[attr-defined]
+    for field in SHOWN_FIELDS:
+        if field not in CeleryTask._fields:
+            CeleryTask._fields = (*CeleryTask._fields, field)
+            setattr(CeleryTask, field, None)
 
 
 def from_the_brain(event: dict[str, Any], workers: Any) -> bool:

@@ -346,15 +346,29 @@ def masked(result: ToolResult) -> ToolResult:
 
 def _reporter(task: Task, sink: ProgressSink | None, flower: bool) -> ProgressSink:
     """``sink``, and on the server pool a ``task-progress`` event (a client agent sends no
-    events: its Redis user may publish nowhere; the brain relays its progress instead)."""
+    events: its Redis user may publish nowhere; the brain relays its progress instead).
+
+    The event names the task read here, on the task's thread: an MCP server's progress is
+    reported from the MCP client's event loop thread, where Celery's ``Task.request`` (a
+    thread-local stack) is empty, and ``Task.send_event`` sent it with no task id, so Flower
+    never showed a server call's progress."""
+    request = task.request
+    uuid, hostname = request.id, request.hostname
 
     def report(update: ToolProgress) -> None:
         if masking.active() and update.message:
             update = update.model_copy(update={"message": masking.mask(update.message)})
         if flower:
-            task.send_event(
-                "task-progress", progress=update.progress, total=update.total, message=update.message or ""
-            )
+            with task.app.events.default_dispatcher(hostname=hostname) as dispatcher:
+                dispatcher.send(
+                    "task-progress",
+                    uuid=uuid,
+                    retry=True,
+                    retry_policy=task.app.conf.task_publish_retry_policy,
+                    progress=update.progress,
+                    total=update.total,
+                    message=update.message or "",
+                )
         if sink is not None:
             sink(update)
 

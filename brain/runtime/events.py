@@ -307,16 +307,19 @@ class ClientEvents:
             parent_id=None,
         )
 
-    def task_done(self, result: ToolResult, *, unless_ended: bool = False) -> None:
+    def task_done(self, result: ToolResult, *, unless_ended: bool = False, task_ended: bool = False) -> None:
         """A client's call ended as its agent says; ``unless_ended``: not if this brain already
-        sent its run an end (a result refused, of a run it said was revoked or lost)."""
+        sent its run an end (a result refused, of a run it said was revoked or lost).
+        ``task_ended``: the brain had ended its task (cancelled, expired) while it ran, so an
+        agent's ``Cancelled`` is that end, shown REVOKED; any other result is shown as the agent
+        says (a ``Cancelled`` the store recorded as the task's failure is a FAILURE)."""
         if result.client_id is None:
             return
         runtime = max(result.finished_at - result.started_at, 0.0)
         if result.ok:
             summary = repr({"ok": True, "tool": result.tool, "task": result.task_id})
             end = ("task-succeeded", {"runtime": runtime, "result": summary})
-        elif result.error is not None and result.error.type == Cancelled.__name__:
+        elif task_ended and result.error is not None and result.error.type == Cancelled.__name__:
             # Its agent gave it up, its task cancelled or expired (``workers.call_stop``, or held
             # for approval): REVOKED, as a server pool shows a call it stopped; not a FAILURE.
             end = (TASK_REVOKED_EVENT, dict(TERMINATED_FIELDS))

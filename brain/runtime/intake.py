@@ -194,7 +194,9 @@ class Intake:
             if rec is not None and ran_after_its_end(rec, result) and self.scheduler.events is not None:
                 # A pool worker tells Flower how such a run ended itself; for an agent the brain does.
                 events = self.scheduler.events
-                self.scheduler.after_write(lambda: events.task_done(result, unless_ended=True))
+                self.scheduler.after_write(
+                    lambda: events.task_done(result, unless_ended=True, task_ended=True)
+                )
             return None
         if not ok:
             self._pause_after_write(result, from_client, error)

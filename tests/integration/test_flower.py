@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,7 @@ from brain.stack.redis_server import RedisServer, free_port
 from tests.conftest import (
     CHROMIUM_FLAGS,
     EXAMPLES,
+    FIXTURES,
     agent_with_servers,
     make_settings,
     tree,
@@ -288,8 +290,8 @@ class FlowerStack:
 
 @pytest.fixture(scope="module")
 def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerStack]:
-    """The whole stack (the default pool and pool "night") with client agent "laptop" connected,
-    Flower on 0.0.0.0 with its generated
+    """The whole stack (the default pool and pool "night", MCP server "rich" on the server) with
+    client agent "laptop" connected, Flower on 0.0.0.0 with its generated
     password, and a finished tree whose server and client tasks got ``PLANTED`` as arguments
     (one of them from an upstream result, resolved on the way to the client). Tool ``sleep``
     has ``rate_limit: "1/s"`` (the example registry's tools besides)."""
@@ -302,7 +304,11 @@ def flower_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerSta
         tmp_path,
         registry=tmp_path / "registry.yaml",
         agent_config=agent,
-        mcp_config=write_mcp_config(tmp_path / "m.json", {}),
+        # burst: an MCP tool that reports progress (tests/fixtures/mcp_rich_server.py)
+        mcp_config=write_mcp_config(
+            tmp_path / "m.json",
+            {"rich": {"command": sys.executable, "args": [str(FIXTURES / "mcp_rich_server.py")]}},
+        ),
         pools=[{"name": "night", "concurrency": 1}],  # a named pool beside the default one
     )
     stack = EmbeddedStack(settings)
@@ -668,35 +674,45 @@ def test_flower_shows_a_server_call_running_when_its_tree_was_cancelled_as_its_w
     flower_stack: FlowerStack,
 ) -> None:
     """Issue 26: a call already running when its tree is cancelled is stopped by its pool worker
-    (``workers.call_stop``), and Flower shows it REVOKED (terminated), as Celery shows a task it
-    terminated; its result is refused (the task stays skipped). Before the stop, the call ran to
-    its end and showed SUCCESS; then FAILURE ``Cancelled``, which paged whoever alerts on
-    failures for a user's cancel."""
+    (``workers.call_stop``), and Flower shows it REVOKED, ``terminated``, as Celery shows a task
+    it terminated; its result is refused (the task stays skipped). Before the stop, the call ran
+    to its end and showed SUCCESS; then FAILURE ``Cancelled``, which paged whoever alerts on
+    failures for a user's cancel. The call is an MCP tool that reports progress first: Flower
+    shows PROGRESS (never, before: the event left the MCP loop's thread with no task id), and
+    REVOKED replaces it (Celery ranks a state it does not know above REVOKED)."""
     fs = flower_stack
+    burst = {"steps": [10, 20, 30], "total": 100, "then_s": 300}
     rec = fs.brain.scheduler.submit(
         tree(
             {
                 "id": "flower-cancel-running",
-                "tasks": [{"id": "naps", "tool": "sleep", "args": {"seconds": 300}, "timeout_s": 600}],
+                "tasks": [{"id": "b", "tool": "burst", "args": burst, "timeout_s": 600}],
             }
         ),
         session=SessionKind.AUTONOMOUS,
     )
     running = wait_until(
-        lambda: (t := fs.brain.store.get_task(rec.tree_id, "naps")) and t.state.value == "running" and t,
+        lambda: (t := fs.brain.store.get_task(rec.tree_id, "b")) and t.state.value == "running" and t,
         60,
         "the call to start on its pool",
     )
-    assert fs.brain.sweeps.cancel(rec.tree_id) == ["naps"]
 
-    def ended() -> dict[str, Any] | None:
-        seen = json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(running.run_id, {})
-        return dict(seen) if seen.get("state") in ("SUCCESS", "FAILURE", "REVOKED") else None
+    def shown() -> dict[str, Any]:
+        return dict(json.loads(fetch(f"{fs.url}/api/tasks", fs.auth)[1]).get(running.run_id, {}))
 
-    shown = wait_until(ended, timeout=120, what="Flower to show the cancelled running call ended")
-    assert shown["state"] == "REVOKED", shown
-    assert shown["worker"].startswith("server@")
-    assert fs.brain.store.get_task(rec.tree_id, "naps").state.value == "skipped"  # its result refused
+    wait_until(
+        lambda: shown().get("state") == "PROGRESS", timeout=120, what="Flower to show the call's progress"
+    )
+    assert fs.brain.sweeps.cancel(rec.tree_id) == ["b"]
+
+    ended = wait_until(
+        lambda: (seen := shown()).get("state") in ("SUCCESS", "FAILURE", "REVOKED") and seen,
+        timeout=120,
+        what="Flower to show the cancelled running call ended",
+    )
+    assert (ended["state"], ended["terminated"]) == ("REVOKED", True), ended
+    assert ended["worker"].startswith("server@")
+    assert fs.brain.store.get_task(rec.tree_id, "b").state.value == "skipped"  # its result refused
 
 
 @pytest.mark.parametrize("held", ["running", "stopped", "awaiting approval"])
@@ -743,4 +759,5 @@ def test_flower_shows_a_client_call_running_when_its_tree_was_cancelled_as_its_a
             lambda: shown_as(port, task.run_id, state), timeout=120, what=f"Flower to show the call {state}"
         )
         assert shown["worker"] == "client-agent@laptop"
+        assert shown["terminated"] is (None if held == "running" else True)
         assert brain.store.get_task(task.tree_id, "read").state is TaskState.SKIPPED  # its result refused

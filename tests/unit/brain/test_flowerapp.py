@@ -210,6 +210,19 @@ def test_a_running_calls_own_state_gives_way_to_how_it_ended(running: str, then:
     assert state.tasks["run-1"].state == shown
 
 
+@pytest.mark.parametrize(("terminated", "expired"), [(True, False), (False, True), (False, False)])
+def test_a_revoked_call_shows_whether_it_was_stopped_while_it_ran_and_whether_it_expired(
+    terminated: bool, expired: bool
+) -> None:
+    state = State()
+    state.event(_task_event("sent", "gen1@brain", 1))
+    state.event(
+        _task_event("revoked", "default@pool", 2, terminated=terminated, signum=None, expired=expired)
+    )
+    shown = state.tasks["run-1"].as_dict()
+    assert (shown["state"], shown["terminated"], shown["expired"]) == ("REVOKED", terminated, expired)
+
+
 def test_a_late_throttled_event_does_not_take_a_running_call_back() -> None:
     state = State()
     state.event(_task_event("sent", "gen1@brain", 1))

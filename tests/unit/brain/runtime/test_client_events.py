@@ -266,18 +266,24 @@ def test_close_cancels_a_retry_not_yet_said_again() -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "end"),
+    ("error", "task_ended", "end"),
     [
-        (None, "task-succeeded"),
-        # The agent gave the call up, its task cancelled or expired (workers.call_stop), or held
-        # for approval: REVOKED as Celery shows a task it terminated, as the server pool shows one
-        # it stopped. Before, FAILURE: an operator alerting on failures was paged for a cancel.
-        ("Cancelled", "task-revoked"),
-        ("ToolError", "task-failed"),
-        ("ToolTimeout", "task-failed"),
+        (None, False, "task-succeeded"),
+        (None, True, "task-succeeded"),  # the tool ran, though its task had ended
+        # The agent gave the call up as the brain had ended its task (cancelled, expired) while
+        # it ran or waited for approval: REVOKED as Celery shows a task it terminated, as the
+        # server pool shows one it stopped. Before, FAILURE: an alert on failures paged for a cancel.
+        ("Cancelled", True, "task-revoked"),
+        # A Cancelled the store recorded as the task's failure (nobody ended the task: an agent
+        # that stopped, or one that says so of a failure): FAILURE, never hidden as a cancel.
+        ("Cancelled", False, "task-failed"),
+        ("ToolError", True, "task-failed"),
+        ("ToolTimeout", False, "task-failed"),
     ],
 )
-def test_a_clients_call_ends_in_flower_as_its_agent_says_it_ended(error: str | None, end: str) -> None:
+def test_a_clients_call_ends_in_flower_as_its_agent_says_it_ended(
+    error: str | None, task_ended: bool, end: str
+) -> None:
     from workers.contracts import ErrorInfo
 
     channel = Channel()
@@ -286,7 +292,7 @@ def test_a_clients_call_ends_in_flower_as_its_agent_says_it_ended(error: str | N
     if error is not None:
         failure = {"ok": False, "value": None, "error": ErrorInfo(type=error, message="it ended so")}
         done = done.model_copy(update=failure)
-    events.task_done(done)
+    events.task_done(done, task_ended=task_ended)
     events.close()
     assert [e for e, _ in channel.sent] == ["task-started", end]
     if end == "task-revoked":
