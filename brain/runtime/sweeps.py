@@ -110,6 +110,7 @@ class Sweeps:
         self.clock = clock
         self._quota_checked = -QUOTA_EVERY_S
         self._trimmed_at = -cancelled.TRIM_EVERY_S
+        self._backfilled = False
         self._usage = UsageMeter()
         self._holder = holder_name()  # who measures, for a person reading Redis
         self._second_look = SecondLook(settings.reconcile_grace_s)
@@ -125,6 +126,7 @@ class Sweeps:
         resent = self._guarded("re-sending lost tasks", self.resend_lost) or []
         for what, step in (
             ("measuring what clients keep in Redis", self.check_quotas),
+            ("giving tasks an older version queued their deadline", self.backfill_deadlines),
             ("expiring parked tasks", self.expire_parked),
             ("expiring overdue tasks", self.expire_overdue),
             ("re-listing parked tasks", self.relist_parked),
@@ -398,6 +400,19 @@ class Sweeps:
             return False
         self._guarded(f"advancing tree {rec.tree_id}", self.scheduler.advance, rec.tree_id)
         return True
+
+    def backfill_deadlines(self) -> int:
+        """Once per brain process, at its first sweep: the deadlines of tasks an older version
+        queued without one (``Store.backfill_deadlines``), so that ``expire_overdue`` sees them."""
+        if self._backfilled:
+            return 0
+        given = self.store.backfill_deadlines()
+        self._backfilled = True
+        if given:
+            log.info(
+                "gave %d unfinished tasks an older version queued the deadline of their max_total_s", given
+            )
+        return given
 
     def expire_overdue(self) -> list[str]:
         """Tasks past their ``max_total_s`` end ``expired`` wherever they are; a run in flight

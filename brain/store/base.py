@@ -144,6 +144,15 @@ class Store(Protocol):
         through an index of the tasks that have one, however many other tasks are unfinished."""
         ...
 
+    def backfill_deadlines(self) -> int:
+        """Give each unfinished task a version before the deadline index queued (a
+        ``first_queued_at`` and a ``max_total_s`` in its spec, but no ``expires_at``) the deadline
+        ``tasks_expired`` reads, as a dispatch writes it now; an older version's task is
+        otherwise never expired until its next send. Each brain runs it once as it starts: it
+        reads the unfinished tasks and the specs of their trees, and writes only what is missing.
+        Returns how many tasks got one."""
+        ...
+
     def begin_run(
         self, tree_id: str, task_id: str, run_id: str, worker: str, started_at: float
     ) -> int | None:
@@ -318,6 +327,28 @@ def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
     if status is TreeStatus.RUNNING:
         raise StoreError(f"finish_tree({tree_id!r}) needs a final status (done or failed), not running")
     return status
+
+
+def max_total(spec: Any) -> float | None:
+    """A stored task spec's ``max_total_s`` (JSON as it is: ``backfill_deadlines`` validates no
+    spec), None when it has none."""
+    limit = spec.get("max_total_s") if isinstance(spec, dict) else None
+    if isinstance(limit, int | float) and not isinstance(limit, bool) and limit > 0:
+        return float(limit)
+    return None
+
+
+def max_totals(tree_doc: dict[str, Any]) -> dict[str, float]:
+    """Task id -> ``max_total_s`` of the tasks of a stored tree (``TreeRecord`` as JSON) that
+    have one."""
+    tree = tree_doc.get("tree")
+    tasks = tree.get("tasks") if isinstance(tree, dict) else None
+    found: dict[str, float] = {}
+    for spec in tasks if isinstance(tasks, list) else []:
+        limit = max_total(spec)
+        if limit is not None and isinstance(spec.get("id"), str):
+            found[spec["id"]] = limit
+    return found
 
 
 def state_values(states: Collection[TaskState]) -> list[str]:

@@ -43,6 +43,8 @@ from brain.store.base import (
     check_new_tree,
     duplicate_tree_error,
     ends,
+    max_total,
+    max_totals,
     state_values,
     task_changes,
 )
@@ -328,6 +330,31 @@ class MongoStore:
             )
             docs = list(cursor.limit(limit))
         return [_task(d) for d in docs]
+
+    def backfill_deadlines(self) -> int:
+        # Queued by an older version: left pending once, yet no deadline.
+        missing = {
+            "state": {"$in": state_values(NOT_FINAL)},
+            "first_queued_at": {"$ne": None},
+            "expires_at": {"$exists": False},
+        }
+        fields = {"_id": 1, "tree_id": 1, "task_id": 1, "first_queued_at": 1, "spec": 1}
+        limits_of: dict[str, dict[str, float]] = {}  # per tree, read once
+        done = 0
+        with self._errors("backfill_deadlines"):
+            for doc in list(self._tasks.find(missing, fields)):
+                # An item of a for_each task carries its own spec (JSON text, _TASK_OPAQUE).
+                limit = max_total(json.loads(doc["spec"])) if isinstance(doc.get("spec"), str) else None
+                if limit is None:
+                    tree_id = doc["tree_id"]
+                    if tree_id not in limits_of:
+                        tree = self._trees.find_one({"tree_id": tree_id}, {"_id": 0, "tree": 1})
+                        limits_of[tree_id] = max_totals({"tree": json.loads(tree["tree"])}) if tree else {}
+                    limit = limits_of[tree_id].get(doc["task_id"])
+                if limit is not None:
+                    deadline = {"$set": {"expires_at": doc["first_queued_at"] + limit}}
+                    done += self._tasks.update_one({"_id": doc["_id"], **missing}, deadline).modified_count
+        return done
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
         if limit <= 0:  # MongoDB reads limit 0 as "no limit"

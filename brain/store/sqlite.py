@@ -42,6 +42,7 @@ from brain.store.base import (
     check_new_tree,
     duplicate_tree_error,
     ends,
+    max_totals,
     state_values,
     task_changes_json,
 )
@@ -495,6 +496,40 @@ class SQLiteStore:
         with self._errors("tasks_in_states"):
             rows = self._conn().execute(sql, params).fetchall()
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
+
+    def backfill_deadlines(self) -> int:
+        unfinished = state_values(NOT_FINAL)
+        # Queued by an older version: left pending once, yet no deadline. The state index keeps
+        # this a read of the unfinished tasks, not of the whole table.
+        missing = (
+            f"expires_at IS NULL AND state IN ({_marks(unfinished)}) "
+            "AND json_extract(doc, '$.first_queued_at') IS NOT NULL"
+        )
+        first = "json_extract(doc, '$.first_queued_at')"
+        with self._errors("backfill_deadlines"):
+            with self._tx() as c:  # an item of a for_each task carries its own spec
+                done = c.execute(
+                    f"UPDATE tasks SET expires_at = {first} + json_extract(doc, '$.spec.max_total_s') "
+                    f"WHERE {missing} AND json_extract(doc, '$.spec.max_total_s') > 0",
+                    unfinished,
+                ).rowcount
+            trees = [
+                r[0]
+                for r in self._conn().execute(
+                    f"SELECT DISTINCT tree_id FROM tasks WHERE {missing}", unfinished
+                )
+            ]
+            for tree_id in trees:
+                row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()
+                limits = max_totals(json.loads(row[0])) if row else {}
+                if not limits:
+                    continue  # most trees: no task of theirs has a max_total_s
+                with self._tx() as c:  # one short write per tree: the pools write meanwhile
+                    done += c.executemany(
+                        f"UPDATE tasks SET expires_at = {first} + ? WHERE tree_id = ? AND task_id = ? AND {missing}",
+                        [(limit, tree_id, task_id, *unfinished) for task_id, limit in limits.items()],
+                    ).rowcount
+        return done
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
         if limit <= 0:

@@ -355,6 +355,25 @@ def test_a_task_past_max_total_behind_a_backlog_of_other_trees_expires_all_the_s
     assert rig.task(batch.tree_id, "b0").state is TaskState.QUEUED_SERVER
 
 
+def test_a_task_an_older_version_queued_without_a_deadline_expires_after_the_brains_first_sweep(
+    rig: Rig,
+) -> None:
+    """A version before the deadline index wrote no ``expires_at``: upgraded while such a task
+    waited, the brain never expired it (until its next send). Its first sweep writes the
+    deadline its ``max_total_s`` gives (``Store.backfill_deadlines``), once."""
+    rec = rig.scheduler.submit(tree(echo("ask", max_total_s=30)))
+    queued = rig.task(rec.tree_id, "ask")
+    # The task as the older version left it: queued, first_queued_at, no deadline.
+    rig.store.transition(rec.tree_id, "ask", from_states={queued.state}, state=queued.state, expires_at=None)
+    rig.clock.advance(31)
+    assert rig.sweeps.expire_overdue() == []
+
+    rig.sweeps.run_once()
+
+    assert rig.task(rec.tree_id, "ask").state is TaskState.EXPIRED
+    assert rig.sweeps.backfill_deadlines() == 0  # once per brain process
+
+
 def test_a_parked_task_no_list_names_is_listed_again_once(rig: Rig) -> None:
     listed = rig.scheduler.submit(tree(local_read("kept")), user="ada")
     lost = rig.scheduler.submit(tree(local_read("lost")), user="bob")

@@ -18,7 +18,16 @@ import mongomock
 import pymongo
 import pytest
 
-from brain.core.models import Enrollment, SessionKind, TaskRecord, TaskState, TaskTree, TreeRecord, TreeStatus
+from brain.core.models import (
+    Enrollment,
+    SessionKind,
+    TaskRecord,
+    TaskSpec,
+    TaskState,
+    TaskTree,
+    TreeRecord,
+    TreeStatus,
+)
 from brain.errors import StoreError
 from brain.store import ANY, MongoStore, SQLiteStore, Store, open_store
 from workers.contracts import ErrorInfo
@@ -845,3 +854,50 @@ def test_tasks_expired_finds_the_unfinished_tasks_past_their_deadline_and_only_t
     # None takes a deadline away.
     store.transition("t1", "t0", from_states={S.QUEUED_SERVER}, state=S.QUEUED_SERVER, expires_at=None)
     assert [t.task_id for t in store.tasks_expired(100.0)] == ["t1"]
+
+
+def test_backfill_gives_a_deadline_to_the_unfinished_tasks_an_older_version_queued_without_one(
+    store: Store,
+) -> None:
+    # Before the deadline index, a dispatch wrote first_queued_at and no expires_at: such a task
+    # was never expired until its next send. What each brain fills in as it starts.
+    limited = {"tool": "echo", "args": {}, "max_total_s": 10}
+    tree = TaskTree.model_validate(
+        {
+            "id": "old",
+            "tasks": [
+                {"id": "queued", **limited},
+                {"id": "running", **limited},
+                {"id": "free", "tool": "echo", "args": {}},
+                {"id": "finished", **limited},
+                {"id": "pending", **limited},
+                {"id": "has", **limited},
+                {"id": "each", "tool": "echo", "args": {}},
+            ],
+        }
+    )
+    record = TreeRecord(tree_id="old", tree=tree, session=SessionKind.AUTONOMOUS, submitted_at=1.0)
+    ids = [t.id for t in tree.tasks]
+    store.put_tree(record, [TaskRecord(tree_id="old", task_id=i, tool="echo", updated_at=1.0) for i in ids])
+    # An item of a for_each task carries its own spec.
+    item = TaskSpec.model_validate({"id": "each[0]", "tool": "echo", "args": {}, "max_total_s": 5})
+    store.add_tasks(
+        "old", [TaskRecord(tree_id="old", task_id="each[0]", tool="echo", updated_at=1.0, spec=item)]
+    )
+    for task_id in ("queued", "running", "free", "finished", "has", "each[0]"):
+        store.transition(
+            "old", task_id, from_states={S.PENDING}, state=S.QUEUED_SERVER, first_queued_at=100.0
+        )
+    store.transition("old", "running", from_states={S.QUEUED_SERVER}, state=S.RUNNING)
+    store.transition("old", "finished", from_states={S.QUEUED_SERVER}, state=S.DONE)
+    store.transition("old", "has", from_states={S.QUEUED_SERVER}, state=S.QUEUED_SERVER, expires_at=999.0)
+    assert store.tasks_expired(500.0) == []
+
+    # first_queued_at + max_total_s, of its tree's spec or its own: not a finished task, not one
+    # never queued, not one without a max_total_s, not one that has a deadline already.
+    assert store.backfill_deadlines() == 3
+    assert [t.task_id for t in store.tasks_expired(105.0)] == ["each[0]"]
+    assert {t.task_id for t in store.tasks_expired(110.0)} == {"each[0]", "queued", "running"}
+    assert {t.task_id for t in store.tasks_expired(998.0)} == {"each[0]", "queued", "running"}
+    assert [t.task_id for t in store.tasks_expired(1000.0)][-1] == "has"  # its own, kept
+    assert store.backfill_deadlines() == 0  # nothing missing any more
