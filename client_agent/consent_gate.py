@@ -128,7 +128,12 @@ class ConsentGate:
                 )
             if self._covered(key):  # another call of this tree and tool was approved meanwhile
                 return None
-            if time.monotonic() >= deadline:
+            # The wall clock too: the monotonic one stops while the workstation sleeps, and a
+            # call held over a week of closed lid would still take an approval on waking, after
+            # the brain took it back and ran it again (its cancelled member kept a week and a day).
+            if time.monotonic() >= deadline or (
+                request.expires_at is not None and time.time() >= request.expires_at
+            ):
                 return ErrorInfo(
                     type="ApprovalTimeout",
                     message=f"{what}: no approval within {self.timeout_s:g}s on client agent "

@@ -115,6 +115,22 @@ def test_an_unanswered_call_is_denied_after_ask_timeout(tmp_path: Path) -> None:
     assert g.state.pending() == []
 
 
+def test_a_call_held_while_the_workstation_slept_past_ask_timeout_is_denied_on_waking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The monotonic clock stops during suspend: only the wall clock says the week went by. The
+    # brain took the call back meanwhile; an approval now would run it beside its new run.
+    g = Gate(tmp_path, ask_timeout_s=600)
+    g.start(call())
+    assert len(g.pending()) == 1
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 9 * 86_400)  # nine days asleep
+    g.join()
+    error = g.outcomes["w"]
+    assert error is not None and error.type == "ApprovalTimeout", error
+    g.stop.set()
+
+
 def test_tree_scope_one_approval_covers_the_trees_later_calls_of_that_tool_only(tmp_path: Path) -> None:
     g = Gate(tmp_path, ask_scope="tree", ask_timeout_s=0.3)
     g.start(call("first"))
