@@ -33,7 +33,7 @@ from brain.core.retry import RetryPolicy
 from brain.core.schedules import Schedule, parse_schedules
 from brain.core.treefile import MAX_TREE_BYTES
 from brain.errors import ConfigError
-from workers.contracts import MAX_ASK_TIMEOUT_S, MAX_CALL_TIMEOUT_S
+from workers.contracts import MAX_CALL_TIMEOUT_S
 from workers.lease import VISIBILITY_TIMEOUT_S
 from workers.rates import Concurrency, Limits, RateLimitText
 from workers.redis_connect import DEFAULT_SENTINEL_MASTER, set_default_master
@@ -200,10 +200,10 @@ class Settings(BaseSettings):
     reconcile_interval_s: float = Field(default=5.0, gt=0)
     # A queued task must be this old before the reconciler may call it lost.
     reconcile_grace_s: float = Field(default=10.0, ge=0)
-    # How long a cancelled, expired, lost or taken-back run stays in the cancelled set workers
-    # check (brain.hot.cancelled): longer than an agent may hold a call for approval; a run
-    # still waiting at the gate, or whose message its client still holds, stays longer.
-    cancelled_kept_s: float = Field(default=MAX_ASK_TIMEOUT_S + 86_400.0, ge=MAX_ASK_TIMEOUT_S + 3600.0)
+    # How long a cancelled or expired run stays in the cancelled set workers check
+    # (brain.hot.cancelled); a run still waiting at the gate, or whose message its client still
+    # holds, stays longer, and one taken back or lost a week and a day.
+    cancelled_kept_s: float = Field(default=86_400.0, ge=60)
     # Internal targets http_get may reach anyway: host names and addresses/CIDRs
     # (env: comma-separated). Loopback, private, link-local and metadata are refused otherwise.
     http_allow: tuple[str, ...] = ()

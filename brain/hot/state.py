@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, cast
 
 import redis
 
 from brain.errors import BrainError
-from brain.hot.cancelled import cancelled_set, redis_now, write_batch
+from brain.hot.cancelled import TAKEN_BACK_KEPT_S, cancelled_set, redis_now, write_batch
 from workers.contracts import (
     CLIENT_OUTBOX,
     KOMBU_UNACKED,
@@ -135,13 +135,15 @@ class HotState:
         *,
         unqueue: bool = True,
         stop: Iterable[str] = (),
+        kept_s: float = TAKEN_BACK_KEPT_S,
     ) -> set[str]:
         """Tell workers (offline ones too, when they come back) never to start these runs; a
         client's runs still waiting in its queue are then taken out of it (``unqueue``), so a
         workstation that comes back or frees up never pops them. Those of ``stop`` (a cancel's
         or an expiry's) that may be running are also stopped where they run (``stop_member``):
         for a client, those not taken out of its queue (its agent popped them; the store may
-        not know yet that they started). Returns the run ids taken out.
+        not know yet that they started). Returns the run ids taken out. ``kept_s``: how long
+        the set keeps them (``brain.hot.cancelled``; by default a take-back's, the longest).
 
         The cancelled set is written first: a message the agent pops between the two is
         refused at ``begin_run``, and one still queued costs it nothing at all. Run ids go
@@ -150,8 +152,9 @@ class HotState:
         stops = [r for r in stop if r]
         if not ids and not stops:
             return set()
-        now = redis_now(self.r)  # the batches' time (brain.hot.cancelled)
-        self._add_cancelled(client_id, ids, now)
+        now = redis_now(self.r)  # the batch's time (brain.hot.cancelled)
+        # One batch for all (a stop member left out below is then taken out of nothing).
+        self._add_cancelled(client_id, ids, [*ids, *map(stop_member, stops)], now, kept_s)
         unqueued: set[str] = set()
         if client_id is not None and unqueue and ids:
             queue_key = client_key(client_id, client_queue(client_id))
@@ -161,29 +164,39 @@ class HotState:
                 pipe = self.r.pipeline(transaction=False)
                 _lrem_each(pipe, queue_key, queued)
                 unqueued = set(_won(queued, pipe.execute(raise_on_error=False)))
-        self._add_cancelled(client_id, [stop_member(r) for r in stops if r not in unqueued], now)
+        self._add_cancelled(client_id, [stop_member(r) for r in stops if r not in unqueued])
         return unqueued
 
-    def _add_cancelled(self, client_id: str | None, members: list[str], now: float) -> None:
-        """Add to a cancelled set, and as a batch of ``brain.hot.cancelled``, from which the
-        reconciler takes them out again once no worker can meet their run."""
+    def _add_cancelled(
+        self,
+        client_id: str | None,
+        members: list[str],
+        batch: Sequence[str] = (),
+        now: float = 0.0,
+        kept_s: float = 0.0,
+    ) -> None:
+        """Add ``members`` to a cancelled set, and ``batch`` to ``brain.hot.cancelled``'s
+        batches in the same ``MULTI`` (a WRONGTYPE of the SADD still runs the rest), from
+        which the reconciler takes them out again once no worker can meet their run."""
         key = cancelled_set(client_id)
-        for start in range(0, len(members), CANCEL_CHUNK):
-            chunk = members[start : start + CANCEL_CHUNK]
-            # One MULTI: a batch for every member added (a WRONGTYPE of the SADD still runs the rest).
-            pipe = self.r.pipeline(transaction=True)
-            pipe.sadd(key, *chunk)
-            write_batch(pipe, client_id, chunk, now)
-            added, *batch = pipe.execute(raise_on_error=False)
+        pipe = self.r.pipeline(transaction=True)
+        sadds = range(0, len(members), CANCEL_CHUNK)
+        for start in sadds:
+            pipe.sadd(key, *members[start : start + CANCEL_CHUNK])
+        write_batch(pipe, client_id, list(batch), now, kept_s)
+        if not pipe.command_stack:
+            return
+        replies = pipe.execute(raise_on_error=False)
+        for added in replies[: len(sadds)]:
             if isinstance(added, redis.ResponseError):
                 if client_id is None:
                     raise added
                 # The client replaced its own cancelled set: only its own workstation may now
                 # run a cancelled call, whose result is refused (the task has moved on).
                 raise ClientKeyUnreadable(client_id, "cancelled set", key, added) from added
-            for reply in batch:
-                if isinstance(reply, Exception):
-                    raise reply
+        for reply in replies[len(sadds) :]:
+            if isinstance(reply, Exception):
+                raise reply
 
     # what kombu holds (reconciler) --------------------------------------------------------
     def _list_chunks(self, key: str) -> Iterator[list[bytes]]:
@@ -201,14 +214,21 @@ class HotState:
         for tag, raw in self.r.hscan_iter(key, count=READ_CHUNK):
             yield as_bytes(tag), as_bytes(raw)
 
-    def message_ids_held(self, queues: Iterable[str], client_id: str | None = None) -> set[str]:
+    def message_ids_held(
+        self, queues: Iterable[str], client_id: str | None = None, *, both_ways: bool = False
+    ) -> set[str]:
         """Run ids of messages waiting in ``queues``, reserved by a worker (kombu's unacked
         hash), or — for a client — results waiting in its outbox. Names are unprefixed;
         with ``client_id`` they are read under that client's prefix. Each is read a chunk
         at a time, queues first, then the hash (a message kombu moves meanwhile from a queue
-        to the hash is still seen)."""
+        to the hash is still seen); ``both_ways``: the hash also before the queues, so that
+        one kombu restores meanwhile from the hash to a queue is seen too."""
         prefix = client_key(client_id, "") if client_id else ""
         ids: set[str] = set()
+        if both_ways:
+            with _client_keys(client_id, "unacked hash", prefix + KOMBU_UNACKED):
+                for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
+                    ids.update(_unacked_task_id(raw))
         for q in queues:
             with _client_keys(client_id, "queue", prefix + q):
                 for items in self._list_chunks(prefix + q):

@@ -1074,7 +1074,9 @@ class Scheduler:
             try:
                 # The runs a worker may have begun are stopped where they run, too.
                 begun = [run for run in run_ids if may_be_running(client_id, ended_unrun=run in not_begun)]
-                unqueued = self.hot.cancel_runs(run_ids, client_id, stop=begun)
+                unqueued = self.hot.cancel_runs(
+                    run_ids, client_id, stop=begun, kept_s=self.settings.cancelled_kept_s
+                )
             except ClientKeyUnreadable as exc:
                 if on_unreadable is None:
                     raise

@@ -251,10 +251,10 @@ class Sweeps:
 
     # --- the cancelled sets ------------------------------------------------------------------
     def trim_cancelled(self) -> cancelled.Trimmed | None:
-        """Take out of the cancelled sets what has been there ``cancelled_kept_s``
-        (``brain.hot.cancelled``): at most every ``TRIM_EVERY_S``, by one brain of several;
-        None when it was not time or another brain's turn. The batches' time is Redis's, not
-        the scheduler's clock."""
+        """Take out of the cancelled sets what has been there its time (``cancelled_kept_s``,
+        a take-back's longer: ``brain.hot.cancelled``): at most every ``TRIM_EVERY_S``, by one
+        brain of several; None when it was not time or another brain's turn. The batches' time
+        is Redis's, not the scheduler's clock."""
         if time.monotonic() - self._trimmed_at < cancelled.TRIM_EVERY_S:
             return None
         self._trimmed_at = time.monotonic()
@@ -262,14 +262,14 @@ class Sweeps:
             return None
         kept_s = self.settings.cancelled_kept_s
         gate = Gate(self.hot.r)
-        done = cancelled.trim(self.hot.r, kept_s=kept_s, client_holds=self._holds, waiting=gate.waiting)
+        done = cancelled.trim(self.hot.r, again_s=kept_s, client_holds=self._holds, waiting=gate.waiting)
         if done.removed or done.kept:
             log.info(
-                "cancelled sets: took out %d runs cancelled more than %.0f s ago; kept %d that a "
-                "client still holds or that wait at the gate",
+                "cancelled sets: took out %d runs past their time; kept %d that a client still holds "
+                "or that wait at the gate, for another %.0f s",
                 done.removed,
-                kept_s,
                 done.kept,
+                kept_s,
             )
         return done
 
@@ -277,7 +277,7 @@ class Sweeps:
         """Run ids a client's keys hold; None when they cannot be read (the lost-call sweep
         suspends such a client: here its runs are only kept, for a later look)."""
         try:
-            return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id)
+            return self.hot.message_ids_held([client_queue(client_id)], client_id=client_id, both_ways=True)
         except ClientKeyUnreadable:
             return None
 
@@ -514,8 +514,11 @@ class Sweeps:
         # An expired run is stopped where it runs too; a lost one is left to end (it may be
         # running on a live agent, and its new run is answered from its result).
         begun = expired and may_be_running(rec.client_id, ended_unrun=rec.state in REVOKED_IF_ENDED)
+        # A lost run is kept in the set as long as one taken back (brain.hot.cancelled).
+        kept_s = self.settings.cancelled_kept_s if expired else cancelled.TAKEN_BACK_KEPT_S
+        run = rec.run_id or ""
         try:
-            self.hot.cancel_runs([rec.run_id or ""], rec.client_id, stop=[rec.run_id or ""] if begun else ())
+            self.hot.cancel_runs([run], rec.client_id, stop=[run] if begun else (), kept_s=kept_s)
         except ClientKeyUnreadable as exc:
             self._suspend_unreadable(exc)
         if rec.state in REVOKED_IF_ENDED:
