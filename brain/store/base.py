@@ -329,6 +329,12 @@ def check_final_status(tree_id: str, status: TreeStatus) -> TreeStatus:
     return status
 
 
+# What ``backfill_deadlines`` writes once it has run for a store (SQLite: a ``meta`` row, MongoDB:
+# a ``meta`` document), and how many tasks it writes at a time.
+BACKFILLED: Final = "deadlines_backfilled"
+BACKFILL_CHUNK: Final = 500
+
+
 def max_total(spec: Any) -> float | None:
     """A stored task spec's ``max_total_s`` (JSON as it is: ``backfill_deadlines`` validates no
     spec), None when it has none."""

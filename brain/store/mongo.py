@@ -36,6 +36,7 @@ from brain.core.transitions import BEGINS_FROM, NOT_FINAL
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
+    BACKFILLED,
     DEFAULT_MONGO_DATABASE,
     Ended,
     _Any,
@@ -105,6 +106,7 @@ class MongoStore:
             self._secrets = self._db["secrets"]
             self._gateway_tokens = self._db["gateway_tokens"]
             self._submitters = self._db["submitters"]
+            self._meta = self._db["meta"]  # what was done once per store (backfill_deadlines)
             if not read_only:
                 self._create_indexes()
         self.database = database
@@ -332,6 +334,8 @@ class MongoStore:
         return [_task(d) for d in docs]
 
     def backfill_deadlines(self) -> int:
+        if self._meta.find_one({"_id": BACKFILLED}) is not None:
+            return 0  # done once for this store: every dispatch since writes its deadline
         # Queued by an older version: left pending once, yet no deadline.
         missing = {
             "state": {"$in": state_values(NOT_FINAL)},
@@ -339,10 +343,10 @@ class MongoStore:
             "expires_at": {"$exists": False},
         }
         fields = {"_id": 1, "tree_id": 1, "task_id": 1, "first_queued_at": 1, "spec": 1}
-        limits_of: dict[str, dict[str, float]] = {}  # per tree, read once
+        limits_of: dict[str, dict[str, float]] = {}  # per tree, its spec parsed once
         done = 0
         with self._errors("backfill_deadlines"):
-            for doc in list(self._tasks.find(missing, fields)):
+            for doc in self._tasks.find(missing, fields):  # a cursor: not every spec at once
                 # An item of a for_each task carries its own spec (JSON text, _TASK_OPAQUE).
                 limit = max_total(json.loads(doc["spec"])) if isinstance(doc.get("spec"), str) else None
                 if limit is None:
@@ -351,9 +355,10 @@ class MongoStore:
                         tree = self._trees.find_one({"tree_id": tree_id}, {"_id": 0, "tree": 1})
                         limits_of[tree_id] = max_totals({"tree": json.loads(tree["tree"])}) if tree else {}
                     limit = limits_of[tree_id].get(doc["task_id"])
-                if limit is not None:
+                if limit is not None:  # once per store: a write per task is no burden
                     deadline = {"$set": {"expires_at": doc["first_queued_at"] + limit}}
                     done += self._tasks.update_one({"_id": doc["_id"], **missing}, deadline).modified_count
+            self._meta.replace_one({"_id": BACKFILLED}, {"_id": BACKFILLED, "done": True}, upsert=True)
         return done
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:

@@ -36,12 +36,15 @@ from brain.core.transitions import BEGINS_FROM, NOT_FINAL
 from brain.errors import StoreError
 from brain.store.base import (
     ANY,
+    BACKFILL_CHUNK,
+    BACKFILLED,
     Ended,
     _Any,
     check_final_status,
     check_new_tree,
     duplicate_tree_error,
     ends,
+    max_total,
     max_totals,
     state_values,
     task_changes_json,
@@ -133,6 +136,11 @@ CREATE TABLE IF NOT EXISTS summaries (
     kind    TEXT NOT NULL,
     doc     TEXT NOT NULL,
     UNIQUE (tree_id, kind)
+);
+-- Done once per store (key -> when): a version before them ignores the table.
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS secrets (
     name TEXT PRIMARY KEY,
@@ -498,37 +506,50 @@ class SQLiteStore:
         return [TaskRecord.model_validate_json(r[0]) for r in rows]
 
     def backfill_deadlines(self) -> int:
+        if self._conn().execute("SELECT 1 FROM meta WHERE key = ?", (BACKFILLED,)).fetchone():
+            return 0  # done once for this store: every dispatch since writes its deadline
         unfinished = state_values(NOT_FINAL)
-        # Queued by an older version: left pending once, yet no deadline. The state index keeps
-        # this a read of the unfinished tasks, not of the whole table.
+        # Queued by an older version: left pending once, yet no deadline (the state index keeps
+        # this a read of the unfinished tasks, not of the whole table).
         missing = (
             f"expires_at IS NULL AND state IN ({_marks(unfinished)}) "
             "AND json_extract(doc, '$.first_queued_at') IS NOT NULL"
         )
-        first = "json_extract(doc, '$.first_queued_at')"
         with self._errors("backfill_deadlines"):
-            with self._tx() as c:  # an item of a for_each task carries its own spec
-                done = c.execute(
-                    f"UPDATE tasks SET expires_at = {first} + json_extract(doc, '$.spec.max_total_s') "
-                    f"WHERE {missing} AND json_extract(doc, '$.spec.max_total_s') > 0",
+            # Read without the write lock; an item of a for_each task carries its own spec.
+            rows = (
+                self._conn()
+                .execute(
+                    "SELECT seq, tree_id, task_id, json_extract(doc, '$.first_queued_at'), "
+                    f"json_extract(doc, '$.spec.max_total_s') FROM tasks WHERE {missing}",
                     unfinished,
-                ).rowcount
-            trees = [
-                r[0]
-                for r in self._conn().execute(
-                    f"SELECT DISTINCT tree_id FROM tasks WHERE {missing}", unfinished
                 )
-            ]
-            for tree_id in trees:
-                row = self._conn().execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,)).fetchone()
-                limits = max_totals(json.loads(row[0])) if row else {}
-                if not limits:
-                    continue  # most trees: no task of theirs has a max_total_s
-                with self._tx() as c:  # one short write per tree: the pools write meanwhile
+                .fetchall()
+            )
+            limits_of: dict[str, dict[str, float]] = {}  # per tree, its spec parsed once
+            deadlines: list[tuple[float, int]] = []
+            for seq, tree_id, task_id, first, own in rows:
+                limit = max_total({"max_total_s": own})
+                if limit is None:
+                    if tree_id not in limits_of:
+                        row = (
+                            self._conn()
+                            .execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,))
+                            .fetchone()
+                        )
+                        limits_of[tree_id] = max_totals(json.loads(row[0])) if row else {}
+                    limit = limits_of[tree_id].get(task_id)
+                if limit is not None:
+                    deadlines.append((float(first) + limit, seq))
+            done = 0
+            for start in range(0, len(deadlines), BACKFILL_CHUNK):
+                with self._tx() as c:  # short writes: the pools write meanwhile
                     done += c.executemany(
-                        f"UPDATE tasks SET expires_at = {first} + ? WHERE tree_id = ? AND task_id = ? AND {missing}",
-                        [(limit, tree_id, task_id, *unfinished) for task_id, limit in limits.items()],
+                        f"UPDATE tasks SET expires_at = ? WHERE seq = ? AND {missing}",
+                        [(*d, *unfinished) for d in deadlines[start : start + BACKFILL_CHUNK]],
                     ).rowcount
+            with self._tx() as c:
+                c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 'done')", (BACKFILLED,))
         return done
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
