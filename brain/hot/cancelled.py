@@ -65,6 +65,8 @@ TRIM_EVERY_S = 60.0
 ROUND_BATCHES = 100
 TRIM_CHUNK = 1000
 TRIM_BUDGET_S = 10.0
+# Members per RPUSH / SREM: one command never carries megabytes.
+CHUNK_WRITE = 10_000
 # The scope of the server pools' set in an entry: no client id starts with "*".
 SERVER_SCOPE = "*"
 
@@ -114,10 +116,6 @@ def write_batch(
     for start in range(0, len(members), CHUNK_WRITE):
         pipe.rpush(batch_key(client_id, batch_id), *members[start : start + CHUNK_WRITE])
     pipe.zadd(INDEX_KEY, {index_entry(client_id, batch_id): (minute + 1) * BUCKET_S + kept_s}, nx=True)
-
-
-# Members per RPUSH / SREM: one command never carries megabytes.
-CHUNK_WRITE = 10_000
 
 
 @dataclass
