@@ -148,9 +148,10 @@ class Store(Protocol):
         """Give each unfinished task a version before the deadline index queued (a
         ``first_queued_at`` and a ``max_total_s`` in its spec, but no ``expires_at``) the deadline
         ``tasks_expired`` reads, as a dispatch writes it now; an older version's task is
-        otherwise never expired until its next send. Each brain runs it once as it starts: it
-        reads the unfinished tasks and the specs of their trees, and writes only what is missing.
-        Returns how many tasks got one."""
+        otherwise never expired until its next send. Once per store (remembered in the store;
+        later calls return 0 at once): it reads the unfinished tasks and the specs of their
+        trees outside any write lock and writes only what is missing, a few hundred at a time.
+        The first sweep of each brain calls it. Returns how many tasks got one."""
         ...
 
     def begin_run(

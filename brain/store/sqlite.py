@@ -137,7 +137,7 @@ CREATE TABLE IF NOT EXISTS summaries (
     doc     TEXT NOT NULL,
     UNIQUE (tree_id, kind)
 );
--- Done once per store (key -> when): a version before them ignores the table.
+-- What was done once for this store (key -> 'done'): a version before it ignores the table.
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
