@@ -11,7 +11,7 @@ Times are float unix seconds passed in by the caller; no backend reads the clock
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -345,10 +345,26 @@ def max_total(spec: Any) -> float | None:
     return None
 
 
-def max_totals(tree_doc: dict[str, Any]) -> dict[str, float]:
-    """Task id -> ``max_total_s`` of the tasks of a stored tree (``TreeRecord`` as JSON) that
-    have one."""
-    tree = tree_doc.get("tree")
+class MaxTotals:
+    """``max_total_s`` of a stored task for ``backfill_deadlines``: its own spec's (an item of a
+    for_each task carries one), else its tree's task's; ``tree_spec(tree_id)`` reads a tree's
+    ``TaskTree`` as JSON (None: no such tree), once per tree."""
+
+    def __init__(self, tree_spec: Callable[[str], Any]) -> None:
+        self.tree_spec = tree_spec
+        self._of_tree: dict[str, dict[str, float]] = {}
+
+    def of(self, tree_id: str, task_id: str, own_spec: Any) -> float | None:
+        limit = max_total(own_spec)
+        if limit is not None:
+            return limit
+        if tree_id not in self._of_tree:
+            self._of_tree[tree_id] = _tree_max_totals(self.tree_spec(tree_id))
+        return self._of_tree[tree_id].get(task_id)
+
+
+def _tree_max_totals(tree: Any) -> dict[str, float]:
+    """Task id -> ``max_total_s`` of a stored tree's tasks that have one."""
     tasks = tree.get("tasks") if isinstance(tree, dict) else None
     found: dict[str, float] = {}
     for spec in tasks if isinstance(tasks, list) else []:

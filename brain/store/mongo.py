@@ -39,13 +39,12 @@ from brain.store.base import (
     BACKFILLED,
     DEFAULT_MONGO_DATABASE,
     Ended,
+    MaxTotals,
     _Any,
     check_final_status,
     check_new_tree,
     duplicate_tree_error,
     ends,
-    max_total,
-    max_totals,
     state_values,
     task_changes,
 )
@@ -343,23 +342,22 @@ class MongoStore:
             "expires_at": {"$exists": False},
         }
         fields = {"_id": 1, "tree_id": 1, "task_id": 1, "first_queued_at": 1, "spec": 1}
-        limits_of: dict[str, dict[str, float]] = {}  # per tree, its spec parsed once
+        limits = MaxTotals(self._tree_spec)
         done = 0
         with self._errors("backfill_deadlines"):
             for doc in self._tasks.find(missing, fields):  # a cursor: not every spec at once
                 # An item of a for_each task carries its own spec (JSON text, _TASK_OPAQUE).
-                limit = max_total(json.loads(doc["spec"])) if isinstance(doc.get("spec"), str) else None
-                if limit is None:
-                    tree_id = doc["tree_id"]
-                    if tree_id not in limits_of:
-                        tree = self._trees.find_one({"tree_id": tree_id}, {"_id": 0, "tree": 1})
-                        limits_of[tree_id] = max_totals({"tree": json.loads(tree["tree"])}) if tree else {}
-                    limit = limits_of[tree_id].get(doc["task_id"])
+                own = json.loads(doc["spec"]) if isinstance(doc.get("spec"), str) else None
+                limit = limits.of(doc["tree_id"], doc["task_id"], own)
                 if limit is not None:  # once per store: a write per task is no burden
                     deadline = {"$set": {"expires_at": doc["first_queued_at"] + limit}}
                     done += self._tasks.update_one({"_id": doc["_id"], **missing}, deadline).modified_count
             self._meta.replace_one({"_id": BACKFILLED}, {"_id": BACKFILLED, "done": True}, upsert=True)
         return done
+
+    def _tree_spec(self, tree_id: str) -> Any:
+        tree = self._trees.find_one({"tree_id": tree_id}, {"_id": 0, "tree": 1})
+        return json.loads(tree["tree"]) if tree else None
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
         if limit <= 0:  # MongoDB reads limit 0 as "no limit"

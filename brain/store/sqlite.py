@@ -39,13 +39,12 @@ from brain.store.base import (
     BACKFILL_CHUNK,
     BACKFILLED,
     Ended,
+    MaxTotals,
     _Any,
     check_final_status,
     check_new_tree,
     duplicate_tree_error,
     ends,
-    max_total,
-    max_totals,
     state_values,
     task_changes_json,
 )
@@ -526,19 +525,10 @@ class SQLiteStore:
                 )
                 .fetchall()
             )
-            limits_of: dict[str, dict[str, float]] = {}  # per tree, its spec parsed once
+            limits = MaxTotals(self._tree_spec)
             deadlines: list[tuple[float, int]] = []
             for seq, tree_id, task_id, first, own in rows:
-                limit = max_total({"max_total_s": own})
-                if limit is None:
-                    if tree_id not in limits_of:
-                        row = (
-                            self._conn()
-                            .execute("SELECT doc FROM trees WHERE tree_id = ?", (tree_id,))
-                            .fetchone()
-                        )
-                        limits_of[tree_id] = max_totals(json.loads(row[0])) if row else {}
-                    limit = limits_of[tree_id].get(task_id)
+                limit = limits.of(tree_id, task_id, {"max_total_s": own})
                 if limit is not None:
                     deadlines.append((float(first) + limit, seq))
             done = 0
@@ -551,6 +541,14 @@ class SQLiteStore:
             with self._tx() as c:
                 c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 'done')", (BACKFILLED,))
         return done
+
+    def _tree_spec(self, tree_id: str) -> Any:
+        row = (
+            self._conn()
+            .execute("SELECT json_extract(doc, '$.tree') FROM trees WHERE tree_id = ?", (tree_id,))
+            .fetchone()
+        )
+        return json.loads(row[0]) if row and row[0] else None
 
     def tasks_expired(self, now: float, *, limit: int = 1000) -> list[TaskRecord]:
         if limit <= 0:
