@@ -178,14 +178,14 @@ class HotState:
         """Add ``members`` to a cancelled set, and ``batch`` to ``brain.hot.cancelled``'s
         batches in the same ``MULTI`` (a WRONGTYPE of the SADD still runs the rest), from
         which the reconciler takes them out again once no worker can meet their run."""
+        if not members and not batch:
+            return
         key = cancelled_set(client_id)
         pipe = self.r.pipeline(transaction=True)
         sadds = range(0, len(members), CANCEL_CHUNK)
         for start in sadds:
             pipe.sadd(key, *members[start : start + CANCEL_CHUNK])
         write_batch(pipe, client_id, list(batch), now, kept_s)
-        if not pipe.command_stack:
-            return
         replies = pipe.execute(raise_on_error=False)
         for added in replies[: len(sadds)]:
             if isinstance(added, redis.ResponseError):
@@ -225,18 +225,20 @@ class HotState:
         one kombu restores meanwhile from the hash to a queue is seen too."""
         prefix = client_key(client_id, "") if client_id else ""
         ids: set[str] = set()
-        if both_ways:
+
+        def reserved() -> None:
             with _client_keys(client_id, "unacked hash", prefix + KOMBU_UNACKED):
                 for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
                     ids.update(_unacked_task_id(raw))
+
+        if both_ways:
+            reserved()
         for q in queues:
             with _client_keys(client_id, "queue", prefix + q):
                 for items in self._list_chunks(prefix + q):
                     for raw in items:
                         ids.update(_task_id(raw))
-        with _client_keys(client_id, "unacked hash", prefix + KOMBU_UNACKED):
-            for _tag, raw in self._hash_items(prefix + KOMBU_UNACKED):
-                ids.update(_unacked_task_id(raw))
+        reserved()
         if client_id:
             with _client_keys(client_id, "outbox", prefix + CLIENT_OUTBOX):
                 for items in self._list_chunks(prefix + CLIENT_OUTBOX):
