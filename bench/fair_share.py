@@ -1,4 +1,4 @@
-"""Fair share of the server pools (issue 26; docs/fair-share.md): three rows.
+"""Fair share of the server pools (issue 26; docs/fair-share.md): four rows.
 
 ``interactive_under_batch``: p50 latency (submit -> the store says done) of a one-task ``echo``
 tree submitted as a gateway call (priority high by default) by user ``ada``, while a 5,000-task
@@ -9,6 +9,11 @@ prefork ``-c 2``. The batch is cancelled once the calls are measured.
 ``throttle_overhead``: throughput of 5,000 independent ``echo`` tasks (quick: 1,000) on a pool
 whose ``rate_limit`` (``10000/s``, the most a limit may say) is far above what it can do, vs a pool with none (goal
 <= 1.1x). Both pools are of the same stack, ``-c 2`` each, runs alternating.
+
+``fair_share_overhead`` (no goal: what turning fair share on costs, docs/fair-share.md):
+throughput of 5,000 independent ``echo`` tasks (quick: 1,000) on a stack with fair share on
+(``queue_window`` = ``WINDOW``) vs the same tree on a stack with it off; both stacks up at once,
+runs alternating.
 
 ``rate_limit_accuracy``: achieved rate / configured over 60 s (quick: 20 s) across two processes
 of one pool (``rate_limit = "20/s"``): the achieved rate is read from the store's recorded
@@ -102,7 +107,6 @@ def interactive_under_batch(quick: bool) -> Row:
 def throttle_overhead(quick: bool) -> Row:
     n = 1000 if quick else 5000
     pools = [{"name": "limited", "concurrency": 2, "rate_limit": LIMIT_ABOVE}]
-    runs: list[tuple[float, float]] = []
     with (
         tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
         fair_stack(Path(tmp), pools=pools) as (
@@ -110,14 +114,9 @@ def throttle_overhead(quick: bool) -> Row:
             vt,
         ),
     ):
-        for _ in range(1 if quick else 3):
-            free = echo_tree("free", n, chained=False)
-            limited = TaskTree.model_validate({**free.model_dump(), "id": "limited", "pool": "limited"})
-            _, _, free_s = vt.run_tree(free, max(60.0, n / 10))
-            _, _, limited_s = vt.run_tree(limited, max(60.0, n / 10))
-            runs.append((free_s, limited_s))
-    free_s = statistics.median(r[0] for r in runs)
-    limited_s = statistics.median(r[1] for r in runs)
+        free = echo_tree("free", n, chained=False)
+        limited = TaskTree.model_validate({**free.model_dump(), "id": "limited", "pool": "limited"})
+        free_s, limited_s = _alternating((vt, free), (vt, limited), quick)
     return Row(
         benchmark="throttle_overhead",
         metric="tasks/s",
@@ -130,6 +129,43 @@ def throttle_overhead(quick: bool) -> Row:
         notes=(
             f"N = {n:,}{' (quick size)' if quick else ', median of 3'}; pool rate_limit {LIMIT_ABOVE} "
             f"(every call through the gate), both pools prefork -c 2, end to end {free_s:.2f}s vs {limited_s:.2f}s"
+        ),
+    )
+
+
+def _alternating(
+    a: tuple[Vancetope, TaskTree], b: tuple[Vancetope, TaskTree], quick: bool
+) -> tuple[float, float]:
+    """Median seconds of tree ``a`` and of tree ``b`` (each on its stack), run by turns:
+    once (quick), else three times."""
+    runs = []
+    for _ in range(1 if quick else 3):
+        runs.append(tuple(vt.run_tree(tree, max(60.0, len(tree.tasks) / 10))[2] for vt, tree in (a, b)))
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def fair_share_overhead(quick: bool) -> Row:
+    n = 1000 if quick else 5000
+    with (
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as off_dir,
+        tempfile.TemporaryDirectory(prefix="vancetope-bench-") as on_dir,
+        fair_stack(Path(off_dir)) as (_, off),
+        fair_stack(Path(on_dir), queue_window=WINDOW) as (_, on),
+    ):
+        off_s, on_s = _alternating(
+            (off, echo_tree("off", n, chained=False)), (on, echo_tree("on", n, chained=False)), quick
+        )
+    return Row(
+        benchmark="fair_share_overhead",
+        metric="tasks/s",
+        baseline=n / off_s,
+        vancetope=n / on_s,
+        kind="throughput",
+        baseline_label="the same tree with fair share off (queue_window 0)",
+        extra={"n": n, "queue_window": WINDOW},
+        notes=(
+            f"N = {n:,}{' (quick size)' if quick else ', median of 3'}; queue_window {WINDOW} vs 0, "
+            f"two stacks (prefork -c 2 each), end to end {off_s:.2f}s vs {on_s:.2f}s"
         ),
     )
 
@@ -184,7 +220,12 @@ def rate_limit_accuracy(quick: bool) -> Row:
 
 
 def run(quick: bool = False) -> list[Row]:
-    return [interactive_under_batch(quick), rate_limit_accuracy(quick), throttle_overhead(quick)]
+    return [
+        interactive_under_batch(quick),
+        rate_limit_accuracy(quick),
+        throttle_overhead(quick),
+        fair_share_overhead(quick),
+    ]
 
 
 if __name__ == "__main__":

@@ -353,8 +353,12 @@ class ToolCall(BaseModel):
     # every ordinary call.
     interactive: bool = False
     # Admitted by the gate under a max_concurrency cap (brain.hot.gate): the server worker that
-    # ends the run gives its slot back. Server calls only; sent only when true, as above.
+    # ends the run gives its slot back at once. Server calls only; sent only when true, as above.
     holds_slot: bool = False
+    # Admitted by the gate under its pool's queue window (fair share on): the worker runs the
+    # gate after the run ends, sharing that run with its other ends of the moment
+    # (brain.runtime.gate_ends). Server calls only; sent only when true, as above.
+    refills_window: bool = False
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -363,6 +367,8 @@ class ToolCall(BaseModel):
             data.pop("interactive", None)
         if not self.holds_slot:
             data.pop("holds_slot", None)
+        if not self.refills_window:
+            data.pop("refills_window", None)
         return data
 
 

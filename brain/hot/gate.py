@@ -12,7 +12,8 @@ oldest first within a lane. So a waiting call holds no worker slot, and the limi
 every pool process on every machine. Everything is one EVALSHA.
 
 Who runs it: the process that put calls at the gate (right after they are written), a server
-worker that ends a run holding a slot (it gives the slot back in the same call), and the brain's
+worker that ends a run holding a slot (it gives the slot back in the same call) or a place in a
+queue window (with its other ends of the moment: ``brain.runtime.gate_ends``), and the brain's
 gate timer (``brain.runtime.gate_timer``) when the soonest rate-limited call may go, or when woken.
 """
 
@@ -90,9 +91,15 @@ class Lane:
 
     @property
     def holds_slot(self) -> bool:
-        """Whether its run's end must run the gate: it gives back a slot, or (a window) its
-        pool's queue took a call, so the next one may go."""
-        return self.window > 0 or any(limit.max_concurrency is not None for limit in self.limits)
+        """Whether its run takes a slot under a cap, which its end gives back at once (the
+        next call of that cap waits for it)."""
+        return any(limit.max_concurrency is not None for limit in self.limits)
+
+    @property
+    def refills_window(self) -> bool:
+        """Whether its run's end must run the gate because its pool's queue, held to a
+        window, took a call and the next one may go (``brain.runtime.gate_ends``)."""
+        return self.window > 0
 
     @property
     def group(self) -> str:

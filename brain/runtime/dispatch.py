@@ -166,7 +166,9 @@ class Publisher:
         limit_cap = float(app.conf.task_time_limit or 3600)
         time_limit = min(call.timeout_s + _HARD_MARGIN_S, limit_cap)
         if gated and lane is not None:
-            call = call.model_copy(update={"holds_slot": lane.holds_slot})
+            call = call.model_copy(
+                update={"holds_slot": lane.holds_slot, "refills_window": lane.refills_window}
+            )
             # A slot outlives a run whose worker died until its message is delivered again
             # (visibility timeout + 5 s) and that delivery ran out its hard limit.
             lease_s = time_limit + VISIBILITY_TIMEOUT_S + 35

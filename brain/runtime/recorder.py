@@ -47,6 +47,7 @@ from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState, as_bytes
 from brain.runtime.dispatch import Publisher, args_summary
 from brain.runtime.events import ClientEvents
+from brain.runtime.gate_ends import GateEnds
 from brain.runtime.intake import Intake
 from brain.runtime.scheduler import Scheduler
 from brain.store import open_store
@@ -138,6 +139,7 @@ class InlineRecorder:
         self._intake: Intake | None = None
         self._pid = 0
         self._registry_read_at = 0.0
+        self._ends = GateEnds(self._gate)
 
     def __call__(self, result: ToolResult) -> str | None:
         """What ``result`` made of its task (``done``, ``failed``, ``retrying``) when recorded
@@ -181,17 +183,12 @@ class InlineRecorder:
 
     def end(self, call: ToolCall) -> None:
         """A run this worker took has ended (recorded, handed on, refused or failed): a run the
-        gate admitted under a max_concurrency cap gives its slot back, and the gate admits what
-        that frees, in the same call. Its lease frees it anyway if this fails."""
-        if not call.holds_slot:
-            return
-        try:
-            gate = self.scheduler().publisher.gate
-            (gate or Gate(self.scheduler().hot.r)).admit(release=[call.run_id])
-        except Exception as exc:  # noqa: BLE001 - the slot's lease expires instead
-            log.warning(
-                "could not give back the gate slot of run %s (%s); its lease frees it", call.run_id, exc
-            )
+        gate admitted gives back its slot or its place in the queue window, and the gate admits
+        what that frees (``brain.runtime.gate_ends``)."""
+        self._ends.ended(call)
+
+    def _gate(self) -> Gate:
+        return self.scheduler().publisher.gate or Gate(self.scheduler().hot.r)
 
     def progress(self, update: ToolProgress) -> None:
         """A running call's progress, into its record (best effort: a lost one is replaced
