@@ -412,16 +412,20 @@ def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 def brain_on_redis(tmp_path: Path, redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Brain]:
     """A brain wired to a real Redis and a SQLite store, with no workers: for tests that
     drive the scheduler directly and read what it published."""
+    brain = Brain.connect(make_settings(tmp_path), redis_server.url, example_registry())
+    yield brain
+    brain.close()
+
+
+def example_registry() -> Any:
+    """The built-in tools and examples/registry.yaml, as a brain worker would publish them."""
     from brain.core.models import Location
     from brain.core.snapshot import RegistrySnapshot
     from brain.core.treefile import load_engines, load_registry, merge_registry, spec_from_descriptor
     from workers.tools.builtin import builtin_descriptors
 
     builtins = {d.name: spec_from_descriptor(d, Location.SERVER) for d in builtin_descriptors()}
-    registry = RegistrySnapshot(
+    return RegistrySnapshot(
         tools=merge_registry(builtins, load_registry(EXAMPLES / "registry.yaml")),
         engines=load_engines(EXAMPLES / "registry.yaml"),
     )
-    brain = Brain.connect(make_settings(tmp_path), redis_server.url, registry)
-    yield brain
-    brain.close()

@@ -272,6 +272,11 @@ def key_cancelled() -> str:
     return f"{KEY_NS}cancelled"
 
 
+# The Celery message header saying a server call holds only a place in a queue window
+# (``ToolCall.refills_window``). A header, not a body field: older pools ignore it.
+REFILLS_WINDOW_HEADER: Final = "vt_refills_window"
+
+
 def stop_member(run_id: str) -> str:
     """The member of the cancelled set that also stops ``run_id`` while it runs
     (``workers.call_stop``). Written for a cancel and an expiry only: a run taken back or
@@ -352,13 +357,16 @@ class ToolCall(BaseModel):
     # are refused. Sent only when true, so an older agent (extra="forbid") still parses
     # every ordinary call.
     interactive: bool = False
-    # Admitted by the gate under a max_concurrency cap (brain.hot.gate): the server worker that
-    # ends the run gives its slot back at once. Server calls only; sent only when true, as above.
+    # Admitted by the gate under a max_concurrency cap or its pool's queue window (brain.hot.gate):
+    # the server worker that ends the run runs the gate (giving a slot back). Server calls only;
+    # sent only when true, as above.
     holds_slot: bool = False
-    # Admitted by the gate under its pool's queue window (fair share on): the worker runs the
-    # gate after the run ends, sharing that run with its other ends of the moment
-    # (brain.runtime.gate_ends). Server calls only; sent only when true, as above.
-    refills_window: bool = False
+    # Of a call that holds only a place in a queue window (fair share on): its end's run of the
+    # gate may serve the worker's other ends of the moment (brain.runtime.gate_ends). Never in
+    # the body, where an older pool would refuse an unknown field: the brain says it in the
+    # message's header ``REFILLS_WINDOW_HEADER``, which an older pool ignores (it runs the gate
+    # at each end, as it always did), and the pool worker sets it from there.
+    refills_window: bool = Field(default=False, exclude=True)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -367,8 +375,6 @@ class ToolCall(BaseModel):
             data.pop("interactive", None)
         if not self.holds_slot:
             data.pop("holds_slot", None)
-        if not self.refills_window:
-            data.pop("refills_window", None)
         return data
 
 

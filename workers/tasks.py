@@ -31,6 +31,7 @@ from workers.call_stop import StopCheck, Stopped
 from workers.contracts import (
     BRAIN_QUEUE,
     RECORD_RESULT_TASK,
+    REFILLS_WINDOW_HEADER,
     RETRYING,
     RUN_TOOL_TASK,
     TASK_REVOKED_EVENT,
@@ -305,6 +306,8 @@ def register(
             return Outcome({"ok": False, "error": "malformed tool call (see worker log)"})
         if end is None:
             return run(self, call, worker)
+        if call.holds_slot and (self.request.headers or {}).get(REFILLS_WINDOW_HEADER) is True:
+            call = call.model_copy(update={"refills_window": True})
         try:
             return run(self, call, worker)
         finally:

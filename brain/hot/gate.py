@@ -91,15 +91,21 @@ class Lane:
 
     @property
     def holds_slot(self) -> bool:
+        """Whether its run's end must run the gate: it gives back a slot, or (a window) its
+        pool's queue took a call, so the next one may go."""
+        return self.window > 0 or self.capped
+
+    @property
+    def capped(self) -> bool:
         """Whether its run takes a slot under a cap, which its end gives back at once (the
         next call of that cap waits for it)."""
         return any(limit.max_concurrency is not None for limit in self.limits)
 
     @property
     def refills_window(self) -> bool:
-        """Whether its run's end must run the gate because its pool's queue, held to a
-        window, took a call and the next one may go (``brain.runtime.gate_ends``)."""
-        return self.window > 0
+        """Whether its run holds only a place in its pool's queue window: its end's run of the
+        gate may wait a moment and serve the worker's other ends too (``brain.runtime.gate_ends``)."""
+        return self.window > 0 and not self.capped
 
     @property
     def group(self) -> str:

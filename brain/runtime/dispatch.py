@@ -27,6 +27,7 @@ from brain.hot.gate import INBOX_PREFIX, Gate, Lane, Waiting
 from workers.app import make_app
 from workers.contracts import (
     MAX_MESSAGE_BYTES,
+    REFILLS_WINDOW_HEADER,
     RUN_TOOL_TASK,
     ToolCall,
     client_keyprefix,
@@ -166,9 +167,7 @@ class Publisher:
         limit_cap = float(app.conf.task_time_limit or 3600)
         time_limit = min(call.timeout_s + _HARD_MARGIN_S, limit_cap)
         if gated and lane is not None:
-            call = call.model_copy(
-                update={"holds_slot": lane.holds_slot, "refills_window": lane.refills_window}
-            )
+            call = call.model_copy(update={"holds_slot": lane.holds_slot})
             # A slot outlives a run whose worker died until its message is delivered again
             # (visibility timeout + 5 s) and that delivery ran out its hard limit.
             lease_s = time_limit + VISIBILITY_TIMEOUT_S + 35
@@ -189,6 +188,9 @@ class Publisher:
             kwargsrepr="{}",
             # The default exchange routes by queue name; nothing needs declaring per message.
             declare=[],
+            headers={REFILLS_WINDOW_HEADER: True}
+            if gated and lane is not None and lane.refills_window
+            else None,
         )
         if call.client_id is None and self.task_events:
             self._local.sent.append(sent_event(call, queue))

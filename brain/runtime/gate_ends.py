@@ -1,17 +1,18 @@
 """Run the gate when a server worker's runs end (layer: brain/runtime; the server pool).
 
-A run the gate admitted gives something back when it ends (docs/fair-share.md): a slot under a
-``max_concurrency`` cap (``ToolCall.holds_slot``), or a place in its pool's queue window
-(``ToolCall.refills_window``, fair share on). Either way the gate must run again for the next
-call to go. A slot goes back at once: the capped tool's next call waits for it. A window place
+A run the gate admitted gives something back when it ends (docs/fair-share.md,
+``ToolCall.holds_slot``): a slot under a ``max_concurrency`` cap, or a place in its pool's
+queue window (fair share on; ``ToolCall.refills_window`` when that is all it holds). Either way
+the gate must run again for the next call to go. A slot goes back at once: the capped tool's
+next call waits for it. A window place
 need not: the pool's queue still holds the rest of the window, so the ends of one process
 within ``REFILL_EVERY_S`` share one run of the gate, at most that long after the first of them.
-With fair share on, one gate run per task (a Redis round trip and the script, ~0.15 ms of a
-pool child here) was what cost a third of a pool's throughput (bench/README.md).
+With fair share on, one gate run per task (a Redis round trip, ~60 us of a pool child's CPU
+here, and the script) was what cost a third of a pool's throughput (docs/fair-share.md).
 
-A process that dies before its gate run loses nothing: the next end of any run, the brain's
-gate timer (``brain.runtime.gate_timer``, at least every 2 s) or a new call put at the gate runs
-it instead.
+A process that exits with a gate run pending (billiard's children leave by ``os._exit``: the
+timer goes with them) loses no call, only time: the next end of any run, a new call put at the
+gate or the brain's gate timer (``brain.runtime.gate_timer``, within 2 s) runs it instead.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from workers.contracts import ToolCall
 log = logging.getLogger("vancetope.worker")
 
 # The longest a window place waits for its gate run: at 800 tasks/s a pool's queue gives out
-# about 16 calls meanwhile, half the default window of 32 (docs/fair-share.md).
+# about 16 calls meanwhile, half a window of 32 (``queue_window = 32``, docs/fair-share.md).
 REFILL_EVERY_S: Final = 0.02
 
 
@@ -57,23 +58,32 @@ class GateEnds:
     def ended(self, call: ToolCall) -> None:
         if self._pid != os.getpid():
             self._reset()
-        if call.holds_slot:
+        if not call.holds_slot:
+            return
+        if not call.refills_window:  # a slot under a cap (and maybe a window place)
             with self._lock:
                 self._last = self._clock()
             self._run(release=[call.run_id])  # a timer armed meanwhile runs once more: harmless
             return
-        if not call.refills_window:
-            return
         with self._lock:
             wait = self._last + self._every_s - self._clock()
-            if wait > 0:
-                if self._timer is None:
-                    self._timer = threading.Timer(wait, self._due)
-                    self._timer.daemon = True
-                    self._timer.start()
+            if wait > 0 and self._timer is not None:
+                return  # the armed timer's run serves this end too
+            if wait > 0 and self._arm(wait):
                 return
             self._last = self._clock()
         self._run()
+
+    def _arm(self, wait: float) -> bool:
+        timer = threading.Timer(wait, self._due)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError as exc:  # no thread to be had: the gate runs now instead
+            log.warning("could not start the gate's refill timer (%s); running the gate now", exc)
+            return False
+        self._timer = timer
+        return True
 
     def _due(self) -> None:
         with self._lock:
