@@ -4,11 +4,11 @@ A run the gate admitted gives something back when it ends (docs/fair-share.md,
 ``ToolCall.holds_slot``): a slot under a ``max_concurrency`` cap, or a place in its pool's
 queue window (fair share on; ``ToolCall.refills_window`` when that is all it holds). Either way
 the gate must run again for the next call to go. A slot goes back at once: the capped tool's
-next call waits for it. A window place
-need not: the pool's queue still holds the rest of the window, so the ends of one process
-within ``REFILL_EVERY_S`` share one run of the gate, at most that long after the first of them.
-With fair share on, one gate run per task (a Redis round trip, ~60 us of a pool child's CPU
-here, and the script) was what cost a third of a pool's throughput (docs/fair-share.md).
+next call waits for it. A window place need not: the pool's queue still holds the rest of the
+window, so the ends of one process within ``REFILL_EVERY_S`` share one run of the gate, at most
+that long after the first of them. One gate run per task (a Redis round trip, ~60 us of a pool
+child's CPU here, and the script) made fair share cost ~1.45x a pool's throughput; shared,
+~1.2x (docs/fair-share.md, "What it costs").
 
 A process that exits with a gate run pending (billiard's children leave by ``os._exit``: the
 timer goes with them) loses no call, only time: the next end of any run, a new call put at the

@@ -2,9 +2,10 @@
 
 The process that puts calls at the gate runs it once (``Publisher.batch``), and a server worker
 whose run gave back a slot or a place in a queue window runs it again (``InlineRecorder.end``,
-``brain.runtime.gate_ends``); what neither can do is wait for a rate limit's next token. This thread does: it runs the gate when the soonest blocked lane may go
-(the script says when, from Redis's clock), and otherwise blocks on the gate's wake list, which
-every process that puts calls at the gate pushes to. Nothing waiting: one BLPOP every
+``brain.runtime.gate_ends``); what neither can do is wait for a rate limit's next token. This
+thread does: it runs the gate when the soonest blocked lane may go (the script says when, from
+Redis's clock), and otherwise blocks on the gate's wake list, which every process that puts
+calls at the gate pushes to. Nothing waiting: one BLPOP every
 ``IDLE_S``, no polling. Several brains may run it: the script is atomic, a call is admitted once.
 """
 
