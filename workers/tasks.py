@@ -298,7 +298,16 @@ def register(
         return Outcome({"ok": result.ok, "tool": call.tool, "task": call.task_id})
 
     # ``throws``: a failed call is an expected outcome, logged by Celery without a traceback.
-    @app.task(name=RUN_TOOL_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, throws=(CallFailed,))
+    # ``shared=False``: this task is ``app``'s. Celery's default also registers it with every app
+    # finalized later in the process, where another ``register`` of it may already be.
+    @app.task(
+        name=RUN_TOOL_TASK,
+        bind=True,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        throws=(CallFailed,),
+        shared=False,
+    )
     def run_tool(self: Task, payload: Any) -> Outcome:
         worker = self.request.hostname or "worker"
         call = _decode(payload, worker, client_id)
