@@ -65,7 +65,7 @@ TRIM_EVERY_S = 60.0
 ROUND_BATCHES = 100
 TRIM_CHUNK = 1000
 TRIM_BUDGET_S = 10.0
-# Members per RPUSH / SREM: one command never carries megabytes.
+# Members per SADD / RPUSH / SREM of a cancelled set or batch: no command carries megabytes.
 CHUNK_WRITE = 10_000
 # The scope of the server pools' set in an entry: no client id starts with "*".
 SERVER_SCOPE = "*"
@@ -98,6 +98,11 @@ def cancelled_set(client_id: str | None) -> str:
     return key_cancelled() if client_id is None else client_key(client_id, key_cancelled())
 
 
+def write_chunks(members: list[str]) -> list[list[str]]:
+    """``members`` in ``CHUNK_WRITE``-long pieces, one command's worth each."""
+    return [members[start : start + CHUNK_WRITE] for start in range(0, len(members), CHUNK_WRITE)]
+
+
 def redis_now(r: redis.Redis) -> float:
     """Redis's clock, in seconds: brains on hosts whose clocks differ agree on it."""
     seconds, micros = cast(tuple[int, int], r.time())
@@ -113,8 +118,8 @@ def write_batch(
         return
     minute = int(now // BUCKET_S)
     batch_id = f"{minute}:{int(kept_s)}"
-    for start in range(0, len(members), CHUNK_WRITE):
-        pipe.rpush(batch_key(client_id, batch_id), *members[start : start + CHUNK_WRITE])
+    for chunk in write_chunks(members):
+        pipe.rpush(batch_key(client_id, batch_id), *chunk)
     pipe.zadd(INDEX_KEY, {index_entry(client_id, batch_id): (minute + 1) * BUCKET_S + kept_s}, nx=True)
 
 
@@ -187,9 +192,9 @@ def trim(
                     keep.setdefault(client_id, []).extend(kept)
                 tx.multi()
                 for client_id, members in drop.items():
-                    for start in range(0, len(members), CHUNK_WRITE):
+                    for piece in write_chunks(members):
                         # A client that replaced its own set with another type: its error only.
-                        tx.srem(cancelled_set(client_id), *members[start : start + CHUNK_WRITE])
+                        tx.srem(cancelled_set(client_id), *piece)
                 for client_id, members in keep.items():
                     write_batch(tx, client_id, members, now, again_s)
                 for entry, key, chunk in zip(due, keys, chunks, strict=True):

@@ -16,7 +16,7 @@ from typing import Any, Final, cast
 import redis
 
 from brain.errors import BrainError
-from brain.hot.cancelled import TAKEN_BACK_KEPT_S, cancelled_set, redis_now, write_batch
+from brain.hot.cancelled import TAKEN_BACK_KEPT_S, cancelled_set, redis_now, write_batch, write_chunks
 from workers.contracts import (
     CLIENT_OUTBOX,
     KOMBU_UNACKED,
@@ -36,8 +36,6 @@ from workers.redis_connect import redis_client
 # How much of a kombu queue or hash one command reads: never a whole 100,000-long queue in
 # one reply (it stalls Redis for everyone, docs/performance.md).
 READ_CHUNK = 1000
-# Run ids per SADD when runs are cancelled: one round trip each, no multi-megabyte command.
-CANCEL_CHUNK = 10_000
 
 
 def as_bytes(value: bytes | str) -> bytes:
@@ -147,7 +145,7 @@ class HotState:
 
         The cancelled set is written first: a message the agent pops between the two is
         refused at ``begin_run``, and one still queued costs it nothing at all. Run ids go
-        ``CANCEL_CHUNK`` per SADD (no multi-megabyte command); the queue is read once."""
+        ``CHUNK_WRITE`` per SADD (no multi-megabyte command); the queue is read once."""
         ids = [r for r in run_ids if r]
         stops = [r for r in stop if r]
         if not ids and not stops:
@@ -182,9 +180,9 @@ class HotState:
             return
         key = cancelled_set(client_id)
         pipe = self.r.pipeline(transaction=True)
-        sadds = range(0, len(members), CANCEL_CHUNK)
-        for start in sadds:
-            pipe.sadd(key, *members[start : start + CANCEL_CHUNK])
+        sadds = write_chunks(members)
+        for chunk in sadds:
+            pipe.sadd(key, *chunk)
         write_batch(pipe, client_id, list(batch), now, kept_s)
         replies = pipe.execute(raise_on_error=False)
         for added in replies[: len(sadds)]:
