@@ -68,6 +68,7 @@ from workers.contracts import (
     client_queue,
     key_cancelled,
     key_deliveries,
+    stop_member,
 )
 from workers.mcp_clients import MCPClientManager
 from workers.recent_calls import RecentCalls
@@ -153,6 +154,7 @@ class Agent:
             # A task re-sent after its result was lost (a link cut mid-call) is answered from the
             # run that did it, not run twice (workers.recent_calls).
             recent=RecentCalls(),
+            stop_asked=self._must_stop,
         )
         self.announcer = Announcer(
             self.channel,
@@ -381,6 +383,15 @@ class Agent:
 
     def _cancelled(self, run_id: str) -> bool:
         return bool(self.channel.client.sismember(self.channel.key(key_cancelled()), run_id))
+
+    def _must_stop(self, run_id: str) -> bool:
+        """Whether a running call must stop (``workers.call_stop``), asked on the channel's
+        connections. The server pool's check has a connection of its own, which an agent kept
+        open after its first call longer than ``STOP_POLL_S``: a connection more per workstation
+        (a third more of what each costs Redis), two with both threads busy. On a silent link an
+        ask gives up after the channel's socket timeout, not the pool's 2 s; the call's result
+        waits for that link anyway."""
+        return bool(self.channel.client.sismember(self.channel.key(key_cancelled()), stop_member(run_id)))
 
     # --- life cycle ------------------------------------------------------------------------------
 

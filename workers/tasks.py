@@ -193,6 +193,7 @@ def register(
     channel: CallChannel | None = None,
     recent: RecentCalls | None = None,
     end: Callable[[ToolCall], None] | None = None,
+    stop_asked: Callable[[str], bool] | None = None,
 ) -> Task:
     """Register ``vancetope.run_tool`` on ``app``. Defaults are the server pool's: results go
     to queue ``brain``, MCP servers come from ``VANCETOPE_MCP_CONFIG``, no native tools;
@@ -209,9 +210,12 @@ def register(
     (``workers.call_relay``). ``recent`` (a client agent's) answers a task re-sent as a new run
     after its result was lost from the run that already did it (``workers.recent_calls``).
     ``end`` is told of every call this worker took once it is over (run, refused or failed;
-    the server pool gives back a gate slot there)."""
+    the server pool gives back a gate slot there). ``stop_asked(run_id)`` is asked every
+    ``STOP_POLL_S`` while a call runs, whether it must stop (default: ``HotState.stopped``, on
+    a connection of its own; a client agent asks on its channel's, see ``ClientAgent``)."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
+    ask_stop = stop_asked or hot.stopped
 
     def publish_updated(update: ResourceUpdated) -> None:
         hot.client.publish(channel_resource_updates(), update.model_dump_json())
@@ -260,7 +264,7 @@ def register(
                 result = reused.result
             else:
                 ran: ToolResult | None = None
-                stop = StopCheck(hot.stopped, call.run_id)
+                stop = StopCheck(ask_stop, call.run_id)
                 try:
                     ran = _gated_run(
                         call,
