@@ -1,0 +1,33 @@
+"""The cyclic garbage collector held off while a bounded burst of objects is made (layer:
+brain/hot; process glue).
+
+CPython collects its youngest objects every 700 net allocations, and an object alive during
+that collection moves to an older generation; once enough have moved, a full collection
+walks every object of the process (a brain's modules, Celery, its caches). A burst that holds
+thousands of short-lived objects at once (a requeue's chunk of 1,000 refs, the heartbeat
+sweep's reading of every connected client) set off many collections of its own, moved its
+objects on, and so set off full collections: their cost grew with the burst times the heap.
+With 1,000 idle clients that was a fifth of the sweep's time (9.5 of 45 ms a sweep), none at
+100: a client cost the brain a third more at 1,000 than at 100 (bench/README.md,
+``idle_clients_1000``). Held off for the burst, the objects are freed by their reference
+counts before any collection sees them.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def collector_held() -> Iterator[None]:
+    """No cyclic collection in this process meanwhile (process wide: keep the burst short,
+    milliseconds). The collector is switched back on only if it was on."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
