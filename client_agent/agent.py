@@ -68,12 +68,11 @@ from workers.contracts import (
     client_queue,
     key_cancelled,
     key_deliveries,
-    stop_member,
 )
 from workers.mcp_clients import MCPClientManager
 from workers.recent_calls import RecentCalls
 from workers.sent_ahead import SentAhead
-from workers.tasks import begin_commands, begin_run, begun, register
+from workers.tasks import begin_commands, begin_run, begun, must_stop, register
 from workers.urls import redact_url
 
 log = logging.getLogger("vancetope.agent")
@@ -387,11 +386,13 @@ class Agent:
     def _must_stop(self, run_id: str) -> bool:
         """Whether a running call must stop (``workers.call_stop``), asked on the channel's
         connections. The server pool's check has a connection of its own, which an agent kept
-        open after its first call longer than ``STOP_POLL_S``: a connection more per workstation
-        (a third more of what each costs Redis), two with both threads busy. On a silent link an
+        open after its first call longer than ``STOP_POLL_S``: one more connection per
+        workstation (an idle agent holds three), two with both threads busy. On a silent link an
         ask gives up after the channel's socket timeout, not the pool's 2 s; the call's result
-        waits for that link anyway."""
-        return bool(self.channel.client.sismember(self.channel.key(key_cancelled()), stop_member(run_id)))
+        waits for that link anyway. A timed-out ask drops its connection, so the next one
+        reconnects first (5 s): on a silent link a call's ``timeout_s`` is enforced up to ~15 s
+        late (2-4 s before)."""
+        return must_stop(self.channel.client, self.channel.prefix, run_id)
 
     # --- life cycle ------------------------------------------------------------------------------
 

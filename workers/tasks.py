@@ -101,11 +101,17 @@ class HotState:
         if self._asker is None or self._asker_pid != os.getpid():
             self._asker = app_redis_client(self._app, **ASK_TIMEOUTS)
             self._asker_pid = os.getpid()
-        return bool(self._asker.sismember(self.prefix + key_cancelled(), stop_member(run_id)))
+        return must_stop(self._asker, self.prefix, run_id)
 
     def begin_run(self, call: ToolCall, worker: str, started_at: float) -> int | None:
         """``begin_run`` on this worker's own keys."""
         return begin_run(self.client, self.prefix, call, worker, started_at)
+
+
+def must_stop(client: redis.Redis, prefix: str, run_id: str) -> bool:
+    """Whether running ``run_id`` must stop: ``stop_member(run_id)`` in the cancelled set under
+    ``prefix`` (a cancel or an expiry put it there), one ``SISMEMBER`` on ``client``."""
+    return bool(client.sismember(prefix + key_cancelled(), stop_member(run_id)))
 
 
 def begin_run(
@@ -212,7 +218,7 @@ def register(
     ``end`` is told of every call this worker took once it is over (run, refused or failed;
     the server pool gives back a gate slot there). ``stop_asked(run_id)`` is asked every
     ``STOP_POLL_S`` while a call runs, whether it must stop (default: ``HotState.stopped``, on
-    a connection of its own; a client agent asks on its channel's, see ``ClientAgent``)."""
+    a connection of its own; a client agent asks on its channel's: ``client_agent.agent.Agent``)."""
     hot = HotState(app)
     start_run = begin or hot.begin_run
     ask_stop = stop_asked or hot.stopped

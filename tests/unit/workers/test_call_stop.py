@@ -7,15 +7,16 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 
 from bench.faultproxy import FaultProxy
 from brain.stack.redis_server import RedisServer
 from tests.conftest import InThread, wait_until
 from workers.app import make_app
 from workers.call_stop import Waited, wait_unless_stopped
-from workers.contracts import ToolCall, ToolType
+from workers.contracts import ToolCall, ToolResult, ToolType, key_cancelled, stop_member
 from workers.execute import execute
-from workers.tasks import ASK_TIMEOUTS, HotState
+from workers.tasks import ASK_TIMEOUTS, HotState, must_stop, register
 
 
 class FakeCall:
@@ -78,10 +79,11 @@ def test_the_stop_check_on_a_silent_link_gives_up_and_the_call_ends_as_it_would(
     """Found by a reviewer: the check ran on a connection without a socket timeout, so a link
     gone silent (bytes dropped, the socket open: Wi-Fi, a VPN, a NAT) held the call, its slot
     and its result in a SISMEMBER for as long as redis-py's default allowed (for ever on
-    redis-py 7). It has a connection of its own with short timeouts now."""
+    redis-py 7). The server pool's check has a connection of its own with short timeouts now
+    (a client agent asks on its channel's connections, whose 10 s socket timeout bounds it)."""
     host, port = redis_server.url.split("//")[1].split("/")[0].rsplit("@", 1)[-1].rsplit(":", 1)
     with FaultProxy((host, int(port))) as proxy:
-        hot = HotState(make_app(proxy.url(redis_server.url), keyprefix="c:laptop:"))
+        hot = HotState(make_app(proxy.url(redis_server.url)))
         assert hot.stopped("r1") is False  # connected, through the proxy
         assert hot._asker is not None
         assert (
@@ -94,3 +96,48 @@ def test_the_stop_check_on_a_silent_link_gives_up_and_the_call_ends_as_it_would(
         proxy.cut()  # the link goes silent mid-call: each check fails after its timeout
         wait_until(running.done, timeout=60, what="the call to end with the link silent")
         assert running.result().ok  # it ran to its end; a failed check is not a stop
+
+
+def test_a_run_must_stop_when_its_stop_member_is_in_its_workers_cancelled_set_only(
+    redis_client: redis.Redis,
+) -> None:
+    """The server pool's check and a client agent's (on its channel's connections) are this
+    one read: a run cancelled before it began (its plain id, which ``begin_run`` refuses) is no
+    stop, nor is another worker's cancel."""
+    redis_client.sadd("c:laptop:" + key_cancelled(), stop_member("r1"), "r2")
+    redis_client.sadd("c:desk:" + key_cancelled(), stop_member("r3"))
+    assert must_stop(redis_client, "c:laptop:", "r1")
+    assert not must_stop(redis_client, "c:laptop:", "r2")
+    assert not must_stop(redis_client, "c:laptop:", "r3")
+
+
+def test_a_run_asks_whether_to_stop_where_its_worker_says_not_on_a_connection_of_its_own() -> None:
+    """A client agent asks on its channel's connections (``register(stop_asked=...)``): the
+    check's own connection stayed open after the agent's first call longer than ``STOP_POLL_S``,
+    a connection more per workstation (two with both threads busy). The answer it gets decides:
+    here the call is stopped at the second ask."""
+    app = make_app("redis://127.0.0.1:1/0")  # eager; a connection of the check's own would fail
+    app.conf.task_always_eager = True
+    recorded: list[ToolResult] = []
+    asked: list[str] = []
+
+    def stop_asked(run_id: str) -> bool:
+        asked.append(run_id)
+        return len(asked) >= 2
+
+    run_tool = register(
+        app,
+        sink=recorded.append,
+        begin=lambda call, worker, started: 1,
+        task_events=False,
+        client_id="laptop",
+        stop_asked=stop_asked,
+    )
+    call = ToolCall(
+        run_id="t.k.1", tree_id="t", task_id="k", tool="sleep", tool_type=ToolType.BUILT_IN,
+        args={"seconds": 5}, timeout_s=60, max_result_bytes=1000, client_id="laptop",
+    )  # fmt: skip
+    run_tool.apply(args=[call.model_dump(mode="json")])
+    assert asked == ["t.k.1", "t.k.1"]
+    assert [(r.ok, r.error and r.error.type) for r in recorded] == [(False, "Cancelled")]
+    app.close()

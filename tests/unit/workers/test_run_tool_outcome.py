@@ -40,35 +40,3 @@ def test_a_run_tools_result_reads_as_its_dict_and_is_written_out_in_one_repr(
     assert celery_saferepr.saferepr(outcome, 1024) == repr({"ok": True, "tool": "echo", "task": "k"})
     assert walked == []  # Celery's tracer wrote it out without walking it
     app.close()
-
-
-def test_a_run_asks_whether_to_stop_where_its_worker_says_not_on_a_connection_of_its_own() -> None:
-    """A client agent asks on its channel's connections (``register(stop_asked=...)``): the
-    check's own connection stayed open after the agent's first call longer than ``STOP_POLL_S``,
-    a connection more per workstation (two with both threads busy). The answer it gets decides:
-    here the call is stopped at the second ask."""
-    app = make_app("redis://127.0.0.1:1/0")  # eager; a connection of the check's own would fail
-    app.conf.task_always_eager = True
-    recorded: list[ToolResult] = []
-    asked: list[str] = []
-
-    def stop_asked(run_id: str) -> bool:
-        asked.append(run_id)
-        return len(asked) >= 2
-
-    run_tool = register(
-        app,
-        sink=recorded.append,
-        begin=lambda call, worker, started: 1,
-        task_events=False,
-        client_id="laptop",
-        stop_asked=stop_asked,
-    )
-    call = ToolCall(
-        run_id="t.k.1", tree_id="t", task_id="k", tool="sleep", tool_type=ToolType.BUILT_IN,
-        args={"seconds": 30}, timeout_s=60, max_result_bytes=1000, client_id="laptop",
-    )  # fmt: skip
-    run_tool.apply(args=[call.model_dump(mode="json")])
-    assert asked == ["t.k.1", "t.k.1"]
-    assert [(r.ok, r.error and r.error.type) for r in recorded] == [(False, "Cancelled")]
-    app.close()

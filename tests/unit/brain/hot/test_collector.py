@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 
@@ -30,3 +31,23 @@ def test_a_collector_that_was_off_stays_off_and_a_hold_inside_a_hold_keeps_it_of
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_one_threads_hold_ending_does_not_switch_the_collector_on_in_anothers() -> None:
+    """The first hold to begin ends first, while another thread's burst goes on."""
+    inside, release = threading.Event(), threading.Event()
+
+    def burst() -> None:
+        with collector_held():
+            inside.set()
+            release.wait(10)
+
+    other = threading.Thread(target=burst)
+    other.start()
+    assert inside.wait(10)
+    with collector_held():
+        release.set()
+        other.join(10)
+        assert not other.is_alive()
+        assert not gc.isenabled()  # this burst is still on
+    assert gc.isenabled()

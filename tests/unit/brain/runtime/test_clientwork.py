@@ -420,7 +420,7 @@ def test_flower_hears_every_connected_clients_heartbeat_in_one_round_per_interva
 
 
 def test_a_sweep_of_a_thousand_clients_sets_off_no_garbage_collection(rig: Rig) -> None:
-    """Its ~4,000 objects at once set off collections that moved them to older generations,
+    """Its thousands of objects at once set off collections that moved them to older generations,
     then full collections of the whole heap: a fifth of a sweep's time at 1,000 clients and
     none at 100, so a client cost the brain a third more at 1,000 (``idle_clients_1000``)."""
     ids = [f"desk-{i:04d}" for i in range(1000)]
