@@ -175,13 +175,14 @@ def _check_tls(query: str, what: str) -> None:
 
 
 def check_redis_url(url: str) -> str:
-    """``url`` if it is a redis://, rediss:// or sentinel:// URL with a host; a ``rediss://``
-    URL, and a Sentinel URL with TLS options, must ask for certificate checks
+    """``url`` if it is a redis://, rediss:// or sentinel:// URL with a host, on database 0;
+    a ``rediss://`` URL, and a Sentinel URL with TLS options, must ask for certificate checks
     (docs/security.md: without ``ssl_cert_reqs`` redis-py does not check)."""
     if is_sentinel_url(url):
         target = parse_sentinel_url(url)
         if target.tls:
             _check_tls(urlencode(target.tls), "a Sentinel URL with TLS options")
+        _check_database(target.db, url)
         return url
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
@@ -190,4 +191,22 @@ def check_redis_url(url: str) -> str:
         )
     if parts.scheme == "rediss":
         _check_tls(parts.query, "a rediss:// URL")
+    # redis-py reads the database from ?db= first, then from the path; kombu from the path.
+    for given in (parts.path.strip("/"), *parse_qs(parts.query).get("db", [])):
+        if given and not given.isdigit():
+            raise ValueError(f"the database in {redact_url(url)!r} must be a number, got {given!r}")
+        _check_database(int(given or 0), url)
     return url
+
+
+def _check_database(db: int, url: str) -> None:
+    """Vancetope's keys live in database 0 only: a client agent's Redis user may not SELECT
+    (in another database its keys would be out of its quota's sight), and the stack's own
+    users may subscribe only to Celery's channels of database 0 (``brain.hot.acl``). On any
+    other database the stack would start and every agent would then be refused for good."""
+    if db != 0:
+        raise ValueError(
+            f"{redact_url(url)!r} names database {db}; Vancetope keeps its keys in database 0 "
+            "(client agents' Redis users may not SELECT another): use /0, and give Vancetope a "
+            "Redis of its own if database 0 there is taken"
+        )

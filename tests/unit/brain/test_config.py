@@ -60,9 +60,11 @@ def test_a_bad_http_allow_entry_is_a_config_error_naming_it(tmp_path: Path) -> N
         ("rediss://vt-brain:pw@broker:6380/0", "must end with ?ssl_cert_reqs=required"),
         ("rediss://vt-brain:pw@broker:6380/0?ssl_cert_reqs=none", "must end with ?ssl_cert_reqs=required"),
         ("http://vt-brain:pw@broker/0", "must be a redis://, rediss:// or sentinel:// URL"),
+        # Loaded, the stack would start, and every agent enrolled on it would be refused its SELECT.
+        ("redis://vt-brain:pw@broker:6379/3", "names database 3; Vancetope keeps its keys in database 0"),
     ],
 )
-def test_a_redis_url_that_would_not_check_the_certificate_is_refused_without_showing_the_password(
+def test_an_unusable_redis_url_is_refused_without_showing_the_password(
     tmp_path: Path, url: str, fragment: str
 ) -> None:
     with pytest.raises(ConfigError, match=r"redis_url") as caught:

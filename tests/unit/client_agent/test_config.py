@@ -49,14 +49,14 @@ def test_environment_overrides_the_file(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     env = {
-        "VANCETOPE_AGENT_BROKER_URL": "redis://10.0.0.5:6380/2",
+        "VANCETOPE_AGENT_BROKER_URL": "redis://10.0.0.5:6380/0",
         "VANCETOPE_AGENT_CONCURRENCY": "4",
         "VANCETOPE_AGENT_SHELL_ENABLED": "true",
         "VANCETOPE_AGENT_SANDBOX_ROOTS": f"{tmp_path / 'a'},{tmp_path / 'b'}",
         "VANCETOPE_AGENT_ALLOWED_TOOLS": '["read_*", "git/*"]',
     }
     config = load_config(write(tmp_path, MINIMAL), environ=env)
-    assert config.broker_url == "redis://10.0.0.5:6380/2"
+    assert config.broker_url == "redis://10.0.0.5:6380/0"
     assert (config.concurrency, config.shell_enabled) == (4, True)
     assert config.sandbox_roots == (tmp_path / "a", tmp_path / "b")
     assert config.allowed_tools == ("read_*", "git/*")
@@ -121,6 +121,10 @@ def test_missing_sandbox_root_names_the_folder(tmp_path: Path) -> None:
         (
             '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "rediss://h:6380/0"\n',
             "[agent]: broker_url: a rediss:// URL must end with ?ssl_cert_reqs=required",
+        ),
+        (
+            '[agent]\nclient_id = "x"\nuser = "u"\nbroker_url = "redis://h:6379/2"\n',
+            "[agent]: broker_url: 'redis://h:6379/2' names database 2; Vancetope keeps its keys in database 0",
         ),
         ("[vancetope]\nx = 1\n", "agent.toml: missing the [agent] table"),
         ("[agent\n", "agent.toml: not valid TOML: "),

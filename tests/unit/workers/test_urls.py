@@ -31,6 +31,9 @@ def test_credentials_replace_any_in_the_url_and_keep_host_db_and_tls_options(url
         "redis://h:6379/0",
         "rediss://h:6380/0?ssl_cert_reqs=required",
         "rediss://h/0?ssl_cert_reqs=CERT_REQUIRED",
+        "redis://h:6379",
+        "redis://h:6379/?db=0",
+        "sentinel://h1:26379;sentinel://h2:26379/0",
     ],
 )
 def test_usable_redis_urls_pass(url: str) -> None:
@@ -43,6 +46,11 @@ def test_usable_redis_urls_pass(url: str) -> None:
         ("rediss://u:secret@h:6380/0", "ssl_cert_reqs=required"),
         ("amqp://u:secret@h/", "rediss:// or sentinel://"),
         ("redis:///0", "with a host"),
+        ("redis://u:secret@h:6379/1", "names database 1; Vancetope keeps its keys in database 0"),
+        ("redis://u:secret@h:6379/0?db=2", "names database 2"),
+        ("redis://u:secret@h:6379/zero", "must be a number, got 'zero'"),
+        ("rediss://u:secret@h:6380/5?ssl_cert_reqs=required", "names database 5"),
+        ("sentinel://u:secret@h1:26379;sentinel://h2:26379/4", "names database 4"),
     ],
 )
 def test_unusable_redis_urls_are_refused_without_showing_the_password(url: str, fragment: str) -> None:
