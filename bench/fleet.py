@@ -162,6 +162,7 @@ class Fleet:
         clients_file.write_text(json.dumps([{"client_id": c, "url": u} for c, u in creds.items()]))
         self.n = len(creds)
         self.log = root / f"fleet-{tag}.log"
+        self.stop_failure = ""  # why stop() could not read the simulator's lateness, if so
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.fleet_sim", str(clients_file), str(agent_toml)],
@@ -193,18 +194,40 @@ class Fleet:
         self.proc.stdin.flush()
 
     def stop(self) -> float | None:
-        """Goodbye from every client; how late the simulator's timers were at worst (s)."""
+        """Goodbye from every client; how late the simulator's timers were at worst (s), or
+        None if it did not say (``lag_text`` then says why)."""
         lag = None
+        self.stop_failure = "it had exited before the stop"
         if self.proc.poll() is None:
-            with contextlib.suppress(BrokenPipeError, BenchError):
+            try:
                 self.send("stop")
                 lag = float(self.expect("stopped", 180)[2])
+                self.stop_failure = ""
+            except (BrokenPipeError, BenchError) as exc:
+                self.stop_failure = str(exc)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+        if self.stop_failure:
+            self.stop_failure += (
+                f" (exit {self.proc.returncode}; its log's last line: {self._last_log_line()!r})"
+            )
         return lag
+
+    def lag_text(self, lag: float | None) -> str:
+        """For the notes: how late the simulator's timers were, or why that is not known."""
+        if lag is not None:
+            return f"late by at most {lag:.2f}s"
+        return f"lateness unknown: the simulator did not report its stop: {self.stop_failure}"
+
+    def _last_log_line(self) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
 
 
 def dropped(log: Path) -> int:
@@ -259,7 +282,7 @@ def run(quick: bool = False) -> list[Row]:
             time.sleep(WARM_UP_S)  # the brain's start (first sweeps, the agent's first restore cycle)
             w0 = idle_window(r, brain_pid, 0, seconds * SMALL_WINDOWS)
             windows: list[Window] = []
-            lags: dict[int, tuple[float, int, int]] = {}
+            lags: dict[int, tuple[str, int, int]] = {}
             brain_log = settings.data_dir / "logs" / "brain.log"
             wire = ""
             route_row: Row | None = None
@@ -282,11 +305,11 @@ def run(quick: bool = False) -> list[Row]:
                 online, drops = len(sessions(r) & set(creds)), dropped(brain_log) - drops
                 # (Before the goodbyes: a sweep between an agent's goodbye and the relay reading it
                 # finds the heartbeat deleted and says "missed heartbeat", for a real agent too.)
-                lags[n] = (fleet.stop() or math.nan, online, drops)
+                lags[n] = (fleet.lag_text(fleet.stop()), online, drops)
                 wait_offline(r, list(creds))
             fidelity = "; ".join(
                 f"{n} clients: {online} with a session at the window's end, {drops} sessions dropped for a "
-                f"missed heartbeat after all were accepted, simulator timers late by at most {lag:.2f}s"
+                f"missed heartbeat after all were accepted, simulator timers {lag}"
                 for n, (lag, online, drops) in lags.items()
             )
             idle_row = _idle_row(w0, windows[0], windows[1], f"{wire}. {fidelity}", seconds, size)
@@ -516,7 +539,7 @@ def _storm(
         f"(states after: {', '.join(f'{k} {v}' for k, v in sorted(states.items()))}); worst PING of another "
         f"client meanwhile {worst_ms:.1f} ms over {len(during)} pings (goal ≤ {PING_GOAL_MS:g} ms: "
         f"{'met' if ping_met else 'missed'}); Redis bytes per parked task: {parked_lists:,.0f} in its list "
-        f"(MEMORY USAGE), {per_parked:,.0f} by used_memory. Simulator timers late by at most {lag or math.nan:.2f}s; "
+        f"(MEMORY USAGE), {per_parked:,.0f} by used_memory. Simulator timers {fleet.lag_text(lag)}; "
         f"{drops} sessions dropped for a missed heartbeat meanwhile; CPU meanwhile, % of one core: brain "
         f"{brain_pct:.0f}, simulator {sim_pct:.0f}. "
         f"Not in the time: the restart itself and "
