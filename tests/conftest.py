@@ -25,6 +25,7 @@ from brain.core.models import TaskTree, TreeRecord, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
 from brain.stack.redis_server import RedisServer, free_port
+from workers.contracts import queue_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -319,6 +320,16 @@ def wait_for_tree(brain: Brain, tree_id: str, timeout: float = 120.0) -> TreeRec
             pubsub.get_message(timeout=0.5)
     finally:
         pubsub.close()
+
+
+def waiting_on(r: redis.Redis, queue: str) -> int:
+    """Messages waiting on a pool's ``queue``: kombu keeps one list per priority step."""
+    return sum(int(r.llen(key)) for key in queue_keys(queue))
+
+
+def messages_on(r: redis.Redis, queue: str) -> list[bytes]:
+    """The messages waiting on ``queue``, the first a worker would take last, step by step."""
+    return [raw for key in queue_keys(queue) for raw in r.lrange(key, 0, -1)]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 120.0, what: str = "condition") -> Any:

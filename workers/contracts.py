@@ -84,6 +84,32 @@ def pool_queue(pool: str | None) -> str:
     return f"{SERVER_QUEUE}.{check_pool_name(pool)}"
 
 
+# kombu's Redis transport keeps a queue as one list per priority step: ``server`` for step 0,
+# ``server\x06\x163`` for step 3, and so on; a worker's BRPOP names them in this order, so a
+# lower step is always taken first (kombu ``transport/redis.py``: ``priority_steps``, ``sep``,
+# ``_q_for_pri``). A message published with no priority goes to step 0.
+BROKER_PRIORITY_STEPS: Final = (0, 3, 6, 9)
+_BROKER_PRIORITY_SEP: Final = "\x06\x16"
+
+
+def broker_priority(priority: int) -> int:
+    """The kombu priority step of a server call of ``priority`` (0-9, 9 first), one step per
+    word from its number up: high (8-9) is taken before normal (5-7), normal before low (2-4),
+    low before 0-1."""
+    for step, lowest in zip(BROKER_PRIORITY_STEPS, (8, 5, 2, 0), strict=True):
+        if priority >= lowest:
+            return step
+    return BROKER_PRIORITY_STEPS[-1]
+
+
+def queue_keys(queue: str) -> tuple[str, ...]:
+    """Every Redis list a message of ``queue`` may wait in, one per priority step, in the order
+    a worker takes them."""
+    return tuple(
+        queue if step == 0 else f"{queue}{_BROKER_PRIORITY_SEP}{step}" for step in BROKER_PRIORITY_STEPS
+    )
+
+
 def pool_of_queue(queue: str) -> str | None:
     """The pool that consumes ``queue`` (``default`` for ``server``), or None for any other queue."""
     if queue == SERVER_QUEUE:

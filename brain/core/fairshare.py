@@ -42,6 +42,7 @@ __all__ = [
     "pause_key",
     "priority_named",
     "priority_source",
+    "queue_priority",
     "user_limit",
     "window_why",
     "written_limits",
@@ -200,6 +201,18 @@ def call_priority(task: int | None, tree: int | None, session: SessionKind, gate
     """A run's priority, 0-9 (9 first): its task's, else its tree's, else high for an
     interactive session or a gateway call and normal for an autonomous run."""
     return priority_source(task, tree, session, gateway_call)[0]
+
+
+def queue_priority(task: int | None, tree: int | None, session: SessionKind, gateway_call: bool) -> int:
+    """A server call's place in its pool's queue with fair share off, which gives users no
+    share to keep a priority within: a person's call (high by default: an interactive
+    session's, a gateway call) goes ahead of a batch, and a priority a task or tree writes
+    counts up to its run's default only (normal for an autonomous run), so that nobody's
+    batch marked high queues ahead of people's calls or of other users' work. Lower stays
+    lower: it delays only its own writer."""
+    default = call_priority(None, None, session, gateway_call)
+    written = task if task is not None else tree
+    return default if written is None else min(written, default)
 
 
 def priority_source(

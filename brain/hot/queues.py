@@ -26,7 +26,15 @@ from brain.hot.parked import ParkedWork
 from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.store import open_store
-from workers.contracts import DEFAULT_POOL, KOMBU_UNACKED, client_key, client_queue, pool_queue
+from workers.contracts import (
+    BROKER_PRIORITY_STEPS,
+    DEFAULT_POOL,
+    KOMBU_UNACKED,
+    client_key,
+    client_queue,
+    pool_queue,
+    queue_keys,
+)
 from workers.pool_presence import live_pool_workers
 
 
@@ -222,8 +230,11 @@ def read_queues(
     names = pool_names(pools)
     pipe = r.pipeline(transaction=False)
     for name in names:
-        pipe.llen(pool_queue(name))
-    lengths = pipe.execute()
+        for key in queue_keys(pool_queue(name)):
+            pipe.llen(key)
+    steps = len(BROKER_PRIORITY_STEPS)
+    replies = pipe.execute()
+    lengths = [sum(replies[i : i + steps]) for i in range(0, len(replies), steps)]
     gate = Gate(r)
     lanes = gate.lanes_view()
     at_gate: dict[str, int] = {}

@@ -30,6 +30,7 @@ from workers.contracts import (
     REFILLS_WINDOW_HEADER,
     RUN_TOOL_TASK,
     ToolCall,
+    broker_priority,
     client_keyprefix,
     client_queue,
     pool_queue,
@@ -152,12 +153,16 @@ class Publisher:
             stack.enter_context(producer.batch())
         return producer
 
-    def send(self, call: ToolCall, pool: str | None = None, lane: Lane | None = None) -> None:
+    def send(
+        self, call: ToolCall, pool: str | None = None, lane: Lane | None = None, priority: int | None = None
+    ) -> None:
         """Publish ``call`` on its client's queue, else on ``pool``'s (None: the default pool);
-        with ``lane`` (a server call with limits), into that lane's wait list at the gate."""
+        with ``lane`` (a server call with limits), into that lane's wait list at the gate.
+        ``priority`` (0-9, 9 first) of a server call sent straight to its pool's queue: the
+        pool takes higher ones first (``workers.contracts.broker_priority``)."""
         if getattr(self._local, "producers", None) is None:
             with self.batch():  # a batch of one: the call and its event in one pipeline
-                self.send(call, pool, lane)
+                self.send(call, pool, lane, priority)
             return
         gated = lane is not None and self.gate is not None and call.client_id is None
         # Every gated call goes to its pool's inbox at the gate, under one key prefix: one app
@@ -191,6 +196,10 @@ class Publisher:
             headers={REFILLS_WINDOW_HEADER: True}
             if gated and lane is not None and lane.refills_window
             else None,
+            # A client's queue is its own and in order; a gated call's order is the gate's.
+            priority=None
+            if gated or call.client_id is not None or priority is None
+            else broker_priority(priority),
         )
         if call.client_id is None and self.task_events:
             self._local.sent.append(sent_event(call, queue))

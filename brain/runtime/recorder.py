@@ -77,9 +77,11 @@ class ViaBrainPublisher(Publisher):
     """Sends server calls itself; hands a client's call to the brain, which alone may write
     that client's queue."""
 
-    def send(self, call: ToolCall, pool: str | None = None, lane: Lane | None = None) -> None:
+    def send(
+        self, call: ToolCall, pool: str | None = None, lane: Lane | None = None, priority: int | None = None
+    ) -> None:
         if call.client_id is None:
-            super().send(call, pool, lane)
+            super().send(call, pool, lane, priority)
             return
         # Ids only: the brain rebuilds the call from the store, so nothing in this message
         # can change what the client is asked to run.

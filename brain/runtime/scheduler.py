@@ -21,11 +21,13 @@ from typing import Any
 
 from brain.config import Settings
 from brain.core.fairshare import (
+    DEFAULT_PRIORITY,
     applied_limits,
     call_origin,
     call_priority,
     highest_first,
     lane_id,
+    queue_priority,
     user_limit,
 )
 from brain.core.fanout import (
@@ -999,24 +1001,41 @@ class Scheduler:
             window=fair.queue_window,
         )
 
+    def _queue_priority(self, call: ToolCall) -> int:
+        """``call``'s place in its pool's queue with fair share off (``queue_priority``)."""
+        tree_rec = self.tree(call.tree_id)
+        if tree_rec is None:
+            return DEFAULT_PRIORITY
+        task = self._task_priority(tree_rec, call.task_id)
+        return queue_priority(task, tree_rec.tree.priority, tree_rec.session, tree_rec.gateway_call)
+
     def _priority(self, tree_rec: TreeRecord, task_id: str) -> int:
         """The priority of ``task_id``'s runs (an item of a for_each task has its task's)."""
-        spec_id = parent_of(task_id) or task_id
-        try:
-            task = tree_rec.tree.task(spec_id).priority
-        except KeyError:
-            task = None
+        task = self._task_priority(tree_rec, task_id)
         return call_priority(task, tree_rec.tree.priority, tree_rec.session, tree_rec.gateway_call)
+
+    @staticmethod
+    def _task_priority(tree_rec: TreeRecord, task_id: str) -> int | None:
+        """The priority ``task_id``'s spec writes, if any (an item of a for_each task's is its task's)."""
+        try:
+            return tree_rec.tree.task(parent_of(task_id) or task_id).priority
+        except KeyError:
+            return None
 
     def publish(self, call: ToolCall, pool: str | None = None) -> None:
         """Send ``call`` to its client's queue, or to ``pool``'s (None: the default pool's),
         through the gate when limits bound it."""
         try:
             lane = self.lane(call, pool)
-            if lane is None:
-                self.publisher.send(call, pool)
-            else:
+            if lane is not None:
                 self.publisher.send(call, pool, lane)
+            elif call.client_id is None and not self.settings.fairness.on:
+                # Straight to the pool's queue, where a person's call goes ahead of a batch
+                # with fair share off. (On, the gate orders the calls, and its window counts
+                # the queue's first list only.)
+                self.publisher.send(call, pool, priority=self._queue_priority(call))
+            else:
+                self.publisher.send(call, pool)
         except Exception:
             log.exception(
                 "could not publish task %s (run %s); the reconciler will re-send it",

@@ -47,6 +47,7 @@ from workers.contracts import (
     client_key,
     client_queue,
     pool_queue,
+    queue_keys,
 )
 
 log = logging.getLogger("vancetope.brain")
@@ -56,9 +57,11 @@ _T = TypeVar("_T")
 def server_queues(records: Iterable[TaskRecord], pools: Iterable[str]) -> list[str]:
     """Where a server run's message can be: the brain's queue (a result on its way), the
     default pool's, every configured pool's, and the pool each record names (one that was
-    configured when the run was sent may not be any more)."""
+    configured when the run was sent may not be any more); each pool's queue as the list of
+    each priority step (a run missed there would be taken for lost and sent again)."""
     named = {*pools, *(r.pool for r in records if r.client_id is None and r.pool is not None)}
-    return [BRAIN_QUEUE, pool_queue(None), *(pool_queue(p) for p in sorted(named))]
+    queues = [pool_queue(None), *(pool_queue(p) for p in sorted(named))]
+    return [BRAIN_QUEUE, *(key for queue in queues for key in queue_keys(queue))]
 
 
 class SweepScheduling(ClientScheduling, Protocol):

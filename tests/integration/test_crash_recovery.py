@@ -24,7 +24,7 @@ from brain.core.models import SessionKind, TaskState, TreeStatus
 from brain.core.retry import RetryOn, RetryPolicy
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import server_runs_started, tree, wait_for_tree, wait_until
+from tests.conftest import server_runs_started, tree, wait_for_tree, wait_until, waiting_on
 from tests.integration.test_client_path import make_agent
 from workers.contracts import pool_queue
 
@@ -115,7 +115,7 @@ def test_work_reserved_by_a_killed_named_pool_comes_back_to_that_pools_queue_onl
     # The leases lapse and a live consumer (the brain) restores the message to `server.gpu`; the
     # default pool, still running, never takes it.
     wait_until(
-        lambda: brain.hot.r.llen(pool_queue("gpu")) == 2,
+        lambda: waiting_on(brain.hot.r, pool_queue("gpu")) == 2,
         timeout=RECOVERY_BOUND_S,
         what="both calls back on server.gpu",
     )

@@ -24,7 +24,7 @@ from brain.core.models import TaskState, TreeStatus
 from brain.hot.gate import Gate
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack, celery_argv
-from tests.conftest import tree, wait_for_tree, wait_until, write_mcp_config
+from tests.conftest import messages_on, tree, wait_for_tree, wait_until, write_mcp_config
 from tests.integration.test_pools import vancetope
 from tests.unit.workers.helpers import BUSY_SERVER, http_server
 from workers.contracts import DEFAULT_POOL, key_gate_pause, key_gate_paused, key_gate_waiting, pool_queue
@@ -272,7 +272,7 @@ def test_a_call_of_a_paused_server_with_no_limit_waits_at_the_gate(brain_on_redi
     get, say = (r.run_id if r is not None else None for r in runs.values())
     assert get and say
     assert gate.throttled([get, say]) == {get: why}
-    queued = [json.loads(raw)["headers"]["id"] for raw in brain.hot.r.lrange(pool_queue(None), 0, -1)]
+    queued = [json.loads(raw)["headers"]["id"] for raw in messages_on(brain.hot.r, pool_queue(None))]
     assert queued == [say]
 
 

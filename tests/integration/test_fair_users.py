@@ -17,7 +17,7 @@ import pytest
 from brain.core.models import TaskRecord, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import tree, wait_for_tree, wait_until
+from tests.conftest import tree, wait_for_tree, wait_until, waiting_on
 from tests.integration import test_fair_share
 from tests.integration.test_fair_share import most_at_once, sleeps, two_pools
 from workers.contracts import key_gate_waiting
@@ -91,7 +91,7 @@ def test_another_users_one_task_tree_goes_ahead_of_a_large_batch(fair_pools: Fai
     brain = fair_pools({"queue_window": WINDOW, "users": {"ada": {"weight": 2}}})
     batch = brain.scheduler.submit(tree(sleeps(BATCH, 0.05)), user="ada")
     under_way(brain, batch.tree_id)
-    assert brain.hot.r.llen("server") <= WINDOW  # the rest waits at the gate
+    assert waiting_on(brain.hot.r, "server") <= WINDOW  # the rest waits at the gate
     submitted_at, started_at = one_call(brain, "bob")
     assert wait_for_tree(brain, batch.tree_id, 180).status is TreeStatus.DONE
     # The bound docs/fair-share.md states: 2W + 2c + the weights (ada 2, bob 1).

@@ -36,6 +36,7 @@ from workers.contracts import (
     key_pool_workers,
     key_presence,
     pool_queue,
+    queue_keys,
 )
 from workers.urls import without_credentials
 
@@ -57,6 +58,8 @@ PROBES: list[tuple[str, Callable[[redis.Redis], Any]]] = [
     ("push a run_tool onto the server queue", lambda r: r.lpush(SERVER_QUEUE, "{}")),
     ("push a run_tool onto a named pool's queue", lambda r: r.lpush(pool_queue("gpu"), "{}")),
     ("pop a named pool's queue", lambda r: r.rpop(pool_queue("gpu"))),
+    ("pop a pool queue's list of normal calls", lambda r: r.rpop(queue_keys(SERVER_QUEUE)[1])),
+    ("push onto a pool queue's list of low calls", lambda r: r.lpush(queue_keys(pool_queue("gpu"))[2], "{}")),
     ("pretend to be a pool worker", lambda r: r.zadd(key_pool_workers("gpu"), {"server-gpu@x": 1e12})),
     ("push a forged record_result onto the brain queue", lambda r: r.lpush(BRAIN_QUEUE, "{}")),
     ("read the server pool's in-flight messages", lambda r: r.hgetall("unacked")),

@@ -11,8 +11,8 @@ import pytest
 
 from brain.core.models import MAX_TASK_ID_CHARS, MAX_TREE_ID_CHARS, TaskRecord, TaskState
 from brain.runtime.service import Brain
-from tests.conftest import tree
-from workers.contracts import SERVER_QUEUE, ToolCall
+from tests.conftest import messages_on, tree
+from workers.contracts import SERVER_QUEUE, ToolCall, queue_keys
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ def shout(task_id: str, tree_id: str = "t") -> dict:
 
 
 def published_calls(brain: Brain) -> list[ToolCall]:
-    bodies = [json.loads(raw) for raw in brain.hot.r.lrange(SERVER_QUEUE, 0, -1)]
+    bodies = [json.loads(raw) for raw in messages_on(brain.hot.r, SERVER_QUEUE)]
     import base64
 
     return [ToolCall.model_validate(json.loads(base64.b64decode(b["body"]))[0][0]) for b in bodies]
@@ -49,7 +49,7 @@ def test_a_sweep_that_fails_on_one_task_logs_it_and_resends_the_others(
     brain = brain_on_redis
     first = brain.scheduler.submit(tree(shout("bad", tree_id="one")))
     second = brain.scheduler.submit(tree(shout("good", tree_id="two")))
-    brain.hot.r.delete(SERVER_QUEUE)  # both messages lost: the reconciler must re-send both
+    brain.hot.r.delete(*queue_keys(SERVER_QUEUE))  # both messages lost: the reconciler must re-send both
     real_call = brain.scheduler.call
 
     def call_failing_for_bad(spec, rec: TaskRecord, *args):  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ import pytest
 from brain.core.models import SessionKind, TaskState
 from brain.runtime.relay import Relay
 from brain.runtime.service import Brain
-from tests.conftest import result_for, tree
+from tests.conftest import result_for, tree, waiting_on
 from workers.contracts import (
     CLIENT_ACK,
     CLIENT_HEARTBEAT,
@@ -101,7 +101,7 @@ def test_client_tool_blocks_in_an_interactive_session_while_server_tasks_go_on(b
     assert read.state is TaskState.BLOCKED
     assert read.reason == "Waiting for Client for Tool: read_local_file"
     assert brain.store.get_task(rec.tree_id, "shout").state is TaskState.QUEUED_SERVER
-    assert brain.hot.r.llen(SERVER_QUEUE) == 1
+    assert waiting_on(brain.hot.r, SERVER_QUEUE) == 1
 
 
 def test_client_tool_is_pending_client_in_an_autonomous_session(brain_on_redis: Brain) -> None:
@@ -121,7 +121,7 @@ def test_connect_requeues_parked_tasks_in_order_on_the_clients_own_queue(brain_o
     assert ack.accepted and ack.tools == 2
     assert set(states(brain, rec.tree_id).values()) == {TaskState.QUEUED_CLIENT}
     assert queued_task_ids(brain, "laptop") == ["r0", "r1", "r2", "r3", "r4"]
-    assert brain.hot.r.llen(SERVER_QUEUE) == 0
+    assert waiting_on(brain.hot.r, SERVER_QUEUE) == 0
     assert all(t.route == "client:laptop" for t in brain.store.get_tasks(rec.tree_id))
 
 

@@ -19,8 +19,8 @@ import redis
 from brain.core.models import TaskState, TreeStatus
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import tree, wait_for_tree, wait_until
-from workers.contracts import pool_queue
+from tests.conftest import tree, wait_for_tree, wait_until, waiting_on
+from workers.contracts import pool_queue, queue_keys
 from workers.pool_presence import live_pool_workers
 
 pytestmark = pytest.mark.integration
@@ -101,7 +101,7 @@ def test_a_gpu_tool_waits_with_status_saying_nobody_consumes_then_runs_only_on_t
     gpu = brain.store.get_task(rec.tree_id, "on_gpu")
     assert gpu is not None
     assert (gpu.state, gpu.route, gpu.pool) == (TaskState.QUEUED_SERVER, "server:gpu", "gpu")
-    assert brain.hot.r.llen(pool_queue("gpu")) == 1
+    assert waiting_on(brain.hot.r, pool_queue("gpu")) == 1
     # Waiting on a queue is not lost: the reconciler leaves it alone.
     wait_until(
         lambda: time.time() - gpu.updated_at > stack.settings.reconcile_grace_s, 120, "the grace to pass"
@@ -215,7 +215,9 @@ def test_a_message_lost_from_a_pools_queue_is_resent_to_that_pool(
     )
     first = brain.store.get_task(rec.tree_id, "a")
     assert first is not None and first.pool == "gpu"
-    assert brain.hot.r.delete(pool_queue("gpu")) == 1  # the message is gone; the store still says queued
+    assert (
+        brain.hot.r.delete(*queue_keys(pool_queue("gpu"))) == 1
+    )  # the message is gone; the store still says queued
     stack.start_service("server-pool-gpu")
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
     a = brain.store.get_task(rec.tree_id, "a")

@@ -26,9 +26,10 @@ from tests.conftest import (
     tree,
     wait_for_tree,
     wait_until,
+    waiting_on,
     write_mcp_config,
 )
-from workers.contracts import KOMBU_UNACKED, SERVER_QUEUE, ToolCall, ToolType
+from workers.contracts import KOMBU_UNACKED, SERVER_QUEUE, ToolCall, ToolType, queue_keys
 
 pytestmark = pytest.mark.integration
 
@@ -180,7 +181,7 @@ def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(
         max_result_bytes=1000,
     )
     brain.scheduler.publisher.send(call)  # the duplicate
-    assert brain.hot.r.llen(SERVER_QUEUE) == 2
+    assert waiting_on(brain.hot.r, SERVER_QUEUE) == 2
     stack.start_service("server-pool")
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
     t = {x.task_id: x for x in brain.store.get_tasks(rec.tree_id)}
@@ -189,7 +190,7 @@ def test_a_job_delivered_twice_completes_its_task_and_advances_the_tree_once(
     # The second copy was taken too: either it began while the first ran (its result then
     # ignored by the compare-and-set), or it found the run recorded and never started.
     wait_until(
-        lambda: brain.hot.r.llen(SERVER_QUEUE) == 0 and brain.hot.r.hlen(KOMBU_UNACKED) == 0,
+        lambda: waiting_on(brain.hot.r, SERVER_QUEUE) == 0 and brain.hot.r.hlen(KOMBU_UNACKED) == 0,
         what="both copies taken and acked",
     )
     assert brain.store.get_task(rec.tree_id, "a").deliveries in (1, 2)
@@ -226,7 +227,9 @@ def test_reconciler_resends_a_task_deleted_from_redis_behind_the_brains_back(
         )
     )
     first_run = brain.store.get_task(rec.tree_id, "a").run_id
-    assert brain.hot.r.delete(SERVER_QUEUE) == 1  # the message is gone; the store still says queued
+    assert (
+        brain.hot.r.delete(*queue_keys(SERVER_QUEUE)) == 1
+    )  # the message is gone; the store still says queued
     stack.start_service("server-pool")
     assert wait_for_tree(brain, rec.tree_id).status is TreeStatus.DONE
     a = brain.store.get_task(rec.tree_id, "a")
@@ -247,7 +250,7 @@ def test_reconciler_resends_a_running_task_whose_message_nothing_holds_as_queued
     # record says running, and no queue or unacked hash holds the run.
     assert brain.store.begin_run(rec.tree_id, "a", first.run_id, "server@gone", time.time() - 60) == 1
     assert brain.store.get_task(rec.tree_id, "a").state is TaskState.RUNNING
-    assert brain.hot.r.delete(SERVER_QUEUE) == 1
+    assert brain.hot.r.delete(*queue_keys(SERVER_QUEUE)) == 1
     resent = wait_until(
         lambda: (t := brain.store.get_task(rec.tree_id, "a")).run_id != first.run_id and t,
         what="the reconciler to re-send the lost running run",

@@ -17,8 +17,8 @@ import pytest
 from brain.core.models import TaskState
 from brain.runtime.service import Brain
 from brain.stack.embedded import EmbeddedStack
-from tests.conftest import tree, wait_for_tree, wait_until
-from workers.contracts import RUN_TOOL_TASK, ErrorInfo, ToolResult
+from tests.conftest import tree, wait_for_tree, wait_until, waiting_on
+from workers.contracts import RUN_TOOL_TASK, ErrorInfo, ToolResult, queue_keys
 
 pytestmark = pytest.mark.integration
 
@@ -153,8 +153,10 @@ def test_a_run_whose_worker_was_lost_is_told_failed_and_a_cancelled_retry_revoke
                             ok=False, error=error, started_at=now, finished_at=now)  # fmt: skip
         assert brain.intake.take(failed) is TaskState.RETRYING
         # A pool worker took "lost", began it, and died with its message (no pool here).
-        wait_until(lambda: brain.hot.r.llen("server") == 2, timeout=60, what="both calls in their queue")
-        brain.hot.r.delete("server")
+        wait_until(
+            lambda: waiting_on(brain.hot.r, "server") == 2, timeout=60, what="both calls in their queue"
+        )
+        brain.hot.r.delete(*queue_keys("server"))
         assert brain.scheduler.move(rec.tree_id, "lost", TaskState.RUNNING, {TaskState.QUEUED_SERVER})
         wait_until(lambda: brain.sweeps.resend_lost() == ["lost"], timeout=60, what="the lost run re-sent")
         resent = brain.store.get_task(rec.tree_id, "lost")

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from workers.contracts import (
+    BROKER_PRIORITY_STEPS,
     CLIENT_MESSAGE,
     MAX_ANNOUNCED_TOOLS,
     MAX_CALL_TIMEOUT_S,
@@ -20,6 +21,7 @@ from workers.contracts import (
     ToolCall,
     ToolDescriptor,
     ToolType,
+    broker_priority,
     check_pool_name,
     client_key,
     client_keyprefix,
@@ -29,6 +31,7 @@ from workers.contracts import (
     key_tool_pins,
     pool_of_queue,
     pool_queue,
+    queue_keys,
     submit_queue_of,
 )
 
@@ -67,6 +70,30 @@ def test_pool_queue_and_back(pool: str | None, queue: str) -> None:
 )
 def test_a_queue_no_pool_consumes(queue: str) -> None:
     assert pool_of_queue(queue) is None
+
+
+@pytest.mark.parametrize(
+    ("priority", "step"),
+    [
+        (9, 0), (8, 0),  # high (8): taken first
+        (7, 3), (6, 3), (5, 3),  # normal (5)
+        (4, 6), (3, 6), (2, 6),  # low (2)
+        (1, 9), (0, 9),
+    ],
+)  # fmt: skip
+def test_a_calls_priority_picks_the_broker_step_a_pool_takes_it_in(priority: int, step: int) -> None:
+    assert broker_priority(priority) == step
+
+
+def test_a_queues_keys_are_kombus_lists_in_the_order_a_worker_takes_them() -> None:
+    # kombu's Redis transport names them (Channel._q_for_pri) and BRPOPs them in this order.
+    from kombu.transport.redis import Channel
+
+    assert tuple(Channel.priority_steps) == BROKER_PRIORITY_STEPS
+    expected = tuple(
+        f"server.gpu{Channel.sep}{step}" if step else "server.gpu" for step in Channel.priority_steps
+    )
+    assert queue_keys("server.gpu") == expected
 
 
 @pytest.mark.parametrize("pool", ["", "-x", "a.b", "a b", "x" * 64, "gpu\n"])

@@ -18,6 +18,7 @@ from brain.core.fairshare import (
     pause_asked_by,
     priority_named,
     priority_source,
+    queue_priority,
     user_limit,
     window_why,
 )
@@ -329,6 +330,25 @@ def test_a_runs_priority(
     task: int | None, tree: int | None, session: SessionKind, gateway_call: bool, expected: int
 ) -> None:
     assert call_priority(task, tree, session, gateway_call) == expected
+
+
+@pytest.mark.parametrize(
+    ("task", "tree", "session", "gateway_call", "expected"),
+    [
+        (None, None, SessionKind.AUTONOMOUS, False, 5),  # a batch: normal
+        (None, None, SessionKind.INTERACTIVE, False, 8),  # a person waits: ahead of batches
+        (None, None, SessionKind.AUTONOMOUS, True, 8),  # a gateway call too
+        (None, 8, SessionKind.AUTONOMOUS, False, 5),  # a batch that calls itself high: normal
+        (9, None, SessionKind.INTERACTIVE, False, 8),  # up to the run's default: a person's high
+        (None, 5, SessionKind.AUTONOMOUS, True, 5),  # a gateway call may ask for less
+        (None, 2, SessionKind.AUTONOMOUS, False, 2),  # low delays only its writer: kept
+        (2, 9, SessionKind.AUTONOMOUS, False, 2),  # the task's over the tree's
+    ],
+)
+def test_a_calls_place_in_the_pools_queue_with_fair_share_off(
+    task: int | None, tree: int | None, session: SessionKind, gateway_call: bool, expected: int
+) -> None:
+    assert queue_priority(task, tree, session, gateway_call) == expected
 
 
 def test_a_runs_priority_says_where_it_comes_from_and_its_word() -> None:

@@ -15,7 +15,7 @@ from brain.runtime.registry import build_registry
 from brain.runtime.sweeps import server_queues
 from brain.stack.embedded import pool_service, service_argvs
 from tests.conftest import make_settings
-from workers.contracts import pool_of_queue, pool_queue
+from workers.contracts import pool_of_queue, pool_queue, queue_keys
 
 POOLS_TOML = """
 [vancetope]
@@ -179,4 +179,5 @@ def test_the_reconciler_looks_on_every_pools_queue_and_on_pools_records_still_na
         TaskRecord(tree_id="t", task_id="b", tool="x"),
         TaskRecord(tree_id="t", task_id="c", tool="x", client_id="laptop", pool="ignored"),
     ]
-    assert server_queues(records, ["gpu"]) == ["brain", "server", "server.gpu", "server.old"]
+    queues = ["server", "server.gpu", "server.old"]
+    assert server_queues(records, ["gpu"]) == ["brain", *(key for q in queues for key in queue_keys(q))]

@@ -50,13 +50,15 @@ class Sent:
         # No admission gate: calls go straight, as a Publisher without one sends them.
         self.gate = None
         self.dropped: list[str] = []  # run ids the pools were asked to drop (Publisher.drop_queued)
+        self.priorities: dict[str, int | None] = {}  # run id -> the priority it was sent at
 
     @contextmanager
     def batch(self) -> Iterator[None]:
         yield
 
-    def send(self, call: ToolCall, pool: str | None = None) -> None:
+    def send(self, call: ToolCall, pool: str | None = None, priority: int | None = None) -> None:
         self.calls.append(call)
+        self.priorities[call.run_id] = priority
 
     def drop_queued(self, run_ids: list[str]) -> None:
         self.dropped.extend(run_ids)

@@ -143,7 +143,7 @@ def test_items_a_crash_left_unsent_are_sent_by_the_reconcilers_plan(rig: Rig) ->
     intake = Intake(rig.scheduler)
     rec = rig.scheduler.submit(tree(echo("list"), fan()))
     sent_before = len(rig.sent.calls)
-    rig.sent.send = lambda call, pool=None: None  # type: ignore[method-assign] # the broker lost them
+    rig.sent.send = lambda call, pool=None, priority=None: None  # type: ignore[method-assign] # the broker lost them
     listed(rig, intake)
     del rig.sent.send
     assert len(rig.sent.calls) == sent_before

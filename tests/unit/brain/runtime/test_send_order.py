@@ -6,6 +6,7 @@ session only."""
 
 from __future__ import annotations
 
+from brain.core.models import SessionKind
 from brain.runtime.intake import Intake
 from tests.unit.brain.runtime.rig import Rig, echo, local_read, tree
 from tests.unit.brain.runtime.test_retries import succeeded
@@ -54,3 +55,19 @@ def test_a_tree_reads_the_sessions_of_its_own_client_or_users_clients_only(rig: 
     rig.scheduler.submit(tree(local_read("u")), user="demo")
     assert hgetall_calls() == before
     assert rig.sent.of("u")[-1].client_id in {"laptop", "desk"}
+
+
+def test_a_server_call_is_sent_at_its_priority_and_a_client_call_at_none(rig: Rig) -> None:
+    # With fair share off the pool's queue orders server calls by it (workers.contracts
+    # broker_priority): a person's call goes ahead of a batch already queued.
+    rig.presence.enroll("laptop", "demo")
+    rig.connect("laptop", session_id="s-laptop")
+    # (brain.core.fairshare.queue_priority): a person's call ahead of batches, and no batch
+    # ahead of people by writing high.
+    night = tree(
+        echo("night"), echo("sweep", priority="low"), echo("boast", priority="high"), local_read("r")
+    )
+    rig.scheduler.submit(night, user="demo")
+    rig.scheduler.submit(tree(echo("chat"), id="talk"), session=SessionKind.INTERACTIVE, user="demo")
+    sent = {c.task_id: rig.sent.priorities[c.run_id] for c in rig.sent.calls}
+    assert sent == {"night": 5, "sweep": 2, "boast": 5, "r": None, "chat": 8}

@@ -27,6 +27,7 @@ from workers.contracts import (
     client_queue,
     key_cancelled,
     key_parked,
+    queue_keys,
     stop_member,
 )
 from workers.tasks import begin_run
@@ -54,7 +55,16 @@ def test_server_queues_are_the_brains_the_default_pools_and_every_pool_named(
     ]
     # A client's record names no server queue, whatever its pool field says.
     records.append(TaskRecord(tree_id="t", task_id="c", tool="echo", pool="clientpool", client_id="laptop"))
-    assert server_queues(records, pools) == expected
+    # Each pool's queue is read as kombu keeps it: one list per priority step.
+    assert server_queues(records, pools) == [
+        expected[0],
+        *(key for q in expected[1:] for key in queue_keys(q)),
+    ]
+
+
+def test_a_pools_queue_is_read_in_every_priority_steps_list() -> None:
+    steps = ["server", "server\x06\x163", "server\x06\x166", "server\x06\x169"]
+    assert server_queues([], []) == ["brain", *steps]
 
 
 # --- lost messages -----------------------------------------------------------------------------
