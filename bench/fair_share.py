@@ -1,10 +1,12 @@
-"""Fair share of the server pools (issue 26; docs/fair-share.md): four rows.
+"""Fair share of the server pools (issue 26; docs/fair-share.md): five rows.
 
 ``interactive_under_batch``: p50 latency (submit -> the store says done) of a one-task ``echo``
 tree submitted as a gateway call (priority high by default) by user ``ada``, while a 5,000-task
 ``echo`` batch of user ``batch`` is queued on the same pool, vs the same call on the idle pool
 (goal <= 2x). The stack runs fair share on (``queue_window`` = ``WINDOW``); the default pool is
 prefork ``-c 2``. The batch is cancelled once the calls are measured.
+``interactive_under_batch (fair share off)`` (no goal): the same with ``queue_window`` 0, the
+default, where the call goes ahead of the whole batch queued by its priority step alone.
 
 ``throttle_overhead``: throughput of 5,000 independent ``echo`` tasks (quick: 1,000) on a pool
 whose ``rate_limit`` (``10000/s``, the most a limit may say) is far above what it can do, vs a pool with none (goal
@@ -69,11 +71,13 @@ def _one_call(vt: Vancetope) -> float:
     return elapsed
 
 
-def interactive_under_batch(quick: bool) -> Row:
+def _under_batch(quick: bool, window: int) -> tuple[float, list[float], int, int]:
+    """p50 of the call on the idle pool, the calls' times with the batch queued, how much of the
+    batch was left after them, how many calls."""
     calls = 7 if quick else 21
     with (
         tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
-        fair_stack(Path(tmp), queue_window=WINDOW) as (_, vt),
+        fair_stack(Path(tmp), queue_window=window) as (_, vt),
     ):
         idle = statistics.median(_one_call(vt) for _ in range(calls))
         batch = vt.brain.scheduler.submit(echo_tree("batch", 5000, chained=False), user="batch")
@@ -86,6 +90,11 @@ def interactive_under_batch(quick: bool) -> Row:
         vt.brain.sweeps.cancel(batch.tree_id)
         if left < WINDOW:
             raise BenchError(f"the batch had only {left} calls left: it no longer stood in the way")
+    return idle, busy, left, calls
+
+
+def interactive_under_batch(quick: bool) -> Row:
+    idle, busy, left, calls = _under_batch(quick, WINDOW)
     p50 = statistics.median(busy)
     return Row(
         benchmark="interactive_under_batch",
@@ -100,6 +109,27 @@ def interactive_under_batch(quick: bool) -> Row:
             f"one-task echo gateway call (high) of user ada, {calls} in a row; a 5,000-task echo batch "
             f"of user batch queued (queue_window {WINDOW}, prefork -c 2), {left:,} of it left "
             f"after the last call; worst {max(busy):.3f}s"
+        ),
+    )
+
+
+def interactive_under_batch_off(quick: bool) -> Row:
+    """The same with fair share off (the default): the call goes ahead of the queued batch by
+    its priority step alone (docs/fair-share.md, "Priorities")."""
+    idle, busy, left, calls = _under_batch(quick, 0)
+    p50 = statistics.median(busy)
+    return Row(
+        benchmark="interactive_under_batch (fair share off)",
+        metric="s (p50)",
+        baseline=idle,
+        vancetope=p50,
+        kind="latency",
+        baseline_label="the same call on the idle pool",
+        extra={"calls": calls, "batch_left": left, "queue_window": 0},
+        notes=(
+            f"as interactive_under_batch with queue_window 0 (the default): the whole batch in the pool's "
+            f"queue, the call on its first priority step; {left:,} of the batch left after the last call; "
+            f"worst {max(busy):.3f}s"
         ),
     )
 
@@ -222,6 +252,7 @@ def rate_limit_accuracy(quick: bool) -> Row:
 def run(quick: bool = False) -> list[Row]:
     return [
         interactive_under_batch(quick),
+        interactive_under_batch_off(quick),
         rate_limit_accuracy(quick),
         throttle_overhead(quick),
         fair_share_overhead(quick),
