@@ -71,9 +71,10 @@ def _one_call(vt: Vancetope) -> float:
     return elapsed
 
 
-def _under_batch(quick: bool, window: int) -> tuple[float, list[float], int, int]:
-    """p50 of the call on the idle pool, the calls' times with the batch queued, how much of the
-    batch was left after them, how many calls."""
+def interactive_under_batch(quick: bool, window: int = WINDOW) -> Row:
+    """``interactive_under_batch`` with fair share on (``window``), or its row with fair share
+    off (0, the default), where the call goes ahead of the queued batch by its priority step
+    alone (docs/fair-share.md, "Priorities")."""
     calls = 7 if quick else 21
     with (
         tempfile.TemporaryDirectory(prefix="vancetope-bench-") as tmp,
@@ -90,47 +91,28 @@ def _under_batch(quick: bool, window: int) -> tuple[float, list[float], int, int
         vt.brain.sweeps.cancel(batch.tree_id)
         if left < WINDOW:
             raise BenchError(f"the batch had only {left} calls left: it no longer stood in the way")
-    return idle, busy, left, calls
-
-
-def interactive_under_batch(quick: bool) -> Row:
-    idle, busy, left, calls = _under_batch(quick, WINDOW)
-    p50 = statistics.median(busy)
-    return Row(
-        benchmark="interactive_under_batch",
-        metric="s (p50)",
-        baseline=idle,
-        vancetope=p50,
-        kind="latency",
-        baseline_label="the same call on the idle pool",
-        goal=2.0,
-        extra={"calls": calls, "batch_left": left, "queue_window": WINDOW},
-        notes=(
+    if window:
+        benchmark, goal = "interactive_under_batch", 2.0
+        setup = (
             f"one-task echo gateway call (high) of user ada, {calls} in a row; a 5,000-task echo batch "
-            f"of user batch queued (queue_window {WINDOW}, prefork -c 2), {left:,} of it left "
-            f"after the last call; worst {max(busy):.3f}s"
-        ),
-    )
-
-
-def interactive_under_batch_off(quick: bool) -> Row:
-    """The same with fair share off (the default): the call goes ahead of the queued batch by
-    its priority step alone (docs/fair-share.md, "Priorities")."""
-    idle, busy, left, calls = _under_batch(quick, 0)
-    p50 = statistics.median(busy)
+            f"of user batch queued (queue_window {window}, prefork -c 2)"
+        )
+    else:
+        benchmark, goal = "interactive_under_batch (fair share off)", None
+        setup = (
+            "as interactive_under_batch with queue_window 0 (the default): the whole batch in the pool's "
+            "queue, the call on its first priority step"
+        )
     return Row(
-        benchmark="interactive_under_batch (fair share off)",
+        benchmark=benchmark,
         metric="s (p50)",
         baseline=idle,
-        vancetope=p50,
+        vancetope=statistics.median(busy),
         kind="latency",
         baseline_label="the same call on the idle pool",
-        extra={"calls": calls, "batch_left": left, "queue_window": 0},
-        notes=(
-            f"as interactive_under_batch with queue_window 0 (the default): the whole batch in the pool's "
-            f"queue, the call on its first priority step; {left:,} of the batch left after the last call; "
-            f"worst {max(busy):.3f}s"
-        ),
+        goal=goal,
+        extra={"calls": calls, "batch_left": left, "queue_window": window},
+        notes=f"{setup}; {left:,} of the batch left after the last call; worst {max(busy):.3f}s",
     )
 
 
@@ -252,7 +234,7 @@ def rate_limit_accuracy(quick: bool) -> Row:
 def run(quick: bool = False) -> list[Row]:
     return [
         interactive_under_batch(quick),
-        interactive_under_batch_off(quick),
+        interactive_under_batch(quick, window=0),
         rate_limit_accuracy(quick),
         throttle_overhead(quick),
         fair_share_overhead(quick),

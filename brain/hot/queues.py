@@ -27,7 +27,6 @@ from brain.hot.presence import PresenceBook
 from brain.hot.state import HotState
 from brain.store import open_store
 from workers.contracts import (
-    BROKER_PRIORITY_STEPS,
     DEFAULT_POOL,
     KOMBU_UNACKED,
     client_key,
@@ -229,12 +228,11 @@ def read_queues(
     written (the gate's lanes and budgets are read for them)."""
     names = pool_names(pools)
     pipe = r.pipeline(transaction=False)
-    for name in names:
-        for key in queue_keys(pool_queue(name)):
-            pipe.llen(key)
-    steps = len(BROKER_PRIORITY_STEPS)
-    replies = pipe.execute()
-    lengths = [sum(replies[i : i + steps]) for i in range(0, len(replies), steps)]
+    lists = [queue_keys(pool_queue(name)) for name in names]  # each priority step's
+    for key in (key for keys in lists for key in keys):
+        pipe.llen(key)
+    replies = iter(pipe.execute())
+    lengths = [sum(next(replies) for _ in keys) for keys in lists]
     gate = Gate(r)
     lanes = gate.lanes_view()
     at_gate: dict[str, int] = {}
